@@ -1,0 +1,244 @@
+//! [`StateBus`] on NATS JetStream KV, for nats-server 2.9 and later.
+//!
+//! Buckets keep one revision per key (`history = 1`): the bus holds compacted state, and
+//! watches deliver the last value per key first (`DeliverPolicy::LastPerSubject`).
+
+use super::{check_size, Bucket, BusError, Entry, Op, StateBus, WatchEvent, WatchStream};
+use async_nats::jetstream::{self, kv};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use std::collections::HashMap;
+
+/// Options for connecting to NATS.
+#[derive(Debug, Clone)]
+pub struct NatsOptions {
+    /// Server URL(s), comma-separated (`nats://host:4222`).
+    pub url: String,
+    /// Replicas of each bucket (1 for a single server, 3 for a JetStream cluster).
+    pub replicas: usize,
+    /// Optional credentials file (`.creds`).
+    pub credentials_file: Option<std::path::PathBuf>,
+}
+
+impl NatsOptions {
+    /// Options for one server with single-replica buckets.
+    pub fn new(url: impl Into<String>) -> Self {
+        NatsOptions {
+            url: url.into(),
+            replicas: 1,
+            credentials_file: None,
+        }
+    }
+}
+
+/// A JetStream KV backed bus.
+#[derive(Clone)]
+pub struct NatsBus {
+    stores: HashMap<Bucket, kv::Store>,
+}
+
+fn boxed<E: std::error::Error + Send + Sync + 'static>(
+    e: E,
+) -> Box<dyn std::error::Error + Send + Sync> {
+    Box::new(e)
+}
+
+impl NatsBus {
+    /// Connects and opens (creating when missing) every bucket.
+    pub async fn connect(opts: &NatsOptions) -> Result<NatsBus, BusError> {
+        let connect_err = |source| BusError::Connect {
+            url: opts.url.clone(),
+            source,
+        };
+        let mut co = async_nats::ConnectOptions::new()
+            .name("shoal")
+            .retry_on_initial_connect()
+            .connection_timeout(std::time::Duration::from_secs(5));
+        if let Some(path) = &opts.credentials_file {
+            co = co
+                .credentials_file(path)
+                .await
+                .map_err(|e| connect_err(boxed(e)))?;
+        }
+        // retry_on_initial_connect makes connect return at once; wait for the first
+        // connection with a bound so a wrong URL is a clear error, not a hang.
+        let client = co
+            .connect(opts.url.as_str())
+            .await
+            .map_err(|e| connect_err(boxed(e)))?;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        while client.connection_state() != async_nats::connection::State::Connected {
+            if tokio::time::Instant::now() > deadline {
+                return Err(connect_err("no connection within 30 s".into()));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let js = jetstream::new(client);
+        let mut stores = HashMap::new();
+        for bucket in Bucket::ALL {
+            let store = match js.get_key_value(bucket.name()).await {
+                Ok(store) => store,
+                Err(_) => js
+                    .create_key_value(kv::Config {
+                        bucket: bucket.name().to_string(),
+                        description: format!("shoal state: {bucket}"),
+                        history: 1,
+                        max_value_size: super::MAX_VALUE_BYTES as i32,
+                        num_replicas: opts.replicas,
+                        storage: jetstream::stream::StorageType::File,
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|e| BusError::Bucket {
+                        bucket,
+                        source: boxed(e),
+                    })?,
+            };
+            stores.insert(bucket, store);
+        }
+        Ok(NatsBus { stores })
+    }
+
+    fn store(&self, bucket: Bucket) -> &kv::Store {
+        // Every bucket is opened in `connect`.
+        &self.stores[&bucket]
+    }
+}
+
+fn op_err<'a, E: std::error::Error + Send + Sync + 'static>(
+    op: &'static str,
+    bucket: Bucket,
+    key: &'a str,
+) -> impl FnOnce(E) -> BusError + 'a {
+    move |e| BusError::Op {
+        op,
+        bucket,
+        key: key.to_string(),
+        source: boxed(e),
+    }
+}
+
+fn to_entry(e: kv::Entry) -> Entry {
+    let op = match e.operation {
+        kv::Operation::Put => Op::Put,
+        kv::Operation::Delete | kv::Operation::Purge => Op::Delete,
+    };
+    let value = if op == Op::Put { e.value } else { Bytes::new() };
+    Entry {
+        key: e.key,
+        value,
+        revision: e.revision,
+        op,
+    }
+}
+
+#[async_trait]
+impl StateBus for NatsBus {
+    async fn get(&self, bucket: Bucket, key: &str) -> Result<Option<Entry>, BusError> {
+        let entry = self
+            .store(bucket)
+            .entry(key)
+            .await
+            .map_err(op_err("get", bucket, key))?;
+        Ok(entry.map(to_entry).filter(|e| e.op == Op::Put))
+    }
+
+    async fn put(&self, bucket: Bucket, key: &str, value: Bytes) -> Result<u64, BusError> {
+        check_size(bucket, key, &value)?;
+        self.store(bucket)
+            .put(key, value)
+            .await
+            .map_err(op_err("put", bucket, key))
+    }
+
+    async fn update(
+        &self,
+        bucket: Bucket,
+        key: &str,
+        value: Bytes,
+        expected: u64,
+    ) -> Result<u64, BusError> {
+        check_size(bucket, key, &value)?;
+        let mismatch = || BusError::RevisionMismatch {
+            bucket,
+            key: key.to_string(),
+            expected,
+        };
+        let store = self.store(bucket);
+        if expected == 0 {
+            // `create` also succeeds over a delete marker, matching "absent or deleted".
+            return store.create(key, value).await.map_err(|e| match e.kind() {
+                kv::CreateErrorKind::AlreadyExists => mismatch(),
+                _ => op_err("create", bucket, key)(e),
+            });
+        }
+        store
+            .update(key, value, expected)
+            .await
+            .map_err(|e| match e.kind() {
+                kv::UpdateErrorKind::WrongLastRevision => mismatch(),
+                _ => op_err("update", bucket, key)(e),
+            })
+    }
+
+    async fn delete(&self, bucket: Bucket, key: &str) -> Result<(), BusError> {
+        // Deleting an absent key would still write a marker (and wake every watcher).
+        if self.get(bucket, key).await?.is_none() {
+            return Ok(());
+        }
+        self.store(bucket)
+            .delete(key)
+            .await
+            .map_err(op_err("delete", bucket, key))
+    }
+
+    async fn keys(&self, bucket: Bucket) -> Result<Vec<String>, BusError> {
+        let keys = self
+            .store(bucket)
+            .keys()
+            .await
+            .map_err(op_err("list keys", bucket, ""))?;
+        let mut keys: Vec<String> =
+            keys.try_collect()
+                .await
+                .map_err(op_err("list keys", bucket, ""))?;
+        keys.sort();
+        Ok(keys)
+    }
+
+    async fn watch(&self, bucket: Bucket) -> Result<WatchStream, BusError> {
+        let store = self.store(bucket).clone();
+        let watch = store
+            .watch_with_history(">")
+            .await
+            .map_err(op_err("watch", bucket, ""))?;
+        // The watch does not say when an empty bucket has no history to deliver; the
+        // stream's message count does. Checked after the consumer exists, so a message
+        // written in between is delivered (as initial or as a change) either way.
+        let info = store
+            .stream
+            .get_info()
+            .await
+            .map_err(op_err("watch status", bucket, ""))?;
+        let empty = info.state.messages == 0;
+        let mut initial_done = empty;
+        let head = futures::stream::iter(empty.then_some(Ok(WatchEvent::InitialDone)));
+        let body = watch.flat_map(move |item| {
+            let events: Vec<Result<WatchEvent, BusError>> = match item {
+                Ok(e) => {
+                    let last_initial = !initial_done && e.delta == 0;
+                    initial_done |= last_initial;
+                    let mut v = vec![Ok(WatchEvent::Entry(to_entry(e)))];
+                    if last_initial {
+                        v.push(Ok(WatchEvent::InitialDone));
+                    }
+                    v
+                }
+                Err(e) => vec![Err(op_err("watch", bucket, "")(e))],
+            };
+            futures::stream::iter(events)
+        });
+        Ok(head.chain(body).boxed())
+    }
+}

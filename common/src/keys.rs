@@ -1,0 +1,192 @@
+//! The KV key scheme: one key per normalized object, tokens separated by `.`.
+//!
+//! Object names may contain characters that are not allowed in a key token (`.` above all),
+//! so every token is escaped with one reversible scheme:
+//! `[a-zA-Z0-9-]` stand for themselves, `.` becomes `_`, and every other byte (including
+//! `_` and `=`) becomes `=HH` with two uppercase hex digits. Escaped tokens use only
+//! `[-_=a-zA-Z0-9]`, never `.`, so keys split back into tokens unambiguously.
+
+use crate::model::ConfigKind;
+
+/// A key that could not be parsed back into its parts.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KeyError {
+    /// The key does not have the number of tokens its bucket uses.
+    #[error("key {key:?} has {found} tokens, expected {expected}")]
+    TokenCount {
+        /// The key.
+        key: String,
+        /// Tokens found.
+        found: usize,
+        /// Tokens expected.
+        expected: usize,
+    },
+    /// A token contains a malformed escape or a character outside the scheme.
+    #[error("key token {token:?} is not validly escaped")]
+    BadEscape {
+        /// The token.
+        token: String,
+    },
+    /// The kind token of a config key is not a known kind.
+    #[error("unknown config kind {kind:?} in key")]
+    UnknownKind {
+        /// The kind token.
+        kind: String,
+    },
+}
+
+/// Escapes one key token.
+pub fn escape(token: &str) -> String {
+    let mut out = String::with_capacity(token.len());
+    for b in token.bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' => out.push(b as char),
+            b'.' => out.push('_'),
+            _ => out.push_str(&format!("={b:02X}")),
+        }
+    }
+    out
+}
+
+/// Reverses [`escape`].
+pub fn unescape(token: &str) -> Result<String, KeyError> {
+    let bad = || KeyError::BadEscape {
+        token: token.to_string(),
+    };
+    let bytes = token.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'_' => out.push(b'.'),
+            b'=' => {
+                let hex = token.get(i + 1..i + 3).ok_or_else(bad)?;
+                out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+                i += 2;
+            }
+            b @ (b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-') => out.push(b),
+            _ => return Err(bad()),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| bad())
+}
+
+fn join(tokens: &[&str]) -> String {
+    tokens
+        .iter()
+        .map(|t| escape(t))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+fn split<const N: usize>(key: &str) -> Result<[String; N], KeyError> {
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.len() != N {
+        return Err(KeyError::TokenCount {
+            key: key.to_string(),
+            found: parts.len(),
+            expected: N,
+        });
+    }
+    let mut out: [String; N] = std::array::from_fn(|_| String::new());
+    for (slot, part) in out.iter_mut().zip(parts) {
+        *slot = unescape(part)?;
+    }
+    Ok(out)
+}
+
+/// Key of an Istio config object in `shoal-config`: `<kind>.<namespace>.<name>`.
+pub fn config_key(kind: ConfigKind, namespace: &str, name: &str) -> String {
+    join(&[kind.as_str(), namespace, name])
+}
+
+/// Parses a `shoal-config` key.
+pub fn parse_config_key(key: &str) -> Result<(ConfigKind, String, String), KeyError> {
+    let [kind, ns, name] = split::<3>(key)?;
+    let kind = ConfigKind::parse(&kind).ok_or(KeyError::UnknownKind { kind })?;
+    Ok((kind, ns, name))
+}
+
+/// Key of a service in `shoal-services`: `<cluster>.<namespace>.<name>`.
+pub fn service_key(cluster: &str, namespace: &str, name: &str) -> String {
+    join(&[cluster, namespace, name])
+}
+
+/// Parses a `shoal-services` key into (cluster, namespace, name).
+pub fn parse_service_key(key: &str) -> Result<(String, String, String), KeyError> {
+    let [c, ns, n] = split::<3>(key)?;
+    Ok((c, ns, n))
+}
+
+/// Key of an endpoint set in `shoal-endpoints`: `<cluster>.<namespace>.<service>.<slice>`.
+pub fn endpoints_key(cluster: &str, namespace: &str, service: &str, slice: &str) -> String {
+    join(&[cluster, namespace, service, slice])
+}
+
+/// Parses a `shoal-endpoints` key into (cluster, namespace, service, slice).
+pub fn parse_endpoints_key(key: &str) -> Result<(String, String, String, String), KeyError> {
+    let [c, ns, s, sl] = split::<4>(key)?;
+    Ok((c, ns, s, sl))
+}
+
+/// Key of a cluster's sync status in `shoal-meta`.
+pub fn cluster_status_key(cluster: &str) -> String {
+    format!("cluster.{}", escape(cluster))
+}
+
+/// Key of a fleet's ingester lease in `shoal-meta`.
+pub fn lease_key(fleet: &str) -> String {
+    format!("lease.{}", escape(fleet))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_round_trips_and_stays_in_alphabet() {
+        for s in ["reviews", "a.b.c", "x_y=z", "ünï code", "a..b", "", "-_.="] {
+            let e = escape(s);
+            assert!(
+                e.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_=".contains(&b)),
+                "{e}"
+            );
+            assert_eq!(unescape(&e).unwrap(), s);
+        }
+    }
+
+    #[test]
+    fn keys_parse_back() {
+        let k = config_key(ConfigKind::VirtualService, "default", "reviews.v1");
+        assert_eq!(k, "VirtualService.default.reviews_v1");
+        assert_eq!(
+            parse_config_key(&k).unwrap(),
+            (
+                ConfigKind::VirtualService,
+                "default".into(),
+                "reviews.v1".into()
+            )
+        );
+        let k = endpoints_key("c1", "ns", "svc", "svc-abc.1");
+        assert_eq!(
+            parse_endpoints_key(&k).unwrap(),
+            ("c1".into(), "ns".into(), "svc".into(), "svc-abc.1".into())
+        );
+    }
+
+    #[test]
+    fn bad_keys_are_errors() {
+        assert!(matches!(
+            parse_service_key("a.b"),
+            Err(KeyError::TokenCount { .. })
+        ));
+        assert!(matches!(unescape("a=Z1"), Err(KeyError::BadEscape { .. })));
+        assert!(matches!(unescape("a=1"), Err(KeyError::BadEscape { .. })));
+        assert!(matches!(
+            parse_config_key("Foo.a.b"),
+            Err(KeyError::UnknownKind { .. })
+        ));
+    }
+}

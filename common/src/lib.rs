@@ -1,0 +1,16 @@
+//! shoal-common: the normalized mesh model, the KV key scheme, the wire envelope and the
+//! state bus that connects the ingester tier to the server tier.
+//!
+//! This crate never depends on Kubernetes or gRPC crates: both tiers share it.
+#![forbid(unsafe_code)]
+
+pub mod bus;
+pub mod envelope;
+pub mod keys;
+pub mod logging;
+pub mod model;
+
+pub use bus::{
+    memory::MemoryBus, nats::NatsBus, Bucket, BusError, Entry, Op, StateBus, WatchEvent,
+};
+pub use envelope::{Envelope, EnvelopeError, SCHEMA_VERSION};

@@ -1,0 +1,38 @@
+//! The normalized mesh model: what the ingester publishes and the server consumes.
+//!
+//! Kubernetes objects are reduced to the fields shoal uses; Istio config keeps the
+//! `networking.istio.io/v1` field names (camelCase on the wire) so manifests map one to one.
+
+pub mod duration;
+pub mod istio;
+pub mod service;
+
+pub use duration::{Duration, DurationError};
+pub use istio::*;
+pub use service::*;
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The identity and metadata of a namespaced object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+pub struct ObjectMeta {
+    /// Object name.
+    pub name: String,
+    /// Object namespace.
+    pub namespace: String,
+    /// Labels of the object.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations shoal interprets (e.g. `networking.istio.io/exportTo`); others are dropped.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The default cluster-local domain suffix for Kubernetes services.
+pub const DEFAULT_DOMAIN_SUFFIX: &str = "cluster.local";
+
+/// The fully qualified hostname of a Kubernetes service.
+pub fn service_fqdn(name: &str, namespace: &str) -> String {
+    format!("{name}.{namespace}.svc.{DEFAULT_DOMAIN_SUFFIX}")
+}

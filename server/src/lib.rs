@@ -1,1 +1,15 @@
+//! shoal-server: watches the state bus, keeps a PushContext and EDS shards, and serves
+//! Envoy proxies over gRPC ADS.
 #![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod app;
+pub mod endpoints;
+pub mod generate;
+pub mod metrics;
+pub mod pipeline;
+pub mod proxy;
+pub mod push_context;
+pub mod scope;
+pub mod store;
+pub mod xds;

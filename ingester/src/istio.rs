@@ -1,0 +1,174 @@
+//! Istio config (`networking.istio.io`) into typed [`ConfigObject`]s, validated for what the
+//! server relies on.
+
+use crate::error::InvalidObject;
+use serde::{Deserialize, Deserializer};
+use shoal_common::model::{ConfigKind, ConfigObject, ConfigSpec, ObjectMeta};
+use std::collections::BTreeSet;
+
+/// The `networking.istio.io` versions shoal reads; they share one schema for the fields
+/// shoal models.
+pub const SUPPORTED_VERSIONS: &[&str] = &["v1", "v1beta1", "v1alpha3"];
+
+/// The API group of the Istio kinds shoal reads.
+pub const GROUP: &str = "networking.istio.io";
+
+/// Deserializes the `spec` of an Istio object of the given kind. Generic over the
+/// deserializer so YAML manifests and JSON from the Kubernetes API share it.
+pub fn config_spec<'de, D: Deserializer<'de>>(
+    kind: ConfigKind,
+    spec: D,
+) -> Result<ConfigSpec, D::Error> {
+    Ok(match kind {
+        ConfigKind::Gateway => ConfigSpec::Gateway(Deserialize::deserialize(spec)?),
+        ConfigKind::VirtualService => ConfigSpec::VirtualService(Deserialize::deserialize(spec)?),
+        ConfigKind::DestinationRule => ConfigSpec::DestinationRule(Deserialize::deserialize(spec)?),
+        ConfigKind::Sidecar => ConfigSpec::Sidecar(Deserialize::deserialize(spec)?),
+        ConfigKind::ServiceEntry => ConfigSpec::ServiceEntry(Deserialize::deserialize(spec)?),
+        ConfigKind::WorkloadEntry => ConfigSpec::WorkloadEntry(Deserialize::deserialize(spec)?),
+    })
+}
+
+/// Builds a config object, rejecting specs the server cannot use.
+pub fn config_object(meta: ObjectMeta, spec: ConfigSpec) -> Result<ConfigObject, InvalidObject> {
+    validate(&spec)?;
+    Ok(ConfigObject { meta, spec })
+}
+
+/// Checks the invariants the server relies on; the error names the offending field.
+pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
+    let invalid = |reason: String| Err(InvalidObject::new(reason));
+    match spec {
+        ConfigSpec::VirtualService(vs) => {
+            for (i, http) in vs.http.iter().enumerate() {
+                for (j, route) in http.route.iter().enumerate() {
+                    if route.destination.host.is_empty() {
+                        return invalid(format!("http[{i}].route[{j}].destination.host is empty"));
+                    }
+                }
+                // Either no route is weighted (traffic is split evenly / goes to the only
+                // destination) or the weights say exactly how traffic splits.
+                if http.route.iter().any(|r| r.weight.is_some()) {
+                    let sum: u64 = http
+                        .route
+                        .iter()
+                        .map(|r| u64::from(r.weight.unwrap_or(0)))
+                        .sum();
+                    if sum != 100 {
+                        return invalid(format!("http[{i}].route weights sum to {sum}, not 100"));
+                    }
+                }
+            }
+        }
+        ConfigSpec::DestinationRule(dr) => {
+            if dr.host.is_empty() {
+                return invalid("host is empty".into());
+            }
+            let mut names = BTreeSet::new();
+            for (i, subset) in dr.subsets.iter().enumerate() {
+                if subset.name.is_empty() {
+                    return invalid(format!("subsets[{i}].name is empty"));
+                }
+                if !names.insert(subset.name.as_str()) {
+                    return invalid(format!(
+                        "subsets[{i}].name {:?} is used by an earlier subset",
+                        subset.name
+                    ));
+                }
+            }
+        }
+        ConfigSpec::Gateway(gw) => {
+            for (i, server) in gw.servers.iter().enumerate() {
+                if server.port.number == 0 {
+                    return invalid(format!("servers[{i}].port.number is missing"));
+                }
+            }
+        }
+        ConfigSpec::ServiceEntry(se) => {
+            if se.hosts.is_empty() {
+                return invalid("hosts is empty".into());
+            }
+            if se.ports.is_empty() {
+                return invalid("ports is empty".into());
+            }
+            for (i, port) in se.ports.iter().enumerate() {
+                if port.number == 0 {
+                    return invalid(format!("ports[{i}].number is missing"));
+                }
+            }
+        }
+        ConfigSpec::Sidecar(_) | ConfigSpec::WorkloadEntry(_) => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(kind: ConfigKind, yaml: &str) -> ConfigSpec {
+        let v: serde_yaml::Value = serde_yaml::from_str(yaml).expect("test yaml");
+        config_spec(kind, v).expect("spec decodes")
+    }
+
+    fn reason(kind: ConfigKind, yaml: &str) -> String {
+        validate(&spec(kind, yaml)).unwrap_err().reason
+    }
+
+    #[test]
+    fn virtual_service_validation() {
+        let vs = ConfigKind::VirtualService;
+        let ok = "hosts: [reviews]\nhttp:\n- route:\n  - destination: {host: reviews, subset: v1}\n    weight: 75\n  - destination: {host: reviews, subset: v2}\n    weight: 25\n";
+        assert!(validate(&spec(vs, ok)).is_ok());
+        let unweighted =
+            "http:\n- route:\n  - destination: {host: a}\n  - destination: {host: b}\n";
+        assert!(validate(&spec(vs, unweighted)).is_ok());
+        assert_eq!(
+            reason(vs, "http:\n- route:\n  - destination: {host: a}\n    weight: 50\n  - destination: {host: b}\n"),
+            "http[0].route weights sum to 50, not 100"
+        );
+        assert_eq!(
+            reason(vs, "http:\n- route: [{destination: {host: a}}]\n- route: [{destination: {subset: v1}}]\n"),
+            "http[1].route[0].destination.host is empty"
+        );
+    }
+
+    #[test]
+    fn destination_rule_gateway_and_service_entry_validation() {
+        let dr = ConfigKind::DestinationRule;
+        assert!(validate(&spec(dr, "host: r\nsubsets: [{name: v1}, {name: v2}]")).is_ok());
+        assert_eq!(reason(dr, "subsets: []"), "host is empty");
+        assert!(reason(dr, "host: r\nsubsets: [{name: v1}, {name: v1}]").contains("subsets[1]"));
+
+        let gw = ConfigKind::Gateway;
+        assert!(validate(&spec(
+            gw,
+            "servers: [{port: {number: 80, protocol: HTTP, name: http}, hosts: ['*']}]"
+        ))
+        .is_ok());
+        assert_eq!(
+            reason(gw, "servers: [{hosts: ['*']}]"),
+            "servers[0].port.number is missing"
+        );
+
+        let se = ConfigKind::ServiceEntry;
+        assert!(validate(&spec(
+            se,
+            "hosts: [a.example]\nports: [{number: 443, name: tls, protocol: TLS}]"
+        ))
+        .is_ok());
+        assert_eq!(reason(se, "ports: [{number: 1}]"), "hosts is empty");
+        assert_eq!(reason(se, "hosts: [a]"), "ports is empty");
+    }
+
+    #[test]
+    fn spec_kind_follows_requested_kind() {
+        let s = spec(ConfigKind::Sidecar, "egress: [{hosts: ['./*']}]");
+        assert!(matches!(s, ConfigSpec::Sidecar(ref sc) if sc.egress.len() == 1));
+        let s = spec(
+            ConfigKind::WorkloadEntry,
+            "address: 10.0.0.1\nlabels: {app: x}",
+        );
+        assert!(matches!(s, ConfigSpec::WorkloadEntry(ref we) if we.address == "10.0.0.1"));
+    }
+}

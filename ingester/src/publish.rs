@@ -1,0 +1,599 @@
+//! Publishing the desired state to the bus: write only what changed, delete only what this
+//! ingester owns and no longer wants (mark and sweep).
+//!
+//! Change detection compares a sha256 of the envelope *body* (the rmp-serde encoding of
+//! the model object), never of the whole envelope, whose timestamp differs on every write.
+//! At startup the publisher learns the hashes of what is already on the bus by decoding
+//! each owned value with its bucket's model type and re-encoding the body the same way
+//! the desired state is encoded. The encoding is deterministic (ordered maps only), so an
+//! unchanged input after a restart hashes the same and writes nothing; a value that does
+//! not decode (another schema, garbage) gets no hash and is simply overwritten.
+
+use crate::error::IngestError;
+use crate::state::{DesiredState, StateKey, StateObject};
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+use shoal_common::bus::{Bucket, BusError, StateBus, WatchEvent, MAX_VALUE_BYTES};
+use shoal_common::envelope::Envelope;
+use shoal_common::keys;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tracing::{debug, info, warn};
+
+/// What one publish round did (or, from [`Publisher::totals`], all rounds together).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PublishReport {
+    /// Keys written (new or changed values).
+    pub writes: u64,
+    /// Keys whose value was already on the bus, so not written.
+    pub unchanged: u64,
+    /// Owned keys deleted because they are no longer desired.
+    pub deletes: u64,
+    /// Keys that could not be written or deleted (logged; bus failures are retried).
+    pub errors: u64,
+}
+
+impl PublishReport {
+    /// Whether the round changed anything on the bus.
+    pub fn changed(&self) -> bool {
+        self.writes > 0 || self.deletes > 0
+    }
+
+    fn add(&mut self, other: &PublishReport) {
+        self.writes += other.writes;
+        self.unchanged += other.unchanged;
+        self.deletes += other.deletes;
+        self.errors += other.errors;
+    }
+}
+
+/// What the publisher knows about one owned key on the bus.
+#[derive(Debug, Clone, Copy)]
+struct OnBus {
+    /// sha256 of the body, `None` when the value on the bus did not decode.
+    hash: Option<[u8; 32]>,
+    /// The key's revision, for compare-and-set writes.
+    revision: u64,
+}
+
+/// Writes a cluster's desired state to the bus.
+pub struct Publisher {
+    bus: Arc<dyn StateBus>,
+    fleet: String,
+    epoch: u64,
+    cluster: String,
+    on_bus: BTreeMap<StateKey, OnBus>,
+    retry: bool,
+    totals: PublishReport,
+}
+
+/// The buckets the publisher writes.
+const BUCKETS: [Bucket; 3] = [Bucket::Config, Bucket::Services, Bucket::Endpoints];
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// The body hash of a value on the bus, `None` when it does not decode.
+fn body_hash(bucket: Bucket, key: &str, value: &[u8]) -> Option<[u8; 32]> {
+    let body = StateObject::decode(bucket, value)
+        .map_err(|e| e.to_string())
+        .and_then(|o| o.ok_or_else(|| "bucket holds no model objects".to_string()))
+        .and_then(|o| o.encode_body().map_err(|e| e.to_string()));
+    match body {
+        Ok(body) => Some(sha256(&body)),
+        Err(error) => {
+            debug!(%bucket, key, %error, "value on the bus does not decode; it will be replaced");
+            None
+        }
+    }
+}
+
+impl Publisher {
+    /// Reads the keys this publisher owns, and their values, from the bus.
+    pub async fn load(
+        bus: Arc<dyn StateBus>,
+        fleet: impl Into<String>,
+        epoch: u64,
+        cluster: impl Into<String>,
+    ) -> Result<Publisher, IngestError> {
+        let mut publisher = Publisher {
+            bus,
+            fleet: fleet.into(),
+            epoch,
+            cluster: cluster.into(),
+            on_bus: BTreeMap::new(),
+            retry: false,
+            totals: PublishReport::default(),
+        };
+        for bucket in BUCKETS {
+            publisher.load_bucket(bucket).await?;
+        }
+        debug!(keys = publisher.on_bus.len(), cluster = %publisher.cluster, "read owned state from the bus");
+        Ok(publisher)
+    }
+
+    /// One watch per bucket reads every value in one pass (a get per key would be a round
+    /// trip per key); it is dropped once the initial values are in.
+    async fn load_bucket(&mut self, bucket: Bucket) -> Result<(), IngestError> {
+        let action = "reading owned state from the bus";
+        let mut watch = self
+            .bus
+            .watch(bucket)
+            .await
+            .map_err(|source| IngestError::Bus { action, source })?;
+        loop {
+            match watch.next().await {
+                Some(Ok(WatchEvent::Entry(entry))) => {
+                    let key = (bucket, entry.key);
+                    if entry.op == shoal_common::Op::Delete || !self.owns(bucket, &key.1) {
+                        self.on_bus.remove(&key);
+                        continue;
+                    }
+                    let hash = body_hash(bucket, &key.1, &entry.value);
+                    let revision = entry.revision;
+                    self.on_bus.insert(key, OnBus { hash, revision });
+                }
+                Some(Ok(WatchEvent::InitialDone)) => return Ok(()),
+                Some(Err(source)) => return Err(IngestError::Bus { action, source }),
+                None => {
+                    let source = BusError::Op {
+                        op: "watch",
+                        bucket,
+                        key: String::new(),
+                        source: "the watch ended before delivering the initial values".into(),
+                    };
+                    return Err(IngestError::Bus { action, source });
+                }
+            }
+        }
+    }
+
+    /// Whether a key is this publisher's to write and delete: every config key (the file
+    /// source is the config source), and the services and endpoints of its own cluster.
+    pub fn owns(&self, bucket: Bucket, key: &str) -> bool {
+        match bucket {
+            Bucket::Config => true,
+            Bucket::Services => {
+                keys::parse_service_key(key).is_ok_and(|(cluster, _, _)| cluster == self.cluster)
+            }
+            Bucket::Endpoints => keys::parse_endpoints_key(key)
+                .is_ok_and(|(cluster, _, _, _)| cluster == self.cluster),
+            Bucket::Meta => false,
+        }
+    }
+
+    /// Whether the last round left bus failures to retry even if the input does not change.
+    pub fn needs_retry(&self) -> bool {
+        self.retry
+    }
+
+    /// The counters of every round so far.
+    pub fn totals(&self) -> PublishReport {
+        self.totals
+    }
+
+    /// Makes the bus match `desired`: writes changed values, stamped `observed_at_ms`, and
+    /// deletes owned keys that are not desired. Per-key failures are logged and counted,
+    /// never fatal; keys that failed on the bus are retried next round.
+    pub async fn publish(&mut self, desired: &DesiredState, observed_at_ms: u64) -> PublishReport {
+        let mut report = PublishReport::default();
+        let mut bus_failed = false;
+        for (key, object) in desired {
+            match self.write(key, object, observed_at_ms).await {
+                Ok(true) => report.writes += 1,
+                Ok(false) => report.unchanged += 1,
+                Err(error) => {
+                    warn!(%error, "publishing failed for this key; its previous value stays");
+                    report.errors += 1;
+                    bus_failed |= matches!(error, IngestError::Bus { .. });
+                }
+            }
+        }
+        // Reverse key order deletes endpoints before their service and config last.
+        let unwanted: Vec<StateKey> = self
+            .on_bus
+            .keys()
+            .rev()
+            .filter(|k| !desired.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in unwanted {
+            let (bucket, name) = &key;
+            match self.bus.delete(*bucket, name).await {
+                Ok(()) => {
+                    self.on_bus.remove(&key);
+                    report.deletes += 1;
+                }
+                Err(source) => {
+                    let error = IngestError::Bus {
+                        action: "deleting an unwanted key",
+                        source,
+                    };
+                    warn!(%error, "delete failed; retrying next round");
+                    report.errors += 1;
+                    bus_failed = true;
+                }
+            }
+        }
+        self.retry = bus_failed;
+        self.totals.add(&report);
+        if report.changed() || report.errors > 0 {
+            info!(
+                writes = report.writes,
+                deletes = report.deletes,
+                unchanged = report.unchanged,
+                errors = report.errors,
+                cluster = %self.cluster,
+                "published state"
+            );
+        }
+        report
+    }
+
+    /// Writes one key if its body changed; `Ok(false)` when it did not.
+    async fn write(
+        &mut self,
+        key: &StateKey,
+        object: &StateObject,
+        observed_at_ms: u64,
+    ) -> Result<bool, IngestError> {
+        let (bucket, name) = key;
+        let encode_err = |source| IngestError::Encode {
+            bucket: *bucket,
+            key: name.clone(),
+            source,
+        };
+        let body = object.encode_body().map_err(|e| encode_err(e.into()))?;
+        let hash = sha256(&body);
+        let current = self.on_bus.get(key).copied();
+        if current.and_then(|c| c.hash) == Some(hash) {
+            return Ok(false);
+        }
+        let value = Envelope::new(self.fleet.as_str(), self.epoch, observed_at_ms, object)
+            .encode()
+            .map_err(encode_err)?;
+        if value.len() > MAX_VALUE_BYTES {
+            return Err(IngestError::TooLarge {
+                bucket: *bucket,
+                key: name.clone(),
+                size: value.len(),
+                limit: MAX_VALUE_BYTES,
+            });
+        }
+        // Compare-and-set against the revision last seen, so a write never silently
+        // replaces a value someone else wrote (the groundwork for fencing by lease).
+        let expected = current.map_or(0, |c| c.revision);
+        match self.bus.update(*bucket, name, value.into(), expected).await {
+            Ok(revision) => {
+                let hash = Some(hash);
+                self.on_bus.insert(key.clone(), OnBus { hash, revision });
+                Ok(true)
+            }
+            Err(source) => {
+                if matches!(source, BusError::RevisionMismatch { .. }) {
+                    self.refresh(key).await;
+                }
+                Err(IngestError::Bus {
+                    action: "writing a changed value",
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Re-reads one key after someone else wrote it, so the next round compares against
+    /// (and conditions its write on) what is really there.
+    async fn refresh(&mut self, key: &StateKey) {
+        let (bucket, name) = key;
+        match self.bus.get(*bucket, name).await {
+            Ok(Some(entry)) => {
+                let hash = body_hash(*bucket, name, &entry.value);
+                let revision = entry.revision;
+                self.on_bus.insert(key.clone(), OnBus { hash, revision });
+            }
+            Ok(None) => {
+                self.on_bus.remove(key);
+            }
+            Err(source) => {
+                let error = IngestError::Bus {
+                    action: "re-reading a key written concurrently",
+                    source,
+                };
+                warn!(%error, "could not re-read key");
+            }
+        }
+    }
+}
+
+/// Test helpers shared with the file source tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use async_trait::async_trait;
+    use bytes::Bytes;
+    use shoal_common::bus::{Bucket, BusError, Entry, StateBus, WatchStream};
+    use shoal_common::MemoryBus;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    /// Writes and deletes seen by a [`CountingBus`].
+    #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+    pub(crate) struct Counts {
+        pub writes: u64,
+        pub deletes: u64,
+    }
+
+    /// A [`MemoryBus`] that counts writes and deletes and can be made to fail them.
+    #[derive(Clone, Default)]
+    pub(crate) struct CountingBus {
+        pub inner: MemoryBus,
+        writes: Arc<AtomicU64>,
+        deletes: Arc<AtomicU64>,
+        failing: Arc<AtomicBool>,
+    }
+
+    impl CountingBus {
+        pub(crate) fn counts(&self) -> Counts {
+            Counts {
+                writes: self.writes.load(Ordering::SeqCst),
+                deletes: self.deletes.load(Ordering::SeqCst),
+            }
+        }
+
+        pub(crate) fn set_failing(&self, failing: bool) {
+            self.failing.store(failing, Ordering::SeqCst);
+        }
+
+        fn check(&self, op: &'static str, bucket: Bucket, key: &str) -> Result<(), BusError> {
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(BusError::Op {
+                    op,
+                    bucket,
+                    key: key.to_string(),
+                    source: "injected failure".into(),
+                });
+            }
+            Ok(())
+        }
+    }
+
+    #[async_trait]
+    impl StateBus for CountingBus {
+        async fn get(&self, bucket: Bucket, key: &str) -> Result<Option<Entry>, BusError> {
+            self.inner.get(bucket, key).await
+        }
+
+        async fn put(&self, bucket: Bucket, key: &str, value: Bytes) -> Result<u64, BusError> {
+            self.check("put", bucket, key)?;
+            self.writes.fetch_add(1, Ordering::SeqCst);
+            self.inner.put(bucket, key, value).await
+        }
+
+        async fn update(
+            &self,
+            bucket: Bucket,
+            key: &str,
+            value: Bytes,
+            expected: u64,
+        ) -> Result<u64, BusError> {
+            self.check("update", bucket, key)?;
+            self.writes.fetch_add(1, Ordering::SeqCst);
+            self.inner.update(bucket, key, value, expected).await
+        }
+
+        async fn delete(&self, bucket: Bucket, key: &str) -> Result<(), BusError> {
+            self.check("delete", bucket, key)?;
+            self.deletes.fetch_add(1, Ordering::SeqCst);
+            self.inner.delete(bucket, key).await
+        }
+
+        async fn keys(&self, bucket: Bucket) -> Result<Vec<String>, BusError> {
+            self.inner.keys(bucket).await
+        }
+
+        async fn watch(&self, bucket: Bucket) -> Result<WatchStream, BusError> {
+            self.inner.watch(bucket).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{CountingBus, Counts};
+    use super::*;
+    use shoal_common::model::{ObjectMeta, Service, ServicePort};
+    use shoal_common::Op;
+
+    fn service(cluster: &str, name: &str, port: u16) -> (StateKey, StateObject) {
+        let key = (
+            Bucket::Services,
+            keys::service_key(cluster, "default", name),
+        );
+        let svc = Service {
+            meta: ObjectMeta {
+                name: name.into(),
+                namespace: "default".into(),
+                ..Default::default()
+            },
+            cluster: cluster.into(),
+            hostname: format!("{name}.default.svc.cluster.local"),
+            cluster_ips: vec![],
+            ports: vec![ServicePort {
+                name: "http".into(),
+                port,
+                protocol: Default::default(),
+            }],
+            selector: Default::default(),
+            export_to: vec![],
+        };
+        (key, StateObject::Service(svc))
+    }
+
+    fn desired(items: &[(&str, u16)]) -> DesiredState {
+        items.iter().map(|(n, p)| service("c1", n, *p)).collect()
+    }
+
+    async fn publisher(bus: &CountingBus) -> Publisher {
+        Publisher::load(Arc::new(bus.clone()), "fleet", 0, "c1")
+            .await
+            .expect("load")
+    }
+
+    #[tokio::test]
+    async fn writes_only_changed_values() {
+        let bus = CountingBus::default();
+        let mut p = publisher(&bus).await;
+        let r = p.publish(&desired(&[("a", 80), ("b", 80)]), 1).await;
+        assert_eq!((r.writes, r.unchanged), (2, 0));
+        let r = p.publish(&desired(&[("a", 80), ("b", 81)]), 2).await;
+        assert_eq!((r.writes, r.unchanged, r.deletes), (1, 1, 0));
+        let r = p.publish(&desired(&[("a", 80), ("b", 81)]), 3).await;
+        assert!(!r.changed());
+        assert_eq!(
+            bus.counts(),
+            Counts {
+                writes: 3,
+                deletes: 0
+            }
+        );
+        assert_eq!(p.totals().writes, 3);
+
+        let entry = bus
+            .inner
+            .get(Bucket::Services, "c1.default.b")
+            .await
+            .unwrap()
+            .unwrap();
+        let env: Envelope<Service> = Envelope::decode(&entry.value).unwrap();
+        assert_eq!(
+            (env.fleet.as_str(), env.epoch, env.observed_at_ms),
+            ("fleet", 0, 2)
+        );
+        assert_eq!(env.body.ports[0].port, 81);
+    }
+
+    #[tokio::test]
+    async fn restart_with_unchanged_input_writes_nothing() {
+        let bus = CountingBus::default();
+        let state = desired(&[("a", 80), ("b", 80)]);
+        publisher(&bus).await.publish(&state, 1).await;
+        let before = bus.counts();
+        let mut restarted = publisher(&bus).await;
+        let r = restarted.publish(&state, 99).await;
+        assert_eq!((r.writes, r.deletes, r.unchanged), (0, 0, 2));
+        assert_eq!(bus.counts(), before);
+    }
+
+    #[tokio::test]
+    async fn sweep_deletes_only_vanished_owned_keys() {
+        let bus = CountingBus::default();
+        let (other_key, other) = service("c2", "a", 80);
+        let put = |key: &str, object: &StateObject| {
+            let value = Envelope::new("fleet", 0, 0, object).encode().unwrap();
+            (key.to_string(), bytes::Bytes::from(value))
+        };
+        let (k, v) = put(&other_key.1, &other);
+        bus.inner.put(Bucket::Services, &k, v).await.unwrap();
+        bus.inner
+            .put(Bucket::Meta, "cluster.c1", "x".into())
+            .await
+            .unwrap();
+        // Left over from an earlier run of this ingester: owned, not desired.
+        let (stale_key, stale) = service("c1", "stale", 80);
+        let (k, v) = put(&stale_key.1, &stale);
+        bus.inner.put(Bucket::Services, &k, v).await.unwrap();
+        bus.inner
+            .put(Bucket::Config, "VirtualService.default.old", "junk".into())
+            .await
+            .unwrap();
+
+        let mut p = publisher(&bus).await;
+        let r = p.publish(&desired(&[("a", 80), ("b", 80)]), 1).await;
+        assert_eq!((r.writes, r.deletes), (2, 2));
+        let r = p.publish(&desired(&[("a", 80)]), 2).await;
+        assert_eq!((r.writes, r.deletes), (0, 1));
+        assert_eq!(
+            bus.inner.keys(Bucket::Services).await.unwrap(),
+            vec!["c1.default.a", "c2.default.a"]
+        );
+        assert!(bus.inner.keys(Bucket::Config).await.unwrap().is_empty());
+        assert_eq!(
+            bus.inner.keys(Bucket::Meta).await.unwrap(),
+            vec!["cluster.c1"]
+        );
+    }
+
+    #[tokio::test]
+    async fn bus_failures_are_retried_next_round() {
+        let bus = CountingBus::default();
+        let mut p = publisher(&bus).await;
+        p.publish(&desired(&[("a", 80), ("b", 80)]), 1).await;
+        bus.set_failing(true);
+        let r = p.publish(&desired(&[("a", 81)]), 2).await;
+        assert_eq!((r.writes, r.deletes, r.errors), (0, 0, 2));
+        assert!(p.needs_retry());
+        bus.set_failing(false);
+        let r = p.publish(&desired(&[("a", 81)]), 3).await;
+        assert_eq!((r.writes, r.deletes, r.errors), (1, 1, 0));
+        assert!(!p.needs_retry());
+    }
+
+    #[tokio::test]
+    async fn too_large_value_fails_only_its_key() {
+        let bus = CountingBus::default();
+        let mut p = publisher(&bus).await;
+        let mut state = desired(&[("big", 80), ("small", 80)]);
+        p.publish(&state, 1).await;
+        let (key, mut big) = service("c1", "big", 80);
+        if let StateObject::Service(s) = &mut big {
+            s.meta
+                .labels
+                .insert("blob".into(), "x".repeat(MAX_VALUE_BYTES));
+        }
+        state.insert(key, big);
+        state.extend(desired(&[("small", 81)]));
+        let r = p.publish(&state, 2).await;
+        assert_eq!((r.writes, r.errors), (1, 1));
+        assert!(
+            !p.needs_retry(),
+            "a size error is not retried until the input changes"
+        );
+        let entry = bus
+            .inner
+            .get(Bucket::Services, "c1.default.big")
+            .await
+            .unwrap()
+            .unwrap();
+        let env: Envelope<Service> = Envelope::decode(&entry.value).unwrap();
+        assert!(env.body.meta.labels.is_empty(), "previous value stays");
+    }
+
+    #[tokio::test]
+    async fn concurrent_write_is_detected_and_repaired() {
+        let bus = CountingBus::default();
+        let mut p = publisher(&bus).await;
+        let state = desired(&[("a", 80)]);
+        p.publish(&state, 1).await;
+        // Someone else overwrites the key behind the publisher's back.
+        let (_, other) = service("c1", "a", 9999);
+        let value = Envelope::new("intruder", 0, 0, &other).encode().unwrap();
+        bus.inner
+            .put(Bucket::Services, "c1.default.a", value.into())
+            .await
+            .unwrap();
+        let r = p.publish(&desired(&[("a", 81)]), 2).await;
+        assert_eq!((r.writes, r.errors), (0, 1));
+        assert!(p.needs_retry());
+        let r = p.publish(&desired(&[("a", 81)]), 3).await;
+        assert_eq!((r.writes, r.errors), (1, 0));
+        let entry = bus
+            .inner
+            .get(Bucket::Services, "c1.default.a")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(entry.op, Op::Put);
+        let env: Envelope<Service> = Envelope::decode(&entry.value).unwrap();
+        assert_eq!(env.body.ports[0].port, 81);
+    }
+}

@@ -1,0 +1,343 @@
+//! The desired state: what the bus should hold, recomputed from every file's last good
+//! objects whenever anything changes (so a Pod's new labels reach every endpoint set that
+//! references the Pod, without tracking who references whom).
+
+use crate::error::IngestError;
+use crate::manifest::{ManifestObject, ObjectId, ParsedFile, ParsedObject};
+use crate::normalize::{self, Workloads};
+use serde::Serialize;
+use shoal_common::bus::Bucket;
+use shoal_common::envelope::{Envelope, EnvelopeError};
+use shoal_common::keys;
+use shoal_common::model::{ConfigObject, EndpointSet, Service};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use tracing::warn;
+
+/// A normalized object as published: the body of an [`Envelope`].
+///
+/// Serialized untagged, so the body on the wire is exactly the model object's encoding
+/// and servers decode `Envelope<ConfigObject>` (etc.) directly.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum StateObject {
+    /// Istio config, in [`Bucket::Config`].
+    Config(ConfigObject),
+    /// A Service, in [`Bucket::Services`].
+    Service(Service),
+    /// An endpoint set, in [`Bucket::Endpoints`].
+    Endpoints(EndpointSet),
+}
+
+impl StateObject {
+    /// The body bytes: the rmp-serde encoding (named fields) of the model object.
+    pub fn encode_body(&self) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+        rmp_serde::to_vec_named(self)
+    }
+
+    /// Decodes an envelope read from `bucket` into its body; `Ok(None)` for buckets that
+    /// hold no model objects.
+    pub fn decode(bucket: Bucket, bytes: &[u8]) -> Result<Option<StateObject>, EnvelopeError> {
+        Ok(Some(match bucket {
+            Bucket::Config => StateObject::Config(Envelope::decode(bytes)?.body),
+            Bucket::Services => StateObject::Service(Envelope::decode(bytes)?.body),
+            Bucket::Endpoints => StateObject::Endpoints(Envelope::decode(bytes)?.body),
+            Bucket::Meta => return Ok(None),
+        }))
+    }
+}
+
+/// A key on the bus: bucket and key.
+pub type StateKey = (Bucket, String);
+
+/// Everything the ingester wants on the bus, by key.
+pub type DesiredState = BTreeMap<StateKey, StateObject>;
+
+/// Computes the desired state of `cluster` from parsed objects (with the file each came
+/// from, in a stable order). An object defined twice is taken from its last definition.
+pub fn desired_state<'a>(
+    objects: impl IntoIterator<Item = (&'a Path, &'a ParsedObject)>,
+    cluster: &str,
+) -> DesiredState {
+    let mut by_id: BTreeMap<&ObjectId, (&Path, &ParsedObject)> = BTreeMap::new();
+    for (path, obj) in objects {
+        if let Some((first, _)) = by_id.insert(&obj.id, (path, obj)) {
+            warn!(
+                file = %path.display(),
+                document = %obj.document,
+                object = %obj.id,
+                first_file = %first.display(),
+                "object is defined more than once; the later definition wins"
+            );
+        }
+    }
+    let objects: Vec<(&Path, &ParsedObject)> = by_id.into_values().collect();
+
+    let pods = objects.iter().filter_map(|(_, o)| match &o.object {
+        ManifestObject::Pod(p) => Some(p.as_ref()),
+        _ => None,
+    });
+    let nodes = objects.iter().filter_map(|(_, o)| match &o.object {
+        ManifestObject::Node(n) => Some(n.as_ref()),
+        _ => None,
+    });
+    let workloads = Workloads::new(pods, nodes);
+
+    let mut desired = DesiredState::new();
+    for (path, obj) in &objects {
+        // Parsing validated these objects, so normalization errors are not expected; they
+        // are logged rather than trusted away.
+        let report = |error: &dyn std::fmt::Display| {
+            warn!(file = %path.display(), document = %obj.document, object = %obj.id, %error, "skipping object");
+        };
+        match &obj.object {
+            ManifestObject::Config(config) => {
+                let key =
+                    keys::config_key(config.kind(), &config.meta.namespace, &config.meta.name);
+                desired.insert(
+                    (Bucket::Config, key),
+                    StateObject::Config(config.as_ref().clone()),
+                );
+            }
+            ManifestObject::Service(svc) => match normalize::service(svc, cluster) {
+                Ok(Some(s)) => {
+                    let key = keys::service_key(cluster, &s.meta.namespace, &s.meta.name);
+                    desired.insert((Bucket::Services, key), StateObject::Service(s));
+                }
+                Ok(None) => {}
+                Err(e) => report(&e),
+            },
+            ManifestObject::EndpointSlice(slice) => {
+                match normalize::endpoint_slice(slice, cluster, &workloads) {
+                    Ok(Some(set)) => {
+                        let key =
+                            keys::endpoints_key(cluster, &set.namespace, &set.service, &set.slice);
+                        desired.insert((Bucket::Endpoints, key), StateObject::Endpoints(set));
+                    }
+                    Ok(None) => {}
+                    Err(e) => report(&e),
+                }
+            }
+            ManifestObject::Namespace(_) | ManifestObject::Pod(_) | ManifestObject::Node(_) => {}
+        }
+    }
+    desired
+}
+
+/// The last good objects of every manifest file.
+///
+/// Bad input never loses good state: a file that does not parse keeps its previous
+/// objects, and a rejected document whose identity is known keeps that object's previous
+/// version; either lasts until the input is fixed (or the file removed).
+#[derive(Debug, Default)]
+pub struct ManifestStore {
+    files: BTreeMap<PathBuf, Vec<ParsedObject>>,
+}
+
+impl ManifestStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes in the new parse of a file, logging what was rejected.
+    pub fn apply(&mut self, path: &Path, parsed: Result<ParsedFile, IngestError>) {
+        let file = path.display();
+        let parsed = match parsed {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                let kept = self.files.get(path).map_or(0, Vec::len);
+                warn!(%file, %error, kept, "file does not parse; keeping its previously published objects");
+                return;
+            }
+        };
+        let previous = self.files.remove(path).unwrap_or_default();
+        let mut objects = parsed.objects;
+        for rejected in parsed.errors {
+            let kept = rejected.id.as_ref().and_then(|id| {
+                // The file may now define the object validly elsewhere; that one wins.
+                if objects.iter().any(|o| &o.id == id) {
+                    return None;
+                }
+                previous.iter().find(|o| &o.id == id)
+            });
+            warn!(
+                %file,
+                document = %rejected.document,
+                error = %rejected.error,
+                kept_previous = kept.is_some(),
+                "skipping invalid document"
+            );
+            if let Some(old) = kept {
+                objects.push(old.clone());
+            }
+        }
+        self.files.insert(path.to_path_buf(), objects);
+    }
+
+    /// Forgets a removed file; true when it was known.
+    pub fn remove(&mut self, path: &Path) -> bool {
+        self.files.remove(path).is_some()
+    }
+
+    /// The current objects of a file.
+    pub fn objects(&self, path: &Path) -> Option<&[ParsedObject]> {
+        self.files.get(path).map(Vec::as_slice)
+    }
+
+    /// The desired state of `cluster` from every file's objects.
+    pub fn desired_state(&self, cluster: &str) -> DesiredState {
+        let all = self
+            .files
+            .iter()
+            .flat_map(|(path, objs)| objs.iter().map(move |o| (path.as_path(), o)));
+        desired_state(all, cluster)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::{parse_file, test_path};
+    use shoal_common::model::{ConfigSpec, Protocol};
+
+    const BOOKINFO: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: reviews, namespace: bookinfo}
+spec: {clusterIP: 10.0.0.5, ports: [{name: http, port: 9080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: reviews-1, namespace: bookinfo, labels: {kubernetes.io/service-name: reviews}}
+addressType: IPv4
+ports: [{name: http, port: 9080}]
+endpoints:
+  - addresses: [10.1.0.1]
+    targetRef: {kind: Pod, name: reviews-v1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: reviews-v1, namespace: bookinfo, labels: {version: v1}}
+spec: {containers: [], serviceAccountName: bookinfo-reviews}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: bookinfo}
+spec: {host: reviews, subsets: [{name: v1, labels: {version: v1}}]}
+"#;
+
+    fn store_with(files: &[(&str, &str)]) -> ManifestStore {
+        let mut store = ManifestStore::new();
+        for (name, text) in files {
+            let path = test_path(name);
+            store.apply(&path, parse_file(&path, text));
+        }
+        store
+    }
+
+    fn endpoints(state: &DesiredState) -> &EndpointSet {
+        let key = (
+            Bucket::Endpoints,
+            keys::endpoints_key("c1", "bookinfo", "reviews", "reviews-1"),
+        );
+        match state.get(&key) {
+            Some(StateObject::Endpoints(set)) => set,
+            other => panic!("no endpoint set: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn builds_keys_for_every_bucket() {
+        let state = store_with(&[("bookinfo.yaml", BOOKINFO)]).desired_state("c1");
+        let keys: Vec<(Bucket, &str)> = state.keys().map(|(b, k)| (*b, k.as_str())).collect();
+        assert_eq!(
+            keys,
+            vec![
+                (Bucket::Config, "DestinationRule.bookinfo.reviews"),
+                (Bucket::Services, "c1.bookinfo.reviews"),
+                (Bucket::Endpoints, "c1.bookinfo.reviews.reviews-1"),
+            ]
+        );
+        let Some(StateObject::Service(svc)) = state.values().nth(1) else {
+            panic!("no service")
+        };
+        assert_eq!(svc.cluster, "c1");
+        assert_eq!(svc.ports[0].protocol, Protocol::Http);
+        let set = endpoints(&state);
+        assert_eq!(set.cluster, "c1");
+        assert_eq!(set.endpoints[0].service_account, "bookinfo-reviews");
+    }
+
+    #[test]
+    fn pod_label_change_in_another_file_changes_the_endpoint_set() {
+        let (svc, pod) = BOOKINFO
+            .split_once("---\napiVersion: v1\nkind: Pod")
+            .unwrap();
+        let pod = format!("apiVersion: v1\nkind: Pod{pod}");
+        let mut store = store_with(&[("svc.yaml", svc), ("pod.yaml", &pod)]);
+        let before = store.desired_state("c1");
+        assert_eq!(endpoints(&before).endpoints[0].labels["version"], "v1");
+
+        let path = test_path("pod.yaml");
+        let pod = pod.replace("version: v1}", "version: v2}");
+        store.apply(&path, parse_file(&path, &pod));
+        let after = store.desired_state("c1");
+        assert_eq!(endpoints(&after).endpoints[0].labels["version"], "v2");
+    }
+
+    #[test]
+    fn unparseable_file_keeps_its_objects() {
+        let mut store = store_with(&[("bookinfo.yaml", BOOKINFO)]);
+        let before = store.desired_state("c1");
+        let path = test_path("bookinfo.yaml");
+        store.apply(&path, parse_file(&path, "kind: [half-written"));
+        assert_eq!(store.desired_state("c1"), before);
+        assert!(store.remove(&path));
+        assert!(store.desired_state("c1").is_empty());
+    }
+
+    #[test]
+    fn bad_document_keeps_previous_version_while_others_update() {
+        let mut store = store_with(&[("bookinfo.yaml", BOOKINFO)]);
+        let path = test_path("bookinfo.yaml");
+        // The DestinationRule loses its host (invalid), the Service changes its port.
+        let edited = BOOKINFO
+            .replace("spec: {host: reviews, ", "spec: {")
+            .replace(
+                "ports: [{name: http, port: 9080}]}",
+                "ports: [{name: grpc, port: 9090}]}",
+            );
+        store.apply(&path, parse_file(&path, &edited));
+        let state = store.desired_state("c1");
+        let dr = &state[&(
+            Bucket::Config,
+            "DestinationRule.bookinfo.reviews".to_string(),
+        )];
+        assert!(
+            matches!(dr, StateObject::Config(c) if matches!(&c.spec, ConfigSpec::DestinationRule(d) if d.host == "reviews"))
+        );
+        let svc = &state[&(Bucket::Services, "c1.bookinfo.reviews".to_string())];
+        assert!(matches!(svc, StateObject::Service(s) if s.ports[0].port == 9090));
+
+        // A bad document with no previous version is simply absent.
+        let fresh = test_path("fresh.yaml");
+        let bad = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: x}\nspec: {}\n";
+        store.apply(&fresh, parse_file(&fresh, bad));
+        assert_eq!(store.objects(&fresh).map(<[_]>::len), Some(0));
+    }
+
+    #[test]
+    fn body_round_trips_through_the_envelope() {
+        let state = store_with(&[("bookinfo.yaml", BOOKINFO)]).desired_state("c1");
+        for ((bucket, _), object) in &state {
+            let bytes = Envelope::new("f", 0, 1, object).encode().unwrap();
+            let decoded = StateObject::decode(*bucket, &bytes).unwrap().unwrap();
+            assert_eq!(&decoded, object);
+            assert_eq!(
+                decoded.encode_body().unwrap(),
+                object.encode_body().unwrap()
+            );
+        }
+    }
+}

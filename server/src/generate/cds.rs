@@ -1,0 +1,220 @@
+//! CDS: one cluster per visible service port (`outbound|<port>||<host>`), one per
+//! DestinationRule subset (`outbound|<port>|<subset>|<host>`), and Istio's two fixed
+//! clusters.
+
+use super::{ads_config_source, pb_duration, socket_address, Resource};
+use crate::push_context::{PushContext, ServiceSource, ServiceView};
+use crate::scope::ProxyScope;
+use shoal_common::model::{Protocol, Resolution, ServicePort, SimpleLb, TrafficPolicy};
+use shoal_proto::pb::envoy::config::cluster::v3::{
+    cluster::{ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, EdsClusterConfig, LbPolicy},
+    Cluster,
+};
+use shoal_proto::pb::envoy::config::core::v3::Http2ProtocolOptions;
+use shoal_proto::pb::envoy::config::endpoint::v3::{
+    lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
+};
+use shoal_proto::pb::envoy::extensions::upstreams::http::v3::{
+    http_protocol_options::{
+        explicit_http_config::ProtocolConfig, ExplicitHttpConfig, UpstreamProtocolOptions,
+    },
+    HttpProtocolOptions,
+};
+use shoal_proto::{outbound_cluster_name, XdsType};
+use std::time::Duration;
+
+/// Istio's default upstream connect timeout.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Name of the cluster that drops traffic.
+pub const BLACKHOLE_CLUSTER: &str = "BlackHoleCluster";
+/// Name of the cluster that forwards to the original destination.
+pub const PASSTHROUGH_CLUSTER: &str = "PassthroughCluster";
+
+/// Generates every cluster a proxy with this scope needs.
+pub fn generate(scope: &ProxyScope, ctx: &PushContext) -> Vec<Resource> {
+    let mut out = vec![
+        Resource::new(XdsType::Cluster, BLACKHOLE_CLUSTER.into(), &blackhole()),
+        Resource::new(XdsType::Cluster, PASSTHROUGH_CLUSTER.into(), &passthrough()),
+    ];
+    for svc in &scope.services {
+        let dr = ctx.destination_rules.get(&svc.hostname);
+        let default_policy = dr.and_then(|d| d.spec.traffic_policy.as_ref());
+        for port in &svc.ports {
+            let name = outbound_cluster_name(port.port.into(), "", &svc.hostname);
+            out.push(Resource::new(
+                XdsType::Cluster,
+                name.clone(),
+                &cluster(&name, svc, port, default_policy),
+            ));
+            for subset in dr.map(|d| d.spec.subsets.as_slice()).unwrap_or_default() {
+                let name = outbound_cluster_name(port.port.into(), &subset.name, &svc.hostname);
+                let policy = subset.traffic_policy.as_ref().or(default_policy);
+                out.push(Resource::new(
+                    XdsType::Cluster,
+                    name.clone(),
+                    &cluster(&name, svc, port, policy),
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn cluster(
+    name: &str,
+    svc: &ServiceView,
+    port: &ServicePort,
+    policy: Option<&TrafficPolicy>,
+) -> Cluster {
+    let mut c = Cluster {
+        name: name.to_string(),
+        connect_timeout: Some(pb_duration(CONNECT_TIMEOUT)),
+        lb_policy: lb_policy(policy) as i32,
+        ..Default::default()
+    };
+    let dns = |c: &mut Cluster, ty: DiscoveryType| {
+        c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(ty as i32));
+        c.dns_lookup_family = DnsLookupFamily::V4Only as i32;
+        c.load_assignment = Some(dns_load_assignment(name, svc, port, ty));
+    };
+    match &svc.source {
+        ServiceSource::ServiceEntry {
+            resolution: Resolution::Dns,
+            ..
+        } => dns(&mut c, DiscoveryType::StrictDns),
+        ServiceSource::ServiceEntry {
+            resolution: Resolution::DnsRoundRobin,
+            ..
+        } => dns(&mut c, DiscoveryType::LogicalDns),
+        ServiceSource::ServiceEntry {
+            resolution: Resolution::None,
+            ..
+        } => {
+            c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(
+                DiscoveryType::OriginalDst as i32,
+            ));
+            c.lb_policy = LbPolicy::ClusterProvided as i32;
+        }
+        ServiceSource::Kubernetes | ServiceSource::ServiceEntry { .. } => {
+            c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32));
+            c.eds_cluster_config = Some(EdsClusterConfig {
+                eds_config: Some(ads_config_source()),
+                service_name: name.to_string(),
+            });
+        }
+    }
+    if matches!(port.protocol, Protocol::Http2 | Protocol::Grpc) {
+        let opts = HttpProtocolOptions {
+            upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+                ExplicitHttpConfig {
+                    protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(
+                        Http2ProtocolOptions::default(),
+                    )),
+                },
+            )),
+            ..Default::default()
+        };
+        // One entry only: prost encodes maps in hash order (see the module docs).
+        c.typed_extension_protocol_options.insert(
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_string(),
+            shoal_proto::pack(
+                "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                &opts,
+            ),
+        );
+    }
+    c
+}
+
+/// The workload port of a ServiceEntry endpoint for a service port: the endpoint's port of
+/// the same name, else the port's `targetPort`, else the port number.
+pub(crate) fn entry_port(
+    svc: &ServiceView,
+    port: &ServicePort,
+    ep_ports: &std::collections::BTreeMap<String, u32>,
+) -> u32 {
+    ep_ports
+        .get(&port.name)
+        .copied()
+        .or_else(|| svc.target_ports.get(&port.port).map(|t| u32::from(*t)))
+        .unwrap_or(port.port.into())
+}
+
+fn dns_load_assignment(
+    name: &str,
+    svc: &ServiceView,
+    port: &ServicePort,
+    ty: DiscoveryType,
+) -> ClusterLoadAssignment {
+    let ServiceSource::ServiceEntry { endpoints, .. } = &svc.source else {
+        return ClusterLoadAssignment {
+            cluster_name: name.into(),
+            ..Default::default()
+        };
+    };
+    let mut addrs: Vec<(String, u32)> = endpoints
+        .iter()
+        .map(|e| (e.address.clone(), entry_port(svc, port, &e.ports)))
+        .collect();
+    if addrs.is_empty() {
+        // No endpoints: the proxy resolves the host itself.
+        addrs.push((
+            svc.hostname.clone(),
+            entry_port(svc, port, &Default::default()),
+        ));
+    }
+    if ty == DiscoveryType::LogicalDns {
+        addrs.truncate(1); // Envoy requires exactly one address for LOGICAL_DNS.
+    }
+    let lb_endpoints = addrs
+        .into_iter()
+        .map(|(host, port)| LbEndpoint {
+            host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
+                address: Some(socket_address(&host, port)),
+                ..Default::default()
+            })),
+            ..Default::default()
+        })
+        .collect();
+    ClusterLoadAssignment {
+        cluster_name: name.into(),
+        endpoints: vec![LocalityLbEndpoints {
+            lb_endpoints,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn lb_policy(policy: Option<&TrafficPolicy>) -> LbPolicy {
+    match policy
+        .and_then(|p| p.load_balancer.as_ref())
+        .and_then(|lb| lb.simple)
+    {
+        Some(SimpleLb::RoundRobin) => LbPolicy::RoundRobin,
+        Some(SimpleLb::Random) => LbPolicy::Random,
+        // Istio's default is least request; LEAST_CONN is its deprecated alias.
+        _ => LbPolicy::LeastRequest,
+    }
+}
+
+fn blackhole() -> Cluster {
+    Cluster {
+        name: BLACKHOLE_CLUSTER.into(),
+        connect_timeout: Some(pb_duration(CONNECT_TIMEOUT)),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
+        ..Default::default()
+    }
+}
+
+fn passthrough() -> Cluster {
+    Cluster {
+        name: PASSTHROUGH_CLUSTER.into(),
+        connect_timeout: Some(pb_duration(CONNECT_TIMEOUT)),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(
+            DiscoveryType::OriginalDst as i32,
+        )),
+        lb_policy: LbPolicy::ClusterProvided as i32,
+        ..Default::default()
+    }
+}

@@ -1,0 +1,571 @@
+//! RDS: route tables for gateway ports (`http.<port>`) and sidecar egress ports (`"<port>"`),
+//! built from VirtualServices with Istio's semantics, and a default route for every visible
+//! service that no VirtualService covers (sidecars).
+
+use super::{pb_duration, Resource};
+use crate::proxy::{Proxy, ProxyKind};
+use crate::push_context::{
+    exported_to, resolve_host, Config, PushContext, ServiceSource, ServiceView,
+};
+use crate::scope::{host_entry_matches, ProxyScope};
+use shoal_common::model::{
+    Destination, HttpMatchRequest, HttpRoute, HttpRouteDestination, StringMatch, VirtualService,
+};
+use shoal_proto::pb::envoy::config::route::v3::{
+    header_matcher::HeaderMatchSpecifier,
+    redirect_action::{PathRewriteSpecifier, RedirectResponseCode, SchemeRewriteSpecifier},
+    route::Action,
+    route_action::{ClusterSpecifier, HostRewriteSpecifier},
+    route_match::PathSpecifier,
+    weighted_cluster::ClusterWeight,
+    HeaderMatcher, RedirectAction, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch,
+    VirtualHost, WeightedCluster,
+};
+use shoal_proto::pb::envoy::r#type::matcher::v3::{
+    string_matcher::MatchPattern, RegexMatcher, StringMatcher,
+};
+use shoal_proto::pb::google::protobuf::{BoolValue, UInt32Value};
+use shoal_proto::{outbound_cluster_name, XdsType};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// Istio's default retry conditions.
+const DEFAULT_RETRY_ON: &str =
+    "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes";
+/// Istio's default number of retries when a route sets none.
+const DEFAULT_RETRIES: u32 = 2;
+
+/// Generates the requested route tables.
+pub fn generate(
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    ctx: &PushContext,
+    names: &[String],
+) -> Vec<Resource> {
+    names
+        .iter()
+        .filter_map(|name| {
+            let rc = match proxy.kind {
+                ProxyKind::Router => {
+                    let port = name.strip_prefix("http.")?.parse().ok()?;
+                    gateway_routes(name, port, proxy, ctx)
+                }
+                ProxyKind::Sidecar => {
+                    let port = name.parse().ok()?;
+                    sidecar_routes(name, port, proxy, scope, ctx)
+                }
+            };
+            Some(Resource::new(XdsType::Route, name.clone(), &rc))
+        })
+        .collect()
+}
+
+/// How a route's destinations resolve: the namespace of the VirtualService (short hosts),
+/// the port traffic arrived on (a destination's default port), and the services known.
+struct RouteEnv<'a> {
+    ns: &'a str,
+    listener_port: u32,
+    ctx: &'a PushContext,
+}
+
+// ---------------------------------------------------------------------------------------
+// Gateways
+
+fn gateway_name_matches(
+    reference: &str,
+    vs_ns: &str,
+    gw: &Config<shoal_common::model::Gateway>,
+) -> bool {
+    let (ns, name) = reference.split_once('/').unwrap_or((vs_ns, reference));
+    ns == gw.meta.namespace && name == gw.meta.name
+}
+
+/// Whether a VirtualService host is admitted by a gateway server host (`ns/host` or `host`,
+/// with `*` wildcards). Returns the host the virtual host is built for: the more specific.
+fn gateway_host_match(
+    server_host: &str,
+    vs_host: &str,
+    vs_ns: &str,
+    gw_ns: &str,
+) -> Option<String> {
+    let (ns, host) = server_host.split_once('/').unwrap_or(("*", server_host));
+    let ns_ok = match ns {
+        "*" => true,
+        "." => vs_ns == gw_ns,
+        other => other == vs_ns,
+    };
+    if !ns_ok {
+        return None;
+    }
+    if wildcard_covers(host, vs_host) {
+        Some(vs_host.to_string())
+    } else if wildcard_covers(vs_host, host) {
+        Some(host.to_string())
+    } else {
+        None
+    }
+}
+
+/// Whether `pattern` (`*`, `*.suffix`, or exact) covers `host`.
+fn wildcard_covers(pattern: &str, host: &str) -> bool {
+    pattern == "*"
+        || pattern == host
+        || pattern
+            .strip_prefix('*')
+            .is_some_and(|suffix| host.ends_with(suffix) && !host.starts_with('*'))
+}
+
+fn gateway_routes(name: &str, port: u32, proxy: &Proxy, ctx: &PushContext) -> RouteConfiguration {
+    let gateways: Vec<_> = ctx
+        .gateways_for(&proxy.labels)
+        .into_iter()
+        .filter(|gw| gw.spec.servers.iter().any(|s| s.port.number == port))
+        .collect();
+    // Virtual host → routes, merged across VirtualServices in precedence order, as Istio
+    // merges VirtualServices that share a host on a gateway.
+    let mut vhosts: BTreeMap<String, Vec<Route>> = BTreeMap::new();
+    for vs in &ctx.virtual_services {
+        let bound: Vec<_> = gateways
+            .iter()
+            .filter(|gw| {
+                vs.spec
+                    .gateways
+                    .iter()
+                    .any(|r| gateway_name_matches(r, &vs.meta.namespace, gw))
+            })
+            .collect();
+        if bound.is_empty() {
+            continue;
+        }
+        let mut hosts = BTreeSet::new();
+        for gw in &bound {
+            for server in gw.spec.servers.iter().filter(|s| s.port.number == port) {
+                for sh in &server.hosts {
+                    for vh in &vs.spec.hosts {
+                        if let Some(h) =
+                            gateway_host_match(sh, vh, &vs.meta.namespace, &gw.meta.namespace)
+                        {
+                            hosts.insert(h);
+                        }
+                    }
+                }
+            }
+        }
+        if hosts.is_empty() {
+            continue;
+        }
+        let gateway_names: Vec<String> = bound
+            .iter()
+            .map(|g| format!("{}/{}", g.meta.namespace, g.meta.name))
+            .collect();
+        let env = RouteEnv {
+            ns: &vs.meta.namespace,
+            listener_port: port,
+            ctx,
+        };
+        let routes = vs_routes(vs, &env, |m| {
+            m.gateways.is_empty()
+                || m.gateways.iter().any(|g| {
+                    gateway_names.iter().any(|n| {
+                        let (ns, name) = g.split_once('/').unwrap_or((&vs.meta.namespace, g));
+                        n == &format!("{ns}/{name}")
+                    })
+                })
+        });
+        for h in hosts {
+            vhosts.entry(h).or_default().extend(routes.iter().cloned());
+        }
+    }
+    let mut seen = BTreeSet::new();
+    let virtual_hosts = vhosts
+        .into_iter()
+        .filter_map(|(host, routes)| {
+            let domains: Vec<String> = if host == "*" {
+                vec!["*".into()]
+            } else {
+                vec![host.clone(), format!("{host}:{port}")]
+            };
+            let domains = unique_domains(domains, &mut seen);
+            (!domains.is_empty()).then(|| VirtualHost {
+                name: format!("{host}:{port}"),
+                domains,
+                routes,
+                ..Default::default()
+            })
+        })
+        .collect();
+    RouteConfiguration {
+        name: name.to_string(),
+        virtual_hosts,
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Sidecars
+
+fn sidecar_routes(
+    name: &str,
+    port: u32,
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    ctx: &PushContext,
+) -> RouteConfiguration {
+    let listener = scope.sidecar.as_ref().and_then(|s| {
+        s.spec
+            .egress
+            .iter()
+            .find(|l| l.port.as_ref().is_some_and(|p| p.number == port))
+    });
+    let services = scope.services.iter().filter(|svc| {
+        svc.port(port).is_some()
+            && listener.is_none_or(|l| {
+                l.hosts
+                    .iter()
+                    .any(|h| host_entry_matches(h, &proxy.namespace, svc))
+            })
+    });
+    // VirtualServices that apply to sidecars in this namespace, by resolved host.
+    let mut by_host: BTreeMap<String, Vec<&Arc<Config<VirtualService>>>> = BTreeMap::new();
+    for vs in &ctx.virtual_services {
+        let for_mesh = vs.spec.gateways.is_empty() || vs.spec.gateways.iter().any(|g| g == "mesh");
+        if !for_mesh || !exported_to(&vs.spec.export_to, &vs.meta.namespace, &proxy.namespace) {
+            continue;
+        }
+        for h in &vs.spec.hosts {
+            by_host
+                .entry(resolve_host(h, &vs.meta.namespace))
+                .or_default()
+                .push(vs);
+        }
+    }
+    let mut seen = BTreeSet::new();
+    let mut virtual_hosts = Vec::new();
+    for svc in services {
+        let routes: Vec<Route> = match by_host.get(&svc.hostname) {
+            Some(vss) => vss
+                .iter()
+                .flat_map(|vs| {
+                    let env = RouteEnv {
+                        ns: &vs.meta.namespace,
+                        listener_port: port,
+                        ctx,
+                    };
+                    vs_routes(vs, &env, |m| {
+                        m.gateways.is_empty() || m.gateways.iter().any(|g| g == "mesh")
+                    })
+                })
+                .collect(),
+            None => vec![default_route(&outbound_cluster_name(
+                port,
+                "",
+                &svc.hostname,
+            ))],
+        };
+        let domains = unique_domains(service_domains(svc, port, &proxy.namespace), &mut seen);
+        if domains.is_empty() {
+            continue;
+        }
+        virtual_hosts.push(VirtualHost {
+            name: format!("{}:{port}", svc.hostname),
+            domains,
+            routes,
+            ..Default::default()
+        });
+    }
+    RouteConfiguration {
+        name: name.to_string(),
+        virtual_hosts,
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    }
+}
+
+/// The domains a sidecar reaches a service by, as Istio builds them: the FQDN, `name.ns`
+/// and `name.ns.svc` (Kubernetes), the short name (same namespace only), the VIPs — each
+/// also with `:port`.
+fn service_domains(svc: &ServiceView, port: u32, proxy_ns: &str) -> Vec<String> {
+    let mut names = vec![svc.hostname.clone()];
+    if svc.source == ServiceSource::Kubernetes {
+        if svc.namespace == proxy_ns {
+            names.push(svc.name.clone());
+        }
+        names.push(format!("{}.{}", svc.name, svc.namespace));
+        names.push(format!("{}.{}.svc", svc.name, svc.namespace));
+    }
+    names.extend(svc.vips.iter().cloned());
+    names
+        .into_iter()
+        .flat_map(|n| [format!("{n}:{port}"), n])
+        .collect()
+}
+
+/// Drops domains already used by an earlier virtual host: Envoy rejects a route table in
+/// which two virtual hosts share a domain.
+fn unique_domains(domains: Vec<String>, seen: &mut BTreeSet<String>) -> Vec<String> {
+    let mut out: Vec<String> = domains
+        .into_iter()
+        .filter(|d| seen.insert(d.clone()))
+        .collect();
+    out.sort();
+    out
+}
+
+fn default_route(cluster: &str) -> Route {
+    Route {
+        name: "default".into(),
+        r#match: Some(RouteMatch {
+            path_specifier: Some(PathSpecifier::Prefix("/".into())),
+            ..Default::default()
+        }),
+        action: Some(Action::Route(RouteAction {
+            cluster_specifier: Some(ClusterSpecifier::Cluster(cluster.into())),
+            timeout: Some(pb_duration(std::time::Duration::ZERO)),
+            retry_policy: Some(default_retry_policy()),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// VirtualService → Envoy routes
+
+/// Converts a VirtualService's HTTP rules; `applies` filters match blocks by their
+/// `gateways` field. A rule whose every match block is filtered out yields no route.
+fn vs_routes(
+    vs: &Config<VirtualService>,
+    env: &RouteEnv<'_>,
+    applies: impl Fn(&HttpMatchRequest) -> bool,
+) -> Vec<Route> {
+    let mut out = Vec::new();
+    for rule in &vs.spec.http {
+        let action = action(rule, env);
+        let name = rule.name.clone().unwrap_or_default();
+        if rule.matches.is_empty() {
+            out.push(route(
+                &name,
+                RouteMatch {
+                    path_specifier: Some(PathSpecifier::Prefix("/".into())),
+                    ..Default::default()
+                },
+                action.clone(),
+            ));
+            continue;
+        }
+        for m in &rule.matches {
+            if !applies(m) || m.port.is_some_and(|p| p != env.listener_port) {
+                continue;
+            }
+            out.push(route(&name, route_match(m), action.clone()));
+        }
+    }
+    out
+}
+
+fn route(name: &str, m: RouteMatch, action: Action) -> Route {
+    Route {
+        name: name.to_string(),
+        r#match: Some(m),
+        action: Some(action),
+        ..Default::default()
+    }
+}
+
+fn route_match(m: &HttpMatchRequest) -> RouteMatch {
+    let path_specifier = Some(match &m.uri {
+        None => PathSpecifier::Prefix("/".into()),
+        Some(StringMatch::Exact(p)) => PathSpecifier::Path(p.clone()),
+        Some(StringMatch::Prefix(p)) => PathSpecifier::Prefix(p.clone()),
+        Some(StringMatch::Regex(r)) => PathSpecifier::SafeRegex(regex(r)),
+    });
+    let mut headers: Vec<HeaderMatcher> = m
+        .headers
+        .iter()
+        .map(|(name, sm)| header_matcher(name, sm))
+        .collect();
+    if let Some(sm) = &m.method {
+        headers.push(header_matcher(":method", sm));
+    }
+    if let Some(sm) = &m.authority {
+        headers.push(header_matcher(":authority", sm));
+    }
+    RouteMatch {
+        path_specifier,
+        headers,
+        case_sensitive: m.ignore_uri_case.then_some(BoolValue { value: false }),
+        ..Default::default()
+    }
+}
+
+fn regex(r: &str) -> RegexMatcher {
+    RegexMatcher {
+        regex: r.to_string(),
+        ..Default::default()
+    }
+}
+
+fn header_matcher(name: &str, sm: &StringMatch) -> HeaderMatcher {
+    let pattern = match sm {
+        StringMatch::Exact(s) => MatchPattern::Exact(s.clone()),
+        StringMatch::Prefix(s) => MatchPattern::Prefix(s.clone()),
+        StringMatch::Regex(r) => MatchPattern::SafeRegex(regex(r)),
+    };
+    HeaderMatcher {
+        name: name.to_ascii_lowercase(),
+        header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
+            match_pattern: Some(pattern),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn action(rule: &HttpRoute, env: &RouteEnv<'_>) -> Action {
+    if let Some(r) = &rule.redirect {
+        return Action::Redirect(RedirectAction {
+            host_redirect: r.authority.clone().unwrap_or_default(),
+            port_redirect: r.port.unwrap_or_default(),
+            path_rewrite_specifier: r.uri.clone().map(PathRewriteSpecifier::PathRedirect),
+            scheme_rewrite_specifier: r.scheme.clone().map(SchemeRewriteSpecifier::SchemeRedirect),
+            response_code: redirect_code(r.redirect_code.unwrap_or(301)) as i32,
+            ..Default::default()
+        });
+    }
+    let mut ra = RouteAction {
+        cluster_specifier: Some(cluster_specifier(&rule.route, env)),
+        timeout: Some(pb_duration(
+            rule.timeout.map(|t| t.get()).unwrap_or_default(),
+        )),
+        retry_policy: match &rule.retries {
+            None => Some(default_retry_policy()),
+            Some(r) if r.attempts == 0 => None,
+            Some(r) => Some(RetryPolicy {
+                retry_on: r
+                    .retry_on
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_RETRY_ON.into()),
+                num_retries: Some(UInt32Value { value: r.attempts }),
+                per_try_timeout: r.per_try_timeout.map(|t| pb_duration(t.get())),
+                ..Default::default()
+            }),
+        },
+        ..Default::default()
+    };
+    if let Some(rw) = &rule.rewrite {
+        if let Some(uri) = &rw.uri {
+            ra.prefix_rewrite = uri.clone();
+        }
+        if let Some(auth) = &rw.authority {
+            ra.host_rewrite_specifier =
+                Some(HostRewriteSpecifier::HostRewriteLiteral(auth.clone()));
+        }
+    }
+    Action::Route(ra)
+}
+
+fn default_retry_policy() -> RetryPolicy {
+    RetryPolicy {
+        retry_on: DEFAULT_RETRY_ON.into(),
+        num_retries: Some(UInt32Value {
+            value: DEFAULT_RETRIES,
+        }),
+        ..Default::default()
+    }
+}
+
+fn redirect_code(code: u32) -> RedirectResponseCode {
+    match code {
+        302 => RedirectResponseCode::Found,
+        303 => RedirectResponseCode::SeeOther,
+        307 => RedirectResponseCode::TemporaryRedirect,
+        308 => RedirectResponseCode::PermanentRedirect,
+        _ => RedirectResponseCode::MovedPermanently,
+    }
+}
+
+/// The cluster of one destination: `outbound|<port>|<subset>|<fqdn>`. Without an explicit
+/// port: the service's only port, else the port traffic arrived on.
+fn destination_cluster(d: &Destination, env: &RouteEnv<'_>) -> String {
+    let host = resolve_host(&d.host, env.ns);
+    let port =
+        d.port
+            .as_ref()
+            .map(|p| p.number)
+            .unwrap_or_else(|| match env.ctx.services.get(&host) {
+                Some(svc) if svc.ports.len() == 1 => svc.ports[0].port.into(),
+                _ => env.listener_port,
+            });
+    outbound_cluster_name(port, d.subset.as_deref().unwrap_or_default(), &host)
+}
+
+fn cluster_specifier(dests: &[HttpRouteDestination], env: &RouteEnv<'_>) -> ClusterSpecifier {
+    let weighted: Vec<(String, u32)> = if dests.iter().all(|d| d.weight.is_none()) {
+        // Unweighted destinations split evenly; the first takes the remainder.
+        let n = dests.len().max(1) as u32;
+        dests
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                (
+                    destination_cluster(&d.destination, env),
+                    100 / n + u32::from(i == 0) * (100 % n),
+                )
+            })
+            .collect()
+    } else {
+        dests
+            .iter()
+            .filter(|d| d.weight.unwrap_or(0) > 0)
+            .map(|d| {
+                (
+                    destination_cluster(&d.destination, env),
+                    d.weight.unwrap_or(0),
+                )
+            })
+            .collect()
+    };
+    match weighted.as_slice() {
+        [] => ClusterSpecifier::Cluster(super::cds::BLACKHOLE_CLUSTER.into()),
+        [(single, _)] => ClusterSpecifier::Cluster(single.clone()),
+        many => ClusterSpecifier::WeightedClusters(WeightedCluster {
+            clusters: many
+                .iter()
+                .map(|(name, w)| ClusterWeight {
+                    name: name.clone(),
+                    weight: Some(UInt32Value { value: *w }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gateway_hosts() {
+        assert_eq!(
+            gateway_host_match("*", "a.com", "ns", "gw"),
+            Some("a.com".into())
+        );
+        assert_eq!(
+            gateway_host_match("*.com", "a.com", "ns", "gw"),
+            Some("a.com".into())
+        );
+        assert_eq!(
+            gateway_host_match("a.com", "*", "ns", "gw"),
+            Some("a.com".into())
+        );
+        assert_eq!(gateway_host_match("b.com", "a.com", "ns", "gw"), None);
+        assert_eq!(gateway_host_match("other/*", "a.com", "ns", "gw"), None);
+        assert_eq!(
+            gateway_host_match("./*", "a.com", "gw", "gw"),
+            Some("a.com".into())
+        );
+    }
+}

@@ -1,0 +1,146 @@
+//! Prometheus metrics of the server. Names are `shoal_*`; docs/metrics.md maps each to
+//! the Istio `pilot_*` metric it corresponds to.
+
+use prometheus::{
+    histogram_opts, opts, Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Registry, TextEncoder,
+};
+
+/// The server's metrics, registered in their own registry.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Connected proxies by type (`sidecar`, `router`).
+    pub connections: IntGaugeVec,
+    /// Responses sent by xDS type.
+    pub pushes: IntCounterVec,
+    /// Response bytes sent by xDS type.
+    pub push_bytes: IntCounterVec,
+    /// Pushes skipped because nothing changed, by xDS type.
+    pub pushes_unchanged: IntCounterVec,
+    /// NACKs received by xDS type.
+    pub nacks: IntCounterVec,
+    /// Bus entries applied, by bucket and result (`applied`, `unchanged`, `invalid`).
+    pub bus_entries: IntCounterVec,
+    /// PushContext builds.
+    pub push_context_builds: IntCounter,
+    /// PushContext build time.
+    pub push_context_build_seconds: Histogram,
+    /// Time from the ingester observing a change to the server pushing it, by xDS type.
+    pub convergence_seconds: HistogramVec,
+    /// Time a debounce window stayed open.
+    pub debounce_seconds: Histogram,
+    /// 1 once the initial state is loaded.
+    pub ready: IntGauge,
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let m = Metrics {
+            connections: IntGaugeVec::new(
+                opts!("shoal_xds_connections", "Connected proxies by proxy type."),
+                &["proxy_type"],
+            )
+            .expect("valid metric"),
+            pushes: IntCounterVec::new(
+                opts!("shoal_xds_pushes_total", "xDS responses sent, by type."),
+                &["type"],
+            )
+            .expect("valid metric"),
+            push_bytes: IntCounterVec::new(
+                opts!(
+                    "shoal_xds_push_bytes_total",
+                    "Bytes of xDS resources sent, by type."
+                ),
+                &["type"],
+            )
+            .expect("valid metric"),
+            pushes_unchanged: IntCounterVec::new(
+                opts!(
+                    "shoal_xds_pushes_unchanged_total",
+                    "Pushes skipped because the proxy already has the same resources, by type."
+                ),
+                &["type"],
+            )
+            .expect("valid metric"),
+            nacks: IntCounterVec::new(
+                opts!(
+                    "shoal_xds_rejects_total",
+                    "NACKs received from proxies, by type."
+                ),
+                &["type"],
+            )
+            .expect("valid metric"),
+            bus_entries: IntCounterVec::new(
+                opts!(
+                    "shoal_bus_entries_total",
+                    "Bus entries received, by bucket and result."
+                ),
+                &["bucket", "result"],
+            )
+            .expect("valid metric"),
+            push_context_builds: IntCounter::new(
+                "shoal_push_context_builds_total",
+                "PushContext rebuilds.",
+            )
+            .expect("valid metric"),
+            push_context_build_seconds: Histogram::with_opts(histogram_opts!(
+                "shoal_push_context_build_seconds",
+                "Time to build a PushContext.",
+                prometheus::exponential_buckets(0.0001, 4.0, 10).expect("valid buckets")
+            ))
+            .expect("valid metric"),
+            convergence_seconds: HistogramVec::new(
+                histogram_opts!(
+                    "shoal_convergence_seconds",
+                    "Time from the ingester observing a change to the server sending it, by type.",
+                    prometheus::exponential_buckets(0.001, 2.0, 16).expect("valid buckets")
+                ),
+                &["type"],
+            )
+            .expect("valid metric"),
+            debounce_seconds: Histogram::with_opts(histogram_opts!(
+                "shoal_debounce_seconds",
+                "How long debounce windows stayed open.",
+                prometheus::exponential_buckets(0.01, 2.0, 12).expect("valid buckets")
+            ))
+            .expect("valid metric"),
+            ready: IntGauge::new("shoal_ready", "1 once the initial state is loaded.")
+                .expect("valid metric"),
+            registry,
+        };
+        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(m.connections.clone()),
+            Box::new(m.pushes.clone()),
+            Box::new(m.push_bytes.clone()),
+            Box::new(m.pushes_unchanged.clone()),
+            Box::new(m.nacks.clone()),
+            Box::new(m.bus_entries.clone()),
+            Box::new(m.push_context_builds.clone()),
+            Box::new(m.push_context_build_seconds.clone()),
+            Box::new(m.convergence_seconds.clone()),
+            Box::new(m.debounce_seconds.clone()),
+            Box::new(m.ready.clone()),
+        ];
+        for c in collectors {
+            m.registry.register(c).expect("metric registered once");
+        }
+        m
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed metrics.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

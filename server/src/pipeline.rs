@@ -1,0 +1,239 @@
+//! The push pipeline's front half: watch the bus, apply entries to the local store, debounce,
+//! and publish immutable snapshots. Endpoint-only changes reuse the current PushContext.
+
+use crate::generate::Snapshot;
+use crate::metrics::Metrics;
+use crate::push_context::PushContext;
+use crate::store::{Change, MeshState};
+use futures::StreamExt;
+use shoal_common::bus::{Bucket, StateBus, WatchEvent};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+/// Debounce settings, like Istio's `PILOT_DEBOUNCE_AFTER` / `PILOT_DEBOUNCE_MAX`.
+#[derive(Debug, Clone, Copy)]
+pub struct Debounce {
+    /// Quiet period after the last change before pushing.
+    pub after: Duration,
+    /// Longest a push may be delayed by a stream of changes.
+    pub max: Duration,
+}
+
+impl Default for Debounce {
+    fn default() -> Self {
+        Debounce {
+            after: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The buckets a server watches.
+const WATCHED: [Bucket; 3] = [Bucket::Config, Bucket::Services, Bucket::Endpoints];
+
+/// What a bucket watcher task sends to the pipeline.
+enum Feed {
+    /// The watch (re)started: a full replay of the bucket follows.
+    Restart(Bucket),
+    /// A watch event.
+    Event(Bucket, WatchEvent),
+}
+
+/// A published snapshot plus what changed since the previous one.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// The snapshot.
+    pub snapshot: Arc<Snapshot>,
+    /// The newest ingester observation time among the changes in this snapshot.
+    pub observed_at_ms: Option<u64>,
+}
+
+/// Watches one bucket forever, re-creating the watch with backoff when it breaks.
+async fn feed_bucket(bus: Arc<dyn StateBus>, bucket: Bucket, tx: mpsc::Sender<Feed>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match bus.watch(bucket).await {
+            Ok(mut stream) => {
+                if tx.send(Feed::Restart(bucket)).await.is_err() {
+                    return;
+                }
+                while let Some(item) = stream.next().await {
+                    match item {
+                        Ok(ev) => {
+                            backoff = Duration::from_millis(100);
+                            if tx.send(Feed::Event(bucket, ev)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(error) => {
+                            tracing::warn!(%bucket, %error, "bus watch broke; re-watching");
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%bucket, %error, "cannot watch bus bucket; retrying"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Runs the pipeline: publishes the first snapshot once every bucket's initial state is
+/// loaded, then a new one after each debounced batch of changes.
+pub async fn run(
+    bus: Arc<dyn StateBus>,
+    debounce: Debounce,
+    metrics: Metrics,
+    out: watch::Sender<Option<Published>>,
+) {
+    let (tx, mut rx) = mpsc::channel(1024);
+    for bucket in WATCHED {
+        tokio::spawn(feed_bucket(bus.clone(), bucket, tx.clone()));
+    }
+    drop(tx);
+
+    let mut state = MeshState::default();
+    let mut ctx = Arc::new(PushContext::default());
+    let mut initial_pending: BTreeSet<Bucket> = WATCHED.into();
+    // Keys seen during a replay, per bucket being resynced.
+    let mut resync: BTreeMap<Bucket, BTreeSet<String>> = BTreeMap::new();
+    let mut ctx_dirty = true;
+    let mut eds_dirty = false;
+    let mut observed: Option<u64> = None;
+    let mut window: Option<(Instant, Instant)> = None; // (first change, last change)
+    let mut number = 0u64;
+
+    loop {
+        let deadline =
+            window.map(|(first, last)| (last + debounce.after).min(first + debounce.max));
+        let feed = tokio::select! {
+            feed = rx.recv() => match feed { Some(f) => Some(f), None => return },
+            _ = sleep_until(deadline) => None,
+        };
+        match feed {
+            Some(Feed::Restart(bucket)) => {
+                resync.insert(bucket, BTreeSet::new());
+            }
+            Some(Feed::Event(bucket, WatchEvent::Entry(entry))) => {
+                if let Some(seen) = resync.get_mut(&bucket) {
+                    seen.insert(entry.key.clone());
+                }
+                match state.apply(bucket, &entry) {
+                    Ok((change, obs)) => {
+                        let result = if change == Change::None {
+                            "unchanged"
+                        } else {
+                            "applied"
+                        };
+                        metrics
+                            .bus_entries
+                            .with_label_values(&[bucket.name(), result])
+                            .inc();
+                        match change {
+                            Change::None => continue,
+                            Change::Config(_) | Change::Service => ctx_dirty = true,
+                            Change::Endpoints(_) => eds_dirty = true,
+                        }
+                        if let Some(o) = obs {
+                            observed = Some(observed.map_or(o, |x| x.max(o)));
+                        }
+                        let now = Instant::now();
+                        window = Some(window.map_or((now, now), |(first, _)| (first, now)));
+                    }
+                    Err(error) => {
+                        metrics
+                            .bus_entries
+                            .with_label_values(&[bucket.name(), "invalid"])
+                            .inc();
+                        tracing::warn!(%error, "skipping invalid bus entry; previous value kept");
+                    }
+                }
+            }
+            Some(Feed::Event(bucket, WatchEvent::InitialDone)) => {
+                if let Some(seen) = resync.remove(&bucket) {
+                    // A replay ended: keys we hold that the bus no longer has were deleted
+                    // while we were not watching.
+                    for key in state.keys(bucket).into_iter().filter(|k| !seen.contains(k)) {
+                        let tombstone = shoal_common::bus::Entry {
+                            key,
+                            value: Default::default(),
+                            revision: 0,
+                            op: shoal_common::bus::Op::Delete,
+                        };
+                        if let Ok((change, _)) = state.apply(bucket, &tombstone) {
+                            ctx_dirty |= matches!(change, Change::Config(_) | Change::Service);
+                            eds_dirty |= matches!(change, Change::Endpoints(_));
+                            let now = Instant::now();
+                            window = Some(window.map_or((now, now), |(first, _)| (first, now)));
+                        }
+                    }
+                }
+                if initial_pending.remove(&bucket) && initial_pending.is_empty() {
+                    tracing::info!(
+                        config = state.config.len(),
+                        services = state.services.len(),
+                        "initial state loaded from the bus"
+                    );
+                    // Publish at once: readiness should not wait for a debounce window.
+                    window = Some((Instant::now() - debounce.max, Instant::now() - debounce.max));
+                }
+            }
+            None => {
+                // The debounce window closed.
+                let Some((first, _)) = window.take() else {
+                    continue;
+                };
+                if !initial_pending.is_empty() {
+                    continue;
+                }
+                metrics
+                    .debounce_seconds
+                    .observe(first.elapsed().as_secs_f64());
+                if ctx_dirty {
+                    let start = std::time::Instant::now();
+                    ctx = Arc::new(PushContext::build(&state));
+                    metrics.push_context_builds.inc();
+                    metrics
+                        .push_context_build_seconds
+                        .observe(start.elapsed().as_secs_f64());
+                }
+                number += 1;
+                let snapshot = Arc::new(Snapshot {
+                    ctx: ctx.clone(),
+                    endpoints: Arc::new(state.endpoints.clone()),
+                    number,
+                });
+                tracing::debug!(
+                    number,
+                    ctx_rebuilt = ctx_dirty,
+                    eds_changed = eds_dirty,
+                    "publishing snapshot"
+                );
+                ctx_dirty = false;
+                eds_dirty = false;
+                let observed_at_ms = observed.take();
+                if out
+                    .send(Some(Published {
+                        snapshot,
+                        observed_at_ms,
+                    }))
+                    .is_err()
+                {
+                    return;
+                }
+                metrics.ready.set(1);
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

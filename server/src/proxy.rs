@@ -1,0 +1,173 @@
+//! Proxy identity, parsed from the Envoy node the way Istio's bootstrap writes it.
+
+use shoal_proto::pb::envoy::config::core::v3::Node;
+use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
+use std::collections::BTreeMap;
+
+/// Whether a proxy is a sidecar or a gateway (`router`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyKind {
+    /// A workload sidecar.
+    Sidecar,
+    /// A gateway (ingress/egress).
+    Router,
+}
+
+/// A connected proxy, as identified by its node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proxy {
+    /// The full node id.
+    pub id: String,
+    /// Sidecar or router.
+    pub kind: ProxyKind,
+    /// The proxy's IP address.
+    pub ip: String,
+    /// `<pod>.<namespace>`.
+    pub pod: String,
+    /// The proxy's namespace (metadata `NAMESPACE`, else from the node id).
+    pub namespace: String,
+    /// The workload's labels (metadata `LABELS`).
+    pub labels: BTreeMap<String, String>,
+    /// The cluster the proxy runs in (metadata `CLUSTER_ID`).
+    pub cluster_id: String,
+}
+
+/// A node that does not identify a proxy.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ProxyError {
+    /// The first request carried no node.
+    #[error("the first request of a stream must carry a node")]
+    MissingNode,
+    /// The node id is not `<type>~<ip>~<pod>.<ns>~<ns>.svc.<domain>`.
+    #[error(
+        "node id {0:?} is not <sidecar|router>~<ip>~<pod>.<namespace>~<namespace>.svc.<domain>"
+    )]
+    BadId(String),
+}
+
+impl Proxy {
+    /// Parses a node: id `<sidecar|router>~<ip>~<pod>.<ns>~<ns>.svc.cluster.local`, metadata
+    /// `NAMESPACE`, `LABELS`, `CLUSTER_ID`.
+    pub fn from_node(node: Option<&Node>) -> Result<Proxy, ProxyError> {
+        let node = node.ok_or(ProxyError::MissingNode)?;
+        let bad = || ProxyError::BadId(node.id.clone());
+        let parts: Vec<&str> = node.id.split('~').collect();
+        let [kind, ip, pod, domain] = parts.as_slice() else {
+            return Err(bad());
+        };
+        let kind = match *kind {
+            "sidecar" => ProxyKind::Sidecar,
+            "router" => ProxyKind::Router,
+            _ => return Err(bad()),
+        };
+        if ip.is_empty() || pod.is_empty() {
+            return Err(bad());
+        }
+        let meta = node.metadata.as_ref();
+        let namespace = meta
+            .and_then(|m| string_field(m, "NAMESPACE"))
+            .or_else(|| pod.split_once('.').map(|(_, ns)| ns.to_string()))
+            .or_else(|| domain.split('.').next().map(str::to_string))
+            .filter(|ns| !ns.is_empty())
+            .ok_or_else(bad)?;
+        let labels = meta
+            .and_then(|m| m.fields.get("LABELS"))
+            .and_then(|v| match &v.kind {
+                Some(Kind::StructValue(s)) => Some(string_map(s)),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let cluster_id = meta
+            .and_then(|m| string_field(m, "CLUSTER_ID"))
+            .unwrap_or_else(|| "Kubernetes".to_string());
+        Ok(Proxy {
+            id: node.id.clone(),
+            kind,
+            ip: ip.to_string(),
+            pod: pod.to_string(),
+            namespace,
+            labels,
+            cluster_id,
+        })
+    }
+}
+
+fn string_field(s: &Struct, key: &str) -> Option<String> {
+    match s.fields.get(key).and_then(|v| v.kind.as_ref()) {
+        Some(Kind::StringValue(v)) => Some(v.clone()),
+        _ => None,
+    }
+}
+
+fn string_map(s: &Struct) -> BTreeMap<String, String> {
+    s.fields
+        .iter()
+        .filter_map(|(k, v): (&String, &Value)| match &v.kind {
+            Some(Kind::StringValue(s)) => Some((k.clone(), s.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn node(id: &str, ns: &str, labels: &[(&str, &str)]) -> Node {
+        let sv = |s: &str| Value {
+            kind: Some(Kind::StringValue(s.to_string())),
+        };
+        let labels = Struct {
+            fields: labels.iter().map(|(k, v)| (k.to_string(), sv(v))).collect(),
+        };
+        let mut fields = std::collections::HashMap::new();
+        fields.insert("NAMESPACE".to_string(), sv(ns));
+        fields.insert(
+            "LABELS".to_string(),
+            Value {
+                kind: Some(Kind::StructValue(labels)),
+            },
+        );
+        Node {
+            id: id.to_string(),
+            metadata: Some(Struct { fields }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn parses_istio_node_ids() {
+        let n = node(
+            "router~10.0.0.1~gw-1.istio-system~istio-system.svc.cluster.local",
+            "istio-system",
+            &[("istio", "ingressgateway")],
+        );
+        let p = Proxy::from_node(Some(&n)).unwrap();
+        assert_eq!(p.kind, ProxyKind::Router);
+        assert_eq!(p.namespace, "istio-system");
+        assert_eq!(p.labels["istio"], "ingressgateway");
+        assert_eq!(p.cluster_id, "Kubernetes");
+    }
+
+    #[test]
+    fn namespace_falls_back_to_id() {
+        let n = Node {
+            id: "sidecar~1.2.3.4~a.demo~demo.svc.cluster.local".into(),
+            ..Default::default()
+        };
+        assert_eq!(Proxy::from_node(Some(&n)).unwrap().namespace, "demo");
+    }
+
+    #[test]
+    fn rejects_bad_ids() {
+        for id in ["", "x~1~a.b~b.svc", "sidecar~~a.b~b.svc", "sidecar~1.2.3.4"] {
+            let n = Node {
+                id: id.into(),
+                ..Default::default()
+            };
+            assert!(Proxy::from_node(Some(&n)).is_err(), "{id}");
+        }
+        assert_eq!(Proxy::from_node(None), Err(ProxyError::MissingNode));
+    }
+}

@@ -1,0 +1,262 @@
+//! The PushContext: an immutable, indexed snapshot of services and Istio config that the
+//! generators read. Rebuilt (off the hot path) only when config or services change; readers
+//! hold an `Arc` and never lock.
+
+use crate::store::MeshState;
+use shoal_common::model::{
+    service_fqdn, ConfigSpec, DestinationRule, Gateway, ObjectMeta, Protocol, Resolution,
+    ServicePort, Sidecar, VirtualService, WorkloadEntry,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Where a service comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ServiceSource {
+    /// A Kubernetes Service; endpoints come from the EDS shards.
+    Kubernetes,
+    /// A ServiceEntry host; endpoints come from the entry (and selected WorkloadEntries).
+    ServiceEntry {
+        /// How endpoints resolve.
+        resolution: Resolution,
+        /// The endpoints, sorted.
+        endpoints: Vec<WorkloadEntry>,
+    },
+}
+
+/// A service as the generators see it: merged across clusters, keyed by hostname.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServiceView {
+    /// The hostname (FQDN for Kubernetes services, the host for ServiceEntries).
+    pub hostname: String,
+    /// Short name (Kubernetes) or the host (ServiceEntry).
+    pub name: String,
+    /// Namespace of the Service / ServiceEntry.
+    pub namespace: String,
+    /// Ports, sorted by number.
+    pub ports: Vec<ServicePort>,
+    /// Workload port per service port, where it differs (ServiceEntry `targetPort`).
+    pub target_ports: BTreeMap<u16, u16>,
+    /// Virtual IPs across clusters.
+    pub vips: Vec<String>,
+    /// Namespaces the service is exported to (empty = all).
+    pub export_to: Vec<String>,
+    /// Kubernetes or ServiceEntry.
+    pub source: ServiceSource,
+}
+
+impl ServiceView {
+    /// The port with this number.
+    pub fn port(&self, number: u32) -> Option<&ServicePort> {
+        self.ports.iter().find(|p| u32::from(p.port) == number)
+    }
+
+    /// Whether a proxy in `namespace` may see this service.
+    pub fn visible_to(&self, namespace: &str) -> bool {
+        exported_to(&self.export_to, &self.namespace, namespace)
+    }
+}
+
+/// Istio `exportTo` semantics: empty or `*` = everywhere, `.` = own namespace, `~` = nowhere.
+pub fn exported_to(export_to: &[String], own_ns: &str, viewer_ns: &str) -> bool {
+    export_to.is_empty()
+        || export_to
+            .iter()
+            .any(|e| e == "*" || (e == "." && own_ns == viewer_ns) || e == viewer_ns)
+}
+
+/// A config object with its metadata, typed by spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config<T> {
+    /// Name, namespace, labels.
+    pub meta: ObjectMeta,
+    /// The spec.
+    pub spec: T,
+}
+
+/// The indexed snapshot.
+#[derive(Debug, Default)]
+pub struct PushContext {
+    /// Services by hostname.
+    pub services: BTreeMap<String, Arc<ServiceView>>,
+    /// VirtualServices in (namespace, name) order: Istio's precedence for equal hosts.
+    pub virtual_services: Vec<Arc<Config<VirtualService>>>,
+    /// DestinationRules by resolved host; the first in (namespace, name) order wins.
+    pub destination_rules: BTreeMap<String, Arc<Config<DestinationRule>>>,
+    /// Gateways in (namespace, name) order.
+    pub gateways: Vec<Arc<Config<Gateway>>>,
+    /// Sidecars by namespace, in name order.
+    pub sidecars: BTreeMap<String, Vec<Arc<Config<Sidecar>>>>,
+}
+
+/// Resolves a host as written in config in `namespace` to a hostname: a short name
+/// (no dots) becomes the FQDN of that service in the namespace.
+pub fn resolve_host(host: &str, namespace: &str) -> String {
+    if host.contains('.') || host.contains('*') {
+        host.to_string()
+    } else {
+        service_fqdn(host, namespace)
+    }
+}
+
+fn labels_match(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+impl PushContext {
+    /// Builds the context from the store.
+    pub fn build(state: &MeshState) -> PushContext {
+        let mut ctx = PushContext::default();
+        // Kubernetes services: merge clusters by hostname. The (cluster, ns, name) order makes
+        // the merge deterministic: the first cluster's ports win, VIPs are unioned.
+        for svc in state.services.values() {
+            let view = ctx.services.entry(svc.hostname.clone()).or_insert_with(|| {
+                let mut ports = svc.ports.clone();
+                ports.sort_by_key(|p| p.port);
+                Arc::new(ServiceView {
+                    hostname: svc.hostname.clone(),
+                    name: svc.meta.name.clone(),
+                    namespace: svc.meta.namespace.clone(),
+                    ports,
+                    target_ports: BTreeMap::new(),
+                    vips: Vec::new(),
+                    export_to: svc.export_to.clone(),
+                    source: ServiceSource::Kubernetes,
+                })
+            });
+            let view = Arc::make_mut(view);
+            for ip in &svc.cluster_ips {
+                if !view.vips.contains(ip) {
+                    view.vips.push(ip.clone());
+                }
+            }
+        }
+
+        let mut workload_entries: BTreeMap<String, Vec<(String, WorkloadEntry)>> = BTreeMap::new();
+        for obj in state.config.values() {
+            if let ConfigSpec::WorkloadEntry(we) = &obj.spec {
+                workload_entries
+                    .entry(obj.meta.namespace.clone())
+                    .or_default()
+                    .push((obj.meta.name.clone(), we.clone()));
+            }
+        }
+
+        for obj in state.config.values() {
+            let meta = obj.meta.clone();
+            match &obj.spec {
+                ConfigSpec::VirtualService(vs) => ctx.virtual_services.push(Arc::new(Config {
+                    meta,
+                    spec: vs.clone(),
+                })),
+                ConfigSpec::DestinationRule(dr) => {
+                    let host = resolve_host(&dr.host, &meta.namespace);
+                    ctx.destination_rules.entry(host).or_insert_with(|| {
+                        Arc::new(Config {
+                            meta,
+                            spec: dr.clone(),
+                        })
+                    });
+                }
+                ConfigSpec::Gateway(gw) => ctx.gateways.push(Arc::new(Config {
+                    meta,
+                    spec: gw.clone(),
+                })),
+                ConfigSpec::Sidecar(sc) => ctx
+                    .sidecars
+                    .entry(meta.namespace.clone())
+                    .or_default()
+                    .push(Arc::new(Config {
+                        meta,
+                        spec: sc.clone(),
+                    })),
+                ConfigSpec::ServiceEntry(se) => {
+                    let mut endpoints = se.endpoints.clone();
+                    if let Some(sel) = &se.workload_selector {
+                        for (_, we) in workload_entries.get(&meta.namespace).into_iter().flatten() {
+                            if labels_match(&sel.labels, &we.labels) {
+                                endpoints.push(we.clone());
+                            }
+                        }
+                    }
+                    endpoints.sort_by(|a, b| a.address.cmp(&b.address));
+                    let mut ports: Vec<ServicePort> = Vec::new();
+                    let mut target_ports = BTreeMap::new();
+                    for p in &se.ports {
+                        let Ok(number) = u16::try_from(p.number) else {
+                            continue;
+                        };
+                        ports.push(ServicePort {
+                            name: p.name.clone(),
+                            port: number,
+                            protocol: Protocol::parse(&p.protocol),
+                        });
+                        if let Some(t) = p.target_port.and_then(|t| u16::try_from(t).ok()) {
+                            target_ports.insert(number, t);
+                        }
+                    }
+                    ports.sort_by_key(|p| p.port);
+                    let resolution = se.resolution.unwrap_or(Resolution::None);
+                    for host in &se.hosts {
+                        // A Kubernetes service of the same name keeps precedence, as in Istio.
+                        ctx.services.entry(host.clone()).or_insert_with(|| {
+                            Arc::new(ServiceView {
+                                hostname: host.clone(),
+                                name: host.clone(),
+                                namespace: meta.namespace.clone(),
+                                ports: ports.clone(),
+                                target_ports: target_ports.clone(),
+                                vips: se.addresses.clone(),
+                                export_to: se.export_to.clone(),
+                                source: ServiceSource::ServiceEntry {
+                                    resolution,
+                                    endpoints: endpoints.clone(),
+                                },
+                            })
+                        });
+                    }
+                }
+                ConfigSpec::WorkloadEntry(_) => {}
+            }
+        }
+        ctx
+    }
+
+    /// The Sidecar that applies to a workload: the one in its namespace whose selector
+    /// matches its labels, else the namespace's selector-less one, else the root
+    /// namespace's selector-less one.
+    pub fn sidecar_for(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+        root_namespace: &str,
+    ) -> Option<&Arc<Config<Sidecar>>> {
+        let in_ns = self
+            .sidecars
+            .get(namespace)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        in_ns
+            .iter()
+            .find(|s| {
+                s.spec
+                    .workload_selector
+                    .as_ref()
+                    .is_some_and(|w| labels_match(&w.labels, labels))
+            })
+            .or_else(|| in_ns.iter().find(|s| s.spec.workload_selector.is_none()))
+            .or_else(|| {
+                self.sidecars
+                    .get(root_namespace)
+                    .and_then(|v| v.iter().find(|s| s.spec.workload_selector.is_none()))
+            })
+    }
+
+    /// The Gateways whose selector matches a gateway proxy's labels.
+    pub fn gateways_for(&self, labels: &BTreeMap<String, String>) -> Vec<&Arc<Config<Gateway>>> {
+        self.gateways
+            .iter()
+            .filter(|g| !g.spec.selector.is_empty() && labels_match(&g.spec.selector, labels))
+            .collect()
+    }
+}

@@ -1,0 +1,213 @@
+//! The server's local copy of the bus: every config object, service and endpoint set, keyed
+//! as on the bus. Applying an entry reports what kind of state it changed, so the push
+//! pipeline knows whether the PushContext must be rebuilt or only EDS shards changed.
+
+use crate::endpoints::EndpointIndex;
+use shoal_common::bus::{Bucket, Entry, Op};
+use shoal_common::keys;
+use shoal_common::model::{ConfigKind, ConfigObject, EndpointSet, Service};
+use shoal_common::{Envelope, EnvelopeError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// An entry from the bus that could not be applied. The previous value (if any) stays.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The key does not follow the bucket's key scheme.
+    #[error("{bucket}/{key}: {source}")]
+    Key {
+        /// Bucket.
+        bucket: Bucket,
+        /// Key.
+        key: String,
+        /// Cause.
+        #[source]
+        source: keys::KeyError,
+    },
+    /// The value is not a valid envelope of the bucket's type.
+    #[error("{bucket}/{key}: {source}")]
+    Payload {
+        /// Bucket.
+        bucket: Bucket,
+        /// Key.
+        key: String,
+        /// Cause.
+        #[source]
+        source: EnvelopeError,
+    },
+    /// The value's identity does not match its key.
+    #[error("{bucket}/{key}: payload is for {found}, not for this key")]
+    Mismatch {
+        /// Bucket.
+        bucket: Bucket,
+        /// Key.
+        key: String,
+        /// What the payload says it is.
+        found: String,
+    },
+}
+
+/// What an applied entry changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing (same value, unknown delete, or the meta bucket).
+    None,
+    /// Istio config of this kind.
+    Config(ConfigKind),
+    /// A service (the PushContext depends on services).
+    Service,
+    /// Endpoints of this service hostname.
+    Endpoints(String),
+}
+
+/// Everything a server knows, as last read from the bus.
+#[derive(Debug, Default, Clone)]
+pub struct MeshState {
+    /// Istio config by (kind, namespace, name).
+    pub config: BTreeMap<(ConfigKind, String, String), Arc<ConfigObject>>,
+    /// Services by (cluster, namespace, name).
+    pub services: BTreeMap<(String, String, String), Arc<Service>>,
+    /// EDS shards.
+    pub endpoints: EndpointIndex,
+}
+
+impl MeshState {
+    /// Applies one bus entry. On error nothing changes.
+    /// Returns the change and the writer's `observed_at_ms` (puts only).
+    pub fn apply(
+        &mut self,
+        bucket: Bucket,
+        entry: &Entry,
+    ) -> Result<(Change, Option<u64>), ApplyError> {
+        let key_err = |source| ApplyError::Key {
+            bucket,
+            key: entry.key.clone(),
+            source,
+        };
+        let payload_err = |source| ApplyError::Payload {
+            bucket,
+            key: entry.key.clone(),
+            source,
+        };
+        let mismatch = |found: String| ApplyError::Mismatch {
+            bucket,
+            key: entry.key.clone(),
+            found,
+        };
+        match bucket {
+            Bucket::Config => {
+                let (kind, ns, name) = keys::parse_config_key(&entry.key).map_err(key_err)?;
+                let id = (kind, ns, name);
+                if entry.op == Op::Delete {
+                    let removed = self.config.remove(&id).is_some();
+                    return Ok((
+                        if removed {
+                            Change::Config(kind)
+                        } else {
+                            Change::None
+                        },
+                        None,
+                    ));
+                }
+                let env = Envelope::<ConfigObject>::decode(&entry.value).map_err(payload_err)?;
+                let obj = env.body;
+                if obj.kind() != kind || obj.meta.namespace != id.1 || obj.meta.name != id.2 {
+                    return Err(mismatch(format!(
+                        "{} {}/{}",
+                        obj.kind(),
+                        obj.meta.namespace,
+                        obj.meta.name
+                    )));
+                }
+                if self.config.get(&id).is_some_and(|old| **old == obj) {
+                    return Ok((Change::None, None));
+                }
+                self.config.insert(id, Arc::new(obj));
+                Ok((Change::Config(kind), Some(env.observed_at_ms)))
+            }
+            Bucket::Services => {
+                let id = keys::parse_service_key(&entry.key).map_err(key_err)?;
+                if entry.op == Op::Delete {
+                    let removed = self.services.remove(&id).is_some();
+                    return Ok((
+                        if removed {
+                            Change::Service
+                        } else {
+                            Change::None
+                        },
+                        None,
+                    ));
+                }
+                let env = Envelope::<Service>::decode(&entry.value).map_err(payload_err)?;
+                let svc = env.body;
+                if svc.cluster != id.0 || svc.meta.namespace != id.1 || svc.meta.name != id.2 {
+                    return Err(mismatch(format!(
+                        "service {}/{} in {}",
+                        svc.meta.namespace, svc.meta.name, svc.cluster
+                    )));
+                }
+                if self.services.get(&id).is_some_and(|old| **old == svc) {
+                    return Ok((Change::None, None));
+                }
+                self.services.insert(id, Arc::new(svc));
+                Ok((Change::Service, Some(env.observed_at_ms)))
+            }
+            Bucket::Endpoints => {
+                let (cluster, ns, svc, slice) =
+                    keys::parse_endpoints_key(&entry.key).map_err(key_err)?;
+                let host = shoal_common::model::service_fqdn(&svc, &ns);
+                if entry.op == Op::Delete {
+                    let removed = self.endpoints.remove(&host, &cluster, &slice);
+                    return Ok((
+                        if removed {
+                            Change::Endpoints(host)
+                        } else {
+                            Change::None
+                        },
+                        None,
+                    ));
+                }
+                let env = Envelope::<EndpointSet>::decode(&entry.value).map_err(payload_err)?;
+                let set = env.body;
+                if set.cluster != cluster
+                    || set.namespace != ns
+                    || set.service != svc
+                    || set.slice != slice
+                {
+                    return Err(mismatch(format!(
+                        "slice {}/{} of {} in {}",
+                        set.namespace, set.slice, set.service, set.cluster
+                    )));
+                }
+                let changed = self.endpoints.upsert(&host, set);
+                Ok((
+                    if changed {
+                        Change::Endpoints(host)
+                    } else {
+                        Change::None
+                    },
+                    Some(env.observed_at_ms),
+                ))
+            }
+            Bucket::Meta => Ok((Change::None, None)),
+        }
+    }
+
+    /// Keys currently held for a bucket, in the bus's key format (for resyncs).
+    pub fn keys(&self, bucket: Bucket) -> Vec<String> {
+        match bucket {
+            Bucket::Config => self
+                .config
+                .keys()
+                .map(|(k, ns, n)| keys::config_key(*k, ns, n))
+                .collect(),
+            Bucket::Services => self
+                .services
+                .keys()
+                .map(|(c, ns, n)| keys::service_key(c, ns, n))
+                .collect(),
+            Bucket::Endpoints => self.endpoints.bus_keys(),
+            Bucket::Meta => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! The registry of connected proxies and their per-type sync state (`/debug/syncz`).
+
+use crate::proxy::{Proxy, ProxyKind};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// Sync state of one xDS type on one connection.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct TypeStatus {
+    /// Version of the last response sent.
+    pub sent_version: String,
+    /// Nonce of the last response sent.
+    pub sent_nonce: String,
+    /// Version the proxy last acknowledged.
+    pub acked_version: String,
+    /// Nonce the proxy last acknowledged.
+    pub acked_nonce: String,
+    /// Resources in the last response.
+    pub resources: usize,
+    /// The last NACK, if the proxy rejected a response.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_nack: Option<Nack>,
+}
+
+/// A rejected response.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Nack {
+    /// Nonce of the rejected response.
+    pub nonce: String,
+    /// Version the proxy kept.
+    pub version: String,
+    /// Envoy's error message.
+    pub message: String,
+}
+
+/// One connected proxy.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnectionStatus {
+    /// Connection id (unique within this replica).
+    pub connection_id: String,
+    /// The proxy's node id.
+    pub node_id: String,
+    /// `sidecar` or `router`.
+    pub proxy_type: ProxyKind,
+    /// The proxy's namespace.
+    pub namespace: String,
+    /// Per type URL.
+    pub types: BTreeMap<String, TypeStatus>,
+}
+
+/// Shared registry. The lock is never held across an `.await`.
+#[derive(Clone, Default)]
+pub struct Registry {
+    inner: Arc<Mutex<BTreeMap<String, ConnectionStatus>>>,
+}
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ConnectionStatus>> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a connection.
+    pub fn add(&self, id: &str, proxy: &Proxy) {
+        self.lock().insert(
+            id.to_string(),
+            ConnectionStatus {
+                connection_id: id.to_string(),
+                node_id: proxy.id.clone(),
+                proxy_type: proxy.kind,
+                namespace: proxy.namespace.clone(),
+                types: BTreeMap::new(),
+            },
+        );
+    }
+
+    /// Removes a connection.
+    pub fn remove(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    /// Updates one type's state of a connection.
+    pub fn update(&self, id: &str, type_url: &str, f: impl FnOnce(&mut TypeStatus)) {
+        if let Some(c) = self.lock().get_mut(id) {
+            f(c.types.entry(type_url.to_string()).or_default());
+        }
+    }
+
+    /// All connections, by id.
+    pub fn snapshot(&self) -> Vec<ConnectionStatus> {
+        self.lock().values().cloned().collect()
+    }
+}

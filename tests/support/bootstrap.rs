@@ -1,0 +1,116 @@
+//! Envoy bootstraps for ADS against shoal, with Istio's node identity (the same shape as
+//! `docs/examples/bootstrap/*.yaml`).
+
+use std::fmt::Write;
+use std::net::SocketAddr;
+
+/// An Envoy node identity as Istio's bootstrap sets it.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// `<sidecar|router>~<ip>~<pod>.<namespace>~<namespace>.svc.cluster.local`.
+    pub id: String,
+    /// The node cluster (`<app>.<namespace>` for Istio sidecars).
+    pub cluster: String,
+    /// Metadata `NAMESPACE`.
+    pub namespace: String,
+    /// Metadata `LABELS`.
+    pub labels: Vec<(String, String)>,
+}
+
+impl Node {
+    /// The ingress gateway of the examples: pod `ingress-1` in `istio-system`, labelled
+    /// `istio: ingressgateway`.
+    pub fn gateway() -> Node {
+        Node {
+            id: "router~127.0.0.1~ingress-1.istio-system~istio-system.svc.cluster.local".into(),
+            cluster: "ingress".into(),
+            namespace: "istio-system".into(),
+            labels: vec![("istio".into(), "ingressgateway".into())],
+        }
+    }
+
+    /// The sidecar of the examples: pod `client-1` in `demo`, labelled `app: client`.
+    pub fn sidecar() -> Node {
+        Node {
+            id: "sidecar~127.0.0.1~client-1.demo~demo.svc.cluster.local".into(),
+            cluster: "client.demo".into(),
+            namespace: "demo".into(),
+            labels: vec![("app".into(), "client".into())],
+        }
+    }
+}
+
+/// A bootstrap for `node` with its admin on `127.0.0.1:<admin_port>`, getting everything
+/// over one SotW ADS stream from the shoal servers at `xds`.
+///
+/// The `xds-grpc` cluster is tuned for failover between replicas: round robin, so a stream
+/// re-created after its replica died goes to the next replica; a 1 s connect timeout and a
+/// 0.1-1 s reconnect backoff (Envoy's default is 0.5-30 s, which after a few failed attempts
+/// leaves a proxy without updates for up to half a minute); HTTP/2 and TCP keepalives, so
+/// a replica that vanishes without closing its connections (a partition) is noticed.
+pub fn bootstrap(node: &Node, admin_port: u16, xds: &[SocketAddr]) -> String {
+    let mut labels = String::new();
+    for (k, v) in &node.labels {
+        let _ = writeln!(labels, "      {k}: {v:?}");
+    }
+    let mut endpoints = String::new();
+    for addr in xds {
+        let _ = write!(
+            endpoints,
+            "        - endpoint:\n            address:\n              socket_address: {{ address: {}, port_value: {} }}\n",
+            addr.ip(),
+            addr.port()
+        );
+    }
+    format!(
+        r#"node:
+  id: {id}
+  cluster: {cluster}
+  metadata:
+    NAMESPACE: {namespace}
+    CLUSTER_ID: Kubernetes
+    ISTIO_VERSION: "1.24.0"
+    LABELS:
+{labels}admin:
+  address:
+    socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}
+dynamic_resources:
+  ads_config:
+    api_type: GRPC
+    transport_api_version: V3
+    set_node_on_first_message_only: true
+    grpc_services:
+    - envoy_grpc:
+        cluster_name: xds-grpc
+        retry_policy:
+          retry_back_off: {{ base_interval: 0.1s, max_interval: 1s }}
+  cds_config:
+    ads: {{}}
+    resource_api_version: V3
+  lds_config:
+    ads: {{}}
+    resource_api_version: V3
+static_resources:
+  clusters:
+  - name: xds-grpc
+    type: STATIC
+    connect_timeout: 1s
+    lb_policy: ROUND_ROBIN
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http2_protocol_options:
+            connection_keepalive: {{ interval: 30s, timeout: 5s }}
+    upstream_connection_options:
+      tcp_keepalive: {{ keepalive_time: 30, keepalive_interval: 5, keepalive_probes: 3 }}
+    load_assignment:
+      cluster_name: xds-grpc
+      endpoints:
+      - lb_endpoints:
+{endpoints}"#,
+        id = node.id,
+        cluster = node.cluster,
+        namespace = node.namespace,
+    )
+}

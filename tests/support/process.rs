@@ -1,0 +1,123 @@
+//! A child process owned by a test: output captured to a log file in the process's own
+//! temporary directory, killed on drop, and its log printed when the test fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use tempfile::TempDir;
+use tokio::process::{Child, Command};
+
+/// How many trailing log lines a failed test prints per process.
+const TAIL_LINES: usize = 400;
+
+/// A running child process (see the module docs).
+pub struct Process {
+    name: String,
+    child: Child,
+    log_path: PathBuf,
+    // Dropped after the child is killed (fields drop in declaration order).
+    dir: TempDir,
+}
+
+impl Process {
+    /// Spawns `cmd` with stdin closed and stdout and stderr appended to `<dir>/<name>.log`.
+    /// `dir` is the process's working area (config, data); it is deleted on drop.
+    ///
+    /// Panics, naming `hint`, when the program cannot be started (typically: not installed).
+    pub fn spawn(name: &str, mut cmd: Command, dir: TempDir, hint: &str) -> Process {
+        let log_path = dir.path().join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path).expect("creating a process log file");
+        let log2 = log.try_clone().expect("cloning the log file handle");
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log2))
+            .kill_on_drop(true);
+        let child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => panic!("cannot start {name} ({cmd:?}): {e}; {hint}"),
+        };
+        Process {
+            name: name.to_string(),
+            child,
+            log_path,
+            dir,
+        }
+    }
+
+    /// The name used in log prefixes.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The process's temporary working directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The OS process id, while running.
+    pub fn id(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// The exit status if the process has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Panics with the log when the process has exited (for startup loops).
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.exited() {
+            panic!(
+                "{} exited early with {status}; its log:\n{}",
+                self.name,
+                self.log_tail()
+            );
+        }
+    }
+
+    /// Kills the process (SIGKILL) and waits for it to exit.
+    pub async fn kill(&mut self) {
+        // An already-exited child makes kill fail; that is the goal anyway.
+        let _ = self.child.kill().await;
+    }
+
+    /// Everything the process has written so far.
+    pub fn log(&self) -> String {
+        std::fs::read(&self.log_path)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// The last lines of the log, each prefixed with the process name.
+    pub fn log_tail(&self) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        let skip = lines.len().saturating_sub(TAIL_LINES);
+        let mut out = String::new();
+        if skip > 0 {
+            out.push_str(&format!("[{}] ... {skip} earlier lines\n", self.name));
+        }
+        for line in &lines[skip..] {
+            out.push_str(&format!("[{}] {line}\n", self.name));
+        }
+        out
+    }
+}
+
+/// Whether logs are printed even for passing tests.
+fn always_print_logs() -> bool {
+    std::env::var_os("SHOAL_TEST_LOGS").is_some_and(|v| v != "0")
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        if std::thread::panicking() || always_print_logs() {
+            eprintln!(
+                "----- {} log ({}) -----\n{}",
+                self.name,
+                self.log_path.display(),
+                self.log_tail()
+            );
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! The `StateBus` conformance suite against a real nats-server, one fresh server per case.
+#![forbid(unsafe_code)]
+
+use shoal_common::bus::conformance::run_all;
+use shoal_common::bus::nats::{NatsBus, NatsOptions};
+use shoal_common::StateBus;
+use shoal_tests::NatsServer;
+use std::sync::{Arc, Mutex};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_bus_conforms() {
+    // The servers must outlive each case's bus; they are dropped (killed) at the end, and on
+    // a failed case too, since the Vec is owned by this test.
+    let servers: Arc<Mutex<Vec<NatsServer>>> = Arc::default();
+    run_all(|| {
+        let servers = servers.clone();
+        async move {
+            let server = NatsServer::start().await;
+            let bus = NatsBus::connect(&NatsOptions::new(server.url()))
+                .await
+                .unwrap_or_else(|e| panic!("connecting to {}: {e}", server.url()));
+            servers.lock().unwrap().push(server);
+            Arc::new(bus) as Arc<dyn StateBus>
+        }
+    })
+    .await;
+    servers.lock().unwrap().clear();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_bus_works_on_a_three_node_cluster() {
+    let cluster = NatsServer::cluster3().await;
+    // One seed URL: the client learns the other nodes from the server (the comma-separated
+    // list has its own test below).
+    let mut opts = NatsOptions::new(cluster.nodes()[0].url());
+    opts.replicas = 3;
+    let bus = NatsBus::connect(&opts)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {}: {e}", opts.url));
+    let bus: Arc<dyn StateBus> = Arc::new(bus);
+    shoal_common::bus::conformance::initial_values_first(bus.clone()).await;
+    shoal_common::bus::conformance::compare_and_set(bus).await;
+}
+
+#[tokio::test]
+async fn nats_options_take_a_comma_separated_server_list() {
+    // `NatsOptions::url` is documented as "server URL(s), comma-separated"; the first listed
+    // server is down, so connecting proves the list was split and the second one tried.
+    let live = NatsServer::start().await;
+    let dead = format!("nats://127.0.0.1:{}", shoal_tests::ports::free_port());
+    let url = format!("{dead},{}", live.url());
+    let bus = NatsBus::connect(&NatsOptions::new(url.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
+    shoal_common::bus::conformance::get_and_keys(Arc::new(bus)).await;
+}

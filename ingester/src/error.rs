@@ -99,9 +99,9 @@ pub enum IngestError {
         document: DocRef,
         /// Kind, namespace and name of the object.
         id: ObjectId,
-        /// What is wrong.
+        /// What is wrong (boxed to keep every `Result` of this crate small).
         #[source]
-        source: InvalidObject,
+        source: Box<InvalidObject>,
     },
     /// A value could not be encoded for the bus.
     #[error("encoding {bucket}/{key}: {source}")]

@@ -208,10 +208,21 @@ impl FileSource {
         let period = self.cfg.poll_interval.max(Duration::from_millis(1));
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // Warn when scanning starts failing and when it recovers, not on every poll.
+        let mut failing = false;
         loop {
             tick.tick().await;
-            if let Err(error) = self.sync_once().await {
-                warn!(%error, "manifest scan failed; the published state is unchanged");
+            match self.sync_once().await {
+                Ok(_) if failing => {
+                    info!(dir = %self.cfg.dir.display(), "manifest scan works again");
+                    failing = false;
+                }
+                Ok(_) => {}
+                Err(error) if failing => debug!(%error, "manifest scan still failing"),
+                Err(error) => {
+                    warn!(%error, "manifest scan failed; the published state is unchanged until it works again");
+                    failing = true;
+                }
             }
         }
     }
@@ -477,6 +488,33 @@ mod tests {
         let r = src.sync_once().await.unwrap();
         assert_eq!((r.writes, r.deletes), (0, 1));
         assert!(f.keys(Bucket::Config).await.is_empty());
+    }
+
+    /// The layout of a Kubernetes ConfigMap volume: files are symlinks through `..data`,
+    /// which kubelet swaps atomically to a new timestamped directory on update.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn configmap_volume_swap_and_symlink_loops() {
+        use std::os::unix::fs::symlink;
+        let f = Fixture::new();
+        let root = f.dir.path();
+        f.write("..2024_01/svc.yaml", SVC);
+        symlink("..2024_01", root.join("..data")).unwrap();
+        symlink("..data/svc.yaml", root.join("svc.yaml")).unwrap();
+        symlink(".", root.join("loop")).unwrap();
+        let mut src = f.source().await;
+        assert_eq!(
+            src.sync_once().await.unwrap().writes,
+            1,
+            "read once, not per path"
+        );
+
+        f.write("..2024_02/svc.yaml", &SVC.replace("9080", "9090"));
+        symlink("..2024_02", root.join("..data_tmp")).unwrap();
+        std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+        std::fs::remove_dir_all(root.join("..2024_01")).unwrap();
+        assert_eq!(src.sync_once().await.unwrap().writes, 1);
+        assert_eq!(f.service().await.unwrap().ports[0].port, 9090);
     }
 
     #[tokio::test]

@@ -345,7 +345,7 @@ fn parse_document(path: &Path, value: Value, doc: DocRef, out: &mut ParsedFile) 
                 path: path.to_path_buf(),
                 document: doc,
                 id: id.clone(),
-                source,
+                source: Box::new(source),
             };
             fail(out, Some(id), error)
         }

@@ -123,6 +123,33 @@ impl Envoy {
     }
 }
 
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        // A failed test leaves the evidence: what Envoy was given, and what it refused.
+        if std::thread::panicking() {
+            save_failure_dump(self.admin, self.process.name());
+        }
+    }
+}
+
+/// Writes Envoy's config dump (without EDS, which is long) to a file that outlives the test
+/// and prints its path, plus the xDS update stats.
+fn save_failure_dump(admin: SocketAddr, name: &str) {
+    let dir = std::env::temp_dir().join("shoal-test-failures");
+    let _ = std::fs::create_dir_all(&dir);
+    let path = dir.join(format!("{name}-{}-config_dump.json", std::process::id()));
+    match http::blocking_get(admin, "/config_dump") {
+        Ok(r) => match std::fs::write(&path, &r.body) {
+            Ok(()) => eprintln!("----- {name} config dump: {}", path.display()),
+            Err(e) => eprintln!("----- {name} config dump not saved: {e}"),
+        },
+        Err(e) => eprintln!("----- {name} config dump unavailable: {e}"),
+    }
+    if let Ok(r) = http::blocking_get(admin, "/stats?filter=update_(rejected|success|attempt)") {
+        eprintln!("----- {name} xDS stats\n{}", r.text());
+    }
+}
+
 fn admin_port(bootstrap_yaml: &str) -> anyhow::Result<u16> {
     let doc: serde_yaml::Value = serde_yaml::from_str(bootstrap_yaml).context("parsing")?;
     let port = &doc["admin"]["address"]["socket_address"]["port_value"];

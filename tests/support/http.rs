@@ -122,6 +122,21 @@ pub async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<Response> {
     Request::get(path).send(addr).await
 }
 
+/// A blocking GET, for code that cannot await (diagnostics in `Drop` while a test fails).
+pub fn blocking_get(addr: SocketAddr, path: &str) -> anyhow::Result<Response> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, TIMEOUT)?;
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    parse_response(&raw)
+}
+
 fn parse_response(raw: &[u8]) -> anyhow::Result<Response> {
     let end = raw
         .windows(4)

@@ -178,6 +178,22 @@ impl ShoalServer {
     }
 }
 
+impl Drop for ShoalServer {
+    fn drop(&mut self) {
+        // A failed test shows which proxies this replica served and what they acked or
+        // rejected.
+        if std::thread::panicking() && self.process.exited().is_none() {
+            match http::blocking_get(self.admin, "/debug/syncz") {
+                Ok(r) => eprintln!("----- {} /debug/syncz\n{}", self.process.name(), r.text()),
+                Err(e) => eprintln!(
+                    "----- {} /debug/syncz unavailable: {e}",
+                    self.process.name()
+                ),
+            }
+        }
+    }
+}
+
 fn contains_string(v: &serde_json::Value, s: &str) -> bool {
     match v {
         serde_json::Value::String(x) => x == s,

@@ -213,8 +213,11 @@ pub struct HttpMatchRequest {
 }
 
 /// A string match: exactly one of exact, prefix or regex (RE2 syntax).
+///
+/// On the wire it is Istio's object form (`{exact: "x"}`), read through [`StringMatchRepr`]
+/// so every format (YAML, JSON, msgpack) accepts it and "exactly one" is enforced.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(try_from = "StringMatchRepr", into = "StringMatchRepr")]
 pub enum StringMatch {
     /// Exact string.
     Exact(String),
@@ -222,6 +225,46 @@ pub enum StringMatch {
     Prefix(String),
     /// RE2 regular expression, matched against the whole value.
     Regex(String),
+}
+
+/// The object form of [`StringMatch`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StringMatchRepr {
+    /// Exact string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<String>,
+    /// Prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// RE2 regular expression.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+}
+
+impl TryFrom<StringMatchRepr> for StringMatch {
+    type Error = String;
+
+    fn try_from(r: StringMatchRepr) -> Result<Self, Self::Error> {
+        match (r.exact, r.prefix, r.regex) {
+            (Some(s), None, None) => Ok(StringMatch::Exact(s)),
+            (None, Some(s), None) => Ok(StringMatch::Prefix(s)),
+            (None, None, Some(s)) => Ok(StringMatch::Regex(s)),
+            _ => Err("a string match needs exactly one of exact, prefix or regex".to_string()),
+        }
+    }
+}
+
+impl From<StringMatch> for StringMatchRepr {
+    fn from(m: StringMatch) -> Self {
+        let mut r = StringMatchRepr::default();
+        match m {
+            StringMatch::Exact(s) => r.exact = Some(s),
+            StringMatch::Prefix(s) => r.prefix = Some(s),
+            StringMatch::Regex(s) => r.regex = Some(s),
+        }
+        r
+    }
 }
 
 /// A weighted destination.
@@ -474,4 +517,20 @@ pub struct WorkloadEntry {
     /// Service account of the workload.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_account: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn string_match_object_form() {
+        let m: StringMatch = serde_json::from_str(r#"{"prefix": "/api"}"#).unwrap();
+        assert_eq!(m, StringMatch::Prefix("/api".into()));
+        assert_eq!(serde_json::to_string(&m).unwrap(), r#"{"prefix":"/api"}"#);
+        assert!(serde_json::from_str::<StringMatch>(r#"{"prefix": "/a", "exact": "/b"}"#).is_err());
+        assert!(serde_json::from_str::<StringMatch>(r#"{}"#).is_err());
+        let bytes = rmp_serde::to_vec_named(&m).unwrap();
+        assert_eq!(rmp_serde::from_slice::<StringMatch>(&bytes).unwrap(), m);
+    }
 }

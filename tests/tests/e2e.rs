@@ -1,0 +1,429 @@
+//! End to end: manifests on disk → shoal → real Envoys → real HTTP backends.
+//!
+//! Two control planes run the same scenario (see `support/mesh.rs` for the mesh):
+//! - `through_nats_with_two_replicas`: nats-server, one `shoal-ingester` following the
+//!   manifest directory, two `shoal-server` replicas; the Envoys' bootstraps list both
+//!   replicas. It ends with a failover: the gateway's replica is killed.
+//! - `standalone`: one `shoal-server --standalone DIR`.
+//!
+//! Needs the binaries: `cargo build --workspace --bins` first (scripts/test.sh does).
+#![forbid(unsafe_code)]
+
+use serde_json::Value;
+use shoal_tests::bootstrap::{bootstrap, Node};
+use shoal_tests::http::{Request, Response};
+use shoal_tests::mesh::{SwitchTarget, TestMesh};
+use shoal_tests::ports::free_port;
+use shoal_tests::{eventually, Envoy, NatsServer, ShoalIngester, ShoalServer};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Time for a fresh control plane and Envoy to converge (startup, first pushes, warming).
+const CONVERGE: Duration = Duration::from_secs(20);
+/// A manifest change must reach Envoy within this (the ingester polls every 250 ms, the
+/// server debounces 100 ms).
+const PROPAGATE: Duration = Duration::from_secs(2);
+/// After losing its replica, Envoy reconnects to another (0.1-1 s backoff, see the
+/// bootstrap) and must receive changes again within this.
+const FAILOVER: Duration = Duration::from_secs(5);
+const POLL: Duration = Duration::from_millis(50);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_nats_with_two_replicas() {
+    let mut mesh = TestMesh::start().await;
+    let mut cp = ControlPlane::nats(&mesh).await;
+    let proxies = Proxies::start(&mesh, &cp.xds_addrs()).await;
+    static_routing(&mesh, &proxies).await;
+    dynamic_changes(&mut mesh, &proxies).await;
+    failover(&mesh, &proxies, &mut cp).await;
+    proxies.assert_nothing_rejected().await;
+    cp.assert_running();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone() {
+    let mut mesh = TestMesh::start().await;
+    let mut cp = ControlPlane::standalone(&mesh).await;
+    let proxies = Proxies::start(&mesh, &cp.xds_addrs()).await;
+    static_routing(&mesh, &proxies).await;
+    dynamic_changes(&mut mesh, &proxies).await;
+    proxies.assert_nothing_rejected().await;
+    cp.assert_running();
+}
+
+/// The control plane under test.
+enum ControlPlane {
+    Nats {
+        // Held for its lifetime: dropping it kills the server.
+        _nats: NatsServer,
+        ingester: ShoalIngester,
+        replicas: Vec<ShoalServer>,
+    },
+    Standalone {
+        server: ShoalServer,
+    },
+}
+
+impl ControlPlane {
+    async fn nats(mesh: &TestMesh) -> ControlPlane {
+        let nats = NatsServer::start().await;
+        let ingester = ShoalIngester::for_dir(&nats.url(), mesh.dir());
+        let (a, b) = tokio::join!(
+            ShoalServer::with_nats(&nats.url()),
+            ShoalServer::with_nats(&nats.url())
+        );
+        ControlPlane::Nats {
+            _nats: nats,
+            ingester,
+            replicas: vec![a, b],
+        }
+    }
+
+    async fn standalone(mesh: &TestMesh) -> ControlPlane {
+        ControlPlane::Standalone {
+            server: ShoalServer::standalone(mesh.dir()).await,
+        }
+    }
+
+    fn xds_addrs(&self) -> Vec<SocketAddr> {
+        match self {
+            ControlPlane::Nats { replicas, .. } => {
+                replicas.iter().map(ShoalServer::xds_addr).collect()
+            }
+            ControlPlane::Standalone { server } => vec![server.xds_addr()],
+        }
+    }
+
+    /// Every process that should still run did not crash.
+    fn assert_running(&mut self) {
+        match self {
+            ControlPlane::Nats {
+                ingester, replicas, ..
+            } => {
+                ingester.process().assert_running();
+                // Killed replicas are expected to be gone; the others must not be.
+                for r in replicas.iter_mut() {
+                    if r.process().id().is_some() {
+                        r.process().assert_running();
+                    }
+                }
+            }
+            ControlPlane::Standalone { server } => server.process().assert_running(),
+        }
+    }
+}
+
+/// The two Envoys and where they take traffic.
+struct Proxies {
+    gateway: Envoy,
+    sidecar: Envoy,
+    /// The gateway listener (`0.0.0.0_<gateway_port>`), reached on 127.0.0.1.
+    gateway_addr: SocketAddr,
+    /// The sidecar's egress listener, `127.0.0.1:<egress_port>`.
+    egress_addr: SocketAddr,
+}
+
+impl Proxies {
+    async fn start(mesh: &TestMesh, xds: &[SocketAddr]) -> Proxies {
+        let (gateway, sidecar) = tokio::join!(
+            Envoy::start(&bootstrap(&Node::gateway(), free_port(), xds)),
+            Envoy::start(&bootstrap(&Node::sidecar(), free_port(), xds)),
+        );
+        let proxies = Proxies {
+            gateway,
+            sidecar,
+            gateway_addr: SocketAddr::from(([127, 0, 0, 1], mesh.gateway_port)),
+            egress_addr: SocketAddr::from(([127, 0, 0, 1], mesh.egress_port)),
+        };
+        tokio::join!(
+            proxies
+                .gateway
+                .wait_listener(&format!("0.0.0.0_{}", mesh.gateway_port)),
+            proxies
+                .sidecar
+                .wait_listener(&format!("127.0.0.1_{}", mesh.egress_port)),
+        );
+        proxies
+    }
+
+    async fn assert_nothing_rejected(&self) {
+        for (name, envoy) in [("gateway", &self.gateway), ("sidecar", &self.sidecar)] {
+            let rejected = envoy.stat_sum("update_rejected").await;
+            assert_eq!(
+                rejected,
+                0,
+                "the {name} Envoy rejected {rejected} xDS updates; its stats:\n{}",
+                envoy
+                    .admin_get("/stats?filter=update_rejected")
+                    .await
+                    .unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// A request to the gateway, for the host the VirtualService (`hosts: ["*"]`) serves.
+fn gw(path: &str) -> Request {
+    Request::get(path).host("shop.example")
+}
+
+/// Sends a request and returns which backend answered, with its whole answer.
+async fn backend_of(addr: SocketAddr, req: &Request) -> anyhow::Result<(String, Value)> {
+    let r = req.send(addr).await?;
+    if r.status != 200 {
+        anyhow::bail!(
+            "{} {}: status {} (flags {:?}) body {:?}",
+            req.method,
+            req.path,
+            r.status,
+            r.header("x-envoy-response-flags"),
+            r.text()
+        );
+    }
+    let body = r.json()?;
+    let backend = body["backend"].as_str().unwrap_or_default().to_string();
+    Ok((backend, body))
+}
+
+/// Waits until `req` to `addr` is answered by backend `want`; returns the answer.
+async fn expect_backend(addr: SocketAddr, req: Request, want: &str, within: Duration) -> Value {
+    eventually(within, POLL, || async {
+        let (got, body) = backend_of(addr, &req).await?;
+        if got == want {
+            Ok(body)
+        } else {
+            Err(anyhow::anyhow!(
+                "{} {} (Host {:?}) answered by {got:?}, want {want:?}",
+                req.method,
+                req.path,
+                req.host
+            ))
+        }
+    })
+    .await
+}
+
+/// Everything the initial manifests promise, through both Envoys.
+async fn static_routing(mesh: &TestMesh, p: &Proxies) {
+    let g = p.gateway_addr;
+
+    // Prefix routing; the first answer also proves the gateway has converged.
+    let body = expect_backend(g, gw("/api/items"), "api-v1", CONVERGE).await;
+    assert_eq!(body["path"], "/api/items");
+
+    // Header routing, and the default route.
+    expect_backend(g, gw("/").header("x-canary", "true"), "web-v2", CONVERGE).await;
+    expect_backend(g, gw("/"), "web-v1", CONVERGE).await;
+
+    // Weighted routing: 50/50 between the subsets.
+    expect_backend(g, gw("/weighted"), "web-v1", CONVERGE).await;
+    expect_backend(g, gw("/weighted"), "web-v2", CONVERGE).await;
+    let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+    const N: u32 = 200;
+    for i in 0..N {
+        let (backend, _) = backend_of(g, &gw(&format!("/weighted?i={i}")))
+            .await
+            .expect("weighted request");
+        *counts.entry(backend).or_default() += 1;
+    }
+    assert_eq!(
+        counts.keys().collect::<Vec<_>>(),
+        ["web-v1", "web-v2"],
+        "{counts:?}"
+    );
+    for (backend, n) in &counts {
+        assert!(
+            (N / 4..=N * 3 / 4).contains(n),
+            "{backend} got {n} of {N} weighted requests: {counts:?}"
+        );
+    }
+
+    // URI rewrite: the backend sees the rewritten prefix, the rest of the path and query kept.
+    let body = expect_backend(g, gw("/old/page?q=1"), "web-v1", CONVERGE).await;
+    assert_eq!(body["path"], "/new/page?q=1");
+
+    // Redirect: answered by Envoy itself.
+    let r: Response = gw("/moved-away").send(g).await.expect("redirect request");
+    assert_eq!(r.status, 301, "redirect status; body {:?}", r.text());
+    assert_eq!(
+        r.header("location"),
+        Some("http://other.example/elsewhere"),
+        "{:?}",
+        r.headers
+    );
+
+    // Timeout and retries: in the route config, and retries happen.
+    slow_route_config(&p.gateway, mesh.gateway_port).await;
+    let before = mesh.backend("web-v1").requests();
+    let r = gw("/slow").header("x-status", "503").send(g).await.unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        mesh.backend("web-v1").requests() - before,
+        3,
+        "attempts: 2 means 1 try + 2 retries"
+    );
+
+    // ServiceEntry with a STATIC endpoint, and one whose workloadSelector picks a
+    // WorkloadEntry.
+    let body = expect_backend(g, gw("/httpbin/get"), "httpbin", CONVERGE).await;
+    assert_eq!(body["path"], "/httpbin/get");
+    expect_backend(g, gw("/vm/status"), "vm", CONVERGE).await;
+    expect_backend(g, gw("/switch"), SwitchTarget::Api.backend(), CONVERGE).await;
+
+    // The sidecar's egress listener routes by Host header, by every name Istio accepts.
+    let e = p.egress_addr;
+    let port = mesh.egress_port;
+    for host in [
+        "api",
+        "api.demo",
+        &format!("api.demo.svc.cluster.local:{port}"),
+    ] {
+        let body = expect_backend(
+            e,
+            Request::get("/from-client").host(host),
+            "api-v1",
+            CONVERGE,
+        )
+        .await;
+        assert_eq!(body["path"], "/from-client");
+    }
+    for host in ["web", &format!("web.demo:{port}")] {
+        // No VirtualService applies to sidecars: the default route spreads over v1 and v2.
+        let req = Request::get("/").host(host);
+        let (backend, _) = eventually(CONVERGE, POLL, || backend_of(e, &req)).await;
+        assert!(
+            ["web-v1", "web-v2"].contains(&backend.as_str()),
+            "{backend}"
+        );
+    }
+}
+
+/// The `slow` route of `http.<port>` has the VirtualService's timeout and retries.
+async fn slow_route_config(gateway: &Envoy, port: u16) {
+    let dump = gateway.config_dump().await;
+    let route_name = format!("http.{port}");
+    let routes: Vec<&Value> = dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["dynamic_route_configs"].as_array().into_iter().flatten())
+        .map(|rc| &rc["route_config"])
+        .filter(|rc| rc["name"] == route_name.as_str())
+        .flat_map(|rc| rc["virtual_hosts"].as_array().into_iter().flatten())
+        .flat_map(|vh| vh["routes"].as_array().into_iter().flatten())
+        .filter(|r| r["match"]["prefix"] == "/slow" || r["name"] == "slow")
+        .collect();
+    let route = routes.first().unwrap_or_else(|| {
+        panic!(
+            "no /slow route in {route_name}; routes: {}",
+            dump_routes(&dump)
+        )
+    });
+    let action = &route["route"];
+    assert_eq!(action["timeout"], "3s", "{route}");
+    let retry = &action["retry_policy"];
+    assert_eq!(retry["num_retries"], 2, "{route}");
+    assert_eq!(retry["per_try_timeout"], "1s", "{route}");
+    assert!(
+        retry["retry_on"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("5xx"),
+        "{route}"
+    );
+}
+
+fn dump_routes(dump: &Value) -> String {
+    dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| {
+            c["@type"]
+                .as_str()
+                .unwrap_or_default()
+                .ends_with("RoutesConfigDump")
+        })
+        .map(|c| serde_json::to_string_pretty(c).unwrap_or_default())
+        .collect()
+}
+
+/// Changes to the manifest files reach the Envoys within [`PROPAGATE`].
+async fn dynamic_changes(mesh: &mut TestMesh, p: &Proxies) {
+    // A new endpoint (a new backend in the EndpointSlice) receives traffic.
+    mesh.add_web_v1b().await;
+    expect_backend(p.gateway_addr, gw("/"), "web-v1b", PROPAGATE).await;
+
+    // A VirtualService edit changes where a prefix goes.
+    mesh.write_virtual_service(SwitchTarget::Httpbin);
+    expect_backend(
+        p.gateway_addr,
+        gw("/switch"),
+        SwitchTarget::Httpbin.backend(),
+        PROPAGATE,
+    )
+    .await;
+}
+
+/// Kills the replica the gateway is connected to: traffic goes on, and changes reach the
+/// gateway again through the other replica.
+async fn failover(mesh: &TestMesh, p: &Proxies, cp: &mut ControlPlane) {
+    let ControlPlane::Nats { replicas, .. } = cp else {
+        panic!("failover needs replicas");
+    };
+    let gateway_id = Node::gateway().id;
+    let serving = eventually(CONVERGE, POLL, || async {
+        let mut serving = Vec::new();
+        for (i, r) in replicas.iter().enumerate() {
+            if r.serves(&gateway_id).await? {
+                serving.push(i);
+            }
+        }
+        match serving[..] {
+            [i] => Ok(i),
+            _ => Err(anyhow::anyhow!(
+                "the gateway should show in exactly one replica's /debug/syncz, shows in {serving:?}"
+            )),
+        }
+    })
+    .await;
+    let other = 1 - serving;
+    replicas[serving].kill().await;
+
+    // Envoy keeps its config: traffic flows while it reconnects.
+    for i in 0..20 {
+        let (backend, _) = backend_of(p.gateway_addr, &gw(&format!("/?during-failover={i}")))
+            .await
+            .expect("traffic during failover");
+        assert!(
+            ["web-v1", "web-v1b"].contains(&backend.as_str()),
+            "{backend}"
+        );
+    }
+    let (backend, _) = backend_of(p.egress_addr, &Request::get("/").host("api"))
+        .await
+        .expect("sidecar traffic during failover");
+    assert_eq!(backend, "api-v1");
+
+    // A change after the failover arrives through the surviving replica.
+    mesh.write_virtual_service(SwitchTarget::Vm);
+    expect_backend(
+        p.gateway_addr,
+        gw("/switch"),
+        SwitchTarget::Vm.backend(),
+        FAILOVER,
+    )
+    .await;
+    let survivor = &replicas[other];
+    eventually(FAILOVER, POLL, || async {
+        if survivor.serves(&gateway_id).await? {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!(
+                "the gateway is not in the surviving replica's /debug/syncz"
+            ))
+        }
+    })
+    .await;
+}

@@ -18,6 +18,10 @@ pub struct Metrics {
     pub push_bytes: IntCounterVec,
     /// Pushes skipped because nothing changed, by xDS type.
     pub pushes_unchanged: IntCounterVec,
+    /// Resources sent, by xDS type.
+    pub resources_sent: IntCounterVec,
+    /// Delta: resources a reconnecting proxy already held and was not sent again, by type.
+    pub resources_resumed: IntCounterVec,
     /// NACKs received by xDS type.
     pub nacks: IntCounterVec,
     /// Bus entries applied, by bucket and result (`applied`, `unchanged`, `invalid`).
@@ -61,6 +65,19 @@ impl Metrics {
                 opts!(
                     "shoal_xds_pushes_unchanged_total",
                     "Pushes skipped because the proxy already has the same resources, by type."
+                ),
+                &["type"],
+            )
+            .expect("valid metric"),
+            resources_sent: IntCounterVec::new(
+                opts!("shoal_xds_resources_sent_total", "xDS resources sent, by type."),
+                &["type"],
+            )
+            .expect("valid metric"),
+            resources_resumed: IntCounterVec::new(
+                opts!(
+                    "shoal_xds_resources_resumed_total",
+                    "Delta: resources a reconnecting proxy already held and was not sent again."
                 ),
                 &["type"],
             )
@@ -116,6 +133,8 @@ impl Metrics {
             Box::new(m.pushes.clone()),
             Box::new(m.push_bytes.clone()),
             Box::new(m.pushes_unchanged.clone()),
+            Box::new(m.resources_sent.clone()),
+            Box::new(m.resources_resumed.clone()),
             Box::new(m.nacks.clone()),
             Box::new(m.bus_entries.clone()),
             Box::new(m.push_context_builds.clone()),

@@ -1,7 +1,12 @@
-//! The xDS serving side: the ADS gRPC service and the registry of connected proxies.
+//! The xDS serving side: the ADS gRPC service (SotW and delta on one port) and the registry
+//! of connected proxies.
 
 pub mod ads;
+mod delta;
 pub mod registry;
+mod session;
+mod sotw;
 
 pub use ads::AdsService;
 pub use registry::{ConnectionStatus, Registry, TypeStatus};
+pub use session::Mode;

@@ -18,6 +18,11 @@ pub struct TypeStatus {
     pub acked_nonce: String,
     /// Resources in the last response.
     pub resources: usize,
+    /// Resources sent on this stream so far (cumulative; delta sends only changes).
+    pub resources_sent: u64,
+    /// Delta: resources the proxy already held at their current version when the stream
+    /// started (`initial_resource_versions`), and so were not sent again.
+    pub resumed: usize,
     /// The last NACK, if the proxy rejected a response.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_nack: Option<Nack>,
@@ -45,6 +50,8 @@ pub struct ConnectionStatus {
     pub proxy_type: ProxyKind,
     /// The proxy's namespace.
     pub namespace: String,
+    /// `sotw` or `delta`.
+    pub mode: super::session::Mode,
     /// Per type URL.
     pub types: BTreeMap<String, TypeStatus>,
 }
@@ -61,7 +68,7 @@ impl Registry {
     }
 
     /// Registers a connection.
-    pub fn add(&self, id: &str, proxy: &Proxy) {
+    pub fn add(&self, id: &str, proxy: &Proxy, mode: super::session::Mode) {
         self.lock().insert(
             id.to_string(),
             ConnectionStatus {
@@ -69,6 +76,7 @@ impl Registry {
                 node_id: proxy.id.clone(),
                 proxy_type: proxy.kind,
                 namespace: proxy.namespace.clone(),
+                mode,
                 types: BTreeMap::new(),
             },
         );

@@ -1,0 +1,178 @@
+//! ADS delta (incremental) streams.
+//!
+//! Each resource carries its own version, a hash of its bytes. On a new stream the proxy's
+//! `initial_resource_versions` seed what it holds, so a proxy that reconnects — to this
+//! replica or any other, since replicas generate identical bytes — is sent only what really
+//! changed. CDS and LDS are wildcard subscriptions; EDS and RDS follow
+//! `resource_names_subscribe` / `resource_names_unsubscribe`.
+
+use super::ads::{drive, StreamHandler};
+use super::session::Session;
+use super::sotw::response_version;
+use crate::generate::Snapshot;
+use crate::pipeline::Published;
+use shoal_proto::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as PbResource,
+};
+use shoal_proto::XdsType;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+use tonic::{Status, Streaming};
+
+/// One type's subscription on a delta stream.
+#[derive(Debug, Default)]
+struct Subscription {
+    /// Subscribed to everything (CDS and LDS always are).
+    wildcard: bool,
+    /// Explicitly subscribed names.
+    names: BTreeSet<String>,
+    /// What the proxy holds: name → version (seeded from `initial_resource_versions`).
+    held: BTreeMap<String, String>,
+    /// Nonce of the last response.
+    sent_nonce: Option<String>,
+}
+
+pub(crate) struct DeltaStream {
+    session: Session,
+    subs: BTreeMap<XdsType, Subscription>,
+    nonce: u64,
+    tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+}
+
+impl DeltaStream {
+    pub fn new(session: Session, tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>) -> Self {
+        DeltaStream { session, subs: BTreeMap::new(), nonce: 0, tx }
+    }
+
+    pub async fn run(self, requests: Streaming<DeltaDiscoveryRequest>, snapshots: watch::Receiver<Option<Published>>) {
+        drive(self, requests, snapshots).await
+    }
+
+    /// Sends what changed for `ty` since what the proxy holds. `force`: respond even when
+    /// nothing changed (the first request of a type must be answered, or Envoy waits for
+    /// its initial fetch timeout). Returns how many resources the proxy already held at
+    /// their current version (and so were not sent).
+    async fn respond(&mut self, ty: XdsType, snap: &Snapshot, force: bool, observed_at_ms: Option<u64>) -> Result<usize, Status> {
+        let Some(sub) = self.subs.get(&ty) else { return Ok(0) };
+        let names: Vec<String> = if sub.wildcard { Vec::new() } else { sub.names.iter().cloned().collect() };
+        let resources = self.session.generate(ty, snap, &names);
+        let Some(sub) = self.subs.get_mut(&ty) else { return Ok(0) };
+        let current: BTreeSet<&str> = resources.iter().map(|r| r.name.as_str()).collect();
+        let removed: Vec<String> = sub
+            .held
+            .keys()
+            .filter(|n| !current.contains(n.as_str()))
+            .cloned()
+            .collect();
+        let changed: Vec<_> = resources
+            .iter()
+            .filter(|r| sub.held.get(&r.name) != Some(&r.version))
+            .cloned()
+            .collect();
+        let unchanged = resources.len() - changed.len();
+        if changed.is_empty() && removed.is_empty() && !force {
+            self.session.metrics.pushes_unchanged.with_label_values(&[ty.short()]).inc();
+            return Ok(unchanged);
+        }
+        for n in &removed {
+            sub.held.remove(n);
+        }
+        for r in &changed {
+            sub.held.insert(r.name.clone(), r.version.clone());
+        }
+        self.nonce += 1;
+        let nonce = format!("{}-{}", snap.number, self.nonce);
+        sub.sent_nonce = Some(nonce.clone());
+        let version = response_version(&resources);
+        self.session.sent(ty, &version, &nonce, &changed, resources.len(), observed_at_ms);
+        let response = DeltaDiscoveryResponse {
+            system_version_info: version,
+            resources: changed
+                .into_iter()
+                .map(|r| PbResource { name: r.name, version: r.version, resource: Some(r.any), ..Default::default() })
+                .collect(),
+            type_url: ty.type_url().to_string(),
+            removed_resources: removed,
+            nonce,
+            ..Default::default()
+        };
+        self.tx.send(Ok(response)).await.map_err(|_| Status::cancelled("stream closed"))?;
+        Ok(unchanged)
+    }
+}
+
+#[tonic::async_trait]
+impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
+    fn session(&self) -> &Session {
+        &self.session
+    }
+
+    async fn on_request(&mut self, req: DeltaDiscoveryRequest, snap: &Arc<Snapshot>) -> Result<(), Status> {
+        self.session.identify(req.node.as_ref())?;
+        let Some(ty) = XdsType::from_type_url(&req.type_url) else {
+            tracing::warn!(conn = %self.session.id, type_url = %req.type_url, "ignoring request for an unsupported type");
+            return Ok(());
+        };
+        let first = !self.subs.contains_key(&ty);
+        let sub = self.subs.entry(ty).or_default();
+        if first {
+            sub.wildcard = ty.is_wildcard_type();
+            sub.held = req.initial_resource_versions.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            if !sub.held.is_empty() {
+                tracing::debug!(conn = %self.session.id, ty = ty.short(), held = sub.held.len(), "resuming with the proxy's resource versions");
+            }
+        }
+        if !req.response_nonce.is_empty() {
+            if sub.sent_nonce.as_deref() == Some(req.response_nonce.as_str()) {
+                match &req.error_detail {
+                    Some(detail) => self.session.nack(ty, &req.response_nonce, "", &detail.message),
+                    None => self.session.ack(ty, &req.response_nonce, ""),
+                }
+            } else {
+                tracing::debug!(conn = %self.session.id, ty = ty.short(), nonce = %req.response_nonce, "stale nonce");
+            }
+        }
+        let mut changed = false;
+        for name in &req.resource_names_subscribe {
+            if name == "*" {
+                changed |= !sub.wildcard;
+                sub.wildcard = true;
+            } else if !sub.wildcard || !ty.is_wildcard_type() {
+                changed |= sub.names.insert(name.clone());
+            }
+        }
+        for name in &req.resource_names_unsubscribe {
+            if name == "*" {
+                changed |= sub.wildcard;
+                sub.wildcard = false;
+            }
+            if sub.names.remove(name) {
+                changed = true;
+            }
+            // The proxy dropped it: if subscribed again, it must be sent again.
+            sub.held.remove(name);
+        }
+        let resuming = first && !sub.held.is_empty();
+        if first || changed {
+            let unchanged = self.respond(ty, snap, first, None).await?;
+            if resuming {
+                self.session.metrics.resources_resumed.with_label_values(&[ty.short()]).inc_by(unchanged as u64);
+                self.session.registry.update(&self.session.id, ty.type_url(), |s| s.resumed = unchanged);
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_snapshot(&mut self, snap: &Arc<Snapshot>, observed_at_ms: Option<u64>) -> Result<(), Status> {
+        let types: Vec<XdsType> = self.subs.keys().copied().collect();
+        for ty in types {
+            self.respond(ty, snap, false, observed_at_ms).await?;
+        }
+        Ok(())
+    }
+
+    async fn fail(&mut self, status: Status) {
+        let _ = self.tx.send(Err(status)).await;
+    }
+}

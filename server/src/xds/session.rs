@@ -1,0 +1,121 @@
+//! What every ADS stream shares, SotW or delta: the proxy's identity, its scope (cached per
+//! snapshot), resource generation, and the bookkeeping behind `/debug/syncz` and metrics.
+
+use super::registry::{Nack, Registry};
+use crate::generate::{generate, Resource, Snapshot};
+use crate::metrics::Metrics;
+use crate::proxy::{Proxy, ProxyKind};
+use crate::scope::ProxyScope;
+use shoal_proto::pb::envoy::config::core::v3::Node;
+use shoal_proto::XdsType;
+use tonic::Status;
+
+/// Which protocol variant a stream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// State of the world.
+    Sotw,
+    /// Incremental.
+    Delta,
+}
+
+/// One ADS stream's shared state.
+pub(crate) struct Session {
+    pub id: String,
+    pub mode: Mode,
+    proxy: Option<Proxy>,
+    scope: Option<(u64, ProxyScope)>,
+    pub registry: Registry,
+    pub metrics: Metrics,
+}
+
+impl Session {
+    pub fn new(id: String, mode: Mode, registry: Registry, metrics: Metrics) -> Session {
+        Session { id, mode, proxy: None, scope: None, registry, metrics }
+    }
+
+    /// Whether the first request (with the node) has been seen.
+    pub fn identified(&self) -> bool {
+        self.proxy.is_some()
+    }
+
+    /// Identifies the proxy from the first request's node; later calls are no-ops.
+    pub fn identify(&mut self, node: Option<&Node>) -> Result<(), Status> {
+        if self.proxy.is_some() {
+            return Ok(());
+        }
+        let proxy = Proxy::from_node(node).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        tracing::info!(conn = %self.id, node = %proxy.id, kind = ?proxy.kind, mode = ?self.mode, "proxy connected");
+        self.registry.add(&self.id, &proxy, self.mode);
+        self.metrics.connections.with_label_values(&[kind_label(proxy.kind)]).inc();
+        self.proxy = Some(proxy);
+        Ok(())
+    }
+
+    /// Generates `ty` for this proxy from `snap`.
+    pub fn generate(&mut self, ty: XdsType, snap: &Snapshot, names: &[String]) -> Vec<Resource> {
+        let Some(proxy) = &self.proxy else { return Vec::new() };
+        if self.scope.as_ref().is_none_or(|(n, _)| *n != snap.number) {
+            self.scope = Some((snap.number, ProxyScope::compute(proxy, &snap.ctx)));
+        }
+        match &self.scope {
+            Some((_, scope)) => generate(ty, proxy, scope, snap, names),
+            None => Vec::new(),
+        }
+    }
+
+    /// Records a NACK.
+    pub fn nack(&self, ty: XdsType, nonce: &str, version: &str, message: &str) {
+        self.metrics.nacks.with_label_values(&[ty.short()]).inc();
+        tracing::warn!(
+            conn = %self.id, ty = ty.short(), %nonce, %version, error = %message,
+            "proxy rejected configuration (NACK)"
+        );
+        let nack = Nack { nonce: nonce.into(), version: version.into(), message: message.into() };
+        self.registry.update(&self.id, ty.type_url(), |s| s.last_nack = Some(nack));
+    }
+
+    /// Records an ACK.
+    pub fn ack(&self, ty: XdsType, nonce: &str, version: &str) {
+        self.registry.update(&self.id, ty.type_url(), |s| {
+            s.acked_version = version.to_string();
+            s.acked_nonce = nonce.to_string();
+        });
+    }
+
+    /// Records a response about to be sent.
+    pub fn sent(&self, ty: XdsType, version: &str, nonce: &str, resources: &[Resource], total: usize, observed_at_ms: Option<u64>) {
+        let bytes: usize = resources.iter().map(|r| r.any.value.len()).sum();
+        self.registry.update(&self.id, ty.type_url(), |s| {
+            s.sent_version = version.to_string();
+            s.sent_nonce = nonce.to_string();
+            s.resources = total;
+            s.resources_sent += resources.len() as u64;
+        });
+        self.metrics.pushes.with_label_values(&[ty.short()]).inc();
+        self.metrics.push_bytes.with_label_values(&[ty.short()]).inc_by(bytes as u64);
+        self.metrics.resources_sent.with_label_values(&[ty.short()]).inc_by(resources.len() as u64);
+        if let Some(obs) = observed_at_ms {
+            let lag_ms = shoal_common::envelope::now_ms().saturating_sub(obs);
+            self.metrics.convergence_seconds.with_label_values(&[ty.short()]).observe(lag_ms as f64 / 1000.0);
+        }
+        tracing::debug!(conn = %self.id, ty = ty.short(), %version, %nonce, resources = resources.len(), bytes, "push");
+    }
+
+    /// Unregisters the stream.
+    pub fn close(&self) {
+        if let Some(p) = &self.proxy {
+            self.metrics.connections.with_label_values(&[kind_label(p.kind)]).dec();
+            tracing::info!(conn = %self.id, node = %p.id, "proxy disconnected");
+        }
+        self.registry.remove(&self.id);
+    }
+}
+
+fn kind_label(kind: ProxyKind) -> &'static str {
+    match kind {
+        ProxyKind::Sidecar => "sidecar",
+        ProxyKind::Router => "router",
+    }
+}

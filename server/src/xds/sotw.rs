@@ -1,0 +1,142 @@
+//! ADS State-of-the-World streams.
+//!
+//! Request handling follows Istio's `shouldRespond`: an empty nonce is a new request; a nonce
+//! other than the last one sent is stale and ignored; a matching nonce with `error_detail`
+//! is a NACK (recorded, never retried in a loop); otherwise an ACK, answered only when the
+//! requested names changed. A push sends a type only if its content changed; EDS responses
+//! on a push carry only the assignments that changed (non-root types may be partial).
+
+use super::ads::{drive, StreamHandler};
+use super::session::Session;
+use crate::generate::{Resource, Snapshot};
+use crate::pipeline::Published;
+use shoal_proto::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
+use shoal_proto::{content_version, XdsType};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+use tonic::{Status, Streaming};
+
+/// What one stream has asked for and been sent, per type.
+#[derive(Debug, Default)]
+struct Watched {
+    /// Requested names, sorted (empty on a wildcard type = all).
+    names: Vec<String>,
+    /// Version and nonce of the last response.
+    sent_version: Option<String>,
+    sent_nonce: Option<String>,
+    /// Version of each resource last sent (for partial EDS pushes).
+    sent: BTreeMap<String, String>,
+}
+
+pub(crate) struct SotwStream {
+    session: Session,
+    watched: BTreeMap<XdsType, Watched>,
+    nonce: u64,
+    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+}
+
+impl SotwStream {
+    pub fn new(session: Session, tx: mpsc::Sender<Result<DiscoveryResponse, Status>>) -> Self {
+        SotwStream { session, watched: BTreeMap::new(), nonce: 0, tx }
+    }
+
+    pub async fn run(self, requests: Streaming<DiscoveryRequest>, snapshots: watch::Receiver<Option<Published>>) {
+        drive(self, requests, snapshots).await
+    }
+
+    /// Generates `ty` and sends it. `force`: answer even if the proxy has this version (a
+    /// request must always be answered). On a push (`!force`), EDS sends only changed
+    /// assignments.
+    async fn respond(&mut self, ty: XdsType, snap: &Snapshot, force: bool, observed_at_ms: Option<u64>) -> Result<(), Status> {
+        let Some(w) = self.watched.get(&ty) else { return Ok(()) };
+        let names = w.names.clone();
+        let resources = self.session.generate(ty, snap, &names);
+        let version = response_version(&resources);
+        let Some(w) = self.watched.get_mut(&ty) else { return Ok(()) };
+        if !force && w.sent_version.as_deref() == Some(version.as_str()) {
+            self.session.metrics.pushes_unchanged.with_label_values(&[ty.short()]).inc();
+            return Ok(());
+        }
+        let total = resources.len();
+        let to_send: Vec<Resource> = if !force && ty == XdsType::Endpoint {
+            resources.iter().filter(|r| w.sent.get(&r.name) != Some(&r.version)).cloned().collect()
+        } else {
+            resources.clone()
+        };
+        w.sent = resources.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
+        self.nonce += 1;
+        let nonce = format!("{}-{}", snap.number, self.nonce);
+        w.sent_version = Some(version.clone());
+        w.sent_nonce = Some(nonce.clone());
+        self.session.sent(ty, &version, &nonce, &to_send, total, observed_at_ms);
+        let response = DiscoveryResponse {
+            version_info: version,
+            resources: to_send.into_iter().map(|r| r.any).collect(),
+            type_url: ty.type_url().to_string(),
+            nonce,
+            ..Default::default()
+        };
+        self.tx.send(Ok(response)).await.map_err(|_| Status::cancelled("stream closed"))
+    }
+}
+
+#[tonic::async_trait]
+impl StreamHandler<DiscoveryRequest> for SotwStream {
+    fn session(&self) -> &Session {
+        &self.session
+    }
+
+    async fn on_request(&mut self, req: DiscoveryRequest, snap: &Arc<Snapshot>) -> Result<(), Status> {
+        self.session.identify(req.node.as_ref())?;
+        let Some(ty) = XdsType::from_type_url(&req.type_url) else {
+            tracing::warn!(conn = %self.session.id, type_url = %req.type_url, "ignoring request for an unsupported type");
+            return Ok(());
+        };
+        let mut names = req.resource_names.clone();
+        names.sort();
+        names.dedup();
+        let w = self.watched.entry(ty).or_default();
+        if !req.response_nonce.is_empty() {
+            if w.sent_nonce.as_deref() != Some(req.response_nonce.as_str()) {
+                tracing::debug!(conn = %self.session.id, ty = ty.short(), nonce = %req.response_nonce, "stale nonce; ignoring");
+                return Ok(());
+            }
+            if let Some(detail) = &req.error_detail {
+                self.session.nack(ty, &req.response_nonce, &req.version_info, &detail.message);
+                return Ok(());
+            }
+            self.session.ack(ty, &req.response_nonce, &req.version_info);
+            if w.names == names {
+                return Ok(()); // A plain ACK.
+            }
+        }
+        w.names = names;
+        self.respond(ty, snap, true, None).await
+    }
+
+    async fn on_snapshot(&mut self, snap: &Arc<Snapshot>, observed_at_ms: Option<u64>) -> Result<(), Status> {
+        let types: Vec<XdsType> = self.watched.keys().copied().collect();
+        for ty in types {
+            self.respond(ty, snap, false, observed_at_ms).await?;
+        }
+        Ok(())
+    }
+
+    async fn fail(&mut self, status: Status) {
+        let _ = self.tx.send(Err(status)).await;
+    }
+}
+
+/// The SotW version of a response: a hash over the names and content versions of its
+/// resources, identical on every replica for the same content.
+pub(crate) fn response_version(resources: &[Resource]) -> String {
+    let mut buf = Vec::new();
+    for r in resources {
+        buf.extend_from_slice(r.name.as_bytes());
+        buf.push(0);
+        buf.extend_from_slice(r.version.as_bytes());
+        buf.push(0);
+    }
+    content_version(&buf)
+}

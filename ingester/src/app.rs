@@ -91,11 +91,22 @@ pub struct IngesterArgs {
     pub fleet: String,
 
     /// Log filter in RUST_LOG syntax, e.g. `info` or `info,shoal_ingester=debug`.
-    #[arg(long, env = "SHOAL_LOG", value_name = "FILTER", default_value = "info")]
+    #[arg(
+        long,
+        env = "SHOAL_LOG",
+        value_name = "FILTER",
+        default_value = "info,async_nats=warn"
+    )]
     pub log_level: String,
 
     /// Log output format.
-    #[arg(long, env = "SHOAL_LOG_FORMAT", value_name = "FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(
+        long,
+        env = "SHOAL_LOG_FORMAT",
+        value_name = "FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
     pub log_format: LogFormat,
 }
 
@@ -118,7 +129,12 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
         fleet: args.fleet,
         ..FileSourceConfig::new(dir)
     };
-    info!(dir = %cfg.dir.display(), cluster = %cfg.cluster_id, fleet = %cfg.fleet, "starting file source");
+    info!(
+        dir = %cfg.dir.display(),
+        cluster = %cfg.cluster_id,
+        fleet = %cfg.fleet,
+        "starting file source",
+    );
     let mut source = FileSource::new(cfg, bus).await?;
     let report = source.sync_once().await?;
     info!(

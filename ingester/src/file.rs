@@ -186,7 +186,11 @@ impl FileSource {
                 }
             }
             Change::Unreadable { path, stamp, error } => {
-                warn!(file = %path.display(), %error, "cannot read file; keeping its previously published objects");
+                warn!(
+                    file = %path.display(),
+                    %error,
+                    "cannot read file; keeping its previously published objects",
+                );
                 // Remember the stamp so the file is retried on change or full re-read,
                 // not logged on every poll.
                 let hash = self.files.get(&path).and_then(|f| f.hash);
@@ -220,7 +224,10 @@ impl FileSource {
                 Ok(_) => {}
                 Err(error) if failing => debug!(%error, "manifest scan still failing"),
                 Err(error) => {
-                    warn!(%error, "manifest scan failed; the published state is unchanged until it works again");
+                    warn!(
+                        %error,
+                        "manifest scan failed; published state unchanged until it works again",
+                    );
                     failing = true;
                 }
             }
@@ -343,7 +350,11 @@ fn walk(
         }
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
         Err(error) => {
-            warn!(dir = %dir.display(), %error, "cannot list directory; keeping its files' objects");
+            warn!(
+                dir = %dir.display(),
+                %error,
+                "cannot list directory; keeping its files' objects",
+            );
             uncertain.push(dir.to_path_buf());
             return Ok(());
         }
@@ -352,7 +363,11 @@ fn walk(
         let entry = match entry {
             Ok(entry) => entry,
             Err(error) => {
-                warn!(dir = %dir.display(), %error, "cannot list directory; keeping its files' objects");
+                warn!(
+                    dir = %dir.display(),
+                    %error,
+                    "cannot list directory; keeping its files' objects",
+                );
                 uncertain.push(dir.to_path_buf());
                 return Ok(());
             }

@@ -304,7 +304,13 @@ fn parse_document(path: &Path, value: Value, doc: DocRef, out: &mut ParsedFile) 
     let object_kind = match classify(api_version, kind) {
         Classified::Read(k) => k,
         Classified::Ignored => {
-            debug!(%file, document = %doc, %api_version, %kind, "ignoring kind shoal does not read");
+            debug!(
+                %file,
+                document = %doc,
+                %api_version,
+                %kind,
+                "ignoring kind shoal does not read",
+            );
             return;
         }
         Classified::UnsupportedVersion(k, supported) => {

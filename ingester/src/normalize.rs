@@ -273,7 +273,12 @@ pub fn endpoint_slice(
     let name = slice.metadata.name.clone().unwrap_or_default();
     let service = slice_service_name(slice).unwrap_or_default().to_string();
     if !matches!(slice.address_type.as_str(), "IPv4" | "IPv6") {
-        debug!(%namespace, %name, address_type = %slice.address_type, "skipping EndpointSlice that is not IPv4 or IPv6");
+        debug!(
+            %namespace,
+            %name,
+            address_type = %slice.address_type,
+            "skipping EndpointSlice that is not IPv4 or IPv6",
+        );
         return Ok(None);
     }
     let mut ports: Vec<EndpointPort> = Vec::new();

@@ -109,7 +109,11 @@ impl Publisher {
         for bucket in BUCKETS {
             publisher.load_bucket(bucket).await?;
         }
-        debug!(keys = publisher.on_bus.len(), cluster = %publisher.cluster, "read owned state from the bus");
+        debug!(
+            keys = publisher.on_bus.len(),
+            cluster = %publisher.cluster,
+            "read owned state from the bus",
+        );
         Ok(publisher)
     }
 

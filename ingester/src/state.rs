@@ -88,7 +88,13 @@ pub fn desired_state<'a>(
         // Parsing validated these objects, so normalization errors are not expected; they
         // are logged rather than trusted away.
         let report = |error: &dyn std::fmt::Display| {
-            warn!(file = %path.display(), document = %obj.document, object = %obj.id, %error, "skipping object");
+            warn!(
+                file = %path.display(),
+                document = %obj.document,
+                object = %obj.id,
+                %error,
+                "skipping object",
+            );
         };
         match &obj.object {
             ManifestObject::Config(config) => {
@@ -147,7 +153,12 @@ impl ManifestStore {
             Ok(parsed) => parsed,
             Err(error) => {
                 let kept = self.files.get(path).map_or(0, Vec::len);
-                warn!(%file, %error, kept, "file does not parse; keeping its previously published objects");
+                warn!(
+                    %file,
+                    %error,
+                    kept,
+                    "file does not parse; keeping its previously published objects",
+                );
                 return;
             }
         };

@@ -91,7 +91,12 @@ pub struct ServerArgs {
     pub debounce_max: ConfigDuration,
 
     /// Log filter, in RUST_LOG syntax (e.g. "info" or "info,shoal_server=debug").
-    #[arg(long, env = "SHOAL_LOG", default_value = "info", value_name = "FILTER")]
+    #[arg(
+        long,
+        env = "SHOAL_LOG",
+        default_value = "info,async_nats=warn",
+        value_name = "FILTER"
+    )]
     pub log_level: String,
 
     /// Log format.

@@ -70,7 +70,10 @@ impl Metrics {
             )
             .expect("valid metric"),
             resources_sent: IntCounterVec::new(
-                opts!("shoal_xds_resources_sent_total", "xDS resources sent, by type."),
+                opts!(
+                    "shoal_xds_resources_sent_total",
+                    "xDS resources sent, by type."
+                ),
                 &["type"],
             )
             .expect("valid metric"),

@@ -79,21 +79,7 @@ impl NatsBus {
         for bucket in Bucket::ALL {
             let store = match js.get_key_value(bucket.name()).await {
                 Ok(store) => store,
-                Err(_) => js
-                    .create_key_value(kv::Config {
-                        bucket: bucket.name().to_string(),
-                        description: format!("shoal state: {bucket}"),
-                        history: 1,
-                        max_value_size: super::MAX_VALUE_BYTES as i32,
-                        num_replicas: opts.replicas,
-                        storage: jetstream::stream::StorageType::File,
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|e| BusError::Bucket {
-                        bucket,
-                        source: boxed(e),
-                    })?,
+                Err(_) => create_bucket(&js, bucket, opts.replicas).await?,
             };
             stores.insert(bucket, store);
         }
@@ -104,6 +90,42 @@ impl NatsBus {
         // Every bucket is opened in `connect`.
         &self.stores[&bucket]
     }
+}
+
+/// Creates a bucket's backing stream with the configuration JetStream KV uses, then opens it.
+///
+/// `create_key_value` is not used: it first reads the account info, and async-nats requires
+/// fields (`reserved_memory`, `reserved_storage`) that nats-server 2.9 does not send, so it
+/// fails on the very server version shoal targets.
+async fn create_bucket(
+    js: &jetstream::Context,
+    bucket: Bucket,
+    replicas: usize,
+) -> Result<kv::Store, BusError> {
+    let bucket_err =
+        |e: Box<dyn std::error::Error + Send + Sync>| BusError::Bucket { bucket, source: e };
+    let config = jetstream::stream::Config {
+        name: format!("KV_{}", bucket.name()),
+        description: Some(format!("shoal state: {bucket}")),
+        subjects: vec![format!("$KV.{}.>", bucket.name())],
+        // Compacted state: one value per key.
+        max_messages_per_subject: 1,
+        max_message_size: super::MAX_VALUE_BYTES as i32,
+        storage: jetstream::stream::StorageType::File,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: true,
+        num_replicas: replicas.max(1),
+        discard: jetstream::stream::DiscardPolicy::New,
+        ..Default::default()
+    };
+    if let Err(e) = js.create_stream(config).await {
+        // Another process may have created it first; opening it below decides.
+        tracing::debug!(%bucket, error = %e, "creating bucket stream failed; trying to open it");
+    }
+    js.get_key_value(bucket.name())
+        .await
+        .map_err(|e| bucket_err(boxed(e)))
 }
 
 fn op_err<'a, E: std::error::Error + Send + Sync + 'static>(

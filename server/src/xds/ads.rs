@@ -29,12 +29,24 @@ pub struct AdsService {
 
 impl AdsService {
     /// A service pushing the snapshots published on `snapshots`.
-    pub fn new(snapshots: watch::Receiver<Option<Published>>, registry: Registry, metrics: Metrics) -> Self {
-        AdsService { snapshots, registry, metrics, next_id: Arc::new(AtomicU64::new(1)) }
+    pub fn new(
+        snapshots: watch::Receiver<Option<Published>>,
+        registry: Registry,
+        metrics: Metrics,
+    ) -> Self {
+        AdsService {
+            snapshots,
+            registry,
+            metrics,
+            next_id: Arc::new(AtomicU64::new(1)),
+        }
     }
 
     fn session<T>(&self, request: &Request<T>, mode: Mode) -> Session {
-        let peer = request.remote_addr().map(|a| a.to_string()).unwrap_or_else(|| "unknown".into());
+        let peer = request
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "unknown".into());
         let id = format!("{peer}-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
         Session::new(id, mode, self.registry.clone(), self.metrics.clone())
     }
@@ -130,9 +142,17 @@ pub(crate) trait StreamHandler<Req>: Send {
     /// The shared session.
     fn session(&self) -> &Session;
     /// Handles one request.
-    async fn on_request(&mut self, req: Req, snap: &Arc<crate::generate::Snapshot>) -> Result<(), Status>;
+    async fn on_request(
+        &mut self,
+        req: Req,
+        snap: &Arc<crate::generate::Snapshot>,
+    ) -> Result<(), Status>;
     /// Pushes a new snapshot.
-    async fn on_snapshot(&mut self, snap: &Arc<crate::generate::Snapshot>, observed_at_ms: Option<u64>) -> Result<(), Status>;
+    async fn on_snapshot(
+        &mut self,
+        snap: &Arc<crate::generate::Snapshot>,
+        observed_at_ms: Option<u64>,
+    ) -> Result<(), Status>;
     /// Ends the stream with an error status.
     async fn fail(&mut self, status: Status);
 }

@@ -42,10 +42,19 @@ pub(crate) struct DeltaStream {
 
 impl DeltaStream {
     pub fn new(session: Session, tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>) -> Self {
-        DeltaStream { session, subs: BTreeMap::new(), nonce: 0, tx }
+        DeltaStream {
+            session,
+            subs: BTreeMap::new(),
+            nonce: 0,
+            tx,
+        }
     }
 
-    pub async fn run(self, requests: Streaming<DeltaDiscoveryRequest>, snapshots: watch::Receiver<Option<Published>>) {
+    pub async fn run(
+        self,
+        requests: Streaming<DeltaDiscoveryRequest>,
+        snapshots: watch::Receiver<Option<Published>>,
+    ) {
         drive(self, requests, snapshots).await
     }
 
@@ -53,11 +62,25 @@ impl DeltaStream {
     /// nothing changed (the first request of a type must be answered, or Envoy waits for
     /// its initial fetch timeout). Returns how many resources the proxy already held at
     /// their current version (and so were not sent).
-    async fn respond(&mut self, ty: XdsType, snap: &Snapshot, force: bool, observed_at_ms: Option<u64>) -> Result<usize, Status> {
-        let Some(sub) = self.subs.get(&ty) else { return Ok(0) };
-        let names: Vec<String> = if sub.wildcard { Vec::new() } else { sub.names.iter().cloned().collect() };
+    async fn respond(
+        &mut self,
+        ty: XdsType,
+        snap: &Snapshot,
+        force: bool,
+        observed_at_ms: Option<u64>,
+    ) -> Result<usize, Status> {
+        let Some(sub) = self.subs.get(&ty) else {
+            return Ok(0);
+        };
+        let names: Vec<String> = if sub.wildcard {
+            Vec::new()
+        } else {
+            sub.names.iter().cloned().collect()
+        };
         let resources = self.session.generate(ty, snap, &names);
-        let Some(sub) = self.subs.get_mut(&ty) else { return Ok(0) };
+        let Some(sub) = self.subs.get_mut(&ty) else {
+            return Ok(0);
+        };
         let current: BTreeSet<&str> = resources.iter().map(|r| r.name.as_str()).collect();
         let removed: Vec<String> = sub
             .held
@@ -72,7 +95,11 @@ impl DeltaStream {
             .collect();
         let unchanged = resources.len() - changed.len();
         if changed.is_empty() && removed.is_empty() && !force {
-            self.session.metrics.pushes_unchanged.with_label_values(&[ty.short()]).inc();
+            self.session
+                .metrics
+                .pushes_unchanged
+                .with_label_values(&[ty.short()])
+                .inc();
             return Ok(unchanged);
         }
         for n in &removed {
@@ -85,19 +112,34 @@ impl DeltaStream {
         let nonce = format!("{}-{}", snap.number, self.nonce);
         sub.sent_nonce = Some(nonce.clone());
         let version = response_version(&resources);
-        self.session.sent(ty, &version, &nonce, &changed, resources.len(), observed_at_ms);
+        self.session.sent(
+            ty,
+            &version,
+            &nonce,
+            &changed,
+            resources.len(),
+            observed_at_ms,
+        );
         let response = DeltaDiscoveryResponse {
             system_version_info: version,
             resources: changed
                 .into_iter()
-                .map(|r| PbResource { name: r.name, version: r.version, resource: Some(r.any), ..Default::default() })
+                .map(|r| PbResource {
+                    name: r.name,
+                    version: r.version,
+                    resource: Some(r.any),
+                    ..Default::default()
+                })
                 .collect(),
             type_url: ty.type_url().to_string(),
             removed_resources: removed,
             nonce,
             ..Default::default()
         };
-        self.tx.send(Ok(response)).await.map_err(|_| Status::cancelled("stream closed"))?;
+        self.tx
+            .send(Ok(response))
+            .await
+            .map_err(|_| Status::cancelled("stream closed"))?;
         Ok(unchanged)
     }
 }
@@ -108,7 +150,11 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         &self.session
     }
 
-    async fn on_request(&mut self, req: DeltaDiscoveryRequest, snap: &Arc<Snapshot>) -> Result<(), Status> {
+    async fn on_request(
+        &mut self,
+        req: DeltaDiscoveryRequest,
+        snap: &Arc<Snapshot>,
+    ) -> Result<(), Status> {
         self.session.identify(req.node.as_ref())?;
         let Some(ty) = XdsType::from_type_url(&req.type_url) else {
             tracing::warn!(conn = %self.session.id, type_url = %req.type_url, "ignoring request for an unsupported type");
@@ -118,7 +164,11 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         let sub = self.subs.entry(ty).or_default();
         if first {
             sub.wildcard = ty.is_wildcard_type();
-            sub.held = req.initial_resource_versions.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            sub.held = req
+                .initial_resource_versions
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
             if !sub.held.is_empty() {
                 tracing::debug!(conn = %self.session.id, ty = ty.short(), held = sub.held.len(), "resuming with the proxy's resource versions");
             }
@@ -126,7 +176,9 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         if !req.response_nonce.is_empty() {
             if sub.sent_nonce.as_deref() == Some(req.response_nonce.as_str()) {
                 match &req.error_detail {
-                    Some(detail) => self.session.nack(ty, &req.response_nonce, "", &detail.message),
+                    Some(detail) => self
+                        .session
+                        .nack(ty, &req.response_nonce, "", &detail.message),
                     None => self.session.ack(ty, &req.response_nonce, ""),
                 }
             } else {
@@ -157,14 +209,24 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         if first || changed {
             let unchanged = self.respond(ty, snap, first, None).await?;
             if resuming {
-                self.session.metrics.resources_resumed.with_label_values(&[ty.short()]).inc_by(unchanged as u64);
-                self.session.registry.update(&self.session.id, ty.type_url(), |s| s.resumed = unchanged);
+                self.session
+                    .metrics
+                    .resources_resumed
+                    .with_label_values(&[ty.short()])
+                    .inc_by(unchanged as u64);
+                self.session
+                    .registry
+                    .update(&self.session.id, ty.type_url(), |s| s.resumed = unchanged);
             }
         }
         Ok(())
     }
 
-    async fn on_snapshot(&mut self, snap: &Arc<Snapshot>, observed_at_ms: Option<u64>) -> Result<(), Status> {
+    async fn on_snapshot(
+        &mut self,
+        snap: &Arc<Snapshot>,
+        observed_at_ms: Option<u64>,
+    ) -> Result<(), Status> {
         let types: Vec<XdsType> = self.subs.keys().copied().collect();
         for ty in types {
             self.respond(ty, snap, false, observed_at_ms).await?;

@@ -32,7 +32,14 @@ pub(crate) struct Session {
 
 impl Session {
     pub fn new(id: String, mode: Mode, registry: Registry, metrics: Metrics) -> Session {
-        Session { id, mode, proxy: None, scope: None, registry, metrics }
+        Session {
+            id,
+            mode,
+            proxy: None,
+            scope: None,
+            registry,
+            metrics,
+        }
     }
 
     /// Whether the first request (with the node) has been seen.
@@ -48,14 +55,19 @@ impl Session {
         let proxy = Proxy::from_node(node).map_err(|e| Status::invalid_argument(e.to_string()))?;
         tracing::info!(conn = %self.id, node = %proxy.id, kind = ?proxy.kind, mode = ?self.mode, "proxy connected");
         self.registry.add(&self.id, &proxy, self.mode);
-        self.metrics.connections.with_label_values(&[kind_label(proxy.kind)]).inc();
+        self.metrics
+            .connections
+            .with_label_values(&[kind_label(proxy.kind)])
+            .inc();
         self.proxy = Some(proxy);
         Ok(())
     }
 
     /// Generates `ty` for this proxy from `snap`.
     pub fn generate(&mut self, ty: XdsType, snap: &Snapshot, names: &[String]) -> Vec<Resource> {
-        let Some(proxy) = &self.proxy else { return Vec::new() };
+        let Some(proxy) = &self.proxy else {
+            return Vec::new();
+        };
         if self.scope.as_ref().is_none_or(|(n, _)| *n != snap.number) {
             self.scope = Some((snap.number, ProxyScope::compute(proxy, &snap.ctx)));
         }
@@ -72,8 +84,13 @@ impl Session {
             conn = %self.id, ty = ty.short(), %nonce, %version, error = %message,
             "proxy rejected configuration (NACK)"
         );
-        let nack = Nack { nonce: nonce.into(), version: version.into(), message: message.into() };
-        self.registry.update(&self.id, ty.type_url(), |s| s.last_nack = Some(nack));
+        let nack = Nack {
+            nonce: nonce.into(),
+            version: version.into(),
+            message: message.into(),
+        };
+        self.registry
+            .update(&self.id, ty.type_url(), |s| s.last_nack = Some(nack));
     }
 
     /// Records an ACK.
@@ -85,7 +102,15 @@ impl Session {
     }
 
     /// Records a response about to be sent.
-    pub fn sent(&self, ty: XdsType, version: &str, nonce: &str, resources: &[Resource], total: usize, observed_at_ms: Option<u64>) {
+    pub fn sent(
+        &self,
+        ty: XdsType,
+        version: &str,
+        nonce: &str,
+        resources: &[Resource],
+        total: usize,
+        observed_at_ms: Option<u64>,
+    ) {
         let bytes: usize = resources.iter().map(|r| r.any.value.len()).sum();
         self.registry.update(&self.id, ty.type_url(), |s| {
             s.sent_version = version.to_string();
@@ -94,11 +119,20 @@ impl Session {
             s.resources_sent += resources.len() as u64;
         });
         self.metrics.pushes.with_label_values(&[ty.short()]).inc();
-        self.metrics.push_bytes.with_label_values(&[ty.short()]).inc_by(bytes as u64);
-        self.metrics.resources_sent.with_label_values(&[ty.short()]).inc_by(resources.len() as u64);
+        self.metrics
+            .push_bytes
+            .with_label_values(&[ty.short()])
+            .inc_by(bytes as u64);
+        self.metrics
+            .resources_sent
+            .with_label_values(&[ty.short()])
+            .inc_by(resources.len() as u64);
         if let Some(obs) = observed_at_ms {
             let lag_ms = shoal_common::envelope::now_ms().saturating_sub(obs);
-            self.metrics.convergence_seconds.with_label_values(&[ty.short()]).observe(lag_ms as f64 / 1000.0);
+            self.metrics
+                .convergence_seconds
+                .with_label_values(&[ty.short()])
+                .observe(lag_ms as f64 / 1000.0);
         }
         tracing::debug!(conn = %self.id, ty = ty.short(), %version, %nonce, resources = resources.len(), bytes, "push");
     }
@@ -106,7 +140,10 @@ impl Session {
     /// Unregisters the stream.
     pub fn close(&self) {
         if let Some(p) = &self.proxy {
-            self.metrics.connections.with_label_values(&[kind_label(p.kind)]).dec();
+            self.metrics
+                .connections
+                .with_label_values(&[kind_label(p.kind)])
+                .dec();
             tracing::info!(conn = %self.id, node = %p.id, "proxy disconnected");
         }
         self.registry.remove(&self.id);

@@ -38,38 +38,69 @@ pub(crate) struct SotwStream {
 
 impl SotwStream {
     pub fn new(session: Session, tx: mpsc::Sender<Result<DiscoveryResponse, Status>>) -> Self {
-        SotwStream { session, watched: BTreeMap::new(), nonce: 0, tx }
+        SotwStream {
+            session,
+            watched: BTreeMap::new(),
+            nonce: 0,
+            tx,
+        }
     }
 
-    pub async fn run(self, requests: Streaming<DiscoveryRequest>, snapshots: watch::Receiver<Option<Published>>) {
+    pub async fn run(
+        self,
+        requests: Streaming<DiscoveryRequest>,
+        snapshots: watch::Receiver<Option<Published>>,
+    ) {
         drive(self, requests, snapshots).await
     }
 
     /// Generates `ty` and sends it. `force`: answer even if the proxy has this version (a
     /// request must always be answered). On a push (`!force`), EDS sends only changed
     /// assignments.
-    async fn respond(&mut self, ty: XdsType, snap: &Snapshot, force: bool, observed_at_ms: Option<u64>) -> Result<(), Status> {
-        let Some(w) = self.watched.get(&ty) else { return Ok(()) };
+    async fn respond(
+        &mut self,
+        ty: XdsType,
+        snap: &Snapshot,
+        force: bool,
+        observed_at_ms: Option<u64>,
+    ) -> Result<(), Status> {
+        let Some(w) = self.watched.get(&ty) else {
+            return Ok(());
+        };
         let names = w.names.clone();
         let resources = self.session.generate(ty, snap, &names);
         let version = response_version(&resources);
-        let Some(w) = self.watched.get_mut(&ty) else { return Ok(()) };
+        let Some(w) = self.watched.get_mut(&ty) else {
+            return Ok(());
+        };
         if !force && w.sent_version.as_deref() == Some(version.as_str()) {
-            self.session.metrics.pushes_unchanged.with_label_values(&[ty.short()]).inc();
+            self.session
+                .metrics
+                .pushes_unchanged
+                .with_label_values(&[ty.short()])
+                .inc();
             return Ok(());
         }
         let total = resources.len();
         let to_send: Vec<Resource> = if !force && ty == XdsType::Endpoint {
-            resources.iter().filter(|r| w.sent.get(&r.name) != Some(&r.version)).cloned().collect()
+            resources
+                .iter()
+                .filter(|r| w.sent.get(&r.name) != Some(&r.version))
+                .cloned()
+                .collect()
         } else {
             resources.clone()
         };
-        w.sent = resources.iter().map(|r| (r.name.clone(), r.version.clone())).collect();
+        w.sent = resources
+            .iter()
+            .map(|r| (r.name.clone(), r.version.clone()))
+            .collect();
         self.nonce += 1;
         let nonce = format!("{}-{}", snap.number, self.nonce);
         w.sent_version = Some(version.clone());
         w.sent_nonce = Some(nonce.clone());
-        self.session.sent(ty, &version, &nonce, &to_send, total, observed_at_ms);
+        self.session
+            .sent(ty, &version, &nonce, &to_send, total, observed_at_ms);
         let response = DiscoveryResponse {
             version_info: version,
             resources: to_send.into_iter().map(|r| r.any).collect(),
@@ -77,7 +108,10 @@ impl SotwStream {
             nonce,
             ..Default::default()
         };
-        self.tx.send(Ok(response)).await.map_err(|_| Status::cancelled("stream closed"))
+        self.tx
+            .send(Ok(response))
+            .await
+            .map_err(|_| Status::cancelled("stream closed"))
     }
 }
 
@@ -87,7 +121,11 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         &self.session
     }
 
-    async fn on_request(&mut self, req: DiscoveryRequest, snap: &Arc<Snapshot>) -> Result<(), Status> {
+    async fn on_request(
+        &mut self,
+        req: DiscoveryRequest,
+        snap: &Arc<Snapshot>,
+    ) -> Result<(), Status> {
         self.session.identify(req.node.as_ref())?;
         let Some(ty) = XdsType::from_type_url(&req.type_url) else {
             tracing::warn!(conn = %self.session.id, type_url = %req.type_url, "ignoring request for an unsupported type");
@@ -103,7 +141,8 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
                 return Ok(());
             }
             if let Some(detail) = &req.error_detail {
-                self.session.nack(ty, &req.response_nonce, &req.version_info, &detail.message);
+                self.session
+                    .nack(ty, &req.response_nonce, &req.version_info, &detail.message);
                 return Ok(());
             }
             self.session.ack(ty, &req.response_nonce, &req.version_info);
@@ -115,7 +154,11 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         self.respond(ty, snap, true, None).await
     }
 
-    async fn on_snapshot(&mut self, snap: &Arc<Snapshot>, observed_at_ms: Option<u64>) -> Result<(), Status> {
+    async fn on_snapshot(
+        &mut self,
+        snap: &Arc<Snapshot>,
+        observed_at_ms: Option<u64>,
+    ) -> Result<(), Status> {
         let types: Vec<XdsType> = self.watched.keys().copied().collect();
         for ty in types {
             self.respond(ty, snap, false, observed_at_ms).await?;

@@ -63,8 +63,19 @@ impl NatsBus {
         }
         // retry_on_initial_connect makes connect return at once; wait for the first
         // connection with a bound so a wrong URL is a clear error, not a hang.
+        let servers = opts
+            .url
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<async_nats::ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| connect_err(boxed(e)))?;
+        if servers.is_empty() {
+            return Err(connect_err("no NATS server URL given".into()));
+        }
         let client = co
-            .connect(opts.url.as_str())
+            .connect(servers)
             .await
             .map_err(|e| connect_err(boxed(e)))?;
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);

@@ -145,7 +145,7 @@ fn save_failure_dump(admin: SocketAddr, name: &str) {
         },
         Err(e) => eprintln!("----- {name} config dump unavailable: {e}"),
     }
-    if let Ok(r) = http::blocking_get(admin, "/stats?filter=update_(rejected|success|attempt)") {
+    if let Ok(r) = http::blocking_get(admin, "/stats?filter=update_") {
         eprintln!("----- {name} xDS stats\n{}", r.text());
     }
 }

@@ -4,6 +4,16 @@
 //! Every process is started on free ports with its own temporary directory, so tests run in
 //! parallel; every process is killed when its handle drops, even when a test panics, and its
 //! log is printed only when the test fails (or always with `SHOAL_TEST_LOGS=1`).
+//!
+//! Running: `cargo build --workspace --bins` (the tests run the shoal binaries, which cargo
+//! does not build for another package's tests), then `cargo test -p shoal-tests`; or
+//! `bash scripts/test.sh`, which also installs nats-server and Envoy when missing.
+//!
+//! Environment: `SHOAL_BIN_DIR` (where the shoal binaries are; default: next to the test
+//! executable's `deps/`), `SHOAL_TEST_LOGS=1` (print every process log), and
+//! `SHOAL_ENVOY_LOG_LEVEL` (Envoy's `-l`, default `warning`). When a test fails, each Envoy's
+//! config dump is saved under `$TMPDIR/shoal-test-failures/` and each server's
+//! `/debug/syncz` is printed.
 #![forbid(unsafe_code)]
 
 pub mod backend;

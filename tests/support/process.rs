@@ -112,12 +112,7 @@ impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
         if std::thread::panicking() || always_print_logs() {
-            eprintln!(
-                "----- {} log ({}) -----\n{}",
-                self.name,
-                self.log_path.display(),
-                self.log_tail()
-            );
+            eprintln!("----- {} log -----\n{}", self.name, self.log_tail());
         }
     }
 }

@@ -54,6 +54,8 @@ fn command(name: &str, args: &[String]) -> Command {
         cmd.env("RUST_LOG", "info");
     }
     cmd.env("RUST_BACKTRACE", "1");
+    // Logs go to files, not terminals.
+    cmd.env("NO_COLOR", "1");
     cmd
 }
 

@@ -52,64 +52,50 @@ async fn standalone() {
     cp.assert_running();
 }
 
-/// The control plane under test.
-enum ControlPlane {
-    Nats {
-        // Held for its lifetime: dropping it kills the server.
-        _nats: NatsServer,
-        ingester: ShoalIngester,
-        replicas: Vec<ShoalServer>,
-    },
-    Standalone {
-        server: ShoalServer,
-    },
+/// The control plane under test: NATS, an ingester and two replicas, or one standalone
+/// server.
+struct ControlPlane {
+    // Held for its lifetime: dropping it kills the server.
+    _nats: Option<NatsServer>,
+    ingester: Option<ShoalIngester>,
+    replicas: Vec<ShoalServer>,
 }
 
 impl ControlPlane {
     async fn nats(mesh: &TestMesh) -> ControlPlane {
         let nats = NatsServer::start().await;
         let ingester = ShoalIngester::for_dir(&nats.url(), mesh.dir());
-        let (a, b) = tokio::join!(
-            ShoalServer::with_nats(&nats.url()),
-            ShoalServer::with_nats(&nats.url())
-        );
-        ControlPlane::Nats {
-            _nats: nats,
-            ingester,
+        let url = nats.url();
+        let (a, b) = tokio::join!(ShoalServer::with_nats(&url), ShoalServer::with_nats(&url));
+        ControlPlane {
+            _nats: Some(nats),
+            ingester: Some(ingester),
             replicas: vec![a, b],
         }
     }
 
     async fn standalone(mesh: &TestMesh) -> ControlPlane {
-        ControlPlane::Standalone {
-            server: ShoalServer::standalone(mesh.dir()).await,
+        ControlPlane {
+            _nats: None,
+            ingester: None,
+            replicas: vec![ShoalServer::standalone(mesh.dir()).await],
         }
     }
 
     fn xds_addrs(&self) -> Vec<SocketAddr> {
-        match self {
-            ControlPlane::Nats { replicas, .. } => {
-                replicas.iter().map(ShoalServer::xds_addr).collect()
-            }
-            ControlPlane::Standalone { server } => vec![server.xds_addr()],
-        }
+        self.replicas.iter().map(ShoalServer::xds_addr).collect()
     }
 
     /// Every process that should still run did not crash.
     fn assert_running(&mut self) {
-        match self {
-            ControlPlane::Nats {
-                ingester, replicas, ..
-            } => {
-                ingester.process().assert_running();
-                // Killed replicas are expected to be gone; the others must not be.
-                for r in replicas.iter_mut() {
-                    if r.process().id().is_some() {
-                        r.process().assert_running();
-                    }
-                }
+        if let Some(ingester) = &mut self.ingester {
+            ingester.process().assert_running();
+        }
+        // Killed replicas (no pid any more) are expected to be gone; the others must not be.
+        for r in self.replicas.iter_mut() {
+            if r.process().id().is_some() {
+                r.process().assert_running();
             }
-            ControlPlane::Standalone { server } => server.process().assert_running(),
         }
     }
 }
@@ -126,9 +112,11 @@ struct Proxies {
 
 impl Proxies {
     async fn start(mesh: &TestMesh, xds: &[SocketAddr]) -> Proxies {
+        let gateway_bootstrap = bootstrap(&Node::gateway(), free_port(), xds);
+        let sidecar_bootstrap = bootstrap(&Node::sidecar(), free_port(), xds);
         let (gateway, sidecar) = tokio::join!(
-            Envoy::start(&bootstrap(&Node::gateway(), free_port(), xds)),
-            Envoy::start(&bootstrap(&Node::sidecar(), free_port(), xds)),
+            Envoy::start(&gateway_bootstrap),
+            Envoy::start(&sidecar_bootstrap),
         );
         let proxies = Proxies {
             gateway,
@@ -136,13 +124,11 @@ impl Proxies {
             gateway_addr: SocketAddr::from(([127, 0, 0, 1], mesh.gateway_port)),
             egress_addr: SocketAddr::from(([127, 0, 0, 1], mesh.egress_port)),
         };
+        let gateway_listener = format!("0.0.0.0_{}", mesh.gateway_port);
+        let egress_listener = format!("127.0.0.1_{}", mesh.egress_port);
         tokio::join!(
-            proxies
-                .gateway
-                .wait_listener(&format!("0.0.0.0_{}", mesh.gateway_port)),
-            proxies
-                .sidecar
-                .wait_listener(&format!("127.0.0.1_{}", mesh.egress_port)),
+            proxies.gateway.wait_listener(&gateway_listener),
+            proxies.sidecar.wait_listener(&egress_listener),
         );
         proxies
     }
@@ -369,9 +355,8 @@ async fn dynamic_changes(mesh: &mut TestMesh, p: &Proxies) {
 /// Kills the replica the gateway is connected to: traffic goes on, and changes reach the
 /// gateway again through the other replica.
 async fn failover(mesh: &TestMesh, p: &Proxies, cp: &mut ControlPlane) {
-    let ControlPlane::Nats { replicas, .. } = cp else {
-        panic!("failover needs replicas");
-    };
+    let replicas = &mut cp.replicas;
+    assert_eq!(replicas.len(), 2, "failover needs two replicas");
     let gateway_id = Node::gateway().id;
     let serving = eventually(CONVERGE, POLL, || async {
         let mut serving = Vec::new();

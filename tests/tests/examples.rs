@@ -1,0 +1,212 @@
+//! The examples in `docs/examples` stay true: the bootstraps are valid Envoy config and the
+//! same as the ones the tests use, the manifests parse, and the example mesh works.
+#![forbid(unsafe_code)]
+
+use serde::Deserialize;
+use shoal_tests::bootstrap::{bootstrap, Node};
+use shoal_tests::http::Request;
+use shoal_tests::ports::{free_port, free_port_on, loopback};
+use shoal_tests::{eventually, Backend, Envoy, ShoalServer};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[tokio::test]
+async fn bootstraps_are_valid_envoy_config() {
+    for name in ["gateway.yaml", "sidecar.yaml"] {
+        let path = examples().join("bootstrap").join(name);
+        if let Err(out) = shoal_tests::envoy::validate(&path).await {
+            panic!("{} is not valid Envoy config:\n{out}", path.display());
+        }
+    }
+}
+
+#[test]
+fn bootstraps_match_the_ones_the_tests_use() {
+    let xds = [SocketAddr::from(([127, 0, 0, 1], 15010))];
+    for (name, node, admin) in [
+        ("gateway.yaml", Node::gateway(), 15000),
+        ("sidecar.yaml", Node::sidecar(), 15001),
+    ] {
+        let path = examples().join("bootstrap").join(name);
+        let documented: serde_yaml::Value = serde_yaml::from_str(&read(&path)).unwrap();
+        let generated: serde_yaml::Value =
+            serde_yaml::from_str(&bootstrap(&node, admin, &xds)).unwrap();
+        assert_eq!(
+            documented,
+            generated,
+            "{} differs from support/bootstrap.rs",
+            path.display()
+        );
+    }
+}
+
+/// Every document of every manifest in `dir`, as YAML values.
+fn manifests(dir: &Path) -> Vec<(PathBuf, serde_yaml::Value)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    let mut docs = Vec::new();
+    for path in files {
+        let text = read(&path);
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = serde_yaml::Value::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            docs.push((path.clone(), v));
+        }
+    }
+    docs
+}
+
+#[test]
+fn mesh_manifests_parse() {
+    let docs = manifests(&examples().join("mesh"));
+    let mut kinds: Vec<&str> = Vec::new();
+    for (path, doc) in &docs {
+        assert!(doc["apiVersion"].is_string(), "{}: {doc:?}", path.display());
+        assert!(
+            doc["metadata"]["name"].is_string(),
+            "{}: {doc:?}",
+            path.display()
+        );
+        kinds.push(doc["kind"].as_str().expect("kind"));
+    }
+    for kind in [
+        "Namespace",
+        "Service",
+        "Pod",
+        "EndpointSlice",
+        "Gateway",
+        "VirtualService",
+        "DestinationRule",
+        "Sidecar",
+        "ServiceEntry",
+    ] {
+        assert!(kinds.contains(&kind), "no {kind} in the example mesh");
+    }
+}
+
+/// The example mesh on free ports: the documented ports (gateway 8080, sidecar 9080,
+/// backends 18080, shoal 15010, admin 15000/15001) replaced in copies of the files.
+struct ExamplePorts {
+    gateway: u16,
+    egress: u16,
+    backend: u16,
+}
+
+fn copy_mesh(to: &Path, ports: &ExamplePorts) {
+    for entry in std::fs::read_dir(examples().join("mesh")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let text = read(&path)
+            .replace("18080", "@BACKEND@")
+            .replace("8080", &ports.gateway.to_string())
+            .replace("9080", &ports.egress.to_string())
+            .replace("@BACKEND@", &ports.backend.to_string());
+        std::fs::write(to.join(path.file_name().unwrap()), text).unwrap();
+    }
+}
+
+fn example_bootstrap(name: &str, admin: u16, xds: SocketAddr) -> String {
+    read(&examples().join("bootstrap").join(name))
+        .replace("port_value: 15000", &format!("port_value: {admin}"))
+        .replace("port_value: 15001", &format!("port_value: {admin}"))
+        .replace("port_value: 15010", &format!("port_value: {}", xds.port()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_mesh_routes_as_documented() {
+    let ips = [loopback(2), loopback(3), loopback(4)];
+    let ports = ExamplePorts {
+        gateway: free_port_on(&[Ipv4Addr::UNSPECIFIED]),
+        egress: free_port(),
+        backend: free_port_on(&ips),
+    };
+    let mut backends = Vec::new();
+    for (name, ip) in ["web-v1", "web-v2", "api-v1"].into_iter().zip(ips) {
+        backends.push(Backend::start(name, SocketAddr::from((ip, ports.backend))).await);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    copy_mesh(dir.path(), &ports);
+    let server = ShoalServer::standalone(dir.path()).await;
+    let gateway = Envoy::start(&example_bootstrap(
+        "gateway.yaml",
+        free_port(),
+        server.xds_addr(),
+    ))
+    .await;
+    let sidecar = Envoy::start(&example_bootstrap(
+        "sidecar.yaml",
+        free_port(),
+        server.xds_addr(),
+    ))
+    .await;
+    gateway
+        .wait_listener(&format!("0.0.0.0_{}", ports.gateway))
+        .await;
+    sidecar
+        .wait_listener(&format!("127.0.0.1_{}", ports.egress))
+        .await;
+
+    let g = SocketAddr::from(([127, 0, 0, 1], ports.gateway));
+    let e = SocketAddr::from(([127, 0, 0, 1], ports.egress));
+    let checks = [
+        (g, Request::get("/api/x"), "api-v1"),
+        (g, Request::get("/").header("x-canary", "true"), "web-v2"),
+        (e, Request::get("/").host("api"), "api-v1"),
+    ];
+    for (addr, req, want) in checks {
+        eventually(
+            Duration::from_secs(20),
+            Duration::from_millis(50),
+            || async {
+                let r = req.send(addr).await?;
+                let backend = r.json()?["backend"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                if r.status == 200 && backend == want {
+                    Ok(())
+                } else {
+                    Err(anyhow::anyhow!(
+                        "{} {:?}: {} {}",
+                        req.path,
+                        req.host,
+                        r.status,
+                        r.text()
+                    ))
+                }
+            },
+        )
+        .await;
+    }
+    // The default route splits 90/10: v1 must at least show up.
+    eventually(
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        || async {
+            let r = Request::get("/").send(g).await?;
+            match r.json()?["backend"].as_str() {
+                Some("web-v1") => Ok(()),
+                other => Err(anyhow::anyhow!("answered by {other:?}")),
+            }
+        },
+    )
+    .await;
+    for envoy in [&gateway, &sidecar] {
+        assert_eq!(envoy.stat_sum("update_rejected").await, 0);
+    }
+}

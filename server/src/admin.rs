@@ -21,6 +21,8 @@ pub struct AdminState {
     pub registry: Registry,
     /// Metrics.
     pub metrics: Metrics,
+    /// True once the server is shutting down.
+    pub draining: watch::Receiver<bool>,
 }
 
 /// Serves the admin endpoints on an already-bound listener until the task is dropped.
@@ -83,16 +85,44 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/ready" => match snapshot {
+            _ if *state.draining.borrow() => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
             Some(_) => text(StatusCode::OK, "ready\n"),
-            None => text(StatusCode::SERVICE_UNAVAILABLE, "initial state not loaded yet\n"),
+            None => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "initial state not loaded yet\n",
+            ),
         },
         "/metrics" => Response::builder()
             .header("content-type", "text/plain; version=0.0.4")
             .body(Full::new(Bytes::from(state.metrics.render())))
             .unwrap_or_default(),
         "/debug/syncz" => json_response(json!(state.registry.snapshot())),
+        "/debug/push_status" => match state.snapshots.borrow().as_ref() {
+            Some(p) => json_response(crate::debug::push_status(p, &state.registry)),
+            None => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        },
+        "/debug/config_dump" => {
+            let Some(snap) = snapshot else {
+                return text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n");
+            };
+            let Some(node) = query_param(req.uri().query(), "proxy") else {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    "usage: /debug/config_dump?proxy=<node id> (see /debug/syncz)\n",
+                );
+            };
+            match crate::debug::config_dump(&state.registry, &snap, &node) {
+                Some(v) => json_response(v),
+                None => text(
+                    StatusCode::NOT_FOUND,
+                    format!("no proxy {node:?} is connected to this replica\n"),
+                ),
+            }
+        }
         "/debug/configz" => {
-            let Some(snap) = snapshot else { return text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n") };
+            let Some(snap) = snapshot else {
+                return text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n");
+            };
             let ctx = &snap.ctx;
             json_response(json!({
                 "snapshot": snap.number,
@@ -108,7 +138,9 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
             }))
         }
         "/debug/endpointz" => {
-            let Some(snap) = snapshot else { return text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n") };
+            let Some(snap) = snapshot else {
+                return text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n");
+            };
             let hosts: serde_json::Map<String, serde_json::Value> = snap
                 .endpoints
                 .iter()
@@ -121,7 +153,63 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found; try /ready /healthz /metrics /debug/syncz /debug/configz /debug/endpointz\n",
+            "not found; try /ready /healthz /metrics /debug/syncz /debug/configz /debug/endpointz \
+             /debug/push_status /debug/config_dump?proxy=ID\n",
         ),
+    }
+}
+
+/// A query parameter, percent-decoded.
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    query?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == name).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                // `get` is None past the end, so a truncated escape stays literal.
+                match s
+                    .get(i + 1..i + 3)
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                {
+                    Some(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_params_are_decoded() {
+        let q = Some("a=1&proxy=router%7E1.2.3.4%7Egw.ns%7Ens.svc.cluster.local");
+        assert_eq!(
+            query_param(q, "proxy").as_deref(),
+            Some("router~1.2.3.4~gw.ns~ns.svc.cluster.local")
+        );
+        assert_eq!(query_param(q, "b"), None);
+        assert_eq!(
+            query_param(Some("proxy=a%2"), "proxy").as_deref(),
+            Some("a%2")
+        );
     }
 }

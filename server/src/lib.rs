@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod debug;
 pub mod endpoints;
 pub mod generate;
 pub mod metrics;
@@ -13,3 +14,10 @@ pub mod push_context;
 pub mod scope;
 pub mod store;
 pub mod xds;
+
+#[cfg(test)]
+mod pipeline_tests;
+#[cfg(test)]
+mod store_tests;
+#[cfg(test)]
+mod testutil;

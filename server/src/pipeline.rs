@@ -7,6 +7,7 @@ use crate::push_context::PushContext;
 use crate::store::{Change, MeshState};
 use futures::StreamExt;
 use shoal_common::bus::{Bucket, StateBus, WatchEvent};
+use shoal_common::model::ConfigKind;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +43,40 @@ enum Feed {
     Event(Bucket, WatchEvent),
 }
 
+/// What changed between a snapshot and the one before it, so that streams push only the
+/// proxies and types a change can affect.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangeSet {
+    /// Everything may have changed (first snapshot, or a bucket was resynced).
+    pub full: bool,
+    /// Istio config kinds that changed.
+    pub config: BTreeSet<ConfigKind>,
+    /// Whether any Kubernetes service changed.
+    pub services: bool,
+    /// Service hostnames whose endpoints changed.
+    pub endpoints: BTreeSet<String>,
+}
+
+impl ChangeSet {
+    fn record(&mut self, change: &Change) {
+        match change {
+            Change::None => {}
+            Change::Config(kind) => {
+                self.config.insert(*kind);
+            }
+            Change::Service => self.services = true,
+            Change::Endpoints(host) => {
+                self.endpoints.insert(host.clone());
+            }
+        }
+    }
+
+    /// Whether the PushContext depends on anything that changed.
+    fn needs_context(&self) -> bool {
+        self.full || self.services || !self.config.is_empty()
+    }
+}
+
 /// A published snapshot plus what changed since the previous one.
 #[derive(Debug, Clone)]
 pub struct Published {
@@ -49,6 +84,10 @@ pub struct Published {
     pub snapshot: Arc<Snapshot>,
     /// The newest ingester observation time among the changes in this snapshot.
     pub observed_at_ms: Option<u64>,
+    /// What changed since snapshot `snapshot.number - 1`.
+    pub changes: Arc<ChangeSet>,
+    /// When this snapshot was published, in ms since the Unix epoch.
+    pub published_at_ms: u64,
 }
 
 /// Watches one bucket forever, re-creating the watch with backoff when it breaks.
@@ -101,8 +140,10 @@ pub async fn run(
     let mut initial_pending: BTreeSet<Bucket> = WATCHED.into();
     // Keys seen during a replay, per bucket being resynced.
     let mut resync: BTreeMap<Bucket, BTreeSet<String>> = BTreeMap::new();
-    let mut ctx_dirty = true;
-    let mut eds_dirty = false;
+    let mut changes = ChangeSet {
+        full: true,
+        ..ChangeSet::default()
+    };
     let mut observed: Option<u64> = None;
     let mut window: Option<(Instant, Instant)> = None; // (first change, last change)
     let mut number = 0u64;
@@ -133,11 +174,10 @@ pub async fn run(
                             .bus_entries
                             .with_label_values(&[bucket.name(), result])
                             .inc();
-                        match change {
-                            Change::None => continue,
-                            Change::Config(_) | Change::Service => ctx_dirty = true,
-                            Change::Endpoints(_) => eds_dirty = true,
+                        if change == Change::None {
+                            continue;
                         }
+                        changes.record(&change);
                         if let Some(o) = obs {
                             observed = Some(observed.map_or(o, |x| x.max(o)));
                         }
@@ -165,8 +205,7 @@ pub async fn run(
                             op: shoal_common::bus::Op::Delete,
                         };
                         if let Ok((change, _)) = state.apply(bucket, &tombstone) {
-                            ctx_dirty |= matches!(change, Change::Config(_) | Change::Service);
-                            eds_dirty |= matches!(change, Change::Endpoints(_));
+                            changes.record(&change);
                             let now = Instant::now();
                             window = Some(window.map_or((now, now), |(first, _)| (first, now)));
                         }
@@ -193,7 +232,7 @@ pub async fn run(
                 metrics
                     .debounce_seconds
                     .observe(first.elapsed().as_secs_f64());
-                if ctx_dirty {
+                if changes.needs_context() {
                     let start = std::time::Instant::now();
                     ctx = Arc::new(PushContext::build(&state));
                     metrics.push_context_builds.inc();
@@ -207,22 +246,17 @@ pub async fn run(
                     endpoints: Arc::new(state.endpoints.clone()),
                     number,
                 });
-                tracing::debug!(
-                    number,
-                    ctx_rebuilt = ctx_dirty,
-                    eds_changed = eds_dirty,
-                    "publishing snapshot"
-                );
-                ctx_dirty = false;
-                eds_dirty = false;
+                tracing::debug!(number, ?changes, "publishing snapshot");
                 let observed_at_ms = observed.take();
-                if out
-                    .send(Some(Published {
-                        snapshot,
-                        observed_at_ms,
-                    }))
-                    .is_err()
-                {
+                let changes = Arc::new(std::mem::take(&mut changes));
+                let published_at_ms = shoal_common::envelope::now_ms();
+                let published = Published {
+                    snapshot,
+                    observed_at_ms,
+                    changes,
+                    published_at_ms,
+                };
+                if out.send(Some(published)).is_err() {
                     return;
                 }
                 metrics.ready.set(1);

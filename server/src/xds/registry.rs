@@ -54,6 +54,9 @@ pub struct ConnectionStatus {
     pub mode: super::session::Mode,
     /// Per type URL.
     pub types: BTreeMap<String, TypeStatus>,
+    /// The parsed proxy identity (for `/debug/config_dump`).
+    #[serde(skip)]
+    pub proxy: Proxy,
 }
 
 /// Shared registry. The lock is never held across an `.await`.
@@ -78,6 +81,7 @@ impl Registry {
                 namespace: proxy.namespace.clone(),
                 mode,
                 types: BTreeMap::new(),
+                proxy: proxy.clone(),
             },
         );
     }
@@ -92,6 +96,15 @@ impl Registry {
         if let Some(c) = self.lock().get_mut(id) {
             f(c.types.entry(type_url.to_string()).or_default());
         }
+    }
+
+    /// The connection of a proxy, by node id (the newest if it has several).
+    pub fn find(&self, node_id: &str) -> Option<ConnectionStatus> {
+        self.lock()
+            .values()
+            .rev()
+            .find(|c| c.node_id == node_id)
+            .cloned()
     }
 
     /// All connections, by id.

@@ -3,6 +3,7 @@
 use crate::admin::{self, AdminState};
 use crate::metrics::Metrics;
 use crate::pipeline::{self, Debounce};
+use crate::xds::listener::{self, ConnectionPolicy};
 use crate::xds::{AdsService, Registry};
 use anyhow::Context;
 use clap::Parser;
@@ -90,6 +91,22 @@ pub struct ServerArgs {
     )]
     pub debounce_max: ConfigDuration,
 
+    /// Maximum age of a proxy connection, jittered ±10% per connection; an aged connection
+    /// ends gracefully so the proxy reconnects, spreading proxies over replicas after a
+    /// scale-out. "0s" disables it.
+    #[arg(long, env = "SHOAL_MAX_CONNECTION_AGE", default_value = "30m", value_name = "DURATION")]
+    pub max_connection_age: ConfigDuration,
+
+    /// On SIGTERM, period over which proxy connections are closed (each at a random moment),
+    /// so the other replicas take them over gradually. Keep it below the pod's
+    /// terminationGracePeriodSeconds.
+    #[arg(long, env = "SHOAL_DRAIN_DURATION", default_value = "20s", value_name = "DURATION")]
+    pub drain_duration: ConfigDuration,
+
+    /// How many proxy streams may generate a push at the same time (like PILOT_PUSH_THROTTLE).
+    #[arg(long, env = "SHOAL_PUSH_CONCURRENCY", default_value_t = 100, value_name = "N")]
+    pub push_concurrency: usize,
+
     /// Log filter, in RUST_LOG syntax (e.g. "info" or "info,shoal_server=debug").
     #[arg(
         long,
@@ -134,6 +151,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     };
     tokio::spawn(pipeline::run(bus, debounce, metrics.clone(), tx));
 
+    let (drain_tx, drain_rx) = watch::channel(false);
     let admin_listener = admin::bind(args.admin_addr)
         .await
         .with_context(|| format!("cannot listen on admin address {}", args.admin_addr))?;
@@ -143,6 +161,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             snapshots: rx.clone(),
             registry: registry.clone(),
             metrics: metrics.clone(),
+            draining: drain_rx.clone(),
         },
     ));
 
@@ -150,16 +169,25 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on xDS address {}", args.xds_addr))?;
     tracing::info!(xds = %args.xds_addr, admin = %args.admin_addr, "serving");
-    let ads = AdsService::new(rx, registry, metrics);
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
-        .add_service(AggregatedDiscoveryServiceServer::new(ads).max_decoding_message_size(16 << 20))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(xds_listener),
-            shutdown_signal(),
-        )
-        .await
-        .context("xDS server failed")?;
+    let ads = AdsService::new(rx, registry, metrics).with_push_concurrency(args.push_concurrency);
+    let routes = tonic::service::Routes::new(
+        AggregatedDiscoveryServiceServer::new(ads).max_decoding_message_size(16 << 20),
+    )
+    .prepare();
+    let max_age = args.max_connection_age.get();
+    let policy = ConnectionPolicy {
+        max_age: (!max_age.is_zero()).then_some(max_age),
+        grace: std::time::Duration::from_secs(5),
+        drain: args.drain_duration.get(),
+    };
+    let server = tokio::spawn(listener::serve(xds_listener, routes, policy, drain_rx));
+    shutdown_signal().await;
+    // Not ready from now on, so load balancers stop sending new proxies here, then close
+    // existing connections gradually.
+    let _ = drain_tx.send(true);
+    if let Err(error) = server.await {
+        tracing::warn!(%error, "xDS server task failed during drain");
+    }
     tracing::info!("shut down");
     Ok(())
 }

@@ -252,11 +252,12 @@ impl PushContext {
             })
     }
 
-    /// The Gateways whose selector matches a gateway proxy's labels.
+    /// The Gateways whose selector matches a gateway proxy's labels. A Gateway without a
+    /// selector applies to every gateway proxy, as in Istio.
     pub fn gateways_for(&self, labels: &BTreeMap<String, String>) -> Vec<&Arc<Config<Gateway>>> {
         self.gateways
             .iter()
-            .filter(|g| !g.spec.selector.is_empty() && labels_match(&g.spec.selector, labels))
+            .filter(|g| labels_match(&g.spec.selector, labels))
             .collect()
     }
 }

@@ -5,7 +5,9 @@
 use super::{ads_config_source, pb_duration, socket_address, Resource};
 use crate::push_context::{PushContext, ServiceSource, ServiceView};
 use crate::scope::ProxyScope;
-use shoal_common::model::{Protocol, Resolution, ServicePort, SimpleLb, TrafficPolicy};
+use shoal_common::model::{
+    Protocol, Resolution, ServicePort, SimpleLb, TrafficPolicy, WorkloadEntry,
+};
 use shoal_proto::pb::envoy::config::cluster::v3::{
     cluster::{ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, EdsClusterConfig, LbPolicy},
     Cluster,
@@ -21,6 +23,7 @@ use shoal_proto::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions,
 };
 use shoal_proto::{outbound_cluster_name, XdsType};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Istio's default upstream connect timeout.
@@ -44,15 +47,15 @@ pub fn generate(scope: &ProxyScope, ctx: &PushContext) -> Vec<Resource> {
             out.push(Resource::new(
                 XdsType::Cluster,
                 name.clone(),
-                &cluster(&name, svc, port, default_policy),
+                &cluster(&name, svc, port, default_policy, &BTreeMap::new()),
             ));
             for subset in dr.map(|d| d.spec.subsets.as_slice()).unwrap_or_default() {
                 let name = outbound_cluster_name(port.port.into(), &subset.name, &svc.hostname);
-                let policy = subset.traffic_policy.as_ref().or(default_policy);
+                let policy = subset_policy(subset.traffic_policy.as_ref(), default_policy);
                 out.push(Resource::new(
                     XdsType::Cluster,
                     name.clone(),
-                    &cluster(&name, svc, port, policy),
+                    &cluster(&name, svc, port, Some(&policy), &subset.labels),
                 ));
             }
         }
@@ -60,11 +63,22 @@ pub fn generate(scope: &ProxyScope, ctx: &PushContext) -> Vec<Resource> {
     out
 }
 
+/// A subset's policy merged over the rule's, field by field as Istio merges them: a subset
+/// that sets no load balancer keeps the rule's.
+fn subset_policy(subset: Option<&TrafficPolicy>, rule: Option<&TrafficPolicy>) -> TrafficPolicy {
+    let mut merged = rule.cloned().unwrap_or_default();
+    if let Some(lb) = subset.and_then(|s| s.load_balancer.as_ref()) {
+        merged.load_balancer = Some(lb.clone());
+    }
+    merged
+}
+
 fn cluster(
     name: &str,
     svc: &ServiceView,
     port: &ServicePort,
     policy: Option<&TrafficPolicy>,
+    subset_labels: &BTreeMap<String, String>,
 ) -> Cluster {
     let mut c = Cluster {
         name: name.to_string(),
@@ -75,7 +89,7 @@ fn cluster(
     let dns = |c: &mut Cluster, ty: DiscoveryType| {
         c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(ty as i32));
         c.dns_lookup_family = DnsLookupFamily::V4Only as i32;
-        c.load_assignment = Some(dns_load_assignment(name, svc, port, ty));
+        c.load_assignment = Some(dns_load_assignment(name, svc, port, ty, subset_labels));
     };
     match &svc.source {
         ServiceSource::ServiceEntry {
@@ -131,7 +145,7 @@ fn cluster(
 pub(crate) fn entry_port(
     svc: &ServiceView,
     port: &ServicePort,
-    ep_ports: &std::collections::BTreeMap<String, u32>,
+    ep_ports: &BTreeMap<String, u32>,
 ) -> u32 {
     ep_ports
         .get(&port.name)
@@ -145,6 +159,7 @@ fn dns_load_assignment(
     svc: &ServiceView,
     port: &ServicePort,
     ty: DiscoveryType,
+    subset_labels: &BTreeMap<String, String>,
 ) -> ClusterLoadAssignment {
     let ServiceSource::ServiceEntry { endpoints, .. } = &svc.source else {
         return ClusterLoadAssignment {
@@ -152,11 +167,20 @@ fn dns_load_assignment(
             ..Default::default()
         };
     };
+    // A subset cluster holds the subset's endpoints, except with LOGICAL_DNS: Envoy rejects
+    // it without exactly one address, so an empty subset must not reach it.
+    let in_subset = |e: &&WorkloadEntry| {
+        ty == DiscoveryType::LogicalDns
+            || subset_labels
+                .iter()
+                .all(|(k, v)| e.labels.get(k) == Some(v))
+    };
     let mut addrs: Vec<(String, u32)> = endpoints
         .iter()
+        .filter(in_subset)
         .map(|e| (e.address.clone(), entry_port(svc, port, &e.ports)))
         .collect();
-    if addrs.is_empty() {
+    if endpoints.is_empty() {
         // No endpoints: the proxy resolves the host itself.
         addrs.push((
             svc.hostname.clone(),

@@ -10,6 +10,9 @@ pub mod eds;
 pub mod lds;
 pub mod rds;
 
+#[cfg(test)]
+mod tests;
+
 use crate::endpoints::EndpointIndex;
 use crate::proxy::Proxy;
 use crate::push_context::PushContext;

@@ -9,18 +9,21 @@ use crate::push_context::{
 };
 use crate::scope::{host_entry_matches, ProxyScope};
 use shoal_common::model::{
-    Destination, HttpMatchRequest, HttpRoute, HttpRouteDestination, StringMatch, VirtualService,
+    Destination, HttpMatchRequest, HttpRetry, HttpRoute, HttpRouteDestination, StringMatch,
+    VirtualService,
 };
 use shoal_proto::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier,
     redirect_action::{PathRewriteSpecifier, RedirectResponseCode, SchemeRewriteSpecifier},
     route::Action,
     route_action::{ClusterSpecifier, HostRewriteSpecifier},
+    retry_policy::{retry_host_predicate, RetryHostPredicate},
     route_match::PathSpecifier,
     weighted_cluster::ClusterWeight,
     HeaderMatcher, RedirectAction, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch,
     VirtualHost, WeightedCluster,
 };
+use shoal_proto::pb::envoy::extensions::retry::host::previous_hosts::v3::PreviousHostsPredicate;
 use shoal_proto::pb::envoy::r#type::matcher::v3::{
     string_matcher::MatchPattern, RegexMatcher, StringMatcher,
 };
@@ -106,13 +109,13 @@ fn gateway_host_match(
     }
 }
 
-/// Whether `pattern` (`*`, `*.suffix`, or exact) covers `host`.
+/// Whether `pattern` (`*`, `*.suffix`, or exact) covers `host`, as Istio's `SubsetOf`: a
+/// wildcard covers the narrower wildcards under it too (`*.com` covers `*.a.com`).
 fn wildcard_covers(pattern: &str, host: &str) -> bool {
-    pattern == "*"
-        || pattern == host
-        || pattern
-            .strip_prefix('*')
-            .is_some_and(|suffix| host.ends_with(suffix) && !host.starts_with('*'))
+    match pattern.strip_prefix('*') {
+        Some(suffix) => host.strip_prefix('*').unwrap_or(host).ends_with(suffix),
+        None => pattern == host,
+    }
 }
 
 fn gateway_routes(name: &str, port: u32, proxy: &Proxy, ctx: &PushContext) -> RouteConfiguration {
@@ -125,6 +128,9 @@ fn gateway_routes(name: &str, port: u32, proxy: &Proxy, ctx: &PushContext) -> Ro
     // merges VirtualServices that share a host on a gateway.
     let mut vhosts: BTreeMap<String, Vec<Route>> = BTreeMap::new();
     for vs in &ctx.virtual_services {
+        if !exported_to(&vs.spec.export_to, &vs.meta.namespace, &proxy.namespace) {
+            continue;
+        }
         let bound: Vec<_> = gateways
             .iter()
             .filter(|gw| {
@@ -243,26 +249,30 @@ fn sidecar_routes(
     let mut seen = BTreeSet::new();
     let mut virtual_hosts = Vec::new();
     for svc in services {
-        let routes: Vec<Route> = match by_host.get(&svc.hostname) {
-            Some(vss) => vss
-                .iter()
-                .flat_map(|vs| {
-                    let env = RouteEnv {
-                        ns: &vs.meta.namespace,
-                        listener_port: port,
-                        ctx,
-                    };
-                    vs_routes(vs, &env, |m| {
-                        m.gateways.is_empty() || m.gateways.iter().any(|g| g == "mesh")
-                    })
+        let mut routes: Vec<Route> = by_host
+            .get(&svc.hostname)
+            .into_iter()
+            .flatten()
+            .flat_map(|vs| {
+                let env = RouteEnv {
+                    ns: &vs.meta.namespace,
+                    listener_port: port,
+                    ctx,
+                };
+                vs_routes(vs, &env, |m| {
+                    m.gateways.is_empty() || m.gateways.iter().any(|g| g == "mesh")
                 })
-                .collect(),
-            None => vec![default_route(&outbound_cluster_name(
+            })
+            .collect();
+        // A VirtualService with no route on this port (all its matches are for other ports
+        // or gateways) does not claim the service here, as in Istio: the default route stays.
+        if routes.is_empty() {
+            routes.push(default_route(&outbound_cluster_name(
                 port,
                 "",
                 &svc.hostname,
-            ))],
-        };
+            )));
+        }
         let domains = unique_domains(service_domains(svc, port, &proxy.namespace), &mut seen);
         if domains.is_empty() {
             continue;
@@ -441,15 +451,7 @@ fn action(rule: &HttpRoute, env: &RouteEnv<'_>) -> Action {
         retry_policy: match &rule.retries {
             None => Some(default_retry_policy()),
             Some(r) if r.attempts == 0 => None,
-            Some(r) => Some(RetryPolicy {
-                retry_on: r
-                    .retry_on
-                    .clone()
-                    .unwrap_or_else(|| DEFAULT_RETRY_ON.into()),
-                num_retries: Some(UInt32Value { value: r.attempts }),
-                per_try_timeout: r.per_try_timeout.map(|t| pb_duration(t.get())),
-                ..Default::default()
-            }),
+            Some(r) => Some(retry_policy(r)),
         },
         ..Default::default()
     };
@@ -465,14 +467,55 @@ fn action(rule: &HttpRoute, env: &RouteEnv<'_>) -> Action {
     Action::Route(ra)
 }
 
+/// Istio's default retry policy: 2 retries on connection errors and 503, preferring hosts
+/// not tried yet.
 fn default_retry_policy() -> RetryPolicy {
     RetryPolicy {
         retry_on: DEFAULT_RETRY_ON.into(),
         num_retries: Some(UInt32Value {
             value: DEFAULT_RETRIES,
         }),
+        retriable_status_codes: vec![503],
+        retry_host_predicate: vec![RetryHostPredicate {
+            name: "envoy.retry_host_predicates.previous_hosts".into(),
+            config_type: Some(retry_host_predicate::ConfigType::TypedConfig(
+                shoal_proto::pack(
+                    "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate",
+                    &PreviousHostsPredicate {},
+                ),
+            )),
+        }],
+        host_selection_retry_max_attempts: 5,
         ..Default::default()
     }
+}
+
+/// A VirtualService retry policy: Istio's default with the given fields overridden. Numbers
+/// in `retryOn` are status codes (Envoy's `retry_on` accepts only condition names).
+fn retry_policy(r: &HttpRetry) -> RetryPolicy {
+    let mut p = default_retry_policy();
+    p.num_retries = Some(UInt32Value { value: r.attempts });
+    if let Some(on) = r.retry_on.as_deref().filter(|s| !s.trim().is_empty()) {
+        let (codes, conditions): (Vec<&str>, Vec<&str>) = on
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .partition(|s| s.parse::<u16>().is_ok_and(|c| (100..600).contains(&c)));
+        p.retriable_status_codes = codes.iter().filter_map(|c| c.parse().ok()).collect();
+        p.retry_on = conditions.join(",");
+        if !p.retriable_status_codes.is_empty()
+            && !conditions.contains(&"retriable-status-codes")
+        {
+            if !p.retry_on.is_empty() {
+                p.retry_on.push(',');
+            }
+            p.retry_on.push_str("retriable-status-codes");
+        }
+    }
+    if let Some(t) = r.per_try_timeout {
+        p.per_try_timeout = Some(pb_duration(t.get()));
+    }
+    p
 }
 
 fn redirect_code(code: u32) -> RedirectResponseCode {

@@ -1,6 +1,7 @@
 //! The ADS gRPC service: State-of-the-World and delta streams on one port.
 
 use super::delta::DeltaStream;
+use super::listener::ConnectionClose;
 use super::registry::Registry;
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
@@ -13,8 +14,9 @@ use shoal_proto::pb::envoy::service::discovery::v3::{
 };
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::BTreeSet;
 use std::sync::Arc;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -25,7 +27,11 @@ pub struct AdsService {
     registry: Registry,
     metrics: Metrics,
     next_id: Arc<AtomicU64>,
+    push_limit: Arc<Semaphore>,
 }
+
+/// Istio's default push concurrency (`PILOT_PUSH_THROTTLE`).
+pub const DEFAULT_PUSH_CONCURRENCY: usize = 100;
 
 impl AdsService {
     /// A service pushing the snapshots published on `snapshots`.
@@ -39,6 +45,21 @@ impl AdsService {
             registry,
             metrics,
             next_id: Arc::new(AtomicU64::new(1)),
+            push_limit: Arc::new(Semaphore::new(DEFAULT_PUSH_CONCURRENCY)),
+        }
+    }
+
+    /// Limits how many streams generate a push at the same time.
+    pub fn with_push_concurrency(mut self, limit: usize) -> Self {
+        self.push_limit = Arc::new(Semaphore::new(limit.max(1)));
+        self
+    }
+
+    fn drive_context<T>(&self, request: &Request<T>) -> DriveContext {
+        DriveContext {
+            snapshots: self.snapshots.clone(),
+            close: request.extensions().get::<ConnectionClose>().map(|c| c.0.clone()),
+            push_limit: self.push_limit.clone(),
         }
     }
 
@@ -65,8 +86,8 @@ impl AggregatedDiscoveryService for AdsService {
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
         let session = self.session(&request, Mode::Sotw);
         let (tx, rx) = mpsc::channel(16);
-        let stream = SotwStream::new(session, tx);
-        tokio::spawn(stream.run(request.into_inner(), self.snapshots.clone()));
+        let ctx = self.drive_context(&request);
+        tokio::spawn(drive(SotwStream::new(session, tx), request.into_inner(), ctx));
         Ok(Response::new(ReceiverStream::new(rx).boxed()))
     }
 
@@ -76,26 +97,37 @@ impl AggregatedDiscoveryService for AdsService {
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
         let session = self.session(&request, Mode::Delta);
         let (tx, rx) = mpsc::channel(16);
-        let stream = DeltaStream::new(session, tx);
-        tokio::spawn(stream.run(request.into_inner(), self.snapshots.clone()));
+        let ctx = self.drive_context(&request);
+        tokio::spawn(drive(DeltaStream::new(session, tx), request.into_inner(), ctx));
         Ok(Response::new(ReceiverStream::new(rx).boxed()))
     }
 }
 
+/// What a stream needs from outside itself.
+pub(crate) struct DriveContext {
+    snapshots: watch::Receiver<Option<Published>>,
+    /// Turns true when the connection is aged out or drained.
+    close: Option<watch::Receiver<bool>>,
+    push_limit: Arc<Semaphore>,
+}
+
 /// Drives a stream: waits for the first snapshot (serving nothing before the initial state
 /// is loaded, since an empty config would tear down a proxy's working one), then
-/// interleaves requests and snapshot pushes until either side ends.
-pub(crate) async fn drive<Req, H>(
-    mut handler: H,
-    mut requests: Streaming<Req>,
-    mut snapshots: watch::Receiver<Option<Published>>,
-) where
+/// interleaves requests and snapshot pushes until either side ends or the connection is
+/// closed. Pushes regenerate only the types a change affects, at most `push_limit` streams
+/// at a time; a stream never queues more than one pending push (the watch channel keeps
+/// only the newest snapshot).
+pub(crate) async fn drive<Req, H>(mut handler: H, mut requests: Streaming<Req>, ctx: DriveContext)
+where
     H: StreamHandler<Req>,
 {
+    let DriveContext { mut snapshots, close, push_limit } = ctx;
     let Ok(first) = snapshots.wait_for(|s| s.is_some()).await.map(|s| s.clone()) else {
         return;
     };
+    let mut last = first.as_ref().map(|p| p.snapshot.number).unwrap_or(0);
     let mut current = first.map(|p| p.snapshot);
+    let mut close = close;
     let error = loop {
         tokio::select! {
             req = requests.next() => match req {
@@ -116,14 +148,25 @@ pub(crate) async fn drive<Req, H>(
                     break None;
                 }
                 let published = snapshots.borrow_and_update().clone();
-                if let Some(p) = published {
-                    current = Some(p.snapshot.clone());
-                    if handler.session().identified() {
-                        if let Err(status) = handler.on_snapshot(&p.snapshot, p.observed_at_ms).await {
-                            break Some(status);
-                        }
-                    }
+                let Some(p) = published else { continue };
+                current = Some(p.snapshot.clone());
+                let types = if handler.session().identified() {
+                    handler.session_mut().affected(&p, last)
+                } else {
+                    BTreeSet::new()
+                };
+                last = p.snapshot.number;
+                if types.is_empty() {
+                    continue;
                 }
+                let Ok(_permit) = push_limit.acquire().await else { break None };
+                if let Err(status) = handler.on_snapshot(&p.snapshot, p.observed_at_ms, &types).await {
+                    break Some(status);
+                }
+            }
+            _ = connection_closed(&mut close) => {
+                tracing::debug!(conn = %handler.session().id, "connection closing; ending stream");
+                break None;
             }
         }
     };
@@ -136,22 +179,37 @@ pub(crate) async fn drive<Req, H>(
     handler.session().close();
 }
 
+async fn connection_closed(close: &mut Option<watch::Receiver<bool>>) {
+    match close {
+        Some(rx) => {
+            if rx.wait_for(|c| *c).await.is_err() {
+                // The connection task is gone: nothing will signal; never fire.
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
 /// The protocol-specific half of a stream.
 #[tonic::async_trait]
 pub(crate) trait StreamHandler<Req>: Send {
     /// The shared session.
     fn session(&self) -> &Session;
+    /// The shared session, mutably.
+    fn session_mut(&mut self) -> &mut Session;
     /// Handles one request.
     async fn on_request(
         &mut self,
         req: Req,
         snap: &Arc<crate::generate::Snapshot>,
     ) -> Result<(), Status>;
-    /// Pushes a new snapshot.
+    /// Pushes a new snapshot for the affected types.
     async fn on_snapshot(
         &mut self,
         snap: &Arc<crate::generate::Snapshot>,
         observed_at_ms: Option<u64>,
+        types: &BTreeSet<shoal_proto::XdsType>,
     ) -> Result<(), Status>;
     /// Ends the stream with an error status.
     async fn fail(&mut self, status: Status);

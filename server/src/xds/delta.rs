@@ -6,19 +6,18 @@
 //! changed. CDS and LDS are wildcard subscriptions; EDS and RDS follow
 //! `resource_names_subscribe` / `resource_names_unsubscribe`.
 
-use super::ads::{drive, StreamHandler};
+use super::ads::StreamHandler;
 use super::session::Session;
 use super::sotw::response_version;
 use crate::generate::Snapshot;
-use crate::pipeline::Published;
 use shoal_proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as PbResource,
 };
 use shoal_proto::XdsType;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use tokio::sync::{mpsc, watch};
-use tonic::{Status, Streaming};
+use tokio::sync::mpsc;
+use tonic::Status;
 
 /// One type's subscription on a delta stream.
 #[derive(Debug, Default)]
@@ -50,13 +49,6 @@ impl DeltaStream {
         }
     }
 
-    pub async fn run(
-        self,
-        requests: Streaming<DeltaDiscoveryRequest>,
-        snapshots: watch::Receiver<Option<Published>>,
-    ) {
-        drive(self, requests, snapshots).await
-    }
 
     /// Sends what changed for `ty` since what the proxy holds. `force`: respond even when
     /// nothing changed (the first request of a type must be answered, or Envoy waits for
@@ -150,6 +142,10 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         &self.session
     }
 
+    fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
     async fn on_request(
         &mut self,
         req: DeltaDiscoveryRequest,
@@ -226,8 +222,9 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         &mut self,
         snap: &Arc<Snapshot>,
         observed_at_ms: Option<u64>,
+        affected: &std::collections::BTreeSet<XdsType>,
     ) -> Result<(), Status> {
-        let types: Vec<XdsType> = self.subs.keys().copied().collect();
+        let types: Vec<XdsType> = self.subs.keys().copied().filter(|t| affected.contains(t)).collect();
         for ty in types {
             self.respond(ty, snap, false, observed_at_ms).await?;
         }

@@ -3,9 +3,13 @@
 
 pub mod ads;
 mod delta;
+mod impact;
+pub mod listener;
 pub mod registry;
 mod session;
 mod sotw;
+#[cfg(test)]
+mod tests;
 
 pub use ads::AdsService;
 pub use registry::{ConnectionStatus, Registry, TypeStatus};

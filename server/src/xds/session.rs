@@ -77,6 +77,23 @@ impl Session {
         }
     }
 
+    /// The types a published snapshot can affect for this proxy. `last` is the snapshot
+    /// number this stream last saw: if it missed one, everything may have changed.
+    pub fn affected(&mut self, published: &crate::pipeline::Published, last: u64) -> std::collections::BTreeSet<XdsType> {
+        let snap = &published.snapshot;
+        let Some(proxy) = &self.proxy else { return Default::default() };
+        if snap.number != last + 1 {
+            return XdsType::ALL.into_iter().collect();
+        }
+        if self.scope.as_ref().is_none_or(|(n, _)| *n != snap.number) {
+            self.scope = Some((snap.number, ProxyScope::compute(proxy, &snap.ctx)));
+        }
+        match &self.scope {
+            Some((_, scope)) => super::impact::affected_types(&published.changes, proxy.kind, scope),
+            None => XdsType::ALL.into_iter().collect(),
+        }
+    }
+
     /// Records a NACK.
     pub fn nack(&self, ty: XdsType, nonce: &str, version: &str, message: &str) {
         self.metrics.nacks.with_label_values(&[ty.short()]).inc();

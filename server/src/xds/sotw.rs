@@ -6,16 +6,15 @@
 //! requested names changed. A push sends a type only if its content changed; EDS responses
 //! on a push carry only the assignments that changed (non-root types may be partial).
 
-use super::ads::{drive, StreamHandler};
+use super::ads::StreamHandler;
 use super::session::Session;
 use crate::generate::{Resource, Snapshot};
-use crate::pipeline::Published;
 use shoal_proto::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use shoal_proto::{content_version, XdsType};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use tokio::sync::{mpsc, watch};
-use tonic::{Status, Streaming};
+use tokio::sync::mpsc;
+use tonic::Status;
 
 /// What one stream has asked for and been sent, per type.
 #[derive(Debug, Default)]
@@ -46,13 +45,6 @@ impl SotwStream {
         }
     }
 
-    pub async fn run(
-        self,
-        requests: Streaming<DiscoveryRequest>,
-        snapshots: watch::Receiver<Option<Published>>,
-    ) {
-        drive(self, requests, snapshots).await
-    }
 
     /// Generates `ty` and sends it. `force`: answer even if the proxy has this version (a
     /// request must always be answered). On a push (`!force`), EDS sends only changed
@@ -121,6 +113,10 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         &self.session
     }
 
+    fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
     async fn on_request(
         &mut self,
         req: DiscoveryRequest,
@@ -158,8 +154,9 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         &mut self,
         snap: &Arc<Snapshot>,
         observed_at_ms: Option<u64>,
+        affected: &std::collections::BTreeSet<XdsType>,
     ) -> Result<(), Status> {
-        let types: Vec<XdsType> = self.watched.keys().copied().collect();
+        let types: Vec<XdsType> = self.watched.keys().copied().filter(|t| affected.contains(t)).collect();
         for ty in types {
             self.respond(ty, snap, false, observed_at_ms).await?;
         }

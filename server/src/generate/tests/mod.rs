@@ -1,0 +1,9 @@
+//! Generator tests: build a mesh, generate for a proxy, decode the resources and check them
+//! against Istio's behaviour.
+
+mod cds;
+mod determinism;
+mod eds;
+mod lds;
+mod rds_gateway;
+mod rds_sidecar;

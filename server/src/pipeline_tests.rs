@@ -1,0 +1,306 @@
+//! Pipeline tests: the first snapshot waits for every bucket's initial state, debouncing
+//! (quiet period and maximum delay), and PushContext reuse on endpoint-only changes. Time is
+//! tokio's paused clock: sleeps advance it instantly and deterministically.
+
+use crate::metrics::Metrics;
+use crate::pipeline::{self, Debounce, Published};
+use crate::testutil::*;
+use async_trait::async_trait;
+use bytes::Bytes;
+use shoal_common::bus::{Bucket, BusError, Entry, StateBus, WatchStream};
+use shoal_common::MemoryBus;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::{sleep, Instant};
+
+const DEBOUNCE: Debounce = Debounce {
+    after: Duration::from_millis(100),
+    max: Duration::from_secs(10),
+};
+
+/// A memory bus whose watch of one bucket does not start until the gate opens, so that
+/// bucket's initial state arrives late.
+struct GatedBus {
+    inner: MemoryBus,
+    gated: Bucket,
+    open: watch::Receiver<bool>,
+}
+
+#[async_trait]
+impl StateBus for GatedBus {
+    async fn get(&self, bucket: Bucket, key: &str) -> Result<Option<Entry>, BusError> {
+        self.inner.get(bucket, key).await
+    }
+    async fn put(&self, bucket: Bucket, key: &str, value: Bytes) -> Result<u64, BusError> {
+        self.inner.put(bucket, key, value).await
+    }
+    async fn update(
+        &self,
+        bucket: Bucket,
+        key: &str,
+        value: Bytes,
+        expected: u64,
+    ) -> Result<u64, BusError> {
+        self.inner.update(bucket, key, value, expected).await
+    }
+    async fn delete(&self, bucket: Bucket, key: &str) -> Result<(), BusError> {
+        self.inner.delete(bucket, key).await
+    }
+    async fn keys(&self, bucket: Bucket) -> Result<Vec<String>, BusError> {
+        self.inner.keys(bucket).await
+    }
+    async fn watch(&self, bucket: Bucket) -> Result<WatchStream, BusError> {
+        if bucket == self.gated {
+            let mut open = self.open.clone();
+            let _ = open.wait_for(|o| *o).await;
+        }
+        self.inner.watch(bucket).await
+    }
+}
+
+async fn write(bus: &dyn StateBus, bucket: Bucket, entry: Entry) {
+    bus.put(bucket, &entry.key, entry.value)
+        .await
+        .expect("memory bus put");
+}
+
+fn start(
+    bus: Arc<dyn StateBus>,
+    debounce: Debounce,
+) -> watch::Receiver<Option<Published>> {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(pipeline::run(bus, debounce, Metrics::new(), tx));
+    rx
+}
+
+/// Waits for the next snapshot.
+async fn next(rx: &mut watch::Receiver<Option<Published>>) -> Published {
+    rx.changed().await.expect("pipeline running");
+    rx.borrow_and_update().clone().expect("a snapshot")
+}
+
+async fn seeded_bus() -> MemoryBus {
+    let bus = MemoryBus::new();
+    write(
+        &bus,
+        Bucket::Services,
+        service_put(&service("default", "reviews", &[("http", 9080)])),
+    )
+    .await;
+    write(
+        &bus,
+        Bucket::Endpoints,
+        slice_put(&reviews_slice(&["10.0.0.1"])),
+    )
+    .await;
+    write(
+        &bus,
+        Bucket::Config,
+        config_put(&destination_rule("default", "reviews", "host: reviews")),
+    )
+    .await;
+    bus
+}
+
+fn reviews_slice(addresses: &[&str]) -> shoal_common::model::EndpointSet {
+    slice(
+        "default",
+        "reviews",
+        "reviews-abc",
+        &[("http", 8080)],
+        addresses.iter().map(|a| endpoint(a, &[])).collect(),
+    )
+}
+
+fn config_number(i: usize) -> Entry {
+    config_put(&destination_rule(
+        "default",
+        &format!("dr-{i}"),
+        &format!("host: svc-{i}"),
+    ))
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_snapshot_until_every_bucket_is_loaded_then_one_at_once() {
+    let (open, gate) = watch::channel(false);
+    let bus = Arc::new(GatedBus {
+        inner: seeded_bus().await,
+        gated: Bucket::Endpoints,
+        open: gate,
+    });
+    let mut rx = start(bus, DEBOUNCE);
+    // Config and services are loaded; endpoints are not: nothing, however long we wait.
+    sleep(Duration::from_secs(60)).await;
+    assert!(rx.borrow().is_none());
+    assert!(!rx.has_changed().unwrap());
+
+    let opened = Instant::now();
+    open.send(true).unwrap();
+    let p = next(&mut rx).await;
+    // Published at once, not after a debounce window.
+    assert!(opened.elapsed() < DEBOUNCE.after, "{:?}", opened.elapsed());
+    assert_eq!(p.snapshot.number, 1);
+    assert!(p
+        .snapshot
+        .ctx
+        .services
+        .contains_key("reviews.default.svc.cluster.local"));
+    assert!(p
+        .snapshot
+        .endpoints
+        .host("reviews.default.svc.cluster.local")
+        .is_some());
+    assert_eq!(p.snapshot.ctx.destination_rules.len(), 1);
+    // And nothing more without changes.
+    sleep(Duration::from_secs(60)).await;
+    assert!(!rx.has_changed().unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn empty_buckets_still_give_a_first_snapshot() {
+    let mut rx = start(Arc::new(MemoryBus::new()), DEBOUNCE);
+    let p = next(&mut rx).await;
+    assert_eq!(p.snapshot.number, 1);
+    assert!(p.snapshot.ctx.services.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_changes_yields_one_snapshot_after_the_quiet_period() {
+    let bus = Arc::new(seeded_bus().await);
+    let mut rx = start(bus.clone(), DEBOUNCE);
+    assert_eq!(next(&mut rx).await.snapshot.number, 1);
+
+    let mut last = Instant::now();
+    for i in 0..5 {
+        if i > 0 {
+            sleep(Duration::from_millis(50)).await;
+            assert!(!rx.has_changed().unwrap(), "published mid-burst at change {i}");
+        }
+        write(&*bus, Bucket::Config, config_number(i)).await;
+        last = Instant::now();
+    }
+    let p = next(&mut rx).await;
+    let quiet = last.elapsed();
+    assert!(
+        quiet >= DEBOUNCE.after && quiet < DEBOUNCE.after + Duration::from_millis(5),
+        "{quiet:?}"
+    );
+    // One snapshot for the whole burst, holding every change.
+    assert_eq!(p.snapshot.number, 2);
+    assert_eq!(p.snapshot.ctx.destination_rules.len(), 6);
+    sleep(Duration::from_secs(60)).await;
+    assert!(!rx.has_changed().unwrap());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_continuous_stream_of_changes_is_cut_at_max() {
+    let debounce = Debounce {
+        after: Duration::from_millis(100),
+        max: Duration::from_secs(1),
+    };
+    let bus = Arc::new(seeded_bus().await);
+    let mut rx = start(bus.clone(), debounce);
+    assert_eq!(next(&mut rx).await.snapshot.number, 1);
+
+    let first = Instant::now();
+    let producer = {
+        let bus = bus.clone();
+        tokio::spawn(async move {
+            for i in 0..60 {
+                write(&*bus, Bucket::Config, config_number(i)).await;
+                sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let p = next(&mut rx).await;
+    let delay = first.elapsed();
+    assert!(
+        delay >= debounce.max && delay < debounce.max + Duration::from_millis(50),
+        "{delay:?}"
+    );
+    assert_eq!(p.snapshot.number, 2);
+    assert!(!producer.is_finished(), "the stream was still going");
+    // Changes up to the cut are in (one every 50 ms from t=0 to t=1s).
+    let n = p.snapshot.ctx.destination_rules.len() - 1;
+    assert!((20..=21).contains(&n), "{n}");
+    producer.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn endpoint_changes_reuse_the_push_context() {
+    let bus = Arc::new(seeded_bus().await);
+    let mut rx = start(bus.clone(), DEBOUNCE);
+    let s1 = next(&mut rx).await.snapshot;
+
+    write(
+        &*bus,
+        Bucket::Endpoints,
+        slice_put(&reviews_slice(&["10.0.0.1", "10.0.0.2"])),
+    )
+    .await;
+    let s2 = next(&mut rx).await.snapshot;
+    assert_eq!(s2.number, 2);
+    assert!(Arc::ptr_eq(&s1.ctx, &s2.ctx), "endpoint change rebuilt the context");
+    let host = "reviews.default.svc.cluster.local";
+    let eps = |s: &crate::generate::Snapshot| {
+        s.endpoints.host(host).unwrap().values().next().unwrap().endpoints.len()
+    };
+    assert_eq!((eps(&s1), eps(&s2)), (1, 2));
+
+    write(&*bus, Bucket::Config, config_number(1)).await;
+    let s3 = next(&mut rx).await.snapshot;
+    assert!(!Arc::ptr_eq(&s2.ctx, &s3.ctx), "config change reused the context");
+    assert_eq!(s3.ctx.destination_rules.len(), 2);
+
+    write(
+        &*bus,
+        Bucket::Services,
+        service_put(&service("default", "ratings", &[("http", 9080)])),
+    )
+    .await;
+    let s4 = next(&mut rx).await.snapshot;
+    assert!(!Arc::ptr_eq(&s3.ctx, &s4.ctx), "service change reused the context");
+    assert_eq!(s4.ctx.services.len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unchanged_and_invalid_entries_publish_nothing() {
+    let bus = Arc::new(seeded_bus().await);
+    let mut rx = start(bus.clone(), DEBOUNCE);
+    let s1 = next(&mut rx).await.snapshot;
+
+    // The same value again, and a payload that does not decode.
+    write(
+        &*bus,
+        Bucket::Services,
+        service_put(&service("default", "reviews", &[("http", 9080)])),
+    )
+    .await;
+    let mut garbage = config_number(7);
+    garbage.value = Bytes::from_static(b"\xc1garbage");
+    write(&*bus, Bucket::Config, garbage).await;
+    sleep(Duration::from_secs(60)).await;
+    assert!(!rx.has_changed().unwrap());
+
+    // The pipeline goes on.
+    write(&*bus, Bucket::Config, config_number(8)).await;
+    let s2 = next(&mut rx).await.snapshot;
+    assert_eq!(s2.number, s1.number + 1);
+    assert_eq!(s2.ctx.destination_rules.len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn deletes_are_changes() {
+    let bus = Arc::new(seeded_bus().await);
+    let mut rx = start(bus.clone(), DEBOUNCE);
+    next(&mut rx).await;
+    bus.delete(Bucket::Endpoints, &slice_put(&reviews_slice(&[])).key)
+        .await
+        .unwrap();
+    let s = next(&mut rx).await.snapshot;
+    assert!(s
+        .endpoints
+        .host("reviews.default.svc.cluster.local")
+        .is_none());
+}

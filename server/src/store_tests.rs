@@ -1,0 +1,313 @@
+//! `MeshState::apply`: puts and deletes per bucket, what each reports, and entries that must
+//! be rejected without touching the previous value.
+
+use crate::store::{ApplyError, Change, MeshState};
+use crate::testutil::*;
+use bytes::Bytes;
+use shoal_common::bus::{Bucket, Entry, Op};
+use shoal_common::keys;
+use shoal_common::model::{ConfigKind, ConfigObject, EndpointSet, Service};
+use shoal_common::{Envelope, SCHEMA_VERSION};
+
+fn vs_obj(ns: &str, name: &str, host: &str) -> ConfigObject {
+    virtual_service(
+        ns,
+        name,
+        &format!("hosts: [{host}]\nhttp: [{{route: [{{destination: {{host: {host}}}}}]}}]"),
+    )
+}
+
+fn config_of<'a>(state: &'a MeshState, kind: ConfigKind, ns: &str, name: &str) -> &'a ConfigObject {
+    &state.config[&(kind, ns.to_string(), name.to_string())]
+}
+
+fn svc_of<'a>(state: &'a MeshState, ns: &str, name: &str) -> &'a Service {
+    &state.services[&(CLUSTER.to_string(), ns.to_string(), name.to_string())]
+}
+
+fn slice_of(state: &MeshState, host: &str, slice: &str) -> EndpointSet {
+    let shards = state.endpoints.host(host).expect("host has shards");
+    (*shards[&(CLUSTER.to_string(), slice.to_string())]).clone()
+}
+
+#[test]
+fn config_put_update_and_delete() {
+    let mut state = MeshState::default();
+    let v1 = vs_obj("default", "reviews", "reviews");
+    let (change, observed) = state.apply(Bucket::Config, &config_put(&v1)).unwrap();
+    assert_eq!(change, Change::Config(ConfigKind::VirtualService));
+    assert_eq!(observed, Some(1_000));
+    assert_eq!(config_of(&state, ConfigKind::VirtualService, "default", "reviews"), &v1);
+
+    // The same value again: nothing changed.
+    let (change, observed) = state.apply(Bucket::Config, &config_put(&v1)).unwrap();
+    assert_eq!((change, observed), (Change::None, None));
+
+    let v2 = vs_obj("default", "reviews", "ratings");
+    let (change, _) = state.apply(Bucket::Config, &config_put(&v2)).unwrap();
+    assert_eq!(change, Change::Config(ConfigKind::VirtualService));
+    assert_eq!(config_of(&state, ConfigKind::VirtualService, "default", "reviews"), &v2);
+
+    let key = keys::config_key(ConfigKind::VirtualService, "default", "reviews");
+    let (change, observed) = state.apply(Bucket::Config, &delete(key.clone())).unwrap();
+    assert_eq!((change, observed), (Change::Config(ConfigKind::VirtualService), None));
+    assert!(state.config.is_empty());
+    // Deleting what is not there changes nothing.
+    let (change, _) = state.apply(Bucket::Config, &delete(key)).unwrap();
+    assert_eq!(change, Change::None);
+}
+
+#[test]
+fn config_kinds_are_kept_apart() {
+    let mut state = MeshState::default();
+    let vs = vs_obj("default", "reviews", "reviews");
+    let dr = destination_rule("default", "reviews", "host: reviews");
+    state.apply(Bucket::Config, &config_put(&vs)).unwrap();
+    let (change, _) = state.apply(Bucket::Config, &config_put(&dr)).unwrap();
+    assert_eq!(change, Change::Config(ConfigKind::DestinationRule));
+    assert_eq!(state.config.len(), 2);
+    state
+        .apply(
+            Bucket::Config,
+            &delete(keys::config_key(ConfigKind::DestinationRule, "default", "reviews")),
+        )
+        .unwrap();
+    assert_eq!(config_of(&state, ConfigKind::VirtualService, "default", "reviews"), &vs);
+}
+
+#[test]
+fn service_put_update_and_delete() {
+    let mut state = MeshState::default();
+    let svc = service("default", "reviews", &[("http", 9080)]);
+    assert_eq!(
+        state.apply(Bucket::Services, &service_put(&svc)).unwrap().0,
+        Change::Service
+    );
+    assert_eq!(
+        state.apply(Bucket::Services, &service_put(&svc)).unwrap().0,
+        Change::None
+    );
+    let mut changed = svc.clone();
+    changed.cluster_ips = vec!["10.96.0.1".into()];
+    assert_eq!(
+        state.apply(Bucket::Services, &service_put(&changed)).unwrap().0,
+        Change::Service
+    );
+    assert_eq!(svc_of(&state, "default", "reviews"), &changed);
+    let key = keys::service_key(CLUSTER, "default", "reviews");
+    assert_eq!(
+        state.apply(Bucket::Services, &delete(key.clone())).unwrap().0,
+        Change::Service
+    );
+    assert!(state.services.is_empty());
+    assert_eq!(
+        state.apply(Bucket::Services, &delete(key)).unwrap().0,
+        Change::None
+    );
+}
+
+#[test]
+fn endpoint_put_update_and_delete() {
+    let mut state = MeshState::default();
+    let host = "reviews.default.svc.cluster.local";
+    let set = slice(
+        "default",
+        "reviews",
+        "reviews-abc",
+        &[("http", 8080)],
+        vec![endpoint("10.0.0.1", &[])],
+    );
+    assert_eq!(
+        state.apply(Bucket::Endpoints, &slice_put(&set)).unwrap().0,
+        Change::Endpoints(host.into())
+    );
+    assert_eq!(
+        state.apply(Bucket::Endpoints, &slice_put(&set)).unwrap().0,
+        Change::None
+    );
+    let mut more = set.clone();
+    more.endpoints.push(endpoint("10.0.0.2", &[]));
+    assert_eq!(
+        state.apply(Bucket::Endpoints, &slice_put(&more)).unwrap().0,
+        Change::Endpoints(host.into())
+    );
+    assert_eq!(slice_of(&state, host, "reviews-abc"), more);
+    let other = slice("default", "reviews", "reviews-def", &[("http", 8080)], vec![]);
+    state.apply(Bucket::Endpoints, &slice_put(&other)).unwrap();
+    assert_eq!(state.endpoints.host(host).unwrap().len(), 2);
+
+    let key = keys::endpoints_key(CLUSTER, "default", "reviews", "reviews-abc");
+    assert_eq!(
+        state.apply(Bucket::Endpoints, &delete(key.clone())).unwrap().0,
+        Change::Endpoints(host.into())
+    );
+    assert_eq!(
+        state.apply(Bucket::Endpoints, &delete(key)).unwrap().0,
+        Change::None
+    );
+    // The last slice gone: the host is gone.
+    let key = keys::endpoints_key(CLUSTER, "default", "reviews", "reviews-def");
+    state.apply(Bucket::Endpoints, &delete(key)).unwrap();
+    assert!(state.endpoints.host(host).is_none());
+}
+
+#[test]
+fn meta_entries_change_nothing() {
+    let mut state = MeshState::default();
+    let entry = Entry {
+        key: "cluster.east".into(),
+        value: Bytes::from_static(b"anything"),
+        revision: 1,
+        op: Op::Put,
+    };
+    assert_eq!(state.apply(Bucket::Meta, &entry).unwrap(), (Change::None, None));
+}
+
+/// A state holding one of each, and the entries that put them.
+fn populated() -> (MeshState, ConfigObject, Service, EndpointSet) {
+    let mut state = MeshState::default();
+    let vs = vs_obj("default", "reviews", "reviews");
+    let svc = service("default", "reviews", &[("http", 9080)]);
+    let set = slice(
+        "default",
+        "reviews",
+        "reviews-abc",
+        &[("http", 8080)],
+        vec![endpoint("10.0.0.1", &[])],
+    );
+    state.apply(Bucket::Config, &config_put(&vs)).unwrap();
+    state.apply(Bucket::Services, &service_put(&svc)).unwrap();
+    state.apply(Bucket::Endpoints, &slice_put(&set)).unwrap();
+    (state, vs, svc, set)
+}
+
+fn assert_unchanged(state: &MeshState, vs: &ConfigObject, svc: &Service, set: &EndpointSet) {
+    assert_eq!(config_of(state, ConfigKind::VirtualService, "default", "reviews"), vs);
+    assert_eq!(svc_of(state, "default", "reviews"), svc);
+    assert_eq!(
+        &slice_of(state, "reviews.default.svc.cluster.local", "reviews-abc"),
+        set
+    );
+    assert_eq!(state.config.len(), 1);
+    assert_eq!(state.services.len(), 1);
+}
+
+fn with_value(mut entry: Entry, value: Vec<u8>) -> Entry {
+    entry.value = Bytes::from(value);
+    entry
+}
+
+/// `entry` with its body re-encoded under a schema this build does not read.
+fn newer<T: serde::Serialize>(entry: Entry, body: &T) -> Entry {
+    let mut env = Envelope::new("test", 1, 1, body);
+    env.schema = SCHEMA_VERSION + 1;
+    with_value(entry, env.encode().expect("encodes"))
+}
+
+#[test]
+fn a_newer_schema_is_rejected_and_the_previous_value_stays() {
+    let (mut state, vs, svc, set) = populated();
+    let changed_vs = vs_obj("default", "reviews", "other");
+    let mut changed_svc = svc.clone();
+    changed_svc.cluster_ips = vec!["10.0.0.9".into()];
+    let mut changed_set = set.clone();
+    changed_set.endpoints.clear();
+    for (bucket, entry) in [
+        (Bucket::Config, newer(config_put(&changed_vs), &changed_vs)),
+        (Bucket::Services, newer(service_put(&changed_svc), &changed_svc)),
+        (Bucket::Endpoints, newer(slice_put(&changed_set), &changed_set)),
+    ] {
+        let err = state.apply(bucket, &entry).unwrap_err();
+        assert!(matches!(err, ApplyError::Payload { .. }), "{bucket}: {err}");
+        assert!(err.to_string().contains("schema"), "{err}");
+    }
+    assert_unchanged(&state, &vs, &svc, &set);
+}
+
+#[test]
+fn undecodable_payloads_are_rejected_and_the_previous_value_stays() {
+    let (mut state, vs, svc, set) = populated();
+    // A service body where a config object belongs, and plain garbage.
+    let wrong_type = with_value(config_put(&vs), service_put(&svc).value.to_vec());
+    let garbage = with_value(service_put(&svc), b"\xc1\x00garbage".to_vec());
+    let truncated = {
+        let full = slice_put(&set).value;
+        with_value(slice_put(&set), full[..full.len() / 2].to_vec())
+    };
+    for (bucket, entry) in [
+        (Bucket::Config, wrong_type),
+        (Bucket::Services, garbage),
+        (Bucket::Endpoints, truncated),
+    ] {
+        let err = state.apply(bucket, &entry).unwrap_err();
+        assert!(matches!(err, ApplyError::Payload { .. }), "{bucket}: {err}");
+    }
+    assert_unchanged(&state, &vs, &svc, &set);
+}
+
+#[test]
+fn payloads_for_another_key_are_rejected_and_the_previous_value_stays() {
+    let (mut state, vs, svc, set) = populated();
+    let key_of = |e: Entry| e.key;
+    // Same key, but the payload names another object.
+    let other_ns = vs_obj("elsewhere", "reviews", "x");
+    let other_kind = destination_rule("default", "reviews", "host: reviews");
+    let mut other_cluster = svc.clone();
+    other_cluster.cluster = "east".into();
+    let mut other_slice = set.clone();
+    other_slice.slice = "reviews-xyz".into();
+    let mut other_service = set.clone();
+    other_service.service = "ratings".into();
+    let cases = [
+        (Bucket::Config, put(key_of(config_put(&vs)), &other_ns)),
+        (Bucket::Config, put(key_of(config_put(&vs)), &other_kind)),
+        (Bucket::Services, put(key_of(service_put(&svc)), &other_cluster)),
+        (Bucket::Endpoints, put(key_of(slice_put(&set)), &other_slice)),
+        (Bucket::Endpoints, put(key_of(slice_put(&set)), &other_service)),
+    ];
+    for (bucket, entry) in cases {
+        let err = state.apply(bucket, &entry).unwrap_err();
+        assert!(matches!(err, ApplyError::Mismatch { .. }), "{bucket}: {err}");
+    }
+    assert_unchanged(&state, &vs, &svc, &set);
+}
+
+#[test]
+fn malformed_keys_are_rejected() {
+    let (mut state, vs, svc, set) = populated();
+    let cases = [
+        (Bucket::Config, put("Bogus.default.reviews".into(), &vs)),
+        (Bucket::Config, delete("VirtualService.default".into())),
+        (Bucket::Services, put("only.two".into(), &svc)),
+        (Bucket::Endpoints, delete("a.b.c".into())),
+        (Bucket::Endpoints, put("a.b.c.d=ZZ".into(), &set)),
+    ];
+    for (bucket, entry) in cases {
+        let err = state.apply(bucket, &entry).unwrap_err();
+        assert!(matches!(err, ApplyError::Key { .. }), "{bucket}: {err}");
+    }
+    assert_unchanged(&state, &vs, &svc, &set);
+}
+
+#[test]
+fn keys_are_listed_in_bus_format() {
+    let (state, vs, svc, set) = populated();
+    assert_eq!(state.keys(Bucket::Config), [config_put(&vs).key]);
+    assert_eq!(state.keys(Bucket::Services), [service_put(&svc).key]);
+    assert_eq!(state.keys(Bucket::Endpoints), [slice_put(&set).key]);
+    assert!(state.keys(Bucket::Meta).is_empty());
+}
+
+#[test]
+fn names_with_dots_round_trip_through_keys() {
+    let mut state = MeshState::default();
+    let vs = vs_obj("default", "reviews.v1", "reviews");
+    let set = slice("default", "reviews", "reviews.abc", &[("http", 8080)], vec![]);
+    state.apply(Bucket::Config, &config_put(&vs)).unwrap();
+    state.apply(Bucket::Endpoints, &slice_put(&set)).unwrap();
+    assert_eq!(
+        config_of(&state, ConfigKind::VirtualService, "default", "reviews.v1"),
+        &vs
+    );
+    assert_eq!(state.keys(Bucket::Endpoints), [slice_put(&set).key]);
+}

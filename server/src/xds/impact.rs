@@ -1,0 +1,118 @@
+//! Which xDS types of which proxies a change can affect, so a push regenerates only those.
+//!
+//! Skipping is an optimisation, never a correctness shortcut: a stream that missed a
+//! snapshot (snapshots coalesce) treats the next one as a full change, and every response
+//! is still compared by version before it is sent.
+
+use crate::pipeline::ChangeSet;
+use crate::proxy::ProxyKind;
+use crate::scope::ProxyScope;
+use shoal_common::model::ConfigKind;
+use shoal_proto::XdsType;
+use std::collections::BTreeSet;
+
+/// The types a change affects for a proxy of `kind` with `scope` (computed on the new
+/// snapshot).
+pub fn affected_types(changes: &ChangeSet, kind: ProxyKind, scope: &ProxyScope) -> BTreeSet<XdsType> {
+    let all: BTreeSet<XdsType> = XdsType::ALL.into_iter().collect();
+    if changes.full || changes.services {
+        return all;
+    }
+    let mut out = BTreeSet::new();
+    for k in &changes.config {
+        match (k, kind) {
+            // ServiceEntries and WorkloadEntries are services and endpoints.
+            (ConfigKind::ServiceEntry | ConfigKind::WorkloadEntry, _) => return all,
+            // A Sidecar changes what a sidecar sees; gateways ignore Sidecars.
+            (ConfigKind::Sidecar, ProxyKind::Sidecar) => return all,
+            (ConfigKind::Sidecar, ProxyKind::Router) => {}
+            // Gateways shape gateway listeners and routes; sidecars ignore them.
+            (ConfigKind::Gateway, ProxyKind::Router) => {
+                out.extend([XdsType::Listener, XdsType::Route]);
+            }
+            (ConfigKind::Gateway, ProxyKind::Sidecar) => {}
+            (ConfigKind::VirtualService, _) => {
+                out.insert(XdsType::Route);
+            }
+            // Subsets and policies: clusters and their endpoints.
+            (ConfigKind::DestinationRule, _) => {
+                out.extend([XdsType::Cluster, XdsType::Endpoint]);
+            }
+        }
+    }
+    // Endpoints outside the proxy's scope cannot matter to it.
+    let in_scope = changes.endpoints.iter().any(|host| {
+        scope.services.binary_search_by(|s| s.hostname.as_str().cmp(host)).is_ok()
+    });
+    if in_scope {
+        out.insert(XdsType::Endpoint);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::push_context::{ServiceSource, ServiceView};
+    use std::sync::Arc;
+
+    fn scope(hosts: &[&str]) -> ProxyScope {
+        let services = hosts
+            .iter()
+            .map(|h| {
+                Arc::new(ServiceView {
+                    hostname: h.to_string(),
+                    name: h.to_string(),
+                    namespace: "ns".into(),
+                    ports: vec![],
+                    target_ports: Default::default(),
+                    vips: vec![],
+                    export_to: vec![],
+                    source: ServiceSource::Kubernetes,
+                })
+            })
+            .collect();
+        ProxyScope { sidecar: None, services }
+    }
+
+    fn config(kinds: &[ConfigKind]) -> ChangeSet {
+        ChangeSet { config: kinds.iter().copied().collect(), ..Default::default() }
+    }
+
+    #[test]
+    fn gateways_ignore_sidecars_and_sidecars_ignore_gateways() {
+        let s = scope(&[]);
+        assert!(affected_types(&config(&[ConfigKind::Sidecar]), ProxyKind::Router, &s).is_empty());
+        assert!(affected_types(&config(&[ConfigKind::Gateway]), ProxyKind::Sidecar, &s).is_empty());
+        assert_eq!(
+            affected_types(&config(&[ConfigKind::Gateway]), ProxyKind::Router, &s),
+            [XdsType::Listener, XdsType::Route].into()
+        );
+        assert_eq!(affected_types(&config(&[ConfigKind::Sidecar]), ProxyKind::Sidecar, &s).len(), 4);
+    }
+
+    #[test]
+    fn per_type_impact() {
+        let s = scope(&[]);
+        assert_eq!(
+            affected_types(&config(&[ConfigKind::VirtualService]), ProxyKind::Sidecar, &s),
+            [XdsType::Route].into()
+        );
+        assert_eq!(
+            affected_types(&config(&[ConfigKind::DestinationRule]), ProxyKind::Router, &s),
+            [XdsType::Cluster, XdsType::Endpoint].into()
+        );
+        let full = ChangeSet { full: true, ..Default::default() };
+        assert_eq!(affected_types(&full, ProxyKind::Sidecar, &s).len(), 4);
+    }
+
+    #[test]
+    fn endpoints_outside_scope_are_skipped() {
+        let s = scope(&["a.ns.svc.cluster.local", "b.ns.svc.cluster.local"]);
+        let mut c = ChangeSet::default();
+        c.endpoints.insert("z.other.svc.cluster.local".into());
+        assert!(affected_types(&c, ProxyKind::Sidecar, &s).is_empty());
+        c.endpoints.insert("b.ns.svc.cluster.local".into());
+        assert_eq!(affected_types(&c, ProxyKind::Sidecar, &s), [XdsType::Endpoint].into());
+    }
+}

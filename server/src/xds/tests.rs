@@ -1,0 +1,1 @@
+//! ADS State-of-the-World protocol tests against a real tonic server.

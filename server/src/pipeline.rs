@@ -218,7 +218,11 @@ pub async fn run(
                         "initial state loaded from the bus"
                     );
                     // Publish at once: readiness should not wait for a debounce window.
-                    window = Some((Instant::now() - debounce.max, Instant::now() - debounce.max));
+                    // A window opened `max` ago closes at once. (`checked_sub` because an
+                    // Instant cannot predate the clock's origin on every platform.)
+                    let now = Instant::now();
+                    let opened = now.checked_sub(debounce.max).unwrap_or(now);
+                    window = Some((opened, opened));
                 }
             }
             None => {

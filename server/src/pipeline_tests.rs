@@ -65,10 +65,7 @@ async fn write(bus: &dyn StateBus, bucket: Bucket, entry: Entry) {
         .expect("memory bus put");
 }
 
-fn start(
-    bus: Arc<dyn StateBus>,
-    debounce: Debounce,
-) -> watch::Receiver<Option<Published>> {
+fn start(bus: Arc<dyn StateBus>, debounce: Debounce) -> watch::Receiver<Option<Published>> {
     let (tx, rx) = watch::channel(None);
     tokio::spawn(pipeline::run(bus, debounce, Metrics::new(), tx));
     rx
@@ -175,7 +172,10 @@ async fn a_burst_of_changes_yields_one_snapshot_after_the_quiet_period() {
     for i in 0..5 {
         if i > 0 {
             sleep(Duration::from_millis(50)).await;
-            assert!(!rx.has_changed().unwrap(), "published mid-burst at change {i}");
+            assert!(
+                !rx.has_changed().unwrap(),
+                "published mid-burst at change {i}"
+            );
         }
         write(&*bus, Bucket::Config, config_number(i)).await;
         last = Instant::now();
@@ -241,16 +241,29 @@ async fn endpoint_changes_reuse_the_push_context() {
     .await;
     let s2 = next(&mut rx).await.snapshot;
     assert_eq!(s2.number, 2);
-    assert!(Arc::ptr_eq(&s1.ctx, &s2.ctx), "endpoint change rebuilt the context");
+    assert!(
+        Arc::ptr_eq(&s1.ctx, &s2.ctx),
+        "endpoint change rebuilt the context"
+    );
     let host = "reviews.default.svc.cluster.local";
     let eps = |s: &crate::generate::Snapshot| {
-        s.endpoints.host(host).unwrap().values().next().unwrap().endpoints.len()
+        s.endpoints
+            .host(host)
+            .unwrap()
+            .values()
+            .next()
+            .unwrap()
+            .endpoints
+            .len()
     };
     assert_eq!((eps(&s1), eps(&s2)), (1, 2));
 
     write(&*bus, Bucket::Config, config_number(1)).await;
     let s3 = next(&mut rx).await.snapshot;
-    assert!(!Arc::ptr_eq(&s2.ctx, &s3.ctx), "config change reused the context");
+    assert!(
+        !Arc::ptr_eq(&s2.ctx, &s3.ctx),
+        "config change reused the context"
+    );
     assert_eq!(s3.ctx.destination_rules.len(), 2);
 
     write(
@@ -260,7 +273,10 @@ async fn endpoint_changes_reuse_the_push_context() {
     )
     .await;
     let s4 = next(&mut rx).await.snapshot;
-    assert!(!Arc::ptr_eq(&s3.ctx, &s4.ctx), "service change reused the context");
+    assert!(
+        !Arc::ptr_eq(&s3.ctx, &s4.ctx),
+        "service change reused the context"
+    );
     assert_eq!(s4.ctx.services.len(), 2);
 }
 

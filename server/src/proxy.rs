@@ -67,7 +67,7 @@ impl Proxy {
         let meta = node.metadata.as_ref();
         let namespace = meta
             .and_then(|m| string_field(m, "NAMESPACE"))
-            .or_else(|| pod.split_once('.').map(|(_, ns)| ns.to_string()))
+            .or_else(|| pod.rsplit_once('.').map(|(_, ns)| ns.to_string()))
             .or_else(|| domain.split('.').next().map(str::to_string))
             .filter(|ns| !ns.is_empty())
             .ok_or_else(bad)?;
@@ -154,6 +154,15 @@ pub(crate) mod tests {
     fn namespace_falls_back_to_id() {
         let n = Node {
             id: "sidecar~1.2.3.4~a.demo~demo.svc.cluster.local".into(),
+            ..Default::default()
+        };
+        assert_eq!(Proxy::from_node(Some(&n)).unwrap().namespace, "demo");
+    }
+
+    #[test]
+    fn namespace_is_the_last_token_of_a_dotted_pod_name() {
+        let n = Node {
+            id: "sidecar~1.2.3.4~web.v2-abc.demo~demo.svc.cluster.local".into(),
             ..Default::default()
         };
         assert_eq!(Proxy::from_node(Some(&n)).unwrap().namespace, "demo");

@@ -99,6 +99,27 @@ pub fn resolve_host(host: &str, namespace: &str) -> String {
     }
 }
 
+/// Whether a host pattern (`*`, `*.suffix`, or a hostname) covers `host`, as Istio's
+/// `SubsetOf`: a wildcard also covers the narrower wildcards under it (`*.com` covers
+/// `*.a.com`).
+pub fn wildcard_covers(pattern: &str, host: &str) -> bool {
+    match pattern.strip_prefix('*') {
+        Some(suffix) => host.strip_prefix('*').unwrap_or(host).ends_with(suffix),
+        None => pattern == host,
+    }
+}
+
+/// The entry of `map` for `host`: the exact key, else the most specific wildcard key that
+/// covers it (Istio's `MostSpecificHostMatch`).
+pub fn most_specific<'a, V>(map: &'a BTreeMap<String, V>, host: &str) -> Option<&'a V> {
+    map.get(host).or_else(|| {
+        map.iter()
+            .filter(|(k, _)| k.starts_with('*') && wildcard_covers(k, host))
+            .max_by_key(|(k, _)| k.len())
+            .map(|(_, v)| v)
+    })
+}
+
 fn labels_match(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
@@ -250,6 +271,12 @@ impl PushContext {
                     .get(root_namespace)
                     .and_then(|v| v.iter().find(|s| s.spec.workload_selector.is_none()))
             })
+    }
+
+    /// The DestinationRule for a service hostname: the rule for that host, else the rule
+    /// with the most specific wildcard host covering it.
+    pub fn destination_rule(&self, hostname: &str) -> Option<&Arc<Config<DestinationRule>>> {
+        most_specific(&self.destination_rules, hostname)
     }
 
     /// The Gateways whose selector matches a gateway proxy's labels. A Gateway without a

@@ -37,7 +37,10 @@ fn config_put_update_and_delete() {
     let (change, observed) = state.apply(Bucket::Config, &config_put(&v1)).unwrap();
     assert_eq!(change, Change::Config(ConfigKind::VirtualService));
     assert_eq!(observed, Some(1_000));
-    assert_eq!(config_of(&state, ConfigKind::VirtualService, "default", "reviews"), &v1);
+    assert_eq!(
+        config_of(&state, ConfigKind::VirtualService, "default", "reviews"),
+        &v1
+    );
 
     // The same value again: nothing changed.
     let (change, observed) = state.apply(Bucket::Config, &config_put(&v1)).unwrap();
@@ -46,11 +49,17 @@ fn config_put_update_and_delete() {
     let v2 = vs_obj("default", "reviews", "ratings");
     let (change, _) = state.apply(Bucket::Config, &config_put(&v2)).unwrap();
     assert_eq!(change, Change::Config(ConfigKind::VirtualService));
-    assert_eq!(config_of(&state, ConfigKind::VirtualService, "default", "reviews"), &v2);
+    assert_eq!(
+        config_of(&state, ConfigKind::VirtualService, "default", "reviews"),
+        &v2
+    );
 
     let key = keys::config_key(ConfigKind::VirtualService, "default", "reviews");
     let (change, observed) = state.apply(Bucket::Config, &delete(key.clone())).unwrap();
-    assert_eq!((change, observed), (Change::Config(ConfigKind::VirtualService), None));
+    assert_eq!(
+        (change, observed),
+        (Change::Config(ConfigKind::VirtualService), None)
+    );
     assert!(state.config.is_empty());
     // Deleting what is not there changes nothing.
     let (change, _) = state.apply(Bucket::Config, &delete(key)).unwrap();
@@ -69,10 +78,17 @@ fn config_kinds_are_kept_apart() {
     state
         .apply(
             Bucket::Config,
-            &delete(keys::config_key(ConfigKind::DestinationRule, "default", "reviews")),
+            &delete(keys::config_key(
+                ConfigKind::DestinationRule,
+                "default",
+                "reviews",
+            )),
         )
         .unwrap();
-    assert_eq!(config_of(&state, ConfigKind::VirtualService, "default", "reviews"), &vs);
+    assert_eq!(
+        config_of(&state, ConfigKind::VirtualService, "default", "reviews"),
+        &vs
+    );
 }
 
 #[test]
@@ -90,13 +106,19 @@ fn service_put_update_and_delete() {
     let mut changed = svc.clone();
     changed.cluster_ips = vec!["10.96.0.1".into()];
     assert_eq!(
-        state.apply(Bucket::Services, &service_put(&changed)).unwrap().0,
+        state
+            .apply(Bucket::Services, &service_put(&changed))
+            .unwrap()
+            .0,
         Change::Service
     );
     assert_eq!(svc_of(&state, "default", "reviews"), &changed);
     let key = keys::service_key(CLUSTER, "default", "reviews");
     assert_eq!(
-        state.apply(Bucket::Services, &delete(key.clone())).unwrap().0,
+        state
+            .apply(Bucket::Services, &delete(key.clone()))
+            .unwrap()
+            .0,
         Change::Service
     );
     assert!(state.services.is_empty());
@@ -132,13 +154,22 @@ fn endpoint_put_update_and_delete() {
         Change::Endpoints(host.into())
     );
     assert_eq!(slice_of(&state, host, "reviews-abc"), more);
-    let other = slice("default", "reviews", "reviews-def", &[("http", 8080)], vec![]);
+    let other = slice(
+        "default",
+        "reviews",
+        "reviews-def",
+        &[("http", 8080)],
+        vec![],
+    );
     state.apply(Bucket::Endpoints, &slice_put(&other)).unwrap();
     assert_eq!(state.endpoints.host(host).unwrap().len(), 2);
 
     let key = keys::endpoints_key(CLUSTER, "default", "reviews", "reviews-abc");
     assert_eq!(
-        state.apply(Bucket::Endpoints, &delete(key.clone())).unwrap().0,
+        state
+            .apply(Bucket::Endpoints, &delete(key.clone()))
+            .unwrap()
+            .0,
         Change::Endpoints(host.into())
     );
     assert_eq!(
@@ -160,7 +191,10 @@ fn meta_entries_change_nothing() {
         revision: 1,
         op: Op::Put,
     };
-    assert_eq!(state.apply(Bucket::Meta, &entry).unwrap(), (Change::None, None));
+    assert_eq!(
+        state.apply(Bucket::Meta, &entry).unwrap(),
+        (Change::None, None)
+    );
 }
 
 /// A state holding one of each, and the entries that put them.
@@ -182,7 +216,10 @@ fn populated() -> (MeshState, ConfigObject, Service, EndpointSet) {
 }
 
 fn assert_unchanged(state: &MeshState, vs: &ConfigObject, svc: &Service, set: &EndpointSet) {
-    assert_eq!(config_of(state, ConfigKind::VirtualService, "default", "reviews"), vs);
+    assert_eq!(
+        config_of(state, ConfigKind::VirtualService, "default", "reviews"),
+        vs
+    );
     assert_eq!(svc_of(state, "default", "reviews"), svc);
     assert_eq!(
         &slice_of(state, "reviews.default.svc.cluster.local", "reviews-abc"),
@@ -214,8 +251,14 @@ fn a_newer_schema_is_rejected_and_the_previous_value_stays() {
     changed_set.endpoints.clear();
     for (bucket, entry) in [
         (Bucket::Config, newer(config_put(&changed_vs), &changed_vs)),
-        (Bucket::Services, newer(service_put(&changed_svc), &changed_svc)),
-        (Bucket::Endpoints, newer(slice_put(&changed_set), &changed_set)),
+        (
+            Bucket::Services,
+            newer(service_put(&changed_svc), &changed_svc),
+        ),
+        (
+            Bucket::Endpoints,
+            newer(slice_put(&changed_set), &changed_set),
+        ),
     ] {
         let err = state.apply(bucket, &entry).unwrap_err();
         assert!(matches!(err, ApplyError::Payload { .. }), "{bucket}: {err}");
@@ -261,13 +304,25 @@ fn payloads_for_another_key_are_rejected_and_the_previous_value_stays() {
     let cases = [
         (Bucket::Config, put(key_of(config_put(&vs)), &other_ns)),
         (Bucket::Config, put(key_of(config_put(&vs)), &other_kind)),
-        (Bucket::Services, put(key_of(service_put(&svc)), &other_cluster)),
-        (Bucket::Endpoints, put(key_of(slice_put(&set)), &other_slice)),
-        (Bucket::Endpoints, put(key_of(slice_put(&set)), &other_service)),
+        (
+            Bucket::Services,
+            put(key_of(service_put(&svc)), &other_cluster),
+        ),
+        (
+            Bucket::Endpoints,
+            put(key_of(slice_put(&set)), &other_slice),
+        ),
+        (
+            Bucket::Endpoints,
+            put(key_of(slice_put(&set)), &other_service),
+        ),
     ];
     for (bucket, entry) in cases {
         let err = state.apply(bucket, &entry).unwrap_err();
-        assert!(matches!(err, ApplyError::Mismatch { .. }), "{bucket}: {err}");
+        assert!(
+            matches!(err, ApplyError::Mismatch { .. }),
+            "{bucket}: {err}"
+        );
     }
     assert_unchanged(&state, &vs, &svc, &set);
 }
@@ -302,7 +357,13 @@ fn keys_are_listed_in_bus_format() {
 fn names_with_dots_round_trip_through_keys() {
     let mut state = MeshState::default();
     let vs = vs_obj("default", "reviews.v1", "reviews");
-    let set = slice("default", "reviews", "reviews.abc", &[("http", 8080)], vec![]);
+    let set = slice(
+        "default",
+        "reviews",
+        "reviews.abc",
+        &[("http", 8080)],
+        vec![],
+    );
     state.apply(Bucket::Config, &config_put(&vs)).unwrap();
     state.apply(Bucket::Endpoints, &slice_put(&set)).unwrap();
     assert_eq!(

@@ -1,7 +1,6 @@
 //! Test fixtures: builders for services, endpoint sets, Istio config and proxies, a mesh
 //! state that turns into a [`Snapshot`], bus entries, and decoders for generated resources.
 
-use crate::endpoints::EndpointIndex;
 use crate::generate::{self, Resource, Snapshot};
 use crate::proxy::{Proxy, ProxyKind};
 use crate::push_context::PushContext;
@@ -263,15 +262,6 @@ pub fn snapshot_of(state: &MeshState) -> Snapshot {
         ctx: Arc::new(PushContext::build(state)),
         endpoints: Arc::new(state.endpoints.clone()),
         number: 1,
-    }
-}
-
-/// An empty snapshot with a number.
-pub fn empty_snapshot(number: u64) -> Snapshot {
-    Snapshot {
-        ctx: Arc::new(PushContext::default()),
-        endpoints: Arc::new(EndpointIndex::default()),
-        number,
     }
 }
 

@@ -59,7 +59,7 @@ impl std::fmt::Display for ConfigKind {
 }
 
 /// One Istio config object: metadata plus a typed spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ConfigObject {
     /// Name, namespace, labels, annotations.
     pub meta: ObjectMeta,
@@ -82,7 +82,7 @@ impl ConfigObject {
 }
 
 /// The spec of an Istio config object.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ConfigSpec {
     /// A Gateway spec.
     Gateway(Gateway),
@@ -102,7 +102,7 @@ pub enum ConfigSpec {
 // Gateway
 
 /// `Gateway` spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Gateway {
     /// Labels of the gateway proxies this gateway applies to.
@@ -112,7 +112,7 @@ pub struct Gateway {
 }
 
 /// One `Server` of a Gateway.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct GatewayServer {
     /// The port the proxy listens on.
@@ -146,7 +146,7 @@ pub struct Port {
 // VirtualService
 
 /// `VirtualService` spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct VirtualService {
     /// Destination hosts the rules apply to.
@@ -160,7 +160,7 @@ pub struct VirtualService {
 }
 
 /// One HTTP routing rule.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct HttpRoute {
     /// Name of the route, for debugging.
@@ -186,7 +186,7 @@ pub struct HttpRoute {
 }
 
 /// Match conditions of an HTTP rule; fields are ANDed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct HttpMatchRequest {
     /// Name of the match, for debugging.
@@ -268,7 +268,7 @@ impl From<StringMatch> for StringMatchRepr {
 }
 
 /// A weighted destination.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct HttpRouteDestination {
     /// Where to send traffic.
@@ -301,7 +301,7 @@ pub struct PortSelector {
 }
 
 /// An HTTP redirect.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Hash, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct HttpRedirect {
     /// Replacement path.
@@ -322,7 +322,7 @@ pub struct HttpRedirect {
 }
 
 /// An HTTP rewrite.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Hash, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct HttpRewrite {
     /// Replaces the matched path prefix (or the whole path for exact/regex matches).
@@ -334,7 +334,7 @@ pub struct HttpRewrite {
 }
 
 /// Retry policy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Hash, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct HttpRetry {
     /// Number of retries.
@@ -351,7 +351,7 @@ pub struct HttpRetry {
 // DestinationRule
 
 /// `DestinationRule` spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct DestinationRule {
     /// The service the rule applies to.
@@ -366,7 +366,7 @@ pub struct DestinationRule {
 }
 
 /// A named subset of a service's endpoints.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Subset {
     /// Subset name (used in cluster names).
@@ -418,7 +418,7 @@ pub enum SimpleLb {
 // Sidecar
 
 /// `Sidecar` spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Sidecar {
     /// Which workloads this Sidecar applies to; none = every workload in the namespace.
@@ -457,7 +457,7 @@ pub struct IstioEgressListener {
 // ServiceEntry / WorkloadEntry
 
 /// `ServiceEntry` spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ServiceEntry {
     /// Hostnames of the service.

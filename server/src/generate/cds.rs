@@ -40,7 +40,7 @@ pub fn generate(scope: &ProxyScope, ctx: &PushContext) -> Vec<Resource> {
         Resource::new(XdsType::Cluster, PASSTHROUGH_CLUSTER.into(), &passthrough()),
     ];
     for svc in &scope.services {
-        let dr = ctx.destination_rules.get(&svc.hostname);
+        let dr = ctx.destination_rule(&svc.hostname);
         let default_policy = dr.and_then(|d| d.spec.traffic_policy.as_ref());
         for port in &svc.ports {
             let name = outbound_cluster_name(port.port.into(), "", &svc.hostname);

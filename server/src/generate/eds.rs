@@ -65,8 +65,7 @@ fn load_assignment(
         &empty
     } else {
         match ctx
-            .destination_rules
-            .get(&svc.hostname)
+            .destination_rule(&svc.hostname)
             .and_then(|dr| dr.spec.subsets.iter().find(|s| s.name == subset))
         {
             Some(s) => &s.labels,

@@ -5,7 +5,8 @@
 use super::{pb_duration, Resource};
 use crate::proxy::{Proxy, ProxyKind};
 use crate::push_context::{
-    exported_to, resolve_host, Config, PushContext, ServiceSource, ServiceView,
+    exported_to, most_specific, resolve_host, wildcard_covers, Config, PushContext, ServiceSource,
+    ServiceView,
 };
 use crate::scope::{host_entry_matches, ProxyScope};
 use shoal_common::model::{
@@ -15,9 +16,9 @@ use shoal_common::model::{
 use shoal_proto::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier,
     redirect_action::{PathRewriteSpecifier, RedirectResponseCode, SchemeRewriteSpecifier},
+    retry_policy::{retry_host_predicate, RetryHostPredicate},
     route::Action,
     route_action::{ClusterSpecifier, HostRewriteSpecifier},
-    retry_policy::{retry_host_predicate, RetryHostPredicate},
     route_match::PathSpecifier,
     weighted_cluster::ClusterWeight,
     HeaderMatcher, RedirectAction, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch,
@@ -106,15 +107,6 @@ fn gateway_host_match(
         Some(host.to_string())
     } else {
         None
-    }
-}
-
-/// Whether `pattern` (`*`, `*.suffix`, or exact) covers `host`, as Istio's `SubsetOf`: a
-/// wildcard covers the narrower wildcards under it too (`*.com` covers `*.a.com`).
-fn wildcard_covers(pattern: &str, host: &str) -> bool {
-    match pattern.strip_prefix('*') {
-        Some(suffix) => host.strip_prefix('*').unwrap_or(host).ends_with(suffix),
-        None => pattern == host,
     }
 }
 
@@ -225,7 +217,7 @@ fn sidecar_routes(
             .find(|l| l.port.as_ref().is_some_and(|p| p.number == port))
     });
     let services = scope.services.iter().filter(|svc| {
-        svc.port(port).is_some()
+        svc.port(port).is_some_and(|p| p.protocol.is_http())
             && listener.is_none_or(|l| {
                 l.hosts
                     .iter()
@@ -249,8 +241,8 @@ fn sidecar_routes(
     let mut seen = BTreeSet::new();
     let mut virtual_hosts = Vec::new();
     for svc in services {
-        let mut routes: Vec<Route> = by_host
-            .get(&svc.hostname)
+        // A VirtualService for the host, else for the most specific wildcard covering it.
+        let mut routes: Vec<Route> = most_specific(&by_host, &svc.hostname)
             .into_iter()
             .flatten()
             .flat_map(|vs| {
@@ -503,9 +495,7 @@ fn retry_policy(r: &HttpRetry) -> RetryPolicy {
             .partition(|s| s.parse::<u16>().is_ok_and(|c| (100..600).contains(&c)));
         p.retriable_status_codes = codes.iter().filter_map(|c| c.parse().ok()).collect();
         p.retry_on = conditions.join(",");
-        if !p.retriable_status_codes.is_empty()
-            && !conditions.contains(&"retriable-status-codes")
-        {
+        if !p.retriable_status_codes.is_empty() && !conditions.contains(&"retriable-status-codes") {
             if !p.retry_on.is_empty() {
                 p.retry_on.push(',');
             }

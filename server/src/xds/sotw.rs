@@ -45,7 +45,6 @@ impl SotwStream {
         }
     }
 
-
     /// Generates `ty` and sends it. `force`: answer even if the proxy has this version (a
     /// request must always be answered). On a push (`!force`), EDS sends only changed
     /// assignments.
@@ -131,7 +130,9 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         names.sort();
         names.dedup();
         let w = self.watched.entry(ty).or_default();
-        if !req.response_nonce.is_empty() {
+        // A nonce from before this stream (the proxy reconnected, perhaps from another
+        // replica) is a new request for this type, as in Istio's shouldRespond.
+        if !req.response_nonce.is_empty() && w.sent_nonce.is_some() {
             if w.sent_nonce.as_deref() != Some(req.response_nonce.as_str()) {
                 tracing::debug!(conn = %self.session.id, ty = ty.short(), nonce = %req.response_nonce, "stale nonce; ignoring");
                 return Ok(());
@@ -156,7 +157,12 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         observed_at_ms: Option<u64>,
         affected: &std::collections::BTreeSet<XdsType>,
     ) -> Result<(), Status> {
-        let types: Vec<XdsType> = self.watched.keys().copied().filter(|t| affected.contains(t)).collect();
+        let types: Vec<XdsType> = self
+            .watched
+            .keys()
+            .copied()
+            .filter(|t| affected.contains(t))
+            .collect();
         for ty in types {
             self.respond(ty, snap, false, observed_at_ms).await?;
         }

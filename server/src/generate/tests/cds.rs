@@ -244,7 +244,10 @@ subsets:
         addrs("outbound|80||api.example.com"),
         [["a.example.com:80", "b.example.com:80"]]
     );
-    assert_eq!(addrs("outbound|80|v2|api.example.com"), [["b.example.com:80"]]);
+    assert_eq!(
+        addrs("outbound|80|v2|api.example.com"),
+        [["b.example.com:80"]]
+    );
     assert_eq!(
         addrs("outbound|80|v3|api.example.com"),
         [Vec::<String>::new()]
@@ -338,12 +341,18 @@ fn http2_options_for_grpc_and_http2_ports_only() {
     let mesh = Mesh::new().with_service(service(
         "default",
         "api",
-        &[("http", 80), ("grpc", 9000), ("http2-x", 9001), ("tcp", 9002)],
+        &[
+            ("http", 80),
+            ("grpc", 9000),
+            ("http2-x", 9001),
+            ("tcp", 9002),
+        ],
     ));
     let cs = cds(&mesh, &sidecar_proxy("default", &[]));
     let has_h2 = |port: u16| {
         let c = &cs[&format!("outbound|{port}||api.default.svc.cluster.local")];
-        c.typed_extension_protocol_options.contains_key(HTTP2_OPTIONS)
+        c.typed_extension_protocol_options
+            .contains_key(HTTP2_OPTIONS)
     };
     assert!(!has_h2(80));
     assert!(has_h2(9000));
@@ -438,10 +447,7 @@ egress: [{hosts: ["c/*"]}]
             "egress: [{hosts: [\"b/*\"]}]",
         ));
     let special = cds(&mesh, &sidecar_proxy("a", &[("app", "special")]));
-    assert_eq!(
-        outbound(&special),
-        ["outbound|80||one.c.svc.cluster.local"]
-    );
+    assert_eq!(outbound(&special), ["outbound|80||one.c.svc.cluster.local"]);
     let plain = cds(&mesh, &sidecar_proxy("a", &[("app", "plain")]));
     assert_eq!(
         outbound(&plain),
@@ -496,13 +502,18 @@ fn service_export_to_hides_services() {
     let seen = |ns: &str| -> Vec<String> {
         outbound(&cds(&mesh, &sidecar_proxy(ns, &[])))
             .iter()
-            .map(|n| n.split('|').nth(3).unwrap().split('.').next().unwrap().to_string())
+            .map(|n| {
+                n.split('|')
+                    .nth(3)
+                    .unwrap()
+                    .split('.')
+                    .next()
+                    .unwrap()
+                    .to_string()
+            })
             .collect()
     };
-    assert_eq!(
-        seen("a"),
-        ["default", "private", "public", "to-c-and-self"]
-    );
+    assert_eq!(seen("a"), ["default", "private", "public", "to-c-and-self"]);
     assert_eq!(seen("b"), ["default", "public", "to-b"]);
     assert_eq!(seen("c"), ["default", "public", "to-c-and-self"]);
     // Gateways obey exportTo too.
@@ -579,4 +590,53 @@ fn multicluster_service_merges_into_one_host() {
     assert_eq!(view.vips, ["10.96.0.1", "10.96.0.2"]);
     let cs = cds(&mesh, &sidecar_proxy("a", &[]));
     assert_eq!(outbound(&cs), ["outbound|80||one.a.svc.cluster.local"]);
+}
+
+#[test]
+fn wildcard_destination_rules_apply_to_the_hosts_they_cover() {
+    let entry = |name: &str, host: &str| {
+        service_entry(
+            "default",
+            name,
+            &format!(
+                "hosts: [{host}]\nports: [{{number: 80, name: http, protocol: HTTP}}]\nresolution: STATIC\nendpoints: [{{address: 10.0.0.1, labels: {{v: one}}}}]"
+            ),
+        )
+    };
+    let dr = |name: &str, host: &str, lb: &str| {
+        destination_rule(
+            "default",
+            name,
+            &format!(
+                "host: \"{host}\"\ntrafficPolicy: {{loadBalancer: {{simple: {lb}}}}}\nsubsets: [{{name: {name}, labels: {{v: one}}}}]"
+            ),
+        )
+    };
+    let mesh = Mesh::new()
+        .with_config(entry("a", "a.example.com"))
+        .with_config(entry("b", "b.eu.example.com"))
+        .with_config(entry("c", "c.other.org"))
+        .with_config(dr("broad", "*.example.com", "RANDOM"))
+        .with_config(dr("narrow", "*.eu.example.com", "ROUND_ROBIN"));
+    let cs = cds(&mesh, &sidecar_proxy("default", &[]));
+    assert_eq!(lb(&cs["outbound|80||a.example.com"]), LbPolicy::Random);
+    assert_eq!(
+        lb(&cs["outbound|80||b.eu.example.com"]),
+        LbPolicy::RoundRobin
+    );
+    assert_eq!(lb(&cs["outbound|80||c.other.org"]), LbPolicy::LeastRequest);
+    assert!(cs.contains_key("outbound|80|broad|a.example.com"));
+    assert!(cs.contains_key("outbound|80|narrow|b.eu.example.com"));
+    assert!(!cs.contains_key("outbound|80|broad|b.eu.example.com"));
+    // EDS finds the subset through the same rule.
+    let cla = load_assignments(&gen(
+        XdsType::Endpoint,
+        &sidecar_proxy("default", &[]),
+        &mesh.snapshot(),
+        &["outbound|80|narrow|b.eu.example.com"],
+    ));
+    assert_eq!(
+        cla_addresses(&cla["outbound|80|narrow|b.eu.example.com"]),
+        [["10.0.0.1:80"]]
+    );
 }

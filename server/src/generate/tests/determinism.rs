@@ -12,7 +12,11 @@ use shoal_proto::{parse_outbound_cluster_name, XdsType};
 fn entries(reverse_lists: bool) -> Vec<(Bucket, Entry)> {
     let mut out = Vec::new();
     for (ns, name, ports) in [
-        ("default", "reviews", &[("http", 9080u16), ("grpc", 9090)][..]),
+        (
+            "default",
+            "reviews",
+            &[("http", 9080u16), ("grpc", 9090)][..],
+        ),
         ("default", "ratings", &[("http", 9080)][..]),
         ("other", "details", &[("http-web", 80)][..]),
     ] {

@@ -221,15 +221,13 @@ fn slices_and_clusters_merge() {
 fn unknown_and_invisible_clusters_get_empty_assignments() {
     let mut private = service("other", "secret", &[("http", 80)]);
     private.export_to = vec![".".into()];
-    let mesh = reviews_mesh()
-        .with_service(private)
-        .with_slice(slice(
-            "other",
-            "secret",
-            "s1",
-            &[("http", 80)],
-            vec![endpoint("10.9.9.9", &[])],
-        ));
+    let mesh = reviews_mesh().with_service(private).with_slice(slice(
+        "other",
+        "secret",
+        "s1",
+        &[("http", 80)],
+        vec![endpoint("10.9.9.9", &[])],
+    ));
     let names = [
         "outbound|80||nope.default.svc.cluster.local",
         "outbound|80||secret.other.svc.cluster.local",
@@ -267,7 +265,11 @@ fn only_requested_names_are_returned() {
     let m = eds(
         &mesh,
         &sidecar_proxy("default", &[]),
-        &[&cluster(9080, "v1"), &cluster(9080, "v1"), &cluster(9901, "")],
+        &[
+            &cluster(9080, "v1"),
+            &cluster(9080, "v1"),
+            &cluster(9901, ""),
+        ],
     );
     assert_eq!(
         m.keys().cloned().collect::<Vec<_>>(),

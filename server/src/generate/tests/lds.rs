@@ -21,7 +21,10 @@ fn rds_name(l: &Listener) -> String {
 }
 
 fn ingress() -> crate::proxy::Proxy {
-    router_proxy("istio-system", &[("istio", "ingressgateway"), ("app", "gw")])
+    router_proxy(
+        "istio-system",
+        &[("istio", "ingressgateway"), ("app", "gw")],
+    )
 }
 
 fn gateways() -> Mesh {
@@ -72,7 +75,10 @@ fn gateway_listeners_for_selected_http_servers() {
         ["0.0.0.0_80", "0.0.0.0_8080"]
     );
     for (port, l) in [(80, &ls["0.0.0.0_80"]), (8080, &ls["0.0.0.0_8080"])] {
-        assert_eq!(socket(l.address.as_ref().unwrap()), format!("0.0.0.0:{port}"));
+        assert_eq!(
+            socket(l.address.as_ref().unwrap()),
+            format!("0.0.0.0:{port}")
+        );
         assert_eq!(rds_name(l), format!("http.{port}"));
         let hcm = hcm(l);
         assert_eq!(hcm.use_remote_address.map(|b| b.value), Some(true));
@@ -101,7 +107,10 @@ servers:
   hosts: ["*"]
 "#,
     ));
-    let ls = lds(&mesh, &router_proxy("istio-system", &[("istio", "anything")]));
+    let ls = lds(
+        &mesh,
+        &router_proxy("istio-system", &[("istio", "anything")]),
+    );
     assert_eq!(ls.keys().collect::<Vec<_>>(), ["0.0.0.0_8000"]);
     // Never to sidecars.
     assert!(lds(&mesh, &sidecar_proxy("istio-system", &[])).is_empty());

@@ -324,7 +324,12 @@ fn uri_matches() {
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        rs[3].r#match.as_ref().unwrap().case_sensitive.map(|b| b.value),
+        rs[3]
+            .r#match
+            .as_ref()
+            .unwrap()
+            .case_sensitive
+            .map(|b| b.value),
         Some(false)
     );
     assert_eq!(rs[0].r#match.as_ref().unwrap().case_sensitive, None);
@@ -357,8 +362,14 @@ fn header_and_method_matches() {
         })
         .collect();
     assert_eq!(headers.len(), 4);
-    assert_eq!(headers[0], ("x-prefix".into(), MatchPattern::Prefix("pre".into())));
-    assert_eq!(headers[1], ("x-exact".into(), MatchPattern::Exact("yes".into())));
+    assert_eq!(
+        headers[0],
+        ("x-prefix".into(), MatchPattern::Prefix("pre".into()))
+    );
+    assert_eq!(
+        headers[1],
+        ("x-exact".into(), MatchPattern::Exact("yes".into()))
+    );
     match &headers[2] {
         (name, MatchPattern::SafeRegex(r)) => {
             assert_eq!(name, "x-regex");
@@ -366,7 +377,10 @@ fn header_and_method_matches() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(headers[3], (":method".into(), MatchPattern::Exact("POST".into())));
+    assert_eq!(
+        headers[3],
+        (":method".into(), MatchPattern::Exact("POST".into()))
+    );
 }
 
 #[test]
@@ -420,7 +434,10 @@ fn destinations_weights_subsets_and_ports() {
         weights(&rs[1]),
         [
             (format!("outbound|80||{web}"), 34),
-            ("outbound|9090||api.default.svc.cluster.local".to_string(), 33),
+            (
+                "outbound|9090||api.default.svc.cluster.local".to_string(),
+                33
+            ),
             // Unknown hosts keep the listener port.
             ("outbound|80||external.example.com".to_string(), 33),
         ]
@@ -462,7 +479,10 @@ fn redirects() {
     );
     assert_eq!(r.response_code, RedirectResponseCode::Found as i32);
     let r = redirect(&rs[1]);
-    assert_eq!(r.response_code, RedirectResponseCode::MovedPermanently as i32);
+    assert_eq!(
+        r.response_code,
+        RedirectResponseCode::MovedPermanently as i32
+    );
     assert_eq!(r.host_redirect, "");
 }
 
@@ -481,7 +501,9 @@ fn rewrites_and_timeouts() {
     assert_eq!(ra.prefix_rewrite, "/api");
     assert_eq!(
         ra.host_rewrite_specifier,
-        Some(HostRewriteSpecifier::HostRewriteLiteral("api.internal".into()))
+        Some(HostRewriteSpecifier::HostRewriteLiteral(
+            "api.internal".into()
+        ))
     );
     let t = ra.timeout.as_ref().unwrap();
     assert_eq!((t.seconds, t.nanos), (1, 500_000_000));

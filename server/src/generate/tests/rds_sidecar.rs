@@ -208,7 +208,11 @@ http: [{name: gateway-only, route: [{destination: {host: details}}]}]
         ));
     let rc = rds(&mesh, &proxy(), "9080");
     let names = |vh: &str| -> Vec<String> {
-        vhost(&rc, vh).routes.iter().map(|r| r.name.clone()).collect()
+        vhost(&rc, vh)
+            .routes
+            .iter()
+            .map(|r| r.name.clone())
+            .collect()
     };
     assert_eq!(names(&format!("{REVIEWS}:9080")), ["jason", "rest"]);
     let jason = &vhost(&rc, &format!("{REVIEWS}:9080")).routes[0];
@@ -265,7 +269,10 @@ http:
     let rc = rds(&mesh, &proxy(), "9080");
     let vh = vhost(&rc, &format!("{REVIEWS}:9080"));
     assert_eq!(vh.routes.len(), 1);
-    assert_eq!(cluster_of(&vh.routes[0]), format!("outbound|9080||{REVIEWS}"));
+    assert_eq!(
+        cluster_of(&vh.routes[0]),
+        format!("outbound|9080||{REVIEWS}")
+    );
 }
 
 #[test]
@@ -324,4 +331,47 @@ fn route_names_follow_the_proxy_kind() {
     );
     let gw = router_proxy("istio-system", &[]);
     assert_eq!(names(&gw, &["http.80", "9080", "http.x"]), ["http.80"]);
+}
+
+#[test]
+fn wildcard_virtual_services_apply_to_the_services_they_cover() {
+    let entry = |name: &str, host: &str| {
+        service_entry(
+            "default",
+            name,
+            &format!(
+                "hosts: [{host}]\nports: [{{number: 9080, name: http, protocol: HTTP}}]\nresolution: DNS"
+            ),
+        )
+    };
+    let vs = |name: &str, host: &str| {
+        virtual_service(
+            "default",
+            name,
+            &format!(
+                "hosts: [\"{host}\"]\nhttp: [{{name: {name}, route: [{{destination: {{host: \"{host}\"}}}}]}}]"
+            ),
+        )
+    };
+    let mesh = sidecar_mesh()
+        .with_config(entry("a", "a.example.com"))
+        .with_config(entry("b", "b.eu.example.com"))
+        .with_config(vs("broad", "*.example.com"))
+        .with_config(vs("narrow", "*.eu.example.com"))
+        .with_config(vs("exact", "api.example.com"));
+    let rc = rds(&mesh, &proxy(), "9080");
+    let first = |vh: &str| vhost(&rc, vh).routes[0].name.clone();
+    assert_eq!(first("a.example.com:9080"), "broad");
+    assert_eq!(first("b.eu.example.com:9080"), "narrow");
+    assert_eq!(first("api.example.com:9080"), "exact");
+    // Kubernetes services are not under example.com.
+    assert_eq!(first(&format!("{REVIEWS}:9080")), "default");
+}
+
+#[test]
+fn only_http_ports_get_virtual_hosts() {
+    let mesh = sidecar_mesh().with_service(service("default", "db", &[("tcp", 9080)]));
+    let rc = rds(&mesh, &proxy(), "9080");
+    assert!(!vhost_names(&rc).contains(&"db.default.svc.cluster.local:9080"));
+    assert_eq!(rc.virtual_hosts.len(), 4);
 }

@@ -23,6 +23,8 @@ pub struct AdminState {
     pub metrics: Metrics,
     /// True once the server is shutting down.
     pub draining: watch::Receiver<bool>,
+    /// The generator cache.
+    pub cache: crate::generate::cache::GeneratorCache,
 }
 
 /// Serves the admin endpoints on an already-bound listener until the task is dropped.
@@ -54,6 +56,13 @@ pub async fn serve(listener: TcpListener, state: AdminState) {
 /// Binds the admin address with a clear error.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
+}
+
+fn metrics_response(metrics: &Metrics) -> Response<Full<Bytes>> {
+    Response::builder()
+        .header("content-type", "text/plain; version=0.0.4")
+        .body(Full::new(Bytes::from(metrics.render())))
+        .unwrap_or_default()
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -92,10 +101,22 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 "initial state not loaded yet\n",
             ),
         },
-        "/metrics" => Response::builder()
-            .header("content-type", "text/plain; version=0.0.4")
-            .body(Full::new(Bytes::from(state.metrics.render())))
-            .unwrap_or_default(),
+        "/debug/cachez" => {
+            let (entries, bytes) = state.cache.stats();
+            json_response(json!({
+                "entries": entries,
+                "bytes": bytes,
+                "hits": state.metrics.cache_hits.get(),
+                "misses": state.metrics.cache_misses.get(),
+                "assert": state.cache.asserting(),
+            }))
+        }
+        "/metrics" => {
+            let (entries, bytes) = state.cache.stats();
+            state.metrics.cache_entries.set(entries as i64);
+            state.metrics.cache_bytes.set(bytes as i64);
+            metrics_response(&state.metrics)
+        }
         "/debug/syncz" => json_response(json!(state.registry.snapshot())),
         "/debug/push_status" => match state.snapshots.borrow().as_ref() {
             Some(p) => json_response(crate::debug::push_status(p, &state.registry)),
@@ -154,7 +175,7 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
         _ => text(
             StatusCode::NOT_FOUND,
             "not found; try /ready /healthz /metrics /debug/syncz /debug/configz /debug/endpointz \
-             /debug/push_status /debug/config_dump?proxy=ID\n",
+             /debug/push_status /debug/config_dump?proxy=ID /debug/cachez\n",
         ),
     }
 }

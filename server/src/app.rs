@@ -1,6 +1,7 @@
 //! Command line and wiring of the server binary.
 
 use crate::admin::{self, AdminState};
+use crate::generate::cache::GeneratorCache;
 use crate::metrics::Metrics;
 use crate::pipeline::{self, Debounce};
 use crate::xds::listener::{self, ConnectionPolicy};
@@ -94,18 +95,53 @@ pub struct ServerArgs {
     /// Maximum age of a proxy connection, jittered ±10% per connection; an aged connection
     /// ends gracefully so the proxy reconnects, spreading proxies over replicas after a
     /// scale-out. "0s" disables it.
-    #[arg(long, env = "SHOAL_MAX_CONNECTION_AGE", default_value = "30m", value_name = "DURATION")]
+    #[arg(
+        long,
+        env = "SHOAL_MAX_CONNECTION_AGE",
+        default_value = "30m",
+        value_name = "DURATION"
+    )]
     pub max_connection_age: ConfigDuration,
 
     /// On SIGTERM, period over which proxy connections are closed (each at a random moment),
     /// so the other replicas take them over gradually. Keep it below the pod's
     /// terminationGracePeriodSeconds.
-    #[arg(long, env = "SHOAL_DRAIN_DURATION", default_value = "20s", value_name = "DURATION")]
+    #[arg(
+        long,
+        env = "SHOAL_DRAIN_DURATION",
+        default_value = "20s",
+        value_name = "DURATION"
+    )]
     pub drain_duration: ConfigDuration,
 
     /// How many proxy streams may generate a push at the same time (like PILOT_PUSH_THROTTLE).
-    #[arg(long, env = "SHOAL_PUSH_CONCURRENCY", default_value_t = 100, value_name = "N")]
+    #[arg(
+        long,
+        env = "SHOAL_PUSH_CONCURRENCY",
+        default_value_t = 100,
+        value_name = "N"
+    )]
     pub push_concurrency: usize,
+
+    /// Size bound of the generator cache, in MiB (encoded resources by generator input;
+    /// proxies with the same view share entries).
+    #[arg(
+        long,
+        env = "SHOAL_CACHE_SIZE",
+        default_value_t = 256,
+        value_name = "MIB"
+    )]
+    pub cache_size: u64,
+
+    /// Rebuild every cache hit and abort if the bytes differ (for tests: proves no generator
+    /// input is missing from its cache key).
+    #[arg(
+        long,
+        env = "SHOAL_CACHE_ASSERT",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub cache_assert: bool,
 
     /// Log filter, in RUST_LOG syntax (e.g. "info" or "info,shoal_server=debug").
     #[arg(
@@ -152,6 +188,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     tokio::spawn(pipeline::run(bus, debounce, metrics.clone(), tx));
 
     let (drain_tx, drain_rx) = watch::channel(false);
+    let cache = GeneratorCache::new(args.cache_size << 20, args.cache_assert, metrics.clone());
     let admin_listener = admin::bind(args.admin_addr)
         .await
         .with_context(|| format!("cannot listen on admin address {}", args.admin_addr))?;
@@ -162,6 +199,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             registry: registry.clone(),
             metrics: metrics.clone(),
             draining: drain_rx.clone(),
+            cache: cache.clone(),
         },
     ));
 
@@ -169,7 +207,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on xDS address {}", args.xds_addr))?;
     tracing::info!(xds = %args.xds_addr, admin = %args.admin_addr, "serving");
-    let ads = AdsService::new(rx, registry, metrics).with_push_concurrency(args.push_concurrency);
+    let ads = AdsService::new(rx, registry, metrics)
+        .with_push_concurrency(args.push_concurrency)
+        .with_cache(cache);
     let routes = tonic::service::Routes::new(
         AggregatedDiscoveryServiceServer::new(ads).max_decoding_message_size(16 << 20),
     )

@@ -36,6 +36,14 @@ pub struct Metrics {
     pub debounce_seconds: Histogram,
     /// 1 once the initial state is loaded.
     pub ready: IntGauge,
+    /// Generator cache hits.
+    pub cache_hits: IntCounter,
+    /// Generator cache misses (resources built).
+    pub cache_misses: IntCounter,
+    /// Generator cache entries (set on scrape).
+    pub cache_entries: IntGauge,
+    /// Generator cache weighted size in bytes (set on scrape).
+    pub cache_bytes: IntGauge,
 }
 
 impl Metrics {
@@ -129,6 +137,20 @@ impl Metrics {
             .expect("valid metric"),
             ready: IntGauge::new("shoal_ready", "1 once the initial state is loaded.")
                 .expect("valid metric"),
+            cache_hits: IntCounter::new("shoal_cache_hits_total", "Generator cache hits.")
+                .expect("valid metric"),
+            cache_misses: IntCounter::new(
+                "shoal_cache_misses_total",
+                "Generator cache misses (resources built).",
+            )
+            .expect("valid metric"),
+            cache_entries: IntGauge::new("shoal_cache_entries", "Generator cache entries.")
+                .expect("valid metric"),
+            cache_bytes: IntGauge::new(
+                "shoal_cache_bytes",
+                "Generator cache size in bytes (resources plus per-entry overhead).",
+            )
+            .expect("valid metric"),
             registry,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -145,6 +167,10 @@ impl Metrics {
             Box::new(m.convergence_seconds.clone()),
             Box::new(m.debounce_seconds.clone()),
             Box::new(m.ready.clone()),
+            Box::new(m.cache_hits.clone()),
+            Box::new(m.cache_misses.clone()),
+            Box::new(m.cache_entries.clone()),
+            Box::new(m.cache_bytes.clone()),
         ];
         for c in collectors {
             m.registry.register(c).expect("metric registered once");

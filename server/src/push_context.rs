@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Where a service comes from.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ServiceSource {
     /// A Kubernetes Service; endpoints come from the EDS shards.
     Kubernetes,
@@ -25,7 +25,7 @@ pub enum ServiceSource {
 }
 
 /// A service as the generators see it: merged across clusters, keyed by hostname.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServiceView {
     /// The hostname (FQDN for Kubernetes services, the host for ServiceEntries).
     pub hostname: String,
@@ -66,7 +66,7 @@ pub fn exported_to(export_to: &[String], own_ns: &str, viewer_ns: &str) -> bool 
 }
 
 /// A config object with its metadata, typed by spec.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Config<T> {
     /// Name, namespace, labels.
     pub meta: ObjectMeta,

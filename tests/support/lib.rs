@@ -17,10 +17,13 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+#[path = "../bench/mod.rs"]
+pub mod bench;
 pub mod bootstrap;
 pub mod envoy;
 pub mod eventually;
 pub mod http;
+pub mod kubeapi;
 pub mod mesh;
 pub mod nats;
 pub mod ports;

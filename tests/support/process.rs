@@ -23,24 +23,34 @@ impl Process {
     /// `dir` is the process's working area (config, data); it is deleted on drop.
     ///
     /// Panics, naming `hint`, when the program cannot be started (typically: not installed).
-    pub fn spawn(name: &str, mut cmd: Command, dir: TempDir, hint: &str) -> Process {
+    pub fn spawn(name: &str, cmd: Command, dir: TempDir, hint: &str) -> Process {
+        match Process::try_spawn(name, cmd, dir) {
+            Ok(process) => process,
+            Err(e) => panic!("{e:#}; {hint}"),
+        }
+    }
+
+    /// Like [`Process::spawn`], but returns an error (naming the program) instead of
+    /// panicking, for callers that report failures themselves (the benchmark).
+    pub fn try_spawn(name: &str, mut cmd: Command, dir: TempDir) -> anyhow::Result<Process> {
+        use anyhow::Context;
         let log_path = dir.path().join(format!("{name}.log"));
-        let log = std::fs::File::create(&log_path).expect("creating a process log file");
-        let log2 = log.try_clone().expect("cloning the log file handle");
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("creating the log file {}", log_path.display()))?;
+        let log2 = log.try_clone().context("cloning the log file handle")?;
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log2))
             .kill_on_drop(true);
-        let child = match cmd.spawn() {
-            Ok(child) => child,
-            Err(e) => panic!("cannot start {name} ({cmd:?}): {e}; {hint}"),
-        };
-        Process {
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {name} ({cmd:?})"))?;
+        Ok(Process {
             name: name.to_string(),
             child,
             log_path,
             dir,
-        }
+        })
     }
 
     /// The name used in log prefixes.

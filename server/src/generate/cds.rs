@@ -24,6 +24,7 @@ use shoal_proto::pb::envoy::extensions::upstreams::http::v3::{
 };
 use shoal_proto::{outbound_cluster_name, XdsType};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Istio's default upstream connect timeout.
@@ -33,34 +34,81 @@ pub const BLACKHOLE_CLUSTER: &str = "BlackHoleCluster";
 /// Name of the cluster that forwards to the original destination.
 pub const PASSTHROUGH_CLUSTER: &str = "PassthroughCluster";
 
-/// Generates every cluster a proxy with this scope needs.
-pub fn generate(scope: &ProxyScope, ctx: &PushContext) -> Vec<Resource> {
-    let mut out = vec![
-        Resource::new(XdsType::Cluster, BLACKHOLE_CLUSTER.into(), &blackhole()),
-        Resource::new(XdsType::Cluster, PASSTHROUGH_CLUSTER.into(), &passthrough()),
-    ];
+/// Everything one cluster is built from. Building reads nothing else, so two proxies whose
+/// keys are equal share the cached bytes, and no input can be left out of the key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ClusterKey {
+    /// Istio's `BlackHoleCluster`.
+    Blackhole,
+    /// Istio's `PassthroughCluster`.
+    Passthrough,
+    /// `outbound|<port>|<subset>|<host>`.
+    Service {
+        /// The cluster name.
+        name: String,
+        /// The service.
+        svc: Arc<ServiceView>,
+        /// The service port.
+        port: ServicePort,
+        /// The effective traffic policy (subset merged over rule).
+        policy: Option<TrafficPolicy>,
+        /// Subset labels (empty for the service-wide cluster).
+        subset_labels: BTreeMap<String, String>,
+    },
+}
+
+/// The clusters a proxy with this scope needs.
+pub fn keys(scope: &ProxyScope, ctx: &PushContext) -> Vec<ClusterKey> {
+    let mut out = vec![ClusterKey::Blackhole, ClusterKey::Passthrough];
     for svc in &scope.services {
         let dr = ctx.destination_rule(&svc.hostname);
         let default_policy = dr.and_then(|d| d.spec.traffic_policy.as_ref());
         for port in &svc.ports {
-            let name = outbound_cluster_name(port.port.into(), "", &svc.hostname);
-            out.push(Resource::new(
-                XdsType::Cluster,
-                name.clone(),
-                &cluster(&name, svc, port, default_policy, &BTreeMap::new()),
-            ));
+            out.push(ClusterKey::Service {
+                name: outbound_cluster_name(port.port.into(), "", &svc.hostname),
+                svc: svc.clone(),
+                port: port.clone(),
+                policy: default_policy.cloned(),
+                subset_labels: BTreeMap::new(),
+            });
             for subset in dr.map(|d| d.spec.subsets.as_slice()).unwrap_or_default() {
-                let name = outbound_cluster_name(port.port.into(), &subset.name, &svc.hostname);
-                let policy = subset_policy(subset.traffic_policy.as_ref(), default_policy);
-                out.push(Resource::new(
-                    XdsType::Cluster,
-                    name.clone(),
-                    &cluster(&name, svc, port, Some(&policy), &subset.labels),
-                ));
+                out.push(ClusterKey::Service {
+                    name: outbound_cluster_name(port.port.into(), &subset.name, &svc.hostname),
+                    svc: svc.clone(),
+                    port: port.clone(),
+                    policy: Some(subset_policy(
+                        subset.traffic_policy.as_ref(),
+                        default_policy,
+                    )),
+                    subset_labels: subset.labels.clone(),
+                });
             }
         }
     }
     out
+}
+
+/// Builds one cluster from its key alone.
+pub fn build(key: &ClusterKey) -> Resource {
+    match key {
+        ClusterKey::Blackhole => {
+            Resource::new(XdsType::Cluster, BLACKHOLE_CLUSTER.into(), &blackhole())
+        }
+        ClusterKey::Passthrough => {
+            Resource::new(XdsType::Cluster, PASSTHROUGH_CLUSTER.into(), &passthrough())
+        }
+        ClusterKey::Service {
+            name,
+            svc,
+            port,
+            policy,
+            subset_labels,
+        } => Resource::new(
+            XdsType::Cluster,
+            name.clone(),
+            &cluster(name, svc, port, policy.as_ref(), subset_labels),
+        ),
+    }
 }
 
 /// A subset's policy merged over the rule's, field by field as Istio merges them: a subset

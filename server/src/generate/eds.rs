@@ -3,7 +3,7 @@
 //! grouped by locality.
 
 use super::{cds::entry_port, socket_address, Resource};
-use crate::endpoints::EndpointIndex;
+use crate::endpoints::{EndpointIndex, HostShards};
 use crate::push_context::{PushContext, ServiceSource, ServiceView};
 use crate::scope::ProxyScope;
 use shoal_common::model::{Locality, Resolution, ServicePort};
@@ -14,16 +14,40 @@ use shoal_proto::pb::envoy::config::endpoint::v3::{
 use shoal_proto::pb::google::protobuf::UInt32Value;
 use shoal_proto::{parse_outbound_cluster_name, XdsType};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-/// Generates the load assignments for the requested cluster names the proxy may see.
-/// An unknown but well-formed name gets an empty assignment, so Envoy's cluster warming
-/// completes instead of waiting for the initial fetch timeout.
-pub fn generate(
+/// Everything one load assignment is built from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointsKey {
+    /// The cluster name.
+    pub name: String,
+    /// Where its endpoints come from; `None` for an unknown service or subset (empty).
+    pub source: Option<EndpointsSource>,
+}
+
+/// The inputs of a non-empty load assignment.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EndpointsSource {
+    /// The service.
+    pub svc: Arc<ServiceView>,
+    /// The service port.
+    pub port: u32,
+    /// Labels endpoints must carry (empty: all).
+    pub subset_labels: BTreeMap<String, String>,
+    /// The service's EDS shards (Kubernetes services).
+    pub shards: Option<Arc<HostShards>>,
+}
+
+/// The load assignments for the requested cluster names the proxy may see. An unknown but
+/// well-formed name gets an empty assignment, so Envoy's cluster warming completes instead
+/// of waiting for the initial fetch timeout. A subset no DestinationRule defines has no
+/// endpoints, as in Istio.
+pub fn keys(
     names: &[String],
     scope: &ProxyScope,
     ctx: &PushContext,
     endpoints: &EndpointIndex,
-) -> Vec<Resource> {
+) -> Vec<EndpointsKey> {
     names
         .iter()
         .filter_map(|name| {
@@ -32,17 +56,42 @@ pub fn generate(
                 .services
                 .binary_search_by(|s| s.hostname.as_str().cmp(host))
                 .ok()
-                .map(|i| &scope.services[i]);
-            let cla = match svc {
-                Some(svc) => load_assignment(name, svc, port, subset, ctx, endpoints),
-                None => ClusterLoadAssignment {
-                    cluster_name: name.clone(),
-                    ..Default::default()
-                },
-            };
-            Some(Resource::new(XdsType::Endpoint, name.clone(), &cla))
+                .map(|i| scope.services[i].clone());
+            let source = svc.and_then(|svc| {
+                let subset_labels = if subset.is_empty() {
+                    BTreeMap::new()
+                } else {
+                    ctx.destination_rule(&svc.hostname)
+                        .and_then(|dr| dr.spec.subsets.iter().find(|s| s.name == subset))?
+                        .labels
+                        .clone()
+                };
+                let shards = endpoints.host(&svc.hostname).cloned();
+                Some(EndpointsSource {
+                    svc,
+                    port,
+                    subset_labels,
+                    shards,
+                })
+            });
+            Some(EndpointsKey {
+                name: name.clone(),
+                source,
+            })
         })
         .collect()
+}
+
+/// Builds one load assignment from its key alone.
+pub fn build(key: &EndpointsKey) -> Resource {
+    let cla = match &key.source {
+        Some(src) => load_assignment(&key.name, src),
+        None => ClusterLoadAssignment {
+            cluster_name: key.name.clone(),
+            ..Default::default()
+        },
+    };
+    Resource::new(XdsType::Endpoint, key.name.clone(), &cla)
 }
 
 /// One endpoint to send: address, port, locality, weight.
@@ -52,32 +101,14 @@ struct Target {
     weight: Option<u32>,
 }
 
-fn load_assignment(
-    name: &str,
-    svc: &ServiceView,
-    port: u32,
-    subset: &str,
-    ctx: &PushContext,
-    index: &EndpointIndex,
-) -> ClusterLoadAssignment {
-    let empty = BTreeMap::new();
-    let subset_labels = if subset.is_empty() {
-        &empty
-    } else {
-        match ctx
-            .destination_rule(&svc.hostname)
-            .and_then(|dr| dr.spec.subsets.iter().find(|s| s.name == subset))
-        {
-            Some(s) => &s.labels,
-            // A subset no DestinationRule defines has no endpoints (as in Istio).
-            None => {
-                return ClusterLoadAssignment {
-                    cluster_name: name.into(),
-                    ..Default::default()
-                }
-            }
-        }
-    };
+fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
+    let EndpointsSource {
+        svc,
+        port,
+        subset_labels,
+        shards,
+    } = src;
+    let port = *port;
     let matches = |labels: &BTreeMap<String, String>| {
         subset_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
     };
@@ -85,11 +116,7 @@ fn load_assignment(
     if let Some(svc_port) = svc.port(port) {
         match &svc.source {
             ServiceSource::Kubernetes => {
-                for set in index
-                    .host(&svc.hostname)
-                    .into_iter()
-                    .flat_map(|s| s.values())
-                {
+                for set in shards.iter().flat_map(|s| s.values()) {
                     let Some(target_port) = slice_port(svc_port, &set.ports) else {
                         continue;
                     };

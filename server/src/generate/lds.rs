@@ -22,8 +22,23 @@ const GATEWAY_BIND: &str = "0.0.0.0";
 /// Default bind address of a `captureMode: NONE` egress listener, as in Istio.
 const SIDECAR_BIND: &str = "127.0.0.1";
 
-/// Generates the listeners of a proxy.
-pub fn generate(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Resource> {
+/// Everything one listener is built from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ListenerKey {
+    /// Listener name (`<bind>_<port>`).
+    pub name: String,
+    /// Bind address.
+    pub bind: String,
+    /// Port.
+    pub port: u32,
+    /// RDS route name.
+    pub route: String,
+    /// Gateway (edge) listener.
+    pub gateway: bool,
+}
+
+/// The listeners of a proxy.
+pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<ListenerKey> {
     // (bind, port) → route name; BTreeMap keeps output ordered and merges servers that
     // share a port, as Istio merges them into one listener.
     let mut listeners: BTreeMap<(String, u32), (String, bool)> = BTreeMap::new();
@@ -69,12 +84,20 @@ pub fn generate(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Res
     }
     listeners
         .into_iter()
-        .map(|((bind, port), (route, gateway))| {
-            let name = listener_name(&bind, port);
-            let l = http_listener(&name, &bind, port, &route, gateway);
-            Resource::new(XdsType::Listener, name, &l)
+        .map(|((bind, port), (route, gateway))| ListenerKey {
+            name: listener_name(&bind, port),
+            bind,
+            port,
+            route,
+            gateway,
         })
         .collect()
+}
+
+/// Builds one listener from its key alone.
+pub fn build(key: &ListenerKey) -> Resource {
+    let l = http_listener(&key.name, &key.bind, key.port, &key.route, key.gateway);
+    Resource::new(XdsType::Listener, key.name.clone(), &l)
 }
 
 fn http_listener(name: &str, bind: &str, port: u32, route: &str, gateway: bool) -> Listener {

@@ -5,6 +5,7 @@
 //! order). The same snapshot therefore yields the same bytes, and the same versions, on
 //! every replica.
 
+pub mod cache;
 pub mod cds;
 pub mod eds;
 pub mod lds;
@@ -56,8 +57,61 @@ pub struct Snapshot {
     pub number: u64,
 }
 
-/// Generates the resources of `ty` for a proxy. `names` are the requested resource names
+/// The inputs of one resource: the generator's key. Building a resource reads only its key,
+/// so the key's `Hash`/`Eq` cover everything the resource depends on, and resources can be
+/// cached by key and shared between proxies with the same view.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Key {
+    /// A cluster.
+    Cluster(cds::ClusterKey),
+    /// A load assignment.
+    Endpoints(eds::EndpointsKey),
+    /// A listener.
+    Listener(lds::ListenerKey),
+    /// A route table.
+    Route(rds::RouteKey),
+}
+
+/// The keys of the resources of `ty` for a proxy. `names` are the requested resource names
 /// (ignored for wildcard types; EDS and RDS return exactly the requested names that exist).
+pub fn keys(
+    ty: XdsType,
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    snap: &Snapshot,
+    names: &[String],
+) -> Vec<Key> {
+    match ty {
+        XdsType::Cluster => cds::keys(scope, &snap.ctx)
+            .into_iter()
+            .map(Key::Cluster)
+            .collect(),
+        XdsType::Endpoint => eds::keys(names, scope, &snap.ctx, &snap.endpoints)
+            .into_iter()
+            .map(Key::Endpoints)
+            .collect(),
+        XdsType::Listener => lds::keys(proxy, scope, &snap.ctx)
+            .into_iter()
+            .map(Key::Listener)
+            .collect(),
+        XdsType::Route => rds::keys(proxy, scope, &snap.ctx, names)
+            .into_iter()
+            .map(Key::Route)
+            .collect(),
+    }
+}
+
+/// Builds a resource from its key.
+pub fn build(key: &Key) -> Resource {
+    match key {
+        Key::Cluster(k) => cds::build(k),
+        Key::Endpoints(k) => eds::build(k),
+        Key::Listener(k) => lds::build(k),
+        Key::Route(k) => rds::build(k),
+    }
+}
+
+/// Generates the resources of `ty` for a proxy, without a cache.
 pub fn generate(
     ty: XdsType,
     proxy: &Proxy,
@@ -65,12 +119,16 @@ pub fn generate(
     snap: &Snapshot,
     names: &[String],
 ) -> Vec<Resource> {
-    let mut out = match ty {
-        XdsType::Cluster => cds::generate(scope, &snap.ctx),
-        XdsType::Endpoint => eds::generate(names, scope, &snap.ctx, &snap.endpoints),
-        XdsType::Listener => lds::generate(proxy, scope, &snap.ctx),
-        XdsType::Route => rds::generate(proxy, scope, &snap.ctx, names),
-    };
+    finish(
+        keys(ty, proxy, scope, snap, names)
+            .iter()
+            .map(build)
+            .collect(),
+    )
+}
+
+/// Orders resources by name and drops duplicates: responses are deterministic.
+pub(crate) fn finish(mut out: Vec<Resource>) -> Vec<Resource> {
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out.dedup_by(|a, b| a.name == b.name);
     out

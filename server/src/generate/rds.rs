@@ -10,8 +10,8 @@ use crate::push_context::{
 };
 use crate::scope::{host_entry_matches, ProxyScope};
 use shoal_common::model::{
-    Destination, HttpMatchRequest, HttpRetry, HttpRoute, HttpRouteDestination, StringMatch,
-    VirtualService,
+    Destination, Gateway, HttpMatchRequest, HttpRetry, HttpRoute, HttpRouteDestination,
+    StringMatch, VirtualService,
 };
 use shoal_proto::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier,
@@ -39,47 +39,113 @@ const DEFAULT_RETRY_ON: &str =
 /// Istio's default number of retries when a route sets none.
 const DEFAULT_RETRIES: u32 = 2;
 
-/// Generates the requested route tables.
-pub fn generate(
+/// Everything one route table is built from: the VirtualServices that can shape it and the
+/// ports of the services they name as destinations (a destination without a port resolves
+/// to the service's only port). Building reads nothing else.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum RouteKey {
+    /// A gateway port's table (`http.<port>`).
+    Gateway(GatewayRouteKey),
+    /// A sidecar egress port's table (`"<port>"`).
+    Sidecar(SidecarRouteKey),
+}
+
+/// Inputs of a gateway route table.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GatewayRouteKey {
+    /// Route table name.
+    pub name: String,
+    /// Listener port.
+    pub port: u32,
+    /// The proxy's Gateways that have a server on the port.
+    pub gateways: Vec<Arc<Config<Gateway>>>,
+    /// VirtualServices exported to the proxy's namespace and bound to one of `gateways`.
+    pub virtual_services: Vec<Arc<Config<VirtualService>>>,
+    /// Ports of destination services, by hostname.
+    pub destinations: DestinationPorts,
+}
+
+/// Inputs of a sidecar route table.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SidecarRouteKey {
+    /// Route table name.
+    pub name: String,
+    /// Listener port.
+    pub port: u32,
+    /// The proxy's namespace (short-name domains, exportTo).
+    pub proxy_namespace: String,
+    /// Services with an HTTP port `port` that the egress listener admits, by hostname.
+    pub services: Vec<Arc<ServiceView>>,
+    /// Mesh VirtualServices exported to the proxy's namespace that cover one of `services`.
+    pub virtual_services: Vec<Arc<Config<VirtualService>>>,
+    /// Ports of destination services, by hostname.
+    pub destinations: DestinationPorts,
+}
+
+/// Service ports by hostname, for the destinations a set of VirtualServices names.
+pub type DestinationPorts = BTreeMap<String, Vec<u16>>;
+
+/// The route tables requested, for this proxy.
+pub fn keys(
     proxy: &Proxy,
     scope: &ProxyScope,
     ctx: &PushContext,
     names: &[String],
-) -> Vec<Resource> {
+) -> Vec<RouteKey> {
     names
         .iter()
-        .filter_map(|name| {
-            let rc = match proxy.kind {
-                ProxyKind::Router => {
-                    let port = name.strip_prefix("http.")?.parse().ok()?;
-                    gateway_routes(name, port, proxy, ctx)
-                }
-                ProxyKind::Sidecar => {
-                    let port = name.parse().ok()?;
-                    sidecar_routes(name, port, proxy, scope, ctx)
-                }
-            };
-            Some(Resource::new(XdsType::Route, name.clone(), &rc))
+        .filter_map(|name| match proxy.kind {
+            ProxyKind::Router => {
+                let port = name.strip_prefix("http.")?.parse().ok()?;
+                Some(RouteKey::Gateway(gateway_key(name, port, proxy, ctx)))
+            }
+            ProxyKind::Sidecar => {
+                let port = name.parse().ok()?;
+                Some(RouteKey::Sidecar(sidecar_key(
+                    name, port, proxy, scope, ctx,
+                )))
+            }
         })
         .collect()
 }
 
+/// Builds one route table from its key alone.
+pub fn build(key: &RouteKey) -> Resource {
+    let (name, rc) = match key {
+        RouteKey::Gateway(k) => (&k.name, gateway_routes(k)),
+        RouteKey::Sidecar(k) => (&k.name, sidecar_routes(k)),
+    };
+    Resource::new(XdsType::Route, name.clone(), &rc)
+}
+
+/// The ports of every service the VirtualServices route to.
+fn destination_ports(vss: &[Arc<Config<VirtualService>>], ctx: &PushContext) -> DestinationPorts {
+    let mut out = DestinationPorts::new();
+    for vs in vss {
+        for rule in &vs.spec.http {
+            for d in &rule.route {
+                let host = resolve_host(&d.destination.host, &vs.meta.namespace);
+                if let Some(svc) = ctx.services.get(&host) {
+                    out.insert(host, svc.ports.iter().map(|p| p.port).collect());
+                }
+            }
+        }
+    }
+    out
+}
+
 /// How a route's destinations resolve: the namespace of the VirtualService (short hosts),
-/// the port traffic arrived on (a destination's default port), and the services known.
+/// the port traffic arrived on (a destination's default port), and the services' ports.
 struct RouteEnv<'a> {
     ns: &'a str,
     listener_port: u32,
-    ctx: &'a PushContext,
+    destinations: &'a DestinationPorts,
 }
 
 // ---------------------------------------------------------------------------------------
 // Gateways
 
-fn gateway_name_matches(
-    reference: &str,
-    vs_ns: &str,
-    gw: &Config<shoal_common::model::Gateway>,
-) -> bool {
+fn gateway_name_matches(reference: &str, vs_ns: &str, gw: &Config<Gateway>) -> bool {
     let (ns, name) = reference.split_once('/').unwrap_or((vs_ns, reference));
     ns == gw.meta.namespace && name == gw.meta.name
 }
@@ -110,19 +176,50 @@ fn gateway_host_match(
     }
 }
 
-fn gateway_routes(name: &str, port: u32, proxy: &Proxy, ctx: &PushContext) -> RouteConfiguration {
-    let gateways: Vec<_> = ctx
+fn gateway_key(name: &str, port: u32, proxy: &Proxy, ctx: &PushContext) -> GatewayRouteKey {
+    let gateways: Vec<Arc<Config<Gateway>>> = ctx
         .gateways_for(&proxy.labels)
         .into_iter()
         .filter(|gw| gw.spec.servers.iter().any(|s| s.port.number == port))
+        .cloned()
         .collect();
+    let virtual_services: Vec<_> = ctx
+        .virtual_services
+        .iter()
+        .filter(|vs| exported_to(&vs.spec.export_to, &vs.meta.namespace, &proxy.namespace))
+        .filter(|vs| {
+            gateways.iter().any(|gw| {
+                vs.spec
+                    .gateways
+                    .iter()
+                    .any(|r| gateway_name_matches(r, &vs.meta.namespace, gw))
+            })
+        })
+        .cloned()
+        .collect();
+    let destinations = destination_ports(&virtual_services, ctx);
+    GatewayRouteKey {
+        name: name.to_string(),
+        port,
+        gateways,
+        virtual_services,
+        destinations,
+    }
+}
+
+fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
+    let GatewayRouteKey {
+        name,
+        port,
+        gateways,
+        virtual_services,
+        destinations,
+    } = key;
+    let port = *port;
     // Virtual host → routes, merged across VirtualServices in precedence order, as Istio
     // merges VirtualServices that share a host on a gateway.
     let mut vhosts: BTreeMap<String, Vec<Route>> = BTreeMap::new();
-    for vs in &ctx.virtual_services {
-        if !exported_to(&vs.spec.export_to, &vs.meta.namespace, &proxy.namespace) {
-            continue;
-        }
+    for vs in virtual_services {
         let bound: Vec<_> = gateways
             .iter()
             .filter(|gw| {
@@ -159,7 +256,7 @@ fn gateway_routes(name: &str, port: u32, proxy: &Proxy, ctx: &PushContext) -> Ro
         let env = RouteEnv {
             ns: &vs.meta.namespace,
             listener_port: port,
-            ctx,
+            destinations,
         };
         let routes = vs_routes(vs, &env, |m| {
             m.gateways.is_empty()
@@ -203,34 +300,74 @@ fn gateway_routes(name: &str, port: u32, proxy: &Proxy, ctx: &PushContext) -> Ro
 // ---------------------------------------------------------------------------------------
 // Sidecars
 
-fn sidecar_routes(
+fn sidecar_key(
     name: &str,
     port: u32,
     proxy: &Proxy,
     scope: &ProxyScope,
     ctx: &PushContext,
-) -> RouteConfiguration {
+) -> SidecarRouteKey {
     let listener = scope.sidecar.as_ref().and_then(|s| {
         s.spec
             .egress
             .iter()
             .find(|l| l.port.as_ref().is_some_and(|p| p.number == port))
     });
-    let services = scope.services.iter().filter(|svc| {
-        svc.port(port).is_some_and(|p| p.protocol.is_http())
-            && listener.is_none_or(|l| {
-                l.hosts
+    let services: Vec<Arc<ServiceView>> = scope
+        .services
+        .iter()
+        .filter(|svc| {
+            svc.port(port).is_some_and(|p| p.protocol.is_http())
+                && listener.is_none_or(|l| {
+                    l.hosts
+                        .iter()
+                        .any(|h| host_entry_matches(h, &proxy.namespace, svc))
+                })
+        })
+        .cloned()
+        .collect();
+    let virtual_services: Vec<_> = ctx
+        .virtual_services
+        .iter()
+        .filter(|vs| {
+            let for_mesh =
+                vs.spec.gateways.is_empty() || vs.spec.gateways.iter().any(|g| g == "mesh");
+            for_mesh && exported_to(&vs.spec.export_to, &vs.meta.namespace, &proxy.namespace)
+        })
+        .filter(|vs| {
+            vs.spec.hosts.iter().any(|h| {
+                let h = resolve_host(h, &vs.meta.namespace);
+                services
                     .iter()
-                    .any(|h| host_entry_matches(h, &proxy.namespace, svc))
+                    .any(|svc| wildcard_covers(&h, &svc.hostname))
             })
-    });
-    // VirtualServices that apply to sidecars in this namespace, by resolved host.
+        })
+        .cloned()
+        .collect();
+    let destinations = destination_ports(&virtual_services, ctx);
+    SidecarRouteKey {
+        name: name.to_string(),
+        port,
+        proxy_namespace: proxy.namespace.clone(),
+        services,
+        virtual_services,
+        destinations,
+    }
+}
+
+fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
+    let SidecarRouteKey {
+        name,
+        port,
+        proxy_namespace,
+        services,
+        virtual_services,
+        destinations,
+    } = key;
+    let port = *port;
+    // VirtualServices by resolved host.
     let mut by_host: BTreeMap<String, Vec<&Arc<Config<VirtualService>>>> = BTreeMap::new();
-    for vs in &ctx.virtual_services {
-        let for_mesh = vs.spec.gateways.is_empty() || vs.spec.gateways.iter().any(|g| g == "mesh");
-        if !for_mesh || !exported_to(&vs.spec.export_to, &vs.meta.namespace, &proxy.namespace) {
-            continue;
-        }
+    for vs in virtual_services {
         for h in &vs.spec.hosts {
             by_host
                 .entry(resolve_host(h, &vs.meta.namespace))
@@ -249,7 +386,7 @@ fn sidecar_routes(
                 let env = RouteEnv {
                     ns: &vs.meta.namespace,
                     listener_port: port,
-                    ctx,
+                    destinations,
                 };
                 vs_routes(vs, &env, |m| {
                     m.gateways.is_empty() || m.gateways.iter().any(|g| g == "mesh")
@@ -265,7 +402,7 @@ fn sidecar_routes(
                 &svc.hostname,
             )));
         }
-        let domains = unique_domains(service_domains(svc, port, &proxy.namespace), &mut seen);
+        let domains = unique_domains(service_domains(svc, port, proxy_namespace), &mut seen);
         if domains.is_empty() {
             continue;
         }
@@ -526,8 +663,8 @@ fn destination_cluster(d: &Destination, env: &RouteEnv<'_>) -> String {
         d.port
             .as_ref()
             .map(|p| p.number)
-            .unwrap_or_else(|| match env.ctx.services.get(&host) {
-                Some(svc) if svc.ports.len() == 1 => svc.ports[0].port.into(),
+            .unwrap_or_else(|| match env.destinations.get(&host) {
+                Some(ports) if ports.len() == 1 => ports[0].into(),
                 _ => env.listener_port,
             });
     outbound_cluster_name(port, d.subset.as_deref().unwrap_or_default(), &host)

@@ -5,6 +5,7 @@ use super::listener::ConnectionClose;
 use super::registry::Registry;
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
+use crate::generate::cache::GeneratorCache;
 use crate::metrics::Metrics;
 use crate::pipeline::Published;
 use futures::StreamExt;
@@ -12,9 +13,9 @@ use shoal_proto::pb::envoy::service::discovery::v3::{
     aggregated_discovery_service_server::AggregatedDiscoveryService, DeltaDiscoveryRequest,
     DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
+use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
@@ -28,7 +29,11 @@ pub struct AdsService {
     metrics: Metrics,
     next_id: Arc<AtomicU64>,
     push_limit: Arc<Semaphore>,
+    cache: GeneratorCache,
 }
+
+/// Default size bound of the generator cache.
+pub const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
 
 /// Istio's default push concurrency (`PILOT_PUSH_THROTTLE`).
 pub const DEFAULT_PUSH_CONCURRENCY: usize = 100;
@@ -43,10 +48,21 @@ impl AdsService {
         AdsService {
             snapshots,
             registry,
-            metrics,
+            metrics: metrics.clone(),
             next_id: Arc::new(AtomicU64::new(1)),
             push_limit: Arc::new(Semaphore::new(DEFAULT_PUSH_CONCURRENCY)),
+            cache: GeneratorCache::new(
+                DEFAULT_CACHE_BYTES,
+                GeneratorCache::assert_from_env(),
+                metrics.clone(),
+            ),
         }
+    }
+
+    /// Uses this generator cache (shared with the admin server's `/debug/cachez`).
+    pub fn with_cache(mut self, cache: GeneratorCache) -> Self {
+        self.cache = cache;
+        self
     }
 
     /// Limits how many streams generate a push at the same time.
@@ -58,7 +74,10 @@ impl AdsService {
     fn drive_context<T>(&self, request: &Request<T>) -> DriveContext {
         DriveContext {
             snapshots: self.snapshots.clone(),
-            close: request.extensions().get::<ConnectionClose>().map(|c| c.0.clone()),
+            close: request
+                .extensions()
+                .get::<ConnectionClose>()
+                .map(|c| c.0.clone()),
             push_limit: self.push_limit.clone(),
         }
     }
@@ -69,7 +88,13 @@ impl AdsService {
             .map(|a| a.to_string())
             .unwrap_or_else(|| "unknown".into());
         let id = format!("{peer}-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
-        Session::new(id, mode, self.registry.clone(), self.metrics.clone())
+        Session::new(
+            id,
+            mode,
+            self.registry.clone(),
+            self.metrics.clone(),
+            self.cache.clone(),
+        )
     }
 }
 
@@ -87,7 +112,11 @@ impl AggregatedDiscoveryService for AdsService {
         let session = self.session(&request, Mode::Sotw);
         let (tx, rx) = mpsc::channel(16);
         let ctx = self.drive_context(&request);
-        tokio::spawn(drive(SotwStream::new(session, tx), request.into_inner(), ctx));
+        tokio::spawn(drive(
+            SotwStream::new(session, tx),
+            request.into_inner(),
+            ctx,
+        ));
         Ok(Response::new(ReceiverStream::new(rx).boxed()))
     }
 
@@ -98,7 +127,11 @@ impl AggregatedDiscoveryService for AdsService {
         let session = self.session(&request, Mode::Delta);
         let (tx, rx) = mpsc::channel(16);
         let ctx = self.drive_context(&request);
-        tokio::spawn(drive(DeltaStream::new(session, tx), request.into_inner(), ctx));
+        tokio::spawn(drive(
+            DeltaStream::new(session, tx),
+            request.into_inner(),
+            ctx,
+        ));
         Ok(Response::new(ReceiverStream::new(rx).boxed()))
     }
 }
@@ -121,7 +154,11 @@ pub(crate) async fn drive<Req, H>(mut handler: H, mut requests: Streaming<Req>, 
 where
     H: StreamHandler<Req>,
 {
-    let DriveContext { mut snapshots, close, push_limit } = ctx;
+    let DriveContext {
+        mut snapshots,
+        close,
+        push_limit,
+    } = ctx;
     let Ok(first) = snapshots.wait_for(|s| s.is_some()).await.map(|s| s.clone()) else {
         return;
     };

@@ -49,7 +49,6 @@ impl DeltaStream {
         }
     }
 
-
     /// Sends what changed for `ty` since what the proxy holds. `force`: respond even when
     /// nothing changed (the first request of a type must be answered, or Envoy waits for
     /// its initial fetch timeout). Returns how many resources the proxy already held at
@@ -224,7 +223,12 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         observed_at_ms: Option<u64>,
         affected: &std::collections::BTreeSet<XdsType>,
     ) -> Result<(), Status> {
-        let types: Vec<XdsType> = self.subs.keys().copied().filter(|t| affected.contains(t)).collect();
+        let types: Vec<XdsType> = self
+            .subs
+            .keys()
+            .copied()
+            .filter(|t| affected.contains(t))
+            .collect();
         for ty in types {
             self.respond(ty, snap, false, observed_at_ms).await?;
         }

@@ -13,7 +13,11 @@ use std::collections::BTreeSet;
 
 /// The types a change affects for a proxy of `kind` with `scope` (computed on the new
 /// snapshot).
-pub fn affected_types(changes: &ChangeSet, kind: ProxyKind, scope: &ProxyScope) -> BTreeSet<XdsType> {
+pub fn affected_types(
+    changes: &ChangeSet,
+    kind: ProxyKind,
+    scope: &ProxyScope,
+) -> BTreeSet<XdsType> {
     let all: BTreeSet<XdsType> = XdsType::ALL.into_iter().collect();
     if changes.full || changes.services {
         return all;
@@ -42,7 +46,10 @@ pub fn affected_types(changes: &ChangeSet, kind: ProxyKind, scope: &ProxyScope) 
     }
     // Endpoints outside the proxy's scope cannot matter to it.
     let in_scope = changes.endpoints.iter().any(|host| {
-        scope.services.binary_search_by(|s| s.hostname.as_str().cmp(host)).is_ok()
+        scope
+            .services
+            .binary_search_by(|s| s.hostname.as_str().cmp(host))
+            .is_ok()
     });
     if in_scope {
         out.insert(XdsType::Endpoint);
@@ -72,11 +79,17 @@ mod tests {
                 })
             })
             .collect();
-        ProxyScope { sidecar: None, services }
+        ProxyScope {
+            sidecar: None,
+            services,
+        }
     }
 
     fn config(kinds: &[ConfigKind]) -> ChangeSet {
-        ChangeSet { config: kinds.iter().copied().collect(), ..Default::default() }
+        ChangeSet {
+            config: kinds.iter().copied().collect(),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -88,21 +101,35 @@ mod tests {
             affected_types(&config(&[ConfigKind::Gateway]), ProxyKind::Router, &s),
             [XdsType::Listener, XdsType::Route].into()
         );
-        assert_eq!(affected_types(&config(&[ConfigKind::Sidecar]), ProxyKind::Sidecar, &s).len(), 4);
+        assert_eq!(
+            affected_types(&config(&[ConfigKind::Sidecar]), ProxyKind::Sidecar, &s).len(),
+            4
+        );
     }
 
     #[test]
     fn per_type_impact() {
         let s = scope(&[]);
         assert_eq!(
-            affected_types(&config(&[ConfigKind::VirtualService]), ProxyKind::Sidecar, &s),
+            affected_types(
+                &config(&[ConfigKind::VirtualService]),
+                ProxyKind::Sidecar,
+                &s
+            ),
             [XdsType::Route].into()
         );
         assert_eq!(
-            affected_types(&config(&[ConfigKind::DestinationRule]), ProxyKind::Router, &s),
+            affected_types(
+                &config(&[ConfigKind::DestinationRule]),
+                ProxyKind::Router,
+                &s
+            ),
             [XdsType::Cluster, XdsType::Endpoint].into()
         );
-        let full = ChangeSet { full: true, ..Default::default() };
+        let full = ChangeSet {
+            full: true,
+            ..Default::default()
+        };
         assert_eq!(affected_types(&full, ProxyKind::Sidecar, &s).len(), 4);
     }
 
@@ -113,6 +140,9 @@ mod tests {
         c.endpoints.insert("z.other.svc.cluster.local".into());
         assert!(affected_types(&c, ProxyKind::Sidecar, &s).is_empty());
         c.endpoints.insert("b.ns.svc.cluster.local".into());
-        assert_eq!(affected_types(&c, ProxyKind::Sidecar, &s), [XdsType::Endpoint].into());
+        assert_eq!(
+            affected_types(&c, ProxyKind::Sidecar, &s),
+            [XdsType::Endpoint].into()
+        );
     }
 }

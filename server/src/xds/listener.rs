@@ -80,8 +80,16 @@ pub async fn serve(
     drop(listener);
     tracing::info!(connections = tasks.len(), drain = ?policy.drain, "draining xDS connections");
     let deadline = policy.drain + policy.grace + Duration::from_secs(1);
-    if tokio::time::timeout(deadline, async { while tasks.join_next().await.is_some() {} }).await.is_err() {
-        tracing::warn!(left = tasks.len(), "xDS connections still open after the drain period; closing them");
+    if tokio::time::timeout(deadline, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
+    {
+        tracing::warn!(
+            left = tasks.len(),
+            "xDS connections still open after the drain period; closing them"
+        );
         tasks.abort_all();
     }
 }
@@ -98,11 +106,13 @@ async fn connection(
     use tower_service::Service;
     let (close_tx, close_rx) = watch::channel(false);
     let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-        req.extensions_mut().insert(tonic::transport::server::TcpConnectInfo {
-            local_addr: local,
-            remote_addr: Some(peer),
-        });
-        req.extensions_mut().insert(ConnectionClose(close_rx.clone()));
+        req.extensions_mut()
+            .insert(tonic::transport::server::TcpConnectInfo {
+                local_addr: local,
+                remote_addr: Some(peer),
+            });
+        req.extensions_mut()
+            .insert(ConnectionClose(close_rx.clone()));
         let mut routes = routes.clone();
         async move { routes.call(req.map(tonic::body::Body::new)).await }
     });
@@ -141,7 +151,10 @@ async fn connection(
     tracing::debug!(%peer, reason, "closing xDS connection gracefully");
     let _ = close_tx.send(true);
     conn.as_mut().graceful_shutdown();
-    if tokio::time::timeout(policy.grace, conn.as_mut()).await.is_err() {
+    if tokio::time::timeout(policy.grace, conn.as_mut())
+        .await
+        .is_err()
+    {
         tracing::debug!(%peer, "xDS connection did not close within the grace period; dropping it");
     }
 }
@@ -168,7 +181,9 @@ mod tests {
     fn jitter_stays_within_ten_percent() {
         let d = Duration::from_secs(1800);
         let samples: Vec<Duration> = (0..200).map(|i| jittered(d, i)).collect();
-        assert!(samples.iter().all(|s| *s >= d.mul_f64(0.9) && *s <= d.mul_f64(1.1)));
+        assert!(samples
+            .iter()
+            .all(|s| *s >= d.mul_f64(0.9) && *s <= d.mul_f64(1.1)));
         // Not all the same: the point of jitter.
         assert!(samples.iter().any(|s| *s != samples[0]));
     }

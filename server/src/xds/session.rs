@@ -2,7 +2,8 @@
 //! snapshot), resource generation, and the bookkeeping behind `/debug/syncz` and metrics.
 
 use super::registry::{Nack, Registry};
-use crate::generate::{generate, Resource, Snapshot};
+use crate::generate::cache::GeneratorCache;
+use crate::generate::{Resource, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyKind};
 use crate::scope::ProxyScope;
@@ -28,10 +29,17 @@ pub(crate) struct Session {
     scope: Option<(u64, ProxyScope)>,
     pub registry: Registry,
     pub metrics: Metrics,
+    cache: GeneratorCache,
 }
 
 impl Session {
-    pub fn new(id: String, mode: Mode, registry: Registry, metrics: Metrics) -> Session {
+    pub fn new(
+        id: String,
+        mode: Mode,
+        registry: Registry,
+        metrics: Metrics,
+        cache: GeneratorCache,
+    ) -> Session {
         Session {
             id,
             mode,
@@ -39,6 +47,7 @@ impl Session {
             scope: None,
             registry,
             metrics,
+            cache,
         }
     }
 
@@ -72,16 +81,22 @@ impl Session {
             self.scope = Some((snap.number, ProxyScope::compute(proxy, &snap.ctx)));
         }
         match &self.scope {
-            Some((_, scope)) => generate(ty, proxy, scope, snap, names),
+            Some((_, scope)) => self.cache.generate(ty, proxy, scope, snap, names),
             None => Vec::new(),
         }
     }
 
     /// The types a published snapshot can affect for this proxy. `last` is the snapshot
     /// number this stream last saw: if it missed one, everything may have changed.
-    pub fn affected(&mut self, published: &crate::pipeline::Published, last: u64) -> std::collections::BTreeSet<XdsType> {
+    pub fn affected(
+        &mut self,
+        published: &crate::pipeline::Published,
+        last: u64,
+    ) -> std::collections::BTreeSet<XdsType> {
         let snap = &published.snapshot;
-        let Some(proxy) = &self.proxy else { return Default::default() };
+        let Some(proxy) = &self.proxy else {
+            return Default::default();
+        };
         if snap.number != last + 1 {
             return XdsType::ALL.into_iter().collect();
         }
@@ -89,7 +104,9 @@ impl Session {
             self.scope = Some((snap.number, ProxyScope::compute(proxy, &snap.ctx)));
         }
         match &self.scope {
-            Some((_, scope)) => super::impact::affected_types(&published.changes, proxy.kind, scope),
+            Some((_, scope)) => {
+                super::impact::affected_types(&published.changes, proxy.kind, scope)
+            }
             None => XdsType::ALL.into_iter().collect(),
         }
     }

@@ -1,0 +1,196 @@
+//! The generator cache: encoded resources by generator key, in a size-bounded moka cache.
+//!
+//! Because a key holds everything its resource is built from, a hit can never be stale,
+//! and proxies with the same view share one encoding. `SHOAL_CACHE_ASSERT=1` rebuilds every
+//! hit and panics if the bytes differ, proving in tests that no input is missing from a key.
+
+use super::{build, finish, keys, Key, Resource, Snapshot};
+use crate::metrics::Metrics;
+use crate::proxy::Proxy;
+use crate::scope::ProxyScope;
+use shoal_proto::XdsType;
+use std::time::Duration;
+
+/// Per-entry overhead counted on top of the resource bytes (key, bookkeeping).
+const ENTRY_OVERHEAD: u32 = 256;
+
+/// A cache of generated resources.
+#[derive(Clone)]
+pub struct GeneratorCache {
+    cache: moka::sync::Cache<Key, Resource>,
+    assert: bool,
+    metrics: Metrics,
+}
+
+impl GeneratorCache {
+    /// A cache holding at most `max_bytes` of resources; `assert` rebuilds every hit and
+    /// panics on a difference.
+    pub fn new(max_bytes: u64, assert: bool, metrics: Metrics) -> GeneratorCache {
+        let cache = moka::sync::Cache::builder()
+            .max_capacity(max_bytes)
+            .weigher(|_k: &Key, v: &Resource| {
+                u32::try_from(v.any.value.len())
+                    .unwrap_or(u32::MAX)
+                    .saturating_add(ENTRY_OVERHEAD)
+            })
+            // Keys hold Arcs into old snapshots; idle entries go, so they don't pin them.
+            .time_to_idle(Duration::from_secs(600))
+            .build();
+        GeneratorCache {
+            cache,
+            assert,
+            metrics,
+        }
+    }
+
+    /// Whether `SHOAL_CACHE_ASSERT` asks for checked hits.
+    pub fn assert_from_env() -> bool {
+        std::env::var("SHOAL_CACHE_ASSERT")
+            .is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+    }
+
+    /// Generates the resources of `ty` for a proxy, through the cache.
+    pub fn generate(
+        &self,
+        ty: XdsType,
+        proxy: &Proxy,
+        scope: &ProxyScope,
+        snap: &Snapshot,
+        names: &[String],
+    ) -> Vec<Resource> {
+        let out = keys(ty, proxy, scope, snap, names)
+            .into_iter()
+            .map(|k| self.get(k))
+            .collect();
+        finish(out)
+    }
+
+    fn get(&self, key: Key) -> Resource {
+        let entry = self.cache.entry_by_ref(&key).or_insert_with(|| build(&key));
+        if entry.is_fresh() {
+            self.metrics.cache_misses.inc();
+            return entry.into_value();
+        }
+        self.metrics.cache_hits.inc();
+        let cached = entry.into_value();
+        if self.assert {
+            let fresh = build(&key);
+            assert!(
+                fresh == cached,
+                "generator cache returned stale bytes for {} (key {key:?}): an input is missing from the key",
+                cached.name
+            );
+        }
+        cached
+    }
+
+    /// Whether hits are checked against a rebuild.
+    pub fn asserting(&self) -> bool {
+        self.assert
+    }
+
+    /// Entries and weighted size (bytes), for `/debug/cachez` and metrics.
+    pub fn stats(&self) -> (u64, u64) {
+        self.cache.run_pending_tasks();
+        (self.cache.entry_count(), self.cache.weighted_size())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::*;
+
+    fn mesh() -> Mesh {
+        Mesh::new()
+            .with_service(service("a", "web", &[("http", 8080)]))
+            .with_service(service("b", "api", &[("http", 9080)]))
+            .with_slice(slice(
+                "a",
+                "web",
+                "web-1",
+                &[("http", 8080)],
+                vec![endpoint("10.0.0.1", &[])],
+            ))
+            .with_config(destination_rule(
+                "a",
+                "web",
+                "host: web\nsubsets:\n- name: v1\n  labels: {version: v1}\n",
+            ))
+    }
+
+    fn generate_all(cache: &GeneratorCache, proxy: &Proxy, snap: &Snapshot) -> Vec<Resource> {
+        let scope = ProxyScope::compute(proxy, &snap.ctx);
+        let mut out = cache.generate(XdsType::Cluster, proxy, &scope, snap, &[]);
+        let names: Vec<String> = out
+            .iter()
+            .map(|r| r.name.clone())
+            .filter(|n| n.starts_with("outbound"))
+            .collect();
+        out.extend(cache.generate(XdsType::Endpoint, proxy, &scope, snap, &names));
+        out
+    }
+
+    #[test]
+    fn proxies_with_the_same_view_share_entries_and_output_matches_uncached() {
+        let metrics = Metrics::new();
+        let cache = GeneratorCache::new(64 << 20, true, metrics.clone());
+        let snap = mesh().snapshot();
+        let p1 = sidecar_proxy("a", &[("app", "one")]);
+        let p2 = sidecar_proxy("a", &[("app", "two")]);
+        let first = generate_all(&cache, &p1, &snap);
+        let misses = metrics.cache_misses.get();
+        assert!(misses > 0);
+        let second = generate_all(&cache, &p2, &snap);
+        assert_eq!(
+            metrics.cache_misses.get(),
+            misses,
+            "the second proxy is served from cache"
+        );
+        assert_eq!(first, second);
+        let scope = ProxyScope::compute(&p1, &snap.ctx);
+        assert_eq!(
+            cache.generate(XdsType::Cluster, &p1, &scope, &snap, &[]),
+            super::super::generate(XdsType::Cluster, &p1, &scope, &snap, &[])
+        );
+    }
+
+    #[test]
+    fn a_change_misses_only_for_what_it_touches() {
+        let metrics = Metrics::new();
+        let cache = GeneratorCache::new(64 << 20, true, metrics.clone());
+        let mut m = mesh();
+        let proxy = sidecar_proxy("a", &[]);
+        generate_all(&cache, &proxy, &m.snapshot());
+        let before = metrics.cache_misses.get();
+        // New endpoints for web: only web's load assignments are rebuilt.
+        m.add_slice(slice(
+            "a",
+            "web",
+            "web-1",
+            &[("http", 8080)],
+            vec![endpoint("10.0.0.2", &[])],
+        ));
+        generate_all(&cache, &proxy, &m.snapshot());
+        let rebuilt = metrics.cache_misses.get() - before;
+        assert_eq!(
+            rebuilt, 2,
+            "outbound|8080||web and outbound|8080|v1|web assignments"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "an input is missing from the key")]
+    fn assert_mode_catches_a_stale_entry() {
+        let cache = GeneratorCache::new(64 << 20, true, Metrics::new());
+        let snap = mesh().snapshot();
+        let proxy = sidecar_proxy("a", &[]);
+        let scope = ProxyScope::compute(&proxy, &snap.ctx);
+        let keys = keys(XdsType::Cluster, &proxy, &scope, &snap, &[]);
+        let key = keys.last().cloned().expect("a cluster key");
+        // Simulate a key that failed to capture an input: a different resource under it.
+        let wrong = build(&keys[0]);
+        cache.cache.insert(key, wrong);
+        cache.generate(XdsType::Cluster, &proxy, &scope, &snap, &[]);
+    }
+}

@@ -1,0 +1,893 @@
+//! Simulated proxies: gRPC ADS clients that behave like Envoy sidecars.
+//!
+//! Each proxy has its own HTTP/2 connection (its own tonic `Channel`), identifies itself
+//! the way Istio's bootstrap does, subscribes to CDS and LDS (wildcard), then to EDS for
+//! every EDS cluster it receives and to RDS for every route table its listeners name,
+//! ACKs every response with its nonce, and tracks every resource's version. When its
+//! stream breaks it reconnects to the next server, resuming (delta) with the versions it
+//! holds, as Envoy does.
+//!
+//! Proxies keep only names and versions, never resource bodies; a response is inspected
+//! once on receipt: for the benchmark's change markers, and (decoded once per distinct
+//! version, shared by all proxies) for the EDS and RDS names it implies.
+
+use memchr::memmem;
+use prost::Message;
+use shoal_proto::pb::envoy::config::cluster::v3::{cluster::ClusterDiscoveryType, Cluster};
+use shoal_proto::pb::envoy::config::core::v3::Node;
+use shoal_proto::pb::envoy::config::listener::v3::{filter::ConfigType, Listener};
+use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::RouteSpecifier, HttpConnectionManager,
+};
+use shoal_proto::pb::envoy::service::discovery::v3::{
+    aggregated_discovery_service_client::AggregatedDiscoveryServiceClient, DeltaDiscoveryRequest,
+    DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
+use shoal_proto::XdsType;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// Which ADS variant the proxies speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// State of the world (`StreamAggregatedResources`).
+    Sotw,
+    /// Incremental (`DeltaAggregatedResources`).
+    Delta,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::Sotw => "sotw",
+            Mode::Delta => "delta",
+        })
+    }
+}
+
+/// A change the coordinator is waiting for: the first response of type `ty` carrying
+/// resource `resource` whose bytes contain `marker` counts as its receipt.
+#[derive(Debug)]
+pub struct ActiveChange {
+    /// Change number (unique within a run).
+    pub id: u64,
+    /// The resource type that carries the change.
+    pub ty: XdsType,
+    /// The resource that carries it.
+    pub resource: String,
+    /// Bytes that appear in that resource only once the change is applied.
+    pub marker: memmem::Finder<'static>,
+}
+
+/// What proxies report to the coordinator.
+#[derive(Debug)]
+pub enum Event {
+    /// A stream has everything: CDS, EDS for each EDS cluster, LDS, RDS for each route
+    /// table, all ACKed.
+    Configured {
+        /// Proxy index.
+        proxy: usize,
+        /// Stream number of the proxy (0 for the first; reconnections count up).
+        stream: u32,
+        /// From the start of the connection attempt to fully configured.
+        elapsed: Duration,
+        /// Clusters held.
+        clusters: usize,
+        /// EDS assignments held.
+        endpoints: usize,
+        /// Listeners held.
+        listeners: usize,
+        /// Route tables held.
+        routes: usize,
+    },
+    /// A proxy received an [`ActiveChange`].
+    Observed {
+        /// Proxy index.
+        proxy: usize,
+        /// The change's id.
+        change: u64,
+        /// Wall-clock receipt time, in µs since the Unix epoch.
+        at_us: u64,
+    },
+    /// A stream ended with an error (it reconnects).
+    StreamError {
+        /// Proxy index.
+        proxy: usize,
+        /// What happened.
+        error: String,
+    },
+    /// The proxy rejected nothing, but a response could not be understood.
+    BadResponse {
+        /// Proxy index.
+        proxy: usize,
+        /// What was wrong.
+        error: String,
+    },
+}
+
+/// Per-proxy counters the coordinator reads after a replica move.
+#[derive(Debug, Default)]
+pub struct ProxyCounters {
+    /// Streams started so far.
+    pub streams: AtomicU32,
+    /// Resources held when the latest reconnection started.
+    pub held_at_reconnect: AtomicU64,
+    /// Resources received on reconnected streams (stream ≥ 1).
+    pub received_after_reconnect: AtomicU64,
+    /// Of those, resources the proxy already held at the same version: resent for nothing.
+    pub resent: AtomicU64,
+    /// Responses received (all streams).
+    pub responses: AtomicU64,
+}
+
+/// Interns names and versions: all proxies hold mostly the same ones.
+#[derive(Default)]
+struct Interner {
+    set: Mutex<HashSet<Arc<str>>>,
+}
+
+impl Interner {
+    fn get(&self, s: &str) -> Arc<str> {
+        let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = set.get(s) {
+            return v.clone();
+        }
+        let v: Arc<str> = Arc::from(s);
+        set.insert(v.clone());
+        v
+    }
+}
+
+/// Resource version → what it implies.
+type ByVersion<T> = Mutex<HashMap<Arc<str>, T>>;
+
+/// What a resource implies for the next subscriptions, decoded once per version.
+#[derive(Default)]
+struct DecodeCache {
+    /// Cluster version → its EDS service name (None: not an EDS cluster).
+    clusters: ByVersion<Option<Arc<str>>>,
+    /// Listener version → the route tables it names.
+    listeners: ByVersion<Arc<[Arc<str>]>>,
+}
+
+/// Everything the proxies of one run share.
+pub struct Fleet {
+    mode: Mode,
+    servers: Vec<SocketAddr>,
+    connect_limit: Semaphore,
+    active: watch::Receiver<Option<Arc<ActiveChange>>>,
+    events: mpsc::UnboundedSender<Event>,
+    interner: Interner,
+    cache: DecodeCache,
+    counters: Vec<ProxyCounters>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Fleet {
+    /// A fleet of `proxies` proxies of `mode`, connecting first to `servers[0]` and moving
+    /// to the next server when a stream breaks; at most `connect_concurrency` connection
+    /// handshakes at a time.
+    pub fn new(
+        mode: Mode,
+        servers: Vec<SocketAddr>,
+        proxies: usize,
+        connect_concurrency: usize,
+        active: watch::Receiver<Option<Arc<ActiveChange>>>,
+        events: mpsc::UnboundedSender<Event>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Fleet {
+        Fleet {
+            mode,
+            servers,
+            connect_limit: Semaphore::new(connect_concurrency.max(1)),
+            active,
+            events,
+            interner: Interner::default(),
+            cache: DecodeCache::default(),
+            counters: (0..proxies).map(|_| ProxyCounters::default()).collect(),
+            shutdown,
+        }
+    }
+
+    /// Per-proxy counters.
+    pub fn counters(&self) -> &[ProxyCounters] {
+        &self.counters
+    }
+}
+
+/// Who a proxy is.
+#[derive(Debug, Clone)]
+pub struct ProxyIdentity {
+    /// Index in the fleet.
+    pub index: usize,
+    /// Its namespace.
+    pub namespace: String,
+    /// Istio node id: `sidecar~<ip>~<pod>.<ns>~<ns>.svc.cluster.local`.
+    pub node_id: String,
+}
+
+impl ProxyIdentity {
+    /// Proxy `index` in namespace `namespace`.
+    pub fn new(index: usize, namespace: &str) -> ProxyIdentity {
+        let ip = format!("10.1.{}.{}", index / 250, index % 250 + 1);
+        let node_id =
+            format!("sidecar~{ip}~pod-{index}.{namespace}~{namespace}.svc.cluster.local");
+        ProxyIdentity {
+            index,
+            namespace: namespace.to_string(),
+            node_id,
+        }
+    }
+
+    /// The node as Istio's bootstrap writes it.
+    fn node(&self) -> Node {
+        let s = |v: &str| Value {
+            kind: Some(Kind::StringValue(v.to_string())),
+        };
+        let labels = Struct {
+            fields: [("app".to_string(), s("client"))].into_iter().collect(),
+        };
+        let fields = [
+            ("NAMESPACE".to_string(), s(&self.namespace)),
+            ("CLUSTER_ID".to_string(), s("Kubernetes")),
+            ("ISTIO_VERSION".to_string(), s("1.24.0")),
+            (
+                "LABELS".to_string(),
+                Value {
+                    kind: Some(Kind::StructValue(labels)),
+                },
+            ),
+        ];
+        Node {
+            id: self.node_id.clone(),
+            cluster: format!("client.{}", self.namespace),
+            metadata: Some(Struct {
+                fields: fields.into_iter().collect(),
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+/// One type's state on a proxy.
+#[derive(Default)]
+struct TypeState {
+    /// Name → version of what the proxy holds.
+    held: HashMap<Arc<str>, Arc<str>>,
+    /// SotW: the version of the last accepted response.
+    version_info: String,
+    /// Nonce of the last response.
+    nonce: String,
+    /// A response arrived on the current stream.
+    received: bool,
+    /// EDS and RDS: the names subscribed to.
+    subscribed: BTreeSet<Arc<str>>,
+}
+
+/// Everything a proxy holds, kept across reconnections.
+#[derive(Default)]
+struct ProxyState {
+    cds: TypeState,
+    eds: TypeState,
+    lds: TypeState,
+    rds: TypeState,
+    configured: bool,
+    last_observed: Option<u64>,
+}
+
+impl ProxyState {
+    fn ty(&mut self, ty: XdsType) -> &mut TypeState {
+        match ty {
+            XdsType::Cluster => &mut self.cds,
+            XdsType::Endpoint => &mut self.eds,
+            XdsType::Listener => &mut self.lds,
+            XdsType::Route => &mut self.rds,
+        }
+    }
+
+    fn held_total(&self) -> usize {
+        self.cds.held.len() + self.eds.held.len() + self.lds.held.len() + self.rds.held.len()
+    }
+
+    fn is_configured(&self) -> bool {
+        let dependent_ok = |t: &TypeState| {
+            t.subscribed.is_empty()
+                || (t.received && t.subscribed.iter().all(|n| t.held.contains_key(n)))
+        };
+        self.cds.received && self.lds.received && dependent_ok(&self.eds) && dependent_ok(&self.rds)
+    }
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Runs one proxy until the fleet shuts down.
+pub async fn run_proxy(fleet: Arc<Fleet>, id: ProxyIdentity) {
+    let mut state = ProxyState::default();
+    let mut server = 0usize;
+    let mut backoff = Duration::from_millis(50);
+    let mut shutdown = fleet.shutdown.clone();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let addr = fleet.servers[server % fleet.servers.len()];
+        let started = Instant::now();
+        let channel = {
+            let _permit = tokio::select! {
+                p = fleet.connect_limit.acquire() => p,
+                _ = shutdown.wait_for(|s| *s) => return,
+            };
+            connect(addr).await
+        };
+        let result = match channel {
+            Ok(channel) => {
+                backoff = Duration::from_millis(50);
+                let stream = fleet.counters[id.index]
+                    .streams
+                    .fetch_add(1, Ordering::Relaxed);
+                let mut proxy = Proxy {
+                    fleet: &fleet,
+                    id: &id,
+                    state: &mut state,
+                    stream,
+                    started,
+                };
+                match fleet.mode {
+                    Mode::Sotw => proxy.run_sotw(channel).await,
+                    Mode::Delta => proxy.run_delta(channel).await,
+                }
+            }
+            Err(e) => Err(e),
+        };
+        if *shutdown.borrow() {
+            return;
+        }
+        let error = match result {
+            Ok(()) => "stream ended".to_string(),
+            Err(e) => format!("{e:#}"),
+        };
+        let _ = fleet.events.send(Event::StreamError {
+            proxy: id.index,
+            error: format!("{addr}: {error}"),
+        });
+        // Like Envoy: back off, then try the next server.
+        server += 1;
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+async fn connect(addr: SocketAddr) -> anyhow::Result<tonic::transport::Channel> {
+    use anyhow::Context;
+    // Envoy's HTTP/2 windows are large by default (256 MiB); tonic's are 64 KiB, which
+    // would throttle big responses with flow-control round trips.
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .context("xDS endpoint URL")?
+        .connect_timeout(Duration::from_secs(10))
+        .tcp_nodelay(true)
+        .initial_stream_window_size(Some(16 << 20))
+        .initial_connection_window_size(Some(16 << 20));
+    endpoint
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {addr}"))
+}
+
+/// Maximum size of a response a proxy accepts.
+const MAX_MESSAGE: usize = 256 << 20;
+
+/// One stream of one proxy.
+struct Proxy<'a> {
+    fleet: &'a Fleet,
+    id: &'a ProxyIdentity,
+    state: &'a mut ProxyState,
+    stream: u32,
+    started: Instant,
+}
+
+/// The order Envoy subscribes in on a (re)connection.
+const ORDER: [XdsType; 4] = [
+    XdsType::Cluster,
+    XdsType::Endpoint,
+    XdsType::Listener,
+    XdsType::Route,
+];
+
+impl Proxy<'_> {
+    fn counters(&self) -> &ProxyCounters {
+        &self.fleet.counters[self.id.index]
+    }
+
+    /// Resets per-stream state and, on a reconnection, records what the proxy holds.
+    fn begin_stream(&mut self) {
+        for ty in ORDER {
+            self.state.ty(ty).received = false;
+        }
+        self.state.configured = false;
+        if self.stream > 0 {
+            self.counters()
+                .held_at_reconnect
+                .store(self.state.held_total() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Checks a received resource against the active change; counts resends.
+    fn on_resource(&mut self, ty: XdsType, name: &str, version: &str, body: &[u8], at_us: u64) {
+        if self.stream > 0 {
+            let fleet = self.fleet;
+            let c = &fleet.counters[self.id.index];
+            c.received_after_reconnect.fetch_add(1, Ordering::Relaxed);
+            if self.state.ty(ty).held.get(name).is_some_and(|v| &**v == version) {
+                c.resent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let active = self.fleet.active.borrow().clone();
+        if let Some(change) = active {
+            if change.ty == ty
+                && change.resource == name
+                && self.state.last_observed != Some(change.id)
+                && change.marker.find(body).is_some()
+            {
+                self.state.last_observed = Some(change.id);
+                let _ = self.fleet.events.send(Event::Observed {
+                    proxy: self.id.index,
+                    change: change.id,
+                    at_us,
+                });
+            }
+        }
+    }
+
+    /// The EDS names the held clusters imply.
+    fn wanted_endpoints(&self) -> BTreeSet<Arc<str>> {
+        // Every held cluster was decoded into the cache on receipt.
+        let cache = self
+            .fleet
+            .cache
+            .clusters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        self.state
+            .cds
+            .held
+            .values()
+            .filter_map(|v| cache.get(v).cloned().flatten())
+            .collect()
+    }
+
+    /// The route table names the held listeners imply.
+    fn wanted_routes(&self) -> BTreeSet<Arc<str>> {
+        let cache = self
+            .fleet
+            .cache
+            .listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        self.state
+            .lds
+            .held
+            .values()
+            .filter_map(|v| cache.get(v))
+            .flat_map(|names| names.iter().cloned())
+            .collect()
+    }
+
+    /// Decodes what a cluster or listener implies, once per version.
+    fn learn(&self, ty: XdsType, version: &Arc<str>, body: &[u8]) -> Result<(), String> {
+        match ty {
+            XdsType::Cluster => {
+                let mut cache = self
+                    .fleet
+                    .cache
+                    .clusters
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if cache.contains_key(version) {
+                    return Ok(());
+                }
+                let c = Cluster::decode(body).map_err(|e| format!("bad Cluster: {e}"))?;
+                // DiscoveryType::Eds = 3.
+                let eds = matches!(c.cluster_discovery_type, Some(ClusterDiscoveryType::Type(3)));
+                let name = eds.then(|| {
+                    let service = c
+                        .eds_cluster_config
+                        .map(|e| e.service_name)
+                        .filter(|s| !s.is_empty())
+                        .unwrap_or(c.name);
+                    self.fleet.interner.get(&service)
+                });
+                cache.insert(version.clone(), name);
+            }
+            XdsType::Listener => {
+                let mut cache = self
+                    .fleet
+                    .cache
+                    .listeners
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if cache.contains_key(version) {
+                    return Ok(());
+                }
+                let l = Listener::decode(body).map_err(|e| format!("bad Listener: {e}"))?;
+                let mut routes = Vec::new();
+                for chain in &l.filter_chains {
+                    for f in &chain.filters {
+                        let Some(ConfigType::TypedConfig(any)) = &f.config_type else {
+                            continue;
+                        };
+                        if !any.type_url.ends_with("HttpConnectionManager") {
+                            continue;
+                        }
+                        let hcm = HttpConnectionManager::decode(any.value.as_slice())
+                            .map_err(|e| format!("bad HttpConnectionManager: {e}"))?;
+                        if let Some(RouteSpecifier::Rds(rds)) = hcm.route_specifier {
+                            routes.push(self.fleet.interner.get(&rds.route_config_name));
+                        }
+                    }
+                }
+                cache.insert(version.clone(), routes.into());
+            }
+            XdsType::Endpoint | XdsType::Route => {}
+        }
+        Ok(())
+    }
+
+    fn bad_response(&self, error: String) {
+        let _ = self.fleet.events.send(Event::BadResponse {
+            proxy: self.id.index,
+            error,
+        });
+    }
+
+    fn check_configured(&mut self) {
+        if self.state.configured || !self.state.is_configured() {
+            return;
+        }
+        self.state.configured = true;
+        let _ = self.fleet.events.send(Event::Configured {
+            proxy: self.id.index,
+            stream: self.stream,
+            elapsed: self.started.elapsed(),
+            clusters: self.state.cds.held.len(),
+            endpoints: self.state.eds.held.len(),
+            listeners: self.state.lds.held.len(),
+            routes: self.state.rds.held.len(),
+        });
+    }
+
+    // -----------------------------------------------------------------------------------
+    // State of the world
+
+    async fn run_sotw(&mut self, channel: tonic::transport::Channel) -> anyhow::Result<()> {
+        let (tx, rx) = mpsc::channel::<DiscoveryRequest>(64);
+        self.begin_stream();
+        let mut node = Some(self.id.node());
+        for ty in ORDER {
+            let st = self.state.ty(ty);
+            let wildcard = matches!(ty, XdsType::Cluster | XdsType::Listener);
+            if !wildcard && st.subscribed.is_empty() {
+                continue;
+            }
+            // A reconnection carries the last accepted version and the subscriptions, but
+            // no nonce (nonces belong to the old stream).
+            let req = DiscoveryRequest {
+                version_info: st.version_info.clone(),
+                node: node.take(),
+                resource_names: st.subscribed.iter().map(|n| n.to_string()).collect(),
+                type_url: ty.type_url().to_string(),
+                ..Default::default()
+            };
+            let _ = tx.try_send(req);
+        }
+        let mut client = AggregatedDiscoveryServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        let mut responses = client
+            .stream_aggregated_resources(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        let mut shutdown = self.fleet.shutdown.clone();
+        loop {
+            let resp = tokio::select! {
+                r = responses.message() => r?,
+                _ = shutdown.wait_for(|s| *s) => return Ok(()),
+            };
+            let Some(resp) = resp else {
+                anyhow::bail!("the server ended the stream");
+            };
+            let at_us = now_us();
+            self.counters().responses.fetch_add(1, Ordering::Relaxed);
+            for req in self.on_sotw_response(resp, at_us) {
+                if tx.send(req).await.is_err() {
+                    anyhow::bail!("request stream closed");
+                }
+            }
+            self.check_configured();
+        }
+    }
+
+    /// Applies a SotW response; returns the requests to send (subscription changes, then
+    /// the ACK).
+    fn on_sotw_response(&mut self, resp: DiscoveryResponse, at_us: u64) -> Vec<DiscoveryRequest> {
+        let Some(ty) = XdsType::from_type_url(&resp.type_url) else {
+            self.bad_response(format!("unknown type {}", resp.type_url));
+            return Vec::new();
+        };
+        // SotW resources carry no name or version: the name is field 1 of every xDS
+        // resource message, the version a hash of the bytes (equal bytes, equal version).
+        let mut items = Vec::with_capacity(resp.resources.len());
+        for any in &resp.resources {
+            let Some(name) = field1_string(&any.value) else {
+                self.bad_response(format!("a {} resource without a name", ty.short()));
+                continue;
+            };
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            any.value.hash(&mut h);
+            let version = self.fleet.interner.get(&format!("{:016x}", h.finish()));
+            let name = self.fleet.interner.get(name);
+            self.on_resource(ty, &name, &version, &any.value, at_us);
+            if let Err(e) = self.learn(ty, &version, &any.value) {
+                self.bad_response(e);
+            }
+            items.push((name, version));
+        }
+        {
+            let st = self.state.ty(ty);
+            match ty {
+                // Wildcard types: the response is the whole set.
+                XdsType::Cluster | XdsType::Listener => st.held = items.into_iter().collect(),
+                // Others may be partial: what is not mentioned is kept.
+                XdsType::Endpoint | XdsType::Route => st.held.extend(items),
+            }
+            st.received = true;
+            st.version_info = resp.version_info.clone();
+            st.nonce = resp.nonce.clone();
+        }
+        let mut out = Vec::new();
+        let dependent = match ty {
+            XdsType::Cluster => Some((XdsType::Endpoint, self.wanted_endpoints())),
+            XdsType::Listener => Some((XdsType::Route, self.wanted_routes())),
+            _ => None,
+        };
+        if let Some((dep, wanted)) = dependent {
+            let st = self.state.ty(dep);
+            if st.subscribed != wanted {
+                st.held.retain(|n, _| wanted.contains(n));
+                st.subscribed = wanted;
+                out.push(DiscoveryRequest {
+                    version_info: st.version_info.clone(),
+                    resource_names: st.subscribed.iter().map(|n| n.to_string()).collect(),
+                    type_url: dep.type_url().to_string(),
+                    response_nonce: st.nonce.clone(),
+                    ..Default::default()
+                });
+            }
+        }
+        let st = self.state.ty(ty);
+        out.push(DiscoveryRequest {
+            version_info: resp.version_info,
+            resource_names: st.subscribed.iter().map(|n| n.to_string()).collect(),
+            type_url: resp.type_url,
+            response_nonce: resp.nonce,
+            ..Default::default()
+        });
+        out
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Delta
+
+    async fn run_delta(&mut self, channel: tonic::transport::Channel) -> anyhow::Result<()> {
+        let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(64);
+        self.begin_stream();
+        let mut node = Some(self.id.node());
+        for ty in ORDER {
+            let st = self.state.ty(ty);
+            let wildcard = matches!(ty, XdsType::Cluster | XdsType::Listener);
+            if !wildcard && st.subscribed.is_empty() {
+                continue;
+            }
+            // On a reconnection: what the proxy holds, so the server sends only changes.
+            let req = DeltaDiscoveryRequest {
+                node: node.take(),
+                type_url: ty.type_url().to_string(),
+                resource_names_subscribe: st.subscribed.iter().map(|n| n.to_string()).collect(),
+                initial_resource_versions: st
+                    .held
+                    .iter()
+                    .map(|(n, v)| (n.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            };
+            let _ = tx.try_send(req);
+        }
+        let mut client = AggregatedDiscoveryServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        let mut responses = client
+            .delta_aggregated_resources(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        let mut shutdown = self.fleet.shutdown.clone();
+        loop {
+            let resp = tokio::select! {
+                r = responses.message() => r?,
+                _ = shutdown.wait_for(|s| *s) => return Ok(()),
+            };
+            let Some(resp) = resp else {
+                anyhow::bail!("the server ended the stream");
+            };
+            let at_us = now_us();
+            self.counters().responses.fetch_add(1, Ordering::Relaxed);
+            for req in self.on_delta_response(resp, at_us) {
+                if tx.send(req).await.is_err() {
+                    anyhow::bail!("request stream closed");
+                }
+            }
+            self.check_configured();
+        }
+    }
+
+    /// Applies a delta response; returns the requests to send (subscription changes, then
+    /// the ACK).
+    fn on_delta_response(
+        &mut self,
+        resp: DeltaDiscoveryResponse,
+        at_us: u64,
+    ) -> Vec<DeltaDiscoveryRequest> {
+        let Some(ty) = XdsType::from_type_url(&resp.type_url) else {
+            self.bad_response(format!("unknown type {}", resp.type_url));
+            return Vec::new();
+        };
+        let mut items = Vec::with_capacity(resp.resources.len());
+        for r in &resp.resources {
+            let body: &[u8] = r.resource.as_ref().map(|a| a.value.as_slice()).unwrap_or(&[]);
+            let name = self.fleet.interner.get(&r.name);
+            let version = self.fleet.interner.get(&r.version);
+            self.on_resource(ty, &name, &version, body, at_us);
+            if let Err(e) = self.learn(ty, &version, body) {
+                self.bad_response(e);
+            }
+            items.push((name, version));
+        }
+        {
+            let st = self.state.ty(ty);
+            st.held.extend(items);
+            for name in &resp.removed_resources {
+                st.held.remove(name.as_str());
+            }
+            st.received = true;
+            st.nonce = resp.nonce.clone();
+        }
+        let mut out = Vec::new();
+        let dependent = match ty {
+            XdsType::Cluster => Some((XdsType::Endpoint, self.wanted_endpoints())),
+            XdsType::Listener => Some((XdsType::Route, self.wanted_routes())),
+            _ => None,
+        };
+        if let Some((dep, wanted)) = dependent {
+            let st = self.state.ty(dep);
+            if st.subscribed != wanted {
+                let subscribe: Vec<String> = wanted
+                    .difference(&st.subscribed)
+                    .map(|n| n.to_string())
+                    .collect();
+                let unsubscribe: Vec<String> = st
+                    .subscribed
+                    .difference(&wanted)
+                    .map(|n| n.to_string())
+                    .collect();
+                st.held.retain(|n, _| wanted.contains(n));
+                st.subscribed = wanted;
+                out.push(DeltaDiscoveryRequest {
+                    type_url: dep.type_url().to_string(),
+                    resource_names_subscribe: subscribe,
+                    resource_names_unsubscribe: unsubscribe,
+                    ..Default::default()
+                });
+            }
+        }
+        out.push(DeltaDiscoveryRequest {
+            type_url: resp.type_url,
+            response_nonce: resp.nonce,
+            ..Default::default()
+        });
+        out
+    }
+}
+
+/// The string in field 1 of a protobuf message (every xDS resource's name), found by
+/// walking the fields. None when absent or malformed.
+fn field1_string(mut buf: &[u8]) -> Option<&str> {
+    fn varint(buf: &mut &[u8]) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&b, rest) = buf.split_first()?;
+            *buf = rest;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    while !buf.is_empty() {
+        let key = varint(&mut buf)?;
+        let (field, wire) = (key >> 3, key & 7);
+        match wire {
+            0 => {
+                varint(&mut buf)?;
+            }
+            1 => buf = buf.get(8..)?,
+            5 => buf = buf.get(4..)?,
+            2 => {
+                let len = usize::try_from(varint(&mut buf)?).ok()?;
+                let value = buf.get(..len)?;
+                if field == 1 {
+                    return std::str::from_utf8(value).ok();
+                }
+                buf = &buf[len..];
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_proto::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+
+    #[test]
+    fn finds_resource_names_in_the_bytes() {
+        let cla = ClusterLoadAssignment {
+            cluster_name: "outbound|8080||a.b.svc.cluster.local".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            field1_string(&cla.encode_to_vec()),
+            Some("outbound|8080||a.b.svc.cluster.local")
+        );
+        let c = Cluster {
+            name: "x".into(),
+            cluster_discovery_type: Some(ClusterDiscoveryType::Type(3)),
+            ..Default::default()
+        };
+        assert_eq!(field1_string(&c.encode_to_vec()), Some("x"));
+        assert_eq!(field1_string(&[]), None);
+        assert_eq!(field1_string(&[0x0a, 0x05, b'a']), None);
+    }
+
+    #[test]
+    fn node_ids_follow_istio() {
+        let p = ProxyIdentity::new(251, "ns-3");
+        assert_eq!(
+            p.node_id,
+            "sidecar~10.1.1.2~pod-251.ns-3~ns-3.svc.cluster.local"
+        );
+        let node = p.node();
+        let meta = node.metadata.unwrap();
+        assert!(matches!(
+            &meta.fields["NAMESPACE"].kind,
+            Some(Kind::StringValue(ns)) if ns == "ns-3"
+        ));
+    }
+}

@@ -1,0 +1,154 @@
+//! `shoal-bench`: load benchmark of shoal with real processes and simulated Envoy proxies.
+//! See docs/benchmarks.md and `shoal-bench --help`.
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use shoal_tests::bench::client::Mode;
+use shoal_tests::bench::{self, BenchConfig, VsChange};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Load benchmark of shoal: generates a mesh, starts nats-server, shoal-ingester and
+/// shoal-server (real processes), connects simulated Envoy sidecars (real gRPC ADS clients,
+/// one HTTP/2 connection each) and measures initial configuration time, convergence of
+/// endpoint and VirtualService changes, server CPU, bytes and memory per proxy, and (with
+/// --replicas 2) what a second replica resends when every proxy moves to it.
+///
+/// Needs nats-server on PATH and the shoal binaries: build them first with
+/// `cargo build --release --bins` (found in target/release, else target/debug, or
+/// --bin-dir). Every process is killed when the benchmark ends, also on error or Ctrl-C.
+#[derive(Debug, Parser)]
+#[command(name = "shoal-bench", version)]
+struct Args {
+    /// Simulated proxies (sidecars), spread round-robin over the namespaces.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    proxies: usize,
+
+    /// Namespaces (ns-0 ...), holding the services and the proxies.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    namespaces: usize,
+
+    /// Services, spread round-robin over the namespaces (one more, `shared` in
+    /// istio-system, is always added), each with port 8080 named `http`.
+    #[arg(long, default_value_t = 40, value_name = "N")]
+    services: usize,
+
+    /// Endpoints (Pods in one EndpointSlice) per service.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    endpoints: usize,
+
+    /// One Sidecar per namespace with egress hosts ["./*", "istio-system/*"], so a proxy
+    /// sees only its own namespace's services (plus `shared`). Without it, a mesh-wide
+    /// Sidecar admits every service ("*/*"), the flat scenario.
+    #[arg(long)]
+    sidecar_isolation: bool,
+
+    /// ADS variant the proxies speak.
+    #[arg(long, value_enum, default_value_t = Mode::Delta)]
+    mode: Mode,
+
+    /// shoal-server replicas. With 2, proxies connect to the first; at the end it is
+    /// killed and every proxy moves to the second, which reports what it resent.
+    #[arg(long, default_value_t = 1, value_name = "1|2")]
+    replicas: usize,
+
+    /// How many endpoint changes and how many VirtualService changes to measure.
+    #[arg(long, default_value_t = 3, value_name = "K")]
+    changes: usize,
+
+    /// Which VirtualService the VirtualService change edits: `mesh` (istio-system/shared,
+    /// seen by every proxy) or `namespace` (ns-0/routes; with --sidecar-isolation only ns-0's
+    /// proxies see it).
+    #[arg(long, value_enum, default_value_t = VsChange::Mesh)]
+    vs_change: VsChange,
+
+    /// Global time limit, in seconds: the benchmark fails (cleaning up) when it is exceeded.
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    timeout: u64,
+
+    /// Time limit of one phase (publishing the mesh, connecting every proxy, one change,
+    /// the replica move), in seconds.
+    #[arg(long, default_value_t = 180, value_name = "SECONDS")]
+    phase_timeout: u64,
+
+    /// Connection handshakes (TCP + HTTP/2) in flight at most, to bound the connection rate.
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    connect_concurrency: usize,
+
+    /// Directory holding shoal-server and shoal-ingester (default: next to this binary,
+    /// else target/release, else target/debug; or $SHOAL_BIN_DIR).
+    #[arg(long, value_name = "DIR")]
+    bin_dir: Option<PathBuf>,
+
+    /// Extra argument for shoal-server (repeatable), e.g. --server-arg=--debounce-after=50ms.
+    #[arg(long = "server-arg", value_name = "ARG", allow_hyphen_values = true)]
+    server_args: Vec<String>,
+
+    /// Print the results as JSON on stdout (progress still goes to stderr).
+    #[arg(long)]
+    json: bool,
+
+    /// No progress lines on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let cfg = BenchConfig {
+        proxies: args.proxies,
+        namespaces: args.namespaces,
+        services: args.services,
+        endpoints: args.endpoints,
+        sidecar_isolation: args.sidecar_isolation,
+        mode: args.mode,
+        replicas: args.replicas,
+        changes: args.changes,
+        vs_change: args.vs_change,
+        timeout: Duration::from_secs(args.timeout),
+        phase_timeout: Duration::from_secs(args.phase_timeout),
+        connect_concurrency: args.connect_concurrency,
+        bin_dir: args.bin_dir,
+        server_args: args.server_args,
+        progress: !args.quiet,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("shoal-bench: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        tokio::select! {
+            r = bench::run(&cfg) => r,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        }
+    });
+    // Dropping the runtime drops the benchmark's tasks, which kills their processes.
+    drop(runtime);
+    match result {
+        Ok(report) => {
+            if args.json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(json) => println!("{json}"),
+                    Err(e) => {
+                        eprintln!("shoal-bench: cannot encode the report: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            } else {
+                print!("{}", report.table());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("shoal-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

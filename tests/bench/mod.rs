@@ -1,0 +1,841 @@
+//! `shoal-bench`: a load benchmark of the real shoal processes (see docs/benchmarks.md).
+//!
+//! One run: generate a mesh into a temporary directory ([`manifests`]); start nats-server,
+//! `shoal-ingester --source file:DIR` and one or two `shoal-server` replicas ([`procs`]);
+//! connect P simulated Envoy sidecars, each on its own HTTP/2 connection ([`client`]);
+//! then measure
+//!
+//! 1. the time until every proxy is fully configured;
+//! 2. server RSS per connected proxy;
+//! 3. K endpoint changes and K VirtualService changes: from the ingester's
+//!    `observed_at_ms` (read from the bus envelope of the changed key) to receipt by each
+//!    affected proxy, with the server CPU and bytes each change cost;
+//! 4. with two replicas, all proxies moving from A (killed) to B: how many resources B
+//!    resends that a proxy already held at the same version.
+//!
+//! Everything is bounded by timeouts, and every process is killed when [`run`] returns,
+//! whether it succeeds or fails.
+
+pub mod client;
+pub mod manifests;
+pub mod procs;
+pub mod report;
+
+use anyhow::{bail, Context};
+use client::{ActiveChange, Event, Fleet, Mode, ProxyIdentity};
+use futures::StreamExt;
+use manifests::{BenchMesh, MeshShape};
+use procs::{Binaries, Ingester, Nats, Server};
+use report::{
+    ChangeReport, ChangeSample, Dist, Initial, Machine, Memory, ReplicaMove, Report, Scenario,
+};
+use shoal_common::bus::nats::{NatsBus, NatsOptions};
+use shoal_common::bus::{Bucket, StateBus, WatchEvent};
+use shoal_common::envelope::now_ms;
+use shoal_common::model::ConfigKind;
+use shoal_common::Envelope;
+use shoal_proto::XdsType;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+/// Which VirtualService a VS change edits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VsChange {
+    /// `istio-system/shared`, which every proxy sees.
+    Mesh,
+    /// `ns-0/routes`: with Sidecar isolation only ns-0's proxies see it.
+    Namespace,
+}
+
+/// The benchmark's parameters.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Simulated proxies.
+    pub proxies: usize,
+    /// Namespaces (proxies and services are spread over them).
+    pub namespaces: usize,
+    /// Services.
+    pub services: usize,
+    /// Endpoints per service.
+    pub endpoints: usize,
+    /// One Sidecar per namespace (`./*` plus `istio-system/*`) instead of a mesh-wide `*/*`.
+    pub sidecar_isolation: bool,
+    /// SotW or delta.
+    pub mode: Mode,
+    /// Server replicas (1 or 2; with 2, the replica move is measured).
+    pub replicas: usize,
+    /// Repetitions of each change.
+    pub changes: usize,
+    /// Which VirtualService the VS change edits.
+    pub vs_change: VsChange,
+    /// Global time limit.
+    pub timeout: Duration,
+    /// Time limit for one phase (initial config, one change, the move).
+    pub phase_timeout: Duration,
+    /// Connection handshakes in flight at most.
+    pub connect_concurrency: usize,
+    /// Where the shoal binaries are (default: see [`Binaries::locate`]).
+    pub bin_dir: Option<PathBuf>,
+    /// Extra `shoal-server` arguments.
+    pub server_args: Vec<String>,
+    /// Print progress to stderr.
+    pub progress: bool,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig {
+            proxies: 100,
+            namespaces: 4,
+            services: 40,
+            endpoints: 3,
+            sidecar_isolation: false,
+            mode: Mode::Delta,
+            replicas: 1,
+            changes: 3,
+            vs_change: VsChange::Mesh,
+            timeout: Duration::from_secs(600),
+            phase_timeout: Duration::from_secs(120),
+            connect_concurrency: 64,
+            bin_dir: None,
+            server_args: Vec::new(),
+            progress: true,
+        }
+    }
+}
+
+/// Runs the benchmark; every process it started is gone when this returns.
+pub async fn run(cfg: &BenchConfig) -> anyhow::Result<Report> {
+    anyhow::ensure!(cfg.proxies > 0, "--proxies must be at least 1");
+    anyhow::ensure!(
+        (1..=2).contains(&cfg.replicas),
+        "--replicas must be 1 or 2"
+    );
+    match tokio::time::timeout(cfg.timeout, Bench::run(cfg)).await {
+        Ok(result) => result,
+        Err(_) => bail!(
+            "the benchmark did not finish within --timeout {:?}; try fewer proxies or a longer timeout",
+            cfg.timeout
+        ),
+    }
+}
+
+/// A bus write the benchmark waits for: the changed key and its envelope's time.
+struct BusWrite {
+    bucket: Bucket,
+    key: String,
+    observed_at_ms: u64,
+}
+
+/// A running benchmark.
+struct Bench<'a> {
+    cfg: &'a BenchConfig,
+    mesh: BenchMesh,
+    // Field order is drop order: proxies stop before the servers, servers before NATS.
+    fleet: Arc<Fleet>,
+    proxies: JoinSet<()>,
+    shutdown: watch::Sender<bool>,
+    active: watch::Sender<Option<Arc<ActiveChange>>>,
+    events: mpsc::UnboundedReceiver<Event>,
+    bus_writes: mpsc::UnboundedReceiver<BusWrite>,
+    bus_watch: JoinSet<()>,
+    servers: Vec<Server>,
+    ingester: Ingester,
+    nats: Nats,
+    _dir: tempfile::TempDir,
+    /// Proxy namespace index, per proxy.
+    proxy_ns: Vec<usize>,
+    next_change: u64,
+    stream_errors: usize,
+    bad_responses: usize,
+    error_examples: Vec<String>,
+}
+
+impl Bench<'_> {
+    fn progress(&self, msg: impl AsRef<str>) {
+        if self.cfg.progress {
+            eprintln!("[shoal-bench] {}", msg.as_ref());
+        }
+    }
+
+    async fn run(cfg: &BenchConfig) -> anyhow::Result<Report> {
+        let bins = Binaries::locate(cfg.bin_dir.as_deref())?;
+        if bins.debug_build && cfg.progress {
+            eprintln!(
+                "[shoal-bench] WARNING: using debug binaries ({}); build with `cargo build --release --bins` for real numbers",
+                bins.server.display()
+            );
+        }
+        // One socket per proxy in this process and in the server (which inherits the limit).
+        procs::ensure_open_files(cfg.proxies as u64 + 1024)?;
+        let dir = tempfile::Builder::new()
+            .prefix("shoal-bench-mesh-")
+            .tempdir()
+            .context("creating the manifest directory")?;
+        let mesh = BenchMesh::write(
+            dir.path(),
+            MeshShape {
+                namespaces: cfg.namespaces,
+                services: cfg.services,
+                endpoints: cfg.endpoints,
+                sidecar_isolation: cfg.sidecar_isolation,
+            },
+        )?;
+        let bench_cpu0 = procs::proc_cpu(std::process::id())?;
+
+        let mut nats = Nats::start().await?;
+        let ingest_start = Instant::now();
+        let mut ingester = Ingester::start(&bins, &nats.url(), mesh.dir())?;
+        let bus = connect_bus(&nats.url()).await?;
+        wait_published(&bus, &mesh, &mut ingester, cfg.phase_timeout).await?;
+        let ingest_s = ingest_start.elapsed().as_secs_f64();
+        if let Some(status) = nats.process().exited() {
+            bail!("nats-server exited with {status}");
+        }
+
+        let (write_tx, bus_writes) = mpsc::unbounded_channel();
+        let mut bus_watch = JoinSet::new();
+        let (ready_tx, mut ready_rx) = mpsc::unbounded_channel();
+        for bucket in [Bucket::Config, Bucket::Endpoints] {
+            bus_watch.spawn(watch_bucket(
+                bus.clone(),
+                bucket,
+                write_tx.clone(),
+                ready_tx.clone(),
+            ));
+        }
+        for _ in 0..2 {
+            match tokio::time::timeout(cfg.phase_timeout, ready_rx.recv()).await {
+                Ok(Some(Ok(()))) => {}
+                Ok(Some(Err(e))) => return Err(e),
+                _ => bail!("the bus watch did not deliver the initial state"),
+            }
+        }
+
+        let mut servers = Vec::new();
+        for r in 0..cfg.replicas {
+            let name = format!("shoal-server-{}", ["a", "b"][r]);
+            servers.push(Server::start(&bins, &name, &nats.url(), &cfg.server_args).await?);
+        }
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (active, active_rx) = watch::channel(None);
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let fleet = Arc::new(Fleet::new(
+            cfg.mode,
+            servers.iter().map(Server::xds_addr).collect(),
+            cfg.proxies,
+            cfg.connect_concurrency,
+            active_rx,
+            events_tx,
+            shutdown_rx,
+        ));
+        let mut bench = Bench {
+            cfg,
+            mesh,
+            fleet,
+            proxies: JoinSet::new(),
+            shutdown,
+            active,
+            events,
+            bus_writes,
+            bus_watch,
+            servers,
+            ingester,
+            nats,
+            _dir: dir,
+            proxy_ns: (0..cfg.proxies).map(|i| i % cfg.namespaces).collect(),
+            next_change: 0,
+            stream_errors: 0,
+            bad_responses: 0,
+            error_examples: Vec::new(),
+        };
+        let scenario = Scenario {
+            proxies: cfg.proxies,
+            namespaces: cfg.namespaces,
+            services: cfg.services,
+            endpoints: cfg.endpoints,
+            sidecar_isolation: cfg.sidecar_isolation,
+            mode: cfg.mode.to_string(),
+            replicas: cfg.replicas,
+            changes: cfg.changes,
+            vs_change: format!("{:?}", cfg.vs_change).to_lowercase(),
+            binaries: bins
+                .server
+                .parent()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            debug_build: bins.debug_build,
+        };
+        bench.progress(format!(
+            "mesh published in {ingest_s:.1} s; {} replica(s) ready; connecting {} {} proxies",
+            cfg.replicas, cfg.proxies, cfg.mode
+        ));
+        let result = bench.measure(scenario, ingest_s, bench_cpu0).await;
+        bench.stop().await;
+        result
+    }
+
+    /// Everything after the setup.
+    async fn measure(
+        &mut self,
+        scenario: Scenario,
+        ingest_s: f64,
+        bench_cpu0: Duration,
+    ) -> anyhow::Result<Report> {
+        // Idle: state loaded, no proxy.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let idle_rss_kib = self.servers[0].rss_kib()?;
+        let (initial, loaded_rss_kib) = self.connect_all().await?;
+        let memory = Memory {
+            idle_rss_kib,
+            loaded_rss_kib,
+            per_proxy_kib: loaded_rss_kib.saturating_sub(idle_rss_kib) as f64
+                / self.cfg.proxies as f64,
+        };
+        self.progress(format!(
+            "all {} proxies configured in {:.2} s (per proxy p99 {:.0} ms); server RSS {:.1} → {:.1} MiB ({:.1} KiB/proxy)",
+            self.cfg.proxies,
+            initial.all_configured_s,
+            initial.per_proxy_ms.p99,
+            idle_rss_kib as f64 / 1024.0,
+            loaded_rss_kib as f64 / 1024.0,
+            memory.per_proxy_kib
+        ));
+
+        let mut endpoint = (Vec::new(), Vec::new());
+        let mut vs = (Vec::new(), Vec::new());
+        for k in 0..self.cfg.changes {
+            let (sample, lat) = self.endpoint_change(k).await?;
+            self.progress(format!(
+                "endpoint change {k}: {}/{} proxies, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms, server CPU {:.3} s, {:.0} bytes",
+                sample.observed, sample.affected, sample.latency_ms.p50, sample.latency_ms.p99,
+                sample.latency_ms.max, sample.server_cpu_s, sample.server_bytes
+            ));
+            endpoint.0.push(sample);
+            endpoint.1.extend(lat);
+            let (sample, lat) = self.vs_change(k).await?;
+            self.progress(format!(
+                "VirtualService change {k}: {}/{} proxies, p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms, server CPU {:.3} s, {:.0} bytes",
+                sample.observed, sample.affected, sample.latency_ms.p50, sample.latency_ms.p99,
+                sample.latency_ms.max, sample.server_cpu_s, sample.server_bytes
+            ));
+            vs.0.push(sample);
+            vs.1.extend(lat);
+        }
+        let replica_move = if self.servers.len() > 1 {
+            let mv = self.move_replica().await?;
+            self.progress(format!(
+                "moved {} proxies to replica B in {:.2} s: held {}, B sent {}, resent {}, B resumed {}",
+                mv.reconfigured, mv.all_reconfigured_s, mv.held, mv.received, mv.resent, mv.server_resumed
+            ));
+            Some(mv)
+        } else {
+            None
+        };
+        self.drain_events();
+        let mut processes_ok = self.ingester.check_running().is_ok();
+        let live = if replica_move.is_some() { 1 } else { 0 };
+        for s in &mut self.servers[live..] {
+            if let Err(e) = s.check_running() {
+                processes_ok = false;
+                self.error_examples.push(format!("{e:#}"));
+            }
+        }
+        Ok(Report {
+            scenario,
+            machine: Machine::detect(),
+            ingest_s,
+            initial,
+            memory,
+            endpoint_change: ChangeReport::summarize(endpoint.0, &endpoint.1),
+            vs_change: ChangeReport::summarize(vs.0, &vs.1),
+            replica_move,
+            bench_cpu_s: (procs::proc_cpu(std::process::id())? - bench_cpu0).as_secs_f64(),
+            stream_errors: self.stream_errors,
+            bad_responses: self.bad_responses,
+            error_examples: self.error_examples.clone(),
+            processes_ok,
+        })
+    }
+
+    /// Stops the proxies (the processes stop when `self` drops).
+    async fn stop(&mut self) {
+        let _ = self.shutdown.send(true);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Ok(Some(_)) = tokio::time::timeout_at(deadline, self.proxies.join_next()).await {
+        }
+        self.proxies.abort_all();
+        self.bus_watch.abort_all();
+    }
+
+    /// Records an event that is not what a phase waits for.
+    fn note(&mut self, event: Event) {
+        match event {
+            Event::StreamError { proxy, error } => {
+                self.stream_errors += 1;
+                if self.error_examples.len() < 5 {
+                    self.error_examples
+                        .push(format!("proxy {proxy} stream: {error}"));
+                }
+            }
+            Event::BadResponse { proxy, error } => {
+                self.bad_responses += 1;
+                if self.error_examples.len() < 5 {
+                    self.error_examples
+                        .push(format!("proxy {proxy} bad response: {error}"));
+                }
+            }
+            Event::Configured { .. } | Event::Observed { .. } => {}
+        }
+    }
+
+    fn drain_events(&mut self) {
+        while let Ok(e) = self.events.try_recv() {
+            self.note(e);
+        }
+    }
+
+    /// Fails when a server or the ingester died.
+    fn check_processes(&mut self, skip_first_server: bool) -> anyhow::Result<()> {
+        if let Some(status) = self.nats.process().exited() {
+            bail!(
+                "nats-server exited with {status}; its log:\n{}",
+                self.nats.process().log_tail()
+            );
+        }
+        self.ingester.check_running()?;
+        let skip = usize::from(skip_first_server);
+        for s in &mut self.servers[skip..] {
+            s.check_running()?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the next event until `deadline`, checking the processes every second.
+    async fn next_event(
+        &mut self,
+        deadline: Instant,
+        skip_first_server: bool,
+    ) -> anyhow::Result<Option<Event>> {
+        loop {
+            let tick = (Instant::now() + Duration::from_secs(1)).min(deadline);
+            match tokio::time::timeout_at(tick, self.events.recv()).await {
+                Ok(Some(e)) => return Ok(Some(e)),
+                Ok(None) => bail!("every proxy stopped"),
+                Err(_) => {
+                    self.check_processes(skip_first_server)?;
+                    if Instant::now() >= deadline {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Connects every proxy and waits until all are configured. Returns the phase's
+    /// measurements and the server's RSS afterwards.
+    async fn connect_all(&mut self) -> anyhow::Result<(Initial, u64)> {
+        let server = &self.servers[0];
+        let cpu0 = server.cpu()?;
+        let m0 = server.metrics().await?;
+        let start = Instant::now();
+        for i in 0..self.cfg.proxies {
+            let id = ProxyIdentity::new(i, &manifests::namespace_name(self.proxy_ns[i]));
+            self.proxies.spawn(client::run_proxy(self.fleet.clone(), id));
+        }
+        let deadline = start + self.cfg.phase_timeout;
+        let mut elapsed: Vec<Option<f64>> = vec![None; self.cfg.proxies];
+        let mut done = 0;
+        let mut last = start;
+        let mut mismatched = 0;
+        let mut mismatch_example = None;
+        let (mut clusters, mut endpoints) = (0usize, 0usize);
+        while done < self.cfg.proxies {
+            let Some(event) = self.next_event(deadline, false).await? else {
+                bail!(
+                    "only {done} of {} proxies were configured within {:?} (stream errors: {}; {:?})",
+                    self.cfg.proxies,
+                    self.cfg.phase_timeout,
+                    self.stream_errors,
+                    self.error_examples
+                );
+            };
+            match event {
+                Event::Configured {
+                    proxy,
+                    elapsed: e,
+                    clusters: c,
+                    endpoints: eds,
+                    listeners,
+                    routes,
+                    ..
+                } if elapsed[proxy].is_none() => {
+                    elapsed[proxy] = Some(e.as_secs_f64() * 1000.0);
+                    done += 1;
+                    last = Instant::now();
+                    clusters += c;
+                    endpoints += eds;
+                    let want = self.mesh.visible_services(self.proxy_ns[proxy]);
+                    if eds != want || listeners != 1 || routes != 1 {
+                        mismatched += 1;
+                        mismatch_example.get_or_insert_with(|| {
+                            format!(
+                                "proxy {proxy}: {eds} EDS assignments (want {want}), {listeners} listeners (want 1), {routes} route tables (want 1), {c} clusters"
+                            )
+                        });
+                    }
+                }
+                Event::Configured { .. } | Event::Observed { .. } => {}
+                other => self.note(other),
+            }
+        }
+        let all_configured_s = (last - start).as_secs_f64();
+        // Let the last pushes and ACKs finish and the allocator settle.
+        self.settle(0).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let server = &self.servers[0];
+        let rss = server.rss_kib()?;
+        let m1 = server.metrics().await?;
+        let samples: Vec<f64> = elapsed.into_iter().flatten().collect();
+        let n = self.cfg.proxies as f64;
+        Ok((
+            Initial {
+                all_configured_s,
+                per_proxy_ms: Dist::of(&samples),
+                mismatched,
+                mismatch_example,
+                clusters_per_proxy: clusters as f64 / n,
+                endpoints_per_proxy: endpoints as f64 / n,
+                server_cpu_s: (server.cpu()? - cpu0).as_secs_f64(),
+                server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
+            },
+            rss,
+        ))
+    }
+
+    /// Waits until server `i` has sent nothing for a while (bounded).
+    async fn settle(&self, i: usize) -> anyhow::Result<()> {
+        let server = &self.servers[i];
+        let deadline = Instant::now() + self.cfg.phase_timeout;
+        let mut last = server.metrics().await?.get(PUSHES);
+        let mut quiet_since = Instant::now();
+        while Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = server.metrics().await?.get(PUSHES);
+            if now != last {
+                last = now;
+                quiet_since = Instant::now();
+            } else if quiet_since.elapsed() >= Duration::from_millis(500) {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    fn affected_in_namespace(&self, ns: Option<usize>) -> Vec<bool> {
+        self.proxy_ns
+            .iter()
+            .map(|p| ns.is_none_or(|n| *p == n))
+            .collect()
+    }
+
+    async fn endpoint_change(&mut self, k: usize) -> anyhow::Result<(ChangeSample, Vec<f64>)> {
+        let (ns, index) = self.mesh.endpoint_change_target(k);
+        let ns_name = manifests::namespace_name(ns);
+        let service = format!("svc-{index}");
+        let resource = manifests::cluster_name(&manifests::service_host(ns, index));
+        let affected =
+            self.affected_in_namespace(self.cfg.sidecar_isolation.then_some(ns));
+        let marker = manifests::added_endpoint_ip(k);
+        let key_matches = move |w: &BusWrite| {
+            w.bucket == Bucket::Endpoints
+                && shoal_common::keys::parse_endpoints_key(&w.key)
+                    .is_ok_and(|(_, n, s, _)| n == ns_name && s == service)
+        };
+        self.change(k, XdsType::Endpoint, resource, marker, affected, key_matches, |mesh| {
+            mesh.add_endpoint(ns, index, k)
+        })
+        .await
+    }
+
+    async fn vs_change(&mut self, k: usize) -> anyhow::Result<(ChangeSample, Vec<f64>)> {
+        let mesh_wide = self.cfg.vs_change == VsChange::Mesh;
+        let affected = self.affected_in_namespace(
+            (!mesh_wide && self.cfg.sidecar_isolation).then_some(0),
+        );
+        let (ns, name) = if mesh_wide {
+            (manifests::SYSTEM_NS.to_string(), manifests::SHARED_VS)
+        } else {
+            (manifests::namespace_name(0), manifests::NAMESPACE_VS)
+        };
+        let key_matches = move |w: &BusWrite| {
+            w.bucket == Bucket::Config
+                && shoal_common::keys::parse_config_key(&w.key).is_ok_and(|(kind, n, m)| {
+                    kind == ConfigKind::VirtualService && n == ns && m == name
+                })
+        };
+        self.change(
+            k,
+            XdsType::Route,
+            manifests::ROUTE_NAME.to_string(),
+            manifests::vs_marker(k),
+            affected,
+            key_matches,
+            |mesh| mesh.change_virtual_service(mesh_wide, k),
+        )
+        .await
+    }
+
+    /// Applies one change and measures it: every affected proxy must receive `resource`
+    /// (of type `ty`) containing `marker`.
+    #[allow(clippy::too_many_arguments)]
+    async fn change(
+        &mut self,
+        k: usize,
+        ty: XdsType,
+        resource: String,
+        marker: String,
+        affected: Vec<bool>,
+        key_matches: impl Fn(&BusWrite) -> bool,
+        edit: impl FnOnce(&mut BenchMesh) -> anyhow::Result<()>,
+    ) -> anyhow::Result<(ChangeSample, Vec<f64>)> {
+        self.drain_events();
+        while self.bus_writes.try_recv().is_ok() {}
+        let affected_n = affected.iter().filter(|a| **a).count();
+        let id = self.next_change;
+        self.next_change += 1;
+        let server = &self.servers[0];
+        let cpu0 = server.cpu()?;
+        let m0 = server.metrics().await?;
+        let _ = self.active.send(Some(Arc::new(ActiveChange {
+            id,
+            ty,
+            resource,
+            marker: memchr::memmem::Finder::new(marker.as_bytes()).into_owned(),
+        })));
+        let write_ms = now_ms();
+        edit(&mut self.mesh)?;
+        let deadline = Instant::now() + self.cfg.phase_timeout;
+        let mut observed_at: Option<(String, u64)> = None;
+        let mut receipts: HashMap<usize, u64> = HashMap::new();
+        let mut unexpected = 0;
+        let mut observed = 0;
+        while observed_at.is_none() || observed < affected_n {
+            let tick = (Instant::now() + Duration::from_secs(1)).min(deadline);
+            tokio::select! {
+                w = self.bus_writes.recv() => {
+                    let Some(w) = w else { bail!("the bus watch stopped") };
+                    if observed_at.is_none() && key_matches(&w) {
+                        observed_at = Some((w.key.clone(), w.observed_at_ms));
+                    }
+                }
+                e = self.events.recv() => match e {
+                    Some(Event::Observed { proxy, change, at_us }) if change == id => {
+                        if receipts.insert(proxy, at_us).is_none() {
+                            if affected[proxy] { observed += 1 } else { unexpected += 1 }
+                        }
+                    }
+                    Some(Event::Observed { .. }) | Some(Event::Configured { .. }) => {}
+                    Some(other) => self.note(other),
+                    None => bail!("every proxy stopped"),
+                },
+                _ = tokio::time::sleep_until(tick) => {
+                    self.check_processes(false)?;
+                    if Instant::now() >= deadline { break; }
+                }
+            }
+        }
+        let _ = self.active.send(None);
+        let Some((key, observed_at_ms)) = observed_at else {
+            bail!(
+                "change {k}: the ingester did not publish it within {:?}",
+                self.cfg.phase_timeout
+            );
+        };
+        self.settle(0).await?;
+        let server = &self.servers[0];
+        let m1 = server.metrics().await?;
+        let latencies: Vec<f64> = receipts
+            .iter()
+            .filter(|(p, _)| affected[**p])
+            .map(|(_, at_us)| *at_us as f64 / 1000.0 - observed_at_ms as f64)
+            .collect();
+        let sample = ChangeSample {
+            k,
+            key,
+            ingest_ms: observed_at_ms.saturating_sub(write_ms) as f64,
+            affected: affected_n,
+            observed,
+            unexpected,
+            latency_ms: Dist::of(&latencies),
+            server_cpu_s: (server.cpu()? - cpu0).as_secs_f64(),
+            server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
+            server_pushes: m1.get(PUSHES) - m0.get(PUSHES),
+        };
+        Ok((sample, latencies))
+    }
+
+    /// Kills replica A; every proxy reconnects to B with what it holds. Counts what B
+    /// resends.
+    async fn move_replica(&mut self) -> anyhow::Result<ReplicaMove> {
+        self.drain_events();
+        let counters = self.fleet.counters();
+        let streams_before: Vec<u32> = counters
+            .iter()
+            .map(|c| c.streams.load(Ordering::Relaxed))
+            .collect();
+        for c in counters {
+            c.resent.store(0, Ordering::Relaxed);
+            c.received_after_reconnect.store(0, Ordering::Relaxed);
+            c.held_at_reconnect.store(0, Ordering::Relaxed);
+        }
+        let errors_before = self.stream_errors;
+        let b = &self.servers[1];
+        let m0 = b.metrics().await?;
+        let cpu0 = b.cpu()?;
+        let start = Instant::now();
+        self.servers[0].kill().await;
+        let deadline = start + self.cfg.phase_timeout;
+        let mut moved = vec![false; self.cfg.proxies];
+        let mut done = 0;
+        let mut last = start;
+        while done < self.cfg.proxies {
+            let Some(event) = self.next_event(deadline, true).await? else {
+                break;
+            };
+            match event {
+                Event::Configured { proxy, stream, .. }
+                    if stream >= streams_before[proxy] && !moved[proxy] =>
+                {
+                    moved[proxy] = true;
+                    done += 1;
+                    last = Instant::now();
+                }
+                Event::StreamError { .. } => self.stream_errors += 1,
+                Event::Configured { .. } | Event::Observed { .. } => {}
+                other => self.note(other),
+            }
+        }
+        // Every proxy's old stream broke: those errors are the move, not failures.
+        let move_errors = self.stream_errors - errors_before;
+        self.stream_errors -= move_errors.min(self.cfg.proxies);
+        self.settle(1).await?;
+        let b = &self.servers[1];
+        let m1 = b.metrics().await?;
+        let counters = self.fleet.counters();
+        let sum = |f: fn(&client::ProxyCounters) -> u64| counters.iter().map(f).sum::<u64>();
+        Ok(ReplicaMove {
+            reconfigured: done,
+            all_reconfigured_s: (last - start).as_secs_f64(),
+            held: sum(|c| c.held_at_reconnect.load(Ordering::Relaxed)),
+            received: sum(|c| c.received_after_reconnect.load(Ordering::Relaxed)),
+            resent: sum(|c| c.resent.load(Ordering::Relaxed)),
+            server_resumed: m1.get(RESUMED) - m0.get(RESUMED),
+            server_resources_sent: m1.get(RESOURCES_SENT) - m0.get(RESOURCES_SENT),
+            server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
+            server_cpu_s: (b.cpu()? - cpu0).as_secs_f64(),
+        })
+    }
+}
+
+const PUSH_BYTES: &str = "shoal_xds_push_bytes_total";
+const PUSHES: &str = "shoal_xds_pushes_total";
+const RESUMED: &str = "shoal_xds_resources_resumed_total";
+const RESOURCES_SENT: &str = "shoal_xds_resources_sent_total";
+
+async fn connect_bus(url: &str) -> anyhow::Result<Arc<NatsBus>> {
+    let bus = NatsBus::connect(&NatsOptions::new(url))
+        .await
+        .with_context(|| format!("connecting the benchmark to NATS at {url}"))?;
+    Ok(Arc::new(bus))
+}
+
+/// Waits until the bus holds every key the mesh should produce.
+async fn wait_published(
+    bus: &NatsBus,
+    mesh: &BenchMesh,
+    ingester: &mut Ingester,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let (config, services, endpoints) = mesh.expected_keys();
+    let want: BTreeMap<Bucket, usize> = [
+        (Bucket::Config, config),
+        (Bucket::Services, services),
+        (Bucket::Endpoints, endpoints),
+    ]
+    .into();
+    let deadline = Instant::now() + timeout;
+    loop {
+        ingester.check_running()?;
+        let mut have = BTreeMap::new();
+        for bucket in want.keys() {
+            let n = bus
+                .keys(*bucket)
+                .await
+                .with_context(|| format!("listing {bucket}"))?
+                .len();
+            have.insert(*bucket, n);
+        }
+        if have == want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the ingester did not publish the mesh within {timeout:?}: keys per bucket {have:?}, expected {want:?}; its log:\n{}",
+                ingester.process().log_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Forwards every write to `bucket` after its initial state, with the envelope's
+/// `observed_at_ms`. Reports on `ready` once the initial state has been delivered.
+async fn watch_bucket(
+    bus: Arc<NatsBus>,
+    bucket: Bucket,
+    writes: mpsc::UnboundedSender<BusWrite>,
+    ready: mpsc::UnboundedSender<anyhow::Result<()>>,
+) {
+    let mut stream = match bus.watch(bucket).await {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ready.send(Err(anyhow::Error::new(e).context(format!("watching {bucket}"))));
+            return;
+        }
+    };
+    let mut live = false;
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(WatchEvent::InitialDone) => {
+                live = true;
+                let _ = ready.send(Ok(()));
+            }
+            Ok(WatchEvent::Entry(entry)) if live => {
+                // Only the envelope's header matters here; the body is skipped.
+                let Ok(env) = Envelope::<serde::de::IgnoredAny>::decode(&entry.value) else {
+                    continue;
+                };
+                let _ = writes.send(BusWrite {
+                    bucket,
+                    key: entry.key,
+                    observed_at_ms: env.observed_at_ms,
+                });
+            }
+            Ok(WatchEvent::Entry(_)) => {}
+            Err(e) => {
+                if !live {
+                    let _ = ready.send(Err(anyhow::Error::new(e).context(format!("watching {bucket}"))));
+                }
+                return;
+            }
+        }
+    }
+}

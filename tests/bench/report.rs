@@ -1,0 +1,488 @@
+//! Benchmark results: what is measured, as JSON (`--json`) and as a table.
+
+use serde::Serialize;
+use std::fmt::Write as _;
+
+/// A distribution of samples (milliseconds unless the field says otherwise).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Dist {
+    /// Number of samples.
+    pub n: usize,
+    /// Median (nearest rank).
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest sample.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
+}
+
+impl Dist {
+    /// The distribution of `samples` (empty: all zero).
+    pub fn of(samples: &[f64]) -> Dist {
+        if samples.is_empty() {
+            return Dist::default();
+        }
+        let mut s: Vec<f64> = samples.to_vec();
+        s.sort_by(f64::total_cmp);
+        let rank = |p: f64| {
+            let i = ((p * s.len() as f64).ceil() as usize).clamp(1, s.len());
+            s[i - 1]
+        };
+        Dist {
+            n: s.len(),
+            p50: rank(0.50),
+            p90: rank(0.90),
+            p99: rank(0.99),
+            max: s[s.len() - 1],
+            mean: s.iter().sum::<f64>() / s.len() as f64,
+        }
+    }
+}
+
+/// The machine the benchmark ran on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// CPUs available to this process.
+    pub cpus: usize,
+    /// `model name` from /proc/cpuinfo.
+    pub cpu_model: String,
+    /// MemTotal, GiB.
+    pub memory_gib: f64,
+}
+
+impl Machine {
+    /// Reads /proc.
+    pub fn detect() -> Machine {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("model name"))
+                    .map(|l| l.trim_start_matches([' ', '\t', ':']).trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown".into());
+        let memory_gib = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.split_whitespace().next())
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
+            .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+        Machine {
+            cpus,
+            cpu_model,
+            memory_gib,
+        }
+    }
+}
+
+/// The benchmark's parameters, as run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Scenario {
+    /// Simulated proxies.
+    pub proxies: usize,
+    /// Namespaces.
+    pub namespaces: usize,
+    /// Services (plus one shared service in istio-system).
+    pub services: usize,
+    /// Endpoints per service.
+    pub endpoints: usize,
+    /// Per-namespace Sidecar isolation.
+    pub sidecar_isolation: bool,
+    /// `sotw` or `delta`.
+    pub mode: String,
+    /// Server replicas.
+    pub replicas: usize,
+    /// Repetitions of each change.
+    pub changes: usize,
+    /// Which VirtualService the VS change edits (`mesh` or `namespace`).
+    pub vs_change: String,
+    /// The binaries used.
+    pub binaries: String,
+    /// Whether they are a debug build.
+    pub debug_build: bool,
+}
+
+/// The initial connection of every proxy.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Initial {
+    /// From the first connection attempt until the last proxy is fully configured, seconds.
+    pub all_configured_s: f64,
+    /// Per proxy, from its connection attempt to fully configured, ms.
+    pub per_proxy_ms: Dist,
+    /// Proxies whose configuration did not have the expected shape (EDS assignments =
+    /// visible services, one listener, one route table).
+    pub mismatched: usize,
+    /// An example mismatch.
+    pub mismatch_example: Option<String>,
+    /// Clusters per proxy (mean).
+    pub clusters_per_proxy: f64,
+    /// EDS assignments per proxy (mean).
+    pub endpoints_per_proxy: f64,
+    /// Server CPU during the connection phase, seconds.
+    pub server_cpu_s: f64,
+    /// Resource bytes the server sent during the connection phase.
+    pub server_bytes: f64,
+}
+
+/// Server memory.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Memory {
+    /// RSS with the state loaded and no proxy, KiB.
+    pub idle_rss_kib: u64,
+    /// RSS with every proxy connected and configured, KiB.
+    pub loaded_rss_kib: u64,
+    /// (loaded − idle) / proxies, KiB.
+    pub per_proxy_kib: f64,
+}
+
+/// One measured change.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChangeSample {
+    /// Change number.
+    pub k: usize,
+    /// The bus key the ingester wrote.
+    pub key: String,
+    /// From the file write to the ingester's `observed_at_ms` (its poll delay), ms.
+    pub ingest_ms: f64,
+    /// Proxies the change affects.
+    pub affected: usize,
+    /// Of those, proxies that received it.
+    pub observed: usize,
+    /// Proxies outside the affected set that received it (should be 0).
+    pub unexpected: usize,
+    /// From `observed_at_ms` to receipt, per affected proxy, ms.
+    pub latency_ms: Dist,
+    /// Server CPU from the write until pushes stopped, seconds.
+    pub server_cpu_s: f64,
+    /// Resource bytes the server sent for this change.
+    pub server_bytes: f64,
+    /// xDS responses the server sent for this change.
+    pub server_pushes: f64,
+}
+
+/// All changes of one kind.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChangeReport {
+    /// Each change.
+    pub samples: Vec<ChangeSample>,
+    /// Latency over every (change, affected proxy), ms.
+    pub latency_ms: Dist,
+    /// Per change, the time until its last affected proxy had it, ms.
+    pub all_converged_ms: Dist,
+    /// Affected proxies that never received their change.
+    pub missing: usize,
+    /// Mean server CPU per change, seconds.
+    pub server_cpu_s: f64,
+    /// Mean bytes sent per change.
+    pub server_bytes: f64,
+}
+
+impl ChangeReport {
+    /// Summarizes samples (and their raw latencies).
+    pub fn summarize(samples: Vec<ChangeSample>, latencies: &[f64]) -> ChangeReport {
+        let n = samples.len().max(1) as f64;
+        ChangeReport {
+            latency_ms: Dist::of(latencies),
+            all_converged_ms: Dist::of(
+                &samples
+                    .iter()
+                    .filter(|s| s.observed > 0)
+                    .map(|s| s.latency_ms.max)
+                    .collect::<Vec<_>>(),
+            ),
+            missing: samples.iter().map(|s| s.affected - s.observed).sum(),
+            server_cpu_s: samples.iter().map(|s| s.server_cpu_s).sum::<f64>() / n,
+            server_bytes: samples.iter().map(|s| s.server_bytes).sum::<f64>() / n,
+            samples,
+        }
+    }
+}
+
+/// All proxies moving from replica A to replica B.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReplicaMove {
+    /// Proxies that reconnected to B and were fully configured again.
+    pub reconfigured: usize,
+    /// From killing A until the last proxy was configured by B, seconds.
+    pub all_reconfigured_s: f64,
+    /// Resources the proxies held when they reconnected.
+    pub held: u64,
+    /// Resources B sent them.
+    pub received: u64,
+    /// Of those, resources a proxy already held at the same version.
+    pub resent: u64,
+    /// B's `shoal_xds_resources_resumed_total` increase.
+    pub server_resumed: f64,
+    /// B's `shoal_xds_resources_sent_total` increase.
+    pub server_resources_sent: f64,
+    /// B's `shoal_xds_push_bytes_total` increase.
+    pub server_bytes: f64,
+    /// B's CPU during the move, seconds.
+    pub server_cpu_s: f64,
+}
+
+/// Everything measured in one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Parameters.
+    pub scenario: Scenario,
+    /// The machine.
+    pub machine: Machine,
+    /// From starting the ingester until the bus held the whole mesh, seconds.
+    pub ingest_s: f64,
+    /// The initial connection.
+    pub initial: Initial,
+    /// Server memory.
+    pub memory: Memory,
+    /// Endpoint changes.
+    pub endpoint_change: ChangeReport,
+    /// VirtualService changes.
+    pub vs_change: ChangeReport,
+    /// The move to a second replica (with `--replicas 2`).
+    pub replica_move: Option<ReplicaMove>,
+    /// CPU the benchmark process itself used (the simulated proxies), seconds.
+    pub bench_cpu_s: f64,
+    /// Stream errors seen by proxies (outside the replica move).
+    pub stream_errors: usize,
+    /// Responses proxies could not understand.
+    pub bad_responses: usize,
+    /// Examples of errors.
+    pub error_examples: Vec<String>,
+    /// Whether the ingester and every server were still running at the end.
+    pub processes_ok: bool,
+}
+
+/// The targets, for the table.
+pub struct Targets;
+
+impl Targets {
+    /// Every proxy configured within this, seconds.
+    pub const ALL_CONFIGURED_S: f64 = 10.0;
+    /// Endpoint change p99, ms.
+    pub const ENDPOINT_P99_MS: f64 = 200.0;
+    /// VirtualService change p99, ms.
+    pub const VS_P99_MS: f64 = 1000.0;
+    /// Server RSS per proxy above idle, KiB (150 KB).
+    pub const RSS_PER_PROXY_KIB: f64 = 150_000.0 / 1024.0;
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
+
+fn bytes(b: f64) -> String {
+    if b >= 1e9 {
+        format!("{:.2} GB", b / 1e9)
+    } else if b >= 1e6 {
+        format!("{:.1} MB", b / 1e6)
+    } else if b >= 1e3 {
+        format!("{:.1} KB", b / 1e3)
+    } else {
+        format!("{b:.0} B")
+    }
+}
+
+fn ms(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.1} s", v / 1000.0)
+    } else {
+        format!("{v:.0} ms")
+    }
+}
+
+impl Report {
+    /// The human-readable results table.
+    pub fn table(&self) -> String {
+        let s = &self.scenario;
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "shoal-bench: {} proxies ({}), {} namespaces, {} services x {} endpoints, {}, {} replica(s)",
+            s.proxies,
+            s.mode,
+            s.namespaces,
+            s.services,
+            s.endpoints,
+            if s.sidecar_isolation {
+                "per-namespace Sidecar isolation"
+            } else {
+                "flat (every service visible)"
+            },
+            s.replicas
+        );
+        let _ = writeln!(
+            o,
+            "machine: {} CPUs, {}, {:.0} GiB; binaries: {}{}",
+            self.machine.cpus,
+            self.machine.cpu_model,
+            self.machine.memory_gib,
+            s.binaries,
+            if s.debug_build {
+                " (DEBUG BUILD: not representative)"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(o);
+        let _ = writeln!(
+            o,
+            "{:<44} {:>10} {:>10} {:>10}   target",
+            "measure", "p50", "p99", "max"
+        );
+        let _ = writeln!(o, "{}", "-".repeat(100));
+        let i = &self.initial;
+        let _ = writeln!(
+            o,
+            "{:<44} {:>10} {:>10} {:>10}",
+            "initial config, per proxy (connect→all ACKed)",
+            ms(i.per_proxy_ms.p50),
+            ms(i.per_proxy_ms.p99),
+            ms(i.per_proxy_ms.max)
+        );
+        let _ = writeln!(
+            o,
+            "{:<44} {:>10} {:>10} {:>10}   ≤ {} s: {}",
+            "every proxy configured (wall)",
+            "",
+            "",
+            format!("{:.2} s", i.all_configured_s),
+            Targets::ALL_CONFIGURED_S,
+            verdict(i.per_proxy_ms.n == s.proxies && i.all_configured_s <= Targets::ALL_CONFIGURED_S)
+        );
+        for (label, c, target) in [
+            ("endpoint change, observed_at→proxy", &self.endpoint_change, Targets::ENDPOINT_P99_MS),
+            ("VirtualService change, observed_at→proxy", &self.vs_change, Targets::VS_P99_MS),
+        ] {
+            let affected = c.samples.first().map_or(0, |x| x.affected);
+            let _ = writeln!(
+                o,
+                "{:<44} {:>10} {:>10} {:>10}   p99 ≤ {}: {}",
+                format!("{label} ({} x {affected})", c.samples.len()),
+                ms(c.latency_ms.p50),
+                ms(c.latency_ms.p99),
+                ms(c.latency_ms.max),
+                ms(target),
+                verdict(c.missing == 0 && c.latency_ms.n > 0 && c.latency_ms.p99 <= target)
+            );
+            let _ = writeln!(
+                o,
+                "{:<44} {:>10} {:>10} {:>10}",
+                "  per change, until all affected had it",
+                ms(c.all_converged_ms.p50),
+                ms(c.all_converged_ms.p99),
+                ms(c.all_converged_ms.max)
+            );
+            let _ = writeln!(
+                o,
+                "{:<44} server CPU {:.3} s, sent {}{}",
+                "  per change",
+                c.server_cpu_s,
+                bytes(c.server_bytes),
+                if c.missing > 0 {
+                    format!(", {} affected proxies NEVER received it", c.missing)
+                } else {
+                    String::new()
+                }
+            );
+        }
+        let m = &self.memory;
+        let _ = writeln!(
+            o,
+            "{:<44} {:>10} {:>10} {:>10}   ≤ 146 KiB (150 KB): {}",
+            "server RSS per proxy above idle",
+            "",
+            "",
+            format!("{:.1} KiB", m.per_proxy_kib),
+            verdict(m.per_proxy_kib <= Targets::RSS_PER_PROXY_KIB)
+        );
+        let _ = writeln!(
+            o,
+            "{:<44} idle {:.1} MiB, with proxies {:.1} MiB",
+            "  server RSS",
+            m.idle_rss_kib as f64 / 1024.0,
+            m.loaded_rss_kib as f64 / 1024.0
+        );
+        let _ = writeln!(
+            o,
+            "{:<44} server CPU {:.2} s, sent {}; {:.0} clusters and {:.0} EDS assignments per proxy",
+            "  initial connection phase",
+            i.server_cpu_s,
+            bytes(i.server_bytes),
+            i.clusters_per_proxy,
+            i.endpoints_per_proxy
+        );
+        if let Some(mv) = &self.replica_move {
+            let target = if s.mode == "delta" {
+                format!("0 resent: {}", verdict(mv.resent == 0 && mv.reconfigured == s.proxies))
+            } else {
+                "(SotW resends everything; for contrast)".to_string()
+            };
+            let _ = writeln!(
+                o,
+                "{:<44} {:>10} {:>10} {:>10}   {}",
+                "move to replica B: resources resent",
+                "",
+                "",
+                mv.resent,
+                target
+            );
+            let _ = writeln!(
+                o,
+                "{:<44} {} of {} proxies in {:.2} s; held {}, B sent {} ({}), B resumed {}, B CPU {:.2} s",
+                "  move",
+                mv.reconfigured,
+                s.proxies,
+                mv.all_reconfigured_s,
+                mv.held,
+                mv.received,
+                bytes(mv.server_bytes),
+                mv.server_resumed,
+                mv.server_cpu_s
+            );
+        }
+        let _ = writeln!(o, "{}", "-".repeat(100));
+        let _ = writeln!(
+            o,
+            "ingest {:.1} s; benchmark process (the proxies) used {:.1} s CPU; stream errors {}, bad responses {}, config mismatches {}; processes {}",
+            self.ingest_s,
+            self.bench_cpu_s,
+            self.stream_errors,
+            self.bad_responses,
+            i.mismatched,
+            if self.processes_ok { "ok" } else { "CRASHED" }
+        );
+        if let Some(ex) = &i.mismatch_example {
+            let _ = writeln!(o, "config mismatch example: {ex}");
+        }
+        for e in &self.error_examples {
+            let _ = writeln!(o, "error example: {e}");
+        }
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let d = Dist::of(&(1..=100).map(f64::from).collect::<Vec<_>>());
+        assert_eq!((d.p50, d.p90, d.p99, d.max, d.n), (50.0, 90.0, 99.0, 100.0, 100));
+        let d = Dist::of(&[3.0]);
+        assert_eq!((d.p50, d.p99), (3.0, 3.0));
+        assert_eq!(Dist::of(&[]).n, 0);
+    }
+}

@@ -49,6 +49,24 @@ impl Node {
 /// leaves a proxy without updates for up to half a minute); HTTP/2 and TCP keepalives, so
 /// a replica that vanishes without closing its connections (a partition) is noticed.
 pub fn bootstrap(node: &Node, admin_port: u16, xds: &[SocketAddr]) -> String {
+    bootstrap_with(node, admin_port, xds, AdsMode::Sotw)
+}
+
+/// Which ADS variant a bootstrap asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdsMode {
+    /// State of the world (`api_type: GRPC`).
+    Sotw,
+    /// Incremental (`api_type: DELTA_GRPC`).
+    Delta,
+}
+
+/// [`bootstrap`] with a chosen ADS variant.
+pub fn bootstrap_with(node: &Node, admin_port: u16, xds: &[SocketAddr], mode: AdsMode) -> String {
+    let api_type = match mode {
+        AdsMode::Sotw => "GRPC",
+        AdsMode::Delta => "DELTA_GRPC",
+    };
     let mut labels = String::new();
     for (k, v) in &node.labels {
         let _ = writeln!(labels, "      {k}: {v:?}");
@@ -76,7 +94,7 @@ pub fn bootstrap(node: &Node, admin_port: u16, xds: &[SocketAddr]) -> String {
     socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}
 dynamic_resources:
   ads_config:
-    api_type: GRPC
+    api_type: {api_type}
     transport_api_version: V3
     set_node_on_first_message_only: true
     grpc_services:

@@ -4,13 +4,16 @@
 //! - `through_nats_with_two_replicas`: nats-server, one `shoal-ingester` following the
 //!   manifest directory, two `shoal-server` replicas; the Envoys' bootstraps list both
 //!   replicas. It ends with a failover: the gateway's replica is killed.
+//! - `delta_through_nats_with_two_replicas`: the same with Envoys on delta ADS
+//!   (`DELTA_GRPC`); at failover the gateway must resume on the other replica without being
+//!   sent any resource it already holds.
 //! - `standalone`: one `shoal-server --standalone DIR`.
 //!
 //! Needs the binaries: `cargo build --workspace --bins` first (scripts/test.sh does).
 #![forbid(unsafe_code)]
 
 use serde_json::Value;
-use shoal_tests::bootstrap::{bootstrap, Node};
+use shoal_tests::bootstrap::{bootstrap_with, AdsMode, Node};
 use shoal_tests::http::{Request, Response};
 use shoal_tests::mesh::{SwitchTarget, TestMesh};
 use shoal_tests::ports::free_port;
@@ -33,10 +36,22 @@ const POLL: Duration = Duration::from_millis(50);
 async fn through_nats_with_two_replicas() {
     let mut mesh = TestMesh::start().await;
     let mut cp = ControlPlane::nats(&mesh).await;
-    let proxies = Proxies::start(&mesh, &cp.xds_addrs()).await;
+    let proxies = Proxies::start(&mesh, &cp.xds_addrs(), AdsMode::Sotw).await;
     static_routing(&mesh, &proxies).await;
     dynamic_changes(&mut mesh, &proxies).await;
-    failover(&mesh, &proxies, &mut cp).await;
+    failover(&mesh, &proxies, &mut cp, AdsMode::Sotw).await;
+    proxies.assert_nothing_rejected().await;
+    cp.assert_running();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delta_through_nats_with_two_replicas() {
+    let mut mesh = TestMesh::start().await;
+    let mut cp = ControlPlane::nats(&mesh).await;
+    let proxies = Proxies::start(&mesh, &cp.xds_addrs(), AdsMode::Delta).await;
+    static_routing(&mesh, &proxies).await;
+    dynamic_changes(&mut mesh, &proxies).await;
+    failover(&mesh, &proxies, &mut cp, AdsMode::Delta).await;
     proxies.assert_nothing_rejected().await;
     cp.assert_running();
 }
@@ -45,7 +60,7 @@ async fn through_nats_with_two_replicas() {
 async fn standalone() {
     let mut mesh = TestMesh::start().await;
     let mut cp = ControlPlane::standalone(&mesh).await;
-    let proxies = Proxies::start(&mesh, &cp.xds_addrs()).await;
+    let proxies = Proxies::start(&mesh, &cp.xds_addrs(), AdsMode::Sotw).await;
     static_routing(&mesh, &proxies).await;
     dynamic_changes(&mut mesh, &proxies).await;
     proxies.assert_nothing_rejected().await;
@@ -111,9 +126,9 @@ struct Proxies {
 }
 
 impl Proxies {
-    async fn start(mesh: &TestMesh, xds: &[SocketAddr]) -> Proxies {
-        let gateway_bootstrap = bootstrap(&Node::gateway(), free_port(), xds);
-        let sidecar_bootstrap = bootstrap(&Node::sidecar(), free_port(), xds);
+    async fn start(mesh: &TestMesh, xds: &[SocketAddr], mode: AdsMode) -> Proxies {
+        let gateway_bootstrap = bootstrap_with(&Node::gateway(), free_port(), xds, mode);
+        let sidecar_bootstrap = bootstrap_with(&Node::sidecar(), free_port(), xds, mode);
         let (gateway, sidecar) = tokio::join!(
             Envoy::start(&gateway_bootstrap),
             Envoy::start(&sidecar_bootstrap),
@@ -354,7 +369,7 @@ async fn dynamic_changes(mesh: &mut TestMesh, p: &Proxies) {
 
 /// Kills the replica the gateway is connected to: traffic goes on, and changes reach the
 /// gateway again through the other replica.
-async fn failover(mesh: &TestMesh, p: &Proxies, cp: &mut ControlPlane) {
+async fn failover(mesh: &TestMesh, p: &Proxies, cp: &mut ControlPlane, mode: AdsMode) {
     let replicas = &mut cp.replicas;
     assert_eq!(replicas.len(), 2, "failover needs two replicas");
     let gateway_id = Node::gateway().id;
@@ -391,6 +406,10 @@ async fn failover(mesh: &TestMesh, p: &Proxies, cp: &mut ControlPlane) {
         .expect("sidecar traffic during failover");
     assert_eq!(backend, "api-v1");
 
+    if mode == AdsMode::Delta {
+        resumed_without_resends(&replicas[other], &gateway_id).await;
+    }
+
     // A change after the failover arrives through the surviving replica.
     mesh.write_virtual_service(SwitchTarget::Vm);
     expect_backend(
@@ -409,6 +428,44 @@ async fn failover(mesh: &TestMesh, p: &Proxies, cp: &mut ControlPlane) {
                 "the gateway is not in the surviving replica's /debug/syncz"
             ))
         }
+    })
+    .await;
+}
+
+/// On the surviving replica, the reconnected delta gateway was sent no resource it already
+/// held: every type it subscribed to shows resources resumed (matched by content hash from
+/// `initial_resource_versions`) and none sent.
+async fn resumed_without_resends(survivor: &ShoalServer, node_id: &str) {
+    eventually(FAILOVER, POLL, || async {
+        let body = survivor.admin_get("/debug/syncz").await?.body;
+        let conns: Value = serde_json::from_slice(&body)?;
+        let conn = conns
+            .as_array()
+            .and_then(|a| a.iter().find(|c| c["node_id"] == node_id))
+            .ok_or_else(|| anyhow::anyhow!("the gateway is not on the surviving replica yet"))?;
+        anyhow::ensure!(
+            conn["mode"] == "delta",
+            "the gateway should be on delta ADS: {conn}"
+        );
+        let types = conn["types"]
+            .as_object()
+            .ok_or_else(|| anyhow::anyhow!("no types in {conn}"))?;
+        anyhow::ensure!(
+            types.len() == 4,
+            "not all four types subscribed yet: {conn}"
+        );
+        for (ty, status) in types {
+            anyhow::ensure!(
+                status["resources_sent"] == 0,
+                "{ty}: the replica resent resources the gateway already held: {status}"
+            );
+            anyhow::ensure!(
+                status["resumed"].as_u64().unwrap_or(0) > 0
+                    && status["resumed"] == status["resources"],
+                "{ty}: not every resource was resumed: {status}"
+            );
+        }
+        Ok(())
     })
     .await;
 }

@@ -46,8 +46,8 @@ if ! envoy --version >/dev/null 2>&1; then
   exit 1
 fi
 
-# Later: the Helm chart and manifest validation tests.
-# pip_install helm-python-sdk kubernetes-validate   (define pip_install as above)
+# The Helm chart tests install their own Python dependencies (helm-python-sdk,
+# kubernetes-validate, pytest) in helm/tests/run.sh; they run after the cargo tests, below.
 
 # The e2e tests run the binaries as processes; cargo does not build another package's
 # binaries for a test, so build them first.
@@ -57,4 +57,10 @@ if [ "$#" -gt 0 ]; then
   cargo test "$@"
 else
   cargo test --workspace
+fi
+
+# Helm chart: lint, render, Kubernetes schema validation, RBAC, and flags/probes checked
+# against the binaries built above. Only on a full run (no cargo test arguments).
+if [ "$#" -eq 0 ]; then
+  bash helm/tests/run.sh
 fi

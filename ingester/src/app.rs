@@ -1,10 +1,17 @@
 //! Command line and process wiring of the `shoal-ingester` binary.
 
+use crate::admin::{self, AdminState};
 use crate::error::IngestError;
 use crate::file::{FileSource, FileSourceConfig};
+use crate::kubernetes::{self, KubeSource, KubeSourceConfig};
+use crate::mesh_config::{self, MeshConfigWatch};
+use crate::metrics::Metrics;
+use crate::readiness::Readiness;
 use anyhow::Context;
 use shoal_common::bus::nats::{NatsBus, NatsOptions};
 use shoal_common::bus::StateBus;
+use shoal_common::model::Duration;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -15,6 +22,8 @@ use tracing::info;
 pub enum SourceSpec {
     /// A directory of manifests (`file:DIR`).
     File(PathBuf),
+    /// Kubernetes clusters (`kube`): the config cluster and its multicluster secrets.
+    Kube,
 }
 
 impl FromStr for SourceSpec {
@@ -23,6 +32,7 @@ impl FromStr for SourceSpec {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.split_once(':') {
             Some(("file", dir)) if !dir.is_empty() => Ok(SourceSpec::File(PathBuf::from(dir))),
+            None if s == "kube" => Ok(SourceSpec::Kube),
             _ => Err(IngestError::UnsupportedSource {
                 spec: s.to_string(),
             }),
@@ -66,13 +76,14 @@ pub struct IngesterArgs {
     #[arg(long, env = "SHOAL_NATS_CREDS", value_name = "FILE")]
     pub nats_creds: Option<PathBuf>,
 
-    /// Where to read objects from: `file:DIR` polls a directory of YAML/JSON manifests.
-    /// (The `kube` source is not implemented yet.)
+    /// Where to read objects from: `kube` watches Kubernetes (in-cluster config, else
+    /// KUBECONFIG) and the remote clusters of its multicluster secrets; `file:DIR` polls
+    /// a directory of YAML/JSON manifests.
     #[arg(long, env = "SHOAL_SOURCE", value_name = "SOURCE")]
     pub source: SourceSpec,
 
-    /// Cluster ID that services and endpoints are published under (Istio's default is
-    /// `Kubernetes`).
+    /// Cluster ID that the local (config) cluster's services and endpoints are published
+    /// under (Istio's default is `Kubernetes`).
     #[arg(
         long,
         env = "SHOAL_CLUSTER_ID",
@@ -89,6 +100,52 @@ pub struct IngesterArgs {
         default_value = "default"
     )]
     pub fleet: String,
+
+    /// Namespace of the multicluster Secrets (label `istio/multiCluster=true`; each data
+    /// key a cluster ID, each value a kubeconfig). `kube` source only.
+    #[arg(
+        long,
+        env = "SHOAL_SYSTEM_NAMESPACE",
+        value_name = "NAMESPACE",
+        default_value = "istio-system"
+    )]
+    pub system_namespace: String,
+
+    /// MeshConfig YAML file whose `discoverySelectors` choose the namespaces to publish
+    /// (all when absent). Re-read when it changes.
+    #[arg(long, env = "SHOAL_MESH_CONFIG", value_name = "FILE")]
+    pub mesh_config: Option<PathBuf>,
+
+    /// How long a slow or unreachable remote cluster may hold back readiness, e.g. `30s`.
+    #[arg(
+        long,
+        env = "SHOAL_REMOTE_CLUSTER_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "30s"
+    )]
+    pub remote_cluster_timeout: Duration,
+
+    /// Whether this ingester publishes Istio config (networking.istio.io kinds) from the
+    /// config cluster. `kube` source only.
+    #[arg(
+        long,
+        env = "SHOAL_WATCH_CONFIG",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_value_t = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub watch_config: bool,
+
+    /// Address of the admin HTTP server: `/ready`, `/healthz`, `/metrics`.
+    #[arg(
+        long,
+        env = "SHOAL_ADMIN_ADDR",
+        value_name = "HOST:PORT",
+        default_value = "0.0.0.0:15014"
+    )]
+    pub admin_addr: SocketAddr,
 
     /// Log filter in RUST_LOG syntax, e.g. `info` or `info,shoal_ingester=debug`.
     #[arg(
@@ -110,11 +167,23 @@ pub struct IngesterArgs {
     pub log_format: LogFormat,
 }
 
+/// The readiness component of the file source.
+const FILE_READINESS: &str = "manifest directory";
+
 /// Runs the ingester until SIGTERM or ctrl-c: connects to NATS, publishes the source's
 /// objects, then keeps them in sync.
 pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
     shoal_common::logging::init(&args.log_level, args.log_format == LogFormat::Json);
-    let SourceSpec::File(dir) = args.source;
+    let metrics = Metrics::new();
+    let readiness = Readiness::new(metrics.clone());
+    let selectors = match &args.mesh_config {
+        Some(path) => {
+            let (watch, rx) = MeshConfigWatch::load(path)?;
+            tokio::spawn(watch.run());
+            rx
+        }
+        None => mesh_config::select_all(),
+    };
     let opts = NatsOptions {
         url: args.nats_url.clone(),
         replicas: args.nats_replicas,
@@ -124,29 +193,62 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("connecting to the state bus at {}", args.nats_url))?;
     let bus: Arc<dyn StateBus> = Arc::new(bus);
-    let cfg = FileSourceConfig {
-        cluster_id: args.cluster_id,
-        fleet: args.fleet,
-        ..FileSourceConfig::new(dir)
+    let listener = admin::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("binding the admin address {}", args.admin_addr))?;
+    let admin_state = AdminState {
+        readiness: readiness.clone(),
+        metrics: metrics.clone(),
     };
-    info!(
-        dir = %cfg.dir.display(),
-        cluster = %cfg.cluster_id,
-        fleet = %cfg.fleet,
-        "starting file source",
-    );
-    let mut source = FileSource::new(cfg, bus).await?;
-    let report = source.sync_once().await?;
-    info!(
-        writes = report.writes,
-        deletes = report.deletes,
-        unchanged = report.unchanged,
-        errors = report.errors,
-        "initial sync done"
-    );
-    tokio::select! {
-        result = source.run() => result?,
-        signal = shutdown_signal() => info!(%signal, "shutting down"),
+
+    match args.source.clone() {
+        SourceSpec::File(dir) => {
+            let cfg = FileSourceConfig {
+                cluster_id: args.cluster_id,
+                fleet: args.fleet,
+                ..FileSourceConfig::new(dir)
+            };
+            info!(
+                dir = %cfg.dir.display(),
+                cluster = %cfg.cluster_id,
+                fleet = %cfg.fleet,
+                "starting file source",
+            );
+            readiness.require(FILE_READINESS);
+            tokio::spawn(admin::serve(listener, admin_state));
+            let mut source = FileSource::new(cfg, bus).await?;
+            source.set_discovery_selectors(selectors);
+            source.set_metrics(metrics);
+            let report = source.sync_once().await?;
+            info!(
+                writes = report.writes,
+                deletes = report.deletes,
+                unchanged = report.unchanged,
+                errors = report.errors,
+                "initial sync done"
+            );
+            readiness.synced(FILE_READINESS);
+            tokio::select! {
+                result = source.run() => result?,
+                signal = shutdown_signal() => info!(%signal, "shutting down"),
+            }
+        }
+        SourceSpec::Kube => {
+            let client = kubernetes::infer_client().await?;
+            let cfg = KubeSourceConfig {
+                cluster_id: args.cluster_id,
+                fleet: args.fleet,
+                system_namespace: args.system_namespace,
+                watch_config: args.watch_config,
+                remote_cluster_timeout: args.remote_cluster_timeout.get(),
+            };
+            let source = KubeSource::new(cfg, bus, metrics, readiness, selectors);
+            tokio::spawn(admin::serve(listener, admin_state));
+            tokio::select! {
+                result = source.run(client) => result?,
+                signal = shutdown_signal() => info!(%signal, "shutting down"),
+            }
+        }
     }
     Ok(())
 }
@@ -186,7 +288,8 @@ mod tests {
             "file:/etc/shoal".parse::<SourceSpec>().unwrap(),
             SourceSpec::File("/etc/shoal".into())
         );
-        for bad in ["kube", "file:", "/etc/shoal", "http://x"] {
+        assert_eq!("kube".parse::<SourceSpec>().unwrap(), SourceSpec::Kube);
+        for bad in ["kube:x", "file:", "/etc/shoal", "http://x", "k8s"] {
             let msg = bad.parse::<SourceSpec>().unwrap_err().to_string();
             assert!(msg.contains("file:DIR") && msg.contains("kube"), "{msg}");
         }
@@ -200,7 +303,56 @@ mod tests {
         assert_eq!(args.cluster_id, "Kubernetes");
         assert_eq!(args.fleet, "default");
         assert_eq!(args.log_format, LogFormat::Text);
-        let err = IngesterArgs::try_parse_from(["shoal-ingester", "--source", "kube"]).unwrap_err();
-        assert!(err.to_string().contains("not implemented yet"), "{err}");
+        assert_eq!(args.system_namespace, "istio-system");
+        assert_eq!(args.mesh_config, None);
+        assert_eq!(
+            args.remote_cluster_timeout.get(),
+            std::time::Duration::from_secs(30)
+        );
+        assert!(args.watch_config);
+        assert_eq!(args.admin_addr, "0.0.0.0:15014".parse().unwrap());
+        let err =
+            IngesterArgs::try_parse_from(["shoal-ingester", "--source", "kubernetes"]).unwrap_err();
+        assert!(err.to_string().contains("supported sources"), "{err}");
+    }
+
+    #[test]
+    fn kube_flags() {
+        let args = IngesterArgs::try_parse_from([
+            "shoal-ingester",
+            "--source",
+            "kube",
+            "--system-namespace",
+            "mesh",
+            "--mesh-config",
+            "/etc/istio/config/mesh",
+            "--remote-cluster-timeout",
+            "1.5s",
+            "--watch-config=false",
+            "--admin-addr",
+            "127.0.0.1:9000",
+        ])
+        .unwrap();
+        assert_eq!(args.source, SourceSpec::Kube);
+        assert_eq!(args.system_namespace, "mesh");
+        assert_eq!(args.mesh_config, Some("/etc/istio/config/mesh".into()));
+        assert_eq!(
+            args.remote_cluster_timeout.get(),
+            std::time::Duration::from_millis(1500)
+        );
+        assert!(!args.watch_config);
+        let args =
+            IngesterArgs::try_parse_from(["shoal-ingester", "--source", "kube", "--watch-config"])
+                .unwrap();
+        assert!(args.watch_config);
+        let err = IngesterArgs::try_parse_from([
+            "shoal-ingester",
+            "--source",
+            "kube",
+            "--remote-cluster-timeout",
+            "soon",
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("invalid duration"), "{err}");
     }
 }

@@ -136,10 +136,7 @@ pub enum IngestError {
         source: BusError,
     },
     /// A `--source` value that is not a supported source.
-    #[error(
-        "unsupported source {spec:?}: supported sources are `file:DIR` \
-         (the `kube` source is not implemented yet)"
-    )]
+    #[error("unsupported source {spec:?}: supported sources are `kube` and `file:DIR`")]
     UnsupportedSource {
         /// The rejected value.
         spec: String,

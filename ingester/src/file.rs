@@ -6,6 +6,8 @@
 
 use crate::error::IngestError;
 use crate::manifest::{self, ParsedFile};
+use crate::mesh_config::{self, SelectorsRx};
+use crate::metrics::Metrics;
 use crate::publish::{PublishReport, Publisher};
 use crate::state::ManifestStore;
 use sha2::{Digest, Sha256};
@@ -101,6 +103,9 @@ pub struct FileSource {
     full_read_interval: Duration,
     /// The store changed since the last publish.
     stale: bool,
+    /// The namespaces to publish (discovery selectors).
+    selectors: SelectorsRx,
+    metrics: Option<Metrics>,
 }
 
 impl FileSource {
@@ -134,7 +139,21 @@ impl FileSource {
             // The first round publishes even for an empty directory, so keys left on the
             // bus by an earlier run are swept.
             stale: true,
+            selectors: mesh_config::select_all(),
+            metrics: None,
         })
+    }
+
+    /// Publishes only objects in the namespaces these discovery selectors select (the
+    /// default: every namespace), following their changes.
+    pub fn set_discovery_selectors(&mut self, selectors: SelectorsRx) {
+        self.selectors = selectors;
+        self.stale = true;
+    }
+
+    /// Counts publish results in these metrics.
+    pub fn set_metrics(&mut self, metrics: Metrics) {
+        self.metrics = Some(metrics);
     }
 
     /// Scans the directory, parses new and changed files, and publishes the result.
@@ -160,12 +179,22 @@ impl FileSource {
         for change in changes {
             self.apply(change);
         }
+        if self.selectors.has_changed().unwrap_or(false) {
+            self.stale = true;
+        }
         if !self.stale && !self.publisher.needs_retry() {
             return Ok(PublishReport::default());
         }
-        let desired = self.store.desired_state(&self.cfg.cluster_id);
+        let selectors = self.selectors.borrow_and_update().clone();
+        let desired = self
+            .store
+            .desired_state_selected(&self.cfg.cluster_id, &selectors);
         self.stale = false;
-        Ok(self.publisher.publish(&desired, observed_at_ms).await)
+        let report = self.publisher.publish(&desired, observed_at_ms).await;
+        if let Some(metrics) = &self.metrics {
+            metrics.published(&report);
+        }
+        Ok(report)
     }
 
     fn apply(&mut self, change: Change) {
@@ -398,7 +427,7 @@ fn walk(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::publish::testing::CountingBus;
+    use crate::testing::CountingBus;
     use shoal_common::bus::Bucket;
     use shoal_common::envelope::Envelope;
     use shoal_common::model::{ConfigObject, ConfigSpec, EndpointSet, Service};
@@ -698,5 +727,48 @@ mod tests {
             }
         }
         task.abort();
+    }
+
+    #[tokio::test]
+    async fn discovery_selectors_filter_namespaces_and_follow_changes() {
+        let f = Fixture::new();
+        let ns = |labels: &str| {
+            format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata: {{name: bookinfo, labels: {labels}}}\n"
+            )
+        };
+        f.write("ns.yaml", &ns("{mesh: 'on'}"));
+        f.write("all.yaml", &format!("{SVC}---\n{DR}"));
+        f.write(
+            "other.yaml",
+            "apiVersion: v1\nkind: Service\nmetadata: {name: x, namespace: other}\n",
+        );
+        let selected = mesh_config::parse(
+            Path::new("mesh"),
+            "discoverySelectors: [{matchLabels: {mesh: 'on'}}]",
+        )
+        .unwrap();
+        let (tx, rx) = tokio::sync::watch::channel(Arc::new(selected));
+        let mut src = f.source().await;
+        src.set_discovery_selectors(rx);
+        src.sync_once().await.unwrap();
+        assert_eq!(f.keys(Bucket::Services).await, vec!["c1.bookinfo.reviews"]);
+        assert_eq!(f.dr_host().await.as_deref(), Some("reviews"));
+
+        // Relabelled out: its service and config go; back in: they return.
+        f.write("ns.yaml", &ns("{mesh: 'off'}"));
+        assert_eq!(src.sync_once().await.unwrap().deletes, 2);
+        assert!(f.keys(Bucket::Services).await.is_empty());
+        assert_eq!(f.dr_host().await, None);
+        f.write("ns.yaml", &ns("{mesh: 'on'}"));
+        assert_eq!(src.sync_once().await.unwrap().writes, 2);
+
+        // A selector change applies without any file change.
+        tx.send_replace(Arc::new(crate::selector::DiscoverySelectors::all()));
+        assert_eq!(src.sync_once().await.unwrap().writes, 1);
+        assert_eq!(
+            f.keys(Bucket::Services).await,
+            vec!["c1.bookinfo.reviews", "c1.other.x"]
+        );
     }
 }

@@ -1,23 +1,33 @@
 //! shoal-ingester: reads Kubernetes and Istio objects, normalizes them into shoal's model
 //! and publishes them to the state bus.
 //!
-//! Flow: [`manifest`] parses documents into k8s-openapi objects and typed Istio config,
-//! [`normalize`] and [`istio`] turn them into the model, [`state`] computes the desired
-//! bus state (joining EndpointSlices with Pods and Nodes), and [`publish`] writes only what
-//! changed. [`FileSource`] drives all of it from a directory; a Kubernetes source will feed
-//! the same functions.
+//! Flow: a source gets objects — [`FileSource`] from a directory of manifests
+//! ([`manifest`]), [`kubernetes::KubeSource`] from Kubernetes clusters (watches, multicluster
+//! secrets, CRDs). [`normalize`] and [`istio`] turn them into the model, [`state`] computes
+//! the desired bus state (joining EndpointSlices with Pods and Nodes) in the namespaces
+//! the discovery [`selector`]s select, and [`publish`] writes only what changed.
+//! [`admin`] serves readiness and [`metrics`].
 //!
 //! This crate never depends on gRPC or Envoy types.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod app;
 pub mod error;
 pub mod file;
 pub mod istio;
+pub mod kubernetes;
 pub mod manifest;
+pub mod mesh_config;
+pub mod metrics;
 pub mod normalize;
 pub mod publish;
+pub mod readiness;
+pub mod selector;
 pub mod state;
+pub mod status;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use app::{run, IngesterArgs, LogFormat, SourceSpec};
 pub use error::{IngestError, InvalidObject};

@@ -1,7 +1,7 @@
 //! Pure functions from Kubernetes objects (k8s-openapi types) to shoal's model.
 //!
-//! They take no file or watch context, so the file source and a future Kubernetes source
-//! feed the same functions; callers add context to the errors.
+//! They take no file or watch context, so the file source and the Kubernetes source feed
+//! the same functions; callers add context to the errors.
 
 use crate::error::InvalidObject;
 use k8s_openapi::api::core::v1::{Node, Pod, Service as KubeService};
@@ -34,6 +34,11 @@ pub const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
 /// `kubectl.kubernetes.io/last-applied-configuration`) never changes a published value.
 const INTERPRETED_ANNOTATIONS: &[&str] = &[EXPORT_TO_ANNOTATION];
 
+/// Whether shoal reads this annotation (others never reach the bus).
+pub fn is_interpreted_annotation(key: &str) -> bool {
+    INTERPRETED_ANNOTATIONS.contains(&key)
+}
+
 /// The model metadata of a Kubernetes object: name, namespace (defaulted), labels and the
 /// annotations shoal interprets.
 pub fn object_meta(meta: &KubeMeta) -> ObjectMeta {
@@ -41,7 +46,7 @@ pub fn object_meta(meta: &KubeMeta) -> ObjectMeta {
         .annotations
         .iter()
         .flatten()
-        .filter(|(k, _)| INTERPRETED_ANNOTATIONS.contains(&k.as_str()))
+        .filter(|(k, _)| is_interpreted_annotation(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     ObjectMeta {

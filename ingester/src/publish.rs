@@ -56,12 +56,97 @@ struct OnBus {
     revision: u64,
 }
 
-/// Writes a cluster's desired state to the bus.
+/// The keys a publisher writes and deletes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ownership {
+    /// Every `shoal-config` key (the config source of the fleet).
+    pub config: bool,
+    /// The `shoal-services` and `shoal-endpoints` keys of this cluster.
+    pub cluster: Option<String>,
+}
+
+impl Ownership {
+    /// Config and one cluster's services and endpoints (the file source).
+    pub fn config_and_cluster(cluster: impl Into<String>) -> Ownership {
+        Ownership {
+            config: true,
+            cluster: Some(cluster.into()),
+        }
+    }
+
+    /// One cluster's services and endpoints.
+    pub fn cluster(cluster: impl Into<String>) -> Ownership {
+        Ownership {
+            config: false,
+            cluster: Some(cluster.into()),
+        }
+    }
+
+    /// Every config key and nothing else.
+    pub fn config() -> Ownership {
+        Ownership {
+            config: true,
+            cluster: None,
+        }
+    }
+
+    /// Whether a key is owned.
+    pub fn owns(&self, bucket: Bucket, key: &str) -> bool {
+        let own_cluster = |c: &str| self.cluster.as_deref() == Some(c);
+        match bucket {
+            Bucket::Config => self.config,
+            Bucket::Services => {
+                keys::parse_service_key(key).is_ok_and(|(cluster, _, _)| own_cluster(&cluster))
+            }
+            Bucket::Endpoints => {
+                keys::parse_endpoints_key(key).is_ok_and(|(cluster, _, _, _)| own_cluster(&cluster))
+            }
+            Bucket::Meta => false,
+        }
+    }
+
+    /// A short description for logs.
+    fn describe(&self) -> String {
+        match (&self.cluster, self.config) {
+            (Some(c), true) => format!("config and cluster {c}"),
+            (Some(c), false) => format!("cluster {c}"),
+            (None, true) => "config".to_string(),
+            (None, false) => "nothing".to_string(),
+        }
+    }
+}
+
+/// Whether this ingester may write: the seam for leader election between replicas of a
+/// fleet. A publisher that does not lead writes nothing and retries once it leads.
+#[derive(Debug, Clone)]
+pub struct Leadership(tokio::sync::watch::Receiver<bool>);
+
+impl Leadership {
+    /// Always leading (a single ingester per fleet; no election yet).
+    pub fn always() -> Leadership {
+        Leadership(tokio::sync::watch::channel(true).1)
+    }
+
+    /// Leadership as decided by an election that updates `rx`.
+    pub fn from_watch(rx: tokio::sync::watch::Receiver<bool>) -> Leadership {
+        Leadership(rx)
+    }
+
+    /// Whether this ingester leads now.
+    pub fn leads(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+/// Writes a desired state to the bus: the keys of its [`Ownership`].
 pub struct Publisher {
     bus: Arc<dyn StateBus>,
     fleet: String,
     epoch: u64,
-    cluster: String,
+    ownership: Ownership,
+    leadership: Leadership,
+    /// For logs.
+    owner: String,
     on_bus: BTreeMap<StateKey, OnBus>,
     retry: bool,
     totals: PublishReport,
@@ -90,31 +175,56 @@ fn body_hash(bucket: Bucket, key: &str, value: &[u8]) -> Option<[u8; 32]> {
 }
 
 impl Publisher {
-    /// Reads the keys this publisher owns, and their values, from the bus.
+    /// Reads the keys this publisher owns, and their values, from the bus: every config
+    /// key and the services and endpoints of `cluster` (the file source's ownership).
     pub async fn load(
         bus: Arc<dyn StateBus>,
         fleet: impl Into<String>,
         epoch: u64,
         cluster: impl Into<String>,
     ) -> Result<Publisher, IngestError> {
+        let ownership = Ownership::config_and_cluster(cluster);
+        Publisher::load_owning(bus, fleet, epoch, ownership).await
+    }
+
+    /// Reads the keys of `ownership`, and their values, from the bus.
+    pub async fn load_owning(
+        bus: Arc<dyn StateBus>,
+        fleet: impl Into<String>,
+        epoch: u64,
+        ownership: Ownership,
+    ) -> Result<Publisher, IngestError> {
         let mut publisher = Publisher {
             bus,
             fleet: fleet.into(),
             epoch,
-            cluster: cluster.into(),
+            owner: ownership.describe(),
+            ownership,
+            leadership: Leadership::always(),
             on_bus: BTreeMap::new(),
             retry: false,
             totals: PublishReport::default(),
         };
         for bucket in BUCKETS {
+            if bucket == Bucket::Config && !publisher.ownership.config {
+                continue;
+            }
+            if bucket != Bucket::Config && publisher.ownership.cluster.is_none() {
+                continue;
+            }
             publisher.load_bucket(bucket).await?;
         }
         debug!(
             keys = publisher.on_bus.len(),
-            cluster = %publisher.cluster,
+            owner = %publisher.owner,
             "read owned state from the bus",
         );
         Ok(publisher)
+    }
+
+    /// Makes writes depend on leadership (the default is [`Leadership::always`]).
+    pub fn set_leadership(&mut self, leadership: Leadership) {
+        self.leadership = leadership;
     }
 
     /// One watch per bucket reads every value in one pass (a get per key would be a round
@@ -153,18 +263,14 @@ impl Publisher {
         }
     }
 
-    /// Whether a key is this publisher's to write and delete: every config key (the file
-    /// source is the config source), and the services and endpoints of its own cluster.
+    /// Whether a key is this publisher's to write and delete.
     pub fn owns(&self, bucket: Bucket, key: &str) -> bool {
-        match bucket {
-            Bucket::Config => true,
-            Bucket::Services => {
-                keys::parse_service_key(key).is_ok_and(|(cluster, _, _)| cluster == self.cluster)
-            }
-            Bucket::Endpoints => keys::parse_endpoints_key(key)
-                .is_ok_and(|(cluster, _, _, _)| cluster == self.cluster),
-            Bucket::Meta => false,
-        }
+        self.ownership.owns(bucket, key)
+    }
+
+    /// The owned keys currently on the bus (as far as this publisher knows).
+    pub fn owned_keys(&self) -> impl Iterator<Item = &StateKey> {
+        self.on_bus.keys()
     }
 
     /// Whether the last round left bus failures to retry even if the input does not change.
@@ -181,7 +287,26 @@ impl Publisher {
     /// deletes owned keys that are not desired. Per-key failures are logged and counted,
     /// never fatal; keys that failed on the bus are retried next round.
     pub async fn publish(&mut self, desired: &DesiredState, observed_at_ms: u64) -> PublishReport {
+        self.publish_scoped(desired, observed_at_ms, &|_| true)
+            .await
+    }
+
+    /// Like [`Publisher::publish`] for part of the state: `desired` holds every desired key
+    /// in scope, and only owned keys in scope are swept. A caller that recomputes only
+    /// what changed (some namespaces) passes that scope; keys outside it are left alone.
+    /// After a round with bus failures, the caller should publish everything again.
+    pub async fn publish_scoped(
+        &mut self,
+        desired: &DesiredState,
+        observed_at_ms: u64,
+        in_scope: &(dyn Fn(&StateKey) -> bool + Sync),
+    ) -> PublishReport {
         let mut report = PublishReport::default();
+        if !self.leadership.leads() {
+            debug!(owner = %self.owner, "not leading; publishing nothing");
+            self.retry = true;
+            return report;
+        }
         let mut bus_failed = false;
         for (key, object) in desired {
             match self.write(key, object, observed_at_ms).await {
@@ -199,7 +324,7 @@ impl Publisher {
             .on_bus
             .keys()
             .rev()
-            .filter(|k| !desired.contains_key(*k))
+            .filter(|k| !desired.contains_key(*k) && in_scope(k))
             .cloned()
             .collect();
         for key in unwanted {
@@ -228,7 +353,7 @@ impl Publisher {
                 deletes = report.deletes,
                 unchanged = report.unchanged,
                 errors = report.errors,
-                cluster = %self.cluster,
+                owner = %self.owner,
                 "published state"
             );
         }
@@ -310,101 +435,10 @@ impl Publisher {
     }
 }
 
-/// Test helpers shared with the file source tests.
-#[cfg(test)]
-pub(crate) mod testing {
-    use async_trait::async_trait;
-    use bytes::Bytes;
-    use shoal_common::bus::{Bucket, BusError, Entry, StateBus, WatchStream};
-    use shoal_common::MemoryBus;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
-
-    /// Writes and deletes seen by a [`CountingBus`].
-    #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-    pub(crate) struct Counts {
-        pub writes: u64,
-        pub deletes: u64,
-    }
-
-    /// A [`MemoryBus`] that counts writes and deletes and can be made to fail them.
-    #[derive(Clone, Default)]
-    pub(crate) struct CountingBus {
-        pub inner: MemoryBus,
-        writes: Arc<AtomicU64>,
-        deletes: Arc<AtomicU64>,
-        failing: Arc<AtomicBool>,
-    }
-
-    impl CountingBus {
-        pub(crate) fn counts(&self) -> Counts {
-            Counts {
-                writes: self.writes.load(Ordering::SeqCst),
-                deletes: self.deletes.load(Ordering::SeqCst),
-            }
-        }
-
-        pub(crate) fn set_failing(&self, failing: bool) {
-            self.failing.store(failing, Ordering::SeqCst);
-        }
-
-        fn check(&self, op: &'static str, bucket: Bucket, key: &str) -> Result<(), BusError> {
-            if self.failing.load(Ordering::SeqCst) {
-                return Err(BusError::Op {
-                    op,
-                    bucket,
-                    key: key.to_string(),
-                    source: "injected failure".into(),
-                });
-            }
-            Ok(())
-        }
-    }
-
-    #[async_trait]
-    impl StateBus for CountingBus {
-        async fn get(&self, bucket: Bucket, key: &str) -> Result<Option<Entry>, BusError> {
-            self.inner.get(bucket, key).await
-        }
-
-        async fn put(&self, bucket: Bucket, key: &str, value: Bytes) -> Result<u64, BusError> {
-            self.check("put", bucket, key)?;
-            self.writes.fetch_add(1, Ordering::SeqCst);
-            self.inner.put(bucket, key, value).await
-        }
-
-        async fn update(
-            &self,
-            bucket: Bucket,
-            key: &str,
-            value: Bytes,
-            expected: u64,
-        ) -> Result<u64, BusError> {
-            self.check("update", bucket, key)?;
-            self.writes.fetch_add(1, Ordering::SeqCst);
-            self.inner.update(bucket, key, value, expected).await
-        }
-
-        async fn delete(&self, bucket: Bucket, key: &str) -> Result<(), BusError> {
-            self.check("delete", bucket, key)?;
-            self.deletes.fetch_add(1, Ordering::SeqCst);
-            self.inner.delete(bucket, key).await
-        }
-
-        async fn keys(&self, bucket: Bucket) -> Result<Vec<String>, BusError> {
-            self.inner.keys(bucket).await
-        }
-
-        async fn watch(&self, bucket: Bucket) -> Result<WatchStream, BusError> {
-            self.inner.watch(bucket).await
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::testing::{CountingBus, Counts};
     use super::*;
+    use crate::testing::{CountingBus, Counts};
     use shoal_common::model::{ObjectMeta, Service, ServicePort};
     use shoal_common::Op;
 
@@ -599,5 +633,75 @@ mod tests {
         assert_eq!(entry.op, Op::Put);
         let env: Envelope<Service> = Envelope::decode(&entry.value).unwrap();
         assert_eq!(env.body.ports[0].port, 81);
+    }
+
+    #[tokio::test]
+    async fn scoped_rounds_sweep_only_their_scope() {
+        let bus = CountingBus::default();
+        let mut p = publisher(&bus).await;
+        let mut all = desired(&[("a", 80)]);
+        let (_, b) = service("c1", "b", 80);
+        let other_ns = (Bucket::Services, keys::service_key("c1", "other", "b"));
+        all.insert(other_ns.clone(), b);
+        p.publish(&all, 1).await;
+        // A round for namespace `default` only, where `a` is gone: `other/b` stays.
+        let in_default = |key: &StateKey| key.1.starts_with("c1.default.");
+        let r = p.publish_scoped(&DesiredState::new(), 2, &in_default).await;
+        assert_eq!((r.writes, r.deletes), (0, 1));
+        assert_eq!(
+            bus.inner.keys(Bucket::Services).await.unwrap(),
+            vec![other_ns.1.clone()]
+        );
+        assert!(p.owned_keys().any(|key| key == &other_ns));
+    }
+
+    #[tokio::test]
+    async fn ownership_limits_what_is_swept() {
+        let bus = CountingBus::default();
+        let (svc_key, svc) = service("c1", "a", 80);
+        let value = Envelope::new("fleet", 0, 0, &svc).encode().unwrap();
+        bus.inner
+            .put(Bucket::Services, &svc_key.1, value.into())
+            .await
+            .unwrap();
+        bus.inner
+            .put(Bucket::Config, "Sidecar.default.s", "junk".into())
+            .await
+            .unwrap();
+        let load = |ownership| Publisher::load_owning(Arc::new(bus.clone()), "fleet", 0, ownership);
+
+        // A cluster's publisher never touches config, the config publisher never services.
+        let mut cluster = load(Ownership::cluster("c1")).await.unwrap();
+        assert!(!cluster.owns(Bucket::Config, "Sidecar.default.s"));
+        assert!(!cluster.owns(Bucket::Services, "c2.default.a"));
+        let r = cluster.publish(&DesiredState::new(), 1).await;
+        assert_eq!(r.deletes, 1, "its service");
+        assert_eq!(bus.inner.keys(Bucket::Config).await.unwrap().len(), 1);
+
+        bus.inner
+            .put(Bucket::Services, &svc_key.1, "junk".into())
+            .await
+            .unwrap();
+        let mut config = load(Ownership::config()).await.unwrap();
+        assert!(!config.owns(Bucket::Services, &svc_key.1));
+        let r = config.publish(&DesiredState::new(), 2).await;
+        assert_eq!(r.deletes, 1, "the config key");
+        assert_eq!(bus.inner.keys(Bucket::Services).await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_publisher_that_does_not_lead_writes_nothing_until_it_does() {
+        let bus = CountingBus::default();
+        let mut p = publisher(&bus).await;
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        p.set_leadership(Leadership::from_watch(rx));
+        let r = p.publish(&desired(&[("a", 80)]), 1).await;
+        assert_eq!(r, PublishReport::default());
+        assert!(p.needs_retry());
+        assert_eq!(bus.counts(), Counts::default());
+        tx.send_replace(true);
+        let r = p.publish(&desired(&[("a", 80)]), 2).await;
+        assert_eq!(r.writes, 1);
+        assert!(!p.needs_retry());
     }
 }

@@ -2,9 +2,12 @@
 //! objects whenever anything changes (so a Pod's new labels reach every endpoint set that
 //! references the Pod, without tracking who references whom).
 
-use crate::error::IngestError;
+use crate::error::{IngestError, InvalidObject};
 use crate::manifest::{ManifestObject, ObjectId, ParsedFile, ParsedObject};
 use crate::normalize::{self, Workloads};
+use crate::selector::{DiscoverySelectors, Labels};
+use k8s_openapi::api::core::v1::Service as KubeService;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::Serialize;
 use shoal_common::bus::Bucket;
 use shoal_common::envelope::{Envelope, EnvelopeError};
@@ -53,11 +56,45 @@ pub type StateKey = (Bucket, String);
 /// Everything the ingester wants on the bus, by key.
 pub type DesiredState = BTreeMap<StateKey, StateObject>;
 
+/// The bus entry of a Service seen in `cluster`; `Ok(None)` for services shoal does not
+/// model. Shared by every source, so identical objects give identical entries.
+pub fn service_entry(
+    svc: &KubeService,
+    cluster: &str,
+) -> Result<Option<(StateKey, StateObject)>, InvalidObject> {
+    Ok(normalize::service(svc, cluster)?.map(|s| {
+        let key = keys::service_key(cluster, &s.meta.namespace, &s.meta.name);
+        ((Bucket::Services, key), StateObject::Service(s))
+    }))
+}
+
+/// The bus entry of an EndpointSlice seen in `cluster`, joined with `workloads`.
+pub fn endpoints_entry(
+    slice: &EndpointSlice,
+    cluster: &str,
+    workloads: &Workloads<'_>,
+) -> Result<Option<(StateKey, StateObject)>, InvalidObject> {
+    Ok(
+        normalize::endpoint_slice(slice, cluster, workloads)?.map(|set| {
+            let key = keys::endpoints_key(cluster, &set.namespace, &set.service, &set.slice);
+            ((Bucket::Endpoints, key), StateObject::Endpoints(set))
+        }),
+    )
+}
+
+/// The bus entry of an Istio config object.
+pub fn config_entry(config: &ConfigObject) -> (StateKey, StateObject) {
+    let key = keys::config_key(config.kind(), &config.meta.namespace, &config.meta.name);
+    ((Bucket::Config, key), StateObject::Config(config.clone()))
+}
+
 /// Computes the desired state of `cluster` from parsed objects (with the file each came
-/// from, in a stable order). An object defined twice is taken from its last definition.
+/// from, in a stable order), keeping only objects in namespaces `selectors` select. An
+/// object defined twice is taken from its last definition.
 pub fn desired_state<'a>(
     objects: impl IntoIterator<Item = (&'a Path, &'a ParsedObject)>,
     cluster: &str,
+    selectors: &DiscoverySelectors,
 ) -> DesiredState {
     let mut by_id: BTreeMap<&ObjectId, (&Path, &ParsedObject)> = BTreeMap::new();
     for (path, obj) in objects {
@@ -82,49 +119,46 @@ pub fn desired_state<'a>(
         _ => None,
     });
     let workloads = Workloads::new(pods, nodes);
+    let namespaces: BTreeMap<&str, Labels> = objects
+        .iter()
+        .filter_map(|(_, o)| match &o.object {
+            ManifestObject::Namespace(ns) => Some((
+                o.id.name.as_str(),
+                ns.metadata.labels.clone().unwrap_or_default(),
+            )),
+            _ => None,
+        })
+        .collect();
+    let selected =
+        |namespace: &str| selectors.selects_namespace(namespace, namespaces.get(namespace));
 
     let mut desired = DesiredState::new();
     for (path, obj) in &objects {
+        if obj.id.kind.is_namespaced() && !selected(&obj.id.namespace) {
+            continue;
+        }
         // Parsing validated these objects, so normalization errors are not expected; they
         // are logged rather than trusted away.
-        let report = |error: &dyn std::fmt::Display| {
-            warn!(
+        let entry = match &obj.object {
+            ManifestObject::Config(config) => Ok(Some(config_entry(config))),
+            ManifestObject::Service(svc) => service_entry(svc, cluster),
+            ManifestObject::EndpointSlice(slice) => endpoints_entry(slice, cluster, &workloads),
+            ManifestObject::Namespace(_) | ManifestObject::Pod(_) | ManifestObject::Node(_) => {
+                Ok(None)
+            }
+        };
+        match entry {
+            Ok(Some((key, object))) => {
+                desired.insert(key, object);
+            }
+            Ok(None) => {}
+            Err(error) => warn!(
                 file = %path.display(),
                 document = %obj.document,
                 object = %obj.id,
                 %error,
                 "skipping object",
-            );
-        };
-        match &obj.object {
-            ManifestObject::Config(config) => {
-                let key =
-                    keys::config_key(config.kind(), &config.meta.namespace, &config.meta.name);
-                desired.insert(
-                    (Bucket::Config, key),
-                    StateObject::Config(config.as_ref().clone()),
-                );
-            }
-            ManifestObject::Service(svc) => match normalize::service(svc, cluster) {
-                Ok(Some(s)) => {
-                    let key = keys::service_key(cluster, &s.meta.namespace, &s.meta.name);
-                    desired.insert((Bucket::Services, key), StateObject::Service(s));
-                }
-                Ok(None) => {}
-                Err(e) => report(&e),
-            },
-            ManifestObject::EndpointSlice(slice) => {
-                match normalize::endpoint_slice(slice, cluster, &workloads) {
-                    Ok(Some(set)) => {
-                        let key =
-                            keys::endpoints_key(cluster, &set.namespace, &set.service, &set.slice);
-                        desired.insert((Bucket::Endpoints, key), StateObject::Endpoints(set));
-                    }
-                    Ok(None) => {}
-                    Err(e) => report(&e),
-                }
-            }
-            ManifestObject::Namespace(_) | ManifestObject::Pod(_) | ManifestObject::Node(_) => {}
+            ),
         }
     }
     desired
@@ -196,13 +230,23 @@ impl ManifestStore {
         self.files.get(path).map(Vec::as_slice)
     }
 
-    /// The desired state of `cluster` from every file's objects.
+    /// The desired state of `cluster` from every file's objects, in every namespace.
     pub fn desired_state(&self, cluster: &str) -> DesiredState {
+        self.desired_state_selected(cluster, &DiscoverySelectors::all())
+    }
+
+    /// The desired state of `cluster` from every file's objects in the namespaces that
+    /// `selectors` select.
+    pub fn desired_state_selected(
+        &self,
+        cluster: &str,
+        selectors: &DiscoverySelectors,
+    ) -> DesiredState {
         let all = self
             .files
             .iter()
             .flat_map(|(path, objs)| objs.iter().map(move |o| (path.as_path(), o)));
-        desired_state(all, cluster)
+        desired_state(all, cluster, selectors)
     }
 }
 

@@ -225,9 +225,18 @@ impl ShoalIngester {
     }
 
     /// An ingester publishing the manifests under `dir` to NATS at `nats_url`.
+    /// Its admin port is a free one, so ingesters of parallel tests do not collide.
     pub fn for_dir(nats_url: &str, dir: &std::path::Path) -> ShoalIngester {
         let source = format!("file:{}", dir.display());
-        ShoalIngester::start(&["--nats-url", nats_url, "--source", &source])
+        let admin = format!("127.0.0.1:{}", crate::ports::free_port());
+        ShoalIngester::start(&[
+            "--nats-url",
+            nats_url,
+            "--source",
+            &source,
+            "--admin-addr",
+            &admin,
+        ])
     }
 
     /// The process (for its log, or to check it is still running).

@@ -1,0 +1,499 @@
+//! One cluster: its watches, its store, its publisher and its status, in one task.
+//!
+//! The task owns the keys of its cluster ID (services and endpoints whose first token is
+//! the ID). Watches feed changes into the store; changed namespaces are recomputed and
+//! published after a short debounce, through a [`Publisher`] that writes only changed
+//! values. The config cluster's task also runs the [`ConfigSide`].
+//!
+//! A new kubeconfig ([`ClusterHandle::rotate`]) starts a second connection with its own
+//! store; only when every one of its watches has synced does it replace the first one,
+//! which is then stopped. Both stores hold the same objects, so the swap writes nothing
+//! and deletes nothing.
+
+use super::config::ConfigSide;
+use super::reduce;
+use super::store::{ClusterStore, Dirty, Touched};
+use super::watch::{self, Sink, Tagged, TaskGuard, Update};
+use crate::mesh_config::SelectorsRx;
+use crate::metrics::Metrics;
+use crate::publish::{Leadership, Ownership, Publisher};
+use crate::readiness::Readiness;
+use crate::state::DesiredState;
+use crate::status::StatusWriter;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use shoal_common::bus::StateBus;
+use shoal_common::envelope::now_ms;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+/// Changes are published this long after the first one, so a burst is one round.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// A round with bus failures is retried after this long.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// Capacity of a cluster task's update channel (watches wait when it is full).
+const CHANNEL: usize = 1024;
+
+/// What every cluster task shares.
+#[derive(Clone)]
+pub struct ClusterContext {
+    /// The state bus.
+    pub bus: Arc<dyn StateBus>,
+    /// The fleet written into every envelope.
+    pub fleet: String,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Readiness.
+    pub readiness: Readiness,
+    /// The discovery selectors.
+    pub selectors: SelectorsRx,
+    /// Whether this ingester may write.
+    pub leadership: Leadership,
+}
+
+impl ClusterContext {
+    /// Loads a publisher, retrying while the bus fails (a cluster must not give up).
+    pub async fn publisher(&self, ownership: Ownership) -> Publisher {
+        let mut delay = Duration::from_millis(500);
+        loop {
+            let load = Publisher::load_owning(self.bus.clone(), &self.fleet, 0, ownership.clone());
+            match load.await {
+                Ok(mut publisher) => {
+                    publisher.set_leadership(self.leadership.clone());
+                    return publisher;
+                }
+                Err(error) => {
+                    warn!(%error, ?ownership, "cannot read owned state from the bus; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+}
+
+/// The readiness component of a cluster.
+pub fn readiness_name(cluster: &str) -> String {
+    format!("cluster {cluster}")
+}
+
+/// What a cluster task is told.
+enum Command {
+    /// Use this client from now on, once it has synced.
+    Rotate(Client),
+    /// Stop; with `delete_keys`, first delete the cluster's keys and status from the bus.
+    Stop { delete_keys: bool },
+}
+
+/// A running cluster task.
+pub struct ClusterHandle {
+    commands: mpsc::Sender<Command>,
+    task: JoinHandle<()>,
+}
+
+impl ClusterHandle {
+    /// Switches to a new client once it has synced.
+    pub async fn rotate(&self, client: Client) {
+        let _ = self.commands.send(Command::Rotate(client)).await;
+    }
+
+    /// Stops the task and waits for it; with `delete_keys`, the cluster's keys are
+    /// deleted from the bus first.
+    pub async fn stop(self, delete_keys: bool) {
+        let _ = self.commands.send(Command::Stop { delete_keys }).await;
+        if let Err(error) = self.task.await {
+            warn!(%error, "cluster task failed while stopping");
+        }
+    }
+
+    /// Waits for the task to end (it ends only when stopped, or on a bug).
+    pub async fn join(&mut self) {
+        if let Err(error) = (&mut self.task).await {
+            warn!(%error, "cluster task failed");
+        }
+    }
+}
+
+/// Starts a cluster task. With `config`, it is the config cluster: it also watches the
+/// Istio CRDs and kinds and publishes config.
+pub fn spawn(ctx: ClusterContext, id: String, client: Client, config: bool) -> ClusterHandle {
+    let (commands, command_rx) = mpsc::channel(8);
+    let task = tokio::spawn(async move {
+        let task = ClusterTask::start(ctx, id, client, config).await;
+        task.run(command_rx).await;
+    });
+    ClusterHandle { commands, task }
+}
+
+/// The watches of one client, feeding one store.
+struct Connection {
+    generation: u64,
+    _watches: Vec<TaskGuard>,
+}
+
+/// A connection being brought up to replace the active one.
+struct Pending {
+    connection: Connection,
+    store: ClusterStore,
+}
+
+struct ClusterTask {
+    id: String,
+    ctx: ClusterContext,
+    publisher: Publisher,
+    status: StatusWriter,
+    store: ClusterStore,
+    active: Connection,
+    pending: Option<Pending>,
+    config: Option<ConfigSide>,
+    next_generation: u64,
+    tx: mpsc::Sender<Tagged>,
+    rx: mpsc::Receiver<Tagged>,
+    dirty: Dirty,
+    /// When the oldest unpublished change was seen.
+    observed_at_ms: Option<u64>,
+    publish_at: Option<Instant>,
+    /// Failing watches of the connections, by (generation, kind).
+    errors: BTreeMap<(u64, String), String>,
+    synced: bool,
+}
+
+impl ClusterTask {
+    async fn start(ctx: ClusterContext, id: String, client: Client, config: bool) -> ClusterTask {
+        ctx.metrics.cluster_state(&id, false);
+        let publisher = ctx.publisher(Ownership::cluster(id.as_str())).await;
+        let status =
+            StatusWriter::load(ctx.bus.clone(), &ctx.fleet, &id, ctx.leadership.clone()).await;
+        let (tx, rx) = mpsc::channel(CHANNEL);
+        let config = match config {
+            true => Some(ConfigSide::start(&ctx, &id, client.clone(), tx.clone()).await),
+            false => None,
+        };
+        let mut task = ClusterTask {
+            store: ClusterStore::new(&id),
+            active: Connection {
+                generation: 0,
+                _watches: Vec::new(),
+            },
+            id,
+            ctx,
+            publisher,
+            status,
+            pending: None,
+            config,
+            next_generation: 0,
+            tx,
+            rx,
+            dirty: Dirty::default(),
+            observed_at_ms: None,
+            publish_at: None,
+            errors: BTreeMap::new(),
+            synced: false,
+        };
+        task.active = task.connect(client);
+        info!(cluster = %task.id, "watching cluster");
+        task
+    }
+
+    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        let mut selectors_open = true;
+        loop {
+            let publish_at = self.publish_at;
+            tokio::select! {
+                command = commands.recv() => match command {
+                    Some(Command::Rotate(client)) => self.rotate(client),
+                    Some(Command::Stop { delete_keys }) => return self.stop(delete_keys).await,
+                    // The handle is gone: the process is exiting; the bus stays as it is.
+                    None => return,
+                },
+                Some(tagged) = self.rx.recv() => self.handle(tagged),
+                changed = self.ctx.selectors.changed(), if selectors_open => match changed {
+                    Ok(()) => {
+                        self.dirty.add_all();
+                        if let Some(config) = &mut self.config {
+                            config.dirty.add_all();
+                        }
+                        self.schedule();
+                    }
+                    Err(_) => selectors_open = false,
+                },
+                () = sleep_until(publish_at), if publish_at.is_some() => self.publish().await,
+            }
+        }
+    }
+
+    /// Starts the watches of a client, as a new generation.
+    fn connect(&mut self, client: Client) -> Connection {
+        self.next_generation += 1;
+        let sink = Sink {
+            tx: self.tx.clone(),
+            generation: self.next_generation,
+            cluster: self.id.clone(),
+            metrics: self.ctx.metrics.clone(),
+        };
+        let cfg = watcher::Config::default;
+        let watches = vec![
+            watch::spawn(
+                Api::<Namespace>::all(client.clone()),
+                cfg(),
+                "Namespace".into(),
+                sink.clone(),
+                |ns| Ok(Some(reduce::namespace(ns))),
+                Update::Namespace,
+            ),
+            watch::spawn(
+                Api::<Service>::all(client.clone()),
+                cfg(),
+                "Service".into(),
+                sink.clone(),
+                |svc| reduce::service(svc).map(|s| Some(Box::new(s))),
+                Update::Service,
+            ),
+            watch::spawn(
+                Api::<EndpointSlice>::all(client.clone()),
+                cfg(),
+                "EndpointSlice".into(),
+                sink.clone(),
+                |slice| reduce::endpoint_slice(slice).map(|s| Some(Box::new(s))),
+                Update::Slice,
+            ),
+            watch::spawn(
+                Api::<Pod>::all(client.clone()),
+                cfg(),
+                "Pod".into(),
+                sink.clone(),
+                |pod| Ok(Some(Box::new(reduce::pod(pod)))),
+                Update::Pod,
+            ),
+            watch::spawn(
+                Api::<Node>::all(client),
+                cfg(),
+                "Node".into(),
+                sink,
+                |node| Ok(Some(Box::new(reduce::node(node)))),
+                Update::Node,
+            ),
+        ];
+        Connection {
+            generation: self.next_generation,
+            _watches: watches,
+        }
+    }
+
+    fn rotate(&mut self, client: Client) {
+        info!(cluster = %self.id, "new kubeconfig; switching once the new connection has synced");
+        // A rotation still syncing is superseded.
+        if let Some(old) = self.pending.take() {
+            let generation = old.connection.generation;
+            self.errors.retain(|(g, _), _| *g != generation);
+        }
+        let connection = self.connect(client);
+        self.pending = Some(Pending {
+            connection,
+            store: ClusterStore::new(&self.id),
+        });
+    }
+
+    fn handle(&mut self, Tagged { generation, update }: Tagged) {
+        match update {
+            Update::Health { kind, error }
+                if self.config.as_ref().is_some_and(|c| c.watches(&kind)) =>
+            {
+                if let Some(config) = &mut self.config {
+                    config.handle(generation, Update::Health { kind, error });
+                }
+                self.schedule();
+            }
+            Update::Health { kind, error } => {
+                let pending = self.pending.as_ref().map(|p| p.connection.generation);
+                if generation != self.active.generation && Some(generation) != pending {
+                    return; // from a connection that is gone
+                }
+                match error {
+                    Some(error) => self.errors.insert((generation, kind), error),
+                    None => self.errors.remove(&(generation, kind)),
+                };
+                self.schedule();
+            }
+            Update::Crd(_) | Update::Config(..) => {
+                if let Some(config) = &mut self.config {
+                    config.handle(generation, update);
+                    if !config.dirty.is_empty() {
+                        self.schedule();
+                    }
+                }
+            }
+            Update::Secret(_) => {}
+            core if generation == self.active.generation => {
+                let namespaces_changed = matches!(core, Update::Namespace(_));
+                let affects = apply(&mut self.store, core);
+                // Namespace labels decide the selection of config too.
+                if let Some(config) = self.config.as_mut().filter(|_| namespaces_changed) {
+                    match &affects {
+                        Affects::Nothing => {}
+                        Affects::Namespace(ns) => config.dirty.add_namespace(ns),
+                        Affects::All => config.dirty.add_all(),
+                    }
+                }
+                match affects {
+                    Affects::Nothing => return,
+                    Affects::Namespace(ns) => self.dirty.add_namespace(&ns),
+                    Affects::All => self.dirty.add_all(),
+                }
+                self.schedule();
+            }
+            core => {
+                let Some(pending) = &mut self.pending else {
+                    return;
+                };
+                if generation != pending.connection.generation {
+                    return;
+                }
+                apply(&mut pending.store, core);
+                if pending.store.synced() {
+                    self.swap();
+                }
+            }
+        }
+    }
+
+    /// Makes the synced pending connection the active one and stops the old one.
+    fn swap(&mut self) {
+        let Some(pending) = self.pending.take() else {
+            return;
+        };
+        self.store = pending.store;
+        // Dropping the old connection aborts its watches.
+        self.active = pending.connection;
+        let generation = self.active.generation;
+        self.errors.retain(|(g, _), _| *g == generation);
+        info!(cluster = %self.id, "switched to the new kubeconfig");
+        self.dirty.add_all();
+        self.schedule();
+    }
+
+    fn schedule(&mut self) {
+        self.observed_at_ms.get_or_insert_with(now_ms);
+        if self.publish_at.is_none() {
+            self.publish_at = Some(Instant::now() + DEBOUNCE);
+        }
+    }
+
+    async fn publish(&mut self) {
+        self.publish_at = None;
+        let observed_at_ms = self.observed_at_ms.take().unwrap_or_else(now_ms);
+        let selectors = self.ctx.selectors.borrow().clone();
+        let retry = self.publisher.needs_retry();
+        if self.store.synced() && (retry || !self.dirty.is_empty()) {
+            let mut dirty = std::mem::take(&mut self.dirty);
+            if retry {
+                dirty.add_all();
+            }
+            let desired = self.store.desired(&self.id, &selectors, &dirty);
+            let report = self
+                .publisher
+                .publish_scoped(&desired, observed_at_ms, &|k| dirty.contains_key(k))
+                .await;
+            self.ctx.metrics.published(&report);
+            if !self.synced {
+                self.synced = true;
+                info!(cluster = %self.id, services = self.store.services.values().count(), "cluster synced");
+                self.ctx.readiness.synced(&readiness_name(&self.id));
+                self.ctx.metrics.cluster_state(&self.id, true);
+            }
+        }
+        let mut config_retry = false;
+        if let Some(config) = &mut self.config {
+            config
+                .publish(
+                    &self.ctx,
+                    &self.store.namespaces,
+                    &selectors,
+                    observed_at_ms,
+                )
+                .await;
+            config_retry = config.needs_retry();
+        }
+        let config_error = self.config.as_ref().and_then(ConfigSide::last_error);
+        if self.synced || !self.errors.is_empty() || config_error.is_some() {
+            let last_error = self
+                .errors
+                .iter()
+                .next()
+                .map(|((_, kind), error)| format!("{kind}: {error}"))
+                .or(config_error);
+            self.status.set(self.synced, last_error).await;
+        }
+        if self.publisher.needs_retry() || config_retry {
+            self.publish_at = Some(Instant::now() + RETRY);
+        }
+    }
+
+    async fn stop(mut self, delete_keys: bool) {
+        // Stop watching first, so nothing is written after the keys are deleted.
+        self.pending = None;
+        self.active._watches.clear();
+        self.config = None;
+        if delete_keys {
+            for attempt in 1..=5 {
+                let report = self.publisher.publish(&DesiredState::new(), now_ms()).await;
+                self.ctx.metrics.published(&report);
+                if !self.publisher.needs_retry() {
+                    info!(cluster = %self.id, deleted = report.deletes, "cluster removed; its keys are deleted");
+                    break;
+                }
+                warn!(cluster = %self.id, attempt, "could not delete every key of the removed cluster; retrying");
+                tokio::time::sleep(RETRY).await;
+            }
+            self.status.delete().await;
+        }
+        self.ctx.metrics.cluster_removed(&self.id);
+        self.ctx.readiness.forget(&readiness_name(&self.id));
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a core change requires recomputing.
+enum Affects {
+    Nothing,
+    Namespace(String),
+    All,
+}
+
+/// Applies a core (non-config) update to a store.
+fn apply(store: &mut ClusterStore, update: Update) -> Affects {
+    let touched = match update {
+        // A Namespace's labels decide its own selection: it touches its namespace.
+        Update::Namespace(change) => match store.namespaces.apply(change) {
+            Touched::Key((_, name)) => return Affects::Namespace(name),
+            other => other,
+        },
+        Update::Service(change) => store.services.apply(change),
+        Update::Slice(change) => store.slices.apply(change),
+        Update::Pod(change) => store.pods.apply(change),
+        Update::Node(change) => store.nodes.apply(change),
+        Update::Crd(_) | Update::Config(..) | Update::Secret(_) | Update::Health { .. } => {
+            Touched::Nothing
+        }
+    };
+    match touched {
+        Touched::Nothing => Affects::Nothing,
+        Touched::Key((ns, _)) if !ns.is_empty() => Affects::Namespace(ns),
+        Touched::Key(_) | Touched::All => Affects::All,
+    }
+}

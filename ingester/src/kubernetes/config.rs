@@ -1,0 +1,253 @@
+//! The Istio config of the config cluster: a watch of CustomResourceDefinitions decides
+//! which kinds exist, each existing kind gets its own watch (of the served version, v1
+//! preferred), and the objects are published to `shoal-config`.
+//!
+//! A missing CRD never blocks anything: its kind is simply not watched until the CRD
+//! appears. When a CRD is removed, its kind's watch stops and its keys are deleted.
+
+use super::cluster::ClusterContext;
+use super::reduce::{self, CrdInfo};
+use super::store::{key_config_kind, ConfigStore, Dirty, KindStore, Touched};
+use super::watch::{self, Sink, Tagged, TaskGuard, Update};
+use crate::istio;
+use crate::publish::{Ownership, Publisher};
+use crate::selector::{DiscoverySelectors, Labels};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use shoal_common::model::ConfigKind;
+use std::collections::BTreeMap;
+use tokio::sync::mpsc;
+use tracing::info;
+
+/// The kind label of the CRD watch.
+const CRD_KIND: &str = "CustomResourceDefinition";
+
+/// The readiness component of the config kinds.
+pub const READINESS: &str = "istio config";
+
+/// The watch of one config kind.
+struct KindWatch {
+    version: &'static str,
+    generation: u64,
+    _task: TaskGuard,
+}
+
+/// The config half of the config cluster's task.
+pub struct ConfigSide {
+    cluster: String,
+    client: Client,
+    publisher: Publisher,
+    sink: Sink,
+    store: ConfigStore,
+    kinds: BTreeMap<ConfigKind, KindWatch>,
+    /// The generation of the latest kind watch; each watch has its own.
+    next_generation: u64,
+    _crd_watch: TaskGuard,
+    /// The namespaces whose config must be recomputed.
+    pub dirty: Dirty,
+    /// Failing watches by kind.
+    errors: BTreeMap<String, String>,
+    synced: bool,
+}
+
+impl ConfigSide {
+    /// Loads the config publisher and starts the CRD watch.
+    pub async fn start(
+        ctx: &ClusterContext,
+        cluster: &str,
+        client: Client,
+        tx: mpsc::Sender<Tagged>,
+    ) -> ConfigSide {
+        let publisher = ctx.publisher(Ownership::config()).await;
+        let sink = Sink {
+            tx,
+            generation: 0,
+            cluster: cluster.to_string(),
+            metrics: ctx.metrics.clone(),
+        };
+        let crd_watch = watch::spawn(
+            Api::<CustomResourceDefinition>::all(client.clone()),
+            watcher::Config::default(),
+            CRD_KIND.into(),
+            sink.clone(),
+            |crd| Ok(reduce::crd(crd)),
+            Update::Crd,
+        );
+        ConfigSide {
+            cluster: cluster.to_string(),
+            client,
+            publisher,
+            sink,
+            store: ConfigStore::new(cluster),
+            kinds: BTreeMap::new(),
+            next_generation: 0,
+            _crd_watch: crd_watch,
+            dirty: Dirty::default(),
+            errors: BTreeMap::new(),
+            synced: false,
+        }
+    }
+
+    /// Applies a CRD or config update.
+    pub fn handle(&mut self, generation: u64, update: Update) {
+        match update {
+            Update::Crd(change) => {
+                let touched = self.store.crds.apply(change);
+                if self.store.crds.synced() && touched != Touched::Nothing {
+                    self.reconcile_kinds();
+                    // Also the first round after the CRDs are listed: it sweeps config
+                    // keys of kinds whose CRD is gone since the last run.
+                    self.dirty.add_all();
+                }
+            }
+            Update::Config(kind, change) => {
+                let current = self.kinds.get(&kind).map(|w| w.generation);
+                if current != Some(generation) {
+                    return; // from a watch that was replaced or stopped
+                }
+                let Some(store) = self.store.kinds.get_mut(&kind) else {
+                    return;
+                };
+                self.dirty.add_touched(&store.apply(change));
+            }
+            Update::Health { kind, error } => {
+                let current = ConfigKind::parse(&kind)
+                    .map(|k| self.kinds.get(&k).map(|w| w.generation) == Some(generation));
+                if current == Some(false) {
+                    return; // from a watch that was replaced or stopped
+                }
+                match error {
+                    Some(error) => self.errors.insert(kind, error),
+                    None => self.errors.remove(&kind),
+                };
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether a watch of this kind is one of the config side's.
+    pub fn watches(&self, kind: &str) -> bool {
+        kind == CRD_KIND || ConfigKind::parse(kind).is_some()
+    }
+
+    /// A failing watch's error, if any.
+    pub fn last_error(&self) -> Option<String> {
+        let (kind, error) = self.errors.iter().next()?;
+        Some(format!("{kind}: {error}"))
+    }
+
+    /// Starts, switches and stops kind watches to match the CRDs.
+    fn reconcile_kinds(&mut self) {
+        let wanted: BTreeMap<ConfigKind, (&'static str, String)> = self
+            .store
+            .crds
+            .values()
+            .filter_map(|crd: &CrdInfo| {
+                let version = crd.preferred_version()?;
+                Some((crd.kind, (version, crd.plural.clone())))
+            })
+            .collect();
+        let gone: Vec<ConfigKind> = self
+            .kinds
+            .keys()
+            .filter(|k| !wanted.contains_key(k))
+            .copied()
+            .collect();
+        for kind in gone {
+            info!(cluster = %self.cluster, %kind, "CRD removed; stopping its watch and deleting its config");
+            self.kinds.remove(&kind);
+            self.store.kinds.remove(&kind);
+            self.errors.remove(kind.as_str());
+            self.dirty.add_all();
+        }
+        for (kind, (version, plural)) in wanted {
+            if self.kinds.get(&kind).is_some_and(|w| w.version == version) {
+                continue;
+            }
+            info!(cluster = %self.cluster, %kind, %version, "watching Istio config kind");
+            self.start_kind(kind, version, &plural);
+        }
+    }
+
+    /// Starts (or replaces) the watch of a kind. A replaced watch's objects stay in the
+    /// store until the new watch's relist swaps them, so switching versions deletes
+    /// nothing.
+    fn start_kind(&mut self, kind: ConfigKind, version: &'static str, plural: &str) {
+        self.next_generation += 1;
+        let generation = self.next_generation;
+        let gvk = GroupVersionKind::gvk(istio::GROUP, version, kind.as_str());
+        let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
+        let api = Api::<DynamicObject>::all_with(self.client.clone(), &resource);
+        let sink = Sink {
+            generation,
+            ..self.sink.clone()
+        };
+        let task = watch::spawn(
+            api,
+            watcher::Config::default(),
+            kind.as_str().to_string(),
+            sink,
+            move |obj| reduce::config(kind, obj).map(|c| Some(Box::new(c))),
+            move |change| Update::Config(kind, change),
+        );
+        self.store
+            .kinds
+            .entry(kind)
+            .or_insert_with(|| KindStore::new(&self.cluster, kind.as_str()));
+        // A replaced watch's errors go with it; the new one reports its own.
+        self.errors.remove(kind.as_str());
+        self.kinds.insert(
+            kind,
+            KindWatch {
+                version,
+                generation,
+                _task: task,
+            },
+        );
+    }
+
+    /// Whether the last round left bus failures to retry.
+    pub fn needs_retry(&self) -> bool {
+        self.publisher.needs_retry()
+    }
+
+    /// Publishes the dirty namespaces' config, once the CRDs and Namespaces are known.
+    /// Keys of a kind whose first relist is still under way are neither written nor
+    /// swept, so a kind that starts late never deletes what an earlier run published.
+    pub async fn publish(
+        &mut self,
+        ctx: &ClusterContext,
+        namespaces: &KindStore<Labels>,
+        selectors: &DiscoverySelectors,
+        observed_at_ms: u64,
+    ) {
+        if !self.store.crds.synced() || !namespaces.synced() {
+            return;
+        }
+        let retry = self.publisher.needs_retry();
+        if retry || !self.dirty.is_empty() {
+            let mut dirty = std::mem::take(&mut self.dirty);
+            if retry {
+                dirty.add_all();
+            }
+            let desired = self.store.desired(namespaces, selectors, &dirty);
+            let store = &self.store;
+            let in_scope = |key: &_| {
+                dirty.contains_key(key) && key_config_kind(key).is_none_or(|k| store.sweepable(k))
+            };
+            let report = self
+                .publisher
+                .publish_scoped(&desired, observed_at_ms, &in_scope)
+                .await;
+            ctx.metrics.published(&report);
+        }
+        let all_synced = self.store.kinds.values().all(KindStore::synced);
+        if !self.synced && all_synced {
+            self.synced = true;
+            info!(cluster = %self.cluster, kinds = self.kinds.len(), "Istio config synced");
+            ctx.readiness.synced(READINESS);
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! The Kubernetes source (`--source kube`): the ingester as a Kubernetes controller.
+//!
+//! - The config cluster (in-cluster config or `KUBECONFIG`) is watched like every cluster
+//!   (Namespaces, Services, EndpointSlices, Pods, Nodes), and also for Istio config
+//!   ([`config`]) and multicluster Secrets ([`secrets`]).
+//! - Each cluster runs in its own task ([`cluster`]) owning the keys of its cluster ID.
+//! - Watches reduce objects to what shoal reads ([`reduce`]) and follow kube-rs relist
+//!   semantics ([`store`]): a relist is a reset, never a series of guessed deletes.
+//! - What is published goes through the same normalization as the file source
+//!   ([`crate::state`]) and the same [`crate::publish::Publisher`], which writes only
+//!   changed values, so a restart with an unchanged cluster writes nothing.
+
+pub mod cluster;
+pub mod config;
+pub mod orphans;
+pub mod reduce;
+pub mod secrets;
+pub mod store;
+pub mod watch;
+
+use crate::mesh_config::SelectorsRx;
+use crate::metrics::Metrics;
+use crate::publish::Leadership;
+use crate::readiness::Readiness;
+use cluster::{readiness_name, ClusterContext};
+use kube::Client;
+use shoal_common::bus::StateBus;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::info;
+
+/// Errors of the Kubernetes source.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeSourceError {
+    /// Neither in-cluster config nor a kubeconfig was found or usable.
+    #[error("no Kubernetes configuration (in-cluster or KUBECONFIG): {0}")]
+    Infer(#[source] kube::config::InferConfigError),
+    /// A client could not be built from the configuration.
+    #[error("building the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    /// A multicluster secret's kubeconfig is unusable.
+    #[error("kubeconfig of remote cluster {cluster:?}: {reason}")]
+    RemoteKubeconfig {
+        /// The cluster ID (the secret's data key).
+        cluster: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A task of the source ended, which it never should.
+    #[error("{0} stopped unexpectedly")]
+    Stopped(&'static str),
+}
+
+/// Configuration of the Kubernetes source.
+#[derive(Debug, Clone)]
+pub struct KubeSourceConfig {
+    /// The config cluster's ID (services and endpoints keys start with it).
+    pub cluster_id: String,
+    /// The fleet written into every envelope.
+    pub fleet: String,
+    /// Where the multicluster Secrets are.
+    pub system_namespace: String,
+    /// Whether to publish Istio config from the config cluster.
+    pub watch_config: bool,
+    /// How long a remote cluster may hold back readiness.
+    pub remote_cluster_timeout: Duration,
+}
+
+/// The client of the config cluster: in-cluster config, else `KUBECONFIG` / `~/.kube/config`.
+pub async fn infer_client() -> Result<Client, KubeSourceError> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(KubeSourceError::Infer)?;
+    info!(server = %config.cluster_url, "connecting to the config cluster");
+    Client::try_from(config).map_err(KubeSourceError::Client)
+}
+
+/// The Kubernetes source, ready to run.
+pub struct KubeSource {
+    cfg: KubeSourceConfig,
+    ctx: ClusterContext,
+}
+
+impl KubeSource {
+    /// A source publishing to `bus`. Registers what readiness waits for: the config
+    /// cluster, the Istio config kinds (when watched) and the multicluster secrets.
+    pub fn new(
+        cfg: KubeSourceConfig,
+        bus: Arc<dyn StateBus>,
+        metrics: Metrics,
+        readiness: Readiness,
+        selectors: SelectorsRx,
+    ) -> KubeSource {
+        readiness.require(&readiness_name(&cfg.cluster_id));
+        readiness.require(secrets::READINESS);
+        if cfg.watch_config {
+            readiness.require(config::READINESS);
+        }
+        let ctx = ClusterContext {
+            bus,
+            fleet: cfg.fleet.clone(),
+            metrics,
+            readiness,
+            selectors,
+            leadership: Leadership::always(),
+        };
+        KubeSource { cfg, ctx }
+    }
+
+    /// Runs the config cluster and the multicluster secret controller until the process
+    /// exits; returns only if one of them stops, which is a bug.
+    pub async fn run(self, client: Client) -> Result<(), KubeSourceError> {
+        let cfg = &self.cfg;
+        info!(
+            cluster = %cfg.cluster_id,
+            system_namespace = %cfg.system_namespace,
+            watch_config = cfg.watch_config,
+            "starting Kubernetes source"
+        );
+        let mut local = cluster::spawn(
+            self.ctx.clone(),
+            cfg.cluster_id.clone(),
+            client.clone(),
+            cfg.watch_config,
+        );
+        let controller = secrets::SecretController::start(
+            self.ctx.clone(),
+            client,
+            &cfg.system_namespace,
+            &cfg.cluster_id,
+            cfg.remote_cluster_timeout,
+        );
+        tokio::select! {
+            () = local.join() => Err(KubeSourceError::Stopped("the config cluster's task")),
+            () = controller.run() => Err(KubeSourceError::Stopped("the multicluster secret controller")),
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! Harness of the `kube_ingest` tests: the ingester as a process, a recorder of every bus
+//! operation, and cluster fixtures.
+
+use bytes::Bytes;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::ByteString;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use shoal_common::bus::nats::{NatsBus, NatsOptions};
+use shoal_common::bus::{Bucket, Op, StateBus, WatchEvent};
+use shoal_common::Envelope;
+use shoal_tests::eventually;
+use shoal_tests::kubeapi::KubeApiServer;
+use shoal_tests::ports::free_addr;
+use shoal_tests::process::Process;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::process::Command;
+use tokio::task::JoinHandle;
+
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+pub const POLL: Duration = Duration::from_millis(50);
+
+// ----- the ingester process -------------------------------------------------------------
+
+/// A running `shoal-ingester --source kube` whose config cluster is given by a kubeconfig.
+pub struct Ingester {
+    process: Process,
+    admin: SocketAddr,
+}
+
+impl Ingester {
+    pub fn start(nats: &str, kubeconfig: &str, extra: &[&str]) -> Ingester {
+        let dir = tempfile::tempdir().expect("ingester temp dir");
+        let kubeconfig_path = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig_path, kubeconfig).expect("writing the kubeconfig");
+        Ingester::start_with_env(nats, Some(&kubeconfig_path), extra, dir)
+    }
+
+    pub fn start_with_env(
+        nats: &str,
+        kubeconfig: Option<&Path>,
+        extra: &[&str],
+        dir: tempfile::TempDir,
+    ) -> Ingester {
+        let admin = free_addr();
+        let mut cmd = Command::new(shoal_tests::shoal::binary("shoal-ingester"));
+        cmd.args(["--source", "kube", "--nats-url", nats])
+            .args(["--admin-addr", &admin.to_string()])
+            .args(extra)
+            // Never fall back to a service account when the tests run in a pod.
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("RUST_BACKTRACE", "1")
+            .env("NO_COLOR", "1");
+        if let Some(path) = kubeconfig {
+            cmd.env("KUBECONFIG", path);
+        }
+        if std::env::var_os("SHOAL_LOG").is_none() {
+            cmd.env("SHOAL_LOG", "info,shoal_ingester=debug,async_nats=warn");
+        }
+        let process = Process::spawn(
+            &format!("shoal-ingester-{}", admin.port()),
+            cmd,
+            dir,
+            "run `cargo build --workspace --bins` first",
+        );
+        Ingester { process, admin }
+    }
+
+    /// Waits until `/ready` answers 200.
+    pub async fn wait_ready(&mut self) {
+        let admin = self.admin;
+        let process = &mut self.process;
+        let result = shoal_tests::eventually::try_eventually(TIMEOUT, POLL, || {
+            let exited = process.exited();
+            async move {
+                if let Some(status) = exited {
+                    return Ok(Err(format!("exited with {status}")));
+                }
+                match shoal_tests::http::get(admin, "/ready").await {
+                    Ok(r) if r.status == 200 => Ok(Ok(())),
+                    Ok(r) => Err(format!("/ready: {} {}", r.status, r.text())),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        })
+        .await
+        .and_then(|r| r);
+        if let Err(e) = result {
+            panic!("ingester not ready: {e}\n{}", self.process.log_tail());
+        }
+    }
+
+    pub async fn metrics(&self) -> String {
+        let r = shoal_tests::http::get(self.admin, "/metrics")
+            .await
+            .expect("GET /metrics");
+        r.text()
+    }
+
+    pub async fn kill(&mut self) {
+        self.process.kill().await;
+    }
+}
+
+// ----- the bus, as seen by a watcher ----------------------------------------------------
+
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub bucket: Bucket,
+    pub key: String,
+    pub op: Op,
+    pub value: Bytes,
+}
+
+/// Every entry of every bucket, in arrival order per bucket: first the initial values,
+/// then each live change.
+pub struct BusRecorder {
+    events: Arc<Mutex<Vec<Recorded>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl BusRecorder {
+    pub async fn start(url: &str) -> BusRecorder {
+        let bus = NatsBus::connect(&NatsOptions::new(url)).await.expect("bus");
+        let events: Arc<Mutex<Vec<Recorded>>> = Arc::default();
+        let mut tasks = Vec::new();
+        let mut initial = Vec::new();
+        for bucket in Bucket::ALL {
+            let mut watch = bus.watch(bucket).await.expect("bus watch");
+            let events = events.clone();
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+            initial.push(done_rx);
+            tasks.push(tokio::spawn(async move {
+                let mut done = Some(done_tx);
+                while let Some(item) = watch.next().await {
+                    match item.expect("bus watch item") {
+                        WatchEvent::InitialDone => {
+                            if let Some(done) = done.take() {
+                                let _ = done.send(());
+                            }
+                        }
+                        WatchEvent::Entry(e) => events.lock().unwrap().push(Recorded {
+                            bucket,
+                            key: e.key,
+                            op: e.op,
+                            value: e.value,
+                        }),
+                    }
+                }
+            }));
+        }
+        for done in initial {
+            done.await.expect("initial values of a bucket");
+        }
+        BusRecorder { events, tasks }
+    }
+
+    /// A position in the event log.
+    pub fn mark(&self) -> usize {
+        self.events.lock().unwrap().len()
+    }
+
+    /// The events after a mark.
+    pub fn since(&self, mark: usize) -> Vec<Recorded> {
+        self.events.lock().unwrap()[mark..].to_vec()
+    }
+
+    /// The current value of every key of a bucket.
+    pub fn state(&self, bucket: Bucket) -> BTreeMap<String, Bytes> {
+        let mut state = BTreeMap::new();
+        for e in self
+            .events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.bucket == bucket)
+        {
+            match e.op {
+                Op::Put => state.insert(e.key.clone(), e.value.clone()),
+                Op::Delete => state.remove(&e.key),
+            };
+        }
+        state
+    }
+
+    pub fn keys(&self, bucket: Bucket) -> Vec<String> {
+        self.state(bucket).into_keys().collect()
+    }
+
+    pub fn decode<T: serde::de::DeserializeOwned>(&self, bucket: Bucket, key: &str) -> Option<T> {
+        let value = self.state(bucket).remove(key)?;
+        Some(
+            Envelope::<T>::decode(&value)
+                .expect("bus value decodes")
+                .body,
+        )
+    }
+
+    /// Waits until `check` holds for the recorded state.
+    pub async fn until(&self, what: &str, check: impl Fn(&BusRecorder) -> bool) {
+        eventually(TIMEOUT, POLL, || {
+            let ok = check(self);
+            async move {
+                if ok {
+                    Ok(())
+                } else {
+                    Err(format!("waiting for: {what}"))
+                }
+            }
+        })
+        .await
+    }
+
+    /// Waits until nothing new arrived for `quiet`.
+    pub async fn settle(&self, quiet: Duration) {
+        let mut last = self.mark();
+        loop {
+            tokio::time::sleep(quiet).await;
+            let now = self.mark();
+            if now == last {
+                return;
+            }
+            last = now;
+        }
+    }
+}
+
+impl Drop for BusRecorder {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// The body of a `shoal-meta` cluster status.
+#[derive(Debug, Deserialize)]
+pub struct ClusterStatus {
+    pub cluster: String,
+    pub synced: bool,
+    pub last_error: Option<String>,
+}
+
+pub fn describe(events: &[Recorded]) -> String {
+    events
+        .iter()
+        .map(|e| format!("{:?} {}/{}", e.op, e.bucket, e.key))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+// ----- cluster fixtures -----------------------------------------------------------------
+
+pub fn namespace(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+}
+
+/// A namespace with a Service `web`, its EndpointSlice, its Pod and the Pod's Node (whose
+/// locality is `<region>`/`<region>-a`).
+pub fn populate(cluster: &KubeApiServer, ns: &str, labels: Value, region: &str) {
+    cluster.apply(namespace(ns, labels)).unwrap();
+    cluster
+        .apply(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": format!("node-{region}"), "labels": {
+                "topology.kubernetes.io/region": region,
+                "topology.kubernetes.io/zone": format!("{region}-a"),
+            }},
+        }))
+        .unwrap();
+    cluster
+        .apply(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1", "namespace": ns, "labels": {"app": "web", "version": "v1"}},
+            "spec": {"serviceAccountName": "web-sa", "nodeName": format!("node-{region}"),
+                     "containers": [{"name": "web", "image": "web:1"}]},
+            "status": {"phase": "Running", "podIP": "10.1.0.1", "podIPs": [{"ip": "10.1.0.1"}]},
+        }))
+        .unwrap();
+    cluster
+        .apply(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": ns},
+            "spec": {"clusterIP": "10.0.0.10", "selector": {"app": "web"},
+                     "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+        }))
+        .unwrap();
+    cluster
+        .apply(json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "web-abc", "namespace": ns,
+                         "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080}],
+            "endpoints": [{"addresses": ["10.1.0.1"], "conditions": {"ready": true},
+                           "targetRef": {"kind": "Pod", "name": "web-1", "namespace": ns}}],
+        }))
+        .unwrap();
+}
+
+pub fn virtual_service_crd() -> Value {
+    let version = |name: &str, storage: bool| {
+        json!({"name": name, "served": true, "storage": storage,
+               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}})
+    };
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "virtualservices.networking.istio.io"},
+        "spec": {
+            "group": "networking.istio.io", "scope": "Namespaced",
+            "names": {"kind": "VirtualService", "plural": "virtualservices", "singular": "virtualservice",
+                      "listKind": "VirtualServiceList"},
+            "versions": [version("v1alpha3", false), version("v1beta1", false), version("v1", true)],
+        },
+    })
+}
+
+pub fn virtual_service(ns: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"hosts": [format!("web.{ns}.svc.cluster.local")],
+                 "http": [{"route": [{"destination": {"host": "web"}}]}]},
+    })
+}
+
+/// A multicluster secret: cluster ID → kubeconfig.
+pub fn remote_secret(name: &str, clusters: &[(&str, String)]) -> Secret {
+    let data = clusters
+        .iter()
+        .map(|(id, kubeconfig)| (id.to_string(), ByteString(kubeconfig.clone().into_bytes())))
+        .collect();
+    let mut secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "istio-system",
+                     "labels": {"istio/multiCluster": "true"}},
+    }))
+    .unwrap();
+    secret.data = Some(data);
+    secret
+}
+
+/// A config cluster with `istio-system`.
+pub async fn config_cluster() -> KubeApiServer {
+    let cluster = KubeApiServer::builder().name("config").start().await;
+    cluster.apply(namespace("istio-system", json!({}))).unwrap();
+    cluster
+}
+
+pub fn svc_key(cluster: &str, ns: &str) -> String {
+    format!("{cluster}.{ns}.web")
+}
+
+pub fn eps_key(cluster: &str, ns: &str) -> String {
+    format!("{cluster}.{ns}.web.web-abc")
+}

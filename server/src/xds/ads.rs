@@ -197,8 +197,15 @@ where
                     continue;
                 }
                 let Ok(_permit) = push_limit.acquire().await else { break None };
-                if let Err(status) = handler.on_snapshot(&p.snapshot, p.observed_at_ms, &types).await {
-                    break Some(status);
+                let mut failed = None;
+                for ty in handler.watched_types().into_iter().filter(|t| types.contains(t)) {
+                    if let Err(status) = handler.push(ty, &p.snapshot, p.observed_at_ms).await {
+                        failed = Some(status);
+                        break;
+                    }
+                }
+                if failed.is_some() {
+                    break failed;
                 }
             }
             _ = connection_closed(&mut close) => {
@@ -241,12 +248,14 @@ pub(crate) trait StreamHandler<Req>: Send {
         req: Req,
         snap: &Arc<crate::generate::Snapshot>,
     ) -> Result<(), Status>;
-    /// Pushes a new snapshot for the affected types.
-    async fn on_snapshot(
+    /// The types this stream has subscribed to, in push order.
+    fn watched_types(&self) -> Vec<shoal_proto::XdsType>;
+    /// Pushes one type of a new snapshot, if its content changed for this proxy.
+    async fn push(
         &mut self,
+        ty: shoal_proto::XdsType,
         snap: &Arc<crate::generate::Snapshot>,
         observed_at_ms: Option<u64>,
-        types: &BTreeSet<shoal_proto::XdsType>,
     ) -> Result<(), Status>;
     /// Ends the stream with an error status.
     async fn fail(&mut self, status: Status);

@@ -151,22 +151,19 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         self.respond(ty, snap, true, None).await
     }
 
-    async fn on_snapshot(
+    fn watched_types(&self) -> Vec<XdsType> {
+        self.watched.keys().copied().collect()
+    }
+
+    async fn push(
         &mut self,
+        ty: XdsType,
         snap: &Arc<Snapshot>,
         observed_at_ms: Option<u64>,
-        affected: &std::collections::BTreeSet<XdsType>,
     ) -> Result<(), Status> {
-        let types: Vec<XdsType> = self
-            .watched
-            .keys()
-            .copied()
-            .filter(|t| affected.contains(t))
-            .collect();
-        for ty in types {
-            self.respond(ty, snap, false, observed_at_ms).await?;
-        }
-        Ok(())
+        self.respond(ty, snap, false, observed_at_ms)
+            .await
+            .map(|_| ())
     }
 
     async fn fail(&mut self, status: Status) {

@@ -24,7 +24,7 @@ pub struct Metrics {
     pub resources_resumed: IntCounterVec,
     /// NACKs received by xDS type.
     pub nacks: IntCounterVec,
-    /// Bus entries applied, by bucket and result (`applied`, `unchanged`, `invalid`).
+    /// Bus entries applied, by bucket and result (`applied`, `unchanged`, `invalid`, `fenced`).
     pub bus_entries: IntCounterVec,
     /// PushContext builds.
     pub push_context_builds: IntCounter,
@@ -174,6 +174,29 @@ impl Metrics {
         ];
         for c in collectors {
             m.registry.register(c).expect("metric registered once");
+        }
+        // Create the series of every known label value, so each documented metric shows
+        // (at 0) from the first scrape: dashboards and alerts need no "absent" special case.
+        for ty in ["cds", "eds", "lds", "rds"] {
+            for v in [
+                &m.pushes,
+                &m.push_bytes,
+                &m.pushes_unchanged,
+                &m.resources_sent,
+                &m.resources_resumed,
+                &m.nacks,
+            ] {
+                v.with_label_values(&[ty]);
+            }
+            m.convergence_seconds.with_label_values(&[ty]);
+        }
+        for kind in ["sidecar", "router"] {
+            m.connections.with_label_values(&[kind]);
+        }
+        for bucket in ["shoal-config", "shoal-services", "shoal-endpoints"] {
+            for result in ["applied", "unchanged", "invalid"] {
+                m.bus_entries.with_label_values(&[bucket, result]);
+            }
         }
         m
     }

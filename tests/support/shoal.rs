@@ -208,6 +208,7 @@ fn contains_string(v: &serde_json::Value, s: &str) -> bool {
 /// A running `shoal-ingester`.
 pub struct ShoalIngester {
     process: Process,
+    admin: Option<SocketAddr>,
 }
 
 impl ShoalIngester {
@@ -221,22 +222,35 @@ impl ShoalIngester {
             dir,
             "run `cargo build --workspace --bins` first",
         );
-        ShoalIngester { process }
+        ShoalIngester {
+            process,
+            admin: None,
+        }
     }
 
     /// An ingester publishing the manifests under `dir` to NATS at `nats_url`.
     /// Its admin port is a free one, so ingesters of parallel tests do not collide.
     pub fn for_dir(nats_url: &str, dir: &std::path::Path) -> ShoalIngester {
         let source = format!("file:{}", dir.display());
-        let admin = format!("127.0.0.1:{}", crate::ports::free_port());
-        ShoalIngester::start(&[
+        let admin = SocketAddr::from(([127, 0, 0, 1], crate::ports::free_port()));
+        let mut ingester = ShoalIngester::start(&[
             "--nats-url",
             nats_url,
             "--source",
             &source,
             "--admin-addr",
-            &admin,
-        ])
+            &admin.to_string(),
+        ]);
+        ingester.admin = Some(admin);
+        ingester
+    }
+
+    /// GET a path on the ingester's admin port (ingesters started by [`Self::for_dir`]).
+    pub async fn admin_get(&self, path: &str) -> anyhow::Result<Response> {
+        let admin = self
+            .admin
+            .ok_or_else(|| anyhow::anyhow!("this ingester has no known admin address"))?;
+        http::get(admin, path).await
     }
 
     /// The process (for its log, or to check it is still running).

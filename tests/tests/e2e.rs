@@ -469,3 +469,214 @@ async fn resumed_without_resends(survivor: &ShoalServer, node_id: &str) {
     })
     .await;
 }
+
+/// After traffic through the NATS control plane, every documented metric of the server and
+/// the ingester is exported, the ones traffic must move are non-zero, and each debug
+/// endpoint shows the mesh (content, not just status).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_debug_endpoints() {
+    let mesh = TestMesh::start().await;
+    let cp = ControlPlane::nats(&mesh).await;
+    let proxies = Proxies::start(&mesh, &cp.xds_addrs(), AdsMode::Sotw).await;
+    static_routing(&mesh, &proxies).await;
+
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/metrics.md"))
+        .expect("docs/metrics.md");
+    let server_metrics = documented_metrics(&docs, "## shoal-server");
+    let ingester_metrics = documented_metrics(&docs, "## shoal-ingester");
+    assert!(
+        server_metrics.len() >= 10 && ingester_metrics.len() >= 4,
+        "metrics.md sections parsed"
+    );
+
+    // Server: every documented name, summed over both replicas; traffic moved these.
+    let mut server = BTreeMap::new();
+    for r in &cp.replicas {
+        let text = String::from_utf8(r.admin_get("/metrics").await.expect("server /metrics").body)
+            .expect("utf-8 metrics");
+        for (name, v) in parse_metrics(&text) {
+            *server.entry(name).or_insert(0.0) += v;
+        }
+    }
+    for name in &server_metrics {
+        assert!(
+            exported(&server, name),
+            "documented server metric {name} is not exported"
+        );
+    }
+    for name in [
+        "shoal_xds_connections",
+        "shoal_xds_pushes_total",
+        "shoal_xds_push_bytes_total",
+        "shoal_xds_resources_sent_total",
+        "shoal_bus_entries_total",
+        "shoal_push_context_builds_total",
+        "shoal_debounce_seconds_count",
+        "shoal_cache_misses_total",
+        "shoal_cache_entries",
+        "shoal_ready",
+    ] {
+        assert!(
+            server.get(name).copied().unwrap_or(0.0) > 0.0,
+            "server metric {name} is 0 after traffic"
+        );
+    }
+
+    // Ingester (file source): every documented name but the Kubernetes-watch ones.
+    let ingester = cp
+        .ingester
+        .as_ref()
+        .expect("NATS control plane has an ingester");
+    let text = String::from_utf8(
+        ingester
+            .admin_get("/metrics")
+            .await
+            .expect("ingester /metrics")
+            .body,
+    )
+    .expect("utf-8 metrics");
+    let ingester_values = parse_metrics(&text);
+    let kube_only = [
+        "shoal_ingester_events_total",
+        "shoal_ingester_cluster_synced",
+    ];
+    for name in ingester_metrics
+        .iter()
+        .filter(|n| !kube_only.contains(&n.as_str()))
+    {
+        assert!(
+            exported(&ingester_values, name),
+            "documented ingester metric {name} is not exported"
+        );
+    }
+    for name in ["shoal_ingester_bus_writes_total", "shoal_ingester_ready"] {
+        assert!(
+            ingester_values.get(name).copied().unwrap_or(0.0) > 0.0,
+            "ingester metric {name} is 0 after publishing"
+        );
+    }
+
+    // Debug endpoints, on each replica and on the one serving the gateway.
+    let gateway_id = Node::gateway().id;
+    let mut connected = 0;
+    for r in &cp.replicas {
+        let configz = json(r, "/debug/configz").await;
+        let vs = configz["virtualServices"]
+            .as_array()
+            .expect("virtualServices");
+        assert!(
+            vs.iter().any(|v| v["name"] == "frontend"),
+            "configz lacks demo/frontend: {configz}"
+        );
+        assert!(
+            configz["services"]
+                .as_array()
+                .expect("services")
+                .iter()
+                .any(|s| s["hostname"] == "web.demo.svc.cluster.local"),
+            "configz lacks the web service"
+        );
+        let endpointz = json(r, "/debug/endpointz").await;
+        assert!(
+            endpointz.to_string().contains("127.0.0.2"),
+            "endpointz lacks web-v1's address: {endpointz}"
+        );
+        let push = json(r, "/debug/push_status").await;
+        assert!(
+            push["counts"]["services"].as_u64().unwrap_or(0) >= 4,
+            "push_status counts: {push}"
+        );
+        assert_eq!(
+            push["rejections"].as_array().map(Vec::len),
+            Some(0),
+            "push_status: {push}"
+        );
+        connected += push["proxies"]["connected"].as_u64().unwrap_or(0);
+        let cachez = json(r, "/debug/cachez").await;
+        if push["proxies"]["connected"].as_u64().unwrap_or(0) > 0 {
+            assert!(
+                cachez["entries"].as_u64().unwrap_or(0) > 0,
+                "cachez: {cachez}"
+            );
+            assert!(
+                cachez["misses"].as_u64().unwrap_or(0) > 0,
+                "cachez: {cachez}"
+            );
+        }
+        if r.serves(&gateway_id).await.unwrap_or(false) {
+            let path = format!(
+                "/debug/config_dump?proxy={}",
+                gateway_id.replace('~', "%7E")
+            );
+            let dump = json(r, &path).await;
+            let listeners = dump["listeners"].to_string();
+            assert!(
+                listeners.contains(&format!("0.0.0.0_{}", mesh.gateway_port)),
+                "config_dump listeners: {listeners}"
+            );
+            assert!(
+                dump["routes"]
+                    .to_string()
+                    .contains(&format!("http.{}", mesh.gateway_port)),
+                "config_dump routes"
+            );
+            assert!(
+                dump["clusters"].to_string().contains("outbound|"),
+                "config_dump clusters"
+            );
+        }
+    }
+    assert_eq!(
+        connected, 2,
+        "the gateway and the sidecar, across both replicas"
+    );
+}
+
+async fn json(server: &ShoalServer, path: &str) -> Value {
+    let resp = server
+        .admin_get(path)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    assert_eq!(
+        resp.status,
+        200,
+        "GET {path}: {}",
+        String::from_utf8_lossy(&resp.body)
+    );
+    serde_json::from_slice(&resp.body).unwrap_or_else(|e| panic!("GET {path}: not JSON: {e}"))
+}
+
+/// The `shoal_*` metric names in the table of one section of docs/metrics.md.
+fn documented_metrics(doc: &str, section: &str) -> Vec<String> {
+    let body = doc.split(section).nth(1).unwrap_or_default();
+    let body = body.split("\n## ").next().unwrap_or_default();
+    body.lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .filter(|n| n.starts_with("shoal_"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Sample values summed per name (labels dropped; histograms keep `_count`/`_sum`).
+fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let name = line.split(['{', ' ']).next().unwrap_or_default();
+        let value: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        *out.entry(name.to_string()).or_insert(0.0) += value;
+    }
+    out
+}
+
+/// Whether a documented name is exported (histograms export `_bucket`/`_sum`/`_count`).
+fn exported(values: &BTreeMap<String, f64>, name: &str) -> bool {
+    values.contains_key(name) || values.contains_key(&format!("{name}_count"))
+}

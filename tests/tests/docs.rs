@@ -30,8 +30,11 @@ fn names(text: &str) -> BTreeSet<String> {
 
 #[test]
 fn every_flag_and_env_var_is_documented() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md"))
-        .expect("docs/configuration.md exists");
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/configuration.md"
+    ))
+    .expect("docs/configuration.md exists");
     let documented = names(&doc);
     let mut missing = Vec::new();
     for binary in ["shoal-server", "shoal-ingester"] {
@@ -41,5 +44,9 @@ fn every_flag_and_env_var_is_documented() {
             }
         }
     }
-    assert!(missing.is_empty(), "not in docs/configuration.md:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "not in docs/configuration.md:\n{}",
+        missing.join("\n")
+    );
 }

@@ -140,6 +140,15 @@ pub fn lease_key(fleet: &str) -> String {
     format!("lease.{}", escape(fleet))
 }
 
+/// The fleet of a `shoal-meta` lease key; `None` for any other key.
+pub fn parse_lease_key(key: &str) -> Option<String> {
+    let token = key.strip_prefix("lease.")?;
+    if token.contains('.') {
+        return None;
+    }
+    unescape(token).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +183,16 @@ mod tests {
             parse_endpoints_key(&k).unwrap(),
             ("c1".into(), "ns".into(), "svc".into(), "svc-abc.1".into())
         );
+    }
+
+    #[test]
+    fn lease_keys_parse_back() {
+        let k = lease_key("east.1");
+        assert_eq!(k, "lease.east_1");
+        assert_eq!(parse_lease_key(&k).as_deref(), Some("east.1"));
+        assert_eq!(parse_lease_key("cluster.east"), None);
+        assert_eq!(parse_lease_key("lease.a.b"), None);
+        assert_eq!(parse_lease_key("lease.a=Z1"), None);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod bus;
 pub mod envelope;
 pub mod keys;
+pub mod lease;
 pub mod logging;
 pub mod model;
 

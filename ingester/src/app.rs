@@ -4,6 +4,7 @@ use crate::admin::{self, AdminState};
 use crate::error::IngestError;
 use crate::file::{FileSource, FileSourceConfig};
 use crate::kubernetes::{self, KubeSource, KubeSourceConfig};
+use crate::lease::{self, Elector, LeaseConfig};
 use crate::mesh_config::{self, MeshConfigWatch};
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
@@ -15,7 +16,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
-use tracing::info;
+use tracing::{info, warn};
 
 /// Where the ingester reads Kubernetes and Istio objects from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,6 +139,23 @@ pub struct IngesterArgs {
     )]
     pub watch_config: bool,
 
+    /// How long the fleet's lease stays valid after its holder last renewed it (`kube`
+    /// only): a standby takes over within about this long after the leader dies. The
+    /// holder renews every third of it and stops writing a quarter of it before it ends.
+    #[arg(
+        long,
+        env = "SHOAL_LEASE_TTL",
+        value_name = "DURATION",
+        default_value = "10s",
+        value_parser = parse_lease_ttl
+    )]
+    pub lease_ttl: Duration,
+
+    /// This replica's identity in its fleet's lease (`kube` only); unique per replica.
+    /// Default: the host name (the pod name in Kubernetes) and the process ID.
+    #[arg(long, env = "SHOAL_INSTANCE_ID", value_name = "ID", value_parser = parse_instance_id)]
+    pub instance_id: Option<String>,
+
     /// Address of the admin HTTP server: `/ready`, `/healthz`, `/metrics`.
     #[arg(
         long,
@@ -165,6 +183,24 @@ pub struct IngesterArgs {
         default_value_t = LogFormat::Text
     )]
     pub log_format: LogFormat,
+}
+
+fn parse_lease_ttl(s: &str) -> Result<Duration, String> {
+    let ttl: Duration = s.parse().map_err(|e| format!("{e}"))?;
+    if ttl.get() < lease::MIN_TTL {
+        return Err(format!(
+            "a lease ttl must be at least {} ms",
+            lease::MIN_TTL.as_millis()
+        ));
+    }
+    Ok(ttl)
+}
+
+fn parse_instance_id(s: &str) -> Result<String, String> {
+    match s.trim() {
+        "" => Err("an instance ID must not be empty".to_string()),
+        id => Ok(id.to_string()),
+    }
 }
 
 /// The readiness component of the file source.
@@ -215,6 +251,8 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 "starting file source",
             );
             readiness.require(FILE_READINESS);
+            // No lease: the file source always writes, with epoch 0.
+            metrics.leader.set(1);
             tokio::spawn(admin::serve(listener, admin_state));
             let mut source = FileSource::new(cfg, bus).await?;
             source.set_discovery_selectors(selectors);
@@ -235,6 +273,17 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
         }
         SourceSpec::Kube => {
             let client = kubernetes::infer_client().await?;
+            let lease_cfg = LeaseConfig {
+                fleet: args.fleet.clone(),
+                instance_id: args
+                    .instance_id
+                    .clone()
+                    .unwrap_or_else(lease::default_instance_id),
+                ttl: args.lease_ttl.get(),
+            };
+            let (elector, leadership) = Elector::new(bus.clone(), lease_cfg, metrics.clone());
+            let (stop_election, stopped) = tokio::sync::oneshot::channel();
+            let election = tokio::spawn(elector.run(stopped));
             let cfg = KubeSourceConfig {
                 cluster_id: args.cluster_id,
                 fleet: args.fleet,
@@ -242,12 +291,24 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 watch_config: args.watch_config,
                 remote_cluster_timeout: args.remote_cluster_timeout.get(),
             };
-            let source = KubeSource::new(cfg, bus, metrics, readiness, selectors);
+            let source = KubeSource::new(cfg, bus, metrics, readiness, selectors, leadership);
             tokio::spawn(admin::serve(listener, admin_state));
-            tokio::select! {
-                result = source.run(client) => result?,
-                signal = shutdown_signal() => info!(%signal, "shutting down"),
+            let result = tokio::select! {
+                result = source.run(client) => result.map_err(anyhow::Error::from),
+                signal = shutdown_signal() => {
+                    info!(%signal, "shutting down");
+                    Ok(())
+                }
+            };
+            // Stop writing and release the lease, so a standby takes over at once.
+            let _ = stop_election.send(());
+            if tokio::time::timeout(std::time::Duration::from_secs(5), election)
+                .await
+                .is_err()
+            {
+                warn!("releasing the lease did not finish in time; it expires after its ttl");
             }
+            result?;
         }
     }
     Ok(())
@@ -310,6 +371,8 @@ mod tests {
             std::time::Duration::from_secs(30)
         );
         assert!(args.watch_config);
+        assert_eq!(args.lease_ttl.get(), std::time::Duration::from_secs(10));
+        assert_eq!(args.instance_id, None);
         assert_eq!(args.admin_addr, "0.0.0.0:15014".parse().unwrap());
         let err =
             IngesterArgs::try_parse_from(["shoal-ingester", "--source", "kubernetes"]).unwrap_err();
@@ -354,5 +417,46 @@ mod tests {
         ])
         .unwrap_err();
         assert!(err.to_string().contains("invalid duration"), "{err}");
+    }
+
+    #[test]
+    fn lease_flags() {
+        let args = IngesterArgs::try_parse_from([
+            "shoal-ingester",
+            "--source",
+            "kube",
+            "--lease-ttl",
+            "4s",
+            "--instance-id",
+            "shoal-ingester-7d9f-abcde",
+        ])
+        .unwrap();
+        assert_eq!(args.lease_ttl.get(), std::time::Duration::from_secs(4));
+        assert_eq!(
+            args.instance_id.as_deref(),
+            Some("shoal-ingester-7d9f-abcde")
+        );
+        let err = IngesterArgs::try_parse_from([
+            "shoal-ingester",
+            "--source",
+            "kube",
+            "--instance-id",
+            " ",
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("--instance-id"), "{err}");
+        for bad in ["50ms", "0s", "soon"] {
+            let err = IngesterArgs::try_parse_from([
+                "shoal-ingester",
+                "--source",
+                "kube",
+                "--lease-ttl",
+                bad,
+            ])
+            .unwrap_err();
+            assert!(err.to_string().contains("--lease-ttl"), "{err}");
+        }
+        let id = lease::default_instance_id();
+        assert!(id.ends_with(&format!("-{}", std::process::id())), "{id}");
     }
 }

@@ -128,7 +128,7 @@ impl FileSource {
         }
         // Listing now turns a permission problem into a startup error, not a log line.
         let _listing = tokio::fs::read_dir(&cfg.dir).await.map_err(dir_err)?;
-        let publisher = Publisher::load(bus, cfg.fleet.clone(), 0, cfg.cluster_id.clone()).await?;
+        let publisher = Publisher::load(bus, cfg.fleet.clone(), cfg.cluster_id.clone()).await?;
         Ok(FileSource {
             cfg,
             publisher,

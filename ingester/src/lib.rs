@@ -5,7 +5,8 @@
 //! ([`manifest`]), [`kubernetes::KubeSource`] from Kubernetes clusters (watches, multicluster
 //! secrets, CRDs). [`normalize`] and [`istio`] turn them into the model, [`state`] computes
 //! the desired bus state (joining EndpointSlices with Pods and Nodes) in the namespaces
-//! the discovery [`selector`]s select, and [`publish`] writes only what changed.
+//! the discovery [`selector`]s select, and [`publish`] writes only what changed. Replicas of
+//! a fleet elect a leader through a [`lease`] on the bus; only the leader writes.
 //! [`admin`] serves readiness and [`metrics`].
 //!
 //! This crate never depends on gRPC or Envoy types.
@@ -17,6 +18,7 @@ pub mod error;
 pub mod file;
 pub mod istio;
 pub mod kubernetes;
+pub mod lease;
 pub mod manifest;
 pub mod mesh_config;
 pub mod metrics;
@@ -32,4 +34,4 @@ pub(crate) mod testing;
 pub use app::{run, IngesterArgs, LogFormat, SourceSpec};
 pub use error::{IngestError, InvalidObject};
 pub use file::{FileSource, FileSourceConfig, DEFAULT_POLL_INTERVAL};
-pub use publish::{PublishReport, Publisher};
+pub use publish::{Leadership, PublishReport, Publisher, Term};

@@ -1,7 +1,9 @@
 //! Prometheus metrics of the ingester (`shoal_ingester_*`), served on `/metrics`.
 
 use crate::publish::PublishReport;
-use prometheus::{opts, Encoder, IntCounterVec, IntGauge, IntGaugeVec, Registry, TextEncoder};
+use prometheus::{
+    opts, Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry, TextEncoder,
+};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -34,6 +36,12 @@ pub struct Metrics {
     pub cluster_synced: IntGaugeVec,
     /// 1 once the ingester is ready.
     pub ready: IntGauge,
+    /// 1 while this replica holds its fleet's lease (and writes), 0 otherwise.
+    pub leader: IntGauge,
+    /// The fleet's lease epoch, as last read or written by this replica.
+    pub lease_epoch: IntGauge,
+    /// Times this replica started or stopped leading.
+    pub lease_transitions: IntCounter,
     /// Sync state per cluster, from which the `clusters` gauge is computed.
     cluster_states: Arc<Mutex<BTreeMap<String, bool>>>,
 }
@@ -78,6 +86,22 @@ impl Metrics {
             .expect("valid metric"),
             ready: IntGauge::new("shoal_ingester_ready", "1 once the ingester is ready.")
                 .expect("valid metric"),
+            leader: IntGauge::new(
+                "shoal_ingester_leader",
+                "1 while this replica holds its fleet's lease and writes, 0 on standby. \
+                 Always 1 for the file source, which runs without a lease.",
+            )
+            .expect("valid metric"),
+            lease_epoch: IntGauge::new(
+                "shoal_ingester_lease_epoch",
+                "The fleet's lease epoch as last read or written by this replica.",
+            )
+            .expect("valid metric"),
+            lease_transitions: IntCounter::new(
+                "shoal_ingester_lease_transitions_total",
+                "Times this replica started or stopped leading its fleet.",
+            )
+            .expect("valid metric"),
             cluster_states: Arc::default(),
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -86,6 +110,9 @@ impl Metrics {
             Box::new(m.clusters.clone()),
             Box::new(m.cluster_synced.clone()),
             Box::new(m.ready.clone()),
+            Box::new(m.leader.clone()),
+            Box::new(m.lease_epoch.clone()),
+            Box::new(m.lease_transitions.clone()),
         ];
         for c in collectors {
             m.registry.register(c).expect("metric registered once");

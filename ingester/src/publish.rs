@@ -8,16 +8,26 @@
 //! the desired state is encoded. The encoding is deterministic (ordered maps only), so an
 //! unchanged input after a restart hashes the same and writes nothing; a value that does
 //! not decode (another schema, garbage) gets no hash and is simply overwritten.
+//!
+//! Writes depend on [`Leadership`]: the file source always leads (epoch 0, no lease); the
+//! Kubernetes source leads while it holds its fleet's lease ([`crate::lease`]), stamps the
+//! lease epoch into every envelope, and checks before every write that its term has not
+//! ended. Readers refuse live writes of older epochs ([`shoal_common::lease::fenced`]), and
+//! so does the publisher: a deposed leader's write to an owned key is put right at once.
 
 use crate::error::IngestError;
 use crate::state::{DesiredState, StateKey, StateObject};
-use futures::StreamExt;
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
+use serde::de::IgnoredAny;
 use sha2::{Digest, Sha256};
-use shoal_common::bus::{Bucket, BusError, StateBus, WatchEvent, MAX_VALUE_BYTES};
+use shoal_common::bus::{Bucket, BusError, Entry, Op, StateBus, WatchEvent, MAX_VALUE_BYTES};
 use shoal_common::envelope::Envelope;
 use shoal_common::keys;
-use std::collections::BTreeMap;
+use shoal_common::lease::fenced;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// What one publish round did (or, from [`Publisher::totals`], all rounds together).
@@ -116,38 +126,111 @@ impl Ownership {
     }
 }
 
-/// Whether this ingester may write: the seam for leader election between replicas of a
-/// fleet. A publisher that does not lead writes nothing and retries once it leads.
+/// A leadership term as the elector publishes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Term {
+    /// Whether this ingester holds the lease.
+    pub leading: bool,
+    /// The lease epoch stamped into every write of this term (0 without a lease).
+    pub epoch: u64,
+    /// Until when writes are allowed: the holder's own deadline, a safety margin before
+    /// any other replica may consider the lease expired. `None`: no deadline (no lease).
+    pub until: Option<Instant>,
+}
+
+impl Term {
+    /// Not leading.
+    pub fn standby() -> Term {
+        Term {
+            leading: false,
+            epoch: 0,
+            until: None,
+        }
+    }
+}
+
+/// Whether this ingester may write, and with which epoch: the lease state of its fleet
+/// (see [`crate::lease`]). A publisher that does not lead writes nothing and publishes
+/// everything that differs once it leads. Cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Leadership(tokio::sync::watch::Receiver<bool>);
+pub struct Leadership {
+    rx: tokio::sync::watch::Receiver<Term>,
+    elected: bool,
+}
 
 impl Leadership {
-    /// Always leading (a single ingester per fleet; no election yet).
+    /// Always leading, with epoch 0 and no lease: the file source and standalone mode.
     pub fn always() -> Leadership {
-        Leadership(tokio::sync::watch::channel(true).1)
+        let term = Term {
+            leading: true,
+            epoch: 0,
+            until: None,
+        };
+        Leadership {
+            rx: tokio::sync::watch::channel(term).1,
+            elected: false,
+        }
     }
 
     /// Leadership as decided by an election that updates `rx`.
-    pub fn from_watch(rx: tokio::sync::watch::Receiver<bool>) -> Leadership {
-        Leadership(rx)
+    pub fn from_watch(rx: tokio::sync::watch::Receiver<Term>) -> Leadership {
+        Leadership { rx, elected: true }
+    }
+
+    /// The epoch to write with if this ingester leads now (within its term's deadline).
+    pub fn current(&self) -> Option<u64> {
+        let term = *self.rx.borrow();
+        let in_time = term.until.is_none_or(|until| Instant::now() < until);
+        (term.leading && in_time).then_some(term.epoch)
     }
 
     /// Whether this ingester leads now.
     pub fn leads(&self) -> bool {
-        *self.0.borrow()
+        self.current().is_some()
+    }
+
+    /// Whether leadership comes from an election (a lease), as opposed to [`Leadership::always`].
+    pub fn is_elected(&self) -> bool {
+        self.elected
+    }
+
+    /// Waits until the term changes (this ingester starts or stops leading). Never
+    /// resolves for [`Leadership::always`].
+    pub async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }
 
+/// The watch of the owned buckets kept while leading an elected term, tagged by bucket.
+type LiveWatch = BoxStream<'static, (Bucket, Result<WatchEvent, BusError>)>;
+
 /// Writes a desired state to the bus: the keys of its [`Ownership`].
+///
+/// Under an elected [`Leadership`] the publisher reads the bus anew at the start of every
+/// term (the previous leader may have written since), writes with the term's epoch, and
+/// keeps watching its buckets while it leads: a write to an owned key by anyone else (a
+/// deposed leader that has not noticed yet, someone deleting a key) is seen at once and
+/// [`Publisher::bus_changed`] asks for a round that puts this leader's value back.
 pub struct Publisher {
     bus: Arc<dyn StateBus>,
     fleet: String,
-    epoch: u64,
     ownership: Ownership,
     leadership: Leadership,
     /// For logs.
     owner: String,
     on_bus: BTreeMap<StateKey, OnBus>,
+    /// The epoch `on_bus` was read for; a new epoch (term) reads the bus again first.
+    /// `None`: not read yet, or the live watch broke.
+    loaded: Option<u64>,
+    /// The watch of the owned buckets, while leading an elected term.
+    live: Option<LiveWatch>,
+    /// Keys this publisher deleted whose delete the live watch has not delivered yet.
+    own_deletes: BTreeSet<StateKey>,
+    /// An owned key carries an epoch newer than this term's: another replica leads, so
+    /// nothing more is written in this term.
+    superseded: Option<u64>,
     retry: bool,
     totals: PublishReport,
 }
@@ -175,90 +258,284 @@ fn body_hash(bucket: Bucket, key: &str, value: &[u8]) -> Option<[u8; 32]> {
 }
 
 impl Publisher {
+    /// A publisher that reads the bus when it first publishes (under `leadership`: when
+    /// it first leads).
+    pub fn new(
+        bus: Arc<dyn StateBus>,
+        fleet: impl Into<String>,
+        ownership: Ownership,
+        leadership: Leadership,
+    ) -> Publisher {
+        Publisher {
+            bus,
+            fleet: fleet.into(),
+            owner: ownership.describe(),
+            ownership,
+            leadership,
+            on_bus: BTreeMap::new(),
+            loaded: None,
+            live: None,
+            own_deletes: BTreeSet::new(),
+            superseded: None,
+            retry: false,
+            totals: PublishReport::default(),
+        }
+    }
+
     /// Reads the keys this publisher owns, and their values, from the bus: every config
     /// key and the services and endpoints of `cluster` (the file source's ownership).
+    /// It always leads, with epoch 0 (no lease).
     pub async fn load(
         bus: Arc<dyn StateBus>,
         fleet: impl Into<String>,
-        epoch: u64,
         cluster: impl Into<String>,
     ) -> Result<Publisher, IngestError> {
         let ownership = Ownership::config_and_cluster(cluster);
-        Publisher::load_owning(bus, fleet, epoch, ownership).await
+        Publisher::load_owning(bus, fleet, ownership).await
     }
 
-    /// Reads the keys of `ownership`, and their values, from the bus.
+    /// Reads the keys of `ownership`, and their values, from the bus. It always leads,
+    /// with epoch 0 (no lease), until [`Publisher::set_leadership`].
     pub async fn load_owning(
         bus: Arc<dyn StateBus>,
         fleet: impl Into<String>,
-        epoch: u64,
         ownership: Ownership,
     ) -> Result<Publisher, IngestError> {
-        let mut publisher = Publisher {
-            bus,
-            fleet: fleet.into(),
-            epoch,
-            owner: ownership.describe(),
-            ownership,
-            leadership: Leadership::always(),
-            on_bus: BTreeMap::new(),
-            retry: false,
-            totals: PublishReport::default(),
-        };
-        for bucket in BUCKETS {
-            if bucket == Bucket::Config && !publisher.ownership.config {
-                continue;
-            }
-            if bucket != Bucket::Config && publisher.ownership.cluster.is_none() {
-                continue;
-            }
-            publisher.load_bucket(bucket).await?;
-        }
-        debug!(
-            keys = publisher.on_bus.len(),
-            owner = %publisher.owner,
-            "read owned state from the bus",
-        );
+        let mut publisher = Publisher::new(bus, fleet, ownership, Leadership::always());
+        publisher.read_bus(0).await?;
         Ok(publisher)
     }
 
-    /// Makes writes depend on leadership (the default is [`Leadership::always`]).
+    /// Makes writes depend on leadership (the default is [`Leadership::always`]). A
+    /// leadership with another epoch re-reads the bus before its first write.
     pub fn set_leadership(&mut self, leadership: Leadership) {
         self.leadership = leadership;
     }
 
-    /// One watch per bucket reads every value in one pass (a get per key would be a round
-    /// trip per key); it is dropped once the initial values are in.
-    async fn load_bucket(&mut self, bucket: Bucket) -> Result<(), IngestError> {
+    fn buckets(&self) -> Vec<Bucket> {
+        BUCKETS
+            .into_iter()
+            .filter(|b| match b {
+                Bucket::Config => self.ownership.config,
+                _ => self.ownership.cluster.is_some(),
+            })
+            .collect()
+    }
+
+    /// Reads every owned value for a term of `epoch`: one watch per bucket delivers every
+    /// value in one pass (a get per key would be a round trip per key). Under an elected
+    /// leadership the watches are kept, to see other writers' changes live.
+    async fn read_bus(&mut self, epoch: u64) -> Result<(), IngestError> {
         let action = "reading owned state from the bus";
-        let mut watch = self
-            .bus
-            .watch(bucket)
-            .await
-            .map_err(|source| IngestError::Bus { action, source })?;
-        loop {
-            match watch.next().await {
-                Some(Ok(WatchEvent::Entry(entry))) => {
-                    let key = (bucket, entry.key);
-                    if entry.op == shoal_common::Op::Delete || !self.owns(bucket, &key.1) {
-                        self.on_bus.remove(&key);
-                        continue;
-                    }
-                    let hash = body_hash(bucket, &key.1, &entry.value);
-                    let revision = entry.revision;
-                    self.on_bus.insert(key, OnBus { hash, revision });
+        self.on_bus.clear();
+        self.own_deletes.clear();
+        self.live = None;
+        self.superseded = None;
+        self.loaded = None;
+        let buckets = self.buckets();
+        let mut streams = Vec::new();
+        for bucket in &buckets {
+            let bucket = *bucket;
+            let watch = self
+                .bus
+                .watch(bucket)
+                .await
+                .map_err(|source| IngestError::Bus { action, source })?;
+            streams.push(watch.map(move |item| (bucket, item)).boxed());
+        }
+        let mut merged = futures::stream::select_all(streams);
+        let mut pending: BTreeSet<Bucket> = buckets.into_iter().collect();
+        while !pending.is_empty() {
+            match merged.next().await {
+                Some((bucket, Ok(WatchEvent::Entry(entry)))) if pending.contains(&bucket) => {
+                    self.record_initial(bucket, entry);
                 }
-                Some(Ok(WatchEvent::InitialDone)) => return Ok(()),
-                Some(Err(source)) => return Err(IngestError::Bus { action, source }),
+                // A change after its bucket's initial values: live already.
+                Some((bucket, Ok(WatchEvent::Entry(entry)))) => {
+                    self.record_live(bucket, entry, epoch);
+                }
+                Some((bucket, Ok(WatchEvent::InitialDone))) => {
+                    pending.remove(&bucket);
+                }
+                Some((_, Err(source))) => return Err(IngestError::Bus { action, source }),
                 None => {
                     let source = BusError::Op {
                         op: "watch",
-                        bucket,
+                        bucket: pending.first().copied().unwrap_or(Bucket::Config),
                         key: String::new(),
                         source: "the watch ended before delivering the initial values".into(),
                     };
                     return Err(IngestError::Bus { action, source });
                 }
+            }
+        }
+        self.loaded = Some(epoch);
+        if self.leadership.is_elected() {
+            self.live = Some(merged.boxed());
+        }
+        debug!(
+            keys = self.on_bus.len(),
+            owner = %self.owner,
+            epoch,
+            "read owned state from the bus",
+        );
+        Ok(())
+    }
+
+    /// An initial value: the latest of its key, whichever epoch wrote it (a key that an
+    /// earlier leader wrote and that did not change since is current).
+    fn record_initial(&mut self, bucket: Bucket, entry: Entry) {
+        let key = (bucket, entry.key);
+        if entry.op == Op::Delete || !self.owns(bucket, &key.1) {
+            self.on_bus.remove(&key);
+            return;
+        }
+        let hash = body_hash(bucket, &key.1, &entry.value);
+        let revision = entry.revision;
+        self.on_bus.insert(key, OnBus { hash, revision });
+    }
+
+    /// A live change of a key; returns whether it needs a publish round: another writer
+    /// changed an owned key.
+    fn record_live(&mut self, bucket: Bucket, entry: Entry, epoch: u64) -> bool {
+        if !self.owns(bucket, &entry.key) {
+            return false;
+        }
+        let key = (bucket, entry.key.clone());
+        // This publisher's own write (it knows the revision), or older than what it knows.
+        if self
+            .on_bus
+            .get(&key)
+            .is_some_and(|known| entry.revision <= known.revision)
+        {
+            return false;
+        }
+        match entry.op {
+            Op::Delete => {
+                if self.own_deletes.remove(&key) || self.on_bus.remove(&key).is_none() {
+                    return false;
+                }
+                warn!(
+                    %bucket,
+                    key = %key.1,
+                    fleet = %self.fleet,
+                    epoch,
+                    "an owned key was deleted by another writer; publishing it again"
+                );
+                true
+            }
+            Op::Put => {
+                self.own_deletes.remove(&key);
+                let on_bus = self.foreign(bucket, &key.1, &entry, epoch);
+                self.on_bus.insert(key, on_bus);
+                true
+            }
+        }
+    }
+
+    /// What another writer's value means to this publisher in a term of `epoch`. Under an
+    /// elected leadership, a value from an older epoch is a deposed leader's write and is
+    /// replaced whatever its content (it gets no hash); one from a newer epoch means
+    /// another replica leads now.
+    fn foreign(&mut self, bucket: Bucket, key: &str, entry: &Entry, epoch: u64) -> OnBus {
+        let revision = entry.revision;
+        let head = Envelope::<IgnoredAny>::decode(&entry.value).ok();
+        let written = head.as_ref().map(|h| (h.fleet.as_str(), h.epoch));
+        match written {
+            Some((fleet, written))
+                if self.leadership.is_elected() && fenced(written, Some(epoch)) =>
+            {
+                warn!(
+                    %bucket,
+                    key,
+                    %fleet,
+                    epoch = written,
+                    leader_epoch = epoch,
+                    "an owned key was written by a deposed leader; publishing this leader's value again"
+                );
+                OnBus {
+                    hash: None,
+                    revision,
+                }
+            }
+            Some((fleet, written)) if self.leadership.is_elected() && written > epoch => {
+                if self.superseded.is_none() {
+                    warn!(
+                        %bucket,
+                        key,
+                        %fleet,
+                        epoch = written,
+                        leader_epoch = epoch,
+                        "an owned key was written with a newer epoch: another replica leads; \
+                         writing nothing more in this term"
+                    );
+                }
+                self.superseded = Some(written);
+                OnBus {
+                    hash: body_hash(bucket, key, &entry.value),
+                    revision,
+                }
+            }
+            _ => OnBus {
+                hash: body_hash(bucket, key, &entry.value),
+                revision,
+            },
+        }
+    }
+
+    /// Handles an item of the live watch; returns whether it needs a publish round.
+    fn on_live_item(&mut self, item: Option<(Bucket, Result<WatchEvent, BusError>)>) -> bool {
+        let epoch = self.loaded.unwrap_or(0);
+        match item {
+            Some((bucket, Ok(WatchEvent::Entry(entry)))) => self.record_live(bucket, entry, epoch),
+            Some((_, Ok(WatchEvent::InitialDone))) => false,
+            Some((bucket, Err(error))) => {
+                warn!(%bucket, %error, owner = %self.owner, "the watch of owned keys broke; reading the bus again");
+                self.live = None;
+                self.loaded = None;
+                true
+            }
+            None => {
+                warn!(owner = %self.owner, "the watch of owned keys ended; reading the bus again");
+                self.live = None;
+                self.loaded = None;
+                true
+            }
+        }
+    }
+
+    /// Handles what the live watch has delivered so far; returns whether a round is needed.
+    fn drain_live(&mut self) -> bool {
+        let mut needed = false;
+        while let Some(live) = self.live.as_mut() {
+            let Some(item) = live.next().now_or_never() else {
+                break;
+            };
+            needed |= self.on_live_item(item);
+        }
+        needed
+    }
+
+    /// Resolves when another writer changed an owned key (seen by the live watch, while
+    /// leading an elected term): the caller should publish, in full ([`Publisher::needs_retry`]
+    /// says so), which puts this leader's values back. Never resolves without a live
+    /// watch. Cancel-safe, for `select!` loops.
+    pub async fn bus_changed(&mut self) {
+        loop {
+            let Some(live) = self.live.as_mut() else {
+                return std::future::pending().await;
+            };
+            let item = live.next().await;
+            if self.leadership.current() != self.loaded {
+                // The term this watch was opened for is over; the next one reads the bus
+                // again (and watches anew).
+                self.live = None;
+                self.loaded = None;
+                continue;
+            }
+            if self.on_live_item(item) {
+                self.retry = true;
+                return;
             }
         }
     }
@@ -273,9 +550,15 @@ impl Publisher {
         self.on_bus.keys()
     }
 
-    /// Whether the last round left bus failures to retry even if the input does not change.
+    /// Whether the next round must publish everything, even if the input did not change:
+    /// the last round left bus failures, another writer changed an owned key, or a new
+    /// term started (its first round compares everything with the bus).
     pub fn needs_retry(&self) -> bool {
-        self.retry
+        if self.retry {
+            return true;
+        }
+        let current = self.leadership.current();
+        current.is_some() && current != self.loaded
     }
 
     /// The counters of every round so far.
@@ -287,7 +570,7 @@ impl Publisher {
     /// deletes owned keys that are not desired. Per-key failures are logged and counted,
     /// never fatal; keys that failed on the bus are retried next round.
     pub async fn publish(&mut self, desired: &DesiredState, observed_at_ms: u64) -> PublishReport {
-        self.publish_scoped(desired, observed_at_ms, &|_| true)
+        self.publish_in(desired, observed_at_ms, &|_| true, true)
             .await
     }
 
@@ -295,21 +578,58 @@ impl Publisher {
     /// in scope, and only owned keys in scope are swept. A caller that recomputes only
     /// what changed (some namespaces) passes that scope; keys outside it are left alone.
     /// After a round with bus failures, the caller should publish everything again.
+    ///
+    /// Only while leading: the term's epoch is checked before every write and delete, and
+    /// a round stops at once when the term ends.
     pub async fn publish_scoped(
         &mut self,
         desired: &DesiredState,
         observed_at_ms: u64,
         in_scope: &(dyn Fn(&StateKey) -> bool + Sync),
     ) -> PublishReport {
+        self.publish_in(desired, observed_at_ms, in_scope, false)
+            .await
+    }
+
+    /// A round; `full` when `desired` is the whole desired state.
+    async fn publish_in(
+        &mut self,
+        desired: &DesiredState,
+        observed_at_ms: u64,
+        in_scope: &(dyn Fn(&StateKey) -> bool + Sync),
+        full: bool,
+    ) -> PublishReport {
         let mut report = PublishReport::default();
-        if !self.leadership.leads() {
+        let Some(epoch) = self.leadership.current() else {
             debug!(owner = %self.owner, "not leading; publishing nothing");
+            self.retry = true;
+            return report;
+        };
+        // A new term: what is on the bus now is what the previous leader left.
+        let new_term = self.loaded != Some(epoch);
+        if new_term {
+            if let Err(error) = self.read_bus(epoch).await {
+                warn!(%error, owner = %self.owner, epoch, "cannot read owned state from the bus; retrying");
+                report.errors += 1;
+                self.retry = true;
+                self.totals.add(&report);
+                return report;
+            }
+        }
+        let foreign = self.drain_live();
+        if let Some(newer) = self.superseded {
+            debug!(owner = %self.owner, epoch, newer, "another replica leads; publishing nothing");
             self.retry = true;
             return report;
         }
         let mut bus_failed = false;
+        let mut lost = false;
         for (key, object) in desired {
-            match self.write(key, object, observed_at_ms).await {
+            if self.leadership.current() != Some(epoch) {
+                lost = true;
+                break;
+            }
+            match self.write(key, object, observed_at_ms, epoch).await {
                 Ok(true) => report.writes += 1,
                 Ok(false) => report.unchanged += 1,
                 Err(error) => {
@@ -328,10 +648,17 @@ impl Publisher {
             .cloned()
             .collect();
         for key in unwanted {
+            if lost || self.leadership.current() != Some(epoch) {
+                lost = true;
+                break;
+            }
             let (bucket, name) = &key;
             match self.bus.delete(*bucket, name).await {
                 Ok(()) => {
                     self.on_bus.remove(&key);
+                    if self.live.is_some() {
+                        self.own_deletes.insert(key);
+                    }
                     report.deletes += 1;
                 }
                 Err(source) => {
@@ -345,7 +672,17 @@ impl Publisher {
                 }
             }
         }
-        self.retry = bus_failed;
+        if lost {
+            warn!(
+                owner = %self.owner,
+                fleet = %self.fleet,
+                epoch,
+                "the lease term ended during a publish round; the rest is left to the leader"
+            );
+        }
+        // After a new term or another writer's change, a full round follows if this one
+        // covered only part of the keys.
+        self.retry = bus_failed || lost || (!full && (new_term || foreign));
         self.totals.add(&report);
         if report.changed() || report.errors > 0 {
             info!(
@@ -354,6 +691,7 @@ impl Publisher {
                 unchanged = report.unchanged,
                 errors = report.errors,
                 owner = %self.owner,
+                epoch,
                 "published state"
             );
         }
@@ -366,6 +704,7 @@ impl Publisher {
         key: &StateKey,
         object: &StateObject,
         observed_at_ms: u64,
+        epoch: u64,
     ) -> Result<bool, IngestError> {
         let (bucket, name) = key;
         let encode_err = |source| IngestError::Encode {
@@ -379,7 +718,7 @@ impl Publisher {
         if current.and_then(|c| c.hash) == Some(hash) {
             return Ok(false);
         }
-        let value = Envelope::new(self.fleet.as_str(), self.epoch, observed_at_ms, object)
+        let value = Envelope::new(self.fleet.as_str(), epoch, observed_at_ms, object)
             .encode()
             .map_err(encode_err)?;
         if value.len() > MAX_VALUE_BYTES {
@@ -391,7 +730,7 @@ impl Publisher {
             });
         }
         // Compare-and-set against the revision last seen, so a write never silently
-        // replaces a value someone else wrote (the groundwork for fencing by lease).
+        // replaces a value someone else wrote.
         let expected = current.map_or(0, |c| c.revision);
         match self.bus.update(*bucket, name, value.into(), expected).await {
             Ok(revision) => {
@@ -401,7 +740,7 @@ impl Publisher {
             }
             Err(source) => {
                 if matches!(source, BusError::RevisionMismatch { .. }) {
-                    self.refresh(key).await;
+                    self.refresh(key, epoch).await;
                 }
                 Err(IngestError::Bus {
                     action: "writing a changed value",
@@ -413,13 +752,12 @@ impl Publisher {
 
     /// Re-reads one key after someone else wrote it, so the next round compares against
     /// (and conditions its write on) what is really there.
-    async fn refresh(&mut self, key: &StateKey) {
+    async fn refresh(&mut self, key: &StateKey, epoch: u64) {
         let (bucket, name) = key;
         match self.bus.get(*bucket, name).await {
             Ok(Some(entry)) => {
-                let hash = body_hash(*bucket, name, &entry.value);
-                let revision = entry.revision;
-                self.on_bus.insert(key.clone(), OnBus { hash, revision });
+                let on_bus = self.foreign(*bucket, name, &entry, epoch);
+                self.on_bus.insert(key.clone(), on_bus);
             }
             Ok(None) => {
                 self.on_bus.remove(key);
@@ -472,7 +810,7 @@ mod tests {
     }
 
     async fn publisher(bus: &CountingBus) -> Publisher {
-        Publisher::load(Arc::new(bus.clone()), "fleet", 0, "c1")
+        Publisher::load(Arc::new(bus.clone()), "fleet", "c1")
             .await
             .expect("load")
     }
@@ -668,7 +1006,7 @@ mod tests {
             .put(Bucket::Config, "Sidecar.default.s", "junk".into())
             .await
             .unwrap();
-        let load = |ownership| Publisher::load_owning(Arc::new(bus.clone()), "fleet", 0, ownership);
+        let load = |ownership| Publisher::load_owning(Arc::new(bus.clone()), "fleet", ownership);
 
         // A cluster's publisher never touches config, the config publisher never services.
         let mut cluster = load(Ownership::cluster("c1")).await.unwrap();
@@ -689,19 +1027,254 @@ mod tests {
         assert_eq!(bus.inner.keys(Bucket::Services).await.unwrap().len(), 1);
     }
 
+    fn elected(epoch: Option<u64>) -> (tokio::sync::watch::Sender<Term>, Leadership) {
+        let term = match epoch {
+            Some(epoch) => Term {
+                leading: true,
+                epoch,
+                until: Some(Instant::now() + std::time::Duration::from_secs(3600)),
+            },
+            None => Term::standby(),
+        };
+        let (tx, rx) = tokio::sync::watch::channel(term);
+        (tx, Leadership::from_watch(rx))
+    }
+
+    fn leading(epoch: u64) -> Term {
+        Term {
+            leading: true,
+            epoch,
+            until: Some(Instant::now() + std::time::Duration::from_secs(3600)),
+        }
+    }
+
+    fn elected_publisher(bus: &CountingBus, leadership: Leadership) -> Publisher {
+        Publisher::new(
+            Arc::new(bus.clone()),
+            "fleet",
+            Ownership::config_and_cluster("c1"),
+            leadership,
+        )
+    }
+
+    async fn on_bus(bus: &CountingBus, name: &str) -> (Envelope<Service>, u64) {
+        let entry = bus
+            .inner
+            .get(Bucket::Services, &keys::service_key("c1", "default", name))
+            .await
+            .unwrap()
+            .expect("the key is on the bus");
+        (Envelope::decode(&entry.value).unwrap(), entry.revision)
+    }
+
+    /// Writes a service as another writer would, stamped `epoch`.
+    async fn intrude(bus: &CountingBus, name: &str, port: u16, epoch: u64) {
+        let (key, object) = service("c1", name, port);
+        let value = Envelope::new("fleet", epoch, 0, &object).encode().unwrap();
+        bus.inner
+            .put(Bucket::Services, &key.1, value.into())
+            .await
+            .unwrap();
+    }
+
     #[tokio::test]
     async fn a_publisher_that_does_not_lead_writes_nothing_until_it_does() {
         let bus = CountingBus::default();
-        let mut p = publisher(&bus).await;
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        p.set_leadership(Leadership::from_watch(rx));
+        let (tx, leadership) = elected(None);
+        let mut p = elected_publisher(&bus, leadership);
         let r = p.publish(&desired(&[("a", 80)]), 1).await;
         assert_eq!(r, PublishReport::default());
         assert!(p.needs_retry());
         assert_eq!(bus.counts(), Counts::default());
-        tx.send_replace(true);
+        tx.send_replace(leading(3));
+        assert!(p.needs_retry(), "a new term publishes everything");
         let r = p.publish(&desired(&[("a", 80)]), 2).await;
         assert_eq!(r.writes, 1);
         assert!(!p.needs_retry());
+        let (env, _) = on_bus(&bus, "a").await;
+        assert_eq!(env.epoch, 3, "every write carries the lease epoch");
+    }
+
+    #[tokio::test]
+    async fn a_term_past_its_deadline_writes_nothing() {
+        let bus = CountingBus::default();
+        let (_tx, leadership) = elected(None);
+        let mut p = elected_publisher(&bus, leadership);
+        _tx.send_replace(Term {
+            leading: true,
+            epoch: 1,
+            until: Some(Instant::now()),
+        });
+        let r = p.publish(&desired(&[("a", 80)]), 1).await;
+        assert_eq!(r, PublishReport::default());
+        assert_eq!(bus.counts(), Counts::default());
+    }
+
+    #[tokio::test]
+    async fn a_new_term_publishes_only_what_differs_from_the_bus() {
+        let bus = CountingBus::default();
+        let (old_tx, old) = elected(Some(1));
+        let mut old_leader = elected_publisher(&bus, old);
+        old_leader
+            .publish(&desired(&[("a", 80), ("b", 80), ("gone", 80)]), 1)
+            .await;
+        let (_, a_revision) = on_bus(&bus, "a").await;
+
+        // The standby's caches have changes the old leader never published.
+        let (tx, standby) = elected(None);
+        let mut new_leader = elected_publisher(&bus, standby);
+        let state = desired(&[("a", 80), ("b", 81), ("c", 80)]);
+        assert_eq!(
+            new_leader.publish(&state, 2).await,
+            PublishReport::default()
+        );
+        old_tx.send_replace(Term::standby());
+        tx.send_replace(leading(2));
+        let r = new_leader.publish(&state, 3).await;
+        assert_eq!((r.writes, r.unchanged, r.deletes), (2, 1, 1));
+        // `a`, written in epoch 1 and unchanged, stays as it is: no rewrite per term.
+        let (a, revision) = on_bus(&bus, "a").await;
+        assert_eq!((a.epoch, revision), (1, a_revision));
+        let (b, _) = on_bus(&bus, "b").await;
+        assert_eq!((b.epoch, b.body.ports[0].port), (2, 81));
+
+        // The deposed leader stops following the bus: the new leader's writes are no news.
+        let quiet = tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            old_leader.bus_changed(),
+        );
+        assert!(quiet.await.is_err(), "a deposed leader asked to publish");
+        assert!(!old_leader.needs_retry());
+        // And it writes nothing, even with a changed input.
+        let before = bus.counts();
+        let r = old_leader.publish(&desired(&[("a", 99)]), 4).await;
+        assert_eq!(r, PublishReport::default());
+        assert_eq!(bus.counts(), before);
+    }
+
+    #[tokio::test]
+    async fn a_deposed_leaders_write_is_put_right_at_once() {
+        let bus = CountingBus::default();
+        let (_tx, leadership) = elected(Some(2));
+        let mut p = elected_publisher(&bus, leadership);
+        let state = desired(&[("a", 80), ("b", 80)]);
+        p.publish(&state, 1).await;
+        assert!(!p.needs_retry());
+
+        // A deposed leader (epoch 1) wakes up and writes: another value, then the same one.
+        for port in [9999, 80] {
+            intrude(&bus, "a", port, 1).await;
+            tokio::time::timeout(std::time::Duration::from_secs(5), p.bus_changed())
+                .await
+                .expect("the live watch sees the write");
+            assert!(p.needs_retry());
+            let r = p.publish_scoped(&DesiredState::new(), 2, &|_| false).await;
+            assert_eq!(r, PublishReport::default(), "a scoped round leaves it");
+            let r = p.publish(&state, 3).await;
+            assert_eq!((r.writes, r.unchanged), (1, 1), "port {port}");
+            let (a, _) = on_bus(&bus, "a").await;
+            assert_eq!((a.epoch, a.body.ports[0].port), (2, 80));
+            assert!(!p.needs_retry());
+        }
+
+        // A delete by someone else is put right too.
+        bus.inner
+            .delete(Bucket::Services, &keys::service_key("c1", "default", "b"))
+            .await
+            .unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), p.bus_changed())
+            .await
+            .expect("the live watch sees the delete");
+        let r = p.publish(&state, 4).await;
+        assert_eq!(r.writes, 1);
+        assert_eq!(on_bus(&bus, "b").await.0.epoch, 2);
+
+        // This leader's own writes and deletes are not news.
+        p.publish(&desired(&[("a", 81)]), 5).await;
+        let quiet = tokio::time::timeout(std::time::Duration::from_millis(200), p.bus_changed());
+        assert!(quiet.await.is_err(), "own writes woke the publisher");
+    }
+
+    #[tokio::test]
+    async fn a_newer_epoch_on_an_owned_key_ends_writing_in_this_term() {
+        let bus = CountingBus::default();
+        let (_tx, leadership) = elected(Some(2));
+        let mut p = elected_publisher(&bus, leadership);
+        p.publish(&desired(&[("a", 80)]), 1).await;
+        // A leader of epoch 3 writes: this one has been deposed and does not know it yet.
+        intrude(&bus, "a", 81, 3).await;
+        tokio::time::timeout(std::time::Duration::from_secs(5), p.bus_changed())
+            .await
+            .expect("the live watch sees the write");
+        let before = bus.counts();
+        let r = p.publish(&desired(&[("a", 80), ("b", 80)]), 2).await;
+        assert_eq!(r, PublishReport::default());
+        assert_eq!(bus.counts(), before);
+        assert_eq!(on_bus(&bus, "a").await.0.epoch, 3);
+    }
+
+    /// A bus whose writes take 400 ms.
+    #[derive(Clone, Default)]
+    struct SlowBus(CountingBus);
+
+    #[async_trait::async_trait]
+    impl StateBus for SlowBus {
+        async fn get(&self, bucket: Bucket, key: &str) -> Result<Option<Entry>, BusError> {
+            self.0.get(bucket, key).await
+        }
+        async fn put(
+            &self,
+            bucket: Bucket,
+            key: &str,
+            value: bytes::Bytes,
+        ) -> Result<u64, BusError> {
+            self.0.put(bucket, key, value).await
+        }
+        async fn update(
+            &self,
+            bucket: Bucket,
+            key: &str,
+            value: bytes::Bytes,
+            expected: u64,
+        ) -> Result<u64, BusError> {
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+            self.0.update(bucket, key, value, expected).await
+        }
+        async fn delete(&self, bucket: Bucket, key: &str) -> Result<(), BusError> {
+            self.0.delete(bucket, key).await
+        }
+        async fn keys(&self, bucket: Bucket) -> Result<Vec<String>, BusError> {
+            self.0.keys(bucket).await
+        }
+        async fn watch(&self, bucket: Bucket) -> Result<shoal_common::bus::WatchStream, BusError> {
+            self.0.watch(bucket).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_round_stops_when_the_term_ends() {
+        let bus = SlowBus::default();
+        let (_tx, leadership) = elected(None);
+        _tx.send_replace(Term {
+            leading: true,
+            epoch: 1,
+            until: Some(Instant::now() + std::time::Duration::from_secs(1)),
+        });
+        let mut p = Publisher::new(
+            Arc::new(bus.clone()),
+            "fleet",
+            Ownership::cluster("c1"),
+            leadership,
+        );
+        let r = p
+            .publish(
+                &desired(&[("a", 80), ("b", 80), ("c", 80), ("d", 80), ("e", 80)]),
+                1,
+            )
+            .await;
+        // Writes start at 0, 400 and 800 ms; at 1200 ms the term is over.
+        assert_eq!(r.writes, 3);
+        assert_eq!(bus.0.counts().writes, 3);
+        assert!(p.needs_retry());
     }
 }

@@ -2,7 +2,8 @@
 //! is a [`ClusterStatus`], rmp-serde encoded with named fields like every bus value.
 //!
 //! Written only when `synced` or `last_error` changes, compared with what is on the bus,
-//! so a restart with an unchanged cluster writes nothing here either.
+//! so a restart with an unchanged cluster writes nothing here either. Only the leader
+//! writes, stamping its lease epoch; at the start of each term the status is read again.
 
 use crate::publish::Leadership;
 use serde::{Deserialize, Serialize};
@@ -34,6 +35,8 @@ pub struct StatusWriter {
     leadership: Leadership,
     /// What is on the bus: (synced, last_error); `None` when nothing (readable) is.
     current: Option<(bool, Option<String>)>,
+    /// The epoch (term) `current` was read or written in.
+    term: Option<u64>,
 }
 
 impl StatusWriter {
@@ -44,31 +47,50 @@ impl StatusWriter {
         cluster: &str,
         leadership: Leadership,
     ) -> StatusWriter {
-        let key = keys::cluster_status_key(cluster);
-        let current = match bus.get(Bucket::Meta, &key).await {
+        let mut writer = StatusWriter {
+            bus,
+            fleet: fleet.to_string(),
+            cluster: cluster.to_string(),
+            key: keys::cluster_status_key(cluster),
+            term: leadership.current(),
+            leadership,
+            current: None,
+        };
+        writer.current = writer.read().await;
+        writer
+    }
+
+    async fn read(&self) -> Option<(bool, Option<String>)> {
+        match self.bus.get(Bucket::Meta, &self.key).await {
             Ok(Some(entry)) => Envelope::<ClusterStatus>::decode(&entry.value)
                 .ok()
                 .map(|e| (e.body.synced, e.body.last_error)),
             Ok(None) => None,
             Err(error) => {
-                debug!(%error, %cluster, "cannot read cluster status; it will be rewritten");
+                debug!(%error, cluster = %self.cluster, "cannot read cluster status; it will be rewritten");
                 None
             }
-        };
-        StatusWriter {
-            bus,
-            fleet: fleet.to_string(),
-            cluster: cluster.to_string(),
-            key,
-            leadership,
-            current,
         }
+    }
+
+    /// The epoch to write with, if leading; a new term reads the status again first (the
+    /// previous leader may have written it since).
+    async fn epoch(&mut self) -> Option<u64> {
+        let epoch = self.leadership.current()?;
+        if self.term != Some(epoch) {
+            self.current = self.read().await;
+            self.term = Some(epoch);
+        }
+        Some(epoch)
     }
 
     /// Publishes the status if it differs from what is on the bus.
     pub async fn set(&mut self, synced: bool, last_error: Option<String>) {
         let state = (synced, last_error);
-        if self.current.as_ref() == Some(&state) || !self.leadership.leads() {
+        let Some(epoch) = self.epoch().await else {
+            return;
+        };
+        if self.current.as_ref() == Some(&state) {
             return;
         }
         let status = ClusterStatus {
@@ -77,13 +99,14 @@ impl StatusWriter {
             last_error: state.1.clone(),
             since_ms: now_ms(),
         };
-        let value = match Envelope::new(self.fleet.as_str(), 0, status.since_ms, &status).encode() {
-            Ok(value) => value,
-            Err(error) => {
-                warn!(%error, cluster = %self.cluster, "cannot encode cluster status");
-                return;
-            }
-        };
+        let value =
+            match Envelope::new(self.fleet.as_str(), epoch, status.since_ms, &status).encode() {
+                Ok(value) => value,
+                Err(error) => {
+                    warn!(%error, cluster = %self.cluster, "cannot encode cluster status");
+                    return;
+                }
+            };
         match self.bus.put(Bucket::Meta, &self.key, value.into()).await {
             Ok(_) => self.current = Some(state),
             Err(error) => warn!(%error, cluster = %self.cluster, "cannot publish cluster status"),
@@ -92,7 +115,7 @@ impl StatusWriter {
 
     /// Removes the status (the cluster is no longer managed).
     pub async fn delete(&mut self) {
-        if !self.leadership.leads() {
+        if self.epoch().await.is_none() {
             return;
         }
         match self.bus.delete(Bucket::Meta, &self.key).await {

@@ -4,7 +4,7 @@
 use crate::generate::Snapshot;
 use crate::metrics::Metrics;
 use crate::push_context::PushContext;
-use crate::store::{Change, MeshState};
+use crate::store::{ApplyError, Change, MeshState};
 use futures::StreamExt;
 use shoal_common::bus::{Bucket, StateBus, WatchEvent};
 use shoal_common::model::ConfigKind;
@@ -32,8 +32,14 @@ impl Default for Debounce {
     }
 }
 
-/// The buckets a server watches.
-const WATCHED: [Bucket; 3] = [Bucket::Config, Bucket::Services, Bucket::Endpoints];
+/// The buckets a server watches: the state, and `shoal-meta` for the ingester leases whose
+/// epochs fence writes of deposed leaders.
+const WATCHED: [Bucket; 4] = [
+    Bucket::Config,
+    Bucket::Services,
+    Bucket::Endpoints,
+    Bucket::Meta,
+];
 
 /// What a bucket watcher task sends to the pipeline.
 enum Feed {
@@ -140,6 +146,9 @@ pub async fn run(
     let mut initial_pending: BTreeSet<Bucket> = WATCHED.into();
     // Keys seen during a replay, per bucket being resynced.
     let mut resync: BTreeMap<Bucket, BTreeSet<String>> = BTreeMap::new();
+    // Buckets past their initial values: their entries are live changes, checked against
+    // the fleets' lease epochs. Replayed values are the latest per key and always apply.
+    let mut live: BTreeSet<Bucket> = BTreeSet::new();
     let mut changes = ChangeSet {
         full: true,
         ..ChangeSet::default()
@@ -158,12 +167,18 @@ pub async fn run(
         match feed {
             Some(Feed::Restart(bucket)) => {
                 resync.insert(bucket, BTreeSet::new());
+                live.remove(&bucket);
             }
             Some(Feed::Event(bucket, WatchEvent::Entry(entry))) => {
                 if let Some(seen) = resync.get_mut(&bucket) {
                     seen.insert(entry.key.clone());
                 }
-                match state.apply(bucket, &entry) {
+                let applied = if live.contains(&bucket) {
+                    state.apply_live(bucket, &entry)
+                } else {
+                    state.apply(bucket, &entry)
+                };
+                match applied {
                     Ok((change, obs)) => {
                         let result = if change == Change::None {
                             "unchanged"
@@ -184,6 +199,27 @@ pub async fn run(
                         let now = Instant::now();
                         window = Some(window.map_or((now, now), |(first, _)| (first, now)));
                     }
+                    Err(ApplyError::Fenced {
+                        key,
+                        fleet,
+                        epoch,
+                        fleet_epoch,
+                        ..
+                    }) => {
+                        metrics
+                            .bus_entries
+                            .with_label_values(&[bucket.name(), "fenced"])
+                            .inc();
+                        tracing::warn!(
+                            %bucket,
+                            %key,
+                            %fleet,
+                            epoch,
+                            fleet_epoch,
+                            "refusing a write of a deposed ingester leader (its epoch is older \
+                             than the fleet's lease); previous value kept"
+                        );
+                    }
                     Err(error) => {
                         metrics
                             .bus_entries
@@ -194,6 +230,7 @@ pub async fn run(
                 }
             }
             Some(Feed::Event(bucket, WatchEvent::InitialDone)) => {
+                live.insert(bucket);
                 if let Some(seen) = resync.remove(&bucket) {
                     // A replay ended: keys we hold that the bus no longer has were deleted
                     // while we were not watching.

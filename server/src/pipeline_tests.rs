@@ -320,3 +320,72 @@ async fn deletes_are_changes() {
         .host("reviews.default.svc.cluster.local")
         .is_none());
 }
+
+/// The lease of fleet `test` (the fixtures' fleet, whose entries carry epoch 1).
+fn lease(epoch: u64) -> Entry {
+    let body = shoal_common::lease::LeaseBody {
+        holder: "ingester-1".into(),
+        epoch,
+        renewed_at_ms: 1_000,
+        ttl_ms: 10_000,
+    };
+    Entry {
+        key: shoal_common::keys::lease_key("test"),
+        value: Bytes::from(shoal_common::lease::encode("test", &body).unwrap()),
+        revision: 0,
+        op: shoal_common::bus::Op::Put,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_snapshot_waits_for_the_meta_bucket() {
+    let (open, gate) = watch::channel(false);
+    let bus = Arc::new(GatedBus {
+        inner: seeded_bus().await,
+        gated: Bucket::Meta,
+        open: gate,
+    });
+    write(&*bus, Bucket::Meta, lease(2)).await;
+    let mut rx = start(bus, DEBOUNCE);
+    sleep(Duration::from_secs(60)).await;
+    assert!(rx.borrow().is_none());
+    open.send(true).unwrap();
+    let p = next(&mut rx).await;
+    // Initial values written at an older epoch than the lease are the current state.
+    assert_eq!(p.snapshot.ctx.services.len(), 1);
+    assert_eq!(p.snapshot.ctx.destination_rules.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn live_writes_of_a_deposed_leader_are_refused() {
+    let bus = Arc::new(seeded_bus().await);
+    write(&*bus, Bucket::Meta, lease(1)).await;
+    let metrics = Metrics::new();
+    let (tx, mut rx) = watch::channel(None);
+    tokio::spawn(pipeline::run(bus.clone(), DEBOUNCE, metrics.clone(), tx));
+    let s1 = next(&mut rx).await.snapshot;
+
+    // A new leader took the lease: the old one's writes (epoch 1) are refused.
+    write(&*bus, Bucket::Meta, lease(2)).await;
+    write(&*bus, Bucket::Config, config_number(1)).await;
+    sleep(Duration::from_secs(60)).await;
+    assert!(!rx.has_changed().unwrap());
+    let text = metrics.render();
+    assert!(
+        text.contains(r#"shoal_bus_entries_total{bucket="shoal-config",result="fenced"} 1"#),
+        "{text}"
+    );
+
+    // The new leader's writes apply.
+    let mut current = config_number(2);
+    let obj = destination_rule("default", "dr-2", "host: svc-2");
+    current.value = Bytes::from(
+        shoal_common::Envelope::new("test", 2, 1_000, &obj)
+            .encode()
+            .unwrap(),
+    );
+    write(&*bus, Bucket::Config, current).await;
+    let s2 = next(&mut rx).await.snapshot;
+    assert_eq!(s2.number, s1.number + 1);
+    assert_eq!(s2.ctx.destination_rules.len(), 2);
+}

@@ -5,6 +5,7 @@
 use crate::endpoints::EndpointIndex;
 use shoal_common::bus::{Bucket, Entry, Op};
 use shoal_common::keys;
+use shoal_common::lease::{FleetEpochs, LeaseError};
 use shoal_common::model::{ConfigKind, ConfigObject, EndpointSet, Service};
 use shoal_common::{Envelope, EnvelopeError};
 use std::collections::BTreeMap;
@@ -34,6 +35,34 @@ pub enum ApplyError {
         /// Cause.
         #[source]
         source: EnvelopeError,
+    },
+    /// A lease key in `shoal-meta` whose value is unusable; the fleet's epoch stays.
+    #[error("{bucket}/{key}: {source}")]
+    Lease {
+        /// Bucket.
+        bucket: Bucket,
+        /// Key.
+        key: String,
+        /// Cause.
+        #[source]
+        source: LeaseError,
+    },
+    /// A write from a deposed ingester leader: its epoch is older than its fleet's lease.
+    #[error(
+        "{bucket}/{key}: written by fleet {fleet:?} at epoch {epoch}, but the fleet's lease is \
+         at epoch {fleet_epoch} (a deposed leader's write; refused)"
+    )]
+    Fenced {
+        /// Bucket.
+        bucket: Bucket,
+        /// Key.
+        key: String,
+        /// The fleet in the envelope.
+        fleet: String,
+        /// The epoch in the envelope.
+        epoch: u64,
+        /// The fleet's current lease epoch.
+        fleet_epoch: u64,
     },
     /// The value's identity does not match its key.
     #[error("{bucket}/{key}: payload is for {found}, not for this key")]
@@ -69,15 +98,62 @@ pub struct MeshState {
     pub services: BTreeMap<(String, String, String), Arc<Service>>,
     /// EDS shards.
     pub endpoints: EndpointIndex,
+    /// The lease epoch of each ingester fleet, for fencing ([`MeshState::apply_live`]).
+    pub fleets: FleetEpochs,
 }
 
 impl MeshState {
     /// Applies one bus entry. On error nothing changes.
     /// Returns the change and the writer's `observed_at_ms` (puts only).
+    ///
+    /// For the initial values of a watch (and resyncs), which are the latest value of
+    /// each key: a value an earlier leader wrote and nobody changed since is current, so
+    /// epochs are not checked. Live changes go through [`MeshState::apply_live`].
     pub fn apply(
         &mut self,
         bucket: Bucket,
         entry: &Entry,
+    ) -> Result<(Change, Option<u64>), ApplyError> {
+        self.apply_checked(bucket, entry, false)
+    }
+
+    /// Applies a live change: like [`MeshState::apply`], but a put stamped with an epoch
+    /// older than its fleet's lease epoch is refused ([`ApplyError::Fenced`]): it comes
+    /// from an ingester that was deposed and has not noticed yet.
+    pub fn apply_live(
+        &mut self,
+        bucket: Bucket,
+        entry: &Entry,
+    ) -> Result<(Change, Option<u64>), ApplyError> {
+        self.apply_checked(bucket, entry, true)
+    }
+
+    fn check_fence(
+        &self,
+        bucket: Bucket,
+        entry: &Entry,
+        fleet: &str,
+        epoch: u64,
+    ) -> Result<(), ApplyError> {
+        match self.fleets.epoch(fleet) {
+            Some(fleet_epoch) if shoal_common::lease::fenced(epoch, Some(fleet_epoch)) => {
+                Err(ApplyError::Fenced {
+                    bucket,
+                    key: entry.key.clone(),
+                    fleet: fleet.to_string(),
+                    epoch,
+                    fleet_epoch,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn apply_checked(
+        &mut self,
+        bucket: Bucket,
+        entry: &Entry,
+        fence: bool,
     ) -> Result<(Change, Option<u64>), ApplyError> {
         let key_err = |source| ApplyError::Key {
             bucket,
@@ -110,6 +186,9 @@ impl MeshState {
                     ));
                 }
                 let env = Envelope::<ConfigObject>::decode(&entry.value).map_err(payload_err)?;
+                if fence {
+                    self.check_fence(bucket, entry, &env.fleet, env.epoch)?;
+                }
                 let obj = env.body;
                 if obj.kind() != kind || obj.meta.namespace != id.1 || obj.meta.name != id.2 {
                     return Err(mismatch(format!(
@@ -139,6 +218,9 @@ impl MeshState {
                     ));
                 }
                 let env = Envelope::<Service>::decode(&entry.value).map_err(payload_err)?;
+                if fence {
+                    self.check_fence(bucket, entry, &env.fleet, env.epoch)?;
+                }
                 let svc = env.body;
                 if svc.cluster != id.0 || svc.meta.namespace != id.1 || svc.meta.name != id.2 {
                     return Err(mismatch(format!(
@@ -168,6 +250,9 @@ impl MeshState {
                     ));
                 }
                 let env = Envelope::<EndpointSet>::decode(&entry.value).map_err(payload_err)?;
+                if fence {
+                    self.check_fence(bucket, entry, &env.fleet, env.epoch)?;
+                }
                 let set = env.body;
                 if set.cluster != cluster
                     || set.namespace != ns
@@ -189,7 +274,17 @@ impl MeshState {
                     Some(env.observed_at_ms),
                 ))
             }
-            Bucket::Meta => Ok((Change::None, None)),
+            // Cluster statuses change nothing here; leases set the fleets' epochs.
+            Bucket::Meta => {
+                self.fleets
+                    .apply(entry)
+                    .map_err(|source| ApplyError::Lease {
+                        bucket,
+                        key: entry.key.clone(),
+                        source,
+                    })?;
+                Ok((Change::None, None))
+            }
         }
     }
 
@@ -207,7 +302,7 @@ impl MeshState {
                 .map(|(c, ns, n)| keys::service_key(c, ns, n))
                 .collect(),
             Bucket::Endpoints => self.endpoints.bus_keys(),
-            Bucket::Meta => Vec::new(),
+            Bucket::Meta => self.fleets.keys(),
         }
     }
 }

@@ -372,3 +372,108 @@ fn names_with_dots_round_trip_through_keys() {
     );
     assert_eq!(state.keys(Bucket::Endpoints), [slice_put(&set).key]);
 }
+
+/// The lease of fleet `test` (the fixtures' fleet) at `epoch`.
+fn lease_put(epoch: u64) -> Entry {
+    let body = shoal_common::lease::LeaseBody {
+        holder: "ingester-1".into(),
+        epoch,
+        renewed_at_ms: 1_000,
+        ttl_ms: 10_000,
+    };
+    Entry {
+        key: keys::lease_key("test"),
+        value: Bytes::from(shoal_common::lease::encode("test", &body).unwrap()),
+        revision: 0,
+        op: Op::Put,
+    }
+}
+
+/// A service put stamped with `epoch` (the fixtures use epoch 1).
+fn service_put_at(svc: &Service, epoch: u64) -> Entry {
+    let key = keys::service_key(&svc.cluster, &svc.meta.namespace, &svc.meta.name);
+    let env = Envelope::new("test", epoch, 2_000, svc);
+    Entry {
+        key,
+        value: Bytes::from(env.encode().unwrap()),
+        revision: 0,
+        op: Op::Put,
+    }
+}
+
+#[test]
+fn live_writes_of_a_deposed_leader_are_fenced() {
+    let mut state = MeshState::default();
+    let svc = service("default", "reviews", &[("http", 9080)]);
+    // Replayed values are the latest per key: an older epoch is simply an unchanged key.
+    state.apply(Bucket::Meta, &lease_put(2)).unwrap();
+    state.apply(Bucket::Services, &service_put(&svc)).unwrap();
+    assert_eq!(state.fleets.epoch("test"), Some(2));
+
+    // Live: epoch 1 (and the lease-less epoch 0) are refused, the previous value stays.
+    let mut changed = svc.clone();
+    changed.ports[0].port = 1;
+    for epoch in [0, 1] {
+        let err = state
+            .apply_live(Bucket::Services, &service_put_at(&changed, epoch))
+            .unwrap_err();
+        assert!(
+            matches!(err, ApplyError::Fenced { epoch: e, fleet_epoch: 2, .. } if e == epoch),
+            "{err}"
+        );
+        assert!(err.to_string().contains("deposed"), "{err}");
+    }
+    assert_eq!(svc_of(&state, "default", "reviews").ports[0].port, 9080);
+
+    // The current epoch and a newer one (whose lease has not been read yet) apply.
+    let (change, _) = state
+        .apply_live(Bucket::Services, &service_put_at(&changed, 2))
+        .unwrap();
+    assert_eq!(change, Change::Service);
+    changed.ports[0].port = 2;
+    state
+        .apply_live(Bucket::Services, &service_put_at(&changed, 3))
+        .unwrap();
+    assert_eq!(svc_of(&state, "default", "reviews").ports[0].port, 2);
+
+    // Deleting the lease (the fleet has none any more) lifts fencing.
+    let lease_gone = delete(keys::lease_key("test"));
+    assert_eq!(
+        state.apply(Bucket::Meta, &lease_gone).unwrap(),
+        (Change::None, None)
+    );
+    assert!(state.keys(Bucket::Meta).is_empty());
+    state
+        .apply_live(Bucket::Services, &service_put_at(&svc, 0))
+        .unwrap();
+}
+
+#[test]
+fn fencing_covers_config_and_endpoints_and_bad_leases_are_errors() {
+    let mut state = MeshState::default();
+    state.apply(Bucket::Meta, &lease_put(5)).unwrap();
+    assert_eq!(state.keys(Bucket::Meta), vec![keys::lease_key("test")]);
+    let vs = vs_obj("default", "reviews", "reviews");
+    let err = state
+        .apply_live(Bucket::Config, &config_put(&vs))
+        .unwrap_err();
+    assert!(matches!(err, ApplyError::Fenced { .. }), "{err}");
+    assert!(state.config.is_empty());
+    let set = slice(
+        "default",
+        "reviews",
+        "reviews-1",
+        &[("http", 8080)],
+        vec![endpoint("10.0.0.1", &[])],
+    );
+    let err = state
+        .apply_live(Bucket::Endpoints, &slice_put(&set))
+        .unwrap_err();
+    assert!(matches!(err, ApplyError::Fenced { .. }), "{err}");
+
+    let mut bad = lease_put(9);
+    bad.value = Bytes::from_static(b"junk");
+    let err = state.apply(Bucket::Meta, &bad).unwrap_err();
+    assert!(matches!(err, ApplyError::Lease { .. }), "{err}");
+    assert_eq!(state.fleets.epoch("test"), Some(5), "the known epoch stays");
+}

@@ -90,6 +90,25 @@ impl Process {
         let _ = self.child.kill().await;
     }
 
+    /// Asks the process to stop (SIGTERM, as Kubernetes does) and waits up to `grace` for
+    /// it to exit; kills it (SIGKILL) if it has not by then. Returns whether it exited on
+    /// its own.
+    pub async fn terminate(&mut self, grace: std::time::Duration) -> bool {
+        let Some(pid) = self.child.id() else {
+            return true; // exited already
+        };
+        let sent = tokio::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await
+            .is_ok_and(|s| s.success());
+        if sent && tokio::time::timeout(grace, self.child.wait()).await.is_ok() {
+            return true;
+        }
+        self.kill().await;
+        false
+    }
+
     /// Everything the process has written so far.
     pub fn log(&self) -> String {
         std::fs::read(&self.log_path)

@@ -5,6 +5,11 @@
 //! published after a short debounce, through a [`Publisher`] that writes only changed
 //! values. The config cluster's task also runs the [`ConfigSide`].
 //!
+//! Only while this replica leads its fleet ([`Leadership`]): a standby applies every watch
+//! event to its store (its caches stay warm, and it counts as synced once they are) but
+//! computes and writes nothing. A new term publishes everything that differs from the
+//! bus, and while leading, another writer's change to an owned key brings a round forward.
+//!
 //! A new kubeconfig ([`ClusterHandle::rotate`]) starts a second connection with its own
 //! store; only when every one of its watches has synced does it replace the first one,
 //! which is then stopped. Both stores hold the same objects, so the swap writes nothing
@@ -61,23 +66,16 @@ pub struct ClusterContext {
 }
 
 impl ClusterContext {
-    /// Loads a publisher, retrying while the bus fails (a cluster must not give up).
-    pub async fn publisher(&self, ownership: Ownership) -> Publisher {
-        let mut delay = Duration::from_millis(500);
-        loop {
-            let load = Publisher::load_owning(self.bus.clone(), &self.fleet, 0, ownership.clone());
-            match load.await {
-                Ok(mut publisher) => {
-                    publisher.set_leadership(self.leadership.clone());
-                    return publisher;
-                }
-                Err(error) => {
-                    warn!(%error, ?ownership, "cannot read owned state from the bus; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(30));
-                }
-            }
-        }
+    /// A publisher of `ownership` under this ingester's leadership. It reads the bus when
+    /// it first leads (and at the start of every term); a failed read is retried by the
+    /// next round.
+    pub fn publisher(&self, ownership: Ownership) -> Publisher {
+        Publisher::new(
+            self.bus.clone(),
+            &self.fleet,
+            ownership,
+            self.leadership.clone(),
+        )
     }
 }
 
@@ -150,6 +148,8 @@ struct ClusterTask {
     id: String,
     ctx: ClusterContext,
     publisher: Publisher,
+    /// Followed for term changes: a new term publishes everything.
+    leadership: Leadership,
     status: StatusWriter,
     store: ClusterStore,
     active: Connection,
@@ -170,7 +170,8 @@ struct ClusterTask {
 impl ClusterTask {
     async fn start(ctx: ClusterContext, id: String, client: Client, config: bool) -> ClusterTask {
         ctx.metrics.cluster_state(&id, false);
-        let publisher = ctx.publisher(Ownership::cluster(id.as_str())).await;
+        let publisher = ctx.publisher(Ownership::cluster(id.as_str()));
+        let leadership = ctx.leadership.clone();
         let status =
             StatusWriter::load(ctx.bus.clone(), &ctx.fleet, &id, ctx.leadership.clone()).await;
         let (tx, rx) = mpsc::channel(CHANNEL);
@@ -187,6 +188,7 @@ impl ClusterTask {
             id,
             ctx,
             publisher,
+            leadership,
             status,
             pending: None,
             config,
@@ -227,6 +229,19 @@ impl ClusterTask {
                     Err(_) => selectors_open = false,
                 },
                 () = sleep_until(publish_at), if publish_at.is_some() => self.publish().await,
+                () = self.leadership.changed() => {
+                    if self.ctx.leadership.leads() {
+                        info!(cluster = %self.id, "leading: publishing what differs from the bus");
+                        self.dirty.add_all();
+                        if let Some(config) = &mut self.config {
+                            config.dirty.add_all();
+                        }
+                        self.schedule_soon();
+                    }
+                }
+                // Another writer changed an owned key: a full round puts it right.
+                () = self.publisher.bus_changed() => self.schedule_soon(),
+                () = config_bus_changed(&mut self.config) => self.schedule_soon(),
             }
         }
     }
@@ -388,8 +403,35 @@ impl ClusterTask {
         }
     }
 
+    /// Standby: the caches stay warm and the cluster counts as synced once they are, but
+    /// nothing is computed or written; a new term publishes everything.
+    fn stand_by(&mut self) {
+        self.observed_at_ms = None;
+        self.dirty = Dirty::default();
+        if self.store.synced() && !self.synced {
+            self.synced = true;
+            let services = self.store.services.values().count();
+            info!(cluster = %self.id, services, "cluster synced (standby: caches only)");
+            self.ctx.readiness.synced(&readiness_name(&self.id));
+            self.ctx.metrics.cluster_state(&self.id, true);
+        }
+        if let Some(config) = &mut self.config {
+            config.stand_by(&self.ctx, &self.store.namespaces);
+        }
+    }
+
+    /// Like [`ClusterTask::schedule`], but also brings forward a round waiting to retry.
+    fn schedule_soon(&mut self) {
+        self.observed_at_ms.get_or_insert_with(now_ms);
+        let soon = Instant::now() + DEBOUNCE;
+        self.publish_at = Some(self.publish_at.map_or(soon, |at| at.min(soon)));
+    }
+
     async fn publish(&mut self) {
         self.publish_at = None;
+        if !self.ctx.leadership.leads() {
+            return self.stand_by();
+        }
         let observed_at_ms = self.observed_at_ms.take().unwrap_or_else(now_ms);
         let selectors = self.ctx.selectors.borrow().clone();
         let retry = self.publisher.needs_retry();
@@ -443,7 +485,8 @@ impl ClusterTask {
         self.pending = None;
         self.active._watches.clear();
         self.config = None;
-        if delete_keys {
+        // A standby leaves the deletes to the leader (or to the sweep at the next term).
+        if delete_keys && self.ctx.leadership.leads() {
             for attempt in 1..=5 {
                 let report = self.publisher.publish(&DesiredState::new(), now_ms()).await;
                 self.ctx.metrics.published(&report);
@@ -458,6 +501,14 @@ impl ClusterTask {
         }
         self.ctx.metrics.cluster_removed(&self.id);
         self.ctx.readiness.forget(&readiness_name(&self.id));
+    }
+}
+
+/// [`Publisher::bus_changed`] of the config side, if any.
+async fn config_bus_changed(config: &mut Option<ConfigSide>) {
+    match config {
+        Some(config) => config.bus_changed().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -60,7 +60,7 @@ impl ConfigSide {
         client: Client,
         tx: mpsc::Sender<Tagged>,
     ) -> ConfigSide {
-        let publisher = ctx.publisher(Ownership::config()).await;
+        let publisher = ctx.publisher(Ownership::config());
         let sink = Sink {
             tx,
             generation: 0,
@@ -208,9 +208,32 @@ impl ConfigSide {
         );
     }
 
-    /// Whether the last round left bus failures to retry.
+    /// Whether the next round must publish everything (see [`Publisher::needs_retry`]).
     pub fn needs_retry(&self) -> bool {
         self.publisher.needs_retry()
+    }
+
+    /// Resolves when another writer changed an owned config key ([`Publisher::bus_changed`]).
+    pub async fn bus_changed(&mut self) {
+        self.publisher.bus_changed().await;
+    }
+
+    /// Standby: nothing is computed or written; the config counts as synced once the
+    /// CRDs, the Namespaces and every kind are listed.
+    pub fn stand_by(&mut self, ctx: &ClusterContext, namespaces: &KindStore<Labels>) {
+        self.dirty = Dirty::default();
+        if self.store.crds.synced() && namespaces.synced() {
+            self.mark_synced(ctx, "Istio config synced (standby: caches only)");
+        }
+    }
+
+    fn mark_synced(&mut self, ctx: &ClusterContext, message: &str) {
+        let all_synced = self.store.kinds.values().all(KindStore::synced);
+        if !self.synced && all_synced {
+            self.synced = true;
+            info!(cluster = %self.cluster, kinds = self.kinds.len(), "{message}");
+            ctx.readiness.synced(READINESS);
+        }
     }
 
     /// Publishes the dirty namespaces' config, once the CRDs and Namespaces are known.
@@ -243,11 +266,6 @@ impl ConfigSide {
                 .await;
             ctx.metrics.published(&report);
         }
-        let all_synced = self.store.kinds.values().all(KindStore::synced);
-        if !self.synced && all_synced {
-            self.synced = true;
-            info!(cluster = %self.cluster, kinds = self.kinds.len(), "Istio config synced");
-            ctx.readiness.synced(READINESS);
-        }
+        self.mark_synced(ctx, "Istio config synced");
     }
 }

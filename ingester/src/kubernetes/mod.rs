@@ -82,14 +82,17 @@ pub struct KubeSource {
 }
 
 impl KubeSource {
-    /// A source publishing to `bus`. Registers what readiness waits for: the config
-    /// cluster, the Istio config kinds (when watched) and the multicluster secrets.
+    /// A source publishing to `bus` while `leadership` says this replica leads (a standby
+    /// watches and keeps its caches, and counts as synced once they are). Registers what
+    /// readiness waits for: the config cluster, the Istio config kinds (when watched) and
+    /// the multicluster secrets.
     pub fn new(
         cfg: KubeSourceConfig,
         bus: Arc<dyn StateBus>,
         metrics: Metrics,
         readiness: Readiness,
         selectors: SelectorsRx,
+        leadership: Leadership,
     ) -> KubeSource {
         readiness.require(&readiness_name(&cfg.cluster_id));
         readiness.require(secrets::READINESS);
@@ -102,7 +105,7 @@ impl KubeSource {
             metrics,
             readiness,
             selectors,
-            leadership: Leadership::always(),
+            leadership,
         };
         KubeSource { cfg, ctx }
     }

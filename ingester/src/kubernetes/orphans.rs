@@ -4,7 +4,8 @@
 //! disappears while no ingester runs, nobody would: so once the secrets are first listed,
 //! every cluster ID on the bus that is neither the local cluster nor in a secret, and
 //! whose values this fleet wrote, is swept (keys and status). Values of other fleets are
-//! never touched.
+//! never touched. Only the leader sweeps: at the first listing of the secrets, and at the
+//! start of every term.
 
 use super::cluster::ClusterContext;
 use crate::publish::Ownership;
@@ -44,7 +45,11 @@ pub fn unmanaged<'a>(
 }
 
 /// Deletes the keys and status of clusters this fleet published that are not `managed`.
+/// Only the leader sweeps; a standby sweeps when it starts leading.
 pub async fn sweep(ctx: &ClusterContext, managed: &BTreeSet<String>) {
+    if !ctx.leadership.leads() {
+        return;
+    }
     let mut all = Vec::new();
     for bucket in [Bucket::Services, Bucket::Endpoints, Bucket::Meta] {
         match ctx.bus.keys(bucket).await {
@@ -67,7 +72,7 @@ pub async fn sweep(ctx: &ClusterContext, managed: &BTreeSet<String>) {
             continue;
         }
         info!(%cluster, "cluster is in no multicluster secret any more; deleting its keys");
-        let mut publisher = ctx.publisher(Ownership::cluster(cluster.as_str())).await;
+        let mut publisher = ctx.publisher(Ownership::cluster(cluster.as_str()));
         let report = publisher.publish(&DesiredState::new(), now_ms()).await;
         ctx.metrics.published(&report);
         StatusWriter::load(

@@ -205,7 +205,21 @@ impl SecretController {
 
     /// Runs until the process exits.
     pub async fn run(mut self) {
-        while let Some(Tagged { update, .. }) = self.rx.recv().await {
+        let mut leadership = self.ctx.leadership.clone();
+        loop {
+            let update = tokio::select! {
+                tagged = self.rx.recv() => match tagged {
+                    Some(Tagged { update, .. }) => update,
+                    None => return,
+                },
+                // A new term sweeps what was removed while another replica led (or none).
+                () = leadership.changed() => {
+                    if self.synced {
+                        self.sweep_orphans().await;
+                    }
+                    continue;
+                }
+            };
             let Update::Secret(change) = update else {
                 continue; // watch health: logged by the watch
             };
@@ -218,11 +232,15 @@ impl SecretController {
                 // Remote clusters known at startup are registered for readiness above.
                 self.synced = true;
                 self.ctx.readiness.synced(READINESS);
-                let mut managed: BTreeSet<String> = self.assigned.keys().cloned().collect();
-                managed.insert(self.local.clone());
-                orphans::sweep(&self.ctx, &managed).await;
+                self.sweep_orphans().await;
             }
         }
+    }
+
+    async fn sweep_orphans(&self) {
+        let mut managed: BTreeSet<String> = self.assigned.keys().cloned().collect();
+        managed.insert(self.local.clone());
+        orphans::sweep(&self.ctx, &managed).await;
     }
 
     async fn reconcile(&mut self) {

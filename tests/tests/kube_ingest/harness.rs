@@ -54,6 +54,10 @@ impl Ingester {
             .args(extra)
             // Never fall back to a service account when the tests run in a pod.
             .env_remove("KUBERNETES_SERVICE_HOST")
+            // Restarts here are kill -9 and the restarted process is another instance: it
+            // waits for the lease to expire. A short lease keeps that wait short (a
+            // `--lease-ttl` in `extra` wins).
+            .env("SHOAL_LEASE_TTL", "3s")
             .env("RUST_BACKTRACE", "1")
             .env("NO_COLOR", "1");
         if let Some(path) = kubeconfig {
@@ -95,6 +99,27 @@ impl Ingester {
         }
     }
 
+    /// Waits until this ingester leads its fleet (`shoal_ingester_leader 1`).
+    pub async fn wait_leader(&mut self) {
+        let admin = self.admin;
+        let result = shoal_tests::eventually::try_eventually(TIMEOUT, POLL, || async move {
+            match shoal_tests::http::get(admin, "/metrics").await {
+                Ok(r) if r.text().contains("\nshoal_ingester_leader 1") => Ok(()),
+                Ok(_) => Err("not leading".to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await;
+        if let Err(e) = result {
+            panic!("ingester not leading: {e}\n{}", self.process.log_tail());
+        }
+    }
+
+    /// Whether this ingester leads its fleet now, by its metrics.
+    pub async fn leads(&self) -> bool {
+        self.metrics().await.contains("\nshoal_ingester_leader 1")
+    }
+
     pub async fn metrics(&self) -> String {
         let r = shoal_tests::http::get(self.admin, "/metrics")
             .await
@@ -104,6 +129,16 @@ impl Ingester {
 
     pub async fn kill(&mut self) {
         self.process.kill().await;
+    }
+
+    /// Stops the ingester with SIGTERM and waits for it to exit.
+    pub async fn terminate(&mut self) {
+        let exited = self.process.terminate(Duration::from_secs(10)).await;
+        assert!(
+            exited,
+            "no exit within 10 s of SIGTERM\n{}",
+            self.process.log_tail()
+        );
     }
 }
 
@@ -192,6 +227,24 @@ impl BusRecorder {
         self.state(bucket).into_keys().collect()
     }
 
+    /// The keys of a bucket without the fleets' leases.
+    pub fn keys_but_leases(&self, bucket: Bucket) -> Vec<String> {
+        self.state(bucket)
+            .into_keys()
+            .filter(|k| !is_lease(k))
+            .collect()
+    }
+
+    /// The whole envelope of a key (body and stamps).
+    pub fn envelope<T: serde::de::DeserializeOwned>(
+        &self,
+        bucket: Bucket,
+        key: &str,
+    ) -> Option<Envelope<T>> {
+        let value = self.state(bucket).remove(key)?;
+        Some(Envelope::<T>::decode(&value).expect("bus value decodes"))
+    }
+
     pub fn decode<T: serde::de::DeserializeOwned>(&self, bucket: Bucket, key: &str) -> Option<T> {
         let value = self.state(bucket).remove(key)?;
         Some(
@@ -216,12 +269,20 @@ impl BusRecorder {
         .await
     }
 
-    /// Waits until nothing new arrived for `quiet`.
+    /// Waits until nothing new arrived for `quiet` (lease renewals do not count: they
+    /// never stop).
     pub async fn settle(&self, quiet: Duration) {
-        let mut last = self.mark();
+        let activity = || {
+            let events = self.events.lock().unwrap();
+            events
+                .iter()
+                .filter(|e| !(e.bucket == Bucket::Meta && is_lease(&e.key)))
+                .count()
+        };
+        let mut last = activity();
         loop {
             tokio::time::sleep(quiet).await;
-            let now = self.mark();
+            let now = activity();
             if now == last {
                 return;
             }
@@ -244,6 +305,11 @@ pub struct ClusterStatus {
     pub cluster: String,
     pub synced: bool,
     pub last_error: Option<String>,
+}
+
+/// Whether a `shoal-meta` key is a fleet's lease.
+pub fn is_lease(key: &str) -> bool {
+    key.starts_with("lease.")
 }
 
 pub fn describe(events: &[Recorded]) -> String {

@@ -9,6 +9,7 @@ pub mod envelope;
 pub mod keys;
 pub mod lease;
 pub mod logging;
+pub mod metrics;
 pub mod model;
 
 pub use bus::{

@@ -1,9 +1,7 @@
 //! Prometheus metrics of the ingester (`shoal_ingester_*`), served on `/metrics`.
 
 use crate::publish::PublishReport;
-use prometheus::{
-    opts, Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry, TextEncoder,
-};
+use prometheus::{opts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -114,9 +112,7 @@ impl Metrics {
             Box::new(m.lease_epoch.clone()),
             Box::new(m.lease_transitions.clone()),
         ];
-        for c in collectors {
-            m.registry.register(c).expect("metric registered once");
-        }
+        shoal_common::metrics::register_all(&m.registry, collectors);
         for state in ["synced", "syncing"] {
             m.clusters.with_label_values(&[state]).set(0);
         }
@@ -183,10 +179,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        // Encoding into a Vec cannot fail for well-formed metrics.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8(buf).unwrap_or_default()
+        shoal_common::metrics::render(&self.registry)
     }
 }
 

@@ -2,8 +2,8 @@
 //! the Istio `pilot_*` metric it corresponds to.
 
 use prometheus::{
-    histogram_opts, opts, Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Registry, TextEncoder,
+    histogram_opts, opts, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Registry,
 };
 
 /// The server's metrics, registered in their own registry.
@@ -172,9 +172,7 @@ impl Metrics {
             Box::new(m.cache_entries.clone()),
             Box::new(m.cache_bytes.clone()),
         ];
-        for c in collectors {
-            m.registry.register(c).expect("metric registered once");
-        }
+        shoal_common::metrics::register_all(&m.registry, collectors);
         // Create the series of every known label value, so each documented metric shows
         // (at 0) from the first scrape: dashboards and alerts need no "absent" special case.
         for ty in ["cds", "eds", "lds", "rds"] {
@@ -203,10 +201,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
-        let mut buf = Vec::new();
-        // Encoding into a Vec cannot fail for well-formed metrics.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
-        String::from_utf8(buf).unwrap_or_default()
+        shoal_common::metrics::render(&self.registry)
     }
 }
 

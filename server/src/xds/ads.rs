@@ -150,9 +150,10 @@ pub(crate) struct DriveContext {
 /// closed. Pushes regenerate only the types a change affects, at most `push_limit` streams
 /// at a time; a stream never queues more than one pending push (the watch channel keeps
 /// only the newest snapshot).
-pub(crate) async fn drive<Req, H>(mut handler: H, mut requests: Streaming<Req>, ctx: DriveContext)
+pub(crate) async fn drive<Req, H, S>(mut handler: H, mut requests: S, ctx: DriveContext)
 where
     H: StreamHandler<Req>,
+    S: futures::Stream<Item = Result<Req, Status>> + Unpin,
 {
     let DriveContext {
         mut snapshots,
@@ -259,4 +260,122 @@ pub(crate) trait StreamHandler<Req>: Send {
     ) -> Result<(), Status>;
     /// Ends the stream with an error status.
     async fn fail(&mut self, status: Status);
+}
+
+#[cfg(test)]
+mod merge_tests {
+    //! A stream busy with a push never queues more: snapshots published meanwhile merge into
+    //! one push of the newest.
+    use super::*;
+    use crate::generate::Snapshot;
+    use crate::pipeline::ChangeSet;
+    use shoal_proto::XdsType;
+    use std::sync::Mutex;
+    use tokio::sync::Notify;
+
+    struct Recorder {
+        session: Session,
+        pushed: Arc<Mutex<Vec<(u64, XdsType)>>>,
+        gate: Arc<Notify>,
+    }
+
+    #[tonic::async_trait]
+    impl StreamHandler<()> for Recorder {
+        fn session(&self) -> &Session {
+            &self.session
+        }
+        fn session_mut(&mut self) -> &mut Session {
+            &mut self.session
+        }
+        async fn on_request(&mut self, _req: (), _snap: &Arc<Snapshot>) -> Result<(), Status> {
+            Ok(())
+        }
+        fn watched_types(&self) -> Vec<XdsType> {
+            vec![XdsType::Cluster]
+        }
+        async fn push(
+            &mut self,
+            ty: XdsType,
+            snap: &Arc<Snapshot>,
+            _obs: Option<u64>,
+        ) -> Result<(), Status> {
+            self.pushed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((snap.number, ty));
+            // Stay busy until the test lets this push finish.
+            self.gate.notified().await;
+            Ok(())
+        }
+        async fn fail(&mut self, _status: Status) {}
+    }
+
+    fn published(number: u64) -> Option<Published> {
+        Some(Published {
+            snapshot: Arc::new(Snapshot {
+                ctx: Default::default(),
+                endpoints: Default::default(),
+                number,
+            }),
+            observed_at_ms: None,
+            changes: Arc::new(ChangeSet {
+                full: true,
+                ..Default::default()
+            }),
+            published_at_ms: 0,
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn snapshots_published_during_a_push_merge_into_one() {
+        let metrics = Metrics::new();
+        let cache = GeneratorCache::new(1 << 20, false, metrics.clone());
+        let mut session = Session::new("t".into(), Mode::Sotw, Registry::default(), metrics, cache);
+        let node =
+            crate::proxy::tests::node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", "ns", &[]);
+        session.identify(Some(&node)).expect("valid node");
+        let pushed = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(Notify::new());
+        let handler = Recorder {
+            session,
+            pushed: pushed.clone(),
+            gate: gate.clone(),
+        };
+        let (tx, rx) = watch::channel(published(1));
+        let ctx = DriveContext {
+            snapshots: rx,
+            close: None,
+            push_limit: Arc::new(Semaphore::new(10)),
+        };
+        let task = tokio::spawn(drive(
+            handler,
+            futures::stream::pending::<Result<(), Status>>(),
+            ctx,
+        ));
+        let pushes = || pushed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // Let the stream start on snapshot 1.
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+
+        tx.send(published(2)).expect("stream alive");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        assert_eq!(
+            pushes(),
+            vec![(2, XdsType::Cluster)],
+            "snapshot 2 is being pushed"
+        );
+        // Busy: three more snapshots arrive.
+        for n in 3..=5 {
+            tx.send(published(n)).expect("stream alive");
+        }
+        gate.notify_one();
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        gate.notify_one();
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        assert_eq!(
+            pushes(),
+            vec![(2, XdsType::Cluster), (5, XdsType::Cluster)],
+            "3 and 4 merged into the push of 5"
+        );
+        task.abort();
+    }
 }

@@ -28,7 +28,7 @@ use shoal_proto::XdsType;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -119,6 +119,8 @@ pub enum Event {
 pub struct ProxyCounters {
     /// Streams started so far.
     pub streams: AtomicU32,
+    /// Index (in the fleet's server list) of the server of the latest stream.
+    pub server: AtomicUsize,
     /// Resources held when the latest reconnection started.
     pub held_at_reconnect: AtomicU64,
     /// Resources received on reconnected streams (stream ≥ 1).
@@ -219,8 +221,7 @@ impl ProxyIdentity {
     /// Proxy `index` in namespace `namespace`.
     pub fn new(index: usize, namespace: &str) -> ProxyIdentity {
         let ip = format!("10.1.{}.{}", index / 250, index % 250 + 1);
-        let node_id =
-            format!("sidecar~{ip}~pod-{index}.{namespace}~{namespace}.svc.cluster.local");
+        let node_id = format!("sidecar~{ip}~pod-{index}.{namespace}~{namespace}.svc.cluster.local");
         ProxyIdentity {
             index,
             namespace: namespace.to_string(),
@@ -336,9 +337,11 @@ pub async fn run_proxy(fleet: Arc<Fleet>, id: ProxyIdentity) {
         let result = match channel {
             Ok(channel) => {
                 backoff = Duration::from_millis(50);
-                let stream = fleet.counters[id.index]
-                    .streams
-                    .fetch_add(1, Ordering::Relaxed);
+                let counters = &fleet.counters[id.index];
+                counters
+                    .server
+                    .store(server % fleet.servers.len(), Ordering::Relaxed);
+                let stream = counters.streams.fetch_add(1, Ordering::Relaxed);
                 let mut proxy = Proxy {
                     fleet: &fleet,
                     id: &id,
@@ -434,7 +437,13 @@ impl Proxy<'_> {
             let fleet = self.fleet;
             let c = &fleet.counters[self.id.index];
             c.received_after_reconnect.fetch_add(1, Ordering::Relaxed);
-            if self.state.ty(ty).held.get(name).is_some_and(|v| &**v == version) {
+            if self
+                .state
+                .ty(ty)
+                .held
+                .get(name)
+                .is_some_and(|v| &**v == version)
+            {
                 c.resent.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -504,7 +513,10 @@ impl Proxy<'_> {
                 }
                 let c = Cluster::decode(body).map_err(|e| format!("bad Cluster: {e}"))?;
                 // DiscoveryType::Eds = 3.
-                let eds = matches!(c.cluster_discovery_type, Some(ClusterDiscoveryType::Type(3)));
+                let eds = matches!(
+                    c.cluster_discovery_type,
+                    Some(ClusterDiscoveryType::Type(3))
+                );
                 let name = eds.then(|| {
                     let service = c
                         .eds_cluster_config
@@ -758,7 +770,11 @@ impl Proxy<'_> {
         };
         let mut items = Vec::with_capacity(resp.resources.len());
         for r in &resp.resources {
-            let body: &[u8] = r.resource.as_ref().map(|a| a.value.as_slice()).unwrap_or(&[]);
+            let body: &[u8] = r
+                .resource
+                .as_ref()
+                .map(|a| a.value.as_slice())
+                .unwrap_or(&[]);
             let name = self.fleet.interner.get(&r.name);
             let version = self.fleet.interner.get(&r.version);
             self.on_resource(ty, &name, &version, body, at_us);

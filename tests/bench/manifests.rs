@@ -428,7 +428,10 @@ mod tests {
         let ips: Vec<String> = (0..600).map(added_endpoint_ip).collect();
         for (i, a) in ips.iter().enumerate() {
             for b in &ips[i + 1..] {
-                assert!(!b.contains(a.as_str()) && !a.contains(b.as_str()), "{a} {b}");
+                assert!(
+                    !b.contains(a.as_str()) && !a.contains(b.as_str()),
+                    "{a} {b}"
+                );
             }
         }
         assert!(!pod_ip(12345).starts_with("10.250."));

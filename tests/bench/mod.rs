@@ -27,7 +27,8 @@ use futures::StreamExt;
 use manifests::{BenchMesh, MeshShape};
 use procs::{Binaries, Ingester, Nats, Server};
 use report::{
-    ChangeReport, ChangeSample, Dist, Initial, Machine, Memory, ReplicaMove, Report, Scenario,
+    CacheUse, ChangeReport, ChangeSample, Dist, Initial, Machine, Memory, ReplicaMove, Report,
+    Scenario,
 };
 use shoal_common::bus::nats::{NatsBus, NatsOptions};
 use shoal_common::bus::{Bucket, StateBus, WatchEvent};
@@ -113,10 +114,7 @@ impl Default for BenchConfig {
 /// Runs the benchmark; every process it started is gone when this returns.
 pub async fn run(cfg: &BenchConfig) -> anyhow::Result<Report> {
     anyhow::ensure!(cfg.proxies > 0, "--proxies must be at least 1");
-    anyhow::ensure!(
-        (1..=2).contains(&cfg.replicas),
-        "--replicas must be 1 or 2"
-    );
+    anyhow::ensure!((1..=2).contains(&cfg.replicas), "--replicas must be 1 or 2");
     match tokio::time::timeout(cfg.timeout, Bench::run(cfg)).await {
         Ok(result) => result,
         Err(_) => bail!(
@@ -188,6 +186,7 @@ impl Bench<'_> {
             },
         )?;
         let bench_cpu0 = procs::proc_cpu(std::process::id())?;
+        let machine = Machine::detect();
 
         let mut nats = Nats::start().await?;
         let ingest_start = Instant::now();
@@ -277,7 +276,7 @@ impl Bench<'_> {
             "mesh published in {ingest_s:.1} s; {} replica(s) ready; connecting {} {} proxies",
             cfg.replicas, cfg.proxies, cfg.mode
         ));
-        let result = bench.measure(scenario, ingest_s, bench_cpu0).await;
+        let result = bench.measure(scenario, machine, ingest_s, bench_cpu0).await;
         bench.stop().await;
         result
     }
@@ -286,18 +285,20 @@ impl Bench<'_> {
     async fn measure(
         &mut self,
         scenario: Scenario,
+        machine: Machine,
         ingest_s: f64,
         bench_cpu0: Duration,
     ) -> anyhow::Result<Report> {
         // Idle: state loaded, no proxy.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let idle_rss_kib = self.servers[0].rss_kib()?;
-        let (initial, loaded_rss_kib) = self.connect_all().await?;
+        let (initial, loaded_rss_kib, connected) = self.connect_all().await?;
         let memory = Memory {
             idle_rss_kib,
             loaded_rss_kib,
+            connected,
             per_proxy_kib: loaded_rss_kib.saturating_sub(idle_rss_kib) as f64
-                / self.cfg.proxies as f64,
+                / connected.max(1) as f64,
         };
         self.progress(format!(
             "all {} proxies configured in {:.2} s (per proxy p99 {:.0} ms); server RSS {:.1} → {:.1} MiB ({:.1} KiB/proxy)",
@@ -350,7 +351,7 @@ impl Bench<'_> {
         }
         Ok(Report {
             scenario,
-            machine: Machine::detect(),
+            machine,
             ingest_s,
             initial,
             memory,
@@ -369,8 +370,7 @@ impl Bench<'_> {
     async fn stop(&mut self) {
         let _ = self.shutdown.send(true);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while let Ok(Some(_)) = tokio::time::timeout_at(deadline, self.proxies.join_next()).await {
-        }
+        while let Ok(Some(_)) = tokio::time::timeout_at(deadline, self.proxies.join_next()).await {}
         self.proxies.abort_all();
         self.bus_watch.abort_all();
     }
@@ -440,15 +440,16 @@ impl Bench<'_> {
     }
 
     /// Connects every proxy and waits until all are configured. Returns the phase's
-    /// measurements and the server's RSS afterwards.
-    async fn connect_all(&mut self) -> anyhow::Result<(Initial, u64)> {
+    /// measurements, the server's RSS afterwards and how many proxies it had then.
+    async fn connect_all(&mut self) -> anyhow::Result<(Initial, u64, usize)> {
         let server = &self.servers[0];
         let cpu0 = server.cpu()?;
         let m0 = server.metrics().await?;
         let start = Instant::now();
         for i in 0..self.cfg.proxies {
             let id = ProxyIdentity::new(i, &manifests::namespace_name(self.proxy_ns[i]));
-            self.proxies.spawn(client::run_proxy(self.fleet.clone(), id));
+            self.proxies
+                .spawn(client::run_proxy(self.fleet.clone(), id));
         }
         let deadline = start + self.cfg.phase_timeout;
         let mut elapsed: Vec<Option<f64>> = vec![None; self.cfg.proxies];
@@ -505,8 +506,16 @@ impl Bench<'_> {
         let m1 = server.metrics().await?;
         let samples: Vec<f64> = elapsed.into_iter().flatten().collect();
         let n = self.cfg.proxies as f64;
+        let on_first_replica = self
+            .fleet
+            .counters()
+            .iter()
+            .filter(|c| c.server.load(Ordering::Relaxed) == 0)
+            .count();
+        let connected = m1.get(CONNECTIONS) as usize;
         Ok((
             Initial {
+                on_first_replica,
                 all_configured_s,
                 per_proxy_ms: Dist::of(&samples),
                 mismatched,
@@ -515,25 +524,34 @@ impl Bench<'_> {
                 endpoints_per_proxy: endpoints as f64 / n,
                 server_cpu_s: (server.cpu()? - cpu0).as_secs_f64(),
                 server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
+                cache: cache_use(&m0, &m1),
             },
             rss,
+            connected,
         ))
     }
 
-    /// Waits until server `i` has sent nothing for a while (bounded).
+    /// Waits until server `i` is quiet — no response sent and under 10 % of a CPU used for
+    /// 500 ms — so that a phase's CPU and bytes include all its work (bounded).
     async fn settle(&self, i: usize) -> anyhow::Result<()> {
+        const QUIET: Duration = Duration::from_millis(500);
         let server = &self.servers[i];
         let deadline = Instant::now() + self.cfg.phase_timeout;
-        let mut last = server.metrics().await?.get(PUSHES);
+        let mut last = (server.metrics().await?.get(PUSHES), server.cpu()?);
         let mut quiet_since = Instant::now();
         while Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            let now = server.metrics().await?.get(PUSHES);
-            if now != last {
-                last = now;
+            let pushes = server.metrics().await?.get(PUSHES);
+            if pushes != last.0 {
+                last = (pushes, server.cpu()?);
                 quiet_since = Instant::now();
-            } else if quiet_since.elapsed() >= Duration::from_millis(500) {
-                return Ok(());
+            } else if quiet_since.elapsed() >= QUIET {
+                let cpu = server.cpu()?;
+                if cpu.saturating_sub(last.1) < QUIET / 10 {
+                    return Ok(());
+                }
+                last.1 = cpu;
+                quiet_since = Instant::now();
             }
         }
         Ok(())
@@ -551,25 +569,29 @@ impl Bench<'_> {
         let ns_name = manifests::namespace_name(ns);
         let service = format!("svc-{index}");
         let resource = manifests::cluster_name(&manifests::service_host(ns, index));
-        let affected =
-            self.affected_in_namespace(self.cfg.sidecar_isolation.then_some(ns));
+        let affected = self.affected_in_namespace(self.cfg.sidecar_isolation.then_some(ns));
         let marker = manifests::added_endpoint_ip(k);
         let key_matches = move |w: &BusWrite| {
             w.bucket == Bucket::Endpoints
                 && shoal_common::keys::parse_endpoints_key(&w.key)
                     .is_ok_and(|(_, n, s, _)| n == ns_name && s == service)
         };
-        self.change(k, XdsType::Endpoint, resource, marker, affected, key_matches, |mesh| {
-            mesh.add_endpoint(ns, index, k)
-        })
+        self.change(
+            k,
+            XdsType::Endpoint,
+            resource,
+            marker,
+            affected,
+            key_matches,
+            |mesh| mesh.add_endpoint(ns, index, k),
+        )
         .await
     }
 
     async fn vs_change(&mut self, k: usize) -> anyhow::Result<(ChangeSample, Vec<f64>)> {
         let mesh_wide = self.cfg.vs_change == VsChange::Mesh;
-        let affected = self.affected_in_namespace(
-            (!mesh_wide && self.cfg.sidecar_isolation).then_some(0),
-        );
+        let affected =
+            self.affected_in_namespace((!mesh_wide && self.cfg.sidecar_isolation).then_some(0));
         let (ns, name) = if mesh_wide {
             (manifests::SYSTEM_NS.to_string(), manifests::SHARED_VS)
         } else {
@@ -678,6 +700,7 @@ impl Bench<'_> {
             server_cpu_s: (server.cpu()? - cpu0).as_secs_f64(),
             server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
             server_pushes: m1.get(PUSHES) - m0.get(PUSHES),
+            cache: cache_use(&m0, &m1),
         };
         Ok((sample, latencies))
     }
@@ -691,6 +714,12 @@ impl Bench<'_> {
             .iter()
             .map(|c| c.streams.load(Ordering::Relaxed))
             .collect();
+        // Proxies that gave up on A earlier are on B already: they do not move.
+        let on_a: Vec<bool> = counters
+            .iter()
+            .map(|c| c.server.load(Ordering::Relaxed) == 0)
+            .collect();
+        let expected = on_a.iter().filter(|a| **a).count();
         for c in counters {
             c.resent.store(0, Ordering::Relaxed);
             c.received_after_reconnect.store(0, Ordering::Relaxed);
@@ -706,13 +735,13 @@ impl Bench<'_> {
         let mut moved = vec![false; self.cfg.proxies];
         let mut done = 0;
         let mut last = start;
-        while done < self.cfg.proxies {
+        while done < expected {
             let Some(event) = self.next_event(deadline, true).await? else {
                 break;
             };
             match event {
                 Event::Configured { proxy, stream, .. }
-                    if stream >= streams_before[proxy] && !moved[proxy] =>
+                    if on_a[proxy] && stream >= streams_before[proxy] && !moved[proxy] =>
                 {
                     moved[proxy] = true;
                     done += 1;
@@ -725,13 +754,15 @@ impl Bench<'_> {
         }
         // Every proxy's old stream broke: those errors are the move, not failures.
         let move_errors = self.stream_errors - errors_before;
-        self.stream_errors -= move_errors.min(self.cfg.proxies);
+        self.stream_errors -= move_errors.min(expected);
         self.settle(1).await?;
         let b = &self.servers[1];
         let m1 = b.metrics().await?;
         let counters = self.fleet.counters();
         let sum = |f: fn(&client::ProxyCounters) -> u64| counters.iter().map(f).sum::<u64>();
         Ok(ReplicaMove {
+            expected,
+            already_on_b: self.cfg.proxies - expected,
             reconfigured: done,
             all_reconfigured_s: (last - start).as_secs_f64(),
             held: sum(|c| c.held_at_reconnect.load(Ordering::Relaxed)),
@@ -741,14 +772,23 @@ impl Bench<'_> {
             server_resources_sent: m1.get(RESOURCES_SENT) - m0.get(RESOURCES_SENT),
             server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
             server_cpu_s: (b.cpu()? - cpu0).as_secs_f64(),
+            cache: cache_use(&m0, &m1),
         })
     }
 }
 
+const CONNECTIONS: &str = "shoal_xds_connections";
 const PUSH_BYTES: &str = "shoal_xds_push_bytes_total";
 const PUSHES: &str = "shoal_xds_pushes_total";
 const RESUMED: &str = "shoal_xds_resources_resumed_total";
 const RESOURCES_SENT: &str = "shoal_xds_resources_sent_total";
+
+fn cache_use(before: &procs::Metrics, after: &procs::Metrics) -> CacheUse {
+    CacheUse {
+        hits: after.get("shoal_cache_hits_total") - before.get("shoal_cache_hits_total"),
+        misses: after.get("shoal_cache_misses_total") - before.get("shoal_cache_misses_total"),
+    }
+}
 
 async fn connect_bus(url: &str) -> anyhow::Result<Arc<NatsBus>> {
     let bus = NatsBus::connect(&NatsOptions::new(url))
@@ -807,7 +847,9 @@ async fn watch_bucket(
     let mut stream = match bus.watch(bucket).await {
         Ok(s) => s,
         Err(e) => {
-            let _ = ready.send(Err(anyhow::Error::new(e).context(format!("watching {bucket}"))));
+            let _ = ready.send(Err(
+                anyhow::Error::new(e).context(format!("watching {bucket}"))
+            ));
             return;
         }
     };
@@ -832,7 +874,9 @@ async fn watch_bucket(
             Ok(WatchEvent::Entry(_)) => {}
             Err(e) => {
                 if !live {
-                    let _ = ready.send(Err(anyhow::Error::new(e).context(format!("watching {bucket}"))));
+                    let _ = ready.send(Err(
+                        anyhow::Error::new(e).context(format!("watching {bucket}"))
+                    ));
                 }
                 return;
             }

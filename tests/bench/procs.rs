@@ -137,7 +137,9 @@ impl Nats {
 
 fn shoal_command(binary: &Path, args: &[String]) -> Command {
     let mut cmd = Command::new(binary);
-    cmd.args(args).env("RUST_BACKTRACE", "1").env("NO_COLOR", "1");
+    cmd.args(args)
+        .env("RUST_BACKTRACE", "1")
+        .env("NO_COLOR", "1");
     cmd
 }
 
@@ -147,13 +149,16 @@ pub struct Ingester {
 }
 
 impl Ingester {
-    /// Starts `shoal-ingester --nats-url URL --source file:DIR`.
+    /// Starts `shoal-ingester --nats-url URL --source file:DIR --admin-addr <free>`.
     pub fn start(bins: &Binaries, nats_url: &str, dir: &Path) -> anyhow::Result<Ingester> {
         let args = vec![
             "--nats-url".to_string(),
             nats_url.to_string(),
             "--source".to_string(),
             format!("file:{}", dir.display()),
+            // Its own port: the default (15014) would collide with anything else running.
+            "--admin-addr".to_string(),
+            free_addr().to_string(),
         ];
         let process = Process::try_spawn(
             "shoal-ingester",

@@ -52,6 +52,9 @@ pub struct Machine {
     pub cpu_model: String,
     /// MemTotal, GiB.
     pub memory_gib: f64,
+    /// 1-minute load average when the benchmark started (other work on a shared machine
+    /// skews the results).
+    pub load_at_start: f64,
 }
 
 impl Machine {
@@ -79,8 +82,17 @@ impl Machine {
             cpus,
             cpu_model,
             memory_gib,
+            load_at_start: load_average(),
         }
     }
+}
+
+/// The 1-minute load average (0 when unknown).
+pub fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0)
 }
 
 /// The benchmark's parameters, as run.
@@ -130,6 +142,11 @@ pub struct Initial {
     pub server_cpu_s: f64,
     /// Resource bytes the server sent during the connection phase.
     pub server_bytes: f64,
+    /// Generator cache hits and misses during the phase (0 when the server has no cache).
+    pub cache: CacheUse,
+    /// Proxies connected to the first replica at the end of the phase (the others gave up
+    /// on it — a connection timeout or a broken stream — and moved to the second).
+    pub on_first_replica: usize,
 }
 
 /// Server memory.
@@ -139,7 +156,10 @@ pub struct Memory {
     pub idle_rss_kib: u64,
     /// RSS with every proxy connected and configured, KiB.
     pub loaded_rss_kib: u64,
-    /// (loaded − idle) / proxies, KiB.
+    /// Proxies connected to the server when the loaded RSS was read
+    /// (`shoal_xds_connections`).
+    pub connected: usize,
+    /// (loaded − idle) / connected, KiB.
     pub per_proxy_kib: f64,
 }
 
@@ -166,6 +186,8 @@ pub struct ChangeSample {
     pub server_bytes: f64,
     /// xDS responses the server sent for this change.
     pub server_pushes: f64,
+    /// Generator cache use for this change.
+    pub cache: CacheUse,
 }
 
 /// All changes of one kind.
@@ -183,6 +205,8 @@ pub struct ChangeReport {
     pub server_cpu_s: f64,
     /// Mean bytes sent per change.
     pub server_bytes: f64,
+    /// Mean generator cache use per change.
+    pub cache: CacheUse,
 }
 
 impl ChangeReport {
@@ -201,6 +225,10 @@ impl ChangeReport {
             missing: samples.iter().map(|s| s.affected - s.observed).sum(),
             server_cpu_s: samples.iter().map(|s| s.server_cpu_s).sum::<f64>() / n,
             server_bytes: samples.iter().map(|s| s.server_bytes).sum::<f64>() / n,
+            cache: CacheUse {
+                hits: samples.iter().map(|s| s.cache.hits).sum::<f64>() / n,
+                misses: samples.iter().map(|s| s.cache.misses).sum::<f64>() / n,
+            },
             samples,
         }
     }
@@ -209,7 +237,11 @@ impl ChangeReport {
 /// All proxies moving from replica A to replica B.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReplicaMove {
-    /// Proxies that reconnected to B and were fully configured again.
+    /// Proxies connected to A when it was killed: they must move.
+    pub expected: usize,
+    /// Proxies already on B before the move (they had given up on A earlier).
+    pub already_on_b: usize,
+    /// Of the expected, proxies that reconnected to B and were fully configured again.
     pub reconfigured: usize,
     /// From killing A until the last proxy was configured by B, seconds.
     pub all_reconfigured_s: f64,
@@ -227,6 +259,33 @@ pub struct ReplicaMove {
     pub server_bytes: f64,
     /// B's CPU during the move, seconds.
     pub server_cpu_s: f64,
+    /// B's generator cache use during the move.
+    pub cache: CacheUse,
+}
+
+/// Generator cache hits and misses (`shoal_cache_hits_total`, `shoal_cache_misses_total`).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct CacheUse {
+    /// Resources served from the cache.
+    pub hits: f64,
+    /// Resources built.
+    pub misses: f64,
+}
+
+impl std::fmt::Display for CacheUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total = self.hits + self.misses;
+        if total == 0.0 {
+            return f.write_str("cache unused");
+        }
+        write!(
+            f,
+            "cache {:.0} hits / {:.0} built ({:.0} % hits)",
+            self.hits,
+            self.misses,
+            100.0 * self.hits / total
+        )
+    }
 }
 
 /// Everything measured in one run.
@@ -324,10 +383,11 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "machine: {} CPUs, {}, {:.0} GiB; binaries: {}{}",
+            "machine: {} CPUs, {}, {:.0} GiB, load {:.2} at start; binaries: {}{}",
             self.machine.cpus,
             self.machine.cpu_model,
             self.machine.memory_gib,
+            self.machine.load_at_start,
             s.binaries,
             if s.debug_build {
                 " (DEBUG BUILD: not representative)"
@@ -338,14 +398,14 @@ impl Report {
         let _ = writeln!(o);
         let _ = writeln!(
             o,
-            "{:<44} {:>10} {:>10} {:>10}   target",
+            "{:<50} {:>10} {:>10} {:>10}   target",
             "measure", "p50", "p99", "max"
         );
         let _ = writeln!(o, "{}", "-".repeat(100));
         let i = &self.initial;
         let _ = writeln!(
             o,
-            "{:<44} {:>10} {:>10} {:>10}",
+            "{:<50} {:>10} {:>10} {:>10}",
             "initial config, per proxy (connect→all ACKed)",
             ms(i.per_proxy_ms.p50),
             ms(i.per_proxy_ms.p99),
@@ -353,22 +413,32 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "{:<44} {:>10} {:>10} {:>10}   ≤ {} s: {}",
+            "{:<50} {:>10} {:>10} {:>10}   ≤ {} s: {}",
             "every proxy configured (wall)",
             "",
             "",
             format!("{:.2} s", i.all_configured_s),
             Targets::ALL_CONFIGURED_S,
-            verdict(i.per_proxy_ms.n == s.proxies && i.all_configured_s <= Targets::ALL_CONFIGURED_S)
+            verdict(
+                i.per_proxy_ms.n == s.proxies && i.all_configured_s <= Targets::ALL_CONFIGURED_S
+            )
         );
         for (label, c, target) in [
-            ("endpoint change, observed_at→proxy", &self.endpoint_change, Targets::ENDPOINT_P99_MS),
-            ("VirtualService change, observed_at→proxy", &self.vs_change, Targets::VS_P99_MS),
+            (
+                "endpoint change, observed_at→proxy",
+                &self.endpoint_change,
+                Targets::ENDPOINT_P99_MS,
+            ),
+            (
+                "VirtualService change, observed_at→proxy",
+                &self.vs_change,
+                Targets::VS_P99_MS,
+            ),
         ] {
             let affected = c.samples.first().map_or(0, |x| x.affected);
             let _ = writeln!(
                 o,
-                "{:<44} {:>10} {:>10} {:>10}   p99 ≤ {}: {}",
+                "{:<50} {:>10} {:>10} {:>10}   p99 ≤ {}: {}",
                 format!("{label} ({} x {affected})", c.samples.len()),
                 ms(c.latency_ms.p50),
                 ms(c.latency_ms.p99),
@@ -378,7 +448,7 @@ impl Report {
             );
             let _ = writeln!(
                 o,
-                "{:<44} {:>10} {:>10} {:>10}",
+                "{:<50} {:>10} {:>10} {:>10}",
                 "  per change, until all affected had it",
                 ms(c.all_converged_ms.p50),
                 ms(c.all_converged_ms.p99),
@@ -386,10 +456,11 @@ impl Report {
             );
             let _ = writeln!(
                 o,
-                "{:<44} server CPU {:.3} s, sent {}{}",
+                "{:<50} server CPU {:.3} s, sent {}, {}{}",
                 "  per change",
                 c.server_cpu_s,
                 bytes(c.server_bytes),
+                c.cache,
                 if c.missing > 0 {
                     format!(", {} affected proxies NEVER received it", c.missing)
                 } else {
@@ -400,7 +471,7 @@ impl Report {
         let m = &self.memory;
         let _ = writeln!(
             o,
-            "{:<44} {:>10} {:>10} {:>10}   ≤ 146 KiB (150 KB): {}",
+            "{:<50} {:>10} {:>10} {:>10}   ≤ 146 KiB (150 KB): {}",
             "server RSS per proxy above idle",
             "",
             "",
@@ -409,47 +480,59 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "{:<44} idle {:.1} MiB, with proxies {:.1} MiB",
+            "{:<50} idle {:.1} MiB, with {} proxies {:.1} MiB",
             "  server RSS",
             m.idle_rss_kib as f64 / 1024.0,
+            m.connected,
             m.loaded_rss_kib as f64 / 1024.0
         );
         let _ = writeln!(
             o,
-            "{:<44} server CPU {:.2} s, sent {}; {:.0} clusters and {:.0} EDS assignments per proxy",
+            "{:<50} server CPU {:.2} s, sent {}, {}; {:.0} clusters and {:.0} EDS assignments per proxy",
             "  initial connection phase",
             i.server_cpu_s,
             bytes(i.server_bytes),
+            i.cache,
             i.clusters_per_proxy,
             i.endpoints_per_proxy
         );
+        if i.on_first_replica != s.proxies && s.replicas > 1 {
+            let _ = writeln!(
+                o,
+                "{:<50} only {} of {} proxies stayed on replica A; the others moved to B during the connection phase",
+                "  NOTE",
+                i.on_first_replica,
+                s.proxies
+            );
+        }
         if let Some(mv) = &self.replica_move {
             let target = if s.mode == "delta" {
-                format!("0 resent: {}", verdict(mv.resent == 0 && mv.reconfigured == s.proxies))
+                format!(
+                    "0 resent: {}",
+                    verdict(mv.resent == 0 && mv.expected > 0 && mv.reconfigured == mv.expected)
+                )
             } else {
                 "(SotW resends everything; for contrast)".to_string()
             };
             let _ = writeln!(
                 o,
-                "{:<44} {:>10} {:>10} {:>10}   {}",
-                "move to replica B: resources resent",
-                "",
-                "",
-                mv.resent,
-                target
+                "{:<50} {:>10} {:>10} {:>10}   {}",
+                "move to replica B: resources resent", "", "", mv.resent, target
             );
             let _ = writeln!(
                 o,
-                "{:<44} {} of {} proxies in {:.2} s; held {}, B sent {} ({}), B resumed {}, B CPU {:.2} s",
+                "{:<50} {} of {} proxies in {:.2} s ({} already on B); held {}, B sent {} ({}), B resumed {}, B CPU {:.2} s, {}",
                 "  move",
                 mv.reconfigured,
-                s.proxies,
+                mv.expected,
                 mv.all_reconfigured_s,
+                mv.already_on_b,
                 mv.held,
                 mv.received,
                 bytes(mv.server_bytes),
                 mv.server_resumed,
-                mv.server_cpu_s
+                mv.server_cpu_s,
+                mv.cache
             );
         }
         let _ = writeln!(o, "{}", "-".repeat(100));
@@ -480,7 +563,10 @@ mod tests {
     #[test]
     fn nearest_rank_percentiles() {
         let d = Dist::of(&(1..=100).map(f64::from).collect::<Vec<_>>());
-        assert_eq!((d.p50, d.p90, d.p99, d.max, d.n), (50.0, 90.0, 99.0, 100.0, 100));
+        assert_eq!(
+            (d.p50, d.p90, d.p99, d.max, d.n),
+            (50.0, 90.0, 99.0, 100.0, 100)
+        );
         let d = Dist::of(&[3.0]);
         assert_eq!((d.p50, d.p99), (3.0, 3.0));
         assert_eq!(Dist::of(&[]).n, 0);

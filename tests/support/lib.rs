@@ -14,6 +14,9 @@
 //! `SHOAL_ENVOY_LOG_LEVEL` (Envoy's `-l`, default `warning`). When a test fails, each Envoy's
 //! config dump is saved under `$TMPDIR/shoal-test-failures/` and each server's
 //! `/debug/syncz` is printed.
+//!
+//! [`bench`](mod@bench) is the load benchmark (`tests/bench/`), shared by the `shoal-bench`
+//! binary and the smoke test `tests/bench_smoke.rs`; see docs/benchmarks.md.
 #![forbid(unsafe_code)]
 
 pub mod backend;

@@ -1,14 +1,16 @@
 //! What every ADS stream shares, SotW or delta: the proxy's identity, its scope (cached per
-//! snapshot), resource generation, and the bookkeeping behind `/debug/syncz` and metrics.
+//! PushContext), resource generation, and the bookkeeping behind `/debug/syncz` and metrics.
 
 use super::registry::{Nack, Registry};
 use crate::generate::cache::GeneratorCache;
 use crate::generate::{Resource, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyKind};
+use crate::push_context::PushContext;
 use crate::scope::ProxyScope;
 use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::XdsType;
+use std::sync::Arc;
 use tonic::Status;
 
 /// Which protocol variant a stream speaks.
@@ -26,7 +28,9 @@ pub(crate) struct Session {
     pub id: String,
     pub mode: Mode,
     proxy: Option<Proxy>,
-    scope: Option<(u64, ProxyScope)>,
+    /// The proxy's scope and the PushContext it was computed from: a scope depends only on
+    /// the proxy and the PushContext, which endpoint-only snapshots reuse.
+    scope: Option<(Arc<PushContext>, ProxyScope)>,
     pub registry: Registry,
     pub metrics: Metrics,
     cache: GeneratorCache,
@@ -77,8 +81,12 @@ impl Session {
         let Some(proxy) = &self.proxy else {
             return Vec::new();
         };
-        if self.scope.as_ref().is_none_or(|(n, _)| *n != snap.number) {
-            self.scope = Some((snap.number, ProxyScope::compute(proxy, &snap.ctx)));
+        if self
+            .scope
+            .as_ref()
+            .is_none_or(|(ctx, _)| !Arc::ptr_eq(ctx, &snap.ctx))
+        {
+            self.scope = Some((snap.ctx.clone(), ProxyScope::compute(proxy, &snap.ctx)));
         }
         match &self.scope {
             Some((_, scope)) => self.cache.generate(ty, proxy, scope, snap, names),
@@ -100,8 +108,12 @@ impl Session {
         if snap.number != last + 1 {
             return XdsType::ALL.into_iter().collect();
         }
-        if self.scope.as_ref().is_none_or(|(n, _)| *n != snap.number) {
-            self.scope = Some((snap.number, ProxyScope::compute(proxy, &snap.ctx)));
+        if self
+            .scope
+            .as_ref()
+            .is_none_or(|(ctx, _)| !Arc::ptr_eq(ctx, &snap.ctx))
+        {
+            self.scope = Some((snap.ctx.clone(), ProxyScope::compute(proxy, &snap.ctx)));
         }
         match &self.scope {
             Some((_, scope)) => {

@@ -150,9 +150,10 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         req: DeltaDiscoveryRequest,
         snap: &Arc<Snapshot>,
     ) -> Result<(), Status> {
-        self.session.identify(req.node.as_ref())?;
-        let Some(ty) = XdsType::from_type_url(&req.type_url) else {
-            tracing::warn!(conn = %self.session.id, type_url = %req.type_url, "ignoring request for an unsupported type");
+        let Some(ty) = self
+            .session
+            .begin_request(req.node.as_ref(), &req.type_url)?
+        else {
             return Ok(());
         };
         let first = !self.subs.contains_key(&ty);

@@ -78,9 +78,16 @@ impl Session {
 
     /// Generates `ty` for this proxy from `snap`.
     pub fn generate(&mut self, ty: XdsType, snap: &Snapshot, names: &[String]) -> Vec<Resource> {
-        let Some(proxy) = &self.proxy else {
-            return Vec::new();
-        };
+        self.refresh_scope(snap);
+        match (&self.proxy, &self.scope) {
+            (Some(proxy), Some((_, scope))) => self.cache.generate(ty, proxy, scope, snap, names),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Recomputes the proxy's scope if the snapshot has a new PushContext.
+    fn refresh_scope(&mut self, snap: &Snapshot) {
+        let Some(proxy) = &self.proxy else { return };
         if self
             .scope
             .as_ref()
@@ -88,10 +95,21 @@ impl Session {
         {
             self.scope = Some((snap.ctx.clone(), ProxyScope::compute(proxy, &snap.ctx)));
         }
-        match &self.scope {
-            Some((_, scope)) => self.cache.generate(ty, proxy, scope, snap, names),
-            None => Vec::new(),
+    }
+
+    /// Starts handling a request: identifies the proxy on the first one, and parses the
+    /// type URL (`None`: a type shoal does not serve, logged and ignored).
+    pub fn begin_request(
+        &mut self,
+        node: Option<&Node>,
+        type_url: &str,
+    ) -> Result<Option<XdsType>, Status> {
+        self.identify(node)?;
+        let ty = XdsType::from_type_url(type_url);
+        if ty.is_none() {
+            tracing::warn!(conn = %self.id, %type_url, "ignoring request for an unsupported type");
         }
+        Ok(ty)
     }
 
     /// The types a published snapshot can affect for this proxy. `last` is the snapshot
@@ -102,24 +120,18 @@ impl Session {
         last: u64,
     ) -> std::collections::BTreeSet<XdsType> {
         let snap = &published.snapshot;
-        let Some(proxy) = &self.proxy else {
+        if self.proxy.is_none() {
             return Default::default();
-        };
+        }
         if snap.number != last + 1 {
             return XdsType::ALL.into_iter().collect();
         }
-        if self
-            .scope
-            .as_ref()
-            .is_none_or(|(ctx, _)| !Arc::ptr_eq(ctx, &snap.ctx))
-        {
-            self.scope = Some((snap.ctx.clone(), ProxyScope::compute(proxy, &snap.ctx)));
-        }
-        match &self.scope {
-            Some((_, scope)) => {
+        self.refresh_scope(snap);
+        match (&self.proxy, &self.scope) {
+            (Some(proxy), Some((_, scope))) => {
                 super::impact::affected_types(&published.changes, proxy.kind, scope)
             }
-            None => XdsType::ALL.into_iter().collect(),
+            _ => XdsType::ALL.into_iter().collect(),
         }
     }
 

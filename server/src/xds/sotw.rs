@@ -121,9 +121,10 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         req: DiscoveryRequest,
         snap: &Arc<Snapshot>,
     ) -> Result<(), Status> {
-        self.session.identify(req.node.as_ref())?;
-        let Some(ty) = XdsType::from_type_url(&req.type_url) else {
-            tracing::warn!(conn = %self.session.id, type_url = %req.type_url, "ignoring request for an unsupported type");
+        let Some(ty) = self
+            .session
+            .begin_request(req.node.as_ref(), &req.type_url)?
+        else {
             return Ok(());
         };
         let mut names = req.resource_names.clone();

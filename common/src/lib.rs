@@ -4,6 +4,7 @@
 //! This crate never depends on Kubernetes or gRPC crates: both tiers share it.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod bus;
 pub mod envelope;
 pub mod keys;

@@ -2,11 +2,9 @@
 
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
-use bytes::Bytes;
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use shoal_common::admin::{response, Body};
 use std::net::SocketAddr;
 use tokio::net::TcpListener;
 
@@ -26,41 +24,14 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Serves the admin endpoints on a bound listener until the task is dropped.
 pub async fn serve(listener: TcpListener, state: AdminState) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(s) => s,
-            Err(error) => {
-                tracing::warn!(%error, "admin accept failed");
-                // Out of file descriptors and the like: do not spin.
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let state = state.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, std::convert::Infallible>(route(&state, &req)) }
-            });
-            if let Err(error) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%error, %peer, "admin connection ended with an error");
-            }
-        });
-    }
+    shoal_common::admin::serve(listener, move |req| route(&state, &req)).await
 }
 
-fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", content_type)
-        .body(Full::new(Bytes::from(body)))
-        .unwrap_or_default()
+fn text(status: StatusCode, content_type: &str, body: String) -> Response<Body> {
+    response(status, content_type, body)
 }
 
-fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Body> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     if req.method() != Method::GET {
         return text(

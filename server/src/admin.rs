@@ -4,11 +4,9 @@ use crate::metrics::Metrics;
 use crate::pipeline::Published;
 use crate::xds::Registry;
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::{body::Incoming, Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use serde_json::json;
-use std::net::SocketAddr;
+use shoal_common::admin::{response, Body};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -29,60 +27,27 @@ pub struct AdminState {
 
 /// Serves the admin endpoints on an already-bound listener until the task is dropped.
 pub async fn serve(listener: TcpListener, state: AdminState) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(s) => s,
-            Err(error) => {
-                tracing::warn!(%error, "admin accept failed");
-                continue;
-            }
-        };
-        let state = state.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let state = state.clone();
-                async move { Ok::<_, std::convert::Infallible>(route(&state, req)) }
-            });
-            if let Err(error) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%error, %peer, "admin connection ended with an error");
-            }
-        });
-    }
+    shoal_common::admin::serve(listener, move |req| route(&state, req)).await
 }
 
-/// Binds the admin address with a clear error.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+fn metrics_response(metrics: &Metrics) -> Response<Body> {
+    response(
+        StatusCode::OK,
+        "text/plain; version=0.0.4",
+        metrics.render(),
+    )
 }
 
-fn metrics_response(metrics: &Metrics) -> Response<Full<Bytes>> {
-    Response::builder()
-        .header("content-type", "text/plain; version=0.0.4")
-        .body(Full::new(Bytes::from(metrics.render())))
-        .unwrap_or_default()
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    response(status, "text/plain; charset=utf-8", body)
 }
 
-fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "text/plain; charset=utf-8")
-        .body(Full::new(body.into()))
-        .unwrap_or_default()
-}
-
-fn json_response(value: serde_json::Value) -> Response<Full<Bytes>> {
+fn json_response(value: serde_json::Value) -> Response<Body> {
     let body = serde_json::to_vec_pretty(&value).unwrap_or_default();
-    Response::builder()
-        .status(StatusCode::OK)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap_or_default()
+    response(StatusCode::OK, "application/json", body)
 }
 
-fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
+fn route(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
     if req.method() != Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET is supported\n");
     }

@@ -189,7 +189,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
 
     let (drain_tx, drain_rx) = watch::channel(false);
     let cache = GeneratorCache::new(args.cache_size << 20, args.cache_assert, metrics.clone());
-    let admin_listener = admin::bind(args.admin_addr)
+    let admin_listener = tokio::net::TcpListener::bind(args.admin_addr)
         .await
         .with_context(|| format!("cannot listen on admin address {}", args.admin_addr))?;
     tokio::spawn(admin::serve(

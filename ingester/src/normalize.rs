@@ -7,7 +7,9 @@ use crate::error::InvalidObject;
 use k8s_openapi::api::core::v1::{Node, Pod, Service as KubeService};
 use k8s_openapi::api::discovery::v1::{Endpoint as KubeEndpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta as KubeMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use shoal_common::model::{
+    TargetPort,
     service_fqdn, Endpoint, EndpointPort, EndpointSet, Locality, ObjectMeta, Protocol, Service,
     ServicePort,
 };
@@ -118,10 +120,23 @@ pub fn service(svc: &KubeService, cluster: &str) -> Result<Option<Service>, Inva
             continue;
         }
         let name = p.name.unwrap_or_default();
+        let port = port_number(p.port, "port")?;
+        let target_port = match p.target_port {
+            Some(IntOrString::Int(n)) => Some(TargetPort::Number(port_number(n, "targetPort")?)),
+            Some(IntOrString::String(s)) => match s.parse::<i32>() {
+                Ok(n) => Some(TargetPort::Number(port_number(n, "targetPort")?)),
+                Err(_) if !s.is_empty() => Some(TargetPort::Name(s)),
+                Err(_) => None,
+            },
+            None => None,
+        }
+        // The default, spelled out: keep the stored value small.
+        .filter(|t| *t != TargetPort::Number(port));
         ports.push(ServicePort {
             protocol: port_protocol(&name, p.app_protocol.as_deref()),
             name,
-            port: port_number(p.port, "port")?,
+            port,
+            target_port,
         });
     }
     let export_to = meta

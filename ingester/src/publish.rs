@@ -798,6 +798,7 @@ mod tests {
                 name: "http".into(),
                 port,
                 protocol: Default::default(),
+                target_port: None,
             }],
             selector: Default::default(),
             export_to: vec![],

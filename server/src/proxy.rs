@@ -14,6 +14,26 @@ pub enum ProxyKind {
     Router,
 }
 
+/// How a sidecar's traffic reaches Envoy (node metadata `INTERCEPTION_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Interception {
+    /// iptables `REDIRECT` to 15001/15006 (Istio's default, also when the field is absent).
+    Redirect,
+    /// iptables `TPROXY`: as `REDIRECT`, with transparent listeners.
+    Tproxy,
+    /// No capture: the application calls Envoy's listeners directly.
+    None,
+}
+
+impl Interception {
+    /// Whether traffic is captured (iptables), so the sidecar gets `virtualOutbound` and
+    /// `virtualInbound`.
+    pub fn captured(self) -> bool {
+        self != Interception::None
+    }
+}
+
 /// A connected proxy, as identified by its node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Proxy {
@@ -31,6 +51,10 @@ pub struct Proxy {
     pub labels: BTreeMap<String, String>,
     /// The cluster the proxy runs in (metadata `CLUSTER_ID`).
     pub cluster_id: String,
+    /// How traffic reaches the proxy (metadata `INTERCEPTION_MODE`; gateways: `NONE`).
+    pub interception: Interception,
+    /// The pod's container ports by name (metadata `POD_PORTS`), for named `targetPort`s.
+    pub pod_ports: BTreeMap<String, u16>,
 }
 
 /// A node that does not identify a proxy.
@@ -44,6 +68,9 @@ pub enum ProxyError {
         "node id {0:?} is not <sidecar|router>~<ip>~<pod>.<namespace>~<namespace>.svc.<domain>"
     )]
     BadId(String),
+    /// Node metadata `INTERCEPTION_MODE` is not one Istio defines.
+    #[error("node metadata INTERCEPTION_MODE {0:?} is not REDIRECT, TPROXY or NONE")]
+    BadInterception(String),
 }
 
 impl Proxy {
@@ -81,6 +108,20 @@ impl Proxy {
         let cluster_id = meta
             .and_then(|m| string_field(m, "CLUSTER_ID"))
             .unwrap_or_else(|| "Kubernetes".to_string());
+        let interception = match meta.and_then(|m| string_field(m, "INTERCEPTION_MODE")) {
+            _ if kind == ProxyKind::Router => Interception::None,
+            None => Interception::Redirect,
+            Some(mode) => match mode.as_str() {
+                "REDIRECT" | "" => Interception::Redirect,
+                "TPROXY" => Interception::Tproxy,
+                "NONE" => Interception::None,
+                _ => return Err(ProxyError::BadInterception(mode)),
+            },
+        };
+        let pod_ports = meta
+            .and_then(|m| string_field(m, "POD_PORTS"))
+            .map(|json| pod_ports(&json))
+            .unwrap_or_default();
         Ok(Proxy {
             id: node.id.clone(),
             kind,
@@ -89,7 +130,34 @@ impl Proxy {
             namespace,
             labels,
             cluster_id,
+            interception,
+            pod_ports,
         })
+    }
+}
+
+/// Parses istio-agent's `POD_PORTS` (the pod's container ports as JSON:
+/// `[{"name":"http","containerPort":8080,"protocol":"TCP"}]`). Unnamed and malformed
+/// entries are ignored: they can only matter to a named `targetPort`, which then stays
+/// unresolved and is logged where it is used.
+fn pod_ports(json: &str) -> BTreeMap<String, u16> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct ContainerPort {
+        #[serde(default)]
+        name: String,
+        container_port: u16,
+    }
+    match serde_json::from_str::<Vec<ContainerPort>>(json) {
+        Ok(ports) => ports
+            .into_iter()
+            .filter(|p| !p.name.is_empty())
+            .map(|p| (p.name, p.container_port))
+            .collect(),
+        Err(error) => {
+            tracing::debug!(%error, "ignoring unparsable POD_PORTS node metadata");
+            BTreeMap::new()
+        }
     }
 }
 
@@ -148,6 +216,38 @@ pub(crate) mod tests {
         assert_eq!(p.namespace, "istio-system");
         assert_eq!(p.labels["istio"], "ingressgateway");
         assert_eq!(p.cluster_id, "Kubernetes");
+    }
+
+    #[test]
+    fn interception_mode_and_pod_ports() {
+        let sv = |s: &str| Value {
+            kind: Some(Kind::StringValue(s.to_string())),
+        };
+        let mut n = node("sidecar~10.1.0.5~a.demo~demo.svc.cluster.local", "demo", &[]);
+        let p = Proxy::from_node(Some(&n)).unwrap();
+        assert_eq!(p.interception, Interception::Redirect);
+        assert_eq!(p.ip, "10.1.0.5");
+        let fields = &mut n.metadata.as_mut().unwrap().fields;
+        fields.insert("INTERCEPTION_MODE".into(), sv("NONE"));
+        fields.insert(
+            "POD_PORTS".into(),
+            sv(r#"[{"name":"http","containerPort":8080,"protocol":"TCP"},{"containerPort":9}]"#),
+        );
+        let p = Proxy::from_node(Some(&n)).unwrap();
+        assert_eq!(p.interception, Interception::None);
+        assert_eq!(p.pod_ports, BTreeMap::from([("http".to_string(), 8080)]));
+        let fields = &mut n.metadata.as_mut().unwrap().fields;
+        fields.insert("INTERCEPTION_MODE".into(), sv("MAGIC"));
+        assert_eq!(
+            Proxy::from_node(Some(&n)),
+            Err(ProxyError::BadInterception("MAGIC".into()))
+        );
+        // Gateways are never captured.
+        let g = node("router~10.1.0.6~gw.demo~demo.svc.cluster.local", "demo", &[]);
+        assert_eq!(
+            Proxy::from_node(Some(&g)).unwrap().interception,
+            Interception::None
+        );
     }
 
     #[test]

@@ -4,8 +4,8 @@
 
 use crate::store::MeshState;
 use shoal_common::model::{
-    service_fqdn, ConfigSpec, DestinationRule, Gateway, ObjectMeta, Protocol, Resolution,
-    ServicePort, Sidecar, VirtualService, WorkloadEntry,
+    service_fqdn, ConfigSpec, DestinationRule, Gateway, ObjectMeta, OutboundTrafficMode,
+    Protocol, Resolution, ServicePort, Sidecar, VirtualService, WorkloadEntry,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -43,6 +43,9 @@ pub struct ServiceView {
     pub export_to: Vec<String>,
     /// Kubernetes or ServiceEntry.
     pub source: ServiceSource,
+    /// The labels of the workloads behind the service (a Kubernetes Service's `selector`,
+    /// a ServiceEntry's `workloadSelector`); empty = selects nothing.
+    pub selector: BTreeMap<String, String>,
 }
 
 impl ServiceView {
@@ -87,6 +90,27 @@ pub struct PushContext {
     pub gateways: Vec<Arc<Config<Gateway>>>,
     /// Sidecars by namespace, in name order.
     pub sidecars: BTreeMap<String, Vec<Arc<Config<Sidecar>>>>,
+    /// Mesh-wide settings.
+    pub mesh: Arc<MeshSettings>,
+}
+
+/// The mesh-wide settings the generators read (Istio's MeshConfig subset).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MeshSettings {
+    /// Where sidecars send traffic for destinations outside the registry, unless their
+    /// Sidecar says otherwise (`outboundTrafficPolicy.mode`).
+    pub outbound_traffic_policy: OutboundTrafficMode,
+    /// The namespace whose selector-less Sidecar applies mesh-wide (`rootNamespace`).
+    pub root_namespace: String,
+}
+
+impl Default for MeshSettings {
+    fn default() -> Self {
+        MeshSettings {
+            outbound_traffic_policy: OutboundTrafficMode::AllowAny,
+            root_namespace: "istio-system".into(),
+        }
+    }
 }
 
 /// Resolves a host as written in config in `namespace` to a hostname: a short name
@@ -120,14 +144,18 @@ pub fn most_specific<'a, V>(map: &'a BTreeMap<String, V>, host: &str) -> Option<
     })
 }
 
-fn labels_match(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+/// Whether every label of `selector` is in `labels` (an empty selector matches all).
+pub fn labels_match(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
 impl PushContext {
     /// Builds the context from the store.
     pub fn build(state: &MeshState) -> PushContext {
-        let mut ctx = PushContext::default();
+        let mut ctx = PushContext {
+            mesh: state.mesh.clone(),
+            ..PushContext::default()
+        };
         // Kubernetes services: merge clusters by hostname. The (cluster, ns, name) order makes
         // the merge deterministic: the first cluster's ports win, VIPs are unioned.
         for svc in state.services.values() {
@@ -143,6 +171,7 @@ impl PushContext {
                     vips: Vec::new(),
                     export_to: svc.export_to.clone(),
                     source: ServiceSource::Kubernetes,
+                    selector: svc.selector.clone(),
                 })
             });
             let view = Arc::make_mut(view);
@@ -211,6 +240,7 @@ impl PushContext {
                             name: p.name.clone(),
                             port: number,
                             protocol: Protocol::parse(&p.protocol),
+                            target_port: None,
                         });
                         if let Some(t) = p.target_port.and_then(|t| u16::try_from(t).ok()) {
                             target_ports.insert(number, t);
@@ -233,6 +263,11 @@ impl PushContext {
                                     resolution,
                                     endpoints: endpoints.clone(),
                                 },
+                                selector: se
+                                    .workload_selector
+                                    .as_ref()
+                                    .map(|w| w.labels.clone())
+                                    .unwrap_or_default(),
                             })
                         });
                     }

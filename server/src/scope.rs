@@ -1,12 +1,10 @@
 //! What a proxy can see: Istio's Sidecar egress `hosts` and `exportTo` rules.
 
 use crate::proxy::{Proxy, ProxyKind};
-use crate::push_context::{Config, PushContext, ServiceView};
-use shoal_common::model::Sidecar;
+use crate::push_context::{labels_match, Config, PushContext, ServiceSource, ServiceView};
+use shoal_common::model::{OutboundTrafficMode, Protocol, Sidecar, TargetPort};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// The namespace whose selector-less Sidecar applies mesh-wide (Istio's root namespace).
-pub const ROOT_NAMESPACE: &str = "istio-system";
 
 /// Whether one Sidecar `hosts` entry (`ns/host`) admits a service, for a Sidecar in
 /// `sidecar_ns`. `.` is the Sidecar's namespace, `*` any namespace, `~` none; the host part
@@ -32,13 +30,36 @@ fn hostname_matches(pattern: &str, svc: &ServiceView) -> bool {
     pattern == svc.hostname || pattern == svc.name
 }
 
-/// The services a proxy sees, sorted by hostname.
+/// What a proxy sees: its Sidecar, the services it can reach, where unknown destinations
+/// go, and the workload ports it receives traffic on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProxyScope {
     /// The Sidecar applied to the proxy, if any (sidecars only).
     pub sidecar: Option<Arc<Config<Sidecar>>>,
     /// Visible services, by hostname order.
     pub services: Vec<Arc<ServiceView>>,
+    /// Where traffic to destinations outside the registry goes (Sidecar, else mesh).
+    pub outbound_policy: OutboundTrafficMode,
+    /// The workload ports the proxy receives traffic on, by port (sidecars only).
+    pub inbound: Vec<InboundPort>,
+}
+
+/// One port a sidecar accepts inbound traffic on, as istiod derives it from the Services
+/// (and ServiceEntries) that select the workload, or from the Sidecar's `ingress`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InboundPort {
+    /// The workload port (a Service's `targetPort`).
+    pub port: u16,
+    /// The protocol, from the service port (or the ingress listener).
+    pub protocol: Protocol,
+    /// The service port's name (telemetry, route naming).
+    pub port_name: String,
+    /// The service this port was taken from, or `<sidecar>.<namespace>` for an ingress
+    /// listener (telemetry metadata, as istiod's synthetic hostname).
+    pub hostname: String,
+    /// The ingress listener's `defaultEndpoint` (`127.0.0.1:8080`), if set; else traffic
+    /// goes to the original destination (the pod IP and port).
+    pub default_endpoint: Option<String>,
 }
 
 impl ProxyScope {
@@ -46,10 +67,15 @@ impl ProxyScope {
     pub fn compute(proxy: &Proxy, ctx: &PushContext) -> ProxyScope {
         let sidecar = match proxy.kind {
             ProxyKind::Sidecar => ctx
-                .sidecar_for(&proxy.namespace, &proxy.labels, ROOT_NAMESPACE)
+                .sidecar_for(&proxy.namespace, &proxy.labels, &ctx.mesh.root_namespace)
                 .cloned(),
             ProxyKind::Router => None,
         };
+        let outbound_policy = sidecar
+            .as_ref()
+            .and_then(|s| s.spec.outbound_traffic_policy.as_ref())
+            .and_then(|p| p.mode)
+            .unwrap_or(ctx.mesh.outbound_traffic_policy);
         let services = ctx
             .services
             .values()
@@ -66,15 +92,83 @@ impl ProxyScope {
             })
             .cloned()
             .collect();
-        ProxyScope { sidecar, services }
+        let inbound = match proxy.kind {
+            ProxyKind::Sidecar => inbound_ports(proxy, sidecar.as_deref(), ctx),
+            ProxyKind::Router => Vec::new(),
+        };
+        ProxyScope {
+            sidecar,
+            services,
+            outbound_policy,
+            inbound,
+        }
     }
+}
+
+/// The inbound ports of a sidecar. A Sidecar with `ingress` listeners declares them
+/// outright; otherwise every port of every service that selects the workload, by its
+/// `targetPort` (named ones resolved through the pod's ports, `POD_PORTS`). When two
+/// services claim one workport, the first by hostname wins, as istiod keeps one chain per
+/// port (istiod picks the oldest service; creation times are not on the bus).
+fn inbound_ports(proxy: &Proxy, sidecar: Option<&Config<Sidecar>>, ctx: &PushContext) -> Vec<InboundPort> {
+    let mut out: BTreeMap<u16, InboundPort> = BTreeMap::new();
+    if let Some(sc) = sidecar.filter(|s| !s.spec.ingress.is_empty()) {
+        for l in &sc.spec.ingress {
+            let Ok(port) = u16::try_from(l.port.number) else {
+                continue;
+            };
+            out.entry(port).or_insert_with(|| InboundPort {
+                port,
+                protocol: Protocol::parse(&l.port.protocol),
+                port_name: l.port.name.clone(),
+                hostname: format!("{}.{}", sc.meta.name, sc.meta.namespace),
+                default_endpoint: l.default_endpoint.clone(),
+            });
+        }
+        return out.into_values().collect();
+    }
+    for svc in ctx.services.values() {
+        if svc.namespace != proxy.namespace
+            || svc.selector.is_empty()
+            || !labels_match(&svc.selector, &proxy.labels)
+        {
+            continue;
+        }
+        for p in &svc.ports {
+            let target = match (&svc.source, &p.target_port) {
+                (ServiceSource::ServiceEntry { .. }, _) => {
+                    svc.target_ports.get(&p.port).copied().unwrap_or(p.port)
+                }
+                (_, None) => p.port,
+                (_, Some(TargetPort::Number(n))) => *n,
+                (_, Some(TargetPort::Name(name))) => match proxy.pod_ports.get(name) {
+                    Some(n) => *n,
+                    None => {
+                        tracing::debug!(
+                            proxy = %proxy.id,
+                            service = %svc.hostname,
+                            target_port = %name,
+                            "named targetPort not in the proxy's POD_PORTS; no inbound chain"
+                        );
+                        continue;
+                    }
+                },
+            };
+            out.entry(target).or_insert_with(|| InboundPort {
+                port: target,
+                protocol: p.protocol,
+                port_name: p.name.clone(),
+                hostname: svc.hostname.clone(),
+                default_endpoint: None,
+            });
+        }
+    }
+    out.into_values().collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::push_context::ServiceSource;
-    use std::collections::BTreeMap;
 
     fn svc(name: &str, ns: &str) -> ServiceView {
         ServiceView {
@@ -86,6 +180,7 @@ mod tests {
             vips: vec![],
             export_to: vec![],
             source: ServiceSource::Kubernetes,
+            selector: BTreeMap::new(),
         }
     }
 

@@ -100,6 +100,8 @@ pub struct MeshState {
     pub endpoints: EndpointIndex,
     /// The lease epoch of each ingester fleet, for fencing ([`MeshState::apply_live`]).
     pub fleets: FleetEpochs,
+    /// Mesh-wide settings (from `--mesh-config`, not from the bus).
+    pub mesh: Arc<crate::push_context::MeshSettings>,
 }
 
 impl MeshState {

@@ -2,7 +2,7 @@
 //! state that turns into a [`Snapshot`], bus entries, and decoders for generated resources.
 
 use crate::generate::{self, Resource, Snapshot};
-use crate::proxy::{Proxy, ProxyKind};
+use crate::proxy::{Interception, Proxy, ProxyKind};
 use crate::push_context::PushContext;
 use crate::scope::ProxyScope;
 use crate::store::MeshState;
@@ -61,6 +61,7 @@ pub fn service(ns: &str, name: &str, ports: &[(&str, u16)]) -> Service {
                 name: n.to_string(),
                 port: *p,
                 protocol: Protocol::from_port_name(n),
+                target_port: None,
             })
             .collect(),
         selector: BTreeMap::new(),
@@ -164,7 +165,8 @@ pub fn workload_entry(ns: &str, name: &str, yaml: &str) -> ConfigObject {
 // ---------------------------------------------------------------------------------------
 // Proxies
 
-/// A sidecar proxy in `ns` with labels.
+/// A sidecar proxy in `ns` with labels, without traffic capture (`INTERCEPTION_MODE:
+/// NONE`): it gets only the listeners its Sidecar declares with `captureMode: NONE`.
 pub fn sidecar_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
     Proxy {
         id: format!("sidecar~10.1.0.1~app-1.{ns}~{ns}.svc.cluster.local"),
@@ -174,6 +176,18 @@ pub fn sidecar_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         namespace: ns.into(),
         labels: labels(labels_),
         cluster_id: CLUSTER.into(),
+        interception: Interception::None,
+        pod_ports: BTreeMap::new(),
+    }
+}
+
+/// A sidecar with Istio's default iptables capture (`INTERCEPTION_MODE` absent), at `ip`.
+pub fn captured_proxy(ns: &str, ip: &str, labels_: &[(&str, &str)]) -> Proxy {
+    Proxy {
+        id: format!("sidecar~{ip}~app-1.{ns}~{ns}.svc.cluster.local"),
+        ip: ip.into(),
+        interception: Interception::Redirect,
+        ..sidecar_proxy(ns, labels_)
     }
 }
 
@@ -187,6 +201,8 @@ pub fn router_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         namespace: ns.into(),
         labels: labels(labels_),
         cluster_id: CLUSTER.into(),
+        interception: Interception::None,
+        pod_ports: BTreeMap::new(),
     }
 }
 

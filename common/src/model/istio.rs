@@ -155,8 +155,83 @@ pub struct VirtualService {
     pub gateways: Vec<String>,
     /// Ordered HTTP routing rules.
     pub http: Vec<HttpRoute>,
+    /// Ordered rules for opaque TCP traffic.
+    pub tcp: Vec<TcpRoute>,
+    /// Ordered rules for unterminated TLS traffic (by SNI).
+    pub tls: Vec<TlsRoute>,
     /// Namespaces this VirtualService is exported to; empty = all.
     pub export_to: Vec<String>,
+}
+
+/// One TCP routing rule.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct TcpRoute {
+    /// Match conditions, ORed; empty matches every connection.
+    #[serde(rename = "match")]
+    pub matches: Vec<L4MatchAttributes>,
+    /// Weighted destinations.
+    pub route: Vec<RouteDestination>,
+}
+
+/// One TLS routing rule (unterminated TLS, routed by SNI).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct TlsRoute {
+    /// Match conditions, ORed; each must name `sniHosts`.
+    #[serde(rename = "match")]
+    pub matches: Vec<TlsMatchAttributes>,
+    /// Weighted destinations.
+    pub route: Vec<RouteDestination>,
+}
+
+/// Connection-level match conditions of a TCP rule.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct L4MatchAttributes {
+    /// Destination IPs or CIDRs.
+    pub destination_subnets: Vec<String>,
+    /// Destination port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u32>,
+    /// Labels the source workload must carry.
+    pub source_labels: BTreeMap<String, String>,
+    /// Gateways (`mesh` for sidecars) the match applies to; empty = the rule's gateways.
+    pub gateways: Vec<String>,
+    /// The source workload's namespace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_namespace: Option<String>,
+}
+
+/// Match conditions of a TLS rule.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct TlsMatchAttributes {
+    /// SNI values to match (`*` wildcards allowed).
+    pub sni_hosts: Vec<String>,
+    /// Destination IPs or CIDRs.
+    pub destination_subnets: Vec<String>,
+    /// Destination port.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u32>,
+    /// Labels the source workload must carry.
+    pub source_labels: BTreeMap<String, String>,
+    /// Gateways (`mesh` for sidecars) the match applies to; empty = the rule's gateways.
+    pub gateways: Vec<String>,
+    /// The source workload's namespace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_namespace: Option<String>,
+}
+
+/// A weighted destination of a TCP or TLS rule.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RouteDestination {
+    /// Where to send traffic.
+    pub destination: Destination,
+    /// Relative weight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
 }
 
 /// One HTTP routing rule.
@@ -426,6 +501,49 @@ pub struct Sidecar {
     pub workload_selector: Option<WorkloadSelector>,
     /// Egress listeners.
     pub egress: Vec<IstioEgressListener>,
+    /// Ingress listeners: when set, they replace the inbound ports taken from Services.
+    pub ingress: Vec<IstioIngressListener>,
+    /// What happens to traffic for destinations outside the mesh registry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outbound_traffic_policy: Option<OutboundTrafficPolicy>,
+}
+
+/// An ingress listener of a Sidecar: a workload port the sidecar accepts traffic on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct IstioIngressListener {
+    /// The port traffic arrives on, with its protocol.
+    pub port: Port,
+    /// Bind address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bind: Option<String>,
+    /// `NONE` for a real listener without iptables capture.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capture_mode: Option<String>,
+    /// Where to forward: `127.0.0.1:PORT`, `0.0.0.0:PORT` (the instance IP) or a unix socket.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_endpoint: Option<String>,
+}
+
+/// Istio's `OutboundTrafficPolicy` (Sidecar and MeshConfig).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct OutboundTrafficPolicy {
+    /// `ALLOW_ANY` (the default) or `REGISTRY_ONLY`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<OutboundTrafficMode>,
+}
+
+/// Where traffic to unknown destinations goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+pub enum OutboundTrafficMode {
+    /// Pass it through to its original destination (`PassthroughCluster`).
+    #[default]
+    #[serde(rename = "ALLOW_ANY")]
+    AllowAny,
+    /// Drop it (`BlackHoleCluster`; HTTP gets a 502).
+    #[serde(rename = "REGISTRY_ONLY")]
+    RegistryOnly,
 }
 
 /// Selects workloads by labels.

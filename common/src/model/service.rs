@@ -87,6 +87,21 @@ pub struct ServicePort {
     pub port: u16,
     /// The application protocol.
     pub protocol: Protocol,
+    /// The port on the workload (`targetPort`), when the Service names it: a number, or the
+    /// name of a container port (resolved with the pod's ports). `None` means the same
+    /// number as `port`, Kubernetes' default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_port: Option<TargetPort>,
+}
+
+/// A Service port's `targetPort`: a number or a container port name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum TargetPort {
+    /// A port number.
+    Number(u16),
+    /// The name of a container port of the selected pods.
+    Name(String),
 }
 
 /// Locality of an endpoint, from the Node's topology labels.

@@ -80,6 +80,7 @@ pub fn service(svc: Service) -> Result<Service, InvalidObject> {
                 port: p.port,
                 protocol: p.protocol,
                 app_protocol: p.app_protocol,
+                target_port: p.target_port,
                 ..ServicePort::default()
             })
             .collect()

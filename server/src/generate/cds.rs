@@ -3,8 +3,12 @@
 //! clusters.
 
 use super::{ads_config_source, pb_duration, socket_address, Resource};
+use crate::proxy::{Proxy, ProxyKind};
 use crate::push_context::{PushContext, ServiceSource, ServiceView};
 use crate::scope::ProxyScope;
+use shoal_proto::pb::envoy::config::cluster::v3::{circuit_breakers::Thresholds, CircuitBreakers};
+use shoal_proto::pb::envoy::config::core::v3::{socket_address::PortSpecifier, BindConfig, SocketAddress};
+use shoal_proto::pb::google::protobuf::UInt32Value;
 use shoal_common::model::{
     Protocol, Resolution, ServicePort, SimpleLb, TrafficPolicy, WorkloadEntry,
 };
@@ -33,6 +37,16 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const BLACKHOLE_CLUSTER: &str = "BlackHoleCluster";
 /// Name of the cluster that forwards to the original destination.
 pub const PASSTHROUGH_CLUSTER: &str = "PassthroughCluster";
+/// Name of the cluster that forwards inbound traffic for undeclared ports to the app.
+pub const INBOUND_PASSTHROUGH_CLUSTER: &str = "InboundPassthroughCluster";
+/// The source address of the sidecar's connections to its own app: iptables lets traffic
+/// from it reach the app instead of capturing it again (istio-iptables excludes it).
+pub const INBOUND_PASSTHROUGH_BIND: &str = "127.0.0.6";
+
+/// istiod's inbound cluster name: `inbound|<port>||`.
+pub fn inbound_cluster_name(port: u16) -> String {
+    format!("inbound|{port}||")
+}
 
 /// Everything one cluster is built from. Building reads nothing else, so two proxies whose
 /// keys are equal share the cached bytes, and no input can be left out of the key.
@@ -42,6 +56,18 @@ pub enum ClusterKey {
     Blackhole,
     /// Istio's `PassthroughCluster`.
     Passthrough,
+    /// Istio's `InboundPassthroughCluster` (captured sidecars).
+    InboundPassthrough,
+    /// `inbound|<port>||`: a captured sidecar's path to its app on one port.
+    Inbound {
+        /// The workload port.
+        port: u16,
+        /// The port speaks HTTP/2 (h2c, gRPC) to the app.
+        http2: bool,
+        /// A Sidecar ingress `defaultEndpoint` on the loopback (`127.0.0.1:8080`); else
+        /// the original destination (the pod IP and port).
+        endpoint: Option<(String, u16)>,
+    },
     /// `outbound|<port>|<subset>|<host>`.
     Service {
         /// The cluster name.
@@ -54,13 +80,29 @@ pub enum ClusterKey {
         policy: Option<TrafficPolicy>,
         /// Subset labels (empty for the service-wide cluster).
         subset_labels: BTreeMap<String, String>,
+        /// Forward to the original destination (a headless Service seen by a captured
+        /// sidecar: the app dialed one pod's address, as istiod's `ORIGINAL_DST` clusters).
+        original_dst: bool,
     },
 }
 
 /// The clusters a proxy with this scope needs.
-pub fn keys(scope: &ProxyScope, ctx: &PushContext) -> Vec<ClusterKey> {
+pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<ClusterKey> {
     let mut out = vec![ClusterKey::Blackhole, ClusterKey::Passthrough];
+    let captured = proxy.kind == ProxyKind::Sidecar && proxy.interception.captured();
+    if captured {
+        out.push(ClusterKey::InboundPassthrough);
+        for p in &scope.inbound {
+            out.push(ClusterKey::Inbound {
+                port: p.port,
+                http2: matches!(p.protocol, Protocol::Http2 | Protocol::Grpc),
+                endpoint: p.default_endpoint.as_deref().and_then(loopback_endpoint),
+            });
+        }
+    }
     for svc in &scope.services {
+        let original_dst =
+            captured && svc.vips.is_empty() && svc.source == ServiceSource::Kubernetes;
         let dr = ctx.destination_rule(&svc.hostname);
         let default_policy = dr.and_then(|d| d.spec.traffic_policy.as_ref());
         for port in &svc.ports {
@@ -70,6 +112,7 @@ pub fn keys(scope: &ProxyScope, ctx: &PushContext) -> Vec<ClusterKey> {
                 port: port.clone(),
                 policy: default_policy.cloned(),
                 subset_labels: BTreeMap::new(),
+                original_dst,
             });
             for subset in dr.map(|d| d.spec.subsets.as_slice()).unwrap_or_default() {
                 out.push(ClusterKey::Service {
@@ -81,6 +124,7 @@ pub fn keys(scope: &ProxyScope, ctx: &PushContext) -> Vec<ClusterKey> {
                         default_policy,
                     )),
                     subset_labels: subset.labels.clone(),
+                    original_dst,
                 });
             }
         }
@@ -97,17 +141,130 @@ pub fn build(key: &ClusterKey) -> Resource {
         ClusterKey::Passthrough => {
             Resource::new(XdsType::Cluster, PASSTHROUGH_CLUSTER.into(), &passthrough())
         }
+        ClusterKey::InboundPassthrough => Resource::new(
+            XdsType::Cluster,
+            INBOUND_PASSTHROUGH_CLUSTER.into(),
+            &inbound_passthrough(),
+        ),
+        ClusterKey::Inbound {
+            port,
+            http2,
+            endpoint,
+        } => {
+            let name = inbound_cluster_name(*port);
+            let c = inbound(&name, *http2, endpoint.as_ref());
+            Resource::new(XdsType::Cluster, name, &c)
+        }
         ClusterKey::Service {
             name,
             svc,
             port,
             policy,
             subset_labels,
-        } => Resource::new(
-            XdsType::Cluster,
-            name.clone(),
-            &cluster(name, svc, port, policy.as_ref(), subset_labels),
-        ),
+            original_dst,
+        } => {
+            let mut c = cluster(name, svc, port, policy.as_ref(), subset_labels);
+            if *original_dst {
+                c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(
+                    DiscoveryType::OriginalDst as i32,
+                ));
+                c.lb_policy = LbPolicy::ClusterProvided as i32;
+                c.eds_cluster_config = None;
+            }
+            Resource::new(XdsType::Cluster, name.clone(), &c)
+        }
+    }
+}
+
+/// A Sidecar ingress `defaultEndpoint` that names a loopback address (`127.0.0.1:8080`,
+/// `[::1]:8080`): the app listens there, so the cluster is static. `0.0.0.0:<port>` (the
+/// instance IP) and unix sockets forward to the original destination.
+fn loopback_endpoint(ep: &str) -> Option<(String, u16)> {
+    let addr: std::net::SocketAddr = ep.parse().ok()?;
+    addr.ip()
+        .is_loopback()
+        .then(|| (addr.ip().to_string(), addr.port()))
+}
+
+/// Istio's inbound clusters have no circuit-breaking limits: the app is the only
+/// upstream, and the caller's sidecar already limits.
+fn unlimited() -> CircuitBreakers {
+    let max = Some(UInt32Value { value: u32::MAX });
+    CircuitBreakers {
+        thresholds: vec![Thresholds {
+            max_connections: max,
+            max_pending_requests: max,
+            max_requests: max,
+            max_retries: max,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// Connections to the app come from 127.0.0.6, which iptables does not capture again.
+fn inbound_bind() -> BindConfig {
+    BindConfig {
+        source_address: Some(SocketAddress {
+            address: INBOUND_PASSTHROUGH_BIND.into(),
+            port_specifier: Some(PortSpecifier::PortValue(0)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn inbound(name: &str, http2: bool, endpoint: Option<&(String, u16)>) -> Cluster {
+    let mut c = Cluster {
+        name: name.to_string(),
+        connect_timeout: Some(pb_duration(CONNECT_TIMEOUT)),
+        circuit_breakers: Some(unlimited()),
+        ..Default::default()
+    };
+    match endpoint {
+        Some((ip, port)) => {
+            c.cluster_discovery_type =
+                Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32));
+            c.load_assignment = Some(ClusterLoadAssignment {
+                cluster_name: name.to_string(),
+                endpoints: vec![LocalityLbEndpoints {
+                    lb_endpoints: vec![LbEndpoint {
+                        host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
+                            address: Some(socket_address(ip, (*port).into())),
+                            ..Default::default()
+                        })),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+        }
+        None => {
+            c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(
+                DiscoveryType::OriginalDst as i32,
+            ));
+            c.lb_policy = LbPolicy::ClusterProvided as i32;
+            c.upstream_bind_config = Some(inbound_bind());
+        }
+    }
+    if http2 {
+        set_http2(&mut c);
+    }
+    c
+}
+
+fn inbound_passthrough() -> Cluster {
+    Cluster {
+        name: INBOUND_PASSTHROUGH_CLUSTER.into(),
+        connect_timeout: Some(pb_duration(CONNECT_TIMEOUT)),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(
+            DiscoveryType::OriginalDst as i32,
+        )),
+        lb_policy: LbPolicy::ClusterProvided as i32,
+        upstream_bind_config: Some(inbound_bind()),
+        circuit_breakers: Some(unlimited()),
+        ..Default::default()
     }
 }
 
@@ -166,6 +323,14 @@ fn cluster(
         }
     }
     if matches!(port.protocol, Protocol::Http2 | Protocol::Grpc) {
+        set_http2(&mut c);
+    }
+    c
+}
+
+/// Speak HTTP/2 upstream.
+fn set_http2(c: &mut Cluster) {
+    {
         let opts = HttpProtocolOptions {
             upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
                 ExplicitHttpConfig {
@@ -185,7 +350,6 @@ fn cluster(
             ),
         );
     }
-    c
 }
 
 /// The workload port of a ServiceEntry endpoint for a service port: the endpoint's port of

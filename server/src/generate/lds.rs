@@ -1,30 +1,65 @@
-//! LDS: gateway listeners (`0.0.0.0_<port>`, one per Gateway server port) and sidecar
-//! egress listeners with `captureMode: NONE` (real listeners on `bind:port`). Each carries
-//! an HTTP connection manager whose routes come over RDS.
+//! LDS. What a proxy gets depends on what it is:
+//!
+//! - a gateway: one `0.0.0.0_<port>` listener per Gateway server port;
+//! - a sidecar whose traffic iptables captures (`INTERCEPTION_MODE` absent, `REDIRECT` or
+//!   `TPROXY`, Istio's default): `virtualOutbound` (15001), the per-destination outbound
+//!   listeners it hands connections to ([`outbound`](super::outbound)), and
+//!   `virtualInbound` (15006, [`inbound`](super::inbound)) — istiod's names and layout;
+//! - any sidecar: the Sidecar's egress listeners with `captureMode: NONE`, as real
+//!   listeners on `bind:port` (the only listeners of an `INTERCEPTION_MODE: NONE` sidecar).
+//!
+//! This module holds the dispatch and the filter builders the listener kinds share.
 
-use super::{ads_config_source, socket_address, Resource};
+use super::inbound::{self, InboundListenerKey};
+use super::outbound::{self, OutboundListenerKey, VirtualOutboundKey};
+use super::{ads_config_source, pb_duration, socket_address, Resource};
 use crate::proxy::{Proxy, ProxyKind};
 use crate::push_context::PushContext;
 use crate::scope::ProxyScope;
 use shoal_common::model::Protocol;
-use shoal_proto::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, Listener};
+use shoal_proto::pb::envoy::config::core::v3::TrafficDirection;
+use shoal_proto::pb::envoy::config::listener::v3::{
+    filter, listener_filter, Filter, FilterChain, Listener, ListenerFilter,
+    ListenerFilterChainMatchPredicate,
+};
+use shoal_proto::pb::envoy::config::route::v3::RouteConfiguration;
 use shoal_proto::pb::envoy::extensions::filters::http::router::v3::Router;
 use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager::{CodecType, RouteSpecifier},
+    http_connection_manager::{CodecType, PathWithEscapedSlashesAction, RouteSpecifier},
     http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
+use shoal_proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
+    tcp_proxy::{weighted_cluster::ClusterWeight, ClusterSpecifier, WeightedCluster},
+    TcpProxy,
+};
 use shoal_proto::pb::google::protobuf::BoolValue;
-use shoal_proto::{gateway_route_name, listener_name, sidecar_route_name, XdsType};
+use shoal_proto::{gateway_route_name, listener_name, sidecar_route_name, Any, XdsType};
 use std::collections::BTreeMap;
 
 /// Default bind address of a gateway server.
 const GATEWAY_BIND: &str = "0.0.0.0";
 /// Default bind address of a `captureMode: NONE` egress listener, as in Istio.
 const SIDECAR_BIND: &str = "127.0.0.1";
+/// The ALPN values Envoy's HTTP inspector sets for plaintext HTTP (istiod's
+/// `plaintextHTTPALPNs`).
+pub(crate) const PLAINTEXT_HTTP_ALPNS: [&str; 3] = ["http/1.0", "http/1.1", "h2c"];
 
 /// Everything one listener is built from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ListenerKey {
+pub enum ListenerKey {
+    /// A listener Envoy binds: a gateway server port or a `captureMode: NONE` egress port.
+    Bound(BoundListenerKey),
+    /// `virtualOutbound` on 15001.
+    VirtualOutbound(VirtualOutboundKey),
+    /// `virtualInbound` on 15006.
+    VirtualInbound(InboundListenerKey),
+    /// A per-destination outbound listener (`0.0.0.0_<port>`, `<vip>_<port>`).
+    Outbound(OutboundListenerKey),
+}
+
+/// Everything a bound HTTP listener is built from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BoundListenerKey {
     /// Listener name (`<bind>_<port>`).
     pub name: String,
     /// Bind address.
@@ -39,6 +74,20 @@ pub struct ListenerKey {
 
 /// The listeners of a proxy.
 pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<ListenerKey> {
+    let mut out: Vec<ListenerKey> = bound_keys(proxy, scope, ctx)
+        .into_iter()
+        .map(ListenerKey::Bound)
+        .collect();
+    if proxy.kind == ProxyKind::Sidecar && proxy.interception.captured() {
+        out.extend(outbound::keys(proxy, scope, ctx));
+        out.push(ListenerKey::VirtualInbound(inbound::listener_key(
+            proxy, scope,
+        )));
+    }
+    out
+}
+
+fn bound_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<BoundListenerKey> {
     // (bind, port) → route name; BTreeMap keeps output ordered and merges servers that
     // share a port, as Istio merges them into one listener.
     let mut listeners: BTreeMap<(String, u32), (String, bool)> = BTreeMap::new();
@@ -84,7 +133,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
     }
     listeners
         .into_iter()
-        .map(|((bind, port), (route, gateway))| ListenerKey {
+        .map(|((bind, port), (route, gateway))| BoundListenerKey {
             name: listener_name(&bind, port),
             bind,
             port,
@@ -96,18 +145,57 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
 
 /// Builds one listener from its key alone.
 pub fn build(key: &ListenerKey) -> Resource {
-    let l = http_listener(&key.name, &key.bind, key.port, &key.route, key.gateway);
-    Resource::new(XdsType::Listener, key.name.clone(), &l)
+    let l = match key {
+        ListenerKey::Bound(k) => bound_listener(k),
+        ListenerKey::VirtualOutbound(k) => outbound::virtual_listener(k),
+        ListenerKey::VirtualInbound(k) => inbound::listener(k),
+        ListenerKey::Outbound(k) => outbound::listener(k),
+    };
+    Resource::new(XdsType::Listener, l.name.clone(), &l)
 }
 
-fn http_listener(name: &str, bind: &str, port: u32, route: &str, gateway: bool) -> Listener {
+fn bound_listener(key: &BoundListenerKey) -> Listener {
     let hcm = HttpConnectionManager {
-        stat_prefix: name.to_string(),
+        // Gateways are the edge: trust the peer address, as Istio does.
+        use_remote_address: key.gateway.then_some(BoolValue { value: true }),
+        ..http_connection_manager(&key.name, HcmRoutes::Rds(&key.route))
+    };
+    Listener {
+        name: key.name.clone(),
+        address: Some(socket_address(&key.bind, key.port)),
+        filter_chains: vec![FilterChain {
+            filters: vec![hcm_filter(&hcm)],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared builders
+
+/// Where an HTTP connection manager gets its routes.
+pub(crate) enum HcmRoutes<'a> {
+    /// Over RDS, by name.
+    Rds(&'a str),
+    /// Inline (inbound chains).
+    Inline(RouteConfiguration),
+}
+
+/// An HTTP connection manager with Istio's defaults: the router filter, automatic codec,
+/// normalized paths with escaped slashes kept, and WebSocket upgrades allowed.
+pub(crate) fn http_connection_manager(stat_prefix: &str, routes: HcmRoutes<'_>) -> HttpConnectionManager {
+    use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::UpgradeConfig;
+    HttpConnectionManager {
+        stat_prefix: stat_prefix.to_string(),
         codec_type: CodecType::Auto as i32,
-        route_specifier: Some(RouteSpecifier::Rds(Rds {
-            config_source: Some(ads_config_source()),
-            route_config_name: route.to_string(),
-        })),
+        route_specifier: Some(match routes {
+            HcmRoutes::Rds(name) => RouteSpecifier::Rds(Rds {
+                config_source: Some(ads_config_source()),
+                route_config_name: name.to_string(),
+            }),
+            HcmRoutes::Inline(rc) => RouteSpecifier::RouteConfig(rc),
+        }),
         http_filters: vec![HttpFilter {
             name: "envoy.filters.http.router".into(),
             config_type: Some(http_filter::ConfigType::TypedConfig(shoal_proto::pack(
@@ -116,23 +204,122 @@ fn http_listener(name: &str, bind: &str, port: u32, route: &str, gateway: bool) 
             ))),
             ..Default::default()
         }],
-        // Gateways are the edge: trust the peer address, as Istio does.
-        use_remote_address: gateway.then_some(BoolValue { value: true }),
-        ..Default::default()
-    };
-    Listener {
-        name: name.to_string(),
-        address: Some(socket_address(bind, port)),
-        filter_chains: vec![FilterChain {
-            filters: vec![Filter {
-                name: "envoy.filters.network.http_connection_manager".into(),
-                config_type: Some(filter::ConfigType::TypedConfig(shoal_proto::pack(
-                    "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                    &hcm,
-                ))),
-            }],
+        normalize_path: Some(BoolValue { value: true }),
+        path_with_escaped_slashes_action: PathWithEscapedSlashesAction::KeepUnchanged as i32,
+        upgrade_configs: vec![UpgradeConfig {
+            upgrade_type: "websocket".into(),
             ..Default::default()
         }],
+        ..Default::default()
+    }
+}
+
+/// The network filter holding an HTTP connection manager.
+pub(crate) fn hcm_filter(hcm: &HttpConnectionManager) -> Filter {
+    typed_filter(
+        "envoy.filters.network.http_connection_manager",
+        shoal_proto::pack(
+            "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            hcm,
+        ),
+    )
+}
+
+/// A `tcp_proxy` network filter to one cluster, or split by weight across several.
+pub(crate) fn tcp_proxy_filter(stat_prefix: &str, clusters: &[(String, u32)]) -> Filter {
+    let cluster_specifier = match clusters {
+        [] => ClusterSpecifier::Cluster(super::cds::BLACKHOLE_CLUSTER.into()),
+        [(single, _)] => ClusterSpecifier::Cluster(single.clone()),
+        many => ClusterSpecifier::WeightedClusters(WeightedCluster {
+            clusters: many
+                .iter()
+                .map(|(name, weight)| ClusterWeight {
+                    name: name.clone(),
+                    weight: *weight,
+                    ..Default::default()
+                })
+                .collect(),
+        }),
+    };
+    let proxy = TcpProxy {
+        stat_prefix: stat_prefix.to_string(),
+        cluster_specifier: Some(cluster_specifier),
+        ..Default::default()
+    };
+    typed_filter(
+        "envoy.filters.network.tcp_proxy",
+        shoal_proto::pack(
+            "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            &proxy,
+        ),
+    )
+}
+
+fn typed_filter(name: &str, any: Any) -> Filter {
+    Filter {
+        name: name.to_string(),
+        config_type: Some(filter::ConfigType::TypedConfig(any)),
+    }
+}
+
+/// A listener filter by name and typed config, optionally disabled for some connections.
+pub(crate) fn listener_filter(
+    name: &str,
+    type_url: &str,
+    config: Vec<u8>,
+    disabled: Option<ListenerFilterChainMatchPredicate>,
+) -> ListenerFilter {
+    ListenerFilter {
+        name: name.to_string(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(Any {
+            type_url: type_url.to_string(),
+            value: config,
+        })),
+        filter_disabled: disabled,
+    }
+}
+
+/// Envoy's HTTP inspector (sets the ALPN of plaintext HTTP connections), optionally
+/// disabled for some connections.
+pub(crate) fn http_inspector(disabled: Option<ListenerFilterChainMatchPredicate>) -> ListenerFilter {
+    listener_filter(
+        "envoy.filters.listener.http_inspector",
+        "type.googleapis.com/envoy.extensions.filters.listener.http_inspector.v3.HttpInspector",
+        Vec::new(),
+        disabled,
+    )
+}
+
+/// Envoy's TLS inspector (reads SNI and ALPN from a ClientHello).
+pub(crate) fn tls_inspector() -> ListenerFilter {
+    listener_filter(
+        "envoy.filters.listener.tls_inspector",
+        "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector",
+        Vec::new(),
+        None,
+    )
+}
+
+/// The fields every listener of a captured sidecar shares: traffic direction, no bind for
+/// the per-destination ones, no listener-filter timeout (Istio's default
+/// `protocolDetectionTimeout: 0s`: protocol detection waits for the client's first bytes,
+/// so server-first protocols must be declared), `transparent` under TPROXY.
+pub(crate) fn captured_listener(
+    name: String,
+    bind: &str,
+    port: u32,
+    direction: TrafficDirection,
+    bind_to_port: bool,
+    transparent: bool,
+) -> Listener {
+    Listener {
+        name,
+        address: Some(socket_address(bind, port)),
+        traffic_direction: direction as i32,
+        bind_to_port: (!bind_to_port).then_some(BoolValue { value: false }),
+        continue_on_listener_filters_timeout: true,
+        listener_filters_timeout: Some(pb_duration(std::time::Duration::ZERO)),
+        transparent: transparent.then_some(BoolValue { value: true }),
         ..Default::default()
     }
 }

@@ -8,7 +8,9 @@
 pub mod cache;
 pub mod cds;
 pub mod eds;
+pub mod inbound;
 pub mod lds;
+pub mod outbound;
 pub mod rds;
 
 #[cfg(test)]
@@ -82,7 +84,7 @@ pub fn keys(
     names: &[String],
 ) -> Vec<Key> {
     match ty {
-        XdsType::Cluster => cds::keys(scope, &snap.ctx)
+        XdsType::Cluster => cds::keys(proxy, scope, &snap.ctx)
             .into_iter()
             .map(Key::Cluster)
             .collect(),

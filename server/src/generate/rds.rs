@@ -11,7 +11,7 @@ use crate::push_context::{
 use crate::scope::{host_entry_matches, ProxyScope};
 use shoal_common::model::{
     Destination, Gateway, HttpMatchRequest, HttpRetry, HttpRoute, HttpRouteDestination,
-    StringMatch, VirtualService,
+    OutboundTrafficMode, StringMatch, VirtualService,
 };
 use shoal_proto::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier,
@@ -21,7 +21,7 @@ use shoal_proto::pb::envoy::config::route::v3::{
     route_action::{ClusterSpecifier, HostRewriteSpecifier},
     route_match::PathSpecifier,
     weighted_cluster::ClusterWeight,
-    HeaderMatcher, RedirectAction, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch,
+    DirectResponseAction, HeaderMatcher, RedirectAction, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch,
     VirtualHost, WeightedCluster,
 };
 use shoal_proto::pb::envoy::extensions::retry::host::previous_hosts::v3::PreviousHostsPredicate;
@@ -80,6 +80,9 @@ pub struct SidecarRouteKey {
     pub virtual_services: Vec<Arc<Config<VirtualService>>>,
     /// Ports of destination services, by hostname.
     pub destinations: DestinationPorts,
+    /// The catch-all virtual host of a captured sidecar: `allow_any` to
+    /// `PassthroughCluster`, or `block_all` (502) under `REGISTRY_ONLY`.
+    pub catch_all: Option<OutboundTrafficMode>,
 }
 
 /// Service ports by hostname, for the destinations a set of VirtualServices names.
@@ -100,9 +103,13 @@ pub fn keys(
                 Some(RouteKey::Gateway(gateway_key(name, port, proxy, ctx)))
             }
             ProxyKind::Sidecar => {
-                let port = name.parse().ok()?;
+                // `"<port>"`, or `"<host>:<port>"` for a sniffed service on its own VIP.
+                let (host, port) = match name.rsplit_once(':') {
+                    Some((host, port)) => (Some(host), port.parse().ok()?),
+                    None => (None, name.parse().ok()?),
+                };
                 Some(RouteKey::Sidecar(sidecar_key(
-                    name, port, proxy, scope, ctx,
+                    name, host, port, proxy, scope, ctx,
                 )))
             }
         })
@@ -302,6 +309,7 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
 
 fn sidecar_key(
     name: &str,
+    only_host: Option<&str>,
     port: u32,
     proxy: &Proxy,
     scope: &ProxyScope,
@@ -318,6 +326,7 @@ fn sidecar_key(
         .iter()
         .filter(|svc| {
             svc.port(port).is_some_and(|p| p.protocol.is_http())
+                && only_host.is_none_or(|h| h == svc.hostname)
                 && listener.is_none_or(|l| {
                     l.hosts
                         .iter()
@@ -345,6 +354,7 @@ fn sidecar_key(
         .cloned()
         .collect();
     let destinations = destination_ports(&virtual_services, ctx);
+    let captured = proxy.interception.captured();
     SidecarRouteKey {
         name: name.to_string(),
         port,
@@ -352,6 +362,7 @@ fn sidecar_key(
         services,
         virtual_services,
         destinations,
+        catch_all: captured.then_some(scope.outbound_policy),
     }
 }
 
@@ -363,6 +374,7 @@ fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
         services,
         virtual_services,
         destinations,
+        catch_all,
     } = key;
     let port = *port;
     // VirtualServices by resolved host.
@@ -413,10 +425,53 @@ fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
             ..Default::default()
         });
     }
+    if let Some(policy) = catch_all {
+        virtual_hosts.push(catch_all_virtual_host(*policy));
+    }
     RouteConfiguration {
         name: name.to_string(),
         virtual_hosts,
         validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    }
+}
+
+/// istiod's catch-all virtual host of sidecar outbound route tables: requests for hosts no
+/// service claims go to their original destination (`allow_any`), or get a 502
+/// (`block_all`, `REGISTRY_ONLY`).
+fn catch_all_virtual_host(policy: OutboundTrafficMode) -> VirtualHost {
+    let (name, action) = match policy {
+        OutboundTrafficMode::AllowAny => (
+            "allow_any",
+            Action::Route(RouteAction {
+                cluster_specifier: Some(ClusterSpecifier::Cluster(
+                    super::cds::PASSTHROUGH_CLUSTER.into(),
+                )),
+                timeout: Some(pb_duration(std::time::Duration::ZERO)),
+                ..Default::default()
+            }),
+        ),
+        OutboundTrafficMode::RegistryOnly => (
+            "block_all",
+            Action::DirectResponse(DirectResponseAction {
+                status: 502,
+                ..Default::default()
+            }),
+        ),
+    };
+    VirtualHost {
+        name: name.into(),
+        domains: vec!["*".into()],
+        routes: vec![Route {
+            name: name.into(),
+            r#match: Some(RouteMatch {
+                path_specifier: Some(PathSpecifier::Prefix("/".into())),
+                ..Default::default()
+            }),
+            action: Some(action),
+            ..Default::default()
+        }],
+        include_request_attempt_count: true,
         ..Default::default()
     }
 }

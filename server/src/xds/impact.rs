@@ -35,8 +35,13 @@ pub fn affected_types(
                 out.extend([XdsType::Listener, XdsType::Route]);
             }
             (ConfigKind::Gateway, ProxyKind::Sidecar) => {}
-            (ConfigKind::VirtualService, _) => {
+            // HTTP rules shape route tables; at sidecars, `tcp`/`tls` rules shape the
+            // outbound listeners' filter chains too.
+            (ConfigKind::VirtualService, ProxyKind::Router) => {
                 out.insert(XdsType::Route);
+            }
+            (ConfigKind::VirtualService, ProxyKind::Sidecar) => {
+                out.extend([XdsType::Listener, XdsType::Route]);
             }
             // Subsets and policies: clusters and their endpoints.
             (ConfigKind::DestinationRule, _) => {
@@ -76,12 +81,15 @@ mod tests {
                     vips: vec![],
                     export_to: vec![],
                     source: ServiceSource::Kubernetes,
+                    selector: Default::default(),
                 })
             })
             .collect();
         ProxyScope {
             sidecar: None,
             services,
+            outbound_policy: Default::default(),
+            inbound: Vec::new(),
         }
     }
 
@@ -116,7 +124,7 @@ mod tests {
                 ProxyKind::Sidecar,
                 &s
             ),
-            [XdsType::Route].into()
+            [XdsType::Listener, XdsType::Route].into()
         );
         assert_eq!(
             affected_types(

@@ -9,7 +9,6 @@ use super::{AdsService, Registry, TypeStatus};
 use crate::generate::Snapshot;
 use crate::metrics::Metrics;
 use crate::pipeline::{ChangeSet, Published};
-use crate::proxy::tests::node;
 use crate::testutil::*;
 use prost::Message;
 use shoal_proto::pb::envoy::config::cluster::v3::Cluster;
@@ -27,6 +26,27 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::transport::Channel;
 use tonic::Streaming;
+
+/// A node as the protocol tests send it: a sidecar without traffic capture
+/// (`INTERCEPTION_MODE: NONE`), so its listeners are the Sidecar's bound ones, matching
+/// [`sidecar_proxy`].
+fn node(
+    id: &str,
+    ns: &str,
+    labels: &[(&str, &str)],
+) -> shoal_proto::pb::envoy::config::core::v3::Node {
+    use shoal_proto::pb::google::protobuf::{value::Kind, Value};
+    let mut n = crate::proxy::tests::node(id, ns, labels);
+    if let Some(m) = n.metadata.as_mut() {
+        m.fields.insert(
+            "INTERCEPTION_MODE".into(),
+            Value {
+                kind: Some(Kind::StringValue("NONE".into())),
+            },
+        );
+    }
+    n
+}
 
 const NODE_ID: &str = "sidecar~10.1.0.1~productpage-1.default~default.svc.cluster.local";
 const REVIEWS: &str = "outbound|9080||reviews.default.svc.cluster.local";

@@ -9,9 +9,8 @@ use k8s_openapi::api::discovery::v1::{Endpoint as KubeEndpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta as KubeMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use shoal_common::model::{
-    TargetPort,
     service_fqdn, Endpoint, EndpointPort, EndpointSet, Locality, ObjectMeta, Protocol, Service,
-    ServicePort,
+    ServicePort, TargetPort,
 };
 use std::collections::BTreeMap;
 use tracing::debug;

@@ -223,7 +223,11 @@ pub(crate) mod tests {
         let sv = |s: &str| Value {
             kind: Some(Kind::StringValue(s.to_string())),
         };
-        let mut n = node("sidecar~10.1.0.5~a.demo~demo.svc.cluster.local", "demo", &[]);
+        let mut n = node(
+            "sidecar~10.1.0.5~a.demo~demo.svc.cluster.local",
+            "demo",
+            &[],
+        );
         let p = Proxy::from_node(Some(&n)).unwrap();
         assert_eq!(p.interception, Interception::Redirect);
         assert_eq!(p.ip, "10.1.0.5");
@@ -243,7 +247,11 @@ pub(crate) mod tests {
             Err(ProxyError::BadInterception("MAGIC".into()))
         );
         // Gateways are never captured.
-        let g = node("router~10.1.0.6~gw.demo~demo.svc.cluster.local", "demo", &[]);
+        let g = node(
+            "router~10.1.0.6~gw.demo~demo.svc.cluster.local",
+            "demo",
+            &[],
+        );
         assert_eq!(
             Proxy::from_node(Some(&g)).unwrap().interception,
             Interception::None

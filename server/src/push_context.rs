@@ -4,8 +4,8 @@
 
 use crate::store::MeshState;
 use shoal_common::model::{
-    service_fqdn, ConfigSpec, DestinationRule, Gateway, ObjectMeta, OutboundTrafficMode,
-    Protocol, Resolution, ServicePort, Sidecar, VirtualService, WorkloadEntry,
+    service_fqdn, ConfigSpec, DestinationRule, Gateway, ObjectMeta, OutboundTrafficMode, Protocol,
+    Resolution, ServicePort, Sidecar, VirtualService, WorkloadEntry,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -145,7 +145,10 @@ pub fn most_specific<'a, V>(map: &'a BTreeMap<String, V>, host: &str) -> Option<
 }
 
 /// Whether every label of `selector` is in `labels` (an empty selector matches all).
-pub fn labels_match(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+pub fn labels_match(
+    selector: &BTreeMap<String, String>,
+    labels: &BTreeMap<String, String>,
+) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 

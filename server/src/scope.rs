@@ -110,7 +110,11 @@ impl ProxyScope {
 /// `targetPort` (named ones resolved through the pod's ports, `POD_PORTS`). When two
 /// services claim one workport, the first by hostname wins, as istiod keeps one chain per
 /// port (istiod picks the oldest service; creation times are not on the bus).
-fn inbound_ports(proxy: &Proxy, sidecar: Option<&Config<Sidecar>>, ctx: &PushContext) -> Vec<InboundPort> {
+fn inbound_ports(
+    proxy: &Proxy,
+    sidecar: Option<&Config<Sidecar>>,
+    ctx: &PushContext,
+) -> Vec<InboundPort> {
     let mut out: BTreeMap<u16, InboundPort> = BTreeMap::new();
     if let Some(sc) = sidecar.filter(|s| !s.spec.ingress.is_empty()) {
         for l in &sc.spec.ingress {

@@ -15,6 +15,9 @@ pub struct Node {
     pub namespace: String,
     /// Metadata `LABELS`.
     pub labels: Vec<(String, String)>,
+    /// Metadata `INTERCEPTION_MODE`: `None` leaves it out, which means `REDIRECT`
+    /// (iptables capture) for a sidecar, as in Istio.
+    pub interception: Option<&'static str>,
 }
 
 impl Node {
@@ -26,16 +29,34 @@ impl Node {
             cluster: "ingress".into(),
             namespace: "istio-system".into(),
             labels: vec![("istio".into(), "ingressgateway".into())],
+            interception: None,
         }
     }
 
-    /// The sidecar of the examples: pod `client-1` in `demo`, labelled `app: client`.
+    /// The sidecar of the examples: pod `client-1` in `demo`, labelled `app: client`,
+    /// without traffic capture (`INTERCEPTION_MODE: NONE`): it runs beside other Envoys on
+    /// the test host and gets the Sidecar's `captureMode: NONE` listeners.
     pub fn sidecar() -> Node {
         Node {
             id: "sidecar~127.0.0.1~client-1.demo~demo.svc.cluster.local".into(),
             cluster: "client.demo".into(),
             namespace: "demo".into(),
             labels: vec![("app".into(), "client".into())],
+            interception: Some("NONE"),
+        }
+    }
+
+    /// A captured sidecar (Istio's default) of pod `<pod>` at `ip` in `namespace`.
+    pub fn captured(ip: &str, pod: &str, namespace: &str, labels: &[(&str, &str)]) -> Node {
+        Node {
+            id: format!("sidecar~{ip}~{pod}.{namespace}~{namespace}.svc.cluster.local"),
+            cluster: format!("{pod}.{namespace}"),
+            namespace: namespace.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            interception: None,
         }
     }
 }
@@ -71,6 +92,10 @@ pub fn bootstrap_with(node: &Node, admin_port: u16, xds: &[SocketAddr], mode: Ad
     for (k, v) in &node.labels {
         let _ = writeln!(labels, "      {k}: {v:?}");
     }
+    let interception = match node.interception {
+        Some(mode) => format!("    INTERCEPTION_MODE: {mode}\n"),
+        None => String::new(),
+    };
     let mut endpoints = String::new();
     for addr in xds {
         let _ = write!(
@@ -88,7 +113,7 @@ pub fn bootstrap_with(node: &Node, admin_port: u16, xds: &[SocketAddr], mode: Ad
     NAMESPACE: {namespace}
     CLUSTER_ID: Kubernetes
     ISTIO_VERSION: "1.24.0"
-    LABELS:
+{interception}    LABELS:
 {labels}admin:
   address:
     socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}

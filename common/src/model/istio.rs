@@ -535,7 +535,9 @@ pub struct OutboundTrafficPolicy {
 }
 
 /// Where traffic to unknown destinations goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
 pub enum OutboundTrafficMode {
     /// Pass it through to its original destination (`PassthroughCluster`).
     #[default]

@@ -6,17 +6,18 @@ use super::{ads_config_source, pb_duration, socket_address, Resource};
 use crate::proxy::{Proxy, ProxyKind};
 use crate::push_context::{PushContext, ServiceSource, ServiceView};
 use crate::scope::ProxyScope;
-use shoal_proto::pb::envoy::config::cluster::v3::{circuit_breakers::Thresholds, CircuitBreakers};
-use shoal_proto::pb::envoy::config::core::v3::{socket_address::PortSpecifier, BindConfig, SocketAddress};
-use shoal_proto::pb::google::protobuf::UInt32Value;
 use shoal_common::model::{
     Protocol, Resolution, ServicePort, SimpleLb, TrafficPolicy, WorkloadEntry,
 };
+use shoal_proto::pb::envoy::config::cluster::v3::{circuit_breakers::Thresholds, CircuitBreakers};
 use shoal_proto::pb::envoy::config::cluster::v3::{
     cluster::{ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, EdsClusterConfig, LbPolicy},
     Cluster,
 };
 use shoal_proto::pb::envoy::config::core::v3::Http2ProtocolOptions;
+use shoal_proto::pb::envoy::config::core::v3::{
+    socket_address::PortSpecifier, BindConfig, SocketAddress,
+};
 use shoal_proto::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
@@ -26,6 +27,7 @@ use shoal_proto::pb::envoy::extensions::upstreams::http::v3::{
     },
     HttpProtocolOptions,
 };
+use shoal_proto::pb::google::protobuf::UInt32Value;
 use shoal_proto::{outbound_cluster_name, XdsType};
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -25,8 +25,8 @@ use shoal_proto::pb::envoy::config::listener::v3::{
     FilterChain, FilterChainMatch, Listener, ListenerFilterChainMatchPredicate,
 };
 use shoal_proto::pb::envoy::config::route::v3::{
-    route::Action, route_action::ClusterSpecifier, route_match::PathSpecifier, Decorator,
-    Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
+    route::Action, route_action::ClusterSpecifier, route_match::PathSpecifier, Decorator, Route,
+    RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
 };
 use shoal_proto::pb::envoy::r#type::v3::Int32Range;
 use shoal_proto::pb::google::protobuf::{BoolValue, UInt32Value};

@@ -184,7 +184,10 @@ pub(crate) enum HcmRoutes<'a> {
 
 /// An HTTP connection manager with Istio's defaults: the router filter, automatic codec,
 /// normalized paths with escaped slashes kept, and WebSocket upgrades allowed.
-pub(crate) fn http_connection_manager(stat_prefix: &str, routes: HcmRoutes<'_>) -> HttpConnectionManager {
+pub(crate) fn http_connection_manager(
+    stat_prefix: &str,
+    routes: HcmRoutes<'_>,
+) -> HttpConnectionManager {
     use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::UpgradeConfig;
     HttpConnectionManager {
         stat_prefix: stat_prefix.to_string(),
@@ -281,7 +284,9 @@ pub(crate) fn listener_filter(
 
 /// Envoy's HTTP inspector (sets the ALPN of plaintext HTTP connections), optionally
 /// disabled for some connections.
-pub(crate) fn http_inspector(disabled: Option<ListenerFilterChainMatchPredicate>) -> ListenerFilter {
+pub(crate) fn http_inspector(
+    disabled: Option<ListenerFilterChainMatchPredicate>,
+) -> ListenerFilter {
     listener_filter(
         "envoy.filters.listener.http_inspector",
         "type.googleapis.com/envoy.extensions.filters.listener.http_inspector.v3.HttpInspector",

@@ -19,13 +19,15 @@
 //!   per-endpoint listeners for headless TCP ports; shoal keeps listeners independent of
 //!   endpoints, which reaches the same pod (the original destination) with one listener.
 
+use super::cds::{BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER};
 use super::lds::{
     captured_listener, hcm_filter, http_connection_manager, http_inspector, tcp_proxy_filter,
     tls_inspector, HcmRoutes, ListenerKey, PLAINTEXT_HTTP_ALPNS,
 };
-use super::cds::{BLACKHOLE_CLUSTER, PASSTHROUGH_CLUSTER};
 use crate::proxy::{Interception, Proxy};
-use crate::push_context::{exported_to, labels_match, resolve_host, wildcard_covers, Config, PushContext, ServiceView};
+use crate::push_context::{
+    exported_to, labels_match, resolve_host, wildcard_covers, Config, PushContext, ServiceView,
+};
 use crate::scope::{host_entry_matches, ProxyScope};
 use shoal_common::model::{
     OutboundTrafficMode, Protocol, RouteDestination, ServicePort, VirtualService,
@@ -274,7 +276,14 @@ fn tcp_chains(
         if tls_port {
             for rule in &vs.spec.tls {
                 for m in &rule.matches {
-                    if !l4_applies(proxy, number, m.port, &m.source_labels, &m.gateways, m.source_namespace.as_deref()) {
+                    if !l4_applies(
+                        proxy,
+                        number,
+                        m.port,
+                        &m.source_labels,
+                        &m.gateways,
+                        m.source_namespace.as_deref(),
+                    ) {
                         continue;
                     }
                     let chain = TcpChain {
@@ -310,7 +319,14 @@ fn tcp_chains(
             }
             let mut subnets = Vec::new();
             for m in &rule.matches {
-                if !l4_applies(proxy, number, m.port, &m.source_labels, &m.gateways, m.source_namespace.as_deref()) {
+                if !l4_applies(
+                    proxy,
+                    number,
+                    m.port,
+                    &m.source_labels,
+                    &m.gateways,
+                    m.source_namespace.as_deref(),
+                ) {
                     continue;
                 }
                 if m.destination_subnets.is_empty() {
@@ -337,7 +353,10 @@ fn tcp_chains(
         }
     }
     // No rule claimed every connection: the service's own cluster takes the rest.
-    if !out.iter().any(|c| c.destination_cidrs == cidrs && c.sni_hosts.is_empty()) {
+    if !out
+        .iter()
+        .any(|c| c.destination_cidrs == cidrs && c.sni_hosts.is_empty())
+    {
         out.push(TcpChain {
             destination_cidrs: cidrs.to_vec(),
             sni_hosts: Vec::new(),
@@ -376,13 +395,18 @@ fn weighted_clusters(
         .iter()
         .filter_map(|d| {
             let host = resolve_host(&d.destination.host, vs_ns);
-            let port = d.destination.port.as_ref().map(|p| p.number).unwrap_or_else(|| {
-                if host == svc.hostname && svc.ports.len() == 1 {
-                    svc.ports[0].port.into()
-                } else {
-                    listener_port
-                }
-            });
+            let port = d
+                .destination
+                .port
+                .as_ref()
+                .map(|p| p.number)
+                .unwrap_or_else(|| {
+                    if host == svc.hostname && svc.ports.len() == 1 {
+                        svc.ports[0].port.into()
+                    } else {
+                        listener_port
+                    }
+                });
             let weight = if single { 1 } else { d.weight.unwrap_or(0) };
             (weight > 0).then(|| {
                 (
@@ -459,10 +483,7 @@ pub fn listener(key: &OutboundListenerKey) -> Listener {
     let mut chains = Vec::new();
     let mut default_chain = None;
     if let Some(route) = &key.http_route {
-        let hcm = http_connection_manager(
-            &format!("outbound_{}", key.name),
-            HcmRoutes::Rds(route),
-        );
+        let hcm = http_connection_manager(&format!("outbound_{}", key.name), HcmRoutes::Rds(route));
         chains.push(FilterChain {
             filter_chain_match: Some(FilterChainMatch {
                 application_protocols: PLAINTEXT_HTTP_ALPNS.iter().map(|s| s.to_string()).collect(),
@@ -478,7 +499,11 @@ pub fn listener(key: &OutboundListenerKey) -> Listener {
         l.listener_filters.insert(0, tls_inspector());
     }
     for c in &key.tcp {
-        let stat = c.clusters.first().map(|(n, _)| n.as_str()).unwrap_or(BLACKHOLE_CLUSTER);
+        let stat = c
+            .clusters
+            .first()
+            .map(|(n, _)| n.as_str())
+            .unwrap_or(BLACKHOLE_CLUSTER);
         let chain = FilterChain {
             filters: vec![tcp_proxy_filter(stat, &c.clusters)],
             ..Default::default()

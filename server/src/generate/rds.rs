@@ -21,8 +21,8 @@ use shoal_proto::pb::envoy::config::route::v3::{
     route_action::{ClusterSpecifier, HostRewriteSpecifier},
     route_match::PathSpecifier,
     weighted_cluster::ClusterWeight,
-    DirectResponseAction, HeaderMatcher, RedirectAction, RetryPolicy, Route, RouteAction, RouteConfiguration, RouteMatch,
-    VirtualHost, WeightedCluster,
+    DirectResponseAction, HeaderMatcher, RedirectAction, RetryPolicy, Route, RouteAction,
+    RouteConfiguration, RouteMatch, VirtualHost, WeightedCluster,
 };
 use shoal_proto::pb::envoy::extensions::retry::host::previous_hosts::v3::PreviousHostsPredicate;
 use shoal_proto::pb::envoy::r#type::matcher::v3::{

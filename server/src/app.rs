@@ -2,7 +2,9 @@
 
 use crate::admin::{self, AdminState};
 use crate::generate::cache::GeneratorCache;
+use crate::mesh_config;
 use crate::metrics::Metrics;
+use crate::push_context::MeshSettings;
 use crate::pipeline::{self, Debounce};
 use crate::xds::listener::{self, ConnectionPolicy};
 use crate::xds::{AdsService, Registry};
@@ -55,6 +57,12 @@ pub struct ServerArgs {
         value_name = "ID"
     )]
     pub cluster_id: String,
+
+    /// Istio MeshConfig file (the `mesh` key of the `istio` ConfigMap). shoal reads
+    /// `outboundTrafficPolicy.mode` (ALLOW_ANY, the default, or REGISTRY_ONLY) and
+    /// `rootNamespace` (default istio-system); changes apply without a restart.
+    #[arg(long, env = "SHOAL_MESH_CONFIG", value_name = "FILE")]
+    pub mesh_config: Option<PathBuf>,
 
     /// Address of the gRPC ADS endpoint proxies connect to.
     #[arg(
@@ -185,7 +193,22 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         after: args.debounce_after.get(),
         max: args.debounce_max.get(),
     };
-    tokio::spawn(pipeline::run(bus, debounce, metrics.clone(), tx));
+    let settings = match &args.mesh_config {
+        Some(path) => mesh_config::load(path).context("cannot use --mesh-config")?,
+        None => MeshSettings::default(),
+    };
+    tracing::info!(?settings, "mesh settings");
+    let (mesh_tx, mesh_rx) = watch::channel(Arc::new(settings));
+    if let Some(path) = args.mesh_config.clone() {
+        tokio::spawn(mesh_config::watch(path, mesh_tx));
+    }
+    tokio::spawn(pipeline::run_with_mesh(
+        bus,
+        debounce,
+        metrics.clone(),
+        mesh_rx,
+        tx,
+    ));
 
     let (drain_tx, drain_rx) = watch::channel(false);
     let cache = GeneratorCache::new(args.cache_size << 20, args.cache_assert, metrics.clone());

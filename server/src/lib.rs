@@ -7,6 +7,7 @@ pub mod app;
 pub mod debug;
 pub mod endpoints;
 pub mod generate;
+pub mod mesh_config;
 pub mod metrics;
 pub mod pipeline;
 pub mod proxy;

@@ -3,7 +3,7 @@
 
 use crate::generate::Snapshot;
 use crate::metrics::Metrics;
-use crate::push_context::PushContext;
+use crate::push_context::{MeshSettings, PushContext};
 use crate::store::{ApplyError, Change, MeshState};
 use futures::StreamExt;
 use shoal_common::bus::{Bucket, StateBus, WatchEvent};
@@ -127,12 +127,25 @@ async fn feed_bucket(bus: Arc<dyn StateBus>, bucket: Bucket, tx: mpsc::Sender<Fe
     }
 }
 
-/// Runs the pipeline: publishes the first snapshot once every bucket's initial state is
-/// loaded, then a new one after each debounced batch of changes.
+/// Runs the pipeline with Istio's default mesh settings.
 pub async fn run(
     bus: Arc<dyn StateBus>,
     debounce: Debounce,
     metrics: Metrics,
+    out: watch::Sender<Option<Published>>,
+) {
+    let (_keep, mesh) = watch::channel(Arc::new(MeshSettings::default()));
+    run_with_mesh(bus, debounce, metrics, mesh, out).await
+}
+
+/// Runs the pipeline: publishes the first snapshot once every bucket's initial state is
+/// loaded, then a new one after each debounced batch of changes. A change of the mesh
+/// settings is a full change.
+pub async fn run_with_mesh(
+    bus: Arc<dyn StateBus>,
+    debounce: Debounce,
+    metrics: Metrics,
+    mut mesh: watch::Receiver<Arc<MeshSettings>>,
     out: watch::Sender<Option<Published>>,
 ) {
     let (tx, mut rx) = mpsc::channel(1024);
@@ -141,7 +154,11 @@ pub async fn run(
     }
     drop(tx);
 
-    let mut state = MeshState::default();
+    let mut state = MeshState {
+        mesh: mesh.borrow_and_update().clone(),
+        ..MeshState::default()
+    };
+    let mut mesh_open = true;
     let mut ctx = Arc::new(PushContext::default());
     let mut initial_pending: BTreeSet<Bucket> = WATCHED.into();
     // Keys seen during a replay, per bucket being resynced.
@@ -163,6 +180,19 @@ pub async fn run(
         let feed = tokio::select! {
             feed = rx.recv() => match feed { Some(f) => Some(f), None => return },
             _ = sleep_until(deadline) => None,
+            changed = mesh.changed(), if mesh_open => {
+                match changed {
+                    Ok(()) => {
+                        state.mesh = mesh.borrow_and_update().clone();
+                        changes.full = true;
+                        let now = Instant::now();
+                        window = Some(window.map_or((now, now), |(first, _)| (first, now)));
+                    }
+                    // The settings can no longer change.
+                    Err(_) => mesh_open = false,
+                }
+                continue;
+            }
         };
         match feed {
             Some(Feed::Restart(bucket)) => {

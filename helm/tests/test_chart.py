@@ -164,8 +164,18 @@ def merged(value_set: str) -> dict[str, Any]:
 
 def render(value_set: str) -> list[dict[str, Any]]:
     """The objects `helm template` would print, in template order."""
+    return objects_of(_render_raw(value_set))
+
+
+def render_values(chart, values: dict[str, Any]) -> list[dict[str, Any]]:
+    """The objects of one render with these values."""
+    return objects_of(sorted(chart.render(values, name=RELEASE, namespace=NAMESPACE).items()))
+
+
+def objects_of(rendered) -> list[dict[str, Any]]:
+    """The objects of rendered (template path, text) pairs."""
     objects = []
-    for path, text in _render_raw(value_set):
+    for path, text in rendered:
         if not path.endswith(".yaml"):
             continue  # NOTES.txt
         for doc in yaml.safe_load_all(text):
@@ -228,6 +238,22 @@ def container_port(container, port) -> int:
         if p["name"] == port:
             return p["containerPort"]
     raise AssertionError(f"container {container['name']} has no port named {port}")
+
+
+def mounted_config_map_file(objects, deployment, container, path: str):
+    """The ConfigMap key a container sees at path: (its volumeMount, the ConfigMap, the text)."""
+    mount = next(
+        (m for m in container.get("volumeMounts", []) if path.startswith(m["mountPath"].rstrip("/") + "/")),
+        None,
+    )
+    assert mount, f"{container['name']}: {path} is on no volume mount"
+    volume = next(v for v in pod_spec(deployment)["volumes"] if v["name"] == mount["name"])
+    assert "configMap" in volume, f"{container['name']}: {path} is not on a ConfigMap volume"
+    cm = one(objects, "ConfigMap", volume["configMap"]["name"])
+    rel = path[len(mount["mountPath"].rstrip("/")) + 1:]
+    key = next((i["key"] for i in volume["configMap"].get("items", []) if i["path"] == rel), rel)
+    assert key in cm.get("data", {}), f"ConfigMap {cm['metadata']['name']} has no key {key}"
+    return mount, cm, cm["data"][key]
 
 
 # --- the binaries --------------------------------------------------------------------------
@@ -537,6 +563,64 @@ def test_server_termination_leaves_time_to_drain(value_set):
         )
 
 
+def server_mesh_config(objects) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """The server's --mesh-config file as the pod sees it: (volumeMount, ConfigMap, text)."""
+    (server,) = deployments(objects, "server")
+    (c,) = pod_spec(server)["containers"]
+    path = arg_value(c, "--mesh-config")
+    assert path, "the server gets no --mesh-config"
+    return mounted_config_map_file(objects, server, c, path)
+
+
+@pytest.mark.parametrize("value_set", list(VALUE_SETS))
+def test_server_mesh_config_is_a_mounted_config_map(value_set):
+    """--mesh-config names a file of the server's own ConfigMap, mounted read-only and whole
+    (a subPath mount never sees updates), carrying server.meshConfig with the root namespace
+    defaulted to global.systemNamespace. The server polls the file, so no checksum annotation
+    restarts the pods when it changes."""
+    objects = render(value_set)
+    values = merged(value_set)
+    mount, cm, text = server_mesh_config(objects)
+    assert mount["readOnly"] is True
+    assert "subPath" not in mount and "subPathExpr" not in mount
+    assert component(cm) == "server"
+    mesh = values["server"]["meshConfig"]
+    assert yaml.safe_load(text) == {
+        "outboundTrafficPolicy": {"mode": mesh["outboundTrafficPolicy"]["mode"]},
+        "rootNamespace": mesh["rootNamespace"] or values["global"]["systemNamespace"],
+    }
+    (server,) = deployments(objects, "server")
+    annotations = server["spec"]["template"]["metadata"].get("annotations", {})
+    assert not [k for k in annotations if "checksum" in k], annotations
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        (
+            {"server": {"meshConfig": {"outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"}}}},
+            {"outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"}, "rootNamespace": "istio-system"},
+        ),
+        (
+            {"global": {"systemNamespace": "mesh-system"}},
+            {"outboundTrafficPolicy": {"mode": "ALLOW_ANY"}, "rootNamespace": "mesh-system"},
+        ),
+        (
+            {"global": {"systemNamespace": "mesh-system"}, "server": {"meshConfig": {"rootNamespace": "mesh-root"}}},
+            {"outboundTrafficPolicy": {"mode": "ALLOW_ANY"}, "rootNamespace": "mesh-root"},
+        ),
+        # A namespace YAML would read as a boolean stays a string.
+        (
+            {"server": {"meshConfig": {"rootNamespace": "true"}}},
+            {"outboundTrafficPolicy": {"mode": "ALLOW_ANY"}, "rootNamespace": "true"},
+        ),
+    ],
+)
+def test_server_mesh_config_values(chart, values, expected):
+    _, _, text = server_mesh_config(render_values(chart, values))
+    assert yaml.safe_load(text) == expected
+
+
 # --- security ------------------------------------------------------------------------------
 
 
@@ -650,12 +734,9 @@ def test_one_deployment_and_mesh_config_per_fleet():
         # Explicit either way: the binary defaults to true.
         assert arg_value(c, "--watch-config") == str(fleets[name]["watchConfig"]).lower()
         # The mesh config file the flag names is the fleet's ConfigMap, mounted.
-        mesh_path = arg_value(c, "--mesh-config")
-        mount = next(m for m in c["volumeMounts"] if mesh_path.startswith(m["mountPath"] + "/"))
-        volume = next(v for v in pod_spec(d)["volumes"] if v["name"] == mount["name"])
-        cm = config_maps[volume["configMap"]["name"]]
-        key = mesh_path[len(mount["mountPath"]) + 1:]
-        assert yaml.safe_load(cm["data"][key]) == fleets[name]["meshConfig"]
+        _, cm, text = mounted_config_map_file(objects, d, c, arg_value(c, "--mesh-config"))
+        assert cm["metadata"]["name"] in config_maps
+        assert yaml.safe_load(text) == fleets[name]["meshConfig"]
         assert arg_value(c, "--system-namespace") == "istio-system"
         # Ingester pods watch the API: they need their token.
         assert pod_spec(d).get("automountServiceAccountToken", True) is True
@@ -792,19 +873,17 @@ def print_log(log) -> None:
     print(log.read().decode(errors="replace")[-4000:])
 
 
-def test_server_probe_paths_answer_on_a_running_server():
-    """Starts the real server on the example mesh, with the admin port where the rendered
-    --admin-addr puts it, and GETs the rendered probe paths: 200 once ready.
+@contextmanager
+def running_server(log, *args):
+    """The real server on the example mesh with these extra arguments; yields (process, admin
+    port).
 
     Standalone mode (`--standalone docs/examples/mesh`) when the binary has it; a server built
     without the `standalone` feature reads the same mesh through a real nats-server, written
     there by shoal-ingester's file source."""
-    (server,) = deployments(render("default"), "server")
-    (c,) = pod_spec(server)["containers"]
-    ready_path, live_path, _, _ = probe_targets(server, c)
     help_of("shoal-server")
     xds, admin = free_port(), free_port()
-    with tempfile.TemporaryFile() as log, ExitStack() as stack:
+    with ExitStack() as stack:
         if server_has_standalone():
             state = ["--standalone", MESH_EXAMPLE]
         else:
@@ -817,18 +896,84 @@ def test_server_probe_paths_answer_on_a_running_server():
         proc = stack.enter_context(
             process(
                 [BIN_DIR / "shoal-server", *state,
-                 "--xds-addr", f"127.0.0.1:{xds}", "--admin-addr", f"127.0.0.1:{admin}"],
+                 "--xds-addr", f"127.0.0.1:{xds}", "--admin-addr", f"127.0.0.1:{admin}", *args],
                 log,
             )
         )
+        yield proc, admin
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replaces the file in one rename, as the kubelet swaps a ConfigMap volume's contents."""
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def test_server_probe_paths_answer_on_a_running_server():
+    """Starts the real server on the example mesh, with the admin port where the rendered
+    --admin-addr puts it and the rendered mesh config file, and GETs the rendered probe paths:
+    200 once ready."""
+    objects = render("default")
+    (server,) = deployments(objects, "server")
+    (c,) = pod_spec(server)["containers"]
+    ready_path, live_path, _, _ = probe_targets(server, c)
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile() as log:
+        mesh = Path(tmp) / "mesh.yaml"
+        mesh.write_text(server_mesh_config(objects)[2])
+        with running_server(log, "--mesh-config", mesh) as (proc, admin):
+            try:
+                wait_for_200(f"http://127.0.0.1:{admin}{ready_path}", proc)
+                assert http_get(f"http://127.0.0.1:{admin}{live_path}")[0] == 200
+                status, metrics = http_get(f"http://127.0.0.1:{admin}/metrics")
+                assert status == 200 and "shoal_ready 1" in metrics
+            except AssertionError:
+                print_log(log)
+                raise
+
+
+def mesh_settings_logged(log, message: str) -> list[str]:
+    """The `settings` field of the server's JSON log lines with this message, in order."""
+    log.seek(0)
+    found = []
+    for line in log.read().decode(errors="replace").splitlines():
         try:
-            wait_for_200(f"http://127.0.0.1:{admin}{ready_path}", proc)
-            assert http_get(f"http://127.0.0.1:{admin}{live_path}")[0] == 200
-            status, metrics = http_get(f"http://127.0.0.1:{admin}/metrics")
-            assert status == 200 and "shoal_ready 1" in metrics
-        except AssertionError:
-            print_log(log)
-            raise
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        fields = entry.get("fields", {}) if isinstance(entry, dict) else {}
+        if fields.get("message") == message:
+            found.append(fields.get("settings", ""))
+    return found
+
+
+def test_server_reads_and_polls_the_rendered_mesh_config(chart):
+    """The real server loads a rendered server mesh config (REGISTRY_ONLY, a root namespace)
+    at startup, and picks up the default render written over it without a restart: the reason
+    the chart rolls no pods when the ConfigMap changes."""
+    custom = {"server": {"meshConfig": {"outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"}, "rootNamespace": "mesh-root"}}}
+    first = server_mesh_config(render_values(chart, custom))[2]
+    second = server_mesh_config(render("default"))[2]
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile() as log:
+        mesh = Path(tmp) / "mesh.yaml"
+        mesh.write_text(first)
+        with running_server(log, "--mesh-config", mesh, "--log-format", "json") as (proc, admin):
+            try:
+                wait_for_200(f"http://127.0.0.1:{admin}/ready", proc)
+                (settings,) = mesh_settings_logged(log, "mesh settings")
+                assert "RegistryOnly" in settings and 'root_namespace: "mesh-root"' in settings, settings
+                write_atomically(mesh, second)
+                deadline = time.monotonic() + 15  # the server polls every 2 s
+                while not mesh_settings_logged(log, "mesh config changed"):
+                    assert proc.poll() is None, "the server exited"
+                    assert time.monotonic() < deadline, "the server did not pick up the new mesh config"
+                    time.sleep(0.2)
+                (changed,) = mesh_settings_logged(log, "mesh config changed")
+                assert "AllowAny" in changed and 'root_namespace: "istio-system"' in changed, changed
+                assert proc.poll() is None
+            except AssertionError:
+                print_log(log)
+                raise
 
 
 def test_ingester_probe_paths_answer_on_a_running_ingester():
@@ -943,6 +1088,13 @@ def test_ingester_design_flags_pending():
         ({"server": {"logFormat": "xml"}}, "/server/logFormat"),
         ({"server": {"debounceAfter": "soon"}}, "/server/debounceAfter"),
         ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        (
+            {"server": {"meshConfig": {"outboundTrafficPolicy": {"mode": "DENY_ALL"}}}},
+            "/server/meshConfig/outboundTrafficPolicy/mode",
+        ),
+        ({"server": {"meshConfig": {"outboundTrafficPolicy": {"mode": "registry_only"}}}}, "/server/meshConfig/outboundTrafficPolicy/mode"),
+        ({"server": {"meshConfig": {"rootNamespace": "Istio_System"}}}, "/server/meshConfig/rootNamespace"),
+        ({"server": {"meshConfig": {"rootNamepsace": "istio-system"}}}, "rootNamepsace"),
     ],
 )
 def test_schema_rejects_bad_values(chart, bad, message):

@@ -40,11 +40,12 @@
 #
 # NET is 1-12 characters [a-z0-9]. Namespaces are named NET-router and NET-<pod>; the only
 # interface in the root namespace is NET-h. iptables backend: $SHOAL_IPTABLES if set, else
-# iptables-nft when it works in a fresh namespace, else iptables-legacy.
+# iptables-nft when it works in the pod, else iptables-legacy (see pick_iptables).
 set -euo pipefail
 
 PROG=$(basename "$0")
 LOCK=/run/lock/shoal-mesh-netns.lock
+[ -d /run/lock ] || LOCK=/tmp/shoal-mesh-netns.lock
 
 die() {
   echo "$PROG: $*" >&2
@@ -155,28 +156,30 @@ cmd_pod() {
 }
 
 # ---------------------------------------------------------------------------------------
-# The iptables backend. Both iptables-nft and iptables-legacy are tried in a scratch
-# namespace with the matches and targets the capture needs; nft comes first (Debian's default
-# and Istio's default when no rules exist yet). Never mix both in one namespace.
+# The iptables backend for pod namespace $1: $SHOAL_IPTABLES if set, else the first of
+# iptables-nft and iptables-legacy that can install, in that namespace, a scratch chain with
+# the matches and targets the capture needs. nft comes first: Debian's default, and what
+# istio-iptables picks when no rules exist yet. Never mix both in one namespace.
 pick_iptables() {
+  local ns=$1 bin chain="SHOAL_PROBE_$$"
   if [ -n "${SHOAL_IPTABLES:-}" ]; then
     echo "$SHOAL_IPTABLES"
     return
   fi
-  local probe="shoalprobe$$" bin
-  ip netns add "$probe"
   for bin in iptables-nft iptables-legacy; do
-    if command -v "$bin" >/dev/null 2>&1 &&
-      ip netns exec "$probe" "$bin" -w -t nat -N PROBE 2>/dev/null &&
-      ip netns exec "$probe" "$bin" -w -t nat -A PROBE -p tcp ! --dport 15008 \
+    command -v "$bin" >/dev/null 2>&1 || continue
+    if ip netns exec "$ns" "$bin" -w -t nat -N "$chain" 2>/dev/null; then
+      if ip netns exec "$ns" "$bin" -w -t nat -A "$chain" -p tcp ! --dport 15008 \
         -m owner --uid-owner 1337 -j REDIRECT --to-ports 15001 2>/dev/null; then
-      ip netns del "$probe"
-      echo "$bin"
-      return
+        ip netns exec "$ns" "$bin" -w -t nat -F "$chain"
+        ip netns exec "$ns" "$bin" -w -t nat -X "$chain"
+        echo "$bin"
+        return
+      fi
+      ip netns exec "$ns" "$bin" -w -t nat -X "$chain" 2>/dev/null || true
     fi
   done
-  ip netns del "$probe"
-  die "no working iptables (install it: apt-get install -y iptables)"
+  die "no working iptables in $ns (install it: apt-get install -y iptables)"
 }
 
 # The rules `istio-iptables -p 15001 -z 15006 -u 1337 -g 1337 -m REDIRECT -i '*' -b '*'
@@ -250,7 +253,7 @@ cmd_capture() {
   check_net "$net"
   local ns="$net-$name" ipt
   ns_exists "$ns" || die "pod $name does not exist in $net"
-  ipt=$(pick_iptables)
+  ipt=$(pick_iptables "$ns")
   cmd_uncapture "$net" "$name" "$ipt" # idempotent: replace what a previous run installed
   istio_rules "$excludes" | grep -v '^#' | ip netns exec "$ns" "$ipt-restore" -w --noflush
 }
@@ -259,7 +262,8 @@ cmd_capture() {
 cmd_uncapture() {
   local net=$1 name=$2 ipt=${3:-}
   local ns="$net-$name" chain
-  [ -n "$ipt" ] || ipt=$(pick_iptables)
+  ns_exists "$ns" || die "pod $name does not exist in $net"
+  [ -n "$ipt" ] || ipt=$(pick_iptables "$ns")
   while ip netns exec "$ns" "$ipt" -w -t nat -D PREROUTING -p tcp -j ISTIO_INBOUND 2>/dev/null; do :; done
   while ip netns exec "$ns" "$ipt" -w -t nat -D OUTPUT -j ISTIO_OUTPUT 2>/dev/null; do :; done
   for chain in ISTIO_INBOUND ISTIO_OUTPUT ISTIO_IN_REDIRECT ISTIO_REDIRECT; do
@@ -272,7 +276,10 @@ cmd_uncapture() {
 
 cmd_iptables() {
   local ns="$1-$2"
-  ip netns exec "$ns" "$(pick_iptables)-save" -t nat
+  ns_exists "$ns" || die "pod $2 does not exist in $1"
+  local ipt
+  ipt=$(pick_iptables "$ns")
+  ip netns exec "$ns" "$ipt-save" -t nat
 }
 
 # ---------------------------------------------------------------------------------------

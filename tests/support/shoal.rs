@@ -88,7 +88,19 @@ impl ShoalServer {
 
     /// Starts the server without waiting for readiness.
     pub fn spawn(args: &[&str]) -> ShoalServer {
-        let xds = free_addr();
+        ShoalServer::spawn_with_xds(args, free_addr())
+    }
+
+    /// Starts the server with its xDS endpoint on `xds` (e.g. a test network's host
+    /// address, for Envoys in network namespaces) and waits until it is ready.
+    pub async fn start_with_xds(args: &[&str], xds: SocketAddr) -> ShoalServer {
+        let mut server = ShoalServer::spawn_with_xds(args, xds);
+        server.wait_ready().await;
+        server
+    }
+
+    /// Starts the server with its xDS endpoint on `xds`, without waiting for readiness.
+    pub fn spawn_with_xds(args: &[&str], xds: SocketAddr) -> ShoalServer {
         let admin = free_addr();
         let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         all.extend([

@@ -179,7 +179,7 @@ pub(crate) enum HcmRoutes<'a> {
     /// Over RDS, by name.
     Rds(&'a str),
     /// Inline (inbound chains).
-    Inline(RouteConfiguration),
+    Inline(Box<RouteConfiguration>),
 }
 
 /// An HTTP connection manager with Istio's defaults: the router filter, automatic codec,
@@ -197,7 +197,7 @@ pub(crate) fn http_connection_manager(
                 config_source: Some(ads_config_source()),
                 route_config_name: name.to_string(),
             }),
-            HcmRoutes::Inline(rc) => RouteSpecifier::RouteConfig(rc),
+            HcmRoutes::Inline(rc) => RouteSpecifier::RouteConfig(*rc),
         }),
         http_filters: vec![HttpFilter {
             name: "envoy.filters.http.router".into(),

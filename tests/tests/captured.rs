@@ -1,0 +1,715 @@
+//! End to end with real traffic capture: Istio's default sidecar, configured by shoal.
+//!
+//! Each pod is a network namespace (scripts/mesh-netns.sh) with its app, an Envoy sidecar
+//! running as uid/gid 1337 and istio-iptables' nat rules, so every outbound connection of
+//! the app goes to Envoy's 15001 and every inbound one to 15006. The sidecars' bootstraps
+//! are Istio's (no `INTERCEPTION_MODE`, i.e. REDIRECT) and they get everything from shoal:
+//! no Sidecar resource, as a mesh migrating from istiod with injection runs.
+//!
+//! The mesh (namespace `shop`): `productpage` (the client), `reviews` v1/v2 (HTTP), `mysql`
+//! (TCP echo), `ratings` (a port without protocol: sniffed), and `external`, a pod outside
+//! the mesh (no sidecar, no Service). An ingress gateway Envoy runs in the root namespace.
+//!
+//! - `standalone_sotw`: one `shoal-server --standalone`, Envoys on SotW.
+//! - `through_nats_delta`: nats-server, `shoal-ingester`, `shoal-server`, Envoys on delta.
+//!
+//! Needs root, iptables and the binaries (`bash scripts/test.sh` provides them); fails
+//! without netns support unless `SHOAL_SKIP_NETNS=1`.
+#![forbid(unsafe_code)]
+
+use serde_json::Value;
+use shoal_tests::bootstrap::{bootstrap_with, AdsMode, Node};
+use shoal_tests::netns::{self, Pod};
+use shoal_tests::ports::free_port_on;
+use shoal_tests::process::Process;
+use shoal_tests::{eventually, Envoy, MeshNet, NatsServer, ShoalIngester, ShoalServer};
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+use tempfile::TempDir;
+
+/// A fresh control plane and Envoys converge within this.
+const CONVERGE: Duration = Duration::from_secs(30);
+/// A manifest change reaches the sidecars within this (ingester poll 250 ms + debounce).
+const PROPAGATE: Duration = Duration::from_secs(5);
+const POLL: Duration = Duration::from_millis(200);
+
+const NS: &str = "shop";
+const REVIEWS_VIP: &str = "198.19.0.11";
+const MYSQL_VIP: &str = "198.19.0.12";
+const RATINGS_VIP: &str = "198.19.0.13";
+const REVIEWS: &str = "reviews.shop.svc.cluster.local";
+const MYSQL: &str = "mysql.shop.svc.cluster.local";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_sotw() {
+    if netns::skip_if_unavailable() {
+        return;
+    }
+    scenario(Plane::Standalone, AdsMode::Sotw).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_nats_delta() {
+    if netns::skip_if_unavailable() {
+        return;
+    }
+    scenario(Plane::Nats, AdsMode::Delta).await;
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Plane {
+    Standalone,
+    Nats,
+}
+
+async fn scenario(plane: Plane, mode: AdsMode) {
+    let mut mesh = CapturedMesh::start(plane, mode).await;
+    mesh.wait_converged().await;
+
+    http_through_both_sidecars(&mesh).await;
+    virtual_service_rules(&mesh).await;
+    tcp_through_tcp_proxy(&mesh).await;
+    sniffed_port(&mesh).await;
+    passthrough_and_registry_only(&mesh).await;
+    ingress_into_a_pod(&mesh).await;
+    endpoint_added(&mut mesh).await;
+
+    mesh.assert_nothing_rejected().await;
+    mesh.assert_running();
+}
+
+// ---------------------------------------------------------------------------------------
+// The checks
+
+/// By name and by ClusterIP, productpage reaches a reviews pod: out through its own
+/// sidecar (the outbound listener and cluster), in through the reviews pod's sidecar
+/// (virtualInbound, `inbound|9080||`, from 127.0.0.6).
+async fn http_through_both_sidecars(mesh: &CapturedMesh) {
+    let out_before = mesh
+        .stat(
+            "productpage",
+            "|reviews.shop.svc.cluster.local.upstream_rq_total",
+        )
+        .await;
+    let in_before = mesh
+        .stat_reviews("cluster.inbound|9080||.upstream_rq_total")
+        .await;
+    for url in [
+        "http://reviews:9080/by-name".to_string(),
+        format!("http://{REVIEWS}:9080/by-fqdn"),
+        format!("http://{REVIEWS_VIP}:9080/by-vip"),
+    ] {
+        let (status, body) = mesh
+            .get("productpage", &url, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(status, 200, "{url}: {body}");
+        let backend = body["backend"].as_str().unwrap_or_default();
+        assert!(backend.starts_with("reviews-"), "{url}: {body}");
+        // The app sees the connection from its own sidecar (127.0.0.6), to its own pod IP.
+        assert_eq!(
+            body["peer"].as_str().unwrap_or_default().split(':').next(),
+            Some("127.0.0.6"),
+            "{url}: {body}"
+        );
+    }
+    let out_after = mesh
+        .stat(
+            "productpage",
+            "|reviews.shop.svc.cluster.local.upstream_rq_total",
+        )
+        .await;
+    let in_after = mesh
+        .stat_reviews("cluster.inbound|9080||.upstream_rq_total")
+        .await;
+    assert!(
+        out_after >= out_before + 3,
+        "productpage outbound: {out_before} -> {out_after}"
+    );
+    assert!(
+        in_after >= in_before + 3,
+        "reviews inbound: {in_before} -> {in_after}"
+    );
+    // virtualOutbound handed the connections to the port's outbound listener (handed-off
+    // connections count there, not on 15001).
+    assert!(
+        mesh.stat("productpage", "listener.0.0.0.0_9080.downstream_cx_total")
+            .await
+            >= 3,
+        "productpage's 0.0.0.0_9080 took no connection"
+    );
+}
+
+/// The VirtualService for reviews: `end-user: jason` goes to v2, the rest splits 80/20.
+async fn virtual_service_rules(mesh: &CapturedMesh) {
+    let tally = mesh
+        .tally(
+            "productpage",
+            "http://reviews:9080/",
+            &["end-user:jason"],
+            10,
+        )
+        .await;
+    assert_eq!(tally, BTreeMap::from([("reviews-v2".to_string(), 10)]));
+    let tally = mesh
+        .tally("productpage", "http://reviews:9080/", &[], 100)
+        .await;
+    let v1 = tally.get("reviews-v1").copied().unwrap_or(0);
+    let v2 = tally.get("reviews-v2").copied().unwrap_or(0);
+    assert_eq!(v1 + v2, 100, "{tally:?}");
+    assert!((60..=95).contains(&v1), "80/20 split: {tally:?}");
+}
+
+/// A TCP service echoes through tcp_proxy: `<ClusterIP>_3306` at the client, the TCP chain
+/// of virtualInbound at the server.
+async fn tcp_through_tcp_proxy(mesh: &CapturedMesh) {
+    let before = mesh
+        .stat("mysql", "cluster.inbound|3306||.upstream_cx_total")
+        .await;
+    for addr in [format!("{MYSQL_VIP}:3306")] {
+        let out = mesh.pods["productpage"]
+            .run(&["tcp-send", &addr, "hello"])
+            .await;
+        assert_eq!(out.expect_success(&addr).trim(), "mysql:hello");
+    }
+    let out = mesh
+        .stat(
+            "productpage",
+            &format!("cluster.outbound|3306||{MYSQL}.upstream_cx_total"),
+        )
+        .await;
+    assert!(
+        out >= 1,
+        "productpage's tcp_proxy to mysql took no connection"
+    );
+    let after = mesh
+        .stat("mysql", "cluster.inbound|3306||.upstream_cx_total")
+        .await;
+    assert!(after > before, "mysql inbound: {before} -> {after}");
+    assert!(
+        mesh.stat(
+            "productpage",
+            "listener.198.19.0.12_3306.downstream_cx_total"
+        )
+        .await
+            >= 1,
+        "the VIP listener took no connection"
+    );
+}
+
+/// A port without a protocol: sniffed, HTTP routed through the service's own route table.
+async fn sniffed_port(mesh: &CapturedMesh) {
+    let (status, body) = mesh
+        .get("productpage", &format!("http://{RATINGS_VIP}:7070/"), &[])
+        .await
+        .expect("ratings");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["backend"], "ratings");
+    assert!(
+        mesh.stat(
+            "productpage",
+            "cluster.outbound|7070||ratings.shop.svc.cluster.local.upstream_rq_total"
+        )
+        .await
+            >= 1
+    );
+}
+
+/// An address outside the mesh passes through (`PassthroughCluster`) under ALLOW_ANY, and
+/// is blocked once a mesh-wide Sidecar says REGISTRY_ONLY.
+async fn passthrough_and_registry_only(mesh: &CapturedMesh) {
+    let ext = mesh.pods["external"].ip();
+    let url = format!("http://{ext}:8080/outside");
+    let before = mesh
+        .stat(
+            "productpage",
+            "cluster.PassthroughCluster.upstream_cx_total",
+        )
+        .await;
+    let (status, body) = mesh.get("productpage", &url, &[]).await.expect("external");
+    assert_eq!((status, body["backend"].as_str()), (200, Some("external")));
+    let out = mesh.pods["productpage"]
+        .run(&["tcp-send", &format!("{ext}:9000"), "raw"])
+        .await;
+    assert_eq!(out.expect_success("external tcp").trim(), "external:raw");
+    let after = mesh
+        .stat(
+            "productpage",
+            "cluster.PassthroughCluster.upstream_cx_total",
+        )
+        .await;
+    assert!(
+        after >= before + 2,
+        "PassthroughCluster: {before} -> {after}"
+    );
+
+    mesh.write("registry-only.yaml", REGISTRY_ONLY);
+    eventually(PROPAGATE, POLL, || async {
+        match mesh.get("productpage", &url, &[]).await {
+            Ok((200, _)) => Err("still passing through".to_string()),
+            _ => Ok(()),
+        }
+    })
+    .await;
+    let black_before = mesh
+        .stat("productpage", "tcp.BlackHoleCluster.downstream_cx_total")
+        .await;
+    let tcp = mesh.pods["productpage"]
+        .run(&[
+            "tcp-send",
+            &format!("{ext}:9000"),
+            "raw",
+            "--timeout-ms",
+            "2000",
+        ])
+        .await;
+    assert!(
+        !tcp.success(),
+        "TCP to outside the registry passed: {tcp:?}"
+    );
+    let black_after = mesh
+        .stat("productpage", "tcp.BlackHoleCluster.downstream_cx_total")
+        .await;
+    assert!(
+        black_after > black_before,
+        "BlackHoleCluster: {black_before} -> {black_after}"
+    );
+    // HTTP on a port the mesh knows, for a host it does not: istiod's block_all (502).
+    let (status, _) = mesh
+        .get("productpage", &format!("http://{ext}:9080/"), &[])
+        .await
+        .expect("HTTP under REGISTRY_ONLY");
+    assert_eq!(status, 502, "block_all");
+    // The mesh still works.
+    let (status, _) = mesh
+        .get("productpage", "http://reviews:9080/", &[])
+        .await
+        .expect("reviews under REGISTRY_ONLY");
+    assert_eq!(status, 200);
+    mesh.remove("registry-only.yaml");
+    eventually(PROPAGATE, POLL, || async {
+        match mesh.get("productpage", &url, &[]).await {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+}
+
+/// The ingress gateway routes into a reviews pod, which takes it through its inbound path.
+async fn ingress_into_a_pod(mesh: &CapturedMesh) {
+    let before = mesh
+        .stat_reviews("cluster.inbound|9080||.upstream_rq_total")
+        .await;
+    let gw = SocketAddr::from((Ipv4Addr::LOCALHOST, mesh.gateway_port));
+    let r = shoal_tests::http::Request::get("/from-ingress")
+        .host("shop.example.com")
+        .send(gw)
+        .await
+        .expect("gateway");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let body: Value = serde_json::from_str(&r.text()).unwrap_or(Value::Null);
+    assert!(
+        body["backend"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("reviews-"),
+        "{body}"
+    );
+    let after = mesh
+        .stat_reviews("cluster.inbound|9080||.upstream_rq_total")
+        .await;
+    assert!(
+        after > before,
+        "reviews inbound from the gateway: {before} -> {after}"
+    );
+}
+
+/// A pod added to reviews (v1) receives traffic within seconds.
+async fn endpoint_added(mesh: &mut CapturedMesh) {
+    mesh.add_pod(
+        "reviews-v1b",
+        &[("app", "reviews"), ("version", "v1")],
+        App::Http(9080),
+    )
+    .await;
+    mesh.write_manifests();
+    eventually(PROPAGATE + Duration::from_secs(5), POLL, || async {
+        let tally = mesh
+            .tally("productpage", "http://reviews:9080/", &[], 30)
+            .await;
+        if tally.contains_key("reviews-v1b") {
+            Ok(())
+        } else {
+            Err(format!("{tally:?}"))
+        }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The mesh
+
+const REGISTRY_ONLY: &str = "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata:\n  \
+    name: default\n  namespace: istio-system\nspec:\n  outboundTrafficPolicy:\n    mode: REGISTRY_ONLY\n";
+
+#[derive(Clone, Copy)]
+enum App {
+    Http(u16),
+    Tcp(u16),
+}
+
+struct PodInfo {
+    labels: Vec<(&'static str, &'static str)>,
+}
+
+struct CapturedMesh {
+    net: MeshNet,
+    dir: TempDir,
+    mode: AdsMode,
+    xds: SocketAddr,
+    pods: BTreeMap<String, Pod>,
+    info: BTreeMap<String, PodInfo>,
+    sidecars: BTreeMap<String, Envoy>,
+    gateway: Option<Envoy>,
+    gateway_port: u16,
+    apps: Vec<Process>,
+    _nats: Option<NatsServer>,
+    ingester: Option<ShoalIngester>,
+    server: Option<ShoalServer>,
+}
+
+impl CapturedMesh {
+    async fn start(plane: Plane, mode: AdsMode) -> CapturedMesh {
+        let net = MeshNet::create();
+        let host = net.host_ip();
+        let xds = SocketAddr::from((host, free_port_on(&[host])));
+        let gateway_port = free_port_on(&[Ipv4Addr::UNSPECIFIED]);
+        let mut mesh = CapturedMesh {
+            net,
+            dir: tempfile::tempdir().expect("manifest dir"),
+            mode,
+            xds,
+            pods: BTreeMap::new(),
+            info: BTreeMap::new(),
+            sidecars: BTreeMap::new(),
+            gateway: None,
+            gateway_port,
+            apps: Vec::new(),
+            _nats: None,
+            ingester: None,
+            server: None,
+        };
+        // The outside world: no sidecar, no capture, no Service.
+        let external = mesh.net.add_pod("external");
+        mesh.apps.push(external.http_server("external", 8080).await);
+        mesh.apps.push(external.tcp_echo("external", 9000).await);
+        mesh.pods.insert("external".into(), external);
+
+        for (name, labels, app) in [
+            ("productpage", vec![("app", "productpage")], App::Http(9080)),
+            (
+                "reviews-v1",
+                vec![("app", "reviews"), ("version", "v1")],
+                App::Http(9080),
+            ),
+            (
+                "reviews-v2",
+                vec![("app", "reviews"), ("version", "v2")],
+                App::Http(9080),
+            ),
+            ("mysql", vec![("app", "mysql")], App::Tcp(3306)),
+            ("ratings", vec![("app", "ratings")], App::Http(7070)),
+        ] {
+            mesh.add_pod_only(name, &labels, app).await;
+        }
+        mesh.write_manifests();
+        mesh.write("istio.yaml", &mesh.istio_config());
+
+        let dir = mesh.dir.path().to_str().expect("UTF-8 dir").to_string();
+        match plane {
+            Plane::Standalone => {
+                mesh.server = Some(ShoalServer::start_with_xds(&["--standalone", &dir], xds).await);
+            }
+            Plane::Nats => {
+                let nats = NatsServer::start().await;
+                mesh.ingester = Some(ShoalIngester::for_dir(&nats.url(), mesh.dir.path()));
+                mesh.server =
+                    Some(ShoalServer::start_with_xds(&["--nats-url", &nats.url()], xds).await);
+                mesh._nats = Some(nats);
+            }
+        }
+        let names: Vec<String> = mesh.info.keys().cloned().collect();
+        for name in names {
+            mesh.start_sidecar(&name).await;
+        }
+        let gw = bootstrap_with(
+            &Node::gateway(),
+            shoal_tests::ports::free_port(),
+            &[xds],
+            mode,
+        );
+        mesh.gateway = Some(Envoy::start(&gw).await);
+        mesh
+    }
+
+    /// A pod in the mesh with its app, not yet in the manifests, without its sidecar.
+    async fn add_pod_only(
+        &mut self,
+        name: &str,
+        labels: &[(&'static str, &'static str)],
+        app: App,
+    ) {
+        let pod = self.net.add_pod(name);
+        pod.capture();
+        let process = match app {
+            App::Http(port) => pod.http_server(name, port).await,
+            App::Tcp(port) => pod.tcp_echo(name, port).await,
+        };
+        self.apps.push(process);
+        self.pods.insert(name.into(), pod);
+        self.info.insert(
+            name.into(),
+            PodInfo {
+                labels: labels.to_vec(),
+            },
+        );
+    }
+
+    /// A pod in the mesh with its app and its sidecar (manifests not rewritten).
+    async fn add_pod(&mut self, name: &str, labels: &[(&'static str, &'static str)], app: App) {
+        self.add_pod_only(name, labels, app).await;
+        self.start_sidecar(name).await;
+    }
+
+    async fn start_sidecar(&mut self, name: &str) {
+        let pod = &self.pods[name];
+        let ip = pod.ip().to_string();
+        let labels = &self.info[name].labels;
+        let node = Node::captured(&ip, name, NS, labels);
+        let yaml = bootstrap_with(&node, netns::ADMIN_PORT, &[self.xds], self.mode);
+        let envoy = Envoy::start_in_pod(pod, &netns::admin_on(&yaml, pod.ip())).await;
+        self.sidecars.insert(name.into(), envoy);
+    }
+
+    fn write(&self, file: &str, content: &str) {
+        write_atomically(self.dir.path(), file, content);
+    }
+
+    fn remove(&self, file: &str) {
+        std::fs::remove_file(self.dir.path().join(file)).expect("removing a manifest");
+    }
+
+    /// Namespaces, Services (with ClusterIPs and selectors), Pods and EndpointSlices.
+    fn write_manifests(&self) {
+        let mut out = format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n---\n\
+             apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n---\n"
+        );
+        let services = [
+            ("productpage", "198.19.0.10", "http", 9080),
+            ("reviews", REVIEWS_VIP, "http", 9080),
+            ("mysql", MYSQL_VIP, "tcp-mysql", 3306),
+            ("ratings", RATINGS_VIP, "web", 7070),
+        ];
+        for (svc, vip, port_name, port) in services {
+            out.push_str(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: {svc}\n  namespace: {NS}\n\
+                 spec:\n  clusterIP: {vip}\n  selector:\n    app: {svc}\n  ports:\n\
+                 \x20 - name: {port_name}\n    port: {port}\n    targetPort: {port}\n---\n"
+            ));
+            let members: Vec<&String> = self
+                .info
+                .iter()
+                .filter(|(_, i)| i.labels.contains(&("app", svc)))
+                .map(|(n, _)| n)
+                .collect();
+            out.push_str(&format!(
+                "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {svc}-1\n\
+                 \x20 namespace: {NS}\n  labels:\n    kubernetes.io/service-name: {svc}\n\
+                 addressType: IPv4\nports:\n- name: {port_name}\n  port: {port}\n  protocol: TCP\n\
+                 endpoints:\n"
+            ));
+            for m in &members {
+                out.push_str(&format!(
+                    "- addresses: [\"{ip}\"]\n  conditions:\n    ready: true\n  targetRef:\n\
+                     \x20   kind: Pod\n    name: {m}\n    namespace: {NS}\n",
+                    ip = self.pods[*m].ip()
+                ));
+            }
+            if members.is_empty() {
+                out.push_str("  []\n");
+            }
+            out.push_str("---\n");
+        }
+        for (name, info) in &self.info {
+            let labels: String = info
+                .labels
+                .iter()
+                .map(|(k, v)| format!("    {k}: {v}\n"))
+                .collect();
+            out.push_str(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\n  labels:\n{labels}\
+                 spec:\n  serviceAccountName: {name}\n  containers:\n  - name: app\n    image: app\n\
+                 status:\n  phase: Running\n  podIP: {ip}\n  podIPs:\n  - ip: {ip}\n---\n",
+                ip = self.pods[name].ip()
+            ));
+        }
+        self.write("mesh.yaml", &out);
+    }
+
+    /// The reviews DestinationRule and VirtualService, the ingress Gateway and its route.
+    fn istio_config(&self) -> String {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata:\n  name: reviews\n  namespace: {NS}\n\
+             spec:\n  host: reviews\n  subsets:\n  - name: v1\n    labels: {{version: v1}}\n  - name: v2\n    labels: {{version: v2}}\n---\n\
+             apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: reviews\n  namespace: {NS}\n\
+             spec:\n  hosts: [reviews]\n  http:\n  - match:\n    - headers:\n        end-user: {{exact: jason}}\n\
+             \x20   route:\n    - destination: {{host: reviews, subset: v2}}\n  - route:\n\
+             \x20   - destination: {{host: reviews, subset: v1}}\n      weight: 80\n\
+             \x20   - destination: {{host: reviews, subset: v2}}\n      weight: 20\n---\n\
+             apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: ingress\n  namespace: istio-system\n\
+             spec:\n  selector: {{istio: ingressgateway}}\n  servers:\n  - port: {{number: {gw}, name: http, protocol: HTTP}}\n\
+             \x20   hosts: [\"shop.example.com\"]\n---\n\
+             apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: shop\n  namespace: {NS}\n\
+             spec:\n  hosts: [shop.example.com]\n  gateways: [istio-system/ingress]\n  http:\n\
+             \x20 - route:\n    - destination: {{host: reviews, port: {{number: 9080}}}}\n",
+            gw = self.gateway_port
+        )
+    }
+
+    /// Until productpage reaches reviews, mysql and ratings through its sidecar, and the
+    /// gateway has its listener.
+    async fn wait_converged(&self) {
+        eventually(CONVERGE, POLL, || async {
+            let (s, b) = self
+                .get("productpage", "http://reviews:9080/", &[])
+                .await
+                .map_err(|e| e.to_string())?;
+            if s != 200 {
+                return Err(format!("reviews: {s} {b}"));
+            }
+            let out = self.pods["productpage"]
+                .run(&["tcp-send", &format!("{MYSQL_VIP}:3306"), "ping"])
+                .await;
+            if !out.success() {
+                return Err(format!("mysql: {out:?}"));
+            }
+            let gw = self.gateway.as_ref().expect("gateway");
+            let listeners = gw
+                .admin_get("/listeners")
+                .await
+                .map_err(|e| e.to_string())?;
+            if !listeners.contains(&format!("0.0.0.0_{}", self.gateway_port)) {
+                return Err(format!("gateway listeners: {listeners}"));
+            }
+            Ok(())
+        })
+        .await;
+    }
+
+    /// One HTTP GET from a pod's app (through its sidecar): status and JSON body.
+    async fn get(&self, pod: &str, url: &str, headers: &[&str]) -> anyhow::Result<(u16, Value)> {
+        let args = self.get_args(url, headers, None);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = self.pods[pod].run(&args).await;
+        if !out.success() {
+            anyhow::bail!("http-get {url}: {}", out.stderr.trim());
+        }
+        out.http()
+    }
+
+    /// `count` GETs: responders by name.
+    async fn tally(
+        &self,
+        pod: &str,
+        url: &str,
+        headers: &[&str],
+        count: u32,
+    ) -> BTreeMap<String, u64> {
+        let args = self.get_args(url, headers, Some(count));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = self.pods[pod].run(&args).await;
+        let json = out.json().unwrap_or(Value::Null);
+        json["responders"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn get_args(&self, url: &str, headers: &[&str], count: Option<u32>) -> Vec<String> {
+        let mut args = vec!["http-get".to_string(), url.to_string()];
+        // The pods' /etc/hosts: Kubernetes DNS names resolve to the ClusterIPs.
+        for (name, vip) in [
+            ("reviews", REVIEWS_VIP),
+            (REVIEWS, REVIEWS_VIP),
+            ("mysql", MYSQL_VIP),
+            ("ratings", RATINGS_VIP),
+        ] {
+            args.push("--resolve".into());
+            args.push(format!("{name}={vip}"));
+        }
+        for h in headers {
+            args.push("-H".into());
+            args.push(h.to_string());
+        }
+        if let Some(n) = count {
+            args.push("--count".into());
+            args.push(n.to_string());
+        }
+        args
+    }
+
+    async fn stat(&self, pod: &str, name: &str) -> u64 {
+        self.sidecars[pod].stat_sum(name).await
+    }
+
+    /// The sum of a stat over both reviews pods.
+    async fn stat_reviews(&self, name: &str) -> u64 {
+        self.stat("reviews-v1", name).await + self.stat("reviews-v2", name).await
+    }
+
+    async fn assert_nothing_rejected(&self) {
+        let all = self
+            .sidecars
+            .iter()
+            .map(|(n, e)| (n.as_str(), e))
+            .chain(self.gateway.iter().map(|g| ("gateway", g)));
+        for (name, envoy) in all {
+            let rejected = envoy.stat_sum("update_rejected").await;
+            assert_eq!(
+                rejected,
+                0,
+                "the {name} Envoy rejected {rejected} xDS updates:\n{}",
+                envoy
+                    .admin_get("/stats?filter=update_rejected")
+                    .await
+                    .unwrap_or_default()
+            );
+        }
+    }
+
+    fn assert_running(&mut self) {
+        if let Some(i) = &mut self.ingester {
+            i.process().assert_running();
+        }
+        if let Some(s) = &mut self.server {
+            s.process().assert_running();
+        }
+        for a in &mut self.apps {
+            a.assert_running();
+        }
+    }
+}
+
+fn write_atomically(dir: &Path, file: &str, content: &str) {
+    let tmp = dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, content).expect("writing a manifest");
+    std::fs::rename(&tmp, dir.join(file)).expect("renaming a manifest");
+}

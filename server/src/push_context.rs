@@ -39,6 +39,9 @@ pub struct ServiceView {
     pub target_ports: BTreeMap<u16, u16>,
     /// Virtual IPs across clusters.
     pub vips: Vec<String>,
+    /// Virtual IPs by cluster ID (Kubernetes services): a proxy listens on its own
+    /// cluster's ClusterIP, as istiod's `GetAddressForProxy`.
+    pub cluster_vips: BTreeMap<String, Vec<String>>,
     /// Namespaces the service is exported to (empty = all).
     pub export_to: Vec<String>,
     /// Kubernetes or ServiceEntry.
@@ -52,6 +55,16 @@ impl ServiceView {
     /// The port with this number.
     pub fn port(&self, number: u32) -> Option<&ServicePort> {
         self.ports.iter().find(|p| u32::from(p.port) == number)
+    }
+
+    /// The address a proxy in `cluster` reaches this service at: its cluster's ClusterIP,
+    /// else the first VIP (other clusters', a ServiceEntry's), else none.
+    pub fn vip_for(&self, cluster: &str) -> Option<&str> {
+        self.cluster_vips
+            .get(cluster)
+            .and_then(|v| v.first())
+            .or_else(|| self.vips.first())
+            .map(String::as_str)
     }
 
     /// Whether a proxy in `namespace` may see this service.
@@ -172,12 +185,19 @@ impl PushContext {
                     ports,
                     target_ports: BTreeMap::new(),
                     vips: Vec::new(),
+                    cluster_vips: BTreeMap::new(),
                     export_to: svc.export_to.clone(),
                     source: ServiceSource::Kubernetes,
                     selector: svc.selector.clone(),
                 })
             });
             let view = Arc::make_mut(view);
+            if !svc.cluster_ips.is_empty() {
+                view.cluster_vips
+                    .entry(svc.cluster.clone())
+                    .or_default()
+                    .extend(svc.cluster_ips.iter().cloned());
+            }
             for ip in &svc.cluster_ips {
                 if !view.vips.contains(ip) {
                     view.vips.push(ip.clone());
@@ -261,6 +281,7 @@ impl PushContext {
                                 ports: ports.clone(),
                                 target_ports: target_ports.clone(),
                                 vips: se.addresses.clone(),
+                                cluster_vips: BTreeMap::new(),
                                 export_to: se.export_to.clone(),
                                 source: ServiceSource::ServiceEntry {
                                     resolution,

@@ -182,6 +182,7 @@ mod tests {
             ports: vec![],
             target_ports: BTreeMap::new(),
             vips: vec![],
+            cluster_vips: Default::default(),
             export_to: vec![],
             source: ServiceSource::Kubernetes,
             selector: BTreeMap::new(),

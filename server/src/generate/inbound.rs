@@ -223,5 +223,8 @@ fn inbound_hcm(
         validate_clusters: Some(BoolValue { value: false }),
         ..Default::default()
     };
-    hcm_filter(&http_connection_manager(stat_prefix, HcmRoutes::Inline(Box::new(rc))))
+    hcm_filter(&http_connection_manager(
+        stat_prefix,
+        HcmRoutes::Inline(Box::new(rc)),
+    ))
 }

@@ -208,7 +208,7 @@ fn add_service_port(
     let class = class_of(port.protocol);
     // The listener address: the VIP for TCP and sniffed ports (a CIDR VIP listens on the
     // wildcard and matches the range), the wildcard for HTTP.
-    let vip = svc.vips.first().cloned();
+    let vip = svc.vip_for(&proxy.cluster_id).map(str::to_string);
     let (bind, cidrs) = match (&class, &vip) {
         (Class::Http, _) | (_, None) => (WILDCARD.to_string(), Vec::new()),
         (_, Some(v)) if v.contains('/') => (WILDCARD.to_string(), vec![v.clone()]),

@@ -79,6 +79,7 @@ mod tests {
                     ports: vec![],
                     target_ports: Default::default(),
                     vips: vec![],
+                    cluster_vips: Default::default(),
                     export_to: vec![],
                     source: ServiceSource::Kubernetes,
                     selector: Default::default(),

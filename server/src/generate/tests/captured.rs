@@ -480,3 +480,21 @@ fn a_workload_without_services_passes_inbound_traffic_through() {
     );
     assert!(l.listener_filters[1].filter_disabled.is_none());
 }
+
+#[test]
+fn tcp_listeners_use_the_proxys_own_cluster_vip() {
+    let mut east = service("default", "mysql", &[("tcp-mysql", 3306)]);
+    east.cluster = "east".into();
+    east.cluster_ips = vec!["10.200.0.11".into()];
+    let m = mesh().with_service(east);
+    let here = lds(&m, &proxy());
+    assert!(here.contains_key("10.96.0.11_3306"));
+    assert!(!here.contains_key("10.200.0.11_3306"));
+    let mut p = proxy();
+    p.cluster_id = "east".into();
+    let there = lds(&m, &p);
+    assert!(there.contains_key("10.200.0.11_3306"));
+    assert!(!there.contains_key("10.96.0.11_3306"));
+    // Both ClusterIPs reach the service by HTTP-style domains elsewhere; the cluster is one.
+    assert!(cds(&m, &p).contains_key("outbound|3306||mysql.default.svc.cluster.local"));
+}

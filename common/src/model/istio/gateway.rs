@@ -1,0 +1,44 @@
+//! `Gateway`: servers (ports, hosts, bind) selected by gateway proxy labels.
+
+use super::*;
+
+/// `Gateway` spec.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Gateway {
+    /// Labels of the gateway proxies this gateway applies to.
+    pub selector: BTreeMap<String, String>,
+    /// The servers (listeners) of the gateway.
+    pub servers: Vec<GatewayServer>,
+}
+
+/// One `Server` of a Gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct GatewayServer {
+    /// The port the proxy listens on.
+    pub port: Port,
+    /// The bind address (defaults to `0.0.0.0`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bind: Option<String>,
+    /// Hosts exposed by this server (`ns/host` or `host`).
+    pub hosts: Vec<String>,
+    /// The server's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// A port description (`Port` in Istio's API).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Port {
+    /// Port number.
+    pub number: u32,
+    /// Protocol: HTTP, HTTPS, GRPC, HTTP2, MONGO, TCP, TLS.
+    pub protocol: String,
+    /// Label of the port.
+    pub name: String,
+    /// The port on the workload, where it differs (ServiceEntry ports).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_port: Option<u32>,
+}

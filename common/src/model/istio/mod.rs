@@ -1,0 +1,111 @@
+//! Istio networking config, typed with the `networking.istio.io/v1` field names.
+//!
+//! Only the fields shoal implements are modelled; unknown fields are ignored on input.
+
+pub(crate) use super::{Duration, ObjectMeta};
+pub(crate) use serde::{Deserialize, Serialize};
+pub(crate) use std::collections::BTreeMap;
+
+mod destination_rule;
+mod gateway;
+mod service_entry;
+mod sidecar;
+mod virtual_service;
+
+pub use destination_rule::*;
+pub use gateway::*;
+pub use service_entry::*;
+pub use sidecar::*;
+pub use virtual_service::*;
+
+/// The kinds of Istio config shoal understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum ConfigKind {
+    /// `Gateway`.
+    Gateway,
+    /// `VirtualService`.
+    VirtualService,
+    /// `DestinationRule`.
+    DestinationRule,
+    /// `Sidecar`.
+    Sidecar,
+    /// `ServiceEntry`.
+    ServiceEntry,
+    /// `WorkloadEntry`.
+    WorkloadEntry,
+}
+
+impl ConfigKind {
+    /// All kinds, in a stable order.
+    pub const ALL: [ConfigKind; 6] = [
+        ConfigKind::Gateway,
+        ConfigKind::VirtualService,
+        ConfigKind::DestinationRule,
+        ConfigKind::Sidecar,
+        ConfigKind::ServiceEntry,
+        ConfigKind::WorkloadEntry,
+    ];
+
+    /// The Kubernetes `kind` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConfigKind::Gateway => "Gateway",
+            ConfigKind::VirtualService => "VirtualService",
+            ConfigKind::DestinationRule => "DestinationRule",
+            ConfigKind::Sidecar => "Sidecar",
+            ConfigKind::ServiceEntry => "ServiceEntry",
+            ConfigKind::WorkloadEntry => "WorkloadEntry",
+        }
+    }
+
+    /// Parses a Kubernetes `kind` string.
+    pub fn parse(kind: &str) -> Option<ConfigKind> {
+        ConfigKind::ALL.into_iter().find(|k| k.as_str() == kind)
+    }
+}
+
+impl std::fmt::Display for ConfigKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One Istio config object: metadata plus a typed spec.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ConfigObject {
+    /// Name, namespace, labels, annotations.
+    pub meta: ObjectMeta,
+    /// The typed spec; its variant is the kind.
+    pub spec: ConfigSpec,
+}
+
+impl ConfigObject {
+    /// The kind of this object.
+    pub fn kind(&self) -> ConfigKind {
+        match &self.spec {
+            ConfigSpec::Gateway(_) => ConfigKind::Gateway,
+            ConfigSpec::VirtualService(_) => ConfigKind::VirtualService,
+            ConfigSpec::DestinationRule(_) => ConfigKind::DestinationRule,
+            ConfigSpec::Sidecar(_) => ConfigKind::Sidecar,
+            ConfigSpec::ServiceEntry(_) => ConfigKind::ServiceEntry,
+            ConfigSpec::WorkloadEntry(_) => ConfigKind::WorkloadEntry,
+        }
+    }
+}
+
+/// The spec of an Istio config object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ConfigSpec {
+    /// A Gateway spec.
+    Gateway(Gateway),
+    /// A VirtualService spec.
+    VirtualService(VirtualService),
+    /// A DestinationRule spec.
+    DestinationRule(DestinationRule),
+    /// A Sidecar spec.
+    Sidecar(Sidecar),
+    /// A ServiceEntry spec.
+    ServiceEntry(ServiceEntry),
+    /// A WorkloadEntry spec.
+    WorkloadEntry(WorkloadEntry),
+}

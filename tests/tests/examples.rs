@@ -1,10 +1,13 @@
-//! The examples in `docs/examples` stay true: the bootstraps are valid Envoy config and the
-//! same as the ones the tests use, the manifests parse, and the example mesh works.
+//! The examples in `docs/examples` stay true: the bootstraps (the captured-sidecar template
+//! rendered as scripts/captured-demo.sh renders it) are valid Envoy config and the same as
+//! the ones the tests use, the manifests parse, and the example mesh works. The captured
+//! demo itself runs in tests/tests/quickstart_captured.rs.
 #![forbid(unsafe_code)]
 
 use serde::Deserialize;
-use shoal_tests::bootstrap::{bootstrap, Node};
+use shoal_tests::bootstrap::{bootstrap, bootstrap_with, AdsMode, Node};
 use shoal_tests::http::Request;
+use shoal_tests::netns;
 use shoal_tests::ports::{free_port, free_port_on, loopback};
 use shoal_tests::{eventually, Backend, Envoy, ShoalServer};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -46,6 +49,144 @@ fn bootstraps_match_the_ones_the_tests_use() {
             "{} differs from support/bootstrap.rs",
             path.display()
         );
+    }
+}
+
+/// A pod of `docs/examples/captured`, as its Pod manifest says.
+struct CapturedPod {
+    name: String,
+    ip: String,
+    labels: Vec<(String, String)>,
+}
+
+fn captured_pods() -> Vec<CapturedPod> {
+    let docs = manifests(&examples().join("captured"));
+    let pods: Vec<CapturedPod> = docs
+        .iter()
+        .filter(|(_, d)| d["kind"] == "Pod")
+        .map(|(_, d)| CapturedPod {
+            name: d["metadata"]["name"].as_str().expect("pod name").into(),
+            ip: d["status"]["podIP"].as_str().expect("podIP").into(),
+            labels: d["metadata"]["labels"]
+                .as_mapping()
+                .expect("pod labels")
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.as_str().expect("label").into(),
+                        v.as_str().expect("label value").into(),
+                    )
+                })
+                .collect(),
+        })
+        .collect();
+    assert_eq!(pods.len(), 3, "productpage, reviews-v1, reviews-v2");
+    pods
+}
+
+/// `captured-sidecar.yaml` with its placeholders filled in, as scripts/captured-demo.sh does.
+fn render_captured(pod: &CapturedPod, xds: SocketAddr) -> String {
+    let app = pod
+        .labels
+        .iter()
+        .find(|(k, _)| k == "app")
+        .map(|(_, v)| v.as_str())
+        .expect("app label");
+    let labels = pod
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let text = read(&examples().join("bootstrap/captured-sidecar.yaml"))
+        .replace("${POD_NAME}", &pod.name)
+        .replace("${POD_IP}", &pod.ip)
+        .replace("${APP}", app)
+        .replace("${LABELS}", &format!("{{{labels}}}"))
+        .replace("${XDS_ADDRESS}", &xds.ip().to_string())
+        .replace("${XDS_PORT}", &xds.port().to_string());
+    for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        assert!(!line.contains("${"), "unfilled placeholder: {line}");
+    }
+    text
+}
+
+const CAPTURED_XDS: ([u8; 4], u16) = ([198, 18, 0, 254], 15010);
+
+#[tokio::test]
+async fn captured_sidecar_bootstrap_renders_to_valid_envoy_config() {
+    let dir = tempfile::tempdir().unwrap();
+    for pod in captured_pods() {
+        let path = dir.path().join(format!("{}.yaml", pod.name));
+        std::fs::write(&path, render_captured(&pod, SocketAddr::from(CAPTURED_XDS))).unwrap();
+        if let Err(out) = shoal_tests::envoy::validate(&path).await {
+            panic!(
+                "captured-sidecar.yaml rendered for {} is not valid Envoy config:\n{out}",
+                pod.name
+            );
+        }
+    }
+}
+
+/// The template is what tests/tests/captured.rs runs: Istio's node identity without
+/// INTERCEPTION_MODE, the admin on the pod IP, port 15000.
+#[test]
+fn captured_sidecar_bootstrap_matches_the_one_the_tests_use() {
+    let xds = SocketAddr::from(CAPTURED_XDS);
+    for pod in captured_pods() {
+        let labels: Vec<(&str, &str)> = pod
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let mut node = Node::captured(&pod.ip, &pod.name, "shop", &labels);
+        // Istio names the node cluster after the app (canonical service), not the pod.
+        let app = labels.iter().find(|(k, _)| *k == "app").unwrap().1;
+        node.cluster = format!("{app}.shop");
+        let generated = netns::admin_on(
+            &bootstrap_with(&node, netns::ADMIN_PORT, &[xds], AdsMode::Sotw),
+            pod.ip.parse().unwrap(),
+        );
+        let generated: serde_yaml::Value = serde_yaml::from_str(&generated).unwrap();
+        let documented: serde_yaml::Value =
+            serde_yaml::from_str(&render_captured(&pod, xds)).unwrap();
+        assert_eq!(
+            documented, generated,
+            "captured-sidecar.yaml rendered for {} differs from support/bootstrap.rs",
+            pod.name
+        );
+    }
+}
+
+#[test]
+fn captured_manifests_parse() {
+    let docs = manifests(&examples().join("captured"));
+    let kinds: Vec<&str> = docs
+        .iter()
+        .map(|(_, d)| d["kind"].as_str().expect("kind"))
+        .collect();
+    for kind in [
+        "Namespace",
+        "Service",
+        "Pod",
+        "EndpointSlice",
+        "VirtualService",
+        "DestinationRule",
+    ] {
+        assert!(kinds.contains(&kind), "no {kind} in the captured example");
+    }
+    // On mesh-netns.sh's network 0: pods 198.18.0.2-253, ClusterIPs in 198.19.0.0/16.
+    for (path, doc) in &docs {
+        if let Some(ip) = doc["status"]["podIP"].as_str() {
+            let host: u8 = ip
+                .strip_prefix("198.18.0.")
+                .and_then(|h| h.parse().ok())
+                .unwrap_or_else(|| panic!("{}: pod IP {ip}", path.display()));
+            assert!((2..=253).contains(&host), "{}: {ip}", path.display());
+        }
+        if let Some(ip) = doc["spec"]["clusterIP"].as_str() {
+            assert!(ip.starts_with("198.19."), "{}: {ip}", path.display());
+        }
     }
 }
 

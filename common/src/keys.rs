@@ -140,6 +140,20 @@ pub fn lease_key(fleet: &str) -> String {
     format!("lease.{}", escape(fleet))
 }
 
+/// Key of a cluster's owner record in `shoal-meta`: which fleet publishes that cluster.
+pub fn owner_key(cluster: &str) -> String {
+    format!("owner.{}", escape(cluster))
+}
+
+/// The cluster of a `shoal-meta` owner key; `None` for any other key.
+pub fn parse_owner_key(key: &str) -> Option<String> {
+    let token = key.strip_prefix("owner.")?;
+    if token.contains('.') {
+        return None;
+    }
+    unescape(token).ok()
+}
+
 /// The fleet of a `shoal-meta` lease key; `None` for any other key.
 pub fn parse_lease_key(key: &str) -> Option<String> {
     let token = key.strip_prefix("lease.")?;
@@ -193,6 +207,11 @@ mod tests {
         assert_eq!(parse_lease_key("cluster.east"), None);
         assert_eq!(parse_lease_key("lease.a.b"), None);
         assert_eq!(parse_lease_key("lease.a=Z1"), None);
+        let k = owner_key("east.1");
+        assert_eq!(k, "owner.east_1");
+        assert_eq!(parse_owner_key(&k).as_deref(), Some("east.1"));
+        assert_eq!(parse_owner_key("lease.east"), None);
+        assert_eq!(parse_owner_key("owner.a.b"), None);
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod lease;
 pub mod logging;
 pub mod metrics;
 pub mod model;
+pub mod ownership;
 
 pub use bus::{
     memory::MemoryBus, nats::NatsBus, Bucket, BusError, Entry, Op, StateBus, WatchEvent,

@@ -1,4 +1,5 @@
-//! The admin HTTP server (`--admin-addr`): `/ready`, `/healthz`, `/metrics`.
+//! The admin HTTP server (`--admin-addr`): `/ready`, `/healthz`, `/metrics`,
+//! `/debug/clusters`.
 
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
@@ -60,10 +61,23 @@ fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Body> {
                 state.metrics.render(),
             )
         }
+        // Every cluster this fleet is assigned and what it does with it: syncing, synced,
+        // or refused (with the fleet that owns it).
+        "/debug/clusters" => {
+            let states = state.metrics.cluster_states();
+            match serde_json::to_string_pretty(&states) {
+                Ok(body) => text(StatusCode::OK, "application/json", body + "\n"),
+                Err(error) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    PLAIN,
+                    format!("{error}\n"),
+                ),
+            }
+        }
         _ => text(
             StatusCode::NOT_FOUND,
             PLAIN,
-            "not found; try /ready /healthz /metrics\n".into(),
+            "not found; try /ready /healthz /metrics /debug/clusters\n".into(),
         ),
     }
 }

@@ -7,6 +7,7 @@ use crate::kubernetes::{self, KubeSource, KubeSourceConfig};
 use crate::lease::{self, Elector, LeaseConfig};
 use crate::mesh_config::{self, MeshConfigWatch};
 use crate::metrics::Metrics;
+use crate::ownership::Owners;
 use crate::readiness::Readiness;
 use anyhow::Context;
 use shoal_common::bus::nats::{NatsBus, NatsOptions};
@@ -93,14 +94,56 @@ pub struct IngesterArgs {
     )]
     pub cluster_id: String,
 
-    /// Fleet this ingester belongs to; written into every published value.
+    /// Fleet this ingester belongs to; written into every published value. It reads the
+    /// multicluster Secrets labelled `shoal.io/fleet=NAME` (a label value: letters, digits,
+    /// `-`, `_`, `.`, at most 63).
     #[arg(
         long,
         env = "SHOAL_FLEET",
         value_name = "NAME",
-        default_value = "default"
+        default_value = "default",
+        value_parser = parse_fleet
     )]
     pub fleet: String,
+
+    /// Whether this fleet publishes the cluster it runs in (the config cluster, under
+    /// `--cluster-id`). Give the local cluster to exactly one fleet. `kube` only; `false`
+    /// needs `--watch-config=false`.
+    #[arg(
+        long,
+        env = "SHOAL_LOCAL_CLUSTER",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_value_t = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub local_cluster: bool,
+
+    /// Whether this fleet also takes the multicluster Secrets without a `shoal.io/fleet`
+    /// label. Give them to at most one fleet. Default: true for the fleet named `default`,
+    /// false for any other. `kube` only.
+    #[arg(
+        long,
+        env = "SHOAL_UNLABELLED_SECRETS",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub unlabelled_secrets: Option<bool>,
+
+    /// How long a cluster that left this fleet (its Secret relabelled to another fleet, or
+    /// removed) keeps its keys on the bus for another fleet to take it over, while another
+    /// fleet is live; then they are deleted. Without another live fleet they are deleted at
+    /// once. `kube` only.
+    #[arg(
+        long,
+        env = "SHOAL_HANDOVER_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "30s"
+    )]
+    pub handover_timeout: Duration,
 
     /// Namespace of the multicluster Secrets (label `istio/multiCluster=true`; each data
     /// key a cluster ID, each value a kubeconfig). `kube` source only.
@@ -196,6 +239,35 @@ fn parse_lease_ttl(s: &str) -> Result<Duration, String> {
     Ok(ttl)
 }
 
+/// A fleet name is a Kubernetes label value (it selects the fleet's Secrets), not empty.
+fn parse_fleet(s: &str) -> Result<String, String> {
+    let valid = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric());
+    match valid {
+        true => Ok(s.to_string()),
+        false => Err(format!(
+            "{s:?} is not a valid fleet name: a Kubernetes label value (1-63 letters, digits, \
+             '-', '_' or '.', starting and ending with a letter or digit)"
+        )),
+    }
+}
+
+impl IngesterArgs {
+    /// Whether this fleet takes the multicluster Secrets without a fleet label: as set,
+    /// else when it is the fleet named `default`.
+    pub fn takes_unlabelled_secrets(&self) -> bool {
+        self.unlabelled_secrets
+            .unwrap_or(self.fleet == DEFAULT_FLEET)
+    }
+}
+
+/// The fleet that takes unlabelled multicluster Secrets unless configured otherwise.
+pub const DEFAULT_FLEET: &str = "default";
+
 fn parse_instance_id(s: &str) -> Result<String, String> {
     match s.trim() {
         "" => Err("an instance ID must not be empty".to_string()),
@@ -272,26 +344,46 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
             }
         }
         SourceSpec::Kube => {
-            let client = kubernetes::infer_client().await?;
+            if args.watch_config && !args.local_cluster {
+                anyhow::bail!(
+                    "--local-cluster=false needs --watch-config=false: the Istio config is read \
+                     from the local cluster, which this fleet does not watch"
+                );
+            }
+            let unlabelled_secrets = args.takes_unlabelled_secrets();
+            let instance_id = args
+                .instance_id
+                .clone()
+                .unwrap_or_else(lease::default_instance_id);
+            let user_agent = kubernetes::user_agent(&args.fleet, &instance_id);
+            let client = kubernetes::infer_client(&user_agent).await?;
             let lease_cfg = LeaseConfig {
                 fleet: args.fleet.clone(),
-                instance_id: args
-                    .instance_id
-                    .clone()
-                    .unwrap_or_else(lease::default_instance_id),
+                instance_id,
                 ttl: args.lease_ttl.get(),
             };
             let (elector, leadership) = Elector::new(bus.clone(), lease_cfg, metrics.clone());
+            let owners = Owners::start(
+                bus.clone(),
+                &args.fleet,
+                leadership.clone(),
+                args.lease_ttl.get(),
+            );
             let (stop_election, stopped) = tokio::sync::oneshot::channel();
             let election = tokio::spawn(elector.run(stopped));
             let cfg = KubeSourceConfig {
                 cluster_id: args.cluster_id,
+                local_cluster: args.local_cluster,
+                unlabelled_secrets,
+                handover_timeout: args.handover_timeout.get(),
+                user_agent,
                 fleet: args.fleet,
                 system_namespace: args.system_namespace,
                 watch_config: args.watch_config,
                 remote_cluster_timeout: args.remote_cluster_timeout.get(),
             };
-            let source = KubeSource::new(cfg, bus, metrics, readiness, selectors, leadership);
+            let source =
+                KubeSource::new(cfg, bus, metrics, readiness, selectors, leadership, owners);
             tokio::spawn(admin::serve(listener, admin_state));
             let result = tokio::select! {
                 result = source.run(client) => result.map_err(anyhow::Error::from),
@@ -371,6 +463,12 @@ mod tests {
             std::time::Duration::from_secs(30)
         );
         assert!(args.watch_config);
+        assert!(args.local_cluster);
+        assert!(args.takes_unlabelled_secrets());
+        assert_eq!(
+            args.handover_timeout.get(),
+            std::time::Duration::from_secs(30)
+        );
         assert_eq!(args.lease_ttl.get(), std::time::Duration::from_secs(10));
         assert_eq!(args.instance_id, None);
         assert_eq!(args.admin_addr, "0.0.0.0:15014".parse().unwrap());
@@ -458,5 +556,34 @@ mod tests {
         }
         let id = lease::default_instance_id();
         assert!(id.ends_with(&format!("-{}", std::process::id())), "{id}");
+    }
+
+    #[test]
+    fn fleet_flags() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["shoal-ingester", "--source", "kube"];
+            args.extend_from_slice(extra);
+            IngesterArgs::try_parse_from(args)
+        };
+        let edge = parse(&["--fleet", "edge", "--local-cluster=false"]).unwrap();
+        assert!(!edge.local_cluster);
+        assert!(!edge.takes_unlabelled_secrets(), "only the default fleet");
+        let edge = parse(&["--fleet", "edge", "--unlabelled-secrets"]).unwrap();
+        assert!(edge.takes_unlabelled_secrets());
+        let default = parse(&["--unlabelled-secrets=false", "--handover-timeout", "2s"]).unwrap();
+        assert!(!default.takes_unlabelled_secrets());
+        assert_eq!(
+            default.handover_timeout.get(),
+            std::time::Duration::from_secs(2)
+        );
+        for bad in ["", "-edge", "edge_", "a/b", "with space", &"x".repeat(64)] {
+            let flag = format!("--fleet={bad}");
+            let err = parse(&[&flag]).unwrap_err();
+            assert!(
+                err.to_string().contains("not a valid fleet name"),
+                "{bad}: {err}"
+            );
+        }
+        assert!(parse(&["--fleet", "edge.eu-1_a"]).is_ok());
     }
 }

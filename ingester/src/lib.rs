@@ -23,6 +23,7 @@ pub mod manifest;
 pub mod mesh_config;
 pub mod metrics;
 pub mod normalize;
+pub mod ownership;
 pub mod publish;
 pub mod readiness;
 pub mod selector;

@@ -40,8 +40,37 @@ pub struct Metrics {
     pub lease_epoch: IntGauge,
     /// Times this replica started or stopped leading.
     pub lease_transitions: IntCounter,
-    /// Sync state per cluster, from which the `clusters` gauge is computed.
-    cluster_states: Arc<Mutex<BTreeMap<String, bool>>>,
+    /// 1 for a cluster this fleet is assigned but does not publish because another live
+    /// fleet owns it, by cluster and owner.
+    pub cluster_refused: IntGaugeVec,
+    /// State per cluster, from which the `clusters` gauge is computed.
+    cluster_states: Arc<Mutex<BTreeMap<String, ClusterState>>>,
+}
+
+/// What the ingester does with a cluster it is assigned.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "state")]
+pub enum ClusterState {
+    /// Watching; the initial sync is not done yet.
+    Syncing,
+    /// Watching, and the initial state is on the bus (or, on a standby, in the caches).
+    Synced,
+    /// Not published (nor watched, for a remote cluster): another fleet whose lease is
+    /// current owns it.
+    Refused {
+        /// The owning fleet.
+        owner: String,
+    },
+}
+
+impl ClusterState {
+    fn label(&self) -> &'static str {
+        match self {
+            ClusterState::Syncing => "syncing",
+            ClusterState::Synced => "synced",
+            ClusterState::Refused { .. } => "refused",
+        }
+    }
 }
 
 impl Metrics {
@@ -69,7 +98,8 @@ impl Metrics {
             clusters: IntGaugeVec::new(
                 opts!(
                     "shoal_ingester_clusters",
-                    "Managed clusters by sync state (synced, syncing)."
+                    "Clusters assigned to this fleet by state (synced, syncing, refused: \
+                     owned by another live fleet)."
                 ),
                 &["state"],
             )
@@ -100,6 +130,15 @@ impl Metrics {
                 "Times this replica started or stopped leading its fleet.",
             )
             .expect("valid metric"),
+            cluster_refused: IntGaugeVec::new(
+                opts!(
+                    "shoal_ingester_cluster_refused",
+                    "1 for a cluster this fleet is assigned but refuses to publish, because \
+                     another fleet whose lease is current owns it."
+                ),
+                &["cluster", "owner"],
+            )
+            .expect("valid metric"),
             cluster_states: Arc::default(),
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -111,9 +150,10 @@ impl Metrics {
             Box::new(m.leader.clone()),
             Box::new(m.lease_epoch.clone()),
             Box::new(m.lease_transitions.clone()),
+            Box::new(m.cluster_refused.clone()),
         ];
         shoal_common::metrics::register_all(&m.registry, collectors);
-        for state in ["synced", "syncing"] {
+        for state in ["synced", "syncing", "refused"] {
             m.clusters.with_label_values(&[state]).set(0);
         }
         for result in ["written", "unchanged", "deleted", "error"] {
@@ -138,24 +178,63 @@ impl Metrics {
 
     /// Records a managed cluster's sync state.
     pub fn cluster_state(&self, cluster: &str, synced: bool) {
-        let mut states = self
-            .cluster_states
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        states.insert(cluster.to_string(), synced);
-        self.cluster_synced
-            .with_label_values(&[cluster])
-            .set(i64::from(synced));
+        let state = match synced {
+            true => ClusterState::Synced,
+            false => ClusterState::Syncing,
+        };
+        self.set_state(cluster, state);
+    }
+
+    /// Records that a cluster is not published because `owner` owns it.
+    pub fn cluster_refused(&self, cluster: &str, owner: &str) {
+        self.set_state(
+            cluster,
+            ClusterState::Refused {
+                owner: owner.to_string(),
+            },
+        );
+    }
+
+    fn set_state(&self, cluster: &str, state: ClusterState) {
+        let mut states = self.lock_states();
+        if let Some(ClusterState::Refused { owner }) = states.get(cluster) {
+            if !matches!(&state, ClusterState::Refused { owner: new } if new == owner) {
+                let _ = self.cluster_refused.remove_label_values(&[cluster, owner]);
+            }
+        }
+        match &state {
+            ClusterState::Refused { owner } => {
+                let _ = self.cluster_synced.remove_label_values(&[cluster]);
+                self.cluster_refused
+                    .with_label_values(&[cluster, owner])
+                    .set(1);
+            }
+            other => self
+                .cluster_synced
+                .with_label_values(&[cluster])
+                .set(i64::from(*other == ClusterState::Synced)),
+        }
+        states.insert(cluster.to_string(), state);
         self.count_states(&states);
+    }
+
+    fn lock_states(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ClusterState>> {
+        self.cluster_states
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every assigned cluster and its state (for `/debug/clusters`).
+    pub fn cluster_states(&self) -> BTreeMap<String, ClusterState> {
+        self.lock_states().clone()
     }
 
     /// Forgets a cluster that is no longer managed.
     pub fn cluster_removed(&self, cluster: &str) {
-        let mut states = self
-            .cluster_states
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        states.remove(cluster);
+        let mut states = self.lock_states();
+        if let Some(ClusterState::Refused { owner }) = states.remove(cluster) {
+            let _ = self.cluster_refused.remove_label_values(&[cluster, &owner]);
+        }
         let _ = self.cluster_synced.remove_label_values(&[cluster]);
         // Series of removed clusters would otherwise accumulate with cluster churn.
         for kind in CLUSTER_KINDS {
@@ -166,15 +245,12 @@ impl Metrics {
         self.count_states(&states);
     }
 
-    fn count_states(&self, states: &BTreeMap<String, bool>) {
-        let synced = states.values().filter(|s| **s).count();
-        let syncing = states.len() - synced;
-        let gauge = |state: &str, n: usize| {
+    fn count_states(&self, states: &BTreeMap<String, ClusterState>) {
+        for label in ["synced", "syncing", "refused"] {
+            let n = states.values().filter(|s| s.label() == label).count();
             let n = i64::try_from(n).unwrap_or(i64::MAX);
-            self.clusters.with_label_values(&[state]).set(n);
-        };
-        gauge("synced", synced);
-        gauge("syncing", syncing);
+            self.clusters.with_label_values(&[label]).set(n);
+        }
     }
 
     /// The Prometheus text exposition of every metric.
@@ -213,6 +289,21 @@ mod tests {
             text.contains("shoal_ingester_cluster_synced{cluster=\"a\"} 1"),
             "{text}"
         );
+        m.cluster_refused("d", "edge");
+        let text = m.render();
+        assert!(
+            text.contains("shoal_ingester_clusters{state=\"refused\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("shoal_ingester_cluster_refused{cluster=\"d\",owner=\"edge\"} 1"),
+            "{text}"
+        );
+        m.cluster_state("d", false);
+        assert!(!m.render().contains("owner=\"edge\""));
+        m.cluster_refused("d", "edge");
+        m.cluster_removed("d");
+        assert!(!m.render().contains("cluster=\"d\""));
         m.event("c", "Pod", "apply");
         m.cluster_removed("c");
         let text = m.render();

@@ -231,6 +231,9 @@ pub struct Publisher {
     /// An owned key carries an epoch newer than this term's: another replica leads, so
     /// nothing more is written in this term.
     superseded: Option<u64>,
+    /// Another fleet wrote an owned key since [`Publisher::take_foreign_fleet`]: the caller
+    /// checks that its fleet still owns the keys before it writes them back.
+    foreign_fleet: bool,
     retry: bool,
     totals: PublishReport,
 }
@@ -277,6 +280,7 @@ impl Publisher {
             live: None,
             own_deletes: BTreeSet::new(),
             superseded: None,
+            foreign_fleet: false,
             retry: false,
             totals: PublishReport::default(),
         }
@@ -390,7 +394,13 @@ impl Publisher {
             self.on_bus.remove(&key);
             return;
         }
-        let hash = body_hash(bucket, &key.1, &entry.value);
+        // A value another fleet wrote (the previous owner of a cluster that moved to this
+        // fleet) gets no hash: every such key is rewritten, so that each key carries the
+        // fleet that owns it now. Its content is unchanged, so servers push nothing.
+        let own = Envelope::<IgnoredAny>::decode(&entry.value).is_ok_and(|h| h.fleet == self.fleet);
+        let hash = own
+            .then(|| body_hash(bucket, &key.1, &entry.value))
+            .flatten();
         let revision = entry.revision;
         self.on_bus.insert(key, OnBus { hash, revision });
     }
@@ -442,6 +452,24 @@ impl Publisher {
         let head = Envelope::<IgnoredAny>::decode(&entry.value).ok();
         let written = head.as_ref().map(|h| (h.fleet.as_str(), h.epoch));
         match written {
+            // Epochs are per fleet: another fleet's write is not compared with this term.
+            Some((fleet, written)) if fleet != self.fleet => {
+                if !self.foreign_fleet {
+                    warn!(
+                        %bucket,
+                        key,
+                        %fleet,
+                        epoch = written,
+                        own_fleet = %self.fleet,
+                        "an owned key was written by another fleet"
+                    );
+                }
+                self.foreign_fleet = true;
+                OnBus {
+                    hash: None,
+                    revision,
+                }
+            }
             Some((fleet, written))
                 if self.leadership.is_elected() && fenced(written, Some(epoch)) =>
             {
@@ -538,6 +566,16 @@ impl Publisher {
                 return;
             }
         }
+    }
+
+    /// Whether another fleet wrote an owned key since the last call (handling what the
+    /// live watch delivered so far), and resets it. Writing the key back is right only if
+    /// this fleet still owns the cluster: the caller checks that first.
+    pub fn take_foreign_fleet(&mut self) -> bool {
+        if self.drain_live() {
+            self.retry = true;
+        }
+        std::mem::take(&mut self.foreign_fleet)
     }
 
     /// Whether a key is this publisher's to write and delete.

@@ -62,8 +62,11 @@ impl StatusWriter {
 
     async fn read(&self) -> Option<(bool, Option<String>)> {
         match self.bus.get(Bucket::Meta, &self.key).await {
+            // Another fleet's status (the cluster's previous owner) counts as absent: the
+            // first `set` rewrites it as this fleet's.
             Ok(Some(entry)) => Envelope::<ClusterStatus>::decode(&entry.value)
                 .ok()
+                .filter(|e| e.fleet == self.fleet)
                 .map(|e| (e.body.synced, e.body.last_error)),
             Ok(None) => None,
             Err(error) => {

@@ -62,6 +62,10 @@
 //!   watch cache's transitions (stops matching → DELETED with the previous state at the new
 //!   revision, starts matching → ADDED). `sendInitialEvents=true` (streaming lists) sends the
 //!   state as ADDED events and then a bookmark annotated `k8s.io/initial-events-end`.
+//! - **Who watches**: [`KubeApiServer::watch_clients`] lists every open watch with what the
+//!   real server knows of its client and records in its audit log: the `User-Agent` header
+//!   and the source address (no user: this server authenticates nobody), and what it
+//!   watches (resource, namespace, label selector).
 //! - **Discovery**: `/api`, `/api/v1`, `/apis`, `/apis/<group>`, `/apis/<group>/<version>`
 //!   (with `status` subresources), aggregated discovery (`apidiscovery.k8s.io/v2`) when the
 //!   `Accept` header asks for it, `/version`, `/healthz`, `/readyz`, `/livez`.
@@ -129,6 +133,26 @@ struct Counters {
     watches_open: AtomicU64,
     /// Per resource (`pods`, `gateways.networking.istio.io`): (lists, watches opened).
     per_resource: Mutex<BTreeMap<String, (u64, u64)>>,
+    /// The clients of the open watches, by watch.
+    watch_clients: Mutex<BTreeMap<u64, WatchClient>>,
+    next_watch: AtomicU64,
+}
+
+/// Who holds an open watch: what the real API server knows of a request's client and
+/// records in its audit log (`userAgent`, `sourceIPs`), and what the watch is of. (This
+/// server authenticates nobody, so there is no user.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchClient {
+    /// The request's `User-Agent` header (empty when it had none).
+    pub user_agent: String,
+    /// The client's address.
+    pub source: SocketAddr,
+    /// The resource watched (named as for [`KubeApiServer::delete`]).
+    pub resource: String,
+    /// The namespace watched; `None` for all namespaces (or a cluster-scoped resource).
+    pub namespace: Option<String>,
+    /// The watch's `labelSelector`, if any.
+    pub label_selector: Option<String>,
 }
 
 /// What the HTTP side and the handle share.
@@ -192,6 +216,17 @@ impl Shared {
 
     fn count_watch(&self, res: &ResourceDef) {
         self.count(res, false);
+    }
+
+    /// Lists an open watch's client; returns the watch's ID (to unlist it).
+    fn add_watch_client(&self, client: WatchClient) -> u64 {
+        let id = self.counters.next_watch.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .watch_clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, client);
+        id
     }
 }
 
@@ -545,6 +580,26 @@ impl KubeApiServer {
     /// Watches open right now.
     pub fn open_watches(&self) -> u64 {
         self.shared.counters.watches_open.load(Ordering::Relaxed)
+    }
+
+    /// The clients of the watches open right now, in the order they were opened.
+    pub fn watch_clients(&self) -> Vec<WatchClient> {
+        self.shared
+            .counters
+            .watch_clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The distinct `User-Agent`s of the watches open right now.
+    pub fn watching_agents(&self) -> std::collections::BTreeSet<String> {
+        self.watch_clients()
+            .into_iter()
+            .map(|c| c.user_agent)
+            .collect()
     }
 
     /// List requests served for one resource (named as for [`KubeApiServer::delete`]).

@@ -891,6 +891,59 @@ async fn relabeling_out_of_a_selected_watch_is_a_delete() {
     expect_events(&mut web, &["Apply(p)"]).await;
 }
 
+/// The server lists the clients of its open watches as an API server's audit log knows
+/// them: `User-Agent`, source address, and what they watch.
+#[tokio::test]
+async fn open_watches_name_their_clients() {
+    let server = KubeApiServer::start().await;
+    let mut config = kube::Config::new(server.url().parse().unwrap());
+    config.headers.push((
+        hyper::header::USER_AGENT,
+        hyper::header::HeaderValue::from_static("fleet-a/1"),
+    ));
+    let client = Client::try_from(config).unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let mut web = events(pods, watcher::Config::default().labels("app=web"));
+    expect_events(&mut web, &["Init", "InitDone"]).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(server.client());
+    let mut all_nodes = events(nodes, watcher::Config::default());
+    expect_events(&mut all_nodes, &["Init", "InitDone"]).await;
+    eventually(WAIT, POLL, || {
+        let clients = server.watch_clients();
+        async move {
+            match clients.len() {
+                2 => Ok(()),
+                n => Err(format!("{n} watch clients: {clients:?}")),
+            }
+        }
+    })
+    .await;
+    let clients = server.watch_clients();
+    let pod_watch = clients.iter().find(|c| c.resource == "pods").unwrap();
+    assert_eq!(pod_watch.user_agent, "fleet-a/1");
+    assert_eq!(pod_watch.namespace.as_deref(), Some("default"));
+    assert_eq!(pod_watch.label_selector.as_deref(), Some("app=web"));
+    assert!(pod_watch.source.ip().is_loopback());
+    let node_watch = clients.iter().find(|c| c.resource == "nodes").unwrap();
+    assert_eq!(node_watch.namespace, None);
+    assert_eq!(node_watch.label_selector, None);
+    assert_ne!(node_watch.user_agent, "fleet-a/1");
+    assert_eq!(server.watching_agents().len(), 2);
+
+    // A closed watch is no longer listed.
+    drop(web);
+    eventually(WAIT, POLL, || {
+        let clients = server.watch_clients();
+        async move {
+            match clients.as_slice() {
+                [only] if only.resource == "nodes" => Ok(()),
+                other => Err(format!("watch clients: {other:?}")),
+            }
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn discovery_follows_crds() {
     let server = KubeApiServer::start().await;

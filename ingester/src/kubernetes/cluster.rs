@@ -10,6 +10,11 @@
 //! computes and writes nothing. A new term publishes everything that differs from the
 //! bus, and while leading, another writer's change to an owned key brings a round forward.
 //!
+//! Only while this fleet owns the cluster ([`Owners`]): before its first write in a term
+//! the leader claims the cluster; a cluster another live fleet owns is refused (nothing is
+//! written, the state says `refused`) until that fleet releases it or its lease lapses. A
+//! cluster taken over by another fleet stops being written at once.
+//!
 //! A new kubeconfig ([`ClusterHandle::rotate`]) starts a second connection with its own
 //! store; only when every one of its watches has synced does it replace the first one,
 //! which is then stopped. Both stores hold the same objects, so the swap writes nothing
@@ -20,10 +25,10 @@ use super::reduce;
 use super::store::{ClusterStore, Dirty, Touched};
 use super::watch::{self, Sink, Tagged, TaskGuard, Update};
 use crate::mesh_config::SelectorsRx;
-use crate::metrics::Metrics;
+use crate::metrics::{ClusterState, Metrics};
+use crate::ownership::{ClaimError, OwnerEvents, Owners, Standing};
 use crate::publish::{Leadership, Ownership, Publisher};
 use crate::readiness::Readiness;
-use crate::state::DesiredState;
 use crate::status::StatusWriter;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -63,6 +68,8 @@ pub struct ClusterContext {
     pub selectors: SelectorsRx,
     /// Whether this ingester may write.
     pub leadership: Leadership,
+    /// Which fleet owns which cluster.
+    pub owners: Owners,
 }
 
 impl ClusterContext {
@@ -88,8 +95,8 @@ pub fn readiness_name(cluster: &str) -> String {
 enum Command {
     /// Use this client from now on, once it has synced.
     Rotate(Client),
-    /// Stop; with `delete_keys`, first delete the cluster's keys and status from the bus.
-    Stop { delete_keys: bool },
+    /// Stop watching and writing; the cluster's keys stay on the bus.
+    Stop,
 }
 
 /// A running cluster task.
@@ -104,10 +111,11 @@ impl ClusterHandle {
         let _ = self.commands.send(Command::Rotate(client)).await;
     }
 
-    /// Stops the task and waits for it; with `delete_keys`, the cluster's keys are
-    /// deleted from the bus first.
-    pub async fn stop(self, delete_keys: bool) {
-        let _ = self.commands.send(Command::Stop { delete_keys }).await;
+    /// Stops the task and waits for it: once this returns, nothing of the cluster is
+    /// watched or written any more. Its keys stay on the bus (see [`super::orphans`] for
+    /// what happens to them).
+    pub async fn stop(self) {
+        let _ = self.commands.send(Command::Stop).await;
         if let Err(error) = self.task.await {
             warn!(%error, "cluster task failed while stopping");
         }
@@ -138,6 +146,17 @@ struct Connection {
     _watches: Vec<TaskGuard>,
 }
 
+/// This task's ownership of its cluster, as far as it knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Claim {
+    /// Not claimed in the current term (yet).
+    Unclaimed,
+    /// Claimed in the term of this epoch.
+    Held(u64),
+    /// Refused: this fleet owns it.
+    Refused(String),
+}
+
 /// A connection being brought up to replace the active one.
 struct Pending {
     connection: Connection,
@@ -165,6 +184,10 @@ struct ClusterTask {
     /// Failing watches of the connections, by (generation, kind).
     errors: BTreeMap<(u64, String), String>,
     synced: bool,
+    claim: Claim,
+    owner_events: OwnerEvents,
+    /// The state last reported in the metrics.
+    reported: Option<ClusterState>,
 }
 
 impl ClusterTask {
@@ -175,6 +198,7 @@ impl ClusterTask {
         let status =
             StatusWriter::load(ctx.bus.clone(), &ctx.fleet, &id, ctx.leadership.clone()).await;
         let (tx, rx) = mpsc::channel(CHANNEL);
+        let ctx_owner_events = ctx.owners.events();
         let config = match config {
             true => Some(ConfigSide::start(&ctx, &id, client.clone(), tx.clone()).await),
             false => None,
@@ -200,6 +224,9 @@ impl ClusterTask {
             publish_at: None,
             errors: BTreeMap::new(),
             synced: false,
+            claim: Claim::Unclaimed,
+            owner_events: ctx_owner_events,
+            reported: None,
         };
         task.active = task.connect(client);
         info!(cluster = %task.id, "watching cluster");
@@ -213,7 +240,7 @@ impl ClusterTask {
             tokio::select! {
                 command = commands.recv() => match command {
                     Some(Command::Rotate(client)) => self.rotate(client),
-                    Some(Command::Stop { delete_keys }) => return self.stop(delete_keys).await,
+                    Some(Command::Stop) => return self.stop(),
                     // The handle is gone: the process is exiting; the bus stays as it is.
                     None => return,
                 },
@@ -241,6 +268,7 @@ impl ClusterTask {
                 }
                 // Another writer changed an owned key: a full round puts it right.
                 () = self.publisher.bus_changed() => self.schedule_soon(),
+                () = self.owner_events.next() => self.owners_changed(),
                 () = config_bus_changed(&mut self.config) => self.schedule_soon(),
             }
         }
@@ -411,10 +439,10 @@ impl ClusterTask {
         if self.store.synced() && !self.synced {
             self.synced = true;
             let services = self.store.services.values().count();
-            info!(cluster = %self.id, services, "cluster synced (standby: caches only)");
+            info!(cluster = %self.id, services, "cluster synced (caches only: standby or refused)");
             self.ctx.readiness.synced(&readiness_name(&self.id));
-            self.ctx.metrics.cluster_state(&self.id, true);
         }
+        self.report();
         if let Some(config) = &mut self.config {
             config.stand_by(&self.ctx, &self.store.namespaces);
         }
@@ -427,15 +455,120 @@ impl ClusterTask {
         self.publish_at = Some(self.publish_at.map_or(soon, |at| at.min(soon)));
     }
 
+    /// The owner records changed (or a recheck is due): a claim another fleet took over
+    /// ends at once; a refusal is tried again when the owner released the cluster or its
+    /// lease lapsed.
+    fn owners_changed(&mut self) {
+        let standing = self.ctx.owners.standing(&self.id);
+        match (&self.claim, &standing) {
+            (Claim::Held(_), Standing::Mine) | (Claim::Refused(_), Standing::Taken(_)) => {}
+            (Claim::Held(_), _) => {
+                warn!(cluster = %self.id, ?standing, "this fleet no longer owns the cluster; not writing it until it is claimed again");
+                self.claim = Claim::Unclaimed;
+                self.schedule_soon();
+            }
+            (Claim::Refused(_), _) => self.schedule_soon(),
+            (Claim::Unclaimed, _) => {}
+        }
+        self.report();
+    }
+
+    /// Whether this fleet owns the cluster in the current term, claiming it if needed.
+    async fn owned(&mut self, epoch: u64) -> bool {
+        // Another fleet wrote a key: check the owner record again before writing it back.
+        let foreign = self.publisher.take_foreign_fleet();
+        if self.claim == Claim::Held(epoch)
+            && !foreign
+            && self.ctx.owners.standing(&self.id) == Standing::Mine
+        {
+            return true;
+        }
+        match self.ctx.owners.claim(&self.id).await {
+            Ok(()) => {
+                if self.claim != Claim::Held(epoch) {
+                    info!(cluster = %self.id, fleet = %self.ctx.fleet, epoch, "this fleet owns the cluster: publishing it");
+                    // Everything is compared with the bus again.
+                    self.dirty.add_all();
+                }
+                self.claim = Claim::Held(epoch);
+                true
+            }
+            Err(ClaimError::Refused { owner, .. }) => {
+                if self.claim != Claim::Refused(owner.clone()) {
+                    warn!(
+                        cluster = %self.id,
+                        fleet = %self.ctx.fleet,
+                        %owner,
+                        "refusing to publish the cluster: another fleet whose lease is current owns it"
+                    );
+                }
+                self.claim = Claim::Refused(owner);
+                false
+            }
+            Err(ClaimError::NotLeading) => false,
+            Err(error) => {
+                warn!(cluster = %self.id, %error, "cannot claim the cluster; retrying");
+                self.claim = Claim::Unclaimed;
+                self.publish_at = Some(Instant::now() + RETRY);
+                false
+            }
+        }
+    }
+
+    /// Reports the cluster's state in the metrics when it changed: refused (this leader
+    /// was refused, or, on a standby, another live fleet owns it), else synced or syncing.
+    fn report(&mut self) {
+        let refused = match &self.claim {
+            Claim::Refused(owner) if self.ctx.leadership.leads() => Some(owner.clone()),
+            _ if self.ctx.leadership.leads() => None,
+            _ => match self.ctx.owners.standing(&self.id) {
+                Standing::Taken(owner) => Some(owner),
+                _ => None,
+            },
+        };
+        let state = match refused {
+            Some(owner) => ClusterState::Refused { owner },
+            None if self.synced => ClusterState::Synced,
+            None => ClusterState::Syncing,
+        };
+        if self.reported.as_ref() == Some(&state) {
+            return;
+        }
+        match &state {
+            ClusterState::Refused { owner } => self.ctx.metrics.cluster_refused(&self.id, owner),
+            other => self
+                .ctx
+                .metrics
+                .cluster_state(&self.id, *other == ClusterState::Synced),
+        }
+        self.reported = Some(state);
+    }
+
     async fn publish(&mut self) {
         self.publish_at = None;
-        if !self.ctx.leadership.leads() {
+        let Some(epoch) = self.ctx.leadership.current() else {
+            self.claim = Claim::Unclaimed;
             return self.stand_by();
+        };
+        // The claim waits until there is something of the cluster to write: its first full
+        // state (so that a cluster handed over to this fleet is rewritten right after the
+        // claim), or a watch error for its status.
+        let cluster_work = self.store.synced() || !self.errors.is_empty();
+        let owned = cluster_work && self.owned(epoch).await;
+        if cluster_work && !owned {
+            // Refused: the cluster is not written, but its caches count for readiness and
+            // the config side (no cluster's) goes on.
+            self.dirty = Dirty::default();
+            if self.store.synced() && !self.synced {
+                self.synced = true;
+                info!(cluster = %self.id, "cluster synced (caches only: refused)");
+                self.ctx.readiness.synced(&readiness_name(&self.id));
+            }
         }
         let observed_at_ms = self.observed_at_ms.take().unwrap_or_else(now_ms);
         let selectors = self.ctx.selectors.borrow().clone();
-        let retry = self.publisher.needs_retry();
-        if self.store.synced() && (retry || !self.dirty.is_empty()) {
+        let retry = owned && self.publisher.needs_retry();
+        if owned && self.store.synced() && (retry || !self.dirty.is_empty()) {
             let mut dirty = std::mem::take(&mut self.dirty);
             if retry {
                 dirty.add_all();
@@ -450,23 +583,12 @@ impl ClusterTask {
                 self.synced = true;
                 info!(cluster = %self.id, services = self.store.services.values().count(), "cluster synced");
                 self.ctx.readiness.synced(&readiness_name(&self.id));
-                self.ctx.metrics.cluster_state(&self.id, true);
             }
         }
-        let mut config_retry = false;
-        if let Some(config) = &mut self.config {
-            config
-                .publish(
-                    &self.ctx,
-                    &self.store.namespaces,
-                    &selectors,
-                    observed_at_ms,
-                )
-                .await;
-            config_retry = config.needs_retry();
-        }
+        self.report();
+        let config_retry = self.publish_config_at(observed_at_ms).await;
         let config_error = self.config.as_ref().and_then(ConfigSide::last_error);
-        if self.synced || !self.errors.is_empty() || config_error.is_some() {
+        if owned && (self.synced || !self.errors.is_empty() || config_error.is_some()) {
             let last_error = self
                 .errors
                 .iter()
@@ -475,30 +597,36 @@ impl ClusterTask {
                 .or(config_error);
             self.status.set(self.synced, last_error).await;
         }
-        if self.publisher.needs_retry() || config_retry {
-            self.publish_at = Some(Instant::now() + RETRY);
+        let cluster_retry = owned && self.publisher.needs_retry();
+        if cluster_retry || config_retry {
+            let at = Instant::now() + RETRY;
+            // (a failed claim may have asked for a retry already)
+            self.publish_at = Some(self.publish_at.map_or(at, |t| t.min(at)));
         }
     }
 
-    async fn stop(mut self, delete_keys: bool) {
-        // Stop watching first, so nothing is written after the keys are deleted.
+    /// Publishes the config side (if any); returns whether it needs a retry.
+    async fn publish_config_at(&mut self, observed_at_ms: u64) -> bool {
+        let Some(config) = &mut self.config else {
+            return false;
+        };
+        let selectors = self.ctx.selectors.borrow().clone();
+        config
+            .publish(
+                &self.ctx,
+                &self.store.namespaces,
+                &selectors,
+                observed_at_ms,
+            )
+            .await;
+        config.needs_retry()
+    }
+
+    fn stop(mut self) {
+        // Dropping the connections aborts their watches: nothing is written after this.
         self.pending = None;
         self.active._watches.clear();
         self.config = None;
-        // A standby leaves the deletes to the leader (or to the sweep at the next term).
-        if delete_keys && self.ctx.leadership.leads() {
-            for attempt in 1..=5 {
-                let report = self.publisher.publish(&DesiredState::new(), now_ms()).await;
-                self.ctx.metrics.published(&report);
-                if !self.publisher.needs_retry() {
-                    info!(cluster = %self.id, deleted = report.deletes, "cluster removed; its keys are deleted");
-                    break;
-                }
-                warn!(cluster = %self.id, attempt, "could not delete every key of the removed cluster; retrying");
-                tokio::time::sleep(RETRY).await;
-            }
-            self.status.delete().await;
-        }
         self.ctx.metrics.cluster_removed(&self.id);
         self.ctx.readiness.forget(&readiness_name(&self.id));
     }

@@ -1,8 +1,12 @@
 //! The Kubernetes source (`--source kube`): the ingester as a Kubernetes controller.
 //!
 //! - The config cluster (in-cluster config or `KUBECONFIG`) is watched like every cluster
-//!   (Namespaces, Services, EndpointSlices, Pods, Nodes), and also for Istio config
-//!   ([`config`]) and multicluster Secrets ([`secrets`]).
+//!   (Namespaces, Services, EndpointSlices, Pods, Nodes) unless `--local-cluster=false`,
+//!   and also for Istio config ([`config`]); in its system namespace, for the multicluster
+//!   Secrets of this fleet ([`secrets`]).
+//! - Each cluster ID is published by one fleet, its owner on the bus
+//!   ([`crate::ownership`]); a cluster another live fleet owns is refused, and a cluster
+//!   that leaves this fleet is handed over or deleted ([`orphans`]).
 //! - Each cluster runs in its own task ([`cluster`]) owning the keys of its cluster ID.
 //! - Watches reduce objects to what shoal reads ([`reduce`]) and follow kube-rs relist
 //!   semantics ([`store`]): a relist is a reset, never a series of guessed deletes.
@@ -20,6 +24,7 @@ pub mod watch;
 
 use crate::mesh_config::SelectorsRx;
 use crate::metrics::Metrics;
+use crate::ownership::Owners;
 use crate::publish::Leadership;
 use crate::readiness::Readiness;
 use cluster::{readiness_name, ClusterContext};
@@ -56,6 +61,15 @@ pub enum KubeSourceError {
 pub struct KubeSourceConfig {
     /// The config cluster's ID (services and endpoints keys start with it).
     pub cluster_id: String,
+    /// Whether this fleet publishes the config (local) cluster's services and endpoints.
+    pub local_cluster: bool,
+    /// Whether this fleet takes the multicluster Secrets without a fleet label.
+    pub unlabelled_secrets: bool,
+    /// How long a cluster that left this fleet keeps its keys for another fleet to take
+    /// it over, while another fleet is live.
+    pub handover_timeout: Duration,
+    /// The `User-Agent` of every Kubernetes client (it names the fleet and the replica).
+    pub user_agent: String,
     /// The fleet written into every envelope.
     pub fleet: String,
     /// Where the multicluster Secrets are.
@@ -66,13 +80,41 @@ pub struct KubeSourceConfig {
     pub remote_cluster_timeout: Duration,
 }
 
+/// The `User-Agent` of the ingester's Kubernetes clients: the binary, its version, the
+/// fleet and the replica, so that API server audit logs (and tests) tell who watches.
+pub fn user_agent(fleet: &str, instance_id: &str) -> String {
+    let agent = format!(
+        "shoal-ingester/{} (fleet {fleet}; instance {instance_id})",
+        env!("CARGO_PKG_VERSION")
+    );
+    // A header value is visible ASCII; anything else would make every request fail.
+    agent
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Sets the `User-Agent` of a client configuration.
+pub fn with_user_agent(mut config: kube::Config, user_agent: &str) -> kube::Config {
+    if let Ok(value) = hyper::header::HeaderValue::from_str(user_agent) {
+        config.headers.push((hyper::header::USER_AGENT, value));
+    }
+    config
+}
+
 /// The client of the config cluster: in-cluster config, else `KUBECONFIG` / `~/.kube/config`.
-pub async fn infer_client() -> Result<Client, KubeSourceError> {
+pub async fn infer_client(user_agent: &str) -> Result<Client, KubeSourceError> {
     let config = kube::Config::infer()
         .await
         .map_err(KubeSourceError::Infer)?;
     info!(server = %config.cluster_url, "connecting to the config cluster");
-    Client::try_from(config).map_err(KubeSourceError::Client)
+    Client::try_from(with_user_agent(config, user_agent)).map_err(KubeSourceError::Client)
 }
 
 /// The Kubernetes source, ready to run.
@@ -83,9 +125,10 @@ pub struct KubeSource {
 
 impl KubeSource {
     /// A source publishing to `bus` while `leadership` says this replica leads (a standby
-    /// watches and keeps its caches, and counts as synced once they are). Registers what
-    /// readiness waits for: the config cluster, the Istio config kinds (when watched) and
-    /// the multicluster secrets.
+    /// watches and keeps its caches, and counts as synced once they are), the clusters
+    /// `owners` says this fleet owns. Registers what readiness waits for: the config
+    /// cluster (when published), the Istio config kinds (when watched) and the multicluster
+    /// secrets.
     pub fn new(
         cfg: KubeSourceConfig,
         bus: Arc<dyn StateBus>,
@@ -93,8 +136,11 @@ impl KubeSource {
         readiness: Readiness,
         selectors: SelectorsRx,
         leadership: Leadership,
+        owners: Owners,
     ) -> KubeSource {
-        readiness.require(&readiness_name(&cfg.cluster_id));
+        if cfg.local_cluster {
+            readiness.require(&readiness_name(&cfg.cluster_id));
+        }
         readiness.require(secrets::READINESS);
         if cfg.watch_config {
             readiness.require(config::READINESS);
@@ -106,6 +152,7 @@ impl KubeSource {
             readiness,
             selectors,
             leadership,
+            owners,
         };
         KubeSource { cfg, ctx }
     }
@@ -116,25 +163,43 @@ impl KubeSource {
         let cfg = &self.cfg;
         info!(
             cluster = %cfg.cluster_id,
+            local_cluster = cfg.local_cluster,
+            fleet = %self.ctx.fleet,
+            unlabelled_secrets = cfg.unlabelled_secrets,
             system_namespace = %cfg.system_namespace,
             watch_config = cfg.watch_config,
             "starting Kubernetes source"
         );
-        let mut local = cluster::spawn(
-            self.ctx.clone(),
-            cfg.cluster_id.clone(),
-            client.clone(),
-            cfg.watch_config,
-        );
+        // Nothing is claimed, refused or swept before the owner records are read.
+        self.ctx.owners.loaded().await;
+        let mut local = cfg.local_cluster.then(|| {
+            cluster::spawn(
+                self.ctx.clone(),
+                cfg.cluster_id.clone(),
+                client.clone(),
+                cfg.watch_config,
+            )
+        });
         let controller = secrets::SecretController::start(
             self.ctx.clone(),
             client,
-            &cfg.system_namespace,
-            &cfg.cluster_id,
-            cfg.remote_cluster_timeout,
+            secrets::SecretsConfig {
+                namespace: cfg.system_namespace.clone(),
+                local: cfg.local_cluster.then(|| cfg.cluster_id.clone()),
+                unlabelled: cfg.unlabelled_secrets,
+                timeout: cfg.remote_cluster_timeout,
+                handover_timeout: cfg.handover_timeout,
+                user_agent: cfg.user_agent.clone(),
+            },
         );
+        let local_stopped = async {
+            match local.as_mut() {
+                Some(local) => local.join().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            () = local.join() => Err(KubeSourceError::Stopped("the config cluster's task")),
+            () = local_stopped => Err(KubeSourceError::Stopped("the config cluster's task")),
             () = controller.run() => Err(KubeSourceError::Stopped("the multicluster secret controller")),
         }
     }

@@ -66,6 +66,11 @@ impl TaskGuard {
     pub fn new(handle: JoinHandle<()>) -> Self {
         TaskGuard(handle)
     }
+
+    /// Whether the task has ended.
+    pub fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
 }
 
 impl Drop for TaskGuard {

@@ -8,19 +8,20 @@ use super::selectors::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::store::{parse_rv, present, Filter, ObjectKey, Preconditions, ResourceDef, Store};
 use super::watch::{self, WatchRequest};
-use super::Shared;
+use super::{Shared, WatchClient};
 use bytes::Bytes;
 use futures::StreamExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE, USER_AGENT};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -43,10 +44,10 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
+                let Ok((stream, peer)) = accepted else { continue };
                 let shared = shared.clone();
                 connections.spawn(async move {
-                    let service = service_fn(move |req| handle(shared.clone(), req));
+                    let service = service_fn(move |req| handle(shared.clone(), peer, req));
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
@@ -63,6 +64,9 @@ struct ApiRequest {
     query: Query,
     accept: String,
     content_type: String,
+    /// Who sent it, as the real server knows it (its audit log records both).
+    user_agent: String,
+    peer: SocketAddr,
     body: Bytes,
 }
 
@@ -206,7 +210,11 @@ fn error_response(error: &ApiError) -> Response<Body> {
     json_response(error.code, &error.status())
 }
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+async fn handle(
+    shared: Arc<Shared>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     shared
         .counters
         .requests
@@ -221,6 +229,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
             .to_string()
     };
     let (accept, content_type) = (header(ACCEPT), header(CONTENT_TYPE));
+    let user_agent = header(USER_AGENT);
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) => {
@@ -239,6 +248,8 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
                 query,
                 accept,
                 content_type,
+                user_agent,
+                peer,
                 body,
             };
             route(&shared, uri.path(), request).await
@@ -718,7 +729,17 @@ fn serve_watch(
             .map(Duration::from_secs),
         partial: req.partial(),
     };
-    let lines = watch::open(shared.clone(), request)?;
+    let client = WatchClient {
+        user_agent: req.user_agent.clone(),
+        source: req.peer,
+        resource: target.res.qualified(),
+        namespace: target.namespace.clone(),
+        label_selector: q
+            .get("labelSelector")
+            .filter(|s| !s.is_empty())
+            .map(String::from),
+    };
+    let lines = watch::open(shared.clone(), request, client)?;
     let body = StreamBody::new(lines.map(|line| Ok::<_, Infallible>(Frame::data(line))));
     let mut response = Response::new(BodyExt::boxed_unsync(body));
     response

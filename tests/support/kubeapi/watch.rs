@@ -6,7 +6,7 @@
 
 use super::status::ApiError;
 use super::store::{parse_rv, present, Event, Filter, ResourceDef, Store};
-use super::Shared;
+use super::{Shared, WatchClient};
 use bytes::Bytes;
 use futures::Stream;
 use serde_json::{json, Value};
@@ -30,8 +30,8 @@ pub(crate) struct WatchRequest {
     pub(crate) partial: bool,
 }
 
-/// Counts the watch as open while it lives.
-struct OpenGuard(Arc<Shared>);
+/// Counts the watch as open, and lists its client, while it lives.
+struct OpenGuard(Arc<Shared>, u64);
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
@@ -39,6 +39,12 @@ impl Drop for OpenGuard {
             .counters
             .watches_open
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.0
+            .counters
+            .watch_clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.1);
     }
 }
 
@@ -61,6 +67,7 @@ struct Watcher {
 pub(crate) fn open(
     shared: Arc<Shared>,
     req: WatchRequest,
+    client: WatchClient,
 ) -> Result<impl Stream<Item = Bytes> + Send, ApiError> {
     let start = match req.resource_version.as_deref() {
         None | Some("") | Some("0") => None,
@@ -73,6 +80,7 @@ pub(crate) fn open(
     let mut intervals = shared.bookmark_interval.subscribe();
     let interval = *intervals.borrow_and_update();
     shared.count_watch(&req.res);
+    let id = shared.add_watch_client(client);
     let now = Instant::now();
     let mut watcher = Watcher {
         shared: shared.clone(),
@@ -84,7 +92,7 @@ pub(crate) fn open(
         intervals,
         deadline: req.timeout.map(|t| now + t),
         next_bookmark: now + interval,
-        _open: OpenGuard(shared.clone()),
+        _open: OpenGuard(shared.clone(), id),
         req,
     };
     shared.read(|store| match (watcher.req.send_initial_events, start) {

@@ -17,6 +17,7 @@ use harness::{
 use serde_json::json;
 use shoal_common::bus::{Bucket, Op};
 use shoal_common::model::{ConfigObject, EndpointSet, Service};
+use shoal_common::ownership::OwnerBody;
 use shoal_tests::kubeapi::KubeApiServer;
 use shoal_tests::{eventually, NatsServer};
 use std::time::Duration;
@@ -138,7 +139,16 @@ async fn remote_clusters_from_secrets() {
     })
     .await;
 
-    // Removing the west key deletes west's keys and status, nothing else.
+    // Each cluster has its owner record, naming the (only) fleet.
+    for cluster in ["east", "west", "main"] {
+        let owner: OwnerBody = bus
+            .decode(Bucket::Meta, &format!("owner.{cluster}"))
+            .unwrap();
+        assert_eq!((owner.fleet.as_str(), owner.released), ("default", false));
+    }
+
+    // Removing the west key deletes west's keys, status and owner record, nothing else:
+    // no other fleet is live to take it over.
     let mark = bus.mark();
     config
         .apply(remote_secret(
@@ -150,6 +160,7 @@ async fn remote_clusters_from_secrets() {
         b.keys(Bucket::Services) == [svc_key("east", "shop"), svc_key("main", "shop")]
             && !b.keys(Bucket::Endpoints).contains(&eps_key("west", "shop"))
             && !b.keys(Bucket::Meta).contains(&"cluster.west".to_string())
+            && !b.keys(Bucket::Meta).contains(&"owner.west".to_string())
     })
     .await;
     bus.settle(Duration::from_millis(300)).await;
@@ -159,7 +170,7 @@ async fn remote_clusters_from_secrets() {
         .filter(|e| e.op == Op::Delete)
         .map(|e| e.key.as_str())
         .collect();
-    assert_eq!(deleted.len(), 3, "{}", describe(&after));
+    assert_eq!(deleted.len(), 4, "{}", describe(&after));
     assert!(
         deleted.iter().all(|k| k.contains("west")),
         "{}",
@@ -430,7 +441,13 @@ async fn restart_with_unchanged_cluster_writes_nothing() {
         b.keys(Bucket::Services).len() == 2
             && b.keys(Bucket::Endpoints).len() == 2
             && b.keys(Bucket::Config).len() == 1
-            && b.keys_but_leases(Bucket::Meta).len() == 2
+            && b.keys_but_leases(Bucket::Meta)
+                == [
+                    "cluster.Kubernetes",
+                    "cluster.remote",
+                    "owner.Kubernetes",
+                    "owner.remote",
+                ]
     })
     .await;
     bus.settle(Duration::from_millis(500)).await;
@@ -486,7 +503,7 @@ async fn restart_with_unchanged_cluster_writes_nothing() {
     bus.until("the removed cluster's keys deleted", |b| {
         b.keys(Bucket::Services) == [svc_key("Kubernetes", "shop")]
             && b.keys(Bucket::Endpoints) == [eps_key("Kubernetes", "shop")]
-            && b.keys_but_leases(Bucket::Meta) == ["cluster.Kubernetes"]
+            && b.keys_but_leases(Bucket::Meta) == ["cluster.Kubernetes", "owner.Kubernetes"]
     })
     .await;
 }

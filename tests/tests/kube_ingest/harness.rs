@@ -121,9 +121,14 @@ impl Ingester {
     }
 
     pub async fn metrics(&self) -> String {
-        let r = shoal_tests::http::get(self.admin, "/metrics")
+        self.get("/metrics").await
+    }
+
+    /// The body of an admin path.
+    pub async fn get(&self, path: &str) -> String {
+        let r = shoal_tests::http::get(self.admin, path)
             .await
-            .expect("GET /metrics");
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
         r.text()
     }
 
@@ -397,6 +402,11 @@ pub fn virtual_service(ns: &str, name: &str) -> Value {
 
 /// A multicluster secret: cluster ID → kubeconfig.
 pub fn remote_secret(name: &str, clusters: &[(&str, String)]) -> Secret {
+    fleet_secret(name, clusters, None)
+}
+
+/// A multicluster secret of a fleet (its `shoal.io/fleet` label; `None`: unlabelled).
+pub fn fleet_secret(name: &str, clusters: &[(&str, String)], fleet: Option<&str>) -> Secret {
     let data = clusters
         .iter()
         .map(|(id, kubeconfig)| (id.to_string(), ByteString(kubeconfig.clone().into_bytes())))
@@ -407,6 +417,9 @@ pub fn remote_secret(name: &str, clusters: &[(&str, String)]) -> Secret {
     }))
     .unwrap();
     secret.data = Some(data);
+    if let (Some(fleet), Some(labels)) = (fleet, secret.metadata.labels.as_mut()) {
+        labels.insert("shoal.io/fleet".into(), fleet.into());
+    }
     secret
 }
 

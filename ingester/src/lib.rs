@@ -31,6 +31,7 @@ pub mod state;
 pub mod status;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod virtual_service;
 
 pub use app::{run, IngesterArgs, LogFormat, SourceSpec};
 pub use error::{IngestError, InvalidObject};

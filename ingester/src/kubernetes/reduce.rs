@@ -343,7 +343,8 @@ status: {conditions: [{type: Ready, status: "True"}]}
         );
         let spec = svc.spec.as_ref().unwrap();
         assert!(spec.session_affinity.is_none());
-        assert!(spec.ports.as_ref().unwrap()[0].target_port.is_none());
+        // targetPort is kept: it names the workload port captured sidecars accept on.
+        assert!(spec.ports.as_ref().unwrap()[0].target_port.is_some());
 
         let pod = pod(yaml(POD));
         let spec = pod.spec.as_ref().unwrap();

@@ -10,6 +10,7 @@
 //! (`virtualInbound-blackhole`). mTLS chains come with PeerAuthentication support.
 
 use super::cds::{inbound_cluster_name, BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER};
+use super::http_route::default_inbound_retry_policy;
 use super::lds::{
     captured_listener, hcm_filter, http_connection_manager, http_inspector, listener_filter,
     tcp_proxy_filter, HcmRoutes, PLAINTEXT_HTTP_ALPNS,
@@ -104,6 +105,7 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
                 &cluster,
                 &format!("{}:{}", p.hostname, p.port),
                 p.port.into(),
+                p.protocol == Protocol::Grpc,
             )],
             ..Default::default()
         };
@@ -146,6 +148,7 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
             INBOUND_PASSTHROUGH_CLUSTER,
             ":0/*",
             0,
+            false,
         )],
         ..Default::default()
     });
@@ -194,6 +197,7 @@ fn inbound_hcm(
     cluster: &str,
     operation: &str,
     port: u32,
+    grpc: bool,
 ) -> shoal_proto::pb::envoy::config::listener::v3::Filter {
     let route = Route {
         name: "default".into(),
@@ -204,6 +208,7 @@ fn inbound_hcm(
         action: Some(Action::Route(RouteAction {
             cluster_specifier: Some(ClusterSpecifier::Cluster(cluster.into())),
             timeout: Some(pb_duration(std::time::Duration::ZERO)),
+            retry_policy: (!grpc).then(default_inbound_retry_policy),
             ..Default::default()
         })),
         decorator: Some(Decorator {

@@ -10,6 +10,7 @@
 //!
 //! This module holds the dispatch and the filter builders the listener kinds share.
 
+use super::http_route::{CORS_FILTER, FAULT_FILTER};
 use super::inbound::{self, InboundListenerKey};
 use super::outbound::{self, OutboundListenerKey, VirtualOutboundKey};
 use super::{ads_config_source, pb_duration, socket_address, Resource};
@@ -23,6 +24,8 @@ use shoal_proto::pb::envoy::config::listener::v3::{
     ListenerFilterChainMatchPredicate,
 };
 use shoal_proto::pb::envoy::config::route::v3::RouteConfiguration;
+use shoal_proto::pb::envoy::extensions::filters::http::cors::v3::Cors;
+use shoal_proto::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
 use shoal_proto::pb::envoy::extensions::filters::http::router::v3::Router;
 use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager::{CodecType, PathWithEscapedSlashesAction, RouteSpecifier},
@@ -157,7 +160,7 @@ pub fn build(key: &ListenerKey) -> Resource {
 fn bound_listener(key: &BoundListenerKey) -> Listener {
     let hcm = HttpConnectionManager {
         // Gateways are the edge: trust the peer address, as Istio does.
-        use_remote_address: key.gateway.then_some(BoolValue { value: true }),
+        use_remote_address: Some(BoolValue { value: key.gateway }),
         ..http_connection_manager(&key.name, HcmRoutes::Rds(&key.route))
     };
     Listener {
@@ -199,20 +202,44 @@ pub(crate) fn http_connection_manager(
             }),
             HcmRoutes::Inline(rc) => RouteSpecifier::RouteConfig(*rc),
         }),
-        http_filters: vec![HttpFilter {
-            name: "envoy.filters.http.router".into(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(shoal_proto::pack(
+        // Istio's order: fault injection, CORS, then the router. Fault and CORS act only
+        // where a route carries their per-route config.
+        http_filters: vec![
+            http_filter(
+                FAULT_FILTER,
+                "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+                &HttpFault::default(),
+            ),
+            http_filter(
+                CORS_FILTER,
+                "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors",
+                &Cors::default(),
+            ),
+            http_filter(
+                "envoy.filters.http.router",
                 "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
                 &Router::default(),
-            ))),
-            ..Default::default()
-        }],
+            ),
+        ],
+        use_remote_address: Some(BoolValue { value: false }),
+        // Istio turns Envoy's 5 minute stream idle timeout off (long polls, streams).
+        stream_idle_timeout: Some(pb_duration(std::time::Duration::ZERO)),
         normalize_path: Some(BoolValue { value: true }),
         path_with_escaped_slashes_action: PathWithEscapedSlashesAction::KeepUnchanged as i32,
         upgrade_configs: vec![UpgradeConfig {
             upgrade_type: "websocket".into(),
             ..Default::default()
         }],
+        ..Default::default()
+    }
+}
+
+fn http_filter<M: prost::Message>(name: &str, type_url: &str, config: &M) -> HttpFilter {
+    HttpFilter {
+        name: name.to_string(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(shoal_proto::pack(
+            type_url, config,
+        ))),
         ..Default::default()
     }
 }

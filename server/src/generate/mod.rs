@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod cds;
 pub mod eds;
+pub mod http_route;
 pub mod inbound;
 pub mod lds;
 pub mod outbound;
@@ -143,6 +144,32 @@ pub(crate) fn ads_config_source() -> ConfigSource {
         config_source_specifier: Some(ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
         ..Default::default()
     }
+}
+
+/// A protobuf map whose iteration order is its key order, so that prost encodes it the
+/// same way every time (prost encodes `HashMap` fields in iteration order, which depends on
+/// the map's random hasher). Tries fresh hashers until the order comes out sorted: one try
+/// for one entry, about n! tries for n entries — per-route filter configs have two at most.
+pub(crate) fn ordered_map<V: Clone>(
+    mut entries: Vec<(String, V)>,
+) -> std::collections::HashMap<String, V> {
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    entries.dedup_by(|a, b| a.0 == b.0);
+    let sorted = |m: &std::collections::HashMap<String, V>| {
+        m.keys().zip(entries.iter()).all(|(k, (e, _))| k == e)
+    };
+    let mut map = std::collections::HashMap::new();
+    for _ in 0..10_000 {
+        map = entries.iter().cloned().collect();
+        if sorted(&map) {
+            return map;
+        }
+    }
+    tracing::error!(
+        entries = entries.len(),
+        "could not order a protobuf map; its resource may differ between replicas"
+    );
+    map
 }
 
 /// A TCP socket address.

@@ -2,6 +2,10 @@
 //! built from VirtualServices with Istio's semantics, and a default route for every visible
 //! service that no VirtualService covers (sidecars).
 
+use super::http_route::{
+    catch_all_match, default_retry_policy, destination_hosts, uses_source, vs_routes, RouteEnv,
+    Source,
+};
 use super::{pb_duration, Resource};
 use crate::proxy::{Proxy, ProxyKind};
 use crate::push_context::{
@@ -9,35 +13,15 @@ use crate::push_context::{
     ServiceView,
 };
 use crate::scope::{host_entry_matches, ProxyScope};
-use shoal_common::model::{
-    Destination, Gateway, HttpMatchRequest, HttpRetry, HttpRoute, HttpRouteDestination,
-    OutboundTrafficMode, StringMatch, VirtualService,
-};
+use shoal_common::model::{Gateway, OutboundTrafficMode, VirtualService};
 use shoal_proto::pb::envoy::config::route::v3::{
-    header_matcher::HeaderMatchSpecifier,
-    redirect_action::{PathRewriteSpecifier, RedirectResponseCode, SchemeRewriteSpecifier},
-    retry_policy::{retry_host_predicate, RetryHostPredicate},
-    route::Action,
-    route_action::{ClusterSpecifier, HostRewriteSpecifier},
-    route_match::PathSpecifier,
-    weighted_cluster::ClusterWeight,
-    DirectResponseAction, HeaderMatcher, RedirectAction, RetryPolicy, Route, RouteAction,
-    RouteConfiguration, RouteMatch, VirtualHost, WeightedCluster,
+    route::Action, route_action::ClusterSpecifier, route_match::PathSpecifier,
+    DirectResponseAction, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
 };
-use shoal_proto::pb::envoy::extensions::retry::host::previous_hosts::v3::PreviousHostsPredicate;
-use shoal_proto::pb::envoy::r#type::matcher::v3::{
-    string_matcher::MatchPattern, RegexMatcher, StringMatcher,
-};
-use shoal_proto::pb::google::protobuf::{BoolValue, UInt32Value};
+use shoal_proto::pb::google::protobuf::BoolValue;
 use shoal_proto::{outbound_cluster_name, XdsType};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-
-/// Istio's default retry conditions.
-const DEFAULT_RETRY_ON: &str =
-    "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes";
-/// Istio's default number of retries when a route sets none.
-const DEFAULT_RETRIES: u32 = 2;
 
 /// Everything one route table is built from: the VirtualServices that can shape it and the
 /// ports of the services they name as destinations (a destination without a port resolves
@@ -63,6 +47,9 @@ pub struct GatewayRouteKey {
     pub virtual_services: Vec<Arc<Config<VirtualService>>>,
     /// Ports of destination services, by hostname.
     pub destinations: DestinationPorts,
+    /// The gateway workload, when a VirtualService matches on `sourceLabels` /
+    /// `sourceNamespace` (else `None`, so gateways share the table).
+    pub source: Option<Source>,
 }
 
 /// Inputs of a sidecar route table.
@@ -80,13 +67,15 @@ pub struct SidecarRouteKey {
     pub virtual_services: Vec<Arc<Config<VirtualService>>>,
     /// Ports of destination services, by hostname.
     pub destinations: DestinationPorts,
+    /// The calling workload, when a VirtualService matches on `sourceLabels` /
+    /// `sourceNamespace` (else `None`, so sidecars share the table).
+    pub source: Option<Source>,
     /// The catch-all virtual host of a captured sidecar: `allow_any` to
     /// `PassthroughCluster`, or `block_all` (502) under `REGISTRY_ONLY`.
     pub catch_all: Option<OutboundTrafficMode>,
 }
 
-/// Service ports by hostname, for the destinations a set of VirtualServices names.
-pub type DestinationPorts = BTreeMap<String, Vec<u16>>;
+pub use super::http_route::DestinationPorts;
 
 /// The route tables requested, for this proxy.
 pub fn keys(
@@ -129,24 +118,13 @@ pub fn build(key: &RouteKey) -> Resource {
 fn destination_ports(vss: &[Arc<Config<VirtualService>>], ctx: &PushContext) -> DestinationPorts {
     let mut out = DestinationPorts::new();
     for vs in vss {
-        for rule in &vs.spec.http {
-            for d in &rule.route {
-                let host = resolve_host(&d.destination.host, &vs.meta.namespace);
-                if let Some(svc) = ctx.services.get(&host) {
-                    out.insert(host, svc.ports.iter().map(|p| p.port).collect());
-                }
+        for host in destination_hosts(vs) {
+            if let Some(svc) = ctx.services.get(&host) {
+                out.insert(host, svc.ports.iter().map(|p| p.port).collect());
             }
         }
     }
     out
-}
-
-/// How a route's destinations resolve: the namespace of the VirtualService (short hosts),
-/// the port traffic arrived on (a destination's default port), and the services' ports.
-struct RouteEnv<'a> {
-    ns: &'a str,
-    listener_port: u32,
-    destinations: &'a DestinationPorts,
 }
 
 // ---------------------------------------------------------------------------------------
@@ -209,6 +187,7 @@ fn gateway_key(name: &str, port: u32, proxy: &Proxy, ctx: &PushContext) -> Gatew
         name: name.to_string(),
         port,
         gateways,
+        source: uses_source(&virtual_services).then(|| source_of(proxy)),
         virtual_services,
         destinations,
     }
@@ -221,6 +200,7 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
         gateways,
         virtual_services,
         destinations,
+        source,
     } = key;
     let port = *port;
     // Virtual host → routes, merged across VirtualServices in precedence order, as Istio
@@ -264,6 +244,7 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
             ns: &vs.meta.namespace,
             listener_port: port,
             destinations,
+            source: source.as_ref(),
         };
         let routes = vs_routes(vs, &env, |m| {
             m.gateways.is_empty()
@@ -360,9 +341,17 @@ fn sidecar_key(
         port,
         proxy_namespace: proxy.namespace.clone(),
         services,
+        source: uses_source(&virtual_services).then(|| source_of(proxy)),
         virtual_services,
         destinations,
         catch_all: captured.then_some(scope.outbound_policy),
+    }
+}
+
+fn source_of(proxy: &Proxy) -> Source {
+    Source {
+        namespace: proxy.namespace.clone(),
+        labels: proxy.labels.clone(),
     }
 }
 
@@ -374,6 +363,7 @@ fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
         services,
         virtual_services,
         destinations,
+        source,
         catch_all,
     } = key;
     let port = *port;
@@ -399,6 +389,7 @@ fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
                     ns: &vs.meta.namespace,
                     listener_port: port,
                     destinations,
+                    source: source.as_ref(),
                 };
                 vs_routes(vs, &env, |m| {
                     m.gateways.is_empty() || m.gateways.iter().any(|g| g == "mesh")
@@ -509,10 +500,7 @@ fn unique_domains(domains: Vec<String>, seen: &mut BTreeSet<String>) -> Vec<Stri
 fn default_route(cluster: &str) -> Route {
     Route {
         name: "default".into(),
-        r#match: Some(RouteMatch {
-            path_specifier: Some(PathSpecifier::Prefix("/".into())),
-            ..Default::default()
-        }),
+        r#match: Some(catch_all_match()),
         action: Some(Action::Route(RouteAction {
             cluster_specifier: Some(ClusterSpecifier::Cluster(cluster.into())),
             timeout: Some(pb_duration(std::time::Duration::ZERO)),
@@ -520,251 +508,6 @@ fn default_route(cluster: &str) -> Route {
             ..Default::default()
         })),
         ..Default::default()
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// VirtualService → Envoy routes
-
-/// Converts a VirtualService's HTTP rules; `applies` filters match blocks by their
-/// `gateways` field. A rule whose every match block is filtered out yields no route.
-fn vs_routes(
-    vs: &Config<VirtualService>,
-    env: &RouteEnv<'_>,
-    applies: impl Fn(&HttpMatchRequest) -> bool,
-) -> Vec<Route> {
-    let mut out = Vec::new();
-    for rule in &vs.spec.http {
-        let action = action(rule, env);
-        let name = rule.name.clone().unwrap_or_default();
-        if rule.matches.is_empty() {
-            out.push(route(
-                &name,
-                RouteMatch {
-                    path_specifier: Some(PathSpecifier::Prefix("/".into())),
-                    ..Default::default()
-                },
-                action.clone(),
-            ));
-            continue;
-        }
-        for m in &rule.matches {
-            if !applies(m) || m.port.is_some_and(|p| p != env.listener_port) {
-                continue;
-            }
-            out.push(route(&name, route_match(m), action.clone()));
-        }
-    }
-    out
-}
-
-fn route(name: &str, m: RouteMatch, action: Action) -> Route {
-    Route {
-        name: name.to_string(),
-        r#match: Some(m),
-        action: Some(action),
-        ..Default::default()
-    }
-}
-
-fn route_match(m: &HttpMatchRequest) -> RouteMatch {
-    let path_specifier = Some(match &m.uri {
-        None => PathSpecifier::Prefix("/".into()),
-        Some(StringMatch::Exact(p)) => PathSpecifier::Path(p.clone()),
-        Some(StringMatch::Prefix(p)) => PathSpecifier::Prefix(p.clone()),
-        Some(StringMatch::Regex(r)) => PathSpecifier::SafeRegex(regex(r)),
-    });
-    let mut headers: Vec<HeaderMatcher> = m
-        .headers
-        .iter()
-        .map(|(name, sm)| header_matcher(name, sm))
-        .collect();
-    if let Some(sm) = &m.method {
-        headers.push(header_matcher(":method", sm));
-    }
-    if let Some(sm) = &m.authority {
-        headers.push(header_matcher(":authority", sm));
-    }
-    RouteMatch {
-        path_specifier,
-        headers,
-        case_sensitive: m.ignore_uri_case.then_some(BoolValue { value: false }),
-        ..Default::default()
-    }
-}
-
-fn regex(r: &str) -> RegexMatcher {
-    RegexMatcher {
-        regex: r.to_string(),
-        ..Default::default()
-    }
-}
-
-fn header_matcher(name: &str, sm: &StringMatch) -> HeaderMatcher {
-    let pattern = match sm {
-        StringMatch::Exact(s) => MatchPattern::Exact(s.clone()),
-        StringMatch::Prefix(s) => MatchPattern::Prefix(s.clone()),
-        StringMatch::Regex(r) => MatchPattern::SafeRegex(regex(r)),
-    };
-    HeaderMatcher {
-        name: name.to_ascii_lowercase(),
-        header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {
-            match_pattern: Some(pattern),
-            ..Default::default()
-        })),
-        ..Default::default()
-    }
-}
-
-fn action(rule: &HttpRoute, env: &RouteEnv<'_>) -> Action {
-    if let Some(r) = &rule.redirect {
-        return Action::Redirect(RedirectAction {
-            host_redirect: r.authority.clone().unwrap_or_default(),
-            port_redirect: r.port.unwrap_or_default(),
-            path_rewrite_specifier: r.uri.clone().map(PathRewriteSpecifier::PathRedirect),
-            scheme_rewrite_specifier: r.scheme.clone().map(SchemeRewriteSpecifier::SchemeRedirect),
-            response_code: redirect_code(r.redirect_code.unwrap_or(301)) as i32,
-            ..Default::default()
-        });
-    }
-    let mut ra = RouteAction {
-        cluster_specifier: Some(cluster_specifier(&rule.route, env)),
-        timeout: Some(pb_duration(
-            rule.timeout.map(|t| t.get()).unwrap_or_default(),
-        )),
-        retry_policy: match &rule.retries {
-            None => Some(default_retry_policy()),
-            Some(r) if r.attempts == 0 => None,
-            Some(r) => Some(retry_policy(r)),
-        },
-        ..Default::default()
-    };
-    if let Some(rw) = &rule.rewrite {
-        if let Some(uri) = &rw.uri {
-            ra.prefix_rewrite = uri.clone();
-        }
-        if let Some(auth) = &rw.authority {
-            ra.host_rewrite_specifier =
-                Some(HostRewriteSpecifier::HostRewriteLiteral(auth.clone()));
-        }
-    }
-    Action::Route(ra)
-}
-
-/// Istio's default retry policy: 2 retries on connection errors and 503, preferring hosts
-/// not tried yet.
-fn default_retry_policy() -> RetryPolicy {
-    RetryPolicy {
-        retry_on: DEFAULT_RETRY_ON.into(),
-        num_retries: Some(UInt32Value {
-            value: DEFAULT_RETRIES,
-        }),
-        retriable_status_codes: vec![503],
-        retry_host_predicate: vec![RetryHostPredicate {
-            name: "envoy.retry_host_predicates.previous_hosts".into(),
-            config_type: Some(retry_host_predicate::ConfigType::TypedConfig(
-                shoal_proto::pack(
-                    "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate",
-                    &PreviousHostsPredicate {},
-                ),
-            )),
-        }],
-        host_selection_retry_max_attempts: 5,
-        ..Default::default()
-    }
-}
-
-/// A VirtualService retry policy: Istio's default with the given fields overridden. Numbers
-/// in `retryOn` are status codes (Envoy's `retry_on` accepts only condition names).
-fn retry_policy(r: &HttpRetry) -> RetryPolicy {
-    let mut p = default_retry_policy();
-    p.num_retries = Some(UInt32Value { value: r.attempts });
-    if let Some(on) = r.retry_on.as_deref().filter(|s| !s.trim().is_empty()) {
-        let (codes, conditions): (Vec<&str>, Vec<&str>) = on
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .partition(|s| s.parse::<u16>().is_ok_and(|c| (100..600).contains(&c)));
-        p.retriable_status_codes = codes.iter().filter_map(|c| c.parse().ok()).collect();
-        p.retry_on = conditions.join(",");
-        if !p.retriable_status_codes.is_empty() && !conditions.contains(&"retriable-status-codes") {
-            if !p.retry_on.is_empty() {
-                p.retry_on.push(',');
-            }
-            p.retry_on.push_str("retriable-status-codes");
-        }
-    }
-    if let Some(t) = r.per_try_timeout {
-        p.per_try_timeout = Some(pb_duration(t.get()));
-    }
-    p
-}
-
-fn redirect_code(code: u32) -> RedirectResponseCode {
-    match code {
-        302 => RedirectResponseCode::Found,
-        303 => RedirectResponseCode::SeeOther,
-        307 => RedirectResponseCode::TemporaryRedirect,
-        308 => RedirectResponseCode::PermanentRedirect,
-        _ => RedirectResponseCode::MovedPermanently,
-    }
-}
-
-/// The cluster of one destination: `outbound|<port>|<subset>|<fqdn>`. Without an explicit
-/// port: the service's only port, else the port traffic arrived on.
-fn destination_cluster(d: &Destination, env: &RouteEnv<'_>) -> String {
-    let host = resolve_host(&d.host, env.ns);
-    let port =
-        d.port
-            .as_ref()
-            .map(|p| p.number)
-            .unwrap_or_else(|| match env.destinations.get(&host) {
-                Some(ports) if ports.len() == 1 => ports[0].into(),
-                _ => env.listener_port,
-            });
-    outbound_cluster_name(port, d.subset.as_deref().unwrap_or_default(), &host)
-}
-
-fn cluster_specifier(dests: &[HttpRouteDestination], env: &RouteEnv<'_>) -> ClusterSpecifier {
-    let weighted: Vec<(String, u32)> = if dests.iter().all(|d| d.weight.is_none()) {
-        // Unweighted destinations split evenly; the first takes the remainder.
-        let n = dests.len().max(1) as u32;
-        dests
-            .iter()
-            .enumerate()
-            .map(|(i, d)| {
-                (
-                    destination_cluster(&d.destination, env),
-                    100 / n + u32::from(i == 0) * (100 % n),
-                )
-            })
-            .collect()
-    } else {
-        dests
-            .iter()
-            .filter(|d| d.weight.unwrap_or(0) > 0)
-            .map(|d| {
-                (
-                    destination_cluster(&d.destination, env),
-                    d.weight.unwrap_or(0),
-                )
-            })
-            .collect()
-    };
-    match weighted.as_slice() {
-        [] => ClusterSpecifier::Cluster(super::cds::BLACKHOLE_CLUSTER.into()),
-        [(single, _)] => ClusterSpecifier::Cluster(single.clone()),
-        many => ClusterSpecifier::WeightedClusters(WeightedCluster {
-            clusters: many
-                .iter()
-                .map(|(name, w)| ClusterWeight {
-                    name: name.clone(),
-                    weight: Some(UInt32Value { value: *w }),
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        }),
     }
 }
 

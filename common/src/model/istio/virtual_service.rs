@@ -115,6 +115,179 @@ pub struct HttpRoute {
     /// Retry policy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retries: Option<HttpRetry>,
+    /// Header manipulation (request and response).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headers: Option<Headers>,
+    /// Fault injection (delays, aborts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault: Option<HttpFaultInjection>,
+    /// Mirror traffic to this destination too (fire and forget).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<Destination>,
+    /// Percentage of traffic `mirror` receives (default 100).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mirror_percentage: Option<Percent>,
+    /// Deprecated integer form of `mirrorPercentage`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mirror_percent: Option<u32>,
+    /// Several mirrors, each with its own percentage.
+    pub mirrors: Vec<HttpMirrorPolicy>,
+    /// CORS policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cors_policy: Option<CorsPolicy>,
+    /// Answer directly instead of forwarding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direct_response: Option<HttpDirectResponse>,
+    /// Routes of another VirtualService inserted here (the root's match ANDed in).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delegate: Option<Delegate>,
+}
+
+/// A percentage in [0, 100] (Istio's `Percent`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct Percent {
+    /// The percentage.
+    pub value: f64,
+}
+
+impl Eq for Percent {}
+
+impl std::hash::Hash for Percent {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.value.to_bits().hash(state);
+    }
+}
+
+/// Header operations on requests and responses.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Headers {
+    /// Applied to the request before forwarding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request: Option<HeaderOperations>,
+    /// Applied to the response before returning it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response: Option<HeaderOperations>,
+}
+
+/// Set, add and remove header operations.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct HeaderOperations {
+    /// Overwrite these headers.
+    pub set: BTreeMap<String, String>,
+    /// Append these headers.
+    pub add: BTreeMap<String, String>,
+    /// Remove these headers.
+    pub remove: Vec<String>,
+}
+
+/// Fault injection.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct HttpFaultInjection {
+    /// Delay requests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay: Option<FaultDelay>,
+    /// Abort requests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub abort: Option<FaultAbort>,
+}
+
+/// A fixed delay for a percentage of requests.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct FaultDelay {
+    /// The delay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fixed_delay: Option<Duration>,
+    /// Share of requests delayed (default 100).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub percentage: Option<Percent>,
+    /// Deprecated integer form of `percentage`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub percent: Option<u32>,
+}
+
+/// An abort with an HTTP (or gRPC) status for a percentage of requests.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct FaultAbort {
+    /// HTTP status to return.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_status: Option<u32>,
+    /// gRPC status name or number to return.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_status: Option<String>,
+    /// Share of requests aborted (default 100).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub percentage: Option<Percent>,
+}
+
+/// One mirror destination with its share of traffic.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct HttpMirrorPolicy {
+    /// Where mirrored requests go.
+    pub destination: Destination,
+    /// Share of requests mirrored (default 100).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub percentage: Option<Percent>,
+}
+
+/// Cross-origin resource sharing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct CorsPolicy {
+    /// Origins allowed.
+    pub allow_origins: Vec<StringMatch>,
+    /// Methods allowed (`Access-Control-Allow-Methods`).
+    pub allow_methods: Vec<String>,
+    /// Request headers allowed.
+    pub allow_headers: Vec<String>,
+    /// Response headers the browser may read.
+    pub expose_headers: Vec<String>,
+    /// How long a preflight may be cached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<Duration>,
+    /// Whether credentials are allowed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_credentials: Option<bool>,
+}
+
+/// A direct response.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct HttpDirectResponse {
+    /// Status code.
+    pub status: u32,
+    /// Body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<HttpBody>,
+}
+
+/// A direct response body: text or base64 bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct HttpBody {
+    /// Text body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub string: Option<String>,
+    /// Base64-encoded body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<String>,
+}
+
+/// The VirtualService a route delegates to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Delegate {
+    /// Its name.
+    pub name: String,
+    /// Its namespace (default: the root's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 /// Match conditions of an HTTP rule; fields are ANDed.
@@ -127,8 +300,20 @@ pub struct HttpMatchRequest {
     /// URI match.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uri: Option<StringMatch>,
-    /// Header matches (lowercase names).
-    pub headers: BTreeMap<String, StringMatch>,
+    /// Header matches (lowercase names); `{}` matches presence.
+    pub headers: BTreeMap<String, HeaderMatch>,
+    /// Headers that must not match (`{}`: must be absent).
+    pub without_headers: BTreeMap<String, HeaderMatch>,
+    /// Query parameter matches (exact or regex; `{}` matches presence).
+    pub query_params: BTreeMap<String, HeaderMatch>,
+    /// URI scheme match.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<StringMatch>,
+    /// Labels the calling workload must carry.
+    pub source_labels: BTreeMap<String, String>,
+    /// The calling workload's namespace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_namespace: Option<String>,
     /// HTTP method match.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub method: Option<StringMatch>,
@@ -199,6 +384,36 @@ impl From<StringMatch> for StringMatchRepr {
     }
 }
 
+/// A header (or query parameter) match: a [`StringMatch`], or `{}` for "present".
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "StringMatchRepr", into = "StringMatchRepr")]
+pub enum HeaderMatch {
+    /// The header is present, with any value.
+    Present,
+    /// The value matches.
+    Value(StringMatch),
+}
+
+impl TryFrom<StringMatchRepr> for HeaderMatch {
+    type Error = String;
+
+    fn try_from(r: StringMatchRepr) -> Result<Self, Self::Error> {
+        if r.exact.is_none() && r.prefix.is_none() && r.regex.is_none() {
+            return Ok(HeaderMatch::Present);
+        }
+        StringMatch::try_from(r).map(HeaderMatch::Value)
+    }
+}
+
+impl From<HeaderMatch> for StringMatchRepr {
+    fn from(m: HeaderMatch) -> Self {
+        match m {
+            HeaderMatch::Present => StringMatchRepr::default(),
+            HeaderMatch::Value(v) => v.into(),
+        }
+    }
+}
+
 /// A weighted destination.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
@@ -251,6 +466,9 @@ pub struct HttpRedirect {
     /// Status code (default 301).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redirect_code: Option<u32>,
+    /// `FROM_PROTOCOL_DEFAULT` (80/443) or `FROM_REQUEST_PORT` instead of `port`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub derive_port: Option<String>,
 }
 
 /// An HTTP rewrite.
@@ -263,6 +481,20 @@ pub struct HttpRewrite {
     /// Replaces the Host/Authority header.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub authority: Option<String>,
+    /// Rewrites the path with a regex (RE2) and a substitution.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uri_regex_rewrite: Option<RegexRewrite>,
+}
+
+/// A regex rewrite of the path.
+#[derive(Debug, Clone, PartialEq, Hash, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RegexRewrite {
+    /// RE2 pattern.
+    #[serde(rename = "match")]
+    pub pattern: String,
+    /// Substitution (`\1` for groups).
+    pub rewrite: String,
 }
 
 /// Retry policy.
@@ -277,6 +509,15 @@ pub struct HttpRetry {
     /// Envoy `retry_on` conditions, comma-separated.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_on: Option<String>,
+    /// Prefer other localities on retry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_remote_localities: Option<bool>,
+    /// Skip hosts already tried (default true).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_ignore_previous_hosts: Option<bool>,
+    /// Base interval of the exponential back-off between retries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<Duration>,
 }
 
 #[cfg(test)]

@@ -82,8 +82,17 @@ fn gateway_listeners_for_selected_http_servers() {
         assert_eq!(rds_name(l), format!("http.{port}"));
         let hcm = hcm(l);
         assert_eq!(hcm.use_remote_address.map(|b| b.value), Some(true));
-        assert_eq!(hcm.http_filters.len(), 1);
-        assert_eq!(hcm.http_filters[0].name, "envoy.filters.http.router");
+        let filters: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            filters,
+            [
+                "envoy.filters.http.fault",
+                "envoy.filters.http.cors",
+                "envoy.filters.http.router"
+            ]
+        );
+        assert_eq!(hcm.stream_idle_timeout.map(|d| d.seconds), Some(0));
+        assert_eq!(hcm.upgrade_configs[0].upgrade_type, "websocket");
     }
 }
 
@@ -168,7 +177,7 @@ egress:
     let l = &ls["127.0.0.1_9080"];
     assert_eq!(socket(l.address.as_ref().unwrap()), "127.0.0.1:9080");
     assert_eq!(rds_name(l), "9080");
-    assert_eq!(hcm(l).use_remote_address, None);
+    assert_eq!(hcm(l).use_remote_address.map(|b| b.value), Some(false));
     assert_eq!(rds_name(&ls["0.0.0.0_9090"]), "9090");
 }
 

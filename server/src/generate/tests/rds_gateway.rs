@@ -396,12 +396,15 @@ fn destinations_weights_subsets_and_ports() {
     weight: 10
   - destination: {host: web, subset: v3}
     weight: 0
-- name: even
+- name: any-total
   match: [{uri: {prefix: /e}}]
   route:
   - destination: {host: web}
+    weight: 2
   - destination: {host: api.default.svc.cluster.local, port: {number: 9090}}
+    weight: 1
   - destination: {host: external.example.com}
+    weight: 1
 - name: multi-port-default
   match: [{uri: {prefix: /m}}]
   route: [{destination: {host: api}}]
@@ -433,13 +436,14 @@ fn destinations_weights_subsets_and_ports() {
     assert_eq!(
         weights(&rs[1]),
         [
-            (format!("outbound|80||{web}"), 34),
+            // Any positive total, as in Istio (Envoy splits by the sum).
+            (format!("outbound|80||{web}"), 2),
             (
                 "outbound|9090||api.default.svc.cluster.local".to_string(),
-                33
+                1
             ),
             // Unknown hosts keep the listener port.
-            ("outbound|80||external.example.com".to_string(), 33),
+            ("outbound|80||external.example.com".to_string(), 1),
         ]
     );
     // A multi-port service without a destination port: the port traffic arrived on.
@@ -447,7 +451,8 @@ fn destinations_weights_subsets_and_ports() {
         cluster_of(&rs[2]),
         "outbound|80||api.default.svc.cluster.local"
     );
-    assert_eq!(cluster_of(&rs[3]), "BlackHoleCluster");
+    // A single destination takes all traffic whatever its weight, as in istiod.
+    assert_eq!(cluster_of(&rs[3]), format!("outbound|80||{web}"));
 }
 
 #[test]
@@ -539,7 +544,8 @@ fn retries() {
         "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
     );
     assert_eq!(default.num_retries.as_ref().unwrap().value, 2);
-    assert_eq!(default.retriable_status_codes, [503]);
+    // Current Istio: no status code is retried by default (a 503 is not).
+    assert!(default.retriable_status_codes.is_empty());
     assert_eq!(default.host_selection_retry_max_attempts, 5);
     assert_eq!(
         default
@@ -563,7 +569,7 @@ fn retries() {
     let attempts = route_action(&rs[4]).retry_policy.as_ref().unwrap();
     assert_eq!(attempts.retry_on, default.retry_on);
     assert_eq!(attempts.num_retries.as_ref().unwrap().value, 4);
-    assert_eq!(attempts.retriable_status_codes, [503]);
+    assert!(attempts.retriable_status_codes.is_empty());
 }
 
 #[test]

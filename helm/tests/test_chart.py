@@ -653,6 +653,21 @@ def service_account_of(objects, comp) -> str:
     return names.pop()
 
 
+def local_cluster(container) -> bool:
+    value = arg_value(container, "--local-cluster")
+    assert value in ("true", "false"), f"{container['name']}: --local-cluster={value}"
+    return value == "true"
+
+
+def ingester_service_accounts(objects) -> tuple[set[str], set[str]]:
+    """The ServiceAccounts of the fleets with the local cluster, and of the others."""
+    local, remote = set(), set()
+    for d in deployments(objects, "ingester"):
+        (c,) = pod_spec(d)["containers"]
+        (local if local_cluster(c) else remote).add(pod_spec(d)["serviceAccountName"])
+    return local, remote
+
+
 def binds(binding, sa_name) -> bool:
     return any(
         s["kind"] == "ServiceAccount" and s["name"] == sa_name and s.get("namespace") == NAMESPACE
@@ -665,12 +680,16 @@ def test_rbac_least_privilege(value_set):
     objects = render(value_set)
     system_ns = merged(value_set)["global"]["systemNamespace"]
 
-    # One ServiceAccount per component.
+    # One ServiceAccount for the server, one for the fleet with the local cluster, one for
+    # fleets that serve only remote clusters.
     server_sa = service_account_of(objects, "server")
-    ingester_sa = service_account_of(objects, "ingester")
-    assert server_sa != ingester_sa
+    local_sas, remote_sas = ingester_service_accounts(objects)
+    assert len(local_sas) <= 1 and len(remote_sas) <= 1, (local_sas, remote_sas)
+    assert not local_sas & remote_sas
+    ingester_sas = local_sas | remote_sas
+    assert server_sa not in ingester_sas
     sas = {s["metadata"]["name"]: s for s in of_kind(objects, "ServiceAccount")}
-    assert set(sas) == {server_sa, ingester_sa}
+    assert set(sas) == {server_sa} | ingester_sas
 
     # No ClusterRole mentions Secrets or wildcards; all are read-only.
     for role in of_kind(objects, "ClusterRole"):
@@ -680,15 +699,22 @@ def test_rbac_least_privilege(value_set):
             assert set(rule["verbs"]) <= READ_VERBS, rule
             assert not rule.get("nonResourceURLs")
 
-    # The ingester's ClusterRole: exactly the kinds it watches, get/list/watch.
-    (crb,) = [b for b in of_kind(objects, "ClusterRoleBinding") if binds(b, ingester_sa)]
-    cluster_role = one(objects, "ClusterRole", crb["roleRef"]["name"])
-    granted: dict[str, set[str]] = {}
-    for rule in cluster_role["rules"]:
-        assert set(rule["verbs"]) == READ_VERBS
-        for group in rule["apiGroups"]:
-            granted.setdefault(group, set()).update(rule["resources"])
-    assert granted == INGESTER_CLUSTER_RULES
+    # The ClusterRole of the fleet with the local cluster: exactly the kinds it watches,
+    # get/list/watch. A fleet without the local cluster has no ClusterRole at all.
+    for ingester_sa in local_sas:
+        (crb,) = [b for b in of_kind(objects, "ClusterRoleBinding") if binds(b, ingester_sa)]
+        cluster_role = one(objects, "ClusterRole", crb["roleRef"]["name"])
+        granted: dict[str, set[str]] = {}
+        for rule in cluster_role["rules"]:
+            assert set(rule["verbs"]) == READ_VERBS
+            for group in rule["apiGroups"]:
+                granted.setdefault(group, set()).update(rule["resources"])
+        assert granted == INGESTER_CLUSTER_RULES
+    for ingester_sa in remote_sas:
+        for b in of_kind(objects, "ClusterRoleBinding"):
+            assert not binds(b, ingester_sa), f"remote-only fleets are bound to {b['metadata']['name']}"
+    if not local_sas:
+        assert not of_kind(objects, "ClusterRole") and not of_kind(objects, "ClusterRoleBinding")
 
     # Secrets: a Role in the system namespace, read-only, bound to the ingester.
     secret_roles = [
@@ -700,7 +726,10 @@ def test_rbac_least_privilege(value_set):
     (rb,) = [b for b in of_kind(objects, "RoleBinding") if b["roleRef"]["name"] == role["metadata"]["name"]]
     assert rb["metadata"]["namespace"] == system_ns
     assert rb["roleRef"]["kind"] == "Role"
-    assert binds(rb, ingester_sa)
+    for ingester_sa in ingester_sas:
+        assert binds(rb, ingester_sa)
+    for b in of_kind(objects, "RoleBinding"):
+        assert b is rb or not any(binds(b, sa) for sa in remote_sas)
 
     # The server: no token, bound to nothing.
     assert sas[server_sa].get("automountServiceAccountToken") is False
@@ -730,9 +759,12 @@ def test_one_deployment_and_mesh_config_per_fleet():
         assert d["spec"]["replicas"] == fleets[name].get("replicas", 2) == 2
         (c,) = pod_spec(d)["containers"]
         assert arg_value(c, "--fleet") == name
-        assert arg_value(c, "--cluster-id") == fleets[name]["clusterId"]
+        assert arg_value(c, "--cluster-id") == fleets[name].get("clusterId", "Kubernetes")
         # Explicit either way: the binary defaults to true.
         assert arg_value(c, "--watch-config") == str(fleets[name]["watchConfig"]).lower()
+        assert arg_value(c, "--local-cluster") == str(fleets[name]["localCluster"]).lower()
+        assert arg_value(c, "--unlabelled-secrets") == str(fleets[name].get("unlabelledSecrets", False)).lower()
+        assert arg_value(c, "--handover-timeout") == "30s"
         # The mesh config file the flag names is the fleet's ConfigMap, mounted.
         _, cm, text = mounted_config_map_file(objects, d, c, arg_value(c, "--mesh-config"))
         assert cm["metadata"]["name"] in config_maps
@@ -754,6 +786,60 @@ def test_fleet_validation(chart):
         )
     with pytest.raises(helm.HelmError, match="listed twice"):
         chart.render({"ingesters": [{"name": "a"}, {"name": "a"}]}, name=RELEASE, namespace=NAMESPACE)
+    # Two fleets, both with the local cluster (the default): it would be published twice.
+    with pytest.raises(helm.HelmError, match="only one fleet may set localCluster"):
+        chart.render({"ingesters": [{"name": "a"}, {"name": "b"}]}, name=RELEASE, namespace=NAMESPACE)
+    with pytest.raises(helm.HelmError, match="sets watchConfig but not localCluster"):
+        chart.render(
+            {"ingesters": [{"name": "a", "watchConfig": True, "localCluster": False}]},
+            name=RELEASE,
+            namespace=NAMESPACE,
+        )
+    with pytest.raises(helm.HelmError, match="without a shoal.io/fleet label"):
+        chart.render(
+            {"ingesters": [{"name": "default"}, {"name": "b", "localCluster": False, "unlabelledSecrets": True}]},
+            name=RELEASE,
+            namespace=NAMESPACE,
+        )
+
+
+@pytest.mark.parametrize("value_set", list(VALUE_SETS))
+def test_local_cluster_and_unlabelled_secrets_go_to_one_fleet(value_set):
+    """The default values and every example give the local cluster to exactly one fleet (the
+    one that reads the Istio config), and unlabelled Secrets to exactly one fleet."""
+    containers_by_fleet = {}
+    for d in deployments(render(value_set), "ingester"):
+        (c,) = pod_spec(d)["containers"]
+        containers_by_fleet[arg_value(c, "--fleet")] = c
+    local = [f for f, c in containers_by_fleet.items() if local_cluster(c)]
+    unlabelled = [f for f, c in containers_by_fleet.items() if arg_value(c, "--unlabelled-secrets") == "true"]
+    # (an image without --watch-config reads the config: the binary's default)
+    config = [f for f, c in containers_by_fleet.items() if arg_value(c, "--watch-config") in ("true", None)]
+    assert len(local) == 1, local
+    assert len(unlabelled) == 1, unlabelled
+    assert config == local
+
+
+def test_a_remote_only_fleet_reads_only_secrets_here(chart):
+    """A fleet without the local cluster runs as its own ServiceAccount, bound only to the
+    Secrets Role in the system namespace; the default fleet's account keeps its ClusterRole."""
+    objects = render("two-fleets")
+    edge = next(d for d in deployments(objects, "ingester") if d["metadata"]["labels"]["shoal-fleet"] == "edge")
+    sa = pod_spec(edge)["serviceAccountName"]
+    assert sa.endswith("-remote")
+    bound = [b for b in of_kind(objects, "RoleBinding") + of_kind(objects, "ClusterRoleBinding") if binds(b, sa)]
+    assert [(b["kind"], b["roleRef"]["kind"]) for b in bound] == [("RoleBinding", "Role")]
+    role = one(objects, "Role", bound[0]["roleRef"]["name"])
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}]
+    # Only remote-only fleets: no ClusterRole is rendered at all.
+    only_remote = render_values(
+        chart, {"ingesters": [{"name": "edge", "localCluster": False, "watchConfig": False}]}
+    )
+    assert not of_kind(only_remote, "ClusterRole")
+    (account,) = of_kind(only_remote, "ServiceAccount") and [
+        s for s in of_kind(only_remote, "ServiceAccount") if component(s) == "ingester"
+    ]
+    assert account["metadata"]["name"].endswith("-remote")
 
 
 # --- NATS ----------------------------------------------------------------------------------

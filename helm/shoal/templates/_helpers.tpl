@@ -91,6 +91,38 @@ shoal-fleet: {{ . }}
 {{- default (include "shoal.ingester.name" .) .Values.ingester.serviceAccount.name }}
 {{- end }}
 
+{{/* The ServiceAccount of fleets that serve only remote clusters: it may read the Secrets in the system namespace, nothing else. */}}
+{{- define "shoal.ingester.remoteServiceAccountName" -}}
+{{- printf "%s-remote" (include "shoal.ingester.serviceAccountName" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Per-fleet settings with their defaults. Call with (dict "root" $ "f" FLEET_ENTRY); each returns "true" or "false". */}}
+{{- define "shoal.ingester.localCluster" -}}
+{{- ternary .f.localCluster .root.Values.ingester.localCluster (hasKey .f "localCluster") }}
+{{- end }}
+
+{{- define "shoal.ingester.watchConfig" -}}
+{{- ternary .f.watchConfig .root.Values.ingester.watchConfig (hasKey .f "watchConfig") }}
+{{- end }}
+
+{{/* Unlabelled multicluster Secrets go to the fleet named "default" unless a fleet says otherwise. */}}
+{{- define "shoal.ingester.unlabelledSecrets" -}}
+{{- ternary .f.unlabelledSecrets (eq (.f.fleet | default .f.name) "default") (hasKey .f "unlabelledSecrets") }}
+{{- end }}
+
+{{/* Whether some fleet publishes / does not publish the local cluster: "true" or "". */}}
+{{- define "shoal.ingester.anyLocal" -}}
+{{- range .Values.ingesters }}
+{{- if eq (include "shoal.ingester.localCluster" (dict "root" $ "f" .)) "true" }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{- define "shoal.ingester.anyRemoteOnly" -}}
+{{- range .Values.ingesters }}
+{{- if ne (include "shoal.ingester.localCluster" (dict "root" $ "f" .)) "true" }}true{{ end }}
+{{- end }}
+{{- end }}
+
 {{/* Cluster-scoped RBAC names carry the release namespace, so two releases never collide. */}}
 {{- define "shoal.ingester.clusterRoleName" -}}
 {{- printf "%s-%s" (include "shoal.ingester.name" .) .Release.Namespace }}
@@ -183,6 +215,8 @@ Call with (dict "cfg" TOPOLOGY_SPREAD_VALUES "labels" SELECTOR_LABELS_YAML).
 {{- $names := dict }}
 {{- $fleets := dict }}
 {{- $configFleets := list }}
+{{- $localFleets := list }}
+{{- $unlabelledFleets := list }}
 {{- range .Values.ingesters }}
 {{- if hasKey $names .name }}
 {{- fail (printf "ingesters: %q is listed twice" .name) }}
@@ -193,12 +227,29 @@ Call with (dict "cfg" TOPOLOGY_SPREAD_VALUES "labels" SELECTOR_LABELS_YAML).
 {{- fail (printf "ingesters: two entries publish as fleet %q" $fleet) }}
 {{- end }}
 {{- $_ := set $fleets $fleet true }}
-{{- if ternary .watchConfig $.Values.ingester.watchConfig (hasKey . "watchConfig") }}
+{{- $f := dict "root" $ "f" . }}
+{{- $local := eq (include "shoal.ingester.localCluster" $f) "true" }}
+{{- if eq (include "shoal.ingester.watchConfig" $f) "true" }}
 {{- $configFleets = append $configFleets .name }}
+{{- if not $local }}
+{{- fail (printf "ingesters: fleet %q sets watchConfig but not localCluster: the Istio config is read from the local cluster" .name) }}
+{{- end }}
+{{- end }}
+{{- if $local }}
+{{- $localFleets = append $localFleets .name }}
+{{- end }}
+{{- if eq (include "shoal.ingester.unlabelledSecrets" $f) "true" }}
+{{- $unlabelledFleets = append $unlabelledFleets .name }}
 {{- end }}
 {{- end }}
 {{- if gt (len $configFleets) 1 }}
 {{- fail (printf "ingesters: only one fleet may set watchConfig (the Istio config has one source), got %s" (join ", " $configFleets)) }}
+{{- end }}
+{{- if gt (len $localFleets) 1 }}
+{{- fail (printf "ingesters: only one fleet may set localCluster (every fleet runs in this cluster, which would be published once per fleet), got %s; set localCluster: false on the others" (join ", " $localFleets)) }}
+{{- end }}
+{{- if gt (len $unlabelledFleets) 1 }}
+{{- fail (printf "ingesters: only one fleet may take the multicluster Secrets without a shoal.io/fleet label (unlabelledSecrets), got %s" (join ", " $unlabelledFleets)) }}
 {{- end }}
 {{- if and .Values.nats.tls.enabled (not .Values.nats.tls.secret) }}
 {{- fail "nats.tls.secret is required when nats.tls.enabled is true" }}

@@ -5,6 +5,7 @@ mod captured;
 mod cds;
 mod determinism;
 mod eds;
+mod http_features;
 mod lds;
 mod rds_gateway;
 mod rds_sidecar;

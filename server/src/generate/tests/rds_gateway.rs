@@ -287,7 +287,7 @@ http: [{route: [{destination: {host: web}}]}]
     assert_eq!(vhost_names(&rc), ["b.example.com:80"]);
 }
 
-fn rules_mesh(http: &str) -> Mesh {
+pub(super) fn rules_mesh(http: &str) -> Mesh {
     gateway_mesh().with_config(virtual_service(
         "default",
         "rules",
@@ -295,7 +295,7 @@ fn rules_mesh(http: &str) -> Mesh {
     ))
 }
 
-fn routes(mesh: &Mesh) -> Vec<Route> {
+pub(super) fn routes(mesh: &Mesh) -> Vec<Route> {
     let rc = rds(mesh, &ingress(), "http.80");
     vhost(&rc, "a.example.com:80").routes.clone()
 }

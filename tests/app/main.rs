@@ -86,6 +86,13 @@ enum Cmd {
         /// Timeout per request (at most 5 s, the limit of the underlying client).
         #[arg(long, default_value_t = 5000, value_name = "MS")]
         timeout_ms: u64,
+        /// The request method (single requests and --count alike).
+        #[arg(long, short = 'X', default_value = "GET")]
+        method: String,
+        /// Print the response headers as a JSON object on a `headers: ` line after the
+        /// status line.
+        #[arg(long)]
+        show_headers: bool,
     },
     /// Connects to ADDR, sends MSG and a newline, prints the line answered.
     TcpSend {
@@ -114,11 +121,17 @@ async fn main() -> ExitCode {
             resolve,
             expect_status,
             timeout_ms,
+            method,
+            show_headers,
         } => {
             let timeout = Duration::from_millis(timeout_ms);
             match Get::parse(&url, &headers, &resolve) {
-                Ok(get) => match count {
-                    None => get.once(expect_status, timeout).await,
+                Ok(mut get) => match count {
+                    None => {
+                        get.request.method = method;
+                        get.show_headers = show_headers;
+                        get.once(expect_status, timeout).await
+                    }
                     Some(n) => get.tally(n, expect_status, timeout).await,
                 },
                 Err(e) => Err(e),
@@ -289,6 +302,7 @@ async fn tcp_send(addr: SocketAddr, message: &str, timeout: Duration) -> anyhow:
 struct Get {
     addr: SocketAddr,
     request: http::Request,
+    show_headers: bool,
 }
 
 impl Get {
@@ -332,6 +346,7 @@ impl Get {
         Ok(Get {
             addr: SocketAddr::new(ip, port),
             request,
+            show_headers: false,
         })
     }
 
@@ -344,6 +359,14 @@ impl Get {
     async fn once(&self, expect: Option<u16>, timeout: Duration) -> anyhow::Result<()> {
         let r = self.send(timeout).await?;
         println!("status: {}", r.status);
+        if self.show_headers {
+            let headers: serde_json::Map<String, serde_json::Value> = r
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect();
+            println!("headers: {}", serde_json::Value::Object(headers));
+        }
         println!("{}", r.text());
         match expect {
             Some(want) if want != r.status => bail!("status {} (expected {want})", r.status),

@@ -328,12 +328,35 @@ impl RunOutput {
     /// (`Null` when the body is not JSON).
     pub fn http(&self) -> anyhow::Result<(u16, serde_json::Value)> {
         let (first, body) = self.stdout.split_once('\n').unwrap_or((&self.stdout, ""));
+        let body = match body.split_once('\n') {
+            Some((h, rest)) if h.starts_with("headers: ") => rest,
+            _ => body,
+        };
         let status = first
             .strip_prefix("status: ")
             .and_then(|s| s.trim().parse().ok())
             .ok_or_else(|| anyhow!("not http-get output: {self:?}"))?;
         let json = serde_json::from_str(body.trim()).unwrap_or(serde_json::Value::Null);
         Ok((status, json))
+    }
+
+    /// For `http-get --show-headers`: the response headers (lowercase names).
+    pub fn response_headers(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("headers: "))
+            .and_then(|h| serde_json::from_str(h).ok())
+            .unwrap_or_default()
+    }
+
+    /// The body of `http-get` output as text.
+    pub fn body_text(&self) -> String {
+        self.stdout
+            .lines()
+            .skip(1)
+            .filter(|l| !l.starts_with("headers: "))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// The standard output as JSON (`http-get --count`).

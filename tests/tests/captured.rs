@@ -39,6 +39,7 @@ const NS: &str = "shop";
 const REVIEWS_VIP: &str = "198.19.0.11";
 const MYSQL_VIP: &str = "198.19.0.12";
 const RATINGS_VIP: &str = "198.19.0.13";
+const DETAILS_VIP: &str = "198.19.0.14";
 const REVIEWS: &str = "reviews.shop.svc.cluster.local";
 const MYSQL: &str = "mysql.shop.svc.cluster.local";
 
@@ -72,6 +73,7 @@ async fn scenario(plane: Plane, mode: AdsMode) {
     virtual_service_rules(&mesh).await;
     tcp_through_tcp_proxy(&mesh).await;
     sniffed_port(&mesh).await;
+    http_features(&mesh).await;
     passthrough_and_registry_only(&mesh).await;
     ingress_into_a_pod(&mesh).await;
     endpoint_added(&mut mesh).await;
@@ -217,6 +219,91 @@ async fn sniffed_port(mesh: &CapturedMesh) {
     );
 }
 
+/// VirtualService features on the `details` route, through productpage's sidecar: fault
+/// abort and delay, a direct response, mirroring (to ratings), a CORS preflight, and
+/// request/response header manipulation.
+async fn http_features(mesh: &CapturedMesh) {
+    let details = |path: &str| format!("http://{DETAILS_VIP}:9080{path}");
+    let (status, _) = mesh
+        .get("productpage", &details("/abort"), &[])
+        .await
+        .expect("abort");
+    assert_eq!(status, 418, "fault abort");
+
+    let start = std::time::Instant::now();
+    let (status, _) = mesh
+        .get("productpage", &details("/delay"), &[])
+        .await
+        .expect("delay");
+    assert_eq!(status, 200);
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "fault delay: {:?}",
+        start.elapsed()
+    );
+
+    let out = mesh.pods["productpage"]
+        .run(&["http-get", &details("/direct")])
+        .await;
+    assert_eq!(out.http().expect("direct").0, 200);
+    assert_eq!(out.body_text().trim(), "hello from shoal");
+
+    let mirrored_before = mesh
+        .stat("ratings", "cluster.inbound|7070||.upstream_rq_total")
+        .await;
+    let (status, body) = mesh
+        .get("productpage", &details("/mirror"), &[])
+        .await
+        .expect("mirror");
+    assert_eq!((status, body["backend"].as_str()), (200, Some("details")));
+    eventually(PROPAGATE, POLL, || async {
+        let now = mesh
+            .stat("ratings", "cluster.inbound|7070||.upstream_rq_total")
+            .await;
+        if now > mirrored_before {
+            Ok(())
+        } else {
+            Err(format!("ratings saw no mirrored request ({now})"))
+        }
+    })
+    .await;
+
+    let out = mesh.pods["productpage"]
+        .run(&[
+            "http-get",
+            &details("/cors"),
+            "-X",
+            "OPTIONS",
+            "--show-headers",
+            "-H",
+            "origin:https://shop.example",
+            "-H",
+            "access-control-request-method:GET",
+        ])
+        .await;
+    let headers = out.response_headers();
+    assert_eq!(
+        headers
+            .get("access-control-allow-origin")
+            .and_then(Value::as_str),
+        Some("https://shop.example"),
+        "CORS preflight: {out:?}"
+    );
+
+    let out = mesh.pods["productpage"]
+        .run(&["http-get", &details("/plain"), "--show-headers"])
+        .await;
+    let (status, body) = out.http().expect("headers route");
+    assert_eq!(status, 200);
+    assert_eq!(body["headers"]["x-shoal-route"], "default", "{body}");
+    assert_eq!(
+        out.response_headers()
+            .get("x-shoal-served")
+            .and_then(Value::as_str),
+        Some("yes")
+    );
+}
+
 /// An address outside the mesh passes through (`PassthroughCluster`) under ALLOW_ANY, and
 /// is blocked once a mesh-wide Sidecar says REGISTRY_ONLY.
 async fn passthrough_and_registry_only(mesh: &CapturedMesh) {
@@ -352,6 +439,32 @@ async fn endpoint_added(mesh: &mut CapturedMesh) {
 // ---------------------------------------------------------------------------------------
 // The mesh
 
+const DETAILS_VS: &str = r#"apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: details, namespace: shop}
+spec:
+  hosts: [details]
+  http:
+  - match: [{uri: {prefix: /abort}}]
+    fault: {abort: {httpStatus: 418, percentage: {value: 100}}}
+    route: [{destination: {host: details}}]
+  - match: [{uri: {prefix: /delay}}]
+    fault: {delay: {fixedDelay: 1s, percentage: {value: 100}}}
+    route: [{destination: {host: details}}]
+  - match: [{uri: {prefix: /direct}}]
+    directResponse: {status: 200, body: {string: hello from shoal}}
+  - match: [{uri: {prefix: /mirror}}]
+    route: [{destination: {host: details}}]
+    mirror: {host: ratings}
+  - match: [{uri: {prefix: /cors}}]
+    corsPolicy: {allowOrigins: [{exact: "https://shop.example"}], allowMethods: [GET], maxAge: 1h}
+    route: [{destination: {host: details}}]
+  - route: [{destination: {host: details}}]
+    headers:
+      request: {set: {x-shoal-route: default}}
+      response: {set: {x-shoal-served: "yes"}}
+"#;
+
 const REGISTRY_ONLY: &str = "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata:\n  \
     name: default\n  namespace: istio-system\nspec:\n  outboundTrafficPolicy:\n    mode: REGISTRY_ONLY\n";
 
@@ -422,6 +535,7 @@ impl CapturedMesh {
             ),
             ("mysql", vec![("app", "mysql")], App::Tcp(3306)),
             ("ratings", vec![("app", "ratings")], App::Http(7070)),
+            ("details", vec![("app", "details")], App::Http(9080)),
         ] {
             mesh.add_pod_only(name, &labels, app).await;
         }
@@ -513,6 +627,7 @@ impl CapturedMesh {
             ("reviews", REVIEWS_VIP, "http", 9080),
             ("mysql", MYSQL_VIP, "tcp-mysql", 3306),
             ("ratings", RATINGS_VIP, "web", 7070),
+            ("details", DETAILS_VIP, "http", 9080),
         ];
         for (svc, vip, port_name, port) in services {
             out.push_str(&format!(
@@ -575,7 +690,7 @@ impl CapturedMesh {
              \x20   hosts: [\"shop.example.com\"]\n---\n\
              apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: shop\n  namespace: {NS}\n\
              spec:\n  hosts: [shop.example.com]\n  gateways: [istio-system/ingress]\n  http:\n\
-             \x20 - route:\n    - destination: {{host: reviews, port: {{number: 9080}}}}\n",
+             \x20 - route:\n    - destination: {{host: reviews, port: {{number: 9080}}}}\n---\n{DETAILS_VS}",
             gw = self.gateway_port
         )
     }

@@ -136,6 +136,11 @@ impl Ingester {
         self.process.kill().await;
     }
 
+    /// The process ID, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.id()
+    }
+
     /// Stops the ingester with SIGTERM and waits for it to exit.
     pub async fn terminate(&mut self) {
         let exited = self.process.terminate(Duration::from_secs(10)).await;

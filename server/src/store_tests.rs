@@ -477,3 +477,52 @@ fn fencing_covers_config_and_endpoints_and_bad_leases_are_errors() {
     assert!(matches!(err, ApplyError::Lease { .. }), "{err}");
     assert_eq!(state.fleets.epoch("test"), Some(5), "the known epoch stays");
 }
+
+/// A cluster that moves to another fleet: the new owner rewrites its keys stamped with its
+/// own fleet and epoch. Each value is fenced by the epoch of the fleet it names, so the new
+/// fleet's rewrite is accepted (and, with the same content, changes nothing), even though the
+/// previous fleet's epoch is higher.
+#[test]
+fn a_key_rewritten_by_another_fleet_is_fenced_by_that_fleets_epoch() {
+    let mut state = MeshState::default();
+    let svc = service("default", "reviews", &[("http", 9080)]);
+    state.apply(Bucket::Meta, &lease_put(7)).unwrap();
+    state
+        .apply_live(Bucket::Services, &service_put_at(&svc, 7))
+        .unwrap();
+    let edge_lease = shoal_common::lease::LeaseBody {
+        holder: "edge-1".into(),
+        epoch: 2,
+        renewed_at_ms: 1_000,
+        ttl_ms: 10_000,
+    };
+    let edge_lease = Entry {
+        key: keys::lease_key("edge"),
+        value: Bytes::from(shoal_common::lease::encode("edge", &edge_lease).unwrap()),
+        revision: 0,
+        op: Op::Put,
+    };
+    state.apply(Bucket::Meta, &edge_lease).unwrap();
+    let by_edge = |svc: &Service, epoch: u64| Entry {
+        value: Bytes::from(Envelope::new("edge", epoch, 3_000, svc).encode().unwrap()),
+        ..service_put_at(svc, epoch)
+    };
+    let (change, _) = state
+        .apply_live(Bucket::Services, &by_edge(&svc, 2))
+        .unwrap();
+    assert_eq!(change, Change::None, "same content: nothing to push");
+    let mut changed = svc.clone();
+    changed.ports[0].port = 81;
+    state
+        .apply_live(Bucket::Services, &by_edge(&changed, 2))
+        .unwrap();
+    assert_eq!(svc_of(&state, "default", "reviews").ports[0].port, 81);
+    // A deposed leader of the new fleet is fenced as ever.
+    let err = state
+        .apply_live(Bucket::Services, &by_edge(&svc, 1))
+        .unwrap_err();
+    assert!(
+        matches!(err, ApplyError::Fenced { fleet_epoch: 2, .. }),
+        "{err}"
+    );
+}

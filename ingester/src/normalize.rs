@@ -55,6 +55,7 @@ pub fn object_meta(meta: &KubeMeta) -> ObjectMeta {
         namespace: namespace_of(meta).to_string(),
         labels: meta.labels.clone().unwrap_or_default(),
         annotations,
+        created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
     }
 }
 

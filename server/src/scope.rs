@@ -42,6 +42,11 @@ pub struct ProxyScope {
     pub outbound_policy: OutboundTrafficMode,
     /// The workload ports the proxy receives traffic on, by port (sidecars only).
     pub inbound: Vec<InboundPort>,
+    /// Gateways: the listener port of each Gateway server port — the `targetPort` of the
+    /// gateway's Service port with that number, as istiod binds it (a Gateway on port 80
+    /// in front of pods listening on 8080 listens on 8080). Ports no Service maps bind as
+    /// themselves.
+    pub gateway_ports: BTreeMap<u32, u32>,
 }
 
 /// One port a sidecar accepts inbound traffic on, as istiod derives it from the Services
@@ -92,15 +97,22 @@ impl ProxyScope {
             })
             .cloned()
             .collect();
-        let inbound = match proxy.kind {
-            ProxyKind::Sidecar => inbound_ports(proxy, sidecar.as_deref(), ctx),
-            ProxyKind::Router => Vec::new(),
+        let (inbound, gateway_ports) = match proxy.kind {
+            ProxyKind::Sidecar => (inbound_ports(proxy, sidecar.as_deref(), ctx), BTreeMap::new()),
+            ProxyKind::Router => (
+                Vec::new(),
+                service_target_ports(proxy, ctx)
+                    .into_iter()
+                    .map(|(port, p)| (u32::from(port), u32::from(p.port)))
+                    .collect(),
+            ),
         };
         ProxyScope {
             sidecar,
             services,
             outbound_policy,
             inbound,
+            gateway_ports,
         }
     }
 }
@@ -131,6 +143,17 @@ fn inbound_ports(
         }
         return out.into_values().collect();
     }
+    for (_, port) in service_target_ports(proxy, ctx) {
+        out.entry(port.port).or_insert(port);
+    }
+    out.into_values().collect()
+}
+
+/// The ports of the services that select a workload (in its namespace, by labels), each
+/// with its workload port (`targetPort`, named ones through `POD_PORTS`), keyed by service
+/// port; the first service by hostname wins a port.
+fn service_target_ports(proxy: &Proxy, ctx: &PushContext) -> Vec<(u16, InboundPort)> {
+    let mut out: Vec<(u16, InboundPort)> = Vec::new();
     for svc in ctx.services.values() {
         if svc.namespace != proxy.namespace
             || svc.selector.is_empty()
@@ -158,16 +181,22 @@ fn inbound_ports(
                     }
                 },
             };
-            out.entry(target).or_insert_with(|| InboundPort {
-                port: target,
-                protocol: p.protocol,
-                port_name: p.name.clone(),
-                hostname: svc.hostname.clone(),
-                default_endpoint: None,
-            });
+            if out.iter().any(|(sp, _)| *sp == p.port) {
+                continue;
+            }
+            out.push((
+                p.port,
+                InboundPort {
+                    port: target,
+                    protocol: p.protocol,
+                    port_name: p.name.clone(),
+                    hostname: svc.hostname.clone(),
+                    default_endpoint: None,
+                },
+            ));
         }
     }
-    out.into_values().collect()
+    out
 }
 
 #[cfg(test)]

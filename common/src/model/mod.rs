@@ -27,6 +27,23 @@ pub struct ObjectMeta {
     /// Annotations shoal interprets (e.g. `networking.istio.io/exportTo`); others are dropped.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,
+    /// `creationTimestamp`, in seconds since the Unix epoch, when known: Istio orders
+    /// config (which VirtualService or DestinationRule wins) by creation time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<i64>,
+}
+
+impl ObjectMeta {
+    /// istiod's config precedence: older first, then by name, then by namespace; objects
+    /// without a creation time sort after those with one.
+    pub fn precedence(&self) -> (bool, i64, &str, &str) {
+        (
+            self.created.is_none(),
+            self.created.unwrap_or(0),
+            &self.name,
+            &self.namespace,
+        )
+    }
 }
 
 /// The default cluster-local domain suffix for Kubernetes services.

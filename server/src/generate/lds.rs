@@ -90,6 +90,15 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
     out
 }
 
+/// The port a gateway listens on for a Gateway server port: its Service's `targetPort`.
+pub(crate) fn gateway_listener_port(scope: &ProxyScope, server_port: u32) -> u32 {
+    scope
+        .gateway_ports
+        .get(&server_port)
+        .copied()
+        .unwrap_or(server_port)
+}
+
 fn bound_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<BoundListenerKey> {
     // (bind, port) → route name; BTreeMap keeps output ordered and merges servers that
     // share a port, as Istio merges them into one listener.
@@ -108,9 +117,10 @@ fn bound_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Bound
                         continue;
                     }
                     let bind = server.bind.clone().unwrap_or_else(|| GATEWAY_BIND.into());
+                    let port = gateway_listener_port(scope, server.port.number);
                     listeners
-                        .entry((bind, server.port.number))
-                        .or_insert_with(|| (gateway_route_name(server.port.number), true));
+                        .entry((bind, port))
+                        .or_insert_with(|| (gateway_route_name(port), true));
                 }
             }
         }

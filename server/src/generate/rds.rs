@@ -16,7 +16,8 @@ use crate::scope::{host_entry_matches, ProxyScope};
 use shoal_common::model::{Gateway, OutboundTrafficMode, VirtualService};
 use shoal_proto::pb::envoy::config::route::v3::{
     route::Action, route_action::ClusterSpecifier, route_match::PathSpecifier,
-    DirectResponseAction, Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
+    virtual_host::TlsRequirementType, DirectResponseAction, Route, RouteAction,
+    RouteConfiguration, RouteMatch, VirtualHost,
 };
 use shoal_proto::pb::google::protobuf::BoolValue;
 use shoal_proto::{outbound_cluster_name, XdsType};
@@ -41,6 +42,9 @@ pub struct GatewayRouteKey {
     pub name: String,
     /// Listener port.
     pub port: u32,
+    /// The Gateway server ports served on this listener port (each maps to it through the
+    /// gateway Service's `targetPort`, or is the port itself).
+    pub server_ports: Vec<u32>,
     /// The proxy's Gateways that have a server on the port.
     pub gateways: Vec<Arc<Config<Gateway>>>,
     /// VirtualServices exported to the proxy's namespace and bound to one of `gateways`.
@@ -89,7 +93,7 @@ pub fn keys(
         .filter_map(|name| match proxy.kind {
             ProxyKind::Router => {
                 let port = name.strip_prefix("http.")?.parse().ok()?;
-                Some(RouteKey::Gateway(gateway_key(name, port, proxy, ctx)))
+                Some(RouteKey::Gateway(gateway_key(name, port, proxy, scope, ctx)))
             }
             ProxyKind::Sidecar => {
                 // `"<port>"`, or `"<host>:<port>"` for a sniffed service on its own VIP.
@@ -161,13 +165,28 @@ fn gateway_host_match(
     }
 }
 
-fn gateway_key(name: &str, port: u32, proxy: &Proxy, ctx: &PushContext) -> GatewayRouteKey {
+fn gateway_key(
+    name: &str,
+    port: u32,
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    ctx: &PushContext,
+) -> GatewayRouteKey {
+    // The Gateway server ports this listener port serves (a Service's port → targetPort).
+    let on_port = |n: u32| super::lds::gateway_listener_port(scope, n) == port;
     let gateways: Vec<Arc<Config<Gateway>>> = ctx
         .gateways_for(&proxy.labels)
         .into_iter()
-        .filter(|gw| gw.spec.servers.iter().any(|s| s.port.number == port))
+        .filter(|gw| gw.spec.servers.iter().any(|s| on_port(s.port.number)))
         .cloned()
         .collect();
+    let mut server_ports: Vec<u32> = gateways
+        .iter()
+        .flat_map(|gw| gw.spec.servers.iter().map(|s| s.port.number))
+        .filter(|n| on_port(*n))
+        .collect();
+    server_ports.sort_unstable();
+    server_ports.dedup();
     let virtual_services: Vec<_> = ctx
         .virtual_services
         .iter()
@@ -186,6 +205,7 @@ fn gateway_key(name: &str, port: u32, proxy: &Proxy, ctx: &PushContext) -> Gatew
     GatewayRouteKey {
         name: name.to_string(),
         port,
+        server_ports,
         gateways,
         source: uses_source(&virtual_services).then(|| source_of(proxy)),
         virtual_services,
@@ -196,16 +216,19 @@ fn gateway_key(name: &str, port: u32, proxy: &Proxy, ctx: &PushContext) -> Gatew
 fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
     let GatewayRouteKey {
         name,
-        port,
+        port: _,
+        server_ports,
         gateways,
         virtual_services,
         destinations,
         source,
     } = key;
-    let port = *port;
+    // Route matches and default destination ports refer to the Gateway server port.
+    let port = server_ports.first().copied().unwrap_or(key.port);
     // Virtual host → routes, merged across VirtualServices in precedence order, as Istio
     // merges VirtualServices that share a host on a gateway.
     let mut vhosts: BTreeMap<String, Vec<Route>> = BTreeMap::new();
+    let mut https_redirect: BTreeSet<String> = BTreeSet::new();
     for vs in virtual_services {
         let bound: Vec<_> = gateways
             .iter()
@@ -221,12 +244,23 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
         }
         let mut hosts = BTreeSet::new();
         for gw in &bound {
-            for server in gw.spec.servers.iter().filter(|s| s.port.number == port) {
+            for server in gw
+                .spec
+                .servers
+                .iter()
+                .filter(|s| server_ports.contains(&s.port.number))
+            {
+                let redirect = server.tls.as_ref().is_some_and(|t| t.https_redirect);
                 for sh in &server.hosts {
                     for vh in &vs.spec.hosts {
+                        // A short host names the service in the VirtualService's namespace.
+                        let vh = resolve_host(vh, &vs.meta.namespace);
                         if let Some(h) =
-                            gateway_host_match(sh, vh, &vs.meta.namespace, &gw.meta.namespace)
+                            gateway_host_match(sh, &vh, &vs.meta.namespace, &gw.meta.namespace)
                         {
+                            if redirect {
+                                https_redirect.insert(h.clone());
+                            }
                             hosts.insert(h);
                         }
                     }
@@ -263,16 +297,17 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
     let virtual_hosts = vhosts
         .into_iter()
         .filter_map(|(host, routes)| {
-            let domains: Vec<String> = if host == "*" {
-                vec!["*".into()]
-            } else {
-                vec![host.clone(), format!("{host}:{port}")]
-            };
-            let domains = unique_domains(domains, &mut seen);
+            // Ports are ignored in host matching (below), so the host alone is the domain.
+            let domains = unique_domains(vec![host.clone()], &mut seen);
             (!domains.is_empty()).then(|| VirtualHost {
                 name: format!("{host}:{port}"),
                 domains,
-                routes,
+                routes: catch_all_last(routes),
+                require_tls: if https_redirect.contains(&host) {
+                    TlsRequirementType::All as i32
+                } else {
+                    TlsRequirementType::None as i32
+                },
                 ..Default::default()
             })
         })
@@ -281,8 +316,30 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
         name: name.to_string(),
         virtual_hosts,
         validate_clusters: Some(BoolValue { value: false }),
+        ignore_port_in_host_matching: true,
         ..Default::default()
     }
+}
+
+/// istiod's `SortVHostRoutes`: when several VirtualServices share a host on a gateway, the
+/// catch-all routes (prefix `/` or regex `.*`, no header or query match) go last, other
+/// routes keeping their order, so one VirtualService's catch-all cannot shadow another's
+/// specific routes.
+fn catch_all_last(routes: Vec<Route>) -> Vec<Route> {
+    let is_catch_all = |r: &Route| {
+        r.r#match.as_ref().is_some_and(|m| {
+            let path = match &m.path_specifier {
+                Some(PathSpecifier::Prefix(p)) => p == "/",
+                Some(PathSpecifier::PathSeparatedPrefix(p)) => p == "/",
+                Some(PathSpecifier::SafeRegex(r)) => r.regex == ".*",
+                _ => false,
+            };
+            path && m.headers.is_empty() && m.query_parameters.is_empty()
+        })
+    };
+    let (catch_all, specific): (Vec<Route>, Vec<Route>) =
+        routes.into_iter().partition(is_catch_all);
+    specific.into_iter().chain(catch_all).collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -381,9 +438,12 @@ fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
     let mut virtual_hosts = Vec::new();
     for svc in services {
         // A VirtualService for the host, else for the most specific wildcard covering it.
+        // At sidecars the first VirtualService for a host (in precedence order) wins, as
+        // in istiod: VirtualServices merge only on gateways.
         let mut routes: Vec<Route> = most_specific(&by_host, &svc.hostname)
             .into_iter()
             .flatten()
+            .take(1)
             .flat_map(|vs| {
                 let env = RouteEnv {
                     ns: &vs.meta.namespace,

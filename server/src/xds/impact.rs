@@ -91,6 +91,7 @@ mod tests {
             services,
             outbound_policy: Default::default(),
             inbound: Vec::new(),
+            gateway_ports: Default::default(),
         }
     }
 

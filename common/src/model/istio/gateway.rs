@@ -26,6 +26,22 @@ pub struct GatewayServer {
     /// The server's name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// TLS settings: `httpsRedirect` on plain HTTP servers; the TLS modes that terminate or
+    /// pass TLS through (only what shoal implements is accepted at ingest).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ServerTlsSettings>,
+}
+
+/// A Gateway server's `tls` block (the subset shoal models).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ServerTlsSettings {
+    /// Redirect plain HTTP requests to HTTPS (301).
+    pub https_redirect: bool,
+    /// `PASSTHROUGH`, `SIMPLE`, `MUTUAL`, `AUTO_PASSTHROUGH`, `ISTIO_MUTUAL`,
+    /// `OPTIONAL_MUTUAL`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
 }
 
 /// A port description (`Port` in Istio's API).

@@ -5,6 +5,7 @@ mod captured;
 mod cds;
 mod determinism;
 mod eds;
+mod gateway_semantics;
 mod http_features;
 mod lds;
 mod rds_gateway;

@@ -316,6 +316,25 @@ async fn fleets_partition_the_clusters_and_move_them_without_a_gap() {
     })
     .await;
 
+    // ----- labelling an unlabelled Secret for the fleet that has it changes nothing -------
+    bus.settle(Duration::from_millis(500)).await;
+    let mark = bus.mark();
+    let opened = remotes["r1"].watches_opened();
+    config.apply(secret("r1", Some("default"))).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    bus.settle(Duration::from_millis(500)).await;
+    let during: Vec<Recorded> = bus
+        .since(mark)
+        .into_iter()
+        .filter(|e| !is_lease(&e.key))
+        .collect();
+    assert!(
+        during.is_empty(),
+        "relabelling r1 for its own fleet:\n{}",
+        describe(&during)
+    );
+    assert_eq!(remotes["r1"].watches_opened(), opened, "r1 was restarted");
+
     // ----- moving r2 from default to edge: relabel its Secret ----------------------------
     bus.settle(Duration::from_millis(500)).await;
     let mark = bus.mark();

@@ -153,7 +153,7 @@ enum Claim {
     Unclaimed,
     /// Claimed in the term of this epoch.
     Held(u64),
-    /// Refused: this fleet owns it.
+    /// Refused: the named fleet, whose lease is current, owns it.
     Refused(String),
 }
 

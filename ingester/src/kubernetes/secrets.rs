@@ -414,7 +414,8 @@ impl SecretController {
                 cluster = %id,
                 fleet = %self.ctx.fleet,
                 %owner,
-                "not watching the cluster: another fleet whose lease is current owns it"
+                "not watching the cluster: another fleet whose lease is current owns it \
+                 (briefly while it hands the cluster over; lasting when two fleets are assigned it)"
             );
             self.ctx.metrics.cluster_refused(id, &owner);
             self.refused.insert(id.to_string(), owner);

@@ -2,28 +2,27 @@
 //!
 //! Each proxy has its own HTTP/2 connection (its own tonic `Channel`), identifies itself
 //! the way Istio's bootstrap does, subscribes to CDS and LDS (wildcard), then to EDS for
-//! every EDS cluster it receives and to RDS for every route table its listeners name,
-//! ACKs every response with its nonce, and tracks every resource's version. When its
-//! stream breaks it reconnects to the next server, resuming (delta) with the versions it
-//! holds, as Envoy does.
+//! every EDS cluster it receives and to RDS for every route table its listeners name
+//! (whatever the names: `8080`, `9080`, `<host>:<port>`), ACKs every response with its
+//! nonce, and tracks every resource's version. When its stream breaks it reconnects to the
+//! next server, resuming (delta) with the versions it holds, as Envoy does.
 //!
 //! Proxies keep only names and versions, never resource bodies; a response is inspected
 //! once on receipt: for the benchmark's change markers, and (decoded once per distinct
-//! version, shared by all proxies) for the EDS and RDS names it implies.
+//! version, shared by all proxies) for the EDS and RDS names it implies and for what Envoy
+//! would reject it for ([`super::validate`]). A response with a resource Envoy would reject
+//! is NACKed (`error_detail`) instead of ACKed and reported; the proxy still counts the
+//! resource as received, so the benchmark goes on.
 
+use super::validate;
 use memchr::memmem;
-use prost::Message;
-use shoal_proto::pb::envoy::config::cluster::v3::{cluster::ClusterDiscoveryType, Cluster};
 use shoal_proto::pb::envoy::config::core::v3::Node;
-use shoal_proto::pb::envoy::config::listener::v3::{filter::ConfigType, Listener};
-use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager::RouteSpecifier, HttpConnectionManager,
-};
 use shoal_proto::pb::envoy::service::discovery::v3::{
     aggregated_discovery_service_client::AggregatedDiscoveryServiceClient, DeltaDiscoveryRequest,
     DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
+use shoal_proto::pb::google::rpc::Status as RpcStatus;
 use shoal_proto::XdsType;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -88,6 +87,15 @@ pub enum Event {
         listeners: usize,
         /// Route tables held.
         routes: usize,
+        /// Whether `virtualOutbound` and `virtualInbound` are among the listeners.
+        capture_listeners: (bool, bool),
+        /// `inbound|<port>||` clusters held.
+        inbound_clusters: usize,
+        /// A cluster a listener or route table refers to that the proxy does not hold
+        /// (Envoy accepts it, but the traffic fails), if any, and how many there are.
+        dangling: Option<(String, usize)>,
+        /// What it holds, by name (proxy 0's first stream only).
+        names: Option<Box<HeldNames>>,
     },
     /// A proxy received an [`ActiveChange`].
     Observed {
@@ -105,6 +113,13 @@ pub enum Event {
         /// What happened.
         error: String,
     },
+    /// The proxy NACKed a response: a resource Envoy would reject.
+    Nack {
+        /// Proxy index.
+        proxy: usize,
+        /// Why.
+        error: String,
+    },
     /// The proxy rejected nothing, but a response could not be understood.
     BadResponse {
         /// Proxy index.
@@ -112,6 +127,19 @@ pub enum Event {
         /// What was wrong.
         error: String,
     },
+}
+
+/// The names of what a proxy holds (for the report: what the server generated).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct HeldNames {
+    /// Listeners.
+    pub listeners: Vec<String>,
+    /// Route tables.
+    pub routes: Vec<String>,
+    /// Clusters other than `outbound|...` ones.
+    pub other_clusters: Vec<String>,
+    /// How many `outbound|...` clusters.
+    pub outbound_clusters: usize,
 }
 
 /// Per-proxy counters the coordinator reads after a replica move.
@@ -129,6 +157,8 @@ pub struct ProxyCounters {
     pub resent: AtomicU64,
     /// Responses received (all streams).
     pub responses: AtomicU64,
+    /// While the current stream is not configured: what it still lacks.
+    pub pending: Mutex<Option<String>>,
 }
 
 /// Interns names and versions: all proxies hold mostly the same ones.
@@ -152,13 +182,42 @@ impl Interner {
 /// Resource version → what it implies.
 type ByVersion<T> = Mutex<HashMap<Arc<str>, T>>;
 
-/// What a resource implies for the next subscriptions, decoded once per version.
+/// What a cluster version implies.
+#[derive(Clone)]
+struct ClusterFacts {
+    /// Its EDS service name (None: not an EDS cluster).
+    eds: Option<Arc<str>>,
+    /// Why Envoy would reject it.
+    problem: Option<Arc<str>>,
+}
+
+/// What a listener version implies.
+struct ListenerFacts {
+    /// `ip:port`.
+    address: Option<Arc<str>>,
+    /// Route tables it names over RDS.
+    routes: Vec<Arc<str>>,
+    /// Clusters it sends to directly.
+    clusters: Vec<Arc<str>>,
+    /// Why Envoy would reject it.
+    problem: Option<Arc<str>>,
+}
+
+/// What a route table version implies.
+struct RouteFacts {
+    /// Clusters it routes to.
+    clusters: Vec<Arc<str>>,
+    /// Why Envoy would reject it.
+    problem: Option<Arc<str>>,
+}
+
+/// What a resource implies for the next subscriptions and for acceptance, decoded once
+/// per version.
 #[derive(Default)]
 struct DecodeCache {
-    /// Cluster version → its EDS service name (None: not an EDS cluster).
-    clusters: ByVersion<Option<Arc<str>>>,
-    /// Listener version → the route tables it names.
-    listeners: ByVersion<Arc<[Arc<str>]>>,
+    clusters: ByVersion<ClusterFacts>,
+    listeners: ByVersion<Arc<ListenerFacts>>,
+    routes: ByVersion<Arc<RouteFacts>>,
 }
 
 /// Everything the proxies of one run share.
@@ -215,10 +274,16 @@ pub struct ProxyIdentity {
     pub namespace: String,
     /// Istio node id: `sidecar~<ip>~<pod>.<ns>~<ns>.svc.cluster.local`.
     pub node_id: String,
+    /// The pod's label `app`.
+    pub app: String,
+    /// Node metadata `INTERCEPTION_MODE`; None: not sent (Istio's default, iptables
+    /// `REDIRECT`: a captured sidecar).
+    pub interception: Option<String>,
 }
 
 impl ProxyIdentity {
-    /// Proxy `index` in namespace `namespace`.
+    /// Proxy `index` in namespace `namespace`, labelled `app: client`, with
+    /// `INTERCEPTION_MODE: NONE` (no traffic capture: only Sidecar egress listeners).
     pub fn new(index: usize, namespace: &str) -> ProxyIdentity {
         let ip = format!("10.1.{}.{}", index / 250, index % 250 + 1);
         let node_id = format!("sidecar~{ip}~pod-{index}.{namespace}~{namespace}.svc.cluster.local");
@@ -226,7 +291,17 @@ impl ProxyIdentity {
             index,
             namespace: namespace.to_string(),
             node_id,
+            app: "client".to_string(),
+            interception: Some("NONE".to_string()),
         }
+    }
+
+    /// The same proxy as a captured sidecar (no `INTERCEPTION_MODE`, as Istio's injector
+    /// leaves it by default) labelled `app: <app>`.
+    pub fn captured(mut self, app: &str) -> ProxyIdentity {
+        self.app = app.to_string();
+        self.interception = None;
+        self
     }
 
     /// The node as Istio's bootstrap writes it.
@@ -235,9 +310,9 @@ impl ProxyIdentity {
             kind: Some(Kind::StringValue(v.to_string())),
         };
         let labels = Struct {
-            fields: [("app".to_string(), s("client"))].into_iter().collect(),
+            fields: [("app".to_string(), s(&self.app))].into_iter().collect(),
         };
-        let fields = [
+        let mut fields = vec![
             ("NAMESPACE".to_string(), s(&self.namespace)),
             ("CLUSTER_ID".to_string(), s("Kubernetes")),
             ("ISTIO_VERSION".to_string(), s("1.24.0")),
@@ -248,9 +323,12 @@ impl ProxyIdentity {
                 },
             ),
         ];
+        if let Some(mode) = &self.interception {
+            fields.push(("INTERCEPTION_MODE".to_string(), s(mode)));
+        }
         Node {
             id: self.node_id.clone(),
-            cluster: format!("client.{}", self.namespace),
+            cluster: format!("{}.{}", self.app, self.namespace),
             metadata: Some(Struct {
                 fields: fields.into_iter().collect(),
             }),
@@ -305,6 +383,40 @@ impl ProxyState {
                 || (t.received && t.subscribed.iter().all(|n| t.held.contains_key(n)))
         };
         self.cds.received && self.lds.received && dependent_ok(&self.eds) && dependent_ok(&self.rds)
+    }
+
+    /// What the stream still lacks to be configured, for diagnostics.
+    fn pending(&self) -> String {
+        let mut parts = Vec::new();
+        for (label, t, dependent) in [
+            ("CDS", &self.cds, false),
+            ("EDS", &self.eds, true),
+            ("LDS", &self.lds, false),
+            ("RDS", &self.rds, true),
+        ] {
+            if dependent && t.subscribed.is_empty() {
+                continue;
+            }
+            if !t.received {
+                parts.push(format!("no {label} response yet"));
+                continue;
+            }
+            if dependent {
+                let missing: Vec<&Arc<str>> = t
+                    .subscribed
+                    .iter()
+                    .filter(|n| !t.held.contains_key(*n))
+                    .collect();
+                if let Some(first) = missing.first() {
+                    parts.push(format!(
+                        "{label}: {} of {} subscribed names never received, e.g. {first:?}",
+                        missing.len(),
+                        t.subscribed.len()
+                    ));
+                }
+            }
+        }
+        parts.join("; ")
     }
 }
 
@@ -477,7 +589,7 @@ impl Proxy<'_> {
             .cds
             .held
             .values()
-            .filter_map(|v| cache.get(v).cloned().flatten())
+            .filter_map(|v| cache.get(v).and_then(|c| c.eds.clone()))
             .collect()
     }
 
@@ -494,71 +606,165 @@ impl Proxy<'_> {
             .held
             .values()
             .filter_map(|v| cache.get(v))
-            .flat_map(|names| names.iter().cloned())
+            .flat_map(|l| l.routes.iter().cloned())
             .collect()
     }
 
-    /// Decodes what a cluster or listener implies, once per version.
-    fn learn(&self, ty: XdsType, version: &Arc<str>, body: &[u8]) -> Result<(), String> {
+    /// Listeners that share an address with another one: Envoy rejects the later one.
+    fn duplicate_listener_address(&self) -> Option<String> {
+        let cache = self
+            .fleet
+            .cache
+            .listeners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut seen: HashMap<&str, &str> = HashMap::new();
+        let mut held: Vec<(&Arc<str>, &Arc<str>)> = self.state.lds.held.iter().collect();
+        held.sort();
+        for (name, version) in held {
+            let Some(addr) = cache.get(version).and_then(|l| l.address.as_deref()) else {
+                continue;
+            };
+            if let Some(other) = seen.insert(addr, name) {
+                return Some(format!(
+                    "listeners {other:?} and {name:?} have the same address {addr}"
+                ));
+            }
+        }
+        None
+    }
+
+    /// Decodes and checks a resource, once per version. Ok(Some(reason)): Envoy would
+    /// reject it. Err: it is not even the right message.
+    fn learn(
+        &self,
+        ty: XdsType,
+        version: &Arc<str>,
+        body: &[u8],
+    ) -> Result<Option<Arc<str>>, String> {
+        let intern = |s: &str| self.fleet.interner.get(s);
+        let interned = |v: Vec<String>| -> Vec<Arc<str>> { v.iter().map(|s| intern(s)).collect() };
+        let cache = &self.fleet.cache;
         match ty {
             XdsType::Cluster => {
-                let mut cache = self
-                    .fleet
-                    .cache
-                    .clusters
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                if cache.contains_key(version) {
-                    return Ok(());
+                let mut cache = cache.clusters.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(c) = cache.get(version) {
+                    return Ok(c.problem.clone());
                 }
-                let c = Cluster::decode(body).map_err(|e| format!("bad Cluster: {e}"))?;
-                // DiscoveryType::Eds = 3.
-                let eds = matches!(
-                    c.cluster_discovery_type,
-                    Some(ClusterDiscoveryType::Type(3))
-                );
-                let name = eds.then(|| {
-                    let service = c
-                        .eds_cluster_config
-                        .map(|e| e.service_name)
-                        .filter(|s| !s.is_empty())
-                        .unwrap_or(c.name);
-                    self.fleet.interner.get(&service)
-                });
-                cache.insert(version.clone(), name);
+                let info = validate::cluster(body)?;
+                let facts = ClusterFacts {
+                    eds: info.eds.as_deref().map(intern),
+                    problem: info.problem.map(Arc::from),
+                };
+                let problem = facts.problem.clone();
+                cache.insert(version.clone(), facts);
+                Ok(problem)
             }
             XdsType::Listener => {
-                let mut cache = self
-                    .fleet
-                    .cache
-                    .listeners
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                if cache.contains_key(version) {
-                    return Ok(());
+                let mut cache = cache.listeners.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(l) = cache.get(version) {
+                    return Ok(l.problem.clone());
                 }
-                let l = Listener::decode(body).map_err(|e| format!("bad Listener: {e}"))?;
-                let mut routes = Vec::new();
-                for chain in &l.filter_chains {
-                    for f in &chain.filters {
-                        let Some(ConfigType::TypedConfig(any)) = &f.config_type else {
-                            continue;
-                        };
-                        if !any.type_url.ends_with("HttpConnectionManager") {
-                            continue;
-                        }
-                        let hcm = HttpConnectionManager::decode(any.value.as_slice())
-                            .map_err(|e| format!("bad HttpConnectionManager: {e}"))?;
-                        if let Some(RouteSpecifier::Rds(rds)) = hcm.route_specifier {
-                            routes.push(self.fleet.interner.get(&rds.route_config_name));
-                        }
+                let info = validate::listener(body)?;
+                let facts = ListenerFacts {
+                    address: info.address.as_deref().map(intern),
+                    routes: interned(info.routes),
+                    clusters: interned(info.clusters),
+                    problem: info.problem.map(Arc::from),
+                };
+                let problem = facts.problem.clone();
+                cache.insert(version.clone(), Arc::new(facts));
+                Ok(problem)
+            }
+            XdsType::Route => {
+                let mut cache = cache.routes.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(r) = cache.get(version) {
+                    return Ok(r.problem.clone());
+                }
+                let info = validate::route(body)?;
+                let facts = RouteFacts {
+                    clusters: interned(info.clusters),
+                    problem: info.problem.map(Arc::from),
+                };
+                let problem = facts.problem.clone();
+                cache.insert(version.clone(), Arc::new(facts));
+                Ok(problem)
+            }
+            XdsType::Endpoint => Ok(None),
+        }
+    }
+
+    /// A cluster that a held listener or route table refers to and that the proxy does not
+    /// hold, and how many such references there are.
+    fn dangling_clusters(&self) -> Option<(String, usize)> {
+        let cds = &self.state.cds.held;
+        let mut first = None;
+        let mut n = 0;
+        {
+            let cache = self
+                .fleet
+                .cache
+                .listeners
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            for (name, v) in &self.state.lds.held {
+                for c in cache
+                    .get(v)
+                    .map(|l| l.clusters.as_slice())
+                    .unwrap_or_default()
+                {
+                    if !cds.contains_key(c) {
+                        n += 1;
+                        first
+                            .get_or_insert_with(|| format!("listener {name:?} uses cluster {c:?}"));
                     }
                 }
-                cache.insert(version.clone(), routes.into());
             }
-            XdsType::Endpoint | XdsType::Route => {}
         }
-        Ok(())
+        let cache = self
+            .fleet
+            .cache
+            .routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for (name, v) in &self.state.rds.held {
+            for c in cache
+                .get(v)
+                .map(|r| r.clusters.as_slice())
+                .unwrap_or_default()
+            {
+                if !cds.contains_key(c) {
+                    n += 1;
+                    first.get_or_insert_with(|| format!("route table {name:?} uses cluster {c:?}"));
+                }
+            }
+        }
+        first.map(|f| (f, n))
+    }
+
+    /// What the proxy holds, by name.
+    fn held_names(&self) -> HeldNames {
+        let sorted = |t: &TypeState| {
+            let mut v: Vec<String> = t.held.keys().map(|n| n.to_string()).collect();
+            v.sort();
+            v
+        };
+        let (outbound, other): (Vec<String>, Vec<String>) = sorted(&self.state.cds)
+            .into_iter()
+            .partition(|n| n.starts_with("outbound|"));
+        HeldNames {
+            listeners: sorted(&self.state.lds),
+            routes: sorted(&self.state.rds),
+            other_clusters: other,
+            outbound_clusters: outbound.len(),
+        }
+    }
+
+    fn nack(&self, error: String) {
+        let _ = self.fleet.events.send(Event::Nack {
+            proxy: self.id.index,
+            error,
+        });
     }
 
     fn bad_response(&self, error: String) {
@@ -569,18 +775,46 @@ impl Proxy<'_> {
     }
 
     fn check_configured(&mut self) {
-        if self.state.configured || !self.state.is_configured() {
+        if self.state.configured {
+            return;
+        }
+        if !self.state.is_configured() {
+            let pending = self.state.pending();
+            *self
+                .counters()
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(pending);
             return;
         }
         self.state.configured = true;
+        *self
+            .counters()
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+        let lds = &self.state.lds.held;
         let _ = self.fleet.events.send(Event::Configured {
             proxy: self.id.index,
             stream: self.stream,
             elapsed: self.started.elapsed(),
             clusters: self.state.cds.held.len(),
             endpoints: self.state.eds.held.len(),
-            listeners: self.state.lds.held.len(),
+            listeners: lds.len(),
             routes: self.state.rds.held.len(),
+            capture_listeners: (
+                lds.contains_key("virtualOutbound"),
+                lds.contains_key("virtualInbound"),
+            ),
+            inbound_clusters: self
+                .state
+                .cds
+                .held
+                .keys()
+                .filter(|n| n.starts_with("inbound|"))
+                .count(),
+            dangling: self.dangling_clusters(),
+            names: (self.id.index == 0 && self.stream == 0).then(|| Box::new(self.held_names())),
         });
     }
 
@@ -645,6 +879,7 @@ impl Proxy<'_> {
         // SotW resources carry no name or version: the name is field 1 of every xDS
         // resource message, the version a hash of the bytes (equal bytes, equal version).
         let mut items = Vec::with_capacity(resp.resources.len());
+        let mut problems = Vec::new();
         for any in &resp.resources {
             let Some(name) = field1_string(&any.value) else {
                 self.bad_response(format!("a {} resource without a name", ty.short()));
@@ -655,8 +890,10 @@ impl Proxy<'_> {
             let version = self.fleet.interner.get(&format!("{:016x}", h.finish()));
             let name = self.fleet.interner.get(name);
             self.on_resource(ty, &name, &version, &any.value, at_us);
-            if let Err(e) = self.learn(ty, &version, &any.value) {
-                self.bad_response(e);
+            match self.learn(ty, &version, &any.value) {
+                Ok(Some(problem)) => problems.push(problem.to_string()),
+                Ok(None) => {}
+                Err(e) => self.bad_response(e),
             }
             items.push((name, version));
         }
@@ -669,8 +906,14 @@ impl Proxy<'_> {
                 XdsType::Endpoint | XdsType::Route => st.held.extend(items),
             }
             st.received = true;
-            st.version_info = resp.version_info.clone();
             st.nonce = resp.nonce.clone();
+        }
+        if ty == XdsType::Listener {
+            problems.extend(self.duplicate_listener_address());
+        }
+        let error_detail = self.reject(ty, &problems);
+        if error_detail.is_none() {
+            self.state.ty(ty).version_info = resp.version_info.clone();
         }
         let mut out = Vec::new();
         let dependent = match ty {
@@ -692,15 +935,35 @@ impl Proxy<'_> {
                 });
             }
         }
+        // ACK with the new version; NACK with the last accepted one.
         let st = self.state.ty(ty);
         out.push(DiscoveryRequest {
-            version_info: resp.version_info,
+            version_info: st.version_info.clone(),
             resource_names: st.subscribed.iter().map(|n| n.to_string()).collect(),
             type_url: resp.type_url,
             response_nonce: resp.nonce,
+            error_detail,
             ..Default::default()
         });
         out
+    }
+
+    /// The `error_detail` of a NACK for `problems` (None: ACK), reported to the
+    /// coordinator.
+    fn reject(&self, ty: XdsType, problems: &[String]) -> Option<RpcStatus> {
+        let first = problems.first()?;
+        let message = format!(
+            "{} rejected ({} problem(s)): {first}",
+            ty.short(),
+            problems.len()
+        );
+        self.nack(message.clone());
+        Some(RpcStatus {
+            // INVALID_ARGUMENT, as Envoy sends.
+            code: 3,
+            message,
+            ..Default::default()
+        })
     }
 
     // -----------------------------------------------------------------------------------
@@ -769,6 +1032,7 @@ impl Proxy<'_> {
             return Vec::new();
         };
         let mut items = Vec::with_capacity(resp.resources.len());
+        let mut problems = Vec::new();
         for r in &resp.resources {
             let body: &[u8] = r
                 .resource
@@ -778,8 +1042,10 @@ impl Proxy<'_> {
             let name = self.fleet.interner.get(&r.name);
             let version = self.fleet.interner.get(&r.version);
             self.on_resource(ty, &name, &version, body, at_us);
-            if let Err(e) = self.learn(ty, &version, body) {
-                self.bad_response(e);
+            match self.learn(ty, &version, body) {
+                Ok(Some(problem)) => problems.push(problem.to_string()),
+                Ok(None) => {}
+                Err(e) => self.bad_response(e),
             }
             items.push((name, version));
         }
@@ -792,6 +1058,10 @@ impl Proxy<'_> {
             st.received = true;
             st.nonce = resp.nonce.clone();
         }
+        if ty == XdsType::Listener {
+            problems.extend(self.duplicate_listener_address());
+        }
+        let error_detail = self.reject(ty, &problems);
         let mut out = Vec::new();
         let dependent = match ty {
             XdsType::Cluster => Some((XdsType::Endpoint, self.wanted_endpoints())),
@@ -823,6 +1093,7 @@ impl Proxy<'_> {
         out.push(DeltaDiscoveryRequest {
             type_url: resp.type_url,
             response_nonce: resp.nonce,
+            error_detail,
             ..Default::default()
         });
         out
@@ -870,6 +1141,8 @@ fn field1_string(mut buf: &[u8]) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
+    use shoal_proto::pb::envoy::config::cluster::v3::{cluster::ClusterDiscoveryType, Cluster};
     use shoal_proto::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 
     #[test]
@@ -904,6 +1177,20 @@ mod tests {
         assert!(matches!(
             &meta.fields["NAMESPACE"].kind,
             Some(Kind::StringValue(ns)) if ns == "ns-3"
+        ));
+        assert!(matches!(
+            &meta.fields["INTERCEPTION_MODE"].kind,
+            Some(Kind::StringValue(m)) if m == "NONE"
+        ));
+        // Captured: no INTERCEPTION_MODE (Istio's default, REDIRECT), the service's label.
+        let meta = p.captured("svc-2").node().metadata.unwrap();
+        assert!(!meta.fields.contains_key("INTERCEPTION_MODE"));
+        let Some(Kind::StructValue(labels)) = &meta.fields["LABELS"].kind else {
+            panic!("LABELS is a struct");
+        };
+        assert!(matches!(
+            &labels.fields["app"].kind,
+            Some(Kind::StringValue(a)) if a == "svc-2"
         ));
     }
 }

@@ -4,6 +4,7 @@
 
 use clap::Parser;
 use shoal_tests::bench::client::Mode;
+use shoal_tests::bench::manifests::ScenarioKind;
 use shoal_tests::bench::{self, BenchConfig, VsChange};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,7 +31,8 @@ struct Args {
     namespaces: usize,
 
     /// Services, spread round-robin over the namespaces (one more, `shared` in
-    /// istio-system, is always added), each with port 8080 named `http`.
+    /// istio-system, is always added), each with port 8080 named `http` (captured: some
+    /// with more ports, see --scenario).
     #[arg(long, default_value_t = 40, value_name = "N")]
     services: usize,
 
@@ -38,10 +40,21 @@ struct Args {
     #[arg(long, default_value_t = 3, value_name = "N")]
     endpoints: usize,
 
-    /// One Sidecar per namespace with egress hosts ["./*", "istio-system/*"], so a proxy
-    /// sees only its own namespace's services (plus `shared`). Without it, a mesh-wide
-    /// Sidecar admits every service ("*/*"), the flat scenario.
-    #[arg(long)]
+    /// The mesh and its proxies. `flat`: a mesh-wide Sidecar admits every service ("*/*");
+    /// `isolated`: one Sidecar per namespace with egress hosts ["./*", "istio-system/*"], so
+    /// a proxy sees only its own namespace's services (plus `shared`). Both Sidecars have
+    /// one `captureMode: NONE` egress listener on 127.0.0.1:8080 and the proxies send
+    /// `INTERCEPTION_MODE: NONE`. `captured`: what most Istio users run — no Sidecar
+    /// (every service visible) and proxies with iptables interception (no
+    /// INTERCEPTION_MODE), each selected by one service, so they get virtualOutbound,
+    /// virtualInbound, per-destination outbound listeners and inbound clusters; every tenth
+    /// service also has a TCP port (tcp-db 9000), every tenth an HTTP port (http-api 9080),
+    /// every fiftieth a port of unknown protocol (stream 7070).
+    #[arg(long, value_enum, default_value_t = ScenarioKind::Flat)]
+    scenario: ScenarioKind,
+
+    /// Same as --scenario isolated.
+    #[arg(long, conflicts_with = "scenario")]
     sidecar_isolation: bool,
 
     /// ADS variant the proxies speak.
@@ -85,6 +98,12 @@ struct Args {
     #[arg(long = "server-arg", value_name = "ARG", allow_hyphen_values = true)]
     server_args: Vec<String>,
 
+    /// Pin the server replicas to these CPUs (`taskset -c LIST`, e.g. `1`), so that they
+    /// do not share cores with the simulated proxies; run the benchmark itself under
+    /// `taskset -c` on the other CPUs (nats-server and the ingester inherit its CPUs).
+    #[arg(long, value_name = "LIST")]
+    server_cpus: Option<String>,
+
     /// Print the results as JSON on stdout (progress still goes to stderr).
     #[arg(long)]
     json: bool,
@@ -101,7 +120,11 @@ fn main() -> ExitCode {
         namespaces: args.namespaces,
         services: args.services,
         endpoints: args.endpoints,
-        sidecar_isolation: args.sidecar_isolation,
+        scenario: if args.sidecar_isolation {
+            ScenarioKind::Isolated
+        } else {
+            args.scenario
+        },
         mode: args.mode,
         replicas: args.replicas,
         changes: args.changes,
@@ -111,6 +134,7 @@ fn main() -> ExitCode {
         connect_concurrency: args.connect_concurrency,
         bin_dir: args.bin_dir,
         server_args: args.server_args,
+        server_cpus: args.server_cpus,
         progress: !args.quiet,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -10,13 +10,25 @@
 //! VirtualService istio-system/shared   for shared.istio-system (mesh-wide)
 //! Sidecar    isolated: ns-<k>/default, egress hosts ["./*", "istio-system/*"]
 //!            flat:     istio-system/default (root namespace), egress hosts ["*/*"]
+//!            captured: none
 //! ```
 //!
-//! Every Sidecar has one egress listener on 127.0.0.1:8080 with `captureMode: NONE`, so
-//! each proxy gets one listener and one route table (`"8080"`) over RDS and a
+//! In the isolated and flat scenarios every Sidecar has one egress listener on
+//! 127.0.0.1:8080 with `captureMode: NONE` and the proxies say `INTERCEPTION_MODE: NONE`,
+//! so each proxy gets one listener and one route table (`"8080"`) over RDS and a
 //! VirtualService change has something to change. The isolated Sidecar is Istio's usual
 //! recommendation (own namespace plus the control-plane namespace); the flat one admits
 //! every service, like having no Sidecar at all.
+//!
+//! The captured scenario is what most Istio installations run: no Sidecar resource and
+//! sidecars with iptables interception (no `INTERCEPTION_MODE`), so each proxy gets
+//! `virtualOutbound`, `virtualInbound` and one outbound listener per destination. Its
+//! services have more ports ([`service_ports`]): every tenth a TCP port `tcp-db` 9000
+//! (listener `<ClusterIP>_9000`), every tenth another HTTP port `http-api` 9080 (listener
+//! `0.0.0.0_9080`, route table `"9080"`), every fiftieth a port `stream` 7070 of unknown
+//! protocol (sniffed: listener `<ClusterIP>_7070`, route table `"<host>:7070"`). Each
+//! proxy carries the label `app: svc-<j>` of one service of its namespace, which selects
+//! it, so it gets that service's inbound chains and `inbound|<port>||` clusters.
 //!
 //! Files are written atomically (write, then rename), one file per service, so an
 //! endpoint change rewrites one small file.
@@ -39,6 +51,133 @@ pub const NAMESPACE_VS: &str = "routes";
 /// The route table every sidecar asks for (Istio names a sidecar route table by its port).
 pub const ROUTE_NAME: &str = "8080";
 
+/// Which mesh and which proxies a run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ScenarioKind {
+    /// One mesh-wide Sidecar admitting every service (`*/*`) with a `captureMode: NONE`
+    /// egress listener; proxies with `INTERCEPTION_MODE: NONE`.
+    Flat,
+    /// One Sidecar per namespace admitting `./*` and `istio-system/*` with a
+    /// `captureMode: NONE` egress listener; proxies with `INTERCEPTION_MODE: NONE`.
+    Isolated,
+    /// No Sidecar (every service visible); proxies with Istio's default interception
+    /// (iptables REDIRECT: no `INTERCEPTION_MODE`), labelled so that one service selects
+    /// each; some services with TCP and unknown-protocol ports.
+    Captured,
+}
+
+impl ScenarioKind {
+    /// Per-namespace Sidecar isolation.
+    pub fn isolated(self) -> bool {
+        self == ScenarioKind::Isolated
+    }
+
+    /// Captured sidecars.
+    pub fn captured(self) -> bool {
+        self == ScenarioKind::Captured
+    }
+
+    /// A short description, for the results table.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ScenarioKind::Flat => "flat (every service visible, INTERCEPTION_MODE NONE)",
+            ScenarioKind::Isolated => "per-namespace Sidecar isolation (INTERCEPTION_MODE NONE)",
+            ScenarioKind::Captured => {
+                "captured sidecars (no Sidecar, iptables interception: virtualOutbound/virtualInbound)"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ScenarioKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ScenarioKind::Flat => "flat",
+            ScenarioKind::Isolated => "isolated",
+            ScenarioKind::Captured => "captured",
+        })
+    }
+}
+
+/// How a service port's traffic is classified (Istio's port-name convention).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortKind {
+    /// `http*`: the shared `0.0.0.0_<port>` listener, route table `"<port>"`.
+    Http,
+    /// `tcp*`: a `<ClusterIP>_<port>` listener with `tcp_proxy`.
+    Tcp,
+    /// No protocol prefix: a sniffed `<ClusterIP>_<port>` listener, route table
+    /// `"<host>:<port>"`.
+    Sniffed,
+}
+
+/// One service port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortSpec {
+    /// The port's name.
+    pub name: &'static str,
+    /// The service port, also its `targetPort`.
+    pub port: u16,
+    /// Its protocol class.
+    pub kind: PortKind,
+}
+
+/// Every service's port.
+pub const HTTP_PORT: PortSpec = PortSpec {
+    name: "http",
+    port: SERVICE_PORT,
+    kind: PortKind::Http,
+};
+/// Captured scenario: the TCP port of every tenth service.
+pub const TCP_PORT: PortSpec = PortSpec {
+    name: "tcp-db",
+    port: 9000,
+    kind: PortKind::Tcp,
+};
+/// Captured scenario: the second HTTP port of every tenth service.
+pub const API_PORT: PortSpec = PortSpec {
+    name: "http-api",
+    port: 9080,
+    kind: PortKind::Http,
+};
+/// Captured scenario: the unknown-protocol port of every fiftieth service.
+pub const SNIFFED_PORT: PortSpec = PortSpec {
+    name: "stream",
+    port: 7070,
+    kind: PortKind::Sniffed,
+};
+
+/// The ports of service `g` (global index; the shared service has only [`HTTP_PORT`]).
+pub fn service_ports(g: usize, scenario: ScenarioKind) -> Vec<PortSpec> {
+    let mut ports = vec![HTTP_PORT];
+    if scenario.captured() {
+        if g % 10 == 1 {
+            ports.push(TCP_PORT);
+        }
+        if g % 10 == 2 {
+            ports.push(API_PORT);
+        }
+        if g % 50 == 3 {
+            ports.push(SNIFFED_PORT);
+        }
+    }
+    ports
+}
+
+/// What a configured proxy should hold, derived from the mesh alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpectedShape {
+    /// EDS assignments: one per port of every visible service.
+    pub endpoints: usize,
+    /// Listeners.
+    pub listeners: usize,
+    /// Route tables.
+    pub routes: usize,
+    /// `inbound|<port>||` clusters (captured: one per port of the proxy's own service).
+    pub inbound_clusters: usize,
+}
+
 /// The shape of the generated mesh.
 #[derive(Debug, Clone)]
 pub struct MeshShape {
@@ -48,8 +187,8 @@ pub struct MeshShape {
     pub services: usize,
     /// Endpoints (Pods) per service.
     pub endpoints: usize,
-    /// One Sidecar per namespace restricting visibility (else one mesh-wide `*/*`).
-    pub sidecar_isolation: bool,
+    /// Which Sidecars (and service ports) the mesh has.
+    pub scenario: ScenarioKind,
 }
 
 /// One generated service.
@@ -60,6 +199,8 @@ struct ServiceSpec {
     index: usize,
     /// Global index (for addresses).
     global: usize,
+    /// Its ports.
+    ports: Vec<PortSpec>,
     /// Endpoints added by the benchmark, as IP addresses.
     added: Vec<String>,
 }
@@ -133,6 +274,7 @@ impl BenchMesh {
                 namespace: g % shape.namespaces,
                 index: g / shape.namespaces,
                 global: g,
+                ports: service_ports(g, shape.scenario),
                 added: Vec::new(),
             })
             .collect();
@@ -159,19 +301,79 @@ impl BenchMesh {
     /// gets): its namespace's services plus the shared one when isolated, every service
     /// when flat.
     pub fn visible_services(&self, k: usize) -> usize {
-        if self.shape.sidecar_isolation {
-            self.services.iter().filter(|s| s.namespace == k).count() + 1
+        self.visible(k).count() + 1
+    }
+
+    /// The generated services a proxy in namespace `k` sees (the shared one aside).
+    fn visible(&self, k: usize) -> impl Iterator<Item = &ServiceSpec> {
+        let isolated = self.shape.scenario.isolated();
+        self.services
+            .iter()
+            .filter(move |s| !isolated || s.namespace == k)
+    }
+
+    /// The service whose selector matches proxy `proxy` in the captured scenario, as
+    /// (namespace, index within it): the proxies of a namespace take its services in turn.
+    /// The proxy's namespace is `proxy % namespaces`, as the benchmark spreads them.
+    pub fn proxy_service(&self, proxy: usize) -> (usize, usize) {
+        let ns = proxy % self.shape.namespaces;
+        let in_ns = self.services.iter().filter(|s| s.namespace == ns).count();
+        (ns, (proxy / self.shape.namespaces) % in_ns.max(1))
+    }
+
+    /// The label `app` value of proxy `proxy` (captured: its service's name; else `client`,
+    /// which no service selects).
+    pub fn proxy_app(&self, proxy: usize) -> String {
+        if self.shape.scenario.captured() {
+            format!("svc-{}", self.proxy_service(proxy).1)
         } else {
-            self.services.len() + 1
+            "client".to_string()
+        }
+    }
+
+    /// What proxy `proxy` (in namespace `proxy % namespaces`) holds once configured.
+    pub fn expected_shape(&self, proxy: usize) -> ExpectedShape {
+        let ns = proxy % self.shape.namespaces;
+        if !self.shape.scenario.captured() {
+            // The egress listener 127.0.0.1_8080 and its route table `8080`.
+            return ExpectedShape {
+                endpoints: self.visible_services(ns),
+                listeners: 1,
+                routes: 1,
+                inbound_clusters: 0,
+            };
+        }
+        // The shared service has port 8080 `http` only.
+        let ports = || self.visible(ns).flat_map(|s| s.ports.iter());
+        let http: std::collections::BTreeSet<u16> = ports()
+            .filter(|p| p.kind == PortKind::Http)
+            .map(|p| p.port)
+            .chain([SERVICE_PORT])
+            .collect();
+        let tcp = ports().filter(|p| p.kind == PortKind::Tcp).count();
+        let sniffed = ports().filter(|p| p.kind == PortKind::Sniffed).count();
+        let (own_ns, own) = self.proxy_service(proxy);
+        let inbound = self
+            .services
+            .iter()
+            .find(|s| s.namespace == own_ns && s.index == own)
+            .map_or(0, |s| s.ports.len());
+        ExpectedShape {
+            endpoints: ports().count() + 1,
+            // virtualOutbound, virtualInbound, 0.0.0.0_<port> per HTTP port, one per TCP
+            // and per sniffed service port.
+            listeners: 2 + http.len() + tcp + sniffed,
+            routes: http.len() + sniffed,
+            inbound_clusters: inbound,
         }
     }
 
     /// How many keys the ingester publishes per bucket: (config, services, endpoints).
     pub fn expected_keys(&self) -> (usize, usize, usize) {
-        let sidecars = if self.shape.sidecar_isolation {
-            self.shape.namespaces
-        } else {
-            1
+        let sidecars = match self.shape.scenario {
+            ScenarioKind::Isolated => self.shape.namespaces,
+            ScenarioKind::Flat => 1,
+            ScenarioKind::Captured => 0,
         };
         let virtual_services = self.shape.namespaces + 1;
         let services = self.services.len() + 1;
@@ -245,6 +447,7 @@ impl BenchMesh {
             SYSTEM_NS,
             SHARED_SERVICE,
             &cluster_ip(self.services.len()),
+            &[HTTP_PORT],
             &self.pod_ips(self.services.len(), &[]),
         );
         self.write_file("svc-shared.yaml", &shared)?;
@@ -255,16 +458,21 @@ impl BenchMesh {
         for k in 0..self.shape.namespaces {
             self.write_namespace_vs(k, None)?;
         }
-        if self.shape.sidecar_isolation {
-            for k in 0..self.shape.namespaces {
-                let ns = namespace_name(k);
-                self.write_file(
-                    &format!("sidecar-{ns}.yaml"),
-                    &sidecar(&ns, &["./*", &format!("{SYSTEM_NS}/*")]),
-                )?;
+        match self.shape.scenario {
+            ScenarioKind::Isolated => {
+                for k in 0..self.shape.namespaces {
+                    let ns = namespace_name(k);
+                    self.write_file(
+                        &format!("sidecar-{ns}.yaml"),
+                        &sidecar(&ns, &["./*", &format!("{SYSTEM_NS}/*")]),
+                    )?;
+                }
             }
-        } else {
-            self.write_file("sidecar-mesh.yaml", &sidecar(SYSTEM_NS, &["*/*"]))?;
+            ScenarioKind::Flat => {
+                self.write_file("sidecar-mesh.yaml", &sidecar(SYSTEM_NS, &["*/*"]))?;
+            }
+            // Istio's default: no Sidecar, every service visible, traffic captured.
+            ScenarioKind::Captured => {}
         }
         Ok(())
     }
@@ -295,19 +503,33 @@ impl BenchMesh {
             &ns,
             &name,
             &cluster_ip(spec.global),
+            &spec.ports,
             &self.pod_ips(spec.global, &spec.added),
         );
         self.write_file(&format!("svc-{ns}-{}.yaml", spec.index), &content)
     }
 }
 
-/// A Service, its Pods (`(suffix, ip)`) and one EndpointSlice listing them.
-fn service_manifest(ns: &str, name: &str, vip: &str, pods: &[(String, String)]) -> String {
+/// A Service with `ports`, its Pods (`(suffix, ip)`) and one EndpointSlice listing them.
+fn service_manifest(
+    ns: &str,
+    name: &str,
+    vip: &str,
+    ports: &[PortSpec],
+    pods: &[(String, String)],
+) -> String {
     let mut out = format!(
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\n\
-         spec:\n  type: ClusterIP\n  clusterIP: {vip}\n  selector:\n    app: {name}\n  ports:\n\
-         \x20 - name: http\n    port: {SERVICE_PORT}\n    targetPort: {SERVICE_PORT}\n    protocol: TCP\n---\n"
+         spec:\n  type: ClusterIP\n  clusterIP: {vip}\n  selector:\n    app: {name}\n  ports:\n"
     );
+    for p in ports {
+        let _ = write!(
+            out,
+            "  - name: {}\n    port: {}\n    targetPort: {}\n    protocol: TCP\n",
+            p.name, p.port, p.port
+        );
+    }
+    out.push_str("---\n");
     for (suffix, ip) in pods {
         let _ = write!(
             out,
@@ -321,8 +543,16 @@ fn service_manifest(ns: &str, name: &str, vip: &str, pods: &[(String, String)]) 
         out,
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n\
          \x20 namespace: {ns}\n  labels:\n    kubernetes.io/service-name: {name}\n\
-         addressType: IPv4\nports:\n- name: http\n  port: {SERVICE_PORT}\n  protocol: TCP\nendpoints:\n"
+         addressType: IPv4\nports:\n"
     );
+    for p in ports {
+        let _ = write!(
+            out,
+            "- name: {}\n  port: {}\n  protocol: TCP\n",
+            p.name, p.port
+        );
+    }
+    out.push_str("endpoints:\n");
     for (suffix, ip) in pods {
         let _ = write!(
             out,
@@ -395,7 +625,7 @@ mod tests {
                 namespaces: 3,
                 services: 7,
                 endpoints: 2,
-                sidecar_isolation: true,
+                scenario: ScenarioKind::Isolated,
             },
         )
         .unwrap();
@@ -421,6 +651,48 @@ mod tests {
         assert_eq!(mesh.visible_services(2), 3);
         let vs = std::fs::read_to_string(dir.path().join("vs-shared.yaml")).unwrap();
         assert!(vs.contains(&vs_marker(1)), "{vs}");
+    }
+
+    #[test]
+    fn generates_the_captured_mesh() {
+        let dir = tempfile::tempdir().unwrap();
+        let mesh = BenchMesh::write(
+            dir.path(),
+            MeshShape {
+                namespaces: 4,
+                services: 20,
+                endpoints: 2,
+                scenario: ScenarioKind::Captured,
+            },
+        )
+        .unwrap();
+        let kinds = count_kinds(dir.path()).unwrap();
+        assert_eq!(kinds.get("Sidecar"), None);
+        assert_eq!(mesh.expected_keys(), (5, 21, 21));
+        // Services g = 1 and 11 have tcp-db 9000, g = 2 and 12 http-api 9080, g = 3 (ns-3,
+        // svc-0) stream 7070.
+        let svc = std::fs::read_to_string(dir.path().join("svc-ns-1-0.yaml")).unwrap();
+        assert!(svc.contains("name: tcp-db\n    port: 9000"), "{svc}");
+        assert!(svc.contains("- name: tcp-db\n  port: 9000"), "{svc}");
+        let svc = std::fs::read_to_string(dir.path().join("svc-ns-3-0.yaml")).unwrap();
+        assert!(svc.contains("name: stream"), "{svc}");
+        // 21 services with 26 ports; listeners: virtualOutbound, virtualInbound,
+        // 0.0.0.0_8080, 0.0.0.0_9080, two <vip>_9000, one <vip>_7070; routes 8080, 9080 and
+        // svc-0.ns-3.svc.cluster.local:7070.
+        let want = ExpectedShape {
+            endpoints: 26,
+            listeners: 7,
+            routes: 3,
+            inbound_clusters: 1,
+        };
+        assert_eq!(mesh.expected_shape(0), want);
+        // Proxy 5 is in ns-1 (svc-0 .. svc-4), selected by svc-1 (g = 5: port 8080 only);
+        // proxy 1 by svc-0.ns-1 (g = 1: 8080 and 9000).
+        assert_eq!(
+            (mesh.proxy_service(5), mesh.proxy_app(5).as_str()),
+            ((1, 1), "svc-1")
+        );
+        assert_eq!(mesh.expected_shape(1).inbound_clusters, 2);
     }
 
     #[test]

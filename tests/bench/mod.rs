@@ -20,11 +20,12 @@ pub mod client;
 pub mod manifests;
 pub mod procs;
 pub mod report;
+pub mod validate;
 
 use anyhow::{bail, Context};
 use client::{ActiveChange, Event, Fleet, Mode, ProxyIdentity};
 use futures::StreamExt;
-use manifests::{BenchMesh, MeshShape};
+use manifests::{BenchMesh, MeshShape, ScenarioKind};
 use procs::{Binaries, Ingester, Nats, Server};
 use report::{
     CacheUse, ChangeReport, ChangeSample, Dist, Initial, Machine, Memory, ReplicaMove, Report,
@@ -65,8 +66,8 @@ pub struct BenchConfig {
     pub services: usize,
     /// Endpoints per service.
     pub endpoints: usize,
-    /// One Sidecar per namespace (`./*` plus `istio-system/*`) instead of a mesh-wide `*/*`.
-    pub sidecar_isolation: bool,
+    /// The mesh and proxies: flat, per-namespace Sidecar isolation, or captured sidecars.
+    pub scenario: ScenarioKind,
     /// SotW or delta.
     pub mode: Mode,
     /// Server replicas (1 or 2; with 2, the replica move is measured).
@@ -85,6 +86,8 @@ pub struct BenchConfig {
     pub bin_dir: Option<PathBuf>,
     /// Extra `shoal-server` arguments.
     pub server_args: Vec<String>,
+    /// CPUs the servers are pinned to (`taskset -c LIST`), if any.
+    pub server_cpus: Option<String>,
     /// Print progress to stderr.
     pub progress: bool,
 }
@@ -96,7 +99,7 @@ impl Default for BenchConfig {
             namespaces: 4,
             services: 40,
             endpoints: 3,
-            sidecar_isolation: false,
+            scenario: ScenarioKind::Flat,
             mode: Mode::Delta,
             replicas: 1,
             changes: 3,
@@ -106,6 +109,7 @@ impl Default for BenchConfig {
             connect_concurrency: 64,
             bin_dir: None,
             server_args: Vec::new(),
+            server_cpus: None,
             progress: true,
         }
     }
@@ -152,6 +156,8 @@ struct Bench<'a> {
     next_change: u64,
     stream_errors: usize,
     bad_responses: usize,
+    nacks: usize,
+    nack_examples: Vec<String>,
     error_examples: Vec<String>,
 }
 
@@ -182,7 +188,7 @@ impl Bench<'_> {
                 namespaces: cfg.namespaces,
                 services: cfg.services,
                 endpoints: cfg.endpoints,
-                sidecar_isolation: cfg.sidecar_isolation,
+                scenario: cfg.scenario,
             },
         )?;
         let bench_cpu0 = procs::proc_cpu(std::process::id())?;
@@ -220,7 +226,16 @@ impl Bench<'_> {
         let mut servers = Vec::new();
         for r in 0..cfg.replicas {
             let name = format!("shoal-server-{}", ["a", "b"][r]);
-            servers.push(Server::start(&bins, &name, &nats.url(), &cfg.server_args).await?);
+            servers.push(
+                Server::start(
+                    &bins,
+                    &name,
+                    &nats.url(),
+                    &cfg.server_args,
+                    cfg.server_cpus.as_deref(),
+                )
+                .await?,
+            );
         }
 
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -253,6 +268,8 @@ impl Bench<'_> {
             next_change: 0,
             stream_errors: 0,
             bad_responses: 0,
+            nacks: 0,
+            nack_examples: Vec::new(),
             error_examples: Vec::new(),
         };
         let scenario = Scenario {
@@ -260,7 +277,13 @@ impl Bench<'_> {
             namespaces: cfg.namespaces,
             services: cfg.services,
             endpoints: cfg.endpoints,
-            sidecar_isolation: cfg.sidecar_isolation,
+            scenario: cfg.scenario,
+            sidecar_isolation: cfg.scenario.isolated(),
+            interception: if cfg.scenario.captured() {
+                "REDIRECT (default)".to_string()
+            } else {
+                "NONE".to_string()
+            },
             mode: cfg.mode.to_string(),
             replicas: cfg.replicas,
             changes: cfg.changes,
@@ -271,10 +294,11 @@ impl Bench<'_> {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
             debug_build: bins.debug_build,
+            server_cpus: cfg.server_cpus.clone(),
         };
         bench.progress(format!(
-            "mesh published in {ingest_s:.1} s; {} replica(s) ready; connecting {} {} proxies",
-            cfg.replicas, cfg.proxies, cfg.mode
+            "mesh published in {ingest_s:.1} s; {} replica(s) ready; connecting {} {} proxies ({})",
+            cfg.replicas, cfg.proxies, cfg.mode, cfg.scenario
         ));
         let result = bench.measure(scenario, machine, ingest_s, bench_cpu0).await;
         bench.stop().await;
@@ -361,6 +385,8 @@ impl Bench<'_> {
             bench_cpu_s: (procs::proc_cpu(std::process::id())? - bench_cpu0).as_secs_f64(),
             stream_errors: self.stream_errors,
             bad_responses: self.bad_responses,
+            nacks: self.nacks,
+            nack_examples: self.nack_examples.clone(),
             error_examples: self.error_examples.clone(),
             processes_ok,
         })
@@ -390,6 +416,15 @@ impl Bench<'_> {
                 if self.error_examples.len() < 5 {
                     self.error_examples
                         .push(format!("proxy {proxy} bad response: {error}"));
+                }
+            }
+            Event::Nack { proxy, error } => {
+                self.nacks += 1;
+                // One example per distinct reason (the same resource fails on many proxies).
+                if self.nack_examples.len() < 5
+                    && !self.nack_examples.iter().any(|e| e.ends_with(&error))
+                {
+                    self.nack_examples.push(format!("proxy {proxy}: {error}"));
                 }
             }
             Event::Configured { .. } | Event::Observed { .. } => {}
@@ -447,7 +482,10 @@ impl Bench<'_> {
         let m0 = server.metrics().await?;
         let start = Instant::now();
         for i in 0..self.cfg.proxies {
-            let id = ProxyIdentity::new(i, &manifests::namespace_name(self.proxy_ns[i]));
+            let mut id = ProxyIdentity::new(i, &manifests::namespace_name(self.proxy_ns[i]));
+            if self.cfg.scenario.captured() {
+                id = id.captured(&self.mesh.proxy_app(i));
+            }
             self.proxies
                 .spawn(client::run_proxy(self.fleet.clone(), id));
         }
@@ -457,14 +495,32 @@ impl Bench<'_> {
         let mut last = start;
         let mut mismatched = 0;
         let mut mismatch_example = None;
-        let (mut clusters, mut endpoints) = (0usize, 0usize);
+        let (mut clusters, mut endpoints, mut listeners_n, mut routes_n) = (0, 0, 0, 0);
+        let (mut with_vo, mut with_vi) = (0, 0);
+        let mut dangling_references = 0;
+        let mut dangling_example = None;
+        let mut example_proxy = None;
         while done < self.cfg.proxies {
             let Some(event) = self.next_event(deadline, false).await? else {
+                let pending: Vec<String> = self
+                    .fleet
+                    .counters()
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| elapsed[*i].is_none())
+                    .take(3)
+                    .map(|(i, c)| {
+                        let p = c.pending.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                        format!("proxy {i}: {}", p.as_deref().unwrap_or("nothing received"))
+                    })
+                    .collect();
                 bail!(
-                    "only {done} of {} proxies were configured within {:?} (stream errors: {}; {:?})",
+                    "only {done} of {} proxies were configured within {:?}; waiting for: {pending:?} (stream errors: {}; NACKs: {} {:?}; {:?})",
                     self.cfg.proxies,
                     self.cfg.phase_timeout,
                     self.stream_errors,
+                    self.nacks,
+                    self.nack_examples,
                     self.error_examples
                 );
             };
@@ -476,6 +532,10 @@ impl Bench<'_> {
                     endpoints: eds,
                     listeners,
                     routes,
+                    capture_listeners: (vo, vi),
+                    inbound_clusters,
+                    dangling,
+                    names,
                     ..
                 } if elapsed[proxy].is_none() => {
                     elapsed[proxy] = Some(e.as_secs_f64() * 1000.0);
@@ -483,12 +543,33 @@ impl Bench<'_> {
                     last = Instant::now();
                     clusters += c;
                     endpoints += eds;
-                    let want = self.mesh.visible_services(self.proxy_ns[proxy]);
-                    if eds != want || listeners != 1 || routes != 1 {
+                    listeners_n += listeners;
+                    routes_n += routes;
+                    with_vo += usize::from(vo);
+                    with_vi += usize::from(vi);
+                    if let Some((example, n)) = dangling {
+                        dangling_references += 1;
+                        dangling_example.get_or_insert_with(|| {
+                            format!("proxy {proxy}: {example} ({n} such references)")
+                        });
+                    }
+                    if let Some(names) = names {
+                        example_proxy = Some(*names);
+                    }
+                    let want = self.mesh.expected_shape(proxy);
+                    let captured = self.cfg.scenario.captured();
+                    let got = manifests::ExpectedShape {
+                        endpoints: eds,
+                        listeners,
+                        routes,
+                        inbound_clusters,
+                    };
+                    if got != want || (captured && !(vo && vi)) || (!captured && (vo || vi)) {
                         mismatched += 1;
                         mismatch_example.get_or_insert_with(|| {
                             format!(
-                                "proxy {proxy}: {eds} EDS assignments (want {want}), {listeners} listeners (want 1), {routes} route tables (want 1), {c} clusters"
+                                "proxy {proxy}: {eds} EDS assignments (want {}), {listeners} listeners (want {}; virtualOutbound {vo}, virtualInbound {vi}), {routes} route tables (want {}), {inbound_clusters} inbound clusters (want {}), {c} clusters",
+                                want.endpoints, want.listeners, want.routes, want.inbound_clusters
                             )
                         });
                     }
@@ -522,6 +603,13 @@ impl Bench<'_> {
                 mismatch_example,
                 clusters_per_proxy: clusters as f64 / n,
                 endpoints_per_proxy: endpoints as f64 / n,
+                listeners_per_proxy: listeners_n as f64 / n,
+                routes_per_proxy: routes_n as f64 / n,
+                with_virtual_outbound: with_vo,
+                with_virtual_inbound: with_vi,
+                dangling_references,
+                dangling_example,
+                example_proxy,
                 server_cpu_s: (server.cpu()? - cpu0).as_secs_f64(),
                 server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
                 cache: cache_use(&m0, &m1),
@@ -569,7 +657,7 @@ impl Bench<'_> {
         let ns_name = manifests::namespace_name(ns);
         let service = format!("svc-{index}");
         let resource = manifests::cluster_name(&manifests::service_host(ns, index));
-        let affected = self.affected_in_namespace(self.cfg.sidecar_isolation.then_some(ns));
+        let affected = self.affected_in_namespace(self.cfg.scenario.isolated().then_some(ns));
         let marker = manifests::added_endpoint_ip(k);
         let key_matches = move |w: &BusWrite| {
             w.bucket == Bucket::Endpoints
@@ -591,7 +679,7 @@ impl Bench<'_> {
     async fn vs_change(&mut self, k: usize) -> anyhow::Result<(ChangeSample, Vec<f64>)> {
         let mesh_wide = self.cfg.vs_change == VsChange::Mesh;
         let affected =
-            self.affected_in_namespace((!mesh_wide && self.cfg.sidecar_isolation).then_some(0));
+            self.affected_in_namespace((!mesh_wide && self.cfg.scenario.isolated()).then_some(0));
         let (ns, name) = if mesh_wide {
             (manifests::SYSTEM_NS.to_string(), manifests::SHARED_VS)
         } else {

@@ -188,12 +188,15 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `shoal-server --nats-url URL <extra>` on free ports and waits until `/ready`.
+    /// Starts `shoal-server --nats-url URL <extra>` on free ports and waits until `/ready`;
+    /// with `cpus`, pinned to those CPUs (`taskset -c CPUS`, which execs the server, so
+    /// the process measured is the server itself).
     pub async fn start(
         bins: &Binaries,
         name: &str,
         nats_url: &str,
         extra: &[String],
+        cpus: Option<&str>,
     ) -> anyhow::Result<Server> {
         let xds = free_addr();
         let admin = free_addr();
@@ -206,11 +209,17 @@ impl Server {
             admin.to_string(),
         ];
         args.extend(extra.iter().cloned());
-        let mut process = Process::try_spawn(
-            name,
-            shoal_command(&bins.server, &args),
-            temp_dir("server")?,
-        )?;
+        let cmd = match cpus {
+            Some(cpus) => {
+                let mut taskset_args = vec!["-c".to_string(), cpus.to_string()];
+                taskset_args.push(bins.server.display().to_string());
+                taskset_args.extend(args);
+                shoal_command(Path::new("taskset"), &taskset_args)
+            }
+            None => shoal_command(&bins.server, &args),
+        };
+        let mut process = Process::try_spawn(name, cmd, temp_dir("server")?)
+            .with_context(|| format!("starting {name} (taskset is needed for --server-cpus)"))?;
         let pid = process
             .id()
             .with_context(|| format!("{name} exited at once:\n{}", process.log_tail()))?;

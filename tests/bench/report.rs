@@ -1,5 +1,7 @@
 //! Benchmark results: what is measured, as JSON (`--json`) and as a table.
 
+use super::client::HeldNames;
+use super::manifests::ScenarioKind;
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -106,8 +108,13 @@ pub struct Scenario {
     pub services: usize,
     /// Endpoints per service.
     pub endpoints: usize,
+    /// `flat`, `isolated` or `captured`.
+    pub scenario: ScenarioKind,
     /// Per-namespace Sidecar isolation.
     pub sidecar_isolation: bool,
+    /// The proxies' interception mode (`NONE`, or `REDIRECT (default)`: no
+    /// `INTERCEPTION_MODE` sent).
+    pub interception: String,
     /// `sotw` or `delta`.
     pub mode: String,
     /// Server replicas.
@@ -120,6 +127,8 @@ pub struct Scenario {
     pub binaries: String,
     /// Whether they are a debug build.
     pub debug_build: bool,
+    /// CPUs the servers were pinned to (`taskset -c`), if any.
+    pub server_cpus: Option<String>,
 }
 
 /// The initial connection of every proxy.
@@ -129,8 +138,11 @@ pub struct Initial {
     pub all_configured_s: f64,
     /// Per proxy, from its connection attempt to fully configured, ms.
     pub per_proxy_ms: Dist,
-    /// Proxies whose configuration did not have the expected shape (EDS assignments =
-    /// visible services, one listener, one route table).
+    /// Proxies whose configuration did not have the expected shape, derived from the mesh
+    /// (flat and isolated: EDS assignments = visible services, one listener, one route
+    /// table; captured: one EDS assignment per visible service port, `virtualOutbound`,
+    /// `virtualInbound` and one listener per destination, a route table per HTTP port and
+    /// per sniffed service, `inbound|<port>||` clusters for the proxy's own service).
     pub mismatched: usize,
     /// An example mismatch.
     pub mismatch_example: Option<String>,
@@ -138,6 +150,20 @@ pub struct Initial {
     pub clusters_per_proxy: f64,
     /// EDS assignments per proxy (mean).
     pub endpoints_per_proxy: f64,
+    /// Listeners per proxy (mean).
+    pub listeners_per_proxy: f64,
+    /// Route tables per proxy (mean).
+    pub routes_per_proxy: f64,
+    /// Proxies holding `virtualOutbound`.
+    pub with_virtual_outbound: usize,
+    /// Proxies holding `virtualInbound`.
+    pub with_virtual_inbound: usize,
+    /// Proxies with a listener or route table that uses a cluster they do not hold.
+    pub dangling_references: usize,
+    /// An example of such a reference.
+    pub dangling_example: Option<String>,
+    /// What proxy 0 held when first configured, by name.
+    pub example_proxy: Option<HeldNames>,
     /// Server CPU during the connection phase, seconds.
     pub server_cpu_s: f64,
     /// Resource bytes the server sent during the connection phase.
@@ -313,6 +339,10 @@ pub struct Report {
     pub stream_errors: usize,
     /// Responses proxies could not understand.
     pub bad_responses: usize,
+    /// Responses proxies NACKed: they held a resource Envoy would reject.
+    pub nacks: usize,
+    /// Examples of NACK reasons.
+    pub nack_examples: Vec<String>,
     /// Examples of errors.
     pub error_examples: Vec<String>,
     /// Whether the ingester and every server were still running at the end.
@@ -368,18 +398,18 @@ impl Report {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "shoal-bench: {} proxies ({}), {} namespaces, {} services x {} endpoints, {}, {} replica(s)",
+            "shoal-bench: {} proxies ({}), {} namespaces, {} services x {} endpoints, {}, {} replica(s){}",
             s.proxies,
             s.mode,
             s.namespaces,
             s.services,
             s.endpoints,
-            if s.sidecar_isolation {
-                "per-namespace Sidecar isolation"
-            } else {
-                "flat (every service visible)"
-            },
-            s.replicas
+            s.scenario.describe(),
+            s.replicas,
+            s.server_cpus
+                .as_ref()
+                .map(|c| format!(", servers on CPUs {c}"))
+                .unwrap_or_default()
         );
         let _ = writeln!(
             o,
@@ -488,14 +518,23 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "{:<50} server CPU {:.2} s, sent {}, {}; {:.0} clusters and {:.0} EDS assignments per proxy",
+            "{:<50} server CPU {:.2} s, sent {}, {}; per proxy {:.0} clusters, {:.0} EDS assignments, {:.0} listeners, {:.0} route tables",
             "  initial connection phase",
             i.server_cpu_s,
             bytes(i.server_bytes),
             i.cache,
             i.clusters_per_proxy,
-            i.endpoints_per_proxy
+            i.endpoints_per_proxy,
+            i.listeners_per_proxy,
+            i.routes_per_proxy
         );
+        if s.scenario.captured() {
+            let _ = writeln!(
+                o,
+                "{:<50} virtualOutbound on {} and virtualInbound on {} of {} proxies",
+                "  capture listeners", i.with_virtual_outbound, i.with_virtual_inbound, s.proxies
+            );
+        }
         if i.on_first_replica != s.proxies && s.replicas > 1 {
             let _ = writeln!(
                 o,
@@ -538,16 +577,24 @@ impl Report {
         let _ = writeln!(o, "{}", "-".repeat(100));
         let _ = writeln!(
             o,
-            "ingest {:.1} s; benchmark process (the proxies) used {:.1} s CPU; stream errors {}, bad responses {}, config mismatches {}; processes {}",
+            "ingest {:.1} s; benchmark process (the proxies) used {:.1} s CPU; stream errors {}, bad responses {}, NACKs {}, config mismatches {}, dangling cluster references on {} proxies; processes {}",
             self.ingest_s,
             self.bench_cpu_s,
             self.stream_errors,
             self.bad_responses,
+            self.nacks,
             i.mismatched,
+            i.dangling_references,
             if self.processes_ok { "ok" } else { "CRASHED" }
         );
         if let Some(ex) = &i.mismatch_example {
             let _ = writeln!(o, "config mismatch example: {ex}");
+        }
+        if let Some(ex) = &i.dangling_example {
+            let _ = writeln!(o, "dangling reference example: {ex}");
+        }
+        for e in &self.nack_examples {
+            let _ = writeln!(o, "NACK example: {e}");
         }
         for e in &self.error_examples {
             let _ = writeln!(o, "error example: {e}");

@@ -1,24 +1,26 @@
 //! The load benchmark (`shoal-bench`, tests/bench/) in a tiny configuration, as a CI check
 //! that it still works end to end: real nats-server, ingester and two server replicas,
-//! simulated proxies in both ADS modes. Only functional outcomes are asserted — every proxy
-//! configured, every change received by every affected proxy and no other, nothing resent
-//! on a delta move to the second replica — never timings.
+//! simulated proxies in both ADS modes, and captured sidecars (Istio's default interception).
+//! Only functional outcomes are asserted — every proxy configured with the configuration's
+//! expected shape, nothing NACKed, every change received by every affected proxy and no
+//! other, nothing resent on a delta move to the second replica — never timings.
 //!
 //! Needs the binaries: `cargo build --workspace --bins` first (scripts/test.sh does).
 #![forbid(unsafe_code)]
 
 use shoal_tests::bench::client::Mode;
+use shoal_tests::bench::manifests::ScenarioKind;
 use shoal_tests::bench::report::Report;
 use shoal_tests::bench::{self, BenchConfig, VsChange};
 use std::time::Duration;
 
-fn smoke(mode: Mode, sidecar_isolation: bool, vs_change: VsChange) -> BenchConfig {
+fn smoke(mode: Mode, scenario: ScenarioKind, vs_change: VsChange) -> BenchConfig {
     BenchConfig {
         proxies: 20,
         namespaces: 4,
         services: 20,
         endpoints: 3,
-        sidecar_isolation,
+        scenario,
         mode,
         replicas: 2,
         changes: 2,
@@ -28,6 +30,7 @@ fn smoke(mode: Mode, sidecar_isolation: bool, vs_change: VsChange) -> BenchConfi
         connect_concurrency: 8,
         bin_dir: Some(shoal_tests::shoal::bin_dir()),
         server_args: Vec::new(),
+        server_cpus: None,
         progress: true,
     }
 }
@@ -52,6 +55,13 @@ fn assert_functional(r: &Report, cfg: &BenchConfig) {
     );
     assert_eq!(r.initial.mismatched, 0, "config shape\n{}", ctx());
     assert_eq!(r.bad_responses, 0, "{}", ctx());
+    assert_eq!(r.nacks, 0, "nothing Envoy would reject\n{}", ctx());
+    assert_eq!(
+        r.initial.dangling_references,
+        0,
+        "every cluster used exists\n{}",
+        ctx()
+    );
     for (what, c) in [
         ("endpoint", &r.endpoint_change),
         ("VirtualService", &r.vs_change),
@@ -89,7 +99,7 @@ fn assert_functional(r: &Report, cfg: &BenchConfig) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_isolated() {
-    let cfg = smoke(Mode::Delta, true, VsChange::Mesh);
+    let cfg = smoke(Mode::Delta, ScenarioKind::Isolated, VsChange::Mesh);
     let r = run(cfg.clone()).await;
     assert_functional(&r, &cfg);
     // Isolation: an endpoint change reaches only its namespace's proxies.
@@ -102,8 +112,52 @@ async fn delta_isolated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sotw_flat() {
-    let cfg = smoke(Mode::Sotw, false, VsChange::Namespace);
+    let cfg = smoke(Mode::Sotw, ScenarioKind::Flat, VsChange::Namespace);
     let r = run(cfg.clone()).await;
     assert_functional(&r, &cfg);
     assert_eq!(r.endpoint_change.samples[0].affected, cfg.proxies);
+    assert_eq!(r.initial.with_virtual_outbound, 0, "INTERCEPTION_MODE NONE");
+}
+
+/// Captured sidecars (no INTERCEPTION_MODE, no Sidecar): virtualOutbound, virtualInbound,
+/// per-destination outbound listeners (HTTP, TCP, sniffed) and their route tables, inbound
+/// clusters for the service selecting the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delta_captured() {
+    let cfg = BenchConfig {
+        changes: 1,
+        ..smoke(Mode::Delta, ScenarioKind::Captured, VsChange::Mesh)
+    };
+    let r = run(cfg.clone()).await;
+    assert_functional(&r, &cfg);
+    let ctx = || serde_json::to_string_pretty(&r).unwrap_or_default();
+    assert_eq!(r.initial.with_virtual_outbound, cfg.proxies, "{}", ctx());
+    assert_eq!(r.initial.with_virtual_inbound, cfg.proxies, "{}", ctx());
+    assert_eq!(r.endpoint_change.samples[0].affected, cfg.proxies);
+    // Proxy 0 is in ns-0, selected by svc-0.ns-0 (port 8080). Service g = 1 has the TCP
+    // port 9000 (ClusterIP 10.96.0.2), g = 2 the HTTP port 9080, g = 3 (svc-0.ns-3,
+    // ClusterIP 10.96.0.4) the sniffed port 7070.
+    let p0 = r.initial.example_proxy.as_ref().expect("proxy 0's names");
+    for l in [
+        "virtualOutbound",
+        "virtualInbound",
+        "0.0.0.0_8080",
+        "0.0.0.0_9080",
+        "10.96.0.2_9000",
+        "10.96.0.4_7070",
+    ] {
+        assert!(
+            p0.listeners.iter().any(|n| n == l),
+            "listener {l}\n{}",
+            ctx()
+        );
+    }
+    for rt in ["8080", "9080", "svc-0.ns-3.svc.cluster.local:7070"] {
+        assert!(p0.routes.iter().any(|n| n == rt), "route {rt}\n{}", ctx());
+    }
+    assert!(
+        p0.other_clusters.iter().any(|c| c == "inbound|8080||"),
+        "{}",
+        ctx()
+    );
 }

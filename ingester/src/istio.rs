@@ -4,7 +4,6 @@
 use crate::error::InvalidObject;
 use serde::{Deserialize, Deserializer};
 use shoal_common::model::{ConfigKind, ConfigObject, ConfigSpec, ObjectMeta};
-use std::collections::BTreeSet;
 
 /// The `networking.istio.io` versions shoal reads; they share one schema for the fields
 /// shoal models.
@@ -77,23 +76,7 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
     let invalid = |reason: String| Err(InvalidObject::new(reason));
     match spec {
         ConfigSpec::VirtualService(vs) => crate::virtual_service::validate(vs)?,
-        ConfigSpec::DestinationRule(dr) => {
-            if dr.host.is_empty() {
-                return invalid("host is empty".into());
-            }
-            let mut names = BTreeSet::new();
-            for (i, subset) in dr.subsets.iter().enumerate() {
-                if subset.name.is_empty() {
-                    return invalid(format!("subsets[{i}].name is empty"));
-                }
-                if !names.insert(subset.name.as_str()) {
-                    return invalid(format!(
-                        "subsets[{i}].name {:?} is used by an earlier subset",
-                        subset.name
-                    ));
-                }
-            }
-        }
+        ConfigSpec::DestinationRule(dr) => crate::destination_rule::validate(dr)?,
         ConfigSpec::Gateway(gw) => {
             for (i, server) in gw.servers.iter().enumerate() {
                 if server.port.number == 0 {

@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod destination_rule;
 pub mod error;
 pub mod file;
 pub mod istio;

@@ -2,6 +2,7 @@
 //! generators read. Rebuilt (off the hot path) only when config or services change; readers
 //! hold an `Arc` and never lock.
 
+use crate::destination_rule::{DestinationRuleIndex, MergedRule};
 use crate::store::MeshState;
 use shoal_common::model::{
     service_fqdn, ConfigSpec, DestinationRule, Gateway, ObjectMeta, OutboundTrafficMode, Protocol,
@@ -97,8 +98,10 @@ pub struct PushContext {
     pub services: BTreeMap<String, Arc<ServiceView>>,
     /// VirtualServices in (namespace, name) order: Istio's precedence for equal hosts.
     pub virtual_services: Vec<Arc<Config<VirtualService>>>,
-    /// DestinationRules by resolved host; the first in (namespace, name) order wins.
+    /// Every DestinationRule, by `namespace/name`.
     pub destination_rules: BTreeMap<String, Arc<Config<DestinationRule>>>,
+    /// DestinationRules indexed and merged as istiod does (see [`DestinationRuleIndex`]).
+    pub destination_rule_index: DestinationRuleIndex,
     /// Gateways in (namespace, name) order.
     pub gateways: Vec<Arc<Config<Gateway>>>,
     /// Sidecars by namespace, in name order.
@@ -223,13 +226,14 @@ impl PushContext {
                     spec: vs.clone(),
                 })),
                 ConfigSpec::DestinationRule(dr) => {
-                    let host = resolve_host(&dr.host, &meta.namespace);
-                    ctx.destination_rules.entry(host).or_insert_with(|| {
+                    let key = format!("{}/{}", meta.namespace, meta.name);
+                    ctx.destination_rules.insert(
+                        key,
                         Arc::new(Config {
                             meta,
                             spec: dr.clone(),
-                        })
-                    });
+                        }),
+                    );
                 }
                 ConfigSpec::Gateway(gw) => ctx.gateways.push(Arc::new(Config {
                     meta,
@@ -299,6 +303,9 @@ impl PushContext {
                 ConfigSpec::WorkloadEntry(_) => {}
             }
         }
+        let rules: Vec<_> = ctx.destination_rules.values().cloned().collect();
+        ctx.destination_rule_index =
+            DestinationRuleIndex::build(&rules, &ctx.mesh.root_namespace);
         ctx
     }
 
@@ -332,10 +339,17 @@ impl PushContext {
             })
     }
 
-    /// The DestinationRule for a service hostname: the rule for that host, else the rule
-    /// with the most specific wildcard host covering it.
-    pub fn destination_rule(&self, hostname: &str) -> Option<&Arc<Config<DestinationRule>>> {
-        most_specific(&self.destination_rules, hostname)
+    /// The DestinationRule that applies to a proxy's traffic to a service, as istiod
+    /// looks it up (proxy namespace, service namespace, root namespace; `exportTo`,
+    /// `workloadSelector`; several rules for a host merged).
+    pub fn destination_rule(
+        &self,
+        proxy_namespace: &str,
+        proxy_labels: &BTreeMap<String, String>,
+        svc: &ServiceView,
+    ) -> Option<Arc<MergedRule>> {
+        self.destination_rule_index
+            .for_proxy(proxy_namespace, proxy_labels, svc)
     }
 
     /// The Gateways whose selector matches a gateway proxy's labels. A Gateway without a

@@ -2,13 +2,13 @@
 //! DestinationRule subset (`outbound|<port>|<subset>|<host>`), and Istio's two fixed
 //! clusters.
 
+use super::traffic_policy::{self, default_circuit_breakers};
 use super::{ads_config_source, pb_duration, socket_address, Resource};
+use crate::destination_rule::effective_policy;
 use crate::proxy::{Proxy, ProxyKind};
 use crate::push_context::{PushContext, ServiceSource, ServiceView};
 use crate::scope::ProxyScope;
-use shoal_common::model::{
-    Protocol, Resolution, ServicePort, SimpleLb, TrafficPolicy, WorkloadEntry,
-};
+use shoal_common::model::{Protocol, Resolution, ServicePort, TrafficPolicy, WorkloadEntry};
 use shoal_proto::pb::envoy::config::cluster::v3::{circuit_breakers::Thresholds, CircuitBreakers};
 use shoal_proto::pb::envoy::config::cluster::v3::{
     cluster::{ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, EdsClusterConfig, LbPolicy},
@@ -103,28 +103,36 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Cluster
         }
     }
     for svc in &scope.services {
-        let original_dst =
-            captured && svc.vips.is_empty() && svc.source == ServiceSource::Kubernetes;
-        let dr = ctx.destination_rule(&svc.hostname);
-        let default_policy = dr.and_then(|d| d.spec.traffic_policy.as_ref());
+        // Forward to the original destination: a headless Service seen by a captured
+        // sidecar, or a ServiceEntry with `resolution: NONE` at a sidecar (gateways
+        // cannot, so istiod gives them an EDS cluster of the entry's endpoints).
+        let original_dst = match &svc.source {
+            ServiceSource::Kubernetes => captured && svc.vips.is_empty(),
+            ServiceSource::ServiceEntry { resolution, .. } => {
+                *resolution == Resolution::None && proxy.kind != ProxyKind::Router
+            }
+        };
+        let dr = ctx.destination_rule(&proxy.namespace, &proxy.labels, svc);
+        let rule_policy = dr.as_ref().and_then(|d| d.spec.traffic_policy.as_ref());
         for port in &svc.ports {
             out.push(ClusterKey::Service {
                 name: outbound_cluster_name(port.port.into(), "", &svc.hostname),
                 svc: svc.clone(),
                 port: port.clone(),
-                policy: default_policy.cloned(),
+                policy: effective_policy(rule_policy, None, port.port),
                 subset_labels: BTreeMap::new(),
                 original_dst,
             });
-            for subset in dr.map(|d| d.spec.subsets.as_slice()).unwrap_or_default() {
+            for subset in dr.as_ref().map(|d| d.spec.subsets.as_slice()).unwrap_or_default() {
                 out.push(ClusterKey::Service {
                     name: outbound_cluster_name(port.port.into(), &subset.name, &svc.hostname),
                     svc: svc.clone(),
                     port: port.clone(),
-                    policy: Some(subset_policy(
+                    policy: effective_policy(
+                        rule_policy,
                         subset.traffic_policy.as_ref(),
-                        default_policy,
-                    )),
+                        port.port,
+                    ),
                     subset_labels: subset.labels.clone(),
                     original_dst,
                 });
@@ -165,14 +173,14 @@ pub fn build(key: &ClusterKey) -> Resource {
             subset_labels,
             original_dst,
         } => {
-            let mut c = cluster(name, svc, port, policy.as_ref(), subset_labels);
+            let mut c = cluster(name, svc, port, subset_labels);
             if *original_dst {
                 c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(
                     DiscoveryType::OriginalDst as i32,
                 ));
-                c.lb_policy = LbPolicy::ClusterProvided as i32;
                 c.eds_cluster_config = None;
             }
+            traffic_policy::apply(&mut c, port.protocol, policy.as_ref());
             Resource::new(XdsType::Cluster, name.clone(), &c)
         }
     }
@@ -270,27 +278,16 @@ fn inbound_passthrough() -> Cluster {
     }
 }
 
-/// A subset's policy merged over the rule's, field by field as Istio merges them: a subset
-/// that sets no load balancer keeps the rule's.
-fn subset_policy(subset: Option<&TrafficPolicy>, rule: Option<&TrafficPolicy>) -> TrafficPolicy {
-    let mut merged = rule.cloned().unwrap_or_default();
-    if let Some(lb) = subset.and_then(|s| s.load_balancer.as_ref()) {
-        merged.load_balancer = Some(lb.clone());
-    }
-    merged
-}
-
+/// An outbound cluster before its traffic policy: name, discovery, endpoints.
 fn cluster(
     name: &str,
     svc: &ServiceView,
     port: &ServicePort,
-    policy: Option<&TrafficPolicy>,
     subset_labels: &BTreeMap<String, String>,
 ) -> Cluster {
     let mut c = Cluster {
         name: name.to_string(),
         connect_timeout: Some(pb_duration(CONNECT_TIMEOUT)),
-        lb_policy: lb_policy(policy) as i32,
         ..Default::default()
     };
     let dns = |c: &mut Cluster, ty: DiscoveryType| {
@@ -307,15 +304,6 @@ fn cluster(
             resolution: Resolution::DnsRoundRobin,
             ..
         } => dns(&mut c, DiscoveryType::LogicalDns),
-        ServiceSource::ServiceEntry {
-            resolution: Resolution::None,
-            ..
-        } => {
-            c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(
-                DiscoveryType::OriginalDst as i32,
-            ));
-            c.lb_policy = LbPolicy::ClusterProvided as i32;
-        }
         ServiceSource::Kubernetes | ServiceSource::ServiceEntry { .. } => {
             c.cluster_discovery_type = Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32));
             c.eds_cluster_config = Some(EdsClusterConfig {
@@ -323,9 +311,6 @@ fn cluster(
                 service_name: name.to_string(),
             });
         }
-    }
-    if matches!(port.protocol, Protocol::Http2 | Protocol::Grpc) {
-        set_http2(&mut c);
     }
     c
 }
@@ -424,18 +409,6 @@ fn dns_load_assignment(
     }
 }
 
-fn lb_policy(policy: Option<&TrafficPolicy>) -> LbPolicy {
-    match policy
-        .and_then(|p| p.load_balancer.as_ref())
-        .and_then(|lb| lb.simple)
-    {
-        Some(SimpleLb::RoundRobin) => LbPolicy::RoundRobin,
-        Some(SimpleLb::Random) => LbPolicy::Random,
-        // Istio's default is least request; LEAST_CONN is its deprecated alias.
-        _ => LbPolicy::LeastRequest,
-    }
-}
-
 fn blackhole() -> Cluster {
     Cluster {
         name: BLACKHOLE_CLUSTER.into(),
@@ -453,6 +426,7 @@ fn passthrough() -> Cluster {
             DiscoveryType::OriginalDst as i32,
         )),
         lb_policy: LbPolicy::ClusterProvided as i32,
+        circuit_breakers: Some(default_circuit_breakers()),
         ..Default::default()
     }
 }

@@ -4,6 +4,7 @@
 
 use super::{cds::entry_port, socket_address, Resource};
 use crate::endpoints::{EndpointIndex, HostShards};
+use crate::proxy::Proxy;
 use crate::push_context::{PushContext, ServiceSource, ServiceView};
 use crate::scope::ProxyScope;
 use shoal_common::model::{Locality, Resolution, ServicePort};
@@ -44,6 +45,7 @@ pub struct EndpointsSource {
 /// endpoints, as in Istio.
 pub fn keys(
     names: &[String],
+    proxy: &Proxy,
     scope: &ProxyScope,
     ctx: &PushContext,
     endpoints: &EndpointIndex,
@@ -61,10 +63,14 @@ pub fn keys(
                 let subset_labels = if subset.is_empty() {
                     BTreeMap::new()
                 } else {
-                    ctx.destination_rule(&svc.hostname)
-                        .and_then(|dr| dr.spec.subsets.iter().find(|s| s.name == subset))?
-                        .labels
-                        .clone()
+                    ctx.destination_rule(&proxy.namespace, &proxy.labels, &svc)
+                        .and_then(|dr| {
+                            dr.spec
+                                .subsets
+                                .iter()
+                                .find(|s| s.name == subset)
+                                .map(|s| s.labels.clone())
+                        })?
                 };
                 let shards = endpoints.host(&svc.hostname).cloned();
                 Some(EndpointsSource {

@@ -13,6 +13,7 @@ pub mod inbound;
 pub mod lds;
 pub mod outbound;
 pub mod rds;
+pub mod traffic_policy;
 
 #[cfg(test)]
 mod tests;
@@ -89,7 +90,7 @@ pub fn keys(
             .into_iter()
             .map(Key::Cluster)
             .collect(),
-        XdsType::Endpoint => eds::keys(names, scope, &snap.ctx, &snap.endpoints)
+        XdsType::Endpoint => eds::keys(names, proxy, scope, &snap.ctx, &snap.endpoints)
             .into_iter()
             .map(Key::Endpoints)
             .collect(),

@@ -3,6 +3,7 @@
 
 mod captured;
 mod cds;
+mod destination_rule;
 mod determinism;
 mod eds;
 mod gateway_semantics;

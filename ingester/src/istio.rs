@@ -79,8 +79,34 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
         ConfigSpec::DestinationRule(dr) => crate::destination_rule::validate(dr)?,
         ConfigSpec::Gateway(gw) => {
             for (i, server) in gw.servers.iter().enumerate() {
+                if let Some(mode) = server.tls.as_ref().and_then(|t| t.mode.as_deref()) {
+                    return invalid(format!(
+                        "servers[{i}].tls.mode {mode:?} is not supported yet (an HTTP server \
+                         takes only tls.httpsRedirect)"
+                    ));
+                }
                 if server.port.number == 0 {
                     return invalid(format!("servers[{i}].port.number is missing"));
+                }
+                if server.port.number > 65535 {
+                    return invalid(format!(
+                        "servers[{i}].port.number {} is not in 1-65535",
+                        server.port.number
+                    ));
+                }
+                if server.hosts.is_empty() {
+                    return invalid(format!("servers[{i}].hosts is empty"));
+                }
+                // Only plain HTTP servers are implemented: a TLS or TCP server is refused
+                // rather than left out of the gateway without a word.
+                let protocol = server.port.protocol.to_ascii_uppercase();
+                if !matches!(protocol.as_str(), "HTTP" | "HTTP2" | "GRPC") {
+                    return invalid(format!(
+                        "servers[{i}].port.protocol {:?} is not supported yet (HTTP, HTTP2 and \
+                         GRPC servers are; TLS termination, TLS passthrough and TCP servers are \
+                         not)",
+                        server.port.protocol
+                    ));
                 }
             }
         }
@@ -97,7 +123,25 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
                 }
             }
         }
-        ConfigSpec::Sidecar(_) | ConfigSpec::WorkloadEntry(_) => {}
+        ConfigSpec::Sidecar(sc) => {
+            for (i, l) in sc.ingress.iter().enumerate() {
+                if l.port.number == 0 || l.port.number > 65535 {
+                    return invalid(format!("ingress[{i}].port.number is not in 1-65535"));
+                }
+                if l.capture_mode.as_deref() == Some("NONE") {
+                    return invalid(format!(
+                        "ingress[{i}].captureMode NONE is not supported yet (bound inbound \
+                         listeners for uncaptured sidecars)"
+                    ));
+                }
+            }
+            for (i, l) in sc.egress.iter().enumerate() {
+                if l.hosts.is_empty() {
+                    return invalid(format!("egress[{i}].hosts is empty"));
+                }
+            }
+        }
+        ConfigSpec::WorkloadEntry(_) => {}
     }
     Ok(())
 }

@@ -14,6 +14,8 @@
 
 pub mod admin;
 pub mod app;
+#[cfg(test)]
+mod compat_doc;
 pub mod destination_rule;
 pub mod error;
 pub mod file;

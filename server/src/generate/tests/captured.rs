@@ -498,3 +498,42 @@ fn tcp_listeners_use_the_proxys_own_cluster_vip() {
     // Both ClusterIPs reach the service by HTTP-style domains elsewhere; the cluster is one.
     assert!(cds(&m, &p).contains_key("outbound|3306||mysql.default.svc.cluster.local"));
 }
+
+#[test]
+fn tls_virtual_services_route_by_sni() {
+    let mut api = service("default", "api", &[("https", 443)]);
+    api.cluster_ips = vec!["10.96.0.20".into()];
+    let m = mesh().with_service(api).with_config(virtual_service(
+        "default",
+        "api",
+        r#"
+hosts: [api]
+tls:
+- match: [{sniHosts: [api.default.svc.cluster.local], port: 443}]
+  route: [{destination: {host: api, subset: v2}}]
+"#,
+    ));
+    let l = &lds(&m, &proxy())["10.96.0.20_443"];
+    assert_eq!(
+        l.listener_filters[0].name,
+        "envoy.filters.listener.tls_inspector"
+    );
+    let sni = l
+        .filter_chains
+        .iter()
+        .find(|c| {
+            c.filter_chain_match
+                .as_ref()
+                .is_some_and(|m| m.server_names == ["api.default.svc.cluster.local"])
+        })
+        .expect("an SNI chain");
+    assert_eq!(
+        tcp_cluster(sni),
+        "outbound|443|v2|api.default.svc.cluster.local"
+    );
+    // Other TLS traffic to the VIP keeps the service's own cluster.
+    assert_eq!(
+        tcp_cluster(l.default_filter_chain.as_ref().unwrap()),
+        "outbound|443||api.default.svc.cluster.local"
+    );
+}

@@ -79,6 +79,8 @@ pub struct RouteEnv<'a> {
     pub destinations: &'a DestinationPorts,
     /// The calling workload (set when a VirtualService in the key matches on the source).
     pub source: Option<&'a Source>,
+    /// Consistent hashes of destinations (DestinationRule `consistentHash`).
+    pub hashes: &'a crate::destination_rule::DestinationHashes,
 }
 
 /// Whether any VirtualService has a match on the calling workload: only then do route
@@ -415,7 +417,40 @@ fn action(rule: &HttpRoute, env: &RouteEnv<'_>) -> Action {
         ra.request_mirror_policies
             .push(mirror_policy(destination_cluster(&m.destination, env), pct));
     }
+    consistent_hash(rule, env, &mut ra);
     Action::Route(ra)
+}
+
+/// DestinationRule `consistentHash` on the route (istiod's `processDestination` /
+/// `processWeightedDestination`): a hash policy per hashed destination; with a single
+/// hashed destination the default retry policy does not avoid previously tried hosts
+/// (unless `retryIgnorePreviousHosts: true`), so a retry stays on the hashed host.
+fn consistent_hash(rule: &HttpRoute, env: &RouteEnv<'_>, ra: &mut RouteAction) {
+    let hash_of = |d: &HttpRouteDestination| {
+        let host = resolve_host(&d.destination.host, env.ns);
+        let subset = d.destination.subset.clone().unwrap_or_default();
+        let port = d.destination.port.as_ref().map(|p| p.number);
+        env.hashes.get(&(host, subset, port))
+    };
+    let dests: Vec<&HttpRouteDestination> = match rule.route.as_slice() {
+        [only] => vec![only],
+        many => many.iter().filter(|d| d.weight.unwrap_or(0) > 0).collect(),
+    };
+    for h in dests.into_iter().filter_map(hash_of) {
+        ra.hash_policy.push(super::traffic_policy::hash_policy(h));
+    }
+    if let [only] = rule.route.as_slice() {
+        let keep = rule
+            .retries
+            .as_ref()
+            .and_then(|r| r.retry_ignore_previous_hosts)
+            == Some(true);
+        if hash_of(only).is_some() && !keep {
+            if let Some(p) = ra.retry_policy.as_mut() {
+                p.retry_host_predicate.clear();
+            }
+        }
+    }
 }
 
 fn mirror_policy(cluster: String, pct: FractionalPercent) -> RequestMirrorPolicy {

@@ -16,8 +16,8 @@ use crate::scope::{host_entry_matches, ProxyScope};
 use shoal_common::model::{Gateway, OutboundTrafficMode, VirtualService};
 use shoal_proto::pb::envoy::config::route::v3::{
     route::Action, route_action::ClusterSpecifier, route_match::PathSpecifier,
-    virtual_host::TlsRequirementType, DirectResponseAction, Route, RouteAction,
-    RouteConfiguration, RouteMatch, VirtualHost,
+    virtual_host::TlsRequirementType, DirectResponseAction, Route, RouteAction, RouteConfiguration,
+    RouteMatch, VirtualHost,
 };
 use shoal_proto::pb::google::protobuf::BoolValue;
 use shoal_proto::{outbound_cluster_name, XdsType};
@@ -51,6 +51,8 @@ pub struct GatewayRouteKey {
     pub virtual_services: Vec<Arc<Config<VirtualService>>>,
     /// Ports of destination services, by hostname.
     pub destinations: DestinationPorts,
+    /// Consistent hashes of route destinations (DestinationRules seen by the proxy).
+    pub hashes: DestinationHashes,
     /// The gateway workload, when a VirtualService matches on `sourceLabels` /
     /// `sourceNamespace` (else `None`, so gateways share the table).
     pub source: Option<Source>,
@@ -71,6 +73,8 @@ pub struct SidecarRouteKey {
     pub virtual_services: Vec<Arc<Config<VirtualService>>>,
     /// Ports of destination services, by hostname.
     pub destinations: DestinationPorts,
+    /// Consistent hashes of route destinations (DestinationRules seen by the proxy).
+    pub hashes: DestinationHashes,
     /// The calling workload, when a VirtualService matches on `sourceLabels` /
     /// `sourceNamespace` (else `None`, so sidecars share the table).
     pub source: Option<Source>,
@@ -80,6 +84,7 @@ pub struct SidecarRouteKey {
 }
 
 pub use super::http_route::DestinationPorts;
+use crate::destination_rule::{destination_hashes, DestinationHashes};
 
 /// The route tables requested, for this proxy.
 pub fn keys(
@@ -93,7 +98,9 @@ pub fn keys(
         .filter_map(|name| match proxy.kind {
             ProxyKind::Router => {
                 let port = name.strip_prefix("http.")?.parse().ok()?;
-                Some(RouteKey::Gateway(gateway_key(name, port, proxy, scope, ctx)))
+                Some(RouteKey::Gateway(gateway_key(
+                    name, port, proxy, scope, ctx,
+                )))
             }
             ProxyKind::Sidecar => {
                 // `"<port>"`, or `"<host>:<port>"` for a sniffed service on its own VIP.
@@ -208,6 +215,7 @@ fn gateway_key(
         server_ports,
         gateways,
         source: uses_source(&virtual_services).then(|| source_of(proxy)),
+        hashes: destination_hashes(&virtual_services, &proxy.namespace, &proxy.labels, ctx),
         virtual_services,
         destinations,
     }
@@ -222,6 +230,7 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
         virtual_services,
         destinations,
         source,
+        hashes,
     } = key;
     // Route matches and default destination ports refer to the Gateway server port.
     let port = server_ports.first().copied().unwrap_or(key.port);
@@ -279,6 +288,7 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
             listener_port: port,
             destinations,
             source: source.as_ref(),
+            hashes,
         };
         let routes = vs_routes(vs, &env, |m| {
             m.gateways.is_empty()
@@ -399,6 +409,7 @@ fn sidecar_key(
         proxy_namespace: proxy.namespace.clone(),
         services,
         source: uses_source(&virtual_services).then(|| source_of(proxy)),
+        hashes: destination_hashes(&virtual_services, &proxy.namespace, &proxy.labels, ctx),
         virtual_services,
         destinations,
         catch_all: captured.then_some(scope.outbound_policy),
@@ -422,6 +433,7 @@ fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
         destinations,
         source,
         catch_all,
+        hashes,
     } = key;
     let port = *port;
     // VirtualServices by resolved host.
@@ -450,6 +462,7 @@ fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
                     listener_port: port,
                     destinations,
                     source: source.as_ref(),
+                    hashes,
                 };
                 vs_routes(vs, &env, |m| {
                     m.gateways.is_empty() || m.gateways.iter().any(|g| g == "mesh")

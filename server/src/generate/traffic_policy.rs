@@ -127,7 +127,10 @@ fn should_h2_upgrade(policy: Option<&TrafficPolicy>) -> bool {
 }
 
 fn is_original_dst(c: &Cluster) -> bool {
-    c.cluster_discovery_type == Some(ClusterDiscoveryType::Type(DiscoveryType::OriginalDst as i32))
+    c.cluster_discovery_type
+        == Some(ClusterDiscoveryType::Type(
+            DiscoveryType::OriginalDst as i32,
+        ))
 }
 
 /// Applies a policy (or none) to an outbound cluster whose discovery type, load assignment
@@ -217,7 +220,9 @@ fn connection_pool(
         || max_connection_duration.is_some()
     {
         let o = opts.get_or_insert_with(Default::default);
-        let common = o.common_http_protocol_options.get_or_insert_with(CommonHttpOptions::default);
+        let common = o
+            .common_http_protocol_options
+            .get_or_insert_with(CommonHttpOptions::default);
         if let Some(d) = idle_timeout {
             common.idle_timeout = Some(pb_duration(d.get()));
         }
@@ -397,10 +402,12 @@ fn tls_origination(
     };
     c.transport_socket = Some(TransportSocket {
         name: "envoy.transport_sockets.tls".into(),
-        config_type: Some(transport_socket::ConfigType::TypedConfig(shoal_proto::pack(
-            "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-            &ctx,
-        ))),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(
+            shoal_proto::pack(
+                "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                &ctx,
+            ),
+        )),
     });
     let auto_sni = sni.is_empty();
     let auto_san = auto_sni && tls.subject_alt_names.is_empty() && !insecure;
@@ -411,5 +418,38 @@ fn tls_origination(
             .get_or_insert_with(UpstreamHttpProtocolOptions::default);
         u.auto_sni |= auto_sni;
         u.auto_san_validation |= auto_san;
+    }
+}
+
+/// The route's hash policy for a consistent hash (istiod's `ConsistentHashToHashPolicy`).
+pub fn hash_policy(
+    ch: &ConsistentHashLb,
+) -> shoal_proto::pb::envoy::config::route::v3::route_action::HashPolicy {
+    use shoal_proto::pb::envoy::config::route::v3::route_action::hash_policy::{
+        ConnectionProperties, Cookie, Header, PolicySpecifier, QueryParameter,
+    };
+    use shoal_proto::pb::envoy::config::route::v3::route_action::HashPolicy;
+    let specifier = if let Some(name) = &ch.http_header_name {
+        PolicySpecifier::Header(Header {
+            header_name: name.clone(),
+            ..Default::default()
+        })
+    } else if let Some(c) = &ch.http_cookie {
+        PolicySpecifier::Cookie(Cookie {
+            name: c.name.clone(),
+            ttl: c.ttl.map(|t| pb_duration(t.get())),
+            path: c.path.clone().unwrap_or_default(),
+            ..Default::default()
+        })
+    } else if let Some(name) = &ch.http_query_parameter_name {
+        PolicySpecifier::QueryParameter(QueryParameter { name: name.clone() })
+    } else {
+        PolicySpecifier::ConnectionProperties(ConnectionProperties {
+            source_ip: ch.use_source_ip.unwrap_or_default(),
+        })
+    };
+    HashPolicy {
+        policy_specifier: Some(specifier),
+        ..Default::default()
     }
 }

@@ -53,7 +53,11 @@ fn http_options(c: &Cluster) -> HttpProtocolOptions {
 }
 
 fn thresholds(c: &Cluster) -> [u32; 4] {
-    let t = &c.circuit_breakers.as_ref().expect("circuit breakers").thresholds[0];
+    let t = &c
+        .circuit_breakers
+        .as_ref()
+        .expect("circuit breakers")
+        .thresholds[0];
     assert!(!t.track_remaining, "{}", c.name);
     [
         t.max_connections.unwrap().value,
@@ -198,7 +202,12 @@ subsets:
     let v1 = &cs[&name("v1")];
     assert_eq!(panic(v1), 25.0);
     assert_eq!(
-        v1.outlier_detection.as_ref().unwrap().consecutive_5xx.unwrap().value,
+        v1.outlier_detection
+            .as_ref()
+            .unwrap()
+            .consecutive_5xx
+            .unwrap()
+            .value,
         1
     );
     assert!(v1.outlier_detection.as_ref().unwrap().interval.is_none());
@@ -239,7 +248,9 @@ subsets:
     assert!(pt.eds_cluster_config.is_none());
     let m = &cs[&name("maglev")];
     assert_eq!(lb(m), LbPolicy::Maglev);
-    assert!(matches!(&m.lb_config, Some(LbConfig::MaglevLbConfig(c)) if c.table_size.unwrap().value == 65537));
+    assert!(
+        matches!(&m.lb_config, Some(LbConfig::MaglevLbConfig(c)) if c.table_size.unwrap().value == 65537)
+    );
     assert_eq!(ring(&cs[&name("ring")]), 4096);
 }
 
@@ -319,7 +330,11 @@ subsets:
         panic!()
     };
     #[allow(deprecated)]
-    let sans: Vec<_> = v.match_subject_alt_names.iter().map(|m| format!("{:?}", m.match_pattern)).collect();
+    let sans: Vec<_> = v
+        .match_subject_alt_names
+        .iter()
+        .map(|m| format!("{:?}", m.match_pattern))
+        .collect();
     assert_eq!(sans, [r#"Some(Exact("reviews.example"))"#]);
     assert!(format!("{:?}", v.trusted_ca).contains("/etc/certs/ca.pem"));
     // SNI set: no auto SNI.
@@ -334,7 +349,9 @@ subsets:
         t.common_tls_context.unwrap().validation_context_type,
         Some(ValidationContextType::ValidationContext(ref v)) if v.trusted_ca.is_none()
     ));
-    let u = http_options(insecure).upstream_http_protocol_options.unwrap();
+    let u = http_options(insecure)
+        .upstream_http_protocol_options
+        .unwrap();
     assert!(u.auto_sni && !u.auto_san_validation);
     assert!(cs[&name("plain")].transport_socket.is_none());
 }
@@ -405,7 +422,10 @@ fn export_to_limits_who_sees_a_rule() {
         "private",
         "host: reviews\nexportTo: ['.']\ntrafficPolicy: {loadBalancer: {simple: RANDOM}}",
     )]);
-    assert_eq!(lb_of(&mesh, &sidecar_proxy("default", &[])), LbPolicy::Random);
+    assert_eq!(
+        lb_of(&mesh, &sidecar_proxy("default", &[])),
+        LbPolicy::Random
+    );
     assert_eq!(
         lb_of(&mesh, &sidecar_proxy("other", &[])),
         LbPolicy::LeastRequest
@@ -416,7 +436,10 @@ fn export_to_limits_who_sees_a_rule() {
         "host: reviews\nexportTo: [b]\ntrafficPolicy: {loadBalancer: {simple: RANDOM}}",
     )]);
     assert_eq!(lb_of(&mesh, &sidecar_proxy("b", &[])), LbPolicy::Random);
-    assert_eq!(lb_of(&mesh, &sidecar_proxy("c", &[])), LbPolicy::LeastRequest);
+    assert_eq!(
+        lb_of(&mesh, &sidecar_proxy("c", &[])),
+        LbPolicy::LeastRequest
+    );
     // Not even its own namespace.
     assert_eq!(
         lb_of(&mesh, &sidecar_proxy("default", &[])),
@@ -487,8 +510,16 @@ fn rules_for_one_host_merge_as_istiod_merges_them() {
 #[test]
 fn rules_with_different_export_to_stay_separate() {
     let mesh = mesh_with(&[
-        ("default", "a", "host: reviews\nexportTo: ['.']\ntrafficPolicy: {loadBalancer: {simple: RANDOM}}"),
-        ("default", "b", "host: reviews\nexportTo: ['*']\ntrafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}"),
+        (
+            "default",
+            "a",
+            "host: reviews\nexportTo: ['.']\ntrafficPolicy: {loadBalancer: {simple: RANDOM}}",
+        ),
+        (
+            "default",
+            "b",
+            "host: reviews\nexportTo: ['*']\ntrafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}",
+        ),
     ]);
     // Other namespaces see only the exported rule (not merged into the private one).
     assert_eq!(
@@ -500,4 +531,71 @@ fn rules_with_different_export_to_stay_separate() {
         lb_of(&mesh, &sidecar_proxy("default", &[])),
         LbPolicy::RoundRobin
     );
+}
+
+#[test]
+fn consistent_hash_reaches_the_route_and_drops_the_previous_hosts_predicate() {
+    use shoal_proto::pb::envoy::config::route::v3::{
+        route::Action, route_action::hash_policy::PolicySpecifier,
+    };
+    let mut mesh = mesh_with(&[(
+        "default",
+        "reviews",
+        r#"
+host: reviews
+trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x-user}}}
+subsets:
+- {name: v1, labels: {version: v1}, trafficPolicy: {loadBalancer: {consistentHash: {httpCookie: {name: c, ttl: 10s}}}}}
+- {name: v2, labels: {version: v2}}
+"#,
+    )]);
+    mesh.add_config(virtual_service(
+        "default",
+        "reviews",
+        r#"
+hosts: [reviews]
+http:
+- match: [{headers: {split: {exact: "yes"}}}]
+  route:
+  - {destination: {host: reviews, subset: v1}, weight: 50}
+  - {destination: {host: reviews, subset: v2}, weight: 50}
+- route: [{destination: {host: reviews}}]
+"#,
+    ));
+    let proxy = captured_proxy("default", "10.1.0.9", &[]);
+    let rds = route_configs(&gen(XdsType::Route, &proxy, &mesh.snapshot(), &["9080"]));
+    let vh = rds["9080"]
+        .virtual_hosts
+        .iter()
+        .find(|v| v.name.starts_with("reviews"))
+        .expect("reviews virtual host");
+    let action = |i: usize| match &vh.routes[i].action {
+        Some(Action::Route(ra)) => ra.clone(),
+        other => panic!("{other:?}"),
+    };
+    // Weighted: one hash policy per hashed destination (v1's cookie, v2 inherits the header);
+    // the default retry policy keeps its previous-hosts predicate.
+    let split = action(0);
+    let specs: Vec<_> = split
+        .hash_policy
+        .iter()
+        .map(|h| match &h.policy_specifier {
+            Some(PolicySpecifier::Cookie(c)) => {
+                format!("cookie {} {:?}", c.name, c.ttl.map(|t| t.seconds))
+            }
+            Some(PolicySpecifier::Header(h)) => format!("header {}", h.header_name),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(specs, ["cookie c Some(10)", "header x-user"]);
+    assert_eq!(split.retry_policy.unwrap().retry_host_predicate.len(), 1);
+    // Single destination: hashed, and retries may go back to the same host.
+    let single = action(1);
+    assert!(matches!(
+        &single.hash_policy[..],
+        [h] if matches!(&h.policy_specifier, Some(PolicySpecifier::Header(h)) if h.header_name == "x-user")
+    ));
+    let retry = single.retry_policy.unwrap();
+    assert!(retry.retry_host_predicate.is_empty());
+    assert_eq!(retry.num_retries.unwrap().value, 2);
 }

@@ -30,12 +30,18 @@ pub struct Backend {
 impl Backend {
     /// Starts a backend named `name` on `addr` (port 0 picks a free port).
     pub async fn start(name: &str, addr: SocketAddr) -> Backend {
+        Backend::start_answering(name, addr, StatusCode::OK).await
+    }
+
+    /// Starts a backend whose answers have `status` unless a request says otherwise
+    /// (`x-status`): a failing endpoint, for outlier detection.
+    pub async fn start_answering(name: &str, addr: SocketAddr, status: StatusCode) -> Backend {
         let listener = TcpListener::bind(addr)
             .await
             .unwrap_or_else(|e| panic!("backend {name}: binding {addr}: {e}"));
         let addr = listener.local_addr().expect("backend local address");
         let requests = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(serve(listener, name.to_string(), requests.clone()));
+        let task = tokio::spawn(serve(listener, name.to_string(), requests.clone(), status));
         Backend {
             name: name.to_string(),
             addr,
@@ -83,7 +89,12 @@ impl Drop for Backend {
     }
 }
 
-async fn serve(listener: TcpListener, name: String, requests: Arc<AtomicU64>) {
+async fn serve(
+    listener: TcpListener,
+    name: String,
+    requests: Arc<AtomicU64>,
+    default_status: StatusCode,
+) {
     // Owning the connections here means aborting this task closes them all.
     let mut connections = JoinSet::new();
     loop {
@@ -95,7 +106,7 @@ async fn serve(listener: TcpListener, name: String, requests: Arc<AtomicU64>) {
                 connections.spawn(async move {
                     let service = service_fn(move |req| {
                         requests.fetch_add(1, Ordering::Relaxed);
-                        answer(name.clone(), req)
+                        answer(name.clone(), default_status, req)
                     });
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
@@ -107,7 +118,11 @@ async fn serve(listener: TcpListener, name: String, requests: Arc<AtomicU64>) {
     }
 }
 
-async fn answer(name: String, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(
+    name: String,
+    default_status: StatusCode,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let header = |n: &str| {
         req.headers()
             .get(n)
@@ -120,7 +135,7 @@ async fn answer(name: String, req: Request<Incoming>) -> Result<Response<Full<By
     let status = header("x-status")
         .and_then(|v| v.parse().ok())
         .and_then(|s| StatusCode::from_u16(s).ok())
-        .unwrap_or(StatusCode::OK);
+        .unwrap_or(default_status);
     let headers: serde_json::Map<String, serde_json::Value> = req
         .headers()
         .iter()

@@ -42,12 +42,11 @@ fn rows() -> Vec<Row> {
 
 /// `{a: [{b: <value>}]}` for `a[].b`.
 fn spec_for(path: &str, value: serde_json::Value) -> serde_json::Value {
-    path.rsplit('.').fold(value, |inner, seg| {
-        match seg.strip_suffix("[]") {
+    path.rsplit('.')
+        .fold(value, |inner, seg| match seg.strip_suffix("[]") {
             Some(name) => serde_json::json!({ name: [inner] }),
             None => serde_json::json!({ seg: inner }),
-        }
-    })
+        })
 }
 
 /// What the ingest path says about a spec: `Ok` or the error text.
@@ -59,13 +58,20 @@ fn ingest(kind: ConfigKind, spec: serde_json::Value) -> Result<(), String> {
 #[test]
 fn every_row_of_the_compatibility_doc_holds() {
     let rows = rows();
-    assert!(rows.len() > 100, "the doc's tables were not found ({} rows)", rows.len());
+    assert!(
+        rows.len() > 100,
+        "the doc's tables were not found ({} rows)",
+        rows.len()
+    );
     let mut failures = Vec::new();
     for row in &rows {
         let value: serde_json::Value = match serde_yaml::from_str(&row.example) {
             Ok(v) => v,
             Err(e) => {
-                failures.push(format!("{}: example {:?} is not YAML: {e}", row.path, row.example));
+                failures.push(format!(
+                    "{}: example {:?} is not YAML: {e}",
+                    row.path, row.example
+                ));
                 continue;
             }
         };
@@ -75,12 +81,18 @@ fn every_row_of_the_compatibility_doc_holds() {
             "supported" | "accepted" => {
                 if let Err(e) = &result {
                     if e.contains("unsupported field") {
-                        failures.push(format!("{} {}: documented {} but refused: {e}", row.kind, row.path, row.status));
+                        failures.push(format!(
+                            "{} {}: documented {} but refused: {e}",
+                            row.kind, row.path, row.status
+                        ));
                     }
                 }
             }
             "rejected" => match &result {
-                Ok(()) => failures.push(format!("{} {}: documented rejected but accepted", row.kind, row.path)),
+                Ok(()) => failures.push(format!(
+                    "{} {}: documented rejected but accepted",
+                    row.kind, row.path
+                )),
                 Err(e) if !e.contains(&indexed) => failures.push(format!(
                     "{} {}: refused, but the error does not name {indexed}: {e}",
                     row.kind, row.path
@@ -90,7 +102,11 @@ fn every_row_of_the_compatibility_doc_holds() {
             other => failures.push(format!("{}: unknown status {other:?}", row.path)),
         }
     }
-    assert!(failures.is_empty(), "docs/istio-compatibility.md is out of date:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "docs/istio-compatibility.md is out of date:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[test]

@@ -79,10 +79,23 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
         ConfigSpec::DestinationRule(dr) => crate::destination_rule::validate(dr)?,
         ConfigSpec::Gateway(gw) => {
             for (i, server) in gw.servers.iter().enumerate() {
-                if let Some(mode) = server.tls.as_ref().and_then(|t| t.mode.as_deref()) {
+                let protocol = server.port.protocol.to_ascii_uppercase();
+                let mode = server.tls.as_ref().and_then(|t| t.mode.as_deref());
+                let tls_port = matches!(protocol.as_str(), "TLS" | "HTTPS");
+                match mode {
+                    None | Some("PASSTHROUGH") if tls_port => {}
+                    None => {}
+                    Some(mode) => {
+                        return invalid(format!(
+                            "servers[{i}].tls.mode {mode:?} is not supported yet (TLS servers \
+                             take PASSTHROUGH; terminating TLS comes with gateway credentials)"
+                        ))
+                    }
+                }
+                if tls_port && mode.is_none() {
                     return invalid(format!(
-                        "servers[{i}].tls.mode {mode:?} is not supported yet (an HTTP server \
-                         takes only tls.httpsRedirect)"
+                        "servers[{i}].tls.mode is required on a {protocol} server \
+                         (PASSTHROUGH is supported)"
                     ));
                 }
                 if server.port.number == 0 {
@@ -97,14 +110,23 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
                 if server.hosts.is_empty() {
                     return invalid(format!("servers[{i}].hosts is empty"));
                 }
-                // Only plain HTTP servers are implemented: a TLS or TCP server is refused
-                // rather than left out of the gateway without a word.
-                let protocol = server.port.protocol.to_ascii_uppercase();
-                if !matches!(protocol.as_str(), "HTTP" | "HTTP2" | "GRPC") {
+                // What is not implemented is refused rather than left out of the gateway
+                // without a word.
+                if !matches!(
+                    protocol.as_str(),
+                    "HTTP"
+                        | "HTTP2"
+                        | "GRPC"
+                        | "TCP"
+                        | "MONGO"
+                        | "MYSQL"
+                        | "REDIS"
+                        | "TLS"
+                        | "HTTPS"
+                ) {
                     return invalid(format!(
-                        "servers[{i}].port.protocol {:?} is not supported yet (HTTP, HTTP2 and \
-                         GRPC servers are; TLS termination, TLS passthrough and TCP servers are \
-                         not)",
+                        "servers[{i}].port.protocol {:?} is not supported (HTTP, HTTP2, GRPC, \
+                         TCP, MONGO, MYSQL, REDIS, and TLS/HTTPS with tls.mode PASSTHROUGH are)",
                         server.port.protocol
                     ));
                 }

@@ -98,7 +98,10 @@ impl ProxyScope {
             .cloned()
             .collect();
         let (inbound, gateway_ports) = match proxy.kind {
-            ProxyKind::Sidecar => (inbound_ports(proxy, sidecar.as_deref(), ctx), BTreeMap::new()),
+            ProxyKind::Sidecar => (
+                inbound_ports(proxy, sidecar.as_deref(), ctx),
+                BTreeMap::new(),
+            ),
             ProxyKind::Router => (
                 Vec::new(),
                 service_target_ports(proxy, ctx)

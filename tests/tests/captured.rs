@@ -488,6 +488,7 @@ struct CapturedMesh {
     sidecars: BTreeMap<String, Envoy>,
     gateway: Option<Envoy>,
     gateway_port: u16,
+    gateway_tcp_port: u16,
     apps: Vec<Process>,
     _nats: Option<NatsServer>,
     ingester: Option<ShoalIngester>,
@@ -500,6 +501,7 @@ impl CapturedMesh {
         let host = net.host_ip();
         let xds = SocketAddr::from((host, free_port_on(&[host])));
         let gateway_port = free_port_on(&[Ipv4Addr::UNSPECIFIED]);
+        let gateway_tcp_port = free_port_on(&[Ipv4Addr::UNSPECIFIED]);
         let mut mesh = CapturedMesh {
             net,
             dir: tempfile::tempdir().expect("manifest dir"),
@@ -510,6 +512,7 @@ impl CapturedMesh {
             sidecars: BTreeMap::new(),
             gateway: None,
             gateway_port,
+            gateway_tcp_port,
             apps: Vec::new(),
             _nats: None,
             ingester: None,
@@ -541,6 +544,7 @@ impl CapturedMesh {
         }
         mesh.write_manifests();
         mesh.write("istio.yaml", &mesh.istio_config());
+        mesh.write("gateway-service.yaml", &mesh.gateway_service());
 
         let dir = mesh.dir.path().to_str().expect("UTF-8 dir").to_string();
         match plane {
@@ -686,12 +690,25 @@ impl CapturedMesh {
              \x20   - destination: {{host: reviews, subset: v1}}\n      weight: 80\n\
              \x20   - destination: {{host: reviews, subset: v2}}\n      weight: 20\n---\n\
              apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: ingress\n  namespace: istio-system\n\
-             spec:\n  selector: {{istio: ingressgateway}}\n  servers:\n  - port: {{number: {gw}, name: http, protocol: HTTP}}\n\
-             \x20   hosts: [\"shop.example.com\"]\n---\n\
+             spec:\n  selector: {{istio: ingressgateway}}\n  servers:\n  - port: {{number: 80, name: http, protocol: HTTP}}\n\
+             \x20   hosts: [\"shop.example.com\"]\n  - port: {{number: 31400, name: tcp, protocol: TCP}}\n    hosts: [\"*\"]\n---\n\
+             apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: mysql-ingress\n  namespace: {NS}\n\
+             spec:\n  hosts: [\"*\"]\n  gateways: [istio-system/ingress]\n  tcp:\n  - match: [{{port: 31400}}]\n\
+             \x20   route: [{{destination: {{host: mysql, port: {{number: 3306}}}}}}]\n---\n\
              apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: shop\n  namespace: {NS}\n\
              spec:\n  hosts: [shop.example.com]\n  gateways: [istio-system/ingress]\n  http:\n\
-             \x20 - route:\n    - destination: {{host: reviews, port: {{number: 9080}}}}\n---\n{DETAILS_VS}",
-            gw = self.gateway_port
+             \x20 - route:\n    - destination: {{host: reviews, port: {{number: 9080}}}}\n---\n{DETAILS_VS}"
+        )
+    }
+
+    /// The ingress gateway's own Service: port 80 → the test's free HTTP port, 31400 → its
+    /// free TCP port. The gateway listens on those targetPorts, as istiod binds them.
+    fn gateway_service(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: istio-ingressgateway\n  namespace: istio-system\n\
+             spec:\n  clusterIP: 198.19.0.100\n  selector:\n    istio: ingressgateway\n  ports:\n\
+             \x20 - name: http2\n    port: 80\n    targetPort: {}\n  - name: tcp\n    port: 31400\n    targetPort: {}\n",
+            self.gateway_port, self.gateway_tcp_port
         )
     }
 
@@ -717,7 +734,9 @@ impl CapturedMesh {
                 .admin_get("/listeners")
                 .await
                 .map_err(|e| e.to_string())?;
-            if !listeners.contains(&format!("0.0.0.0_{}", self.gateway_port)) {
+            if !listeners.contains(&format!("0.0.0.0_{}", self.gateway_port))
+                || !listeners.contains(&format!("0.0.0.0_{}", self.gateway_tcp_port))
+            {
                 return Err(format!("gateway listeners: {listeners}"));
             }
             Ok(())

@@ -81,6 +81,9 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
         .into_iter()
         .map(ListenerKey::Bound)
         .collect();
+    if proxy.kind == ProxyKind::Router {
+        out.extend(super::gateway::keys(proxy, scope, ctx));
+    }
     if proxy.kind == ProxyKind::Sidecar && proxy.interception.captured() {
         out.extend(outbound::keys(proxy, scope, ctx));
         out.push(ListenerKey::VirtualInbound(inbound::listener_key(
@@ -107,13 +110,10 @@ fn bound_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Bound
         ProxyKind::Router => {
             for gw in ctx.gateways_for(&proxy.labels) {
                 for server in &gw.spec.servers {
-                    if !Protocol::parse(&server.port.protocol).is_http() {
-                        tracing::debug!(
-                            gateway = %format!("{}/{}", gw.meta.namespace, gw.meta.name),
-                            port = server.port.number,
-                            protocol = %server.port.protocol,
-                            "skipping non-HTTP gateway server (not supported yet)"
-                        );
+                    // TCP and TLS passthrough servers: `gateway::keys`; others are refused
+                    // at ingest.
+                    if super::gateway::server_kind(server) != Some(super::gateway::ServerKind::Http)
+                    {
                         continue;
                     }
                     let bind = server.bind.clone().unwrap_or_else(|| GATEWAY_BIND.into());

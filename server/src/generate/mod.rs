@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod cds;
 pub mod eds;
+pub mod gateway;
 pub mod http_route;
 pub mod inbound;
 pub mod lds;

@@ -73,6 +73,9 @@ pub struct OutboundListenerKey {
     pub fallthrough: OutboundTrafficMode,
     /// TPROXY interception.
     pub transparent: bool,
+    /// A gateway's TCP/TLS listener: it binds its port, and connections no chain matches
+    /// are closed (no fallthrough chain).
+    pub gateway: bool,
 }
 
 /// One TCP filter chain: its match and its weighted destinations.
@@ -173,6 +176,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
             tcp: e.tcp,
             fallthrough: scope.outbound_policy,
             transparent,
+            gateway: false,
         })
     }));
     out
@@ -367,7 +371,7 @@ fn tcp_chains(
 }
 
 /// Whether an L4 match block applies to this proxy on this port (istiod's `matchTCP`).
-fn l4_applies(
+pub(crate) fn l4_applies(
     proxy: &Proxy,
     port: u32,
     match_port: Option<u32>,
@@ -384,7 +388,7 @@ fn l4_applies(
 /// The clusters of a TCP/TLS rule's destinations. A destination without a port takes the
 /// service's only port, else the listener port. Weights: as given (a single destination
 /// takes everything); destinations of weight 0 get nothing.
-fn weighted_clusters(
+pub(crate) fn weighted_clusters(
     route: &[RouteDestination],
     svc: &ServiceView,
     listener_port: u32,
@@ -476,8 +480,12 @@ pub fn listener(key: &OutboundListenerKey) -> Listener {
         key.name.clone(),
         &key.bind,
         key.port,
-        TrafficDirection::Outbound,
-        false,
+        if key.gateway {
+            TrafficDirection::Unspecified
+        } else {
+            TrafficDirection::Outbound
+        },
+        key.gateway,
         key.transparent,
     );
     let mut chains = Vec::new();
@@ -525,6 +533,7 @@ pub fn listener(key: &OutboundListenerKey) -> Listener {
         // A plain TCP listener: its one chain, as istiod sends it.
         (true, Some(only)) => chains.push(only),
         (_, Some(default)) => l.default_filter_chain = Some(default),
+        (_, None) if key.gateway => {}
         (_, None) => {
             let cluster = fallthrough_cluster(key.fallthrough);
             l.default_filter_chain = Some(FilterChain {

@@ -35,12 +35,9 @@ pub fn affected_types(
                 out.extend([XdsType::Listener, XdsType::Route]);
             }
             (ConfigKind::Gateway, ProxyKind::Sidecar) => {}
-            // HTTP rules shape route tables; at sidecars, `tcp`/`tls` rules shape the
-            // outbound listeners' filter chains too.
-            (ConfigKind::VirtualService, ProxyKind::Router) => {
-                out.insert(XdsType::Route);
-            }
-            (ConfigKind::VirtualService, ProxyKind::Sidecar) => {
+            // HTTP rules shape route tables; `tcp`/`tls` rules shape listeners' filter
+            // chains (sidecar outbound, gateway TCP/TLS servers).
+            (ConfigKind::VirtualService, _) => {
                 out.extend([XdsType::Listener, XdsType::Route]);
             }
             // Subsets and policies: clusters and their endpoints.

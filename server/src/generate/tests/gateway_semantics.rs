@@ -50,7 +50,10 @@ fn listener_binds_the_gateway_services_target_port() {
     assert_eq!(vh.domains, ["web.example.com"]);
     assert!(rc.ignore_port_in_host_matching);
     // A destination without a port resolves against the Gateway server port (80).
-    assert_eq!(cluster_of(&vh.routes[0]), "outbound|80||web.shop.svc.cluster.local");
+    assert_eq!(
+        cluster_of(&vh.routes[0]),
+        "outbound|80||web.shop.svc.cluster.local"
+    );
 }
 
 #[test]
@@ -87,8 +90,14 @@ fn catch_all_routes_of_merged_virtual_services_go_last() {
     let rc = rds(&m, &ingress(), "http.8080");
     let routes = &vhost(&rc, "web.example.com:80").routes;
     assert_eq!(routes.len(), 2);
-    assert_eq!(cluster_of(&routes[0]), "outbound|80|api|web.shop.svc.cluster.local");
-    assert_eq!(cluster_of(&routes[1]), "outbound|80||web.shop.svc.cluster.local");
+    assert_eq!(
+        cluster_of(&routes[0]),
+        "outbound|80|api|web.shop.svc.cluster.local"
+    );
+    assert_eq!(
+        cluster_of(&routes[1]),
+        "outbound|80||web.shop.svc.cluster.local"
+    );
 }
 
 #[test]
@@ -138,5 +147,62 @@ fn at_sidecars_the_oldest_virtual_service_for_a_host_wins() {
     let rc = rds(&m, &sidecar_proxy("shop", &[]), "80");
     let vh = vhost(&rc, "web.shop.svc.cluster.local:80");
     assert_eq!(vh.routes.len(), 1);
-    assert_eq!(cluster_of(&vh.routes[0]), "outbound|80|older|web.shop.svc.cluster.local");
+    assert_eq!(
+        cluster_of(&vh.routes[0]),
+        "outbound|80|older|web.shop.svc.cluster.local"
+    );
+}
+
+#[test]
+fn tcp_and_tls_passthrough_servers() {
+    let mut db = service("shop", "db", &[("tcp", 5432)]);
+    db.cluster_ips = vec!["10.96.0.30".into()];
+    let m = Mesh::new()
+        .with_service(db)
+        .with_service(service("shop", "secure", &[("https", 443)]))
+        .with_config(gateway(
+            "istio-system",
+            "l4",
+            r#"
+selector: {istio: ingressgateway}
+servers:
+- port: {number: 31400, name: tcp, protocol: TCP}
+  hosts: ["*"]
+- port: {number: 443, name: tls, protocol: TLS}
+  hosts: ["*.example.com"]
+  tls: {mode: PASSTHROUGH}
+"#,
+        ))
+        .with_config(virtual_service(
+            "shop",
+            "db",
+            r#"
+hosts: ["*"]
+gateways: [istio-system/l4]
+tcp:
+- match: [{port: 31400}]
+  route: [{destination: {host: db}}]
+tls:
+- match: [{sniHosts: [secure.example.com]}]
+  route: [{destination: {host: secure}}]
+"#,
+        ));
+    let snap = m.snapshot();
+    let ls = listeners(&gen(XdsType::Listener, &ingress(), &snap, &[]));
+    assert_eq!(
+        ls.keys().collect::<Vec<_>>(),
+        ["0.0.0.0_31400", "0.0.0.0_443"]
+    );
+    let tcp = &ls["0.0.0.0_31400"];
+    assert!(tcp.bind_to_port.is_none(), "gateway listeners bind");
+    assert_eq!(tcp.filter_chains.len(), 1);
+    let tls = &ls["0.0.0.0_443"];
+    assert_eq!(
+        tls.listener_filters[0].name,
+        "envoy.filters.listener.tls_inspector"
+    );
+    let m0 = tls.filter_chains[0].filter_chain_match.as_ref().unwrap();
+    assert_eq!(m0.server_names, ["secure.example.com"]);
+    // No chain matches other SNI values: the connection is closed, not passed through.
+    assert!(tls.default_filter_chain.is_none());
 }

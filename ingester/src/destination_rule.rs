@@ -346,8 +346,14 @@ subsets:
             "{r}"
         );
         // The client certificate fields are not modelled: rejected by name at decoding.
-        let e = spec("host: r\ntrafficPolicy: {tls: {mode: MUTUAL, clientCertificate: /c, privateKey: /k}}").unwrap_err();
-        assert!(e.contains("spec.trafficPolicy.tls.clientCertificate"), "{e}");
+        let e = spec(
+            "host: r\ntrafficPolicy: {tls: {mode: MUTUAL, clientCertificate: /c, privateKey: /k}}",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("spec.trafficPolicy.tls.clientCertificate"),
+            "{e}"
+        );
         assert!(e.contains("spec.trafficPolicy.tls.privateKey"), "{e}");
     }
 

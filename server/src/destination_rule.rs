@@ -310,7 +310,7 @@ pub fn destination_hash(
             .clone()
     };
     let hash = |p: Option<&TrafficPolicy>| p?.load_balancer.as_ref()?.consistent_hash.clone();
-    let top = rule.traffic_policy.as_ref();
+    let top = rule.traffic_policy.as_deref();
     let sub = rule
         .subsets
         .iter()

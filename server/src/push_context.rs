@@ -304,8 +304,7 @@ impl PushContext {
             }
         }
         let rules: Vec<_> = ctx.destination_rules.values().cloned().collect();
-        ctx.destination_rule_index =
-            DestinationRuleIndex::build(&rules, &ctx.mesh.root_namespace);
+        ctx.destination_rule_index = DestinationRuleIndex::build(&rules, &ctx.mesh.root_namespace);
         ctx
     }
 

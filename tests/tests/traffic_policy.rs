@@ -135,7 +135,9 @@ async fn consistent_hash_and_outlier_ejection() {
                 .expect("request");
             assert_eq!(r.status, 200, "{}", r.text());
             let backend = r.json().unwrap()["backend"].as_str().unwrap().to_string();
-            seen.entry(format!("user-{user}")).or_default().insert(backend);
+            seen.entry(format!("user-{user}"))
+                .or_default()
+                .insert(backend);
         }
     }
     for (user, backends) in &seen {
@@ -146,18 +148,22 @@ async fn consistent_hash_and_outlier_ejection() {
 
     // Outlier detection: the 503 backend is ejected after two consecutive errors and then
     // receives nothing, every request reaching the healthy one.
-    let ejected = eventually(Duration::from_secs(15), Duration::from_millis(20), || async {
-        let before = bad.requests();
-        for _ in 0..20 {
-            Request::get("/").host("flaky.test").send(gw).await?;
-        }
-        anyhow::ensure!(
-            bad.requests() == before,
-            "the failing backend still got {} of 20 requests",
-            bad.requests() - before
-        );
-        anyhow::Ok(bad.requests())
-    })
+    let ejected = eventually(
+        Duration::from_secs(15),
+        Duration::from_millis(20),
+        || async {
+            let before = bad.requests();
+            for _ in 0..20 {
+                Request::get("/").host("flaky.test").send(gw).await?;
+            }
+            anyhow::ensure!(
+                bad.requests() == before,
+                "the failing backend still got {} of 20 requests",
+                bad.requests() - before
+            );
+            anyhow::Ok(bad.requests())
+        },
+    )
     .await;
     assert!(ejected >= 2, "ejected after {ejected} errors");
     let good_before = good.requests();
@@ -176,7 +182,9 @@ async fn consistent_hash_and_outlier_ejection() {
         .await
         .expect("stats");
     assert!(
-        stats.contains("outbound|80||flaky.test.outlier_detection.ejections_enforced_consecutive_5xx: 1"),
+        stats.contains(
+            "outbound|80||flaky.test.outlier_detection.ejections_enforced_consecutive_5xx: 1"
+        ),
         "{stats}"
     );
     drop(envoy);

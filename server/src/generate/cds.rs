@@ -78,8 +78,9 @@ pub enum ClusterKey {
         svc: Arc<ServiceView>,
         /// The service port.
         port: ServicePort,
-        /// The effective traffic policy (subset merged over rule).
-        policy: Option<TrafficPolicy>,
+        /// The effective traffic policy for the port (subset merged over rule, port-level
+        /// settings resolved); boxed to keep keys small.
+        policy: Option<Box<TrafficPolicy>>,
         /// Subset labels (empty for the service-wide cluster).
         subset_labels: BTreeMap<String, String>,
         /// Forward to the original destination (a headless Service seen by a captured
@@ -113,17 +114,21 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Cluster
             }
         };
         let dr = ctx.destination_rule(&proxy.namespace, &proxy.labels, svc);
-        let rule_policy = dr.as_ref().and_then(|d| d.spec.traffic_policy.as_ref());
+        let rule_policy = dr.as_ref().and_then(|d| d.spec.traffic_policy.as_deref());
         for port in &svc.ports {
             out.push(ClusterKey::Service {
                 name: outbound_cluster_name(port.port.into(), "", &svc.hostname),
                 svc: svc.clone(),
                 port: port.clone(),
-                policy: effective_policy(rule_policy, None, port.port),
+                policy: effective_policy(rule_policy, None, port.port).map(Box::new),
                 subset_labels: BTreeMap::new(),
                 original_dst,
             });
-            for subset in dr.as_ref().map(|d| d.spec.subsets.as_slice()).unwrap_or_default() {
+            for subset in dr
+                .as_ref()
+                .map(|d| d.spec.subsets.as_slice())
+                .unwrap_or_default()
+            {
                 out.push(ClusterKey::Service {
                     name: outbound_cluster_name(port.port.into(), &subset.name, &svc.hostname),
                     svc: svc.clone(),
@@ -132,7 +137,8 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Cluster
                         rule_policy,
                         subset.traffic_policy.as_ref(),
                         port.port,
-                    ),
+                    )
+                    .map(Box::new),
                     subset_labels: subset.labels.clone(),
                     original_dst,
                 });
@@ -180,7 +186,7 @@ pub fn build(key: &ClusterKey) -> Resource {
                 ));
                 c.eds_cluster_config = None;
             }
-            traffic_policy::apply(&mut c, port.protocol, policy.as_ref());
+            traffic_policy::apply(&mut c, port.protocol, policy.as_deref());
             Resource::new(XdsType::Cluster, name.clone(), &c)
         }
     }

@@ -11,9 +11,9 @@ use super::*;
 pub struct DestinationRule {
     /// The service the rule applies to.
     pub host: String,
-    /// Policy for all subsets unless overridden.
+    /// Policy for all subsets unless overridden (boxed: it is most of the rule's size).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub traffic_policy: Option<TrafficPolicy>,
+    pub traffic_policy: Option<Box<TrafficPolicy>>,
     /// Named subsets.
     pub subsets: Vec<Subset>,
     /// Namespaces this rule is exported to; empty = all.
@@ -279,7 +279,10 @@ pub struct OutlierDetection {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub consecutive_gateway_errors: Option<u32>,
     /// Consecutive 5xx (and connection errors) before ejection.
-    #[serde(rename = "consecutive5xxErrors", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "consecutive5xxErrors",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub consecutive_5xx_errors: Option<u32>,
     /// Time between ejection sweeps.
     #[serde(skip_serializing_if = "Option::is_none")]

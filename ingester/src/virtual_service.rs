@@ -159,7 +159,7 @@ fn http_rule(rule: &HttpRoute, at: &str) -> Result {
                 (Some(s), None) => {
                     return invalid(format!("{at}.fault.abort.httpStatus {s} is not in 200-599"))
                 }
-                (None, Some(g)) if grpc_status_known(g) => {}
+                (None, Some(_)) if a.grpc_code().is_some() => {}
                 (None, Some(g)) => {
                     return invalid(format!(
                         "{at}.fault.abort.grpcStatus {g:?} is not a gRPC status"
@@ -224,29 +224,6 @@ const RETRY_ON: &[&str] = &[
     "unavailable",
 ];
 
-fn grpc_status_known(s: &str) -> bool {
-    const NAMES: [&str; 17] = [
-        "OK",
-        "CANCELLED",
-        "UNKNOWN",
-        "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED",
-        "NOT_FOUND",
-        "ALREADY_EXISTS",
-        "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION",
-        "ABORTED",
-        "OUT_OF_RANGE",
-        "UNIMPLEMENTED",
-        "INTERNAL",
-        "UNAVAILABLE",
-        "DATA_LOSS",
-        "UNAUTHENTICATED",
-    ];
-    NAMES.contains(&s) || s.parse::<u32>().is_ok_and(|c| c < 17)
-}
-
 fn http_match(m: &HttpMatchRequest, at: &str) -> Result {
     for (field, sm) in [
         ("uri", &m.uri),
@@ -273,9 +250,11 @@ fn http_match(m: &HttpMatchRequest, at: &str) -> Result {
     }
     for (name, qm) in &m.query_params {
         match qm {
-            HeaderMatch::Value(StringMatch::Prefix(_)) => return invalid(format!(
+            HeaderMatch::Value(StringMatch::Prefix(_)) => {
+                return invalid(format!(
                 "{at}.queryParams.{name}: only exact and regex matches are supported (as in Istio)"
-            )),
+            ))
+            }
             HeaderMatch::Value(sm) => string_match(sm, &format!("{at}.queryParams.{name}"))?,
             HeaderMatch::Present => {}
         }

@@ -5,12 +5,12 @@
 //! get no listener (istiod sends none either).
 
 use super::lds::{gateway_listener_port, ListenerKey};
-use super::outbound::{l4_applies, OutboundListenerKey, TcpChain};
+use super::outbound::{l4_applies, weighted_clusters, OutboundListenerKey, TcpChain};
 use crate::proxy::Proxy;
-use crate::push_context::{exported_to, resolve_host, wildcard_covers, Config, PushContext};
+use crate::push_context::{exported_to, wildcard_covers, Config, PushContext};
 use crate::scope::ProxyScope;
 use shoal_common::model::{Gateway, GatewayServer, OutboundTrafficMode, RouteDestination};
-use shoal_proto::{listener_name, outbound_cluster_name};
+use shoal_proto::listener_name;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -165,40 +165,17 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
 }
 
 /// A rule's destinations as weighted clusters: a destination without a port takes its
-/// service's only port, else the server port; one destination takes all traffic.
+/// service's only port, else the server port.
 fn clusters(
     route: &[RouteDestination],
     ns: &str,
     port: u32,
     ctx: &PushContext,
 ) -> Vec<(String, u32)> {
-    let single = route.len() == 1;
-    route
-        .iter()
-        .filter_map(|d| {
-            let host = resolve_host(&d.destination.host, ns);
-            let p = d
-                .destination
-                .port
-                .as_ref()
-                .map(|p| p.number)
-                .unwrap_or_else(
-                    || match ctx.services.get(&host).map(|s| s.ports.as_slice()) {
-                        Some([only]) => only.port.into(),
-                        _ => port,
-                    },
-                );
-            let weight = if single { 1 } else { d.weight.unwrap_or(0) };
-            (weight > 0).then(|| {
-                (
-                    outbound_cluster_name(
-                        p,
-                        d.destination.subset.as_deref().unwrap_or_default(),
-                        &host,
-                    ),
-                    weight,
-                )
-            })
-        })
-        .collect()
+    weighted_clusters(route, ns, |host| {
+        match ctx.services.get(host).map(|s| s.ports.as_slice()) {
+            Some([only]) => only.port.into(),
+            _ => port,
+        }
+    })
 }

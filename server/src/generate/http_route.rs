@@ -496,7 +496,7 @@ fn fault(f: &HttpFaultInjection) -> Option<HttpFault> {
     let abort = f.abort.as_ref().and_then(|a| {
         let error_type = match (&a.http_status, &a.grpc_status) {
             (Some(s), _) => ErrorType::HttpStatus(*s),
-            (None, Some(g)) => ErrorType::GrpcStatus(grpc_status(g)?),
+            (None, Some(_)) => ErrorType::GrpcStatus(a.grpc_code()?),
             (None, None) => return None,
         };
         Some(FaultAbort {
@@ -510,34 +510,6 @@ fn fault(f: &HttpFaultInjection) -> Option<HttpFault> {
         abort,
         ..Default::default()
     })
-}
-
-/// gRPC status names (or numbers) to codes, as Istio accepts them.
-pub fn grpc_status(name: &str) -> Option<u32> {
-    const NAMES: [&str; 17] = [
-        "OK",
-        "CANCELLED",
-        "UNKNOWN",
-        "INVALID_ARGUMENT",
-        "DEADLINE_EXCEEDED",
-        "NOT_FOUND",
-        "ALREADY_EXISTS",
-        "PERMISSION_DENIED",
-        "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION",
-        "ABORTED",
-        "OUT_OF_RANGE",
-        "UNIMPLEMENTED",
-        "INTERNAL",
-        "UNAVAILABLE",
-        "DATA_LOSS",
-        "UNAUTHENTICATED",
-    ];
-    NAMES
-        .iter()
-        .position(|n| *n == name)
-        .map(|i| i as u32)
-        .or_else(|| name.parse().ok().filter(|c| *c < 17))
 }
 
 fn cors(c: &CorsPolicy) -> EnvoyCors {
@@ -726,12 +698,5 @@ mod tests {
         assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
         assert_eq!(base64_decode("aGk").unwrap(), b"hi");
         assert!(base64_decode("a*b").is_none());
-    }
-
-    #[test]
-    fn grpc_status_names() {
-        assert_eq!(grpc_status("UNAVAILABLE"), Some(14));
-        assert_eq!(grpc_status("7"), Some(7));
-        assert_eq!(grpc_status("NOPE"), None);
     }
 }

@@ -275,6 +275,10 @@ fn tcp_chains(
             .any(|h| wildcard_covers(&resolve_host(h, &vs.meta.namespace), &svc.hostname))
     });
     let tls_port = matches!(port.protocol, Protocol::Tls | Protocol::Https);
+    let default_port = |host: &str| match svc.ports.as_slice() {
+        [only] if host == svc.hostname => only.port.into(),
+        _ => number,
+    };
     for vs in for_host {
         let ns = &vs.meta.namespace;
         if tls_port {
@@ -297,7 +301,7 @@ fn tcp_chains(
                             m.destination_subnets.clone()
                         },
                         sni_hosts: m.sni_hosts.clone(),
-                        clusters: weighted_clusters(&rule.route, svc, number, ns),
+                        clusters: weighted_clusters(&rule.route, ns, default_port),
                     };
                     if !out.iter().any(|c: &TcpChain| {
                         c.destination_cidrs == chain.destination_cidrs
@@ -312,7 +316,7 @@ fn tcp_chains(
             if rule.route.is_empty() {
                 continue;
             }
-            let clusters = weighted_clusters(&rule.route, svc, number, ns);
+            let clusters = weighted_clusters(&rule.route, ns, default_port);
             if rule.matches.is_empty() {
                 out.push(TcpChain {
                     destination_cidrs: cidrs.to_vec(),
@@ -385,14 +389,13 @@ pub(crate) fn l4_applies(
         && source_namespace.is_none_or(|ns| ns == proxy.namespace)
 }
 
-/// The clusters of a TCP/TLS rule's destinations. A destination without a port takes the
-/// service's only port, else the listener port. Weights: as given (a single destination
-/// takes everything); destinations of weight 0 get nothing.
+/// The clusters of a TCP/TLS rule's destinations. A destination without a port takes
+/// `default_port(host)` (the service's only port, else the listener port). Weights: as
+/// given (a single destination takes everything); destinations of weight 0 get nothing.
 pub(crate) fn weighted_clusters(
     route: &[RouteDestination],
-    svc: &ServiceView,
-    listener_port: u32,
     vs_ns: &str,
+    default_port: impl Fn(&str) -> u32,
 ) -> Vec<(String, u32)> {
     let single = route.len() == 1;
     route
@@ -404,13 +407,7 @@ pub(crate) fn weighted_clusters(
                 .port
                 .as_ref()
                 .map(|p| p.number)
-                .unwrap_or_else(|| {
-                    if host == svc.hostname && svc.ports.len() == 1 {
-                        svc.ports[0].port.into()
-                    } else {
-                        listener_port
-                    }
-                });
+                .unwrap_or_else(|| default_port(&host));
             let weight = if single { 1 } else { d.weight.unwrap_or(0) };
             (weight > 0).then(|| {
                 (

@@ -225,6 +225,38 @@ pub struct FaultAbort {
     pub percentage: Option<Percent>,
 }
 
+impl FaultAbort {
+    /// The gRPC status code of `grpcStatus` (a name like `UNAVAILABLE`, or a number), as
+    /// Istio accepts it; `None` when absent or not a gRPC status.
+    pub fn grpc_code(&self) -> Option<u32> {
+        const NAMES: [&str; 17] = [
+            "OK",
+            "CANCELLED",
+            "UNKNOWN",
+            "INVALID_ARGUMENT",
+            "DEADLINE_EXCEEDED",
+            "NOT_FOUND",
+            "ALREADY_EXISTS",
+            "PERMISSION_DENIED",
+            "RESOURCE_EXHAUSTED",
+            "FAILED_PRECONDITION",
+            "ABORTED",
+            "OUT_OF_RANGE",
+            "UNIMPLEMENTED",
+            "INTERNAL",
+            "UNAVAILABLE",
+            "DATA_LOSS",
+            "UNAUTHENTICATED",
+        ];
+        let name = self.grpc_status.as_deref()?;
+        NAMES
+            .iter()
+            .position(|n| *n == name)
+            .map(|i| i as u32)
+            .or_else(|| name.parse().ok().filter(|c| *c < 17))
+    }
+}
+
 /// One mirror destination with its share of traffic.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
@@ -523,6 +555,17 @@ pub struct HttpRetry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grpc_status_names_and_numbers() {
+        let abort = |s: &str| FaultAbort {
+            grpc_status: Some(s.into()),
+            ..Default::default()
+        };
+        assert_eq!(abort("UNAVAILABLE").grpc_code(), Some(14));
+        assert_eq!(abort("7").grpc_code(), Some(7));
+        assert_eq!(abort("NOPE").grpc_code(), None);
+    }
 
     #[test]
     fn string_match_object_form() {

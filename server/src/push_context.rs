@@ -96,7 +96,8 @@ pub struct Config<T> {
 pub struct PushContext {
     /// Services by hostname.
     pub services: BTreeMap<String, Arc<ServiceView>>,
-    /// VirtualServices in (namespace, name) order: Istio's precedence for equal hosts.
+    /// VirtualServices in istiod's precedence order: creation time, then name, then
+    /// namespace (see `ObjectMeta::precedence`).
     pub virtual_services: Vec<Arc<Config<VirtualService>>>,
     /// Every DestinationRule, by `namespace/name`.
     pub destination_rules: BTreeMap<String, Arc<Config<DestinationRule>>>,
@@ -305,6 +306,8 @@ impl PushContext {
         }
         let rules: Vec<_> = ctx.destination_rules.values().cloned().collect();
         ctx.destination_rule_index = DestinationRuleIndex::build(&rules, &ctx.mesh.root_namespace);
+        ctx.virtual_services
+            .sort_by(|a, b| a.meta.precedence().cmp(&b.meta.precedence()));
         ctx
     }
 

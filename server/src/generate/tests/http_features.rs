@@ -12,7 +12,9 @@ use shoal_proto::pb::envoy::config::route::v3::{
     route::Action, Route,
 };
 use shoal_proto::pb::envoy::extensions::filters::http::cors::v3::CorsPolicy;
-use shoal_proto::pb::envoy::extensions::filters::http::fault::v3::{fault_abort::ErrorType, HttpFault};
+use shoal_proto::pb::envoy::extensions::filters::http::fault::v3::{
+    fault_abort::ErrorType, HttpFault,
+};
 use shoal_proto::XdsType;
 
 fn one(http: &str) -> Route {
@@ -23,14 +25,12 @@ fn one(http: &str) -> Route {
 
 #[test]
 fn header_operations_set_add_remove() {
-    let r = one(
-        r#"
+    let r = one(r#"
 - route: [{destination: {host: web}}]
   headers:
     request: {set: {x-set: "1"}, add: {x-add: "2"}, remove: [x-gone]}
     response: {set: {x-resp: "3"}, remove: [server]}
-"#,
-    );
+"#);
     let ops: Vec<(String, String, i32)> = r
         .request_headers_to_add
         .iter()
@@ -42,19 +42,29 @@ fn header_operations_set_add_remove() {
     assert_eq!(
         ops,
         [
-            ("x-set".into(), "1".into(), HeaderAppendAction::OverwriteIfExistsOrAdd as i32),
-            ("x-add".into(), "2".into(), HeaderAppendAction::AppendIfExistsOrAdd as i32),
+            (
+                "x-set".into(),
+                "1".into(),
+                HeaderAppendAction::OverwriteIfExistsOrAdd as i32
+            ),
+            (
+                "x-add".into(),
+                "2".into(),
+                HeaderAppendAction::AppendIfExistsOrAdd as i32
+            ),
         ]
     );
     assert_eq!(r.request_headers_to_remove, ["x-gone"]);
-    assert_eq!(r.response_headers_to_add[0].header.as_ref().unwrap().key, "x-resp");
+    assert_eq!(
+        r.response_headers_to_add[0].header.as_ref().unwrap().key,
+        "x-resp"
+    );
     assert_eq!(r.response_headers_to_remove, ["server"]);
 }
 
 #[test]
 fn fault_and_cors_are_per_route_filter_configs() {
-    let r = one(
-        r#"
+    let r = one(r#"
 - route: [{destination: {host: web}}]
   fault:
     delay: {fixedDelay: 2s, percentage: {value: 50}}
@@ -66,13 +76,15 @@ fn fault_and_cors_are_per_route_filter_configs() {
     exposeHeaders: [x-b]
     maxAge: 24h
     allowCredentials: true
-"#,
-    );
+"#);
     let mut keys: Vec<&String> = r.typed_per_filter_config.keys().collect();
     keys.sort();
-    assert_eq!(keys, ["envoy.filters.http.cors", "envoy.filters.http.fault"]);
-    let fault = HttpFault::decode(&*r.typed_per_filter_config["envoy.filters.http.fault"].value)
-        .unwrap();
+    assert_eq!(
+        keys,
+        ["envoy.filters.http.cors", "envoy.filters.http.fault"]
+    );
+    let fault =
+        HttpFault::decode(&*r.typed_per_filter_config["envoy.filters.http.fault"].value).unwrap();
     let delay = fault.delay.unwrap();
     assert_eq!(delay.percentage.unwrap().numerator, 500_000); // of a million
     let abort = fault.abort.unwrap();
@@ -96,9 +108,19 @@ fn routes_with_two_filter_configs_encode_identically_every_time() {
 "#,
     );
     let snap = mesh.snapshot();
-    let first = gen(XdsType::Route, &super::rds_gateway::ingress(), &snap, &["http.80"]);
+    let first = gen(
+        XdsType::Route,
+        &super::rds_gateway::ingress(),
+        &snap,
+        &["http.80"],
+    );
     for _ in 0..50 {
-        let again = gen(XdsType::Route, &super::rds_gateway::ingress(), &snap, &["http.80"]);
+        let again = gen(
+            XdsType::Route,
+            &super::rds_gateway::ingress(),
+            &snap,
+            &["http.80"],
+        );
         assert_eq!(again[0].version, first[0].version);
         assert_eq!(again[0].any.value, first[0].any.value);
     }
@@ -106,31 +128,40 @@ fn routes_with_two_filter_configs_encode_identically_every_time() {
 
 #[test]
 fn mirrors_with_percentages() {
-    let r = one(
-        r#"
+    let r = one(r#"
 - route: [{destination: {host: web}}]
   mirror: {host: api, port: {number: 8080}}
   mirrorPercentage: {value: 25}
-"#,
-    );
+"#);
     let m = &route_action(&r).request_mirror_policies;
     assert_eq!(m.len(), 1);
     assert_eq!(m[0].cluster, "outbound|8080||api.default.svc.cluster.local");
-    let pct = m[0].runtime_fraction.as_ref().unwrap().default_value.unwrap();
+    let pct = m[0]
+        .runtime_fraction
+        .as_ref()
+        .unwrap()
+        .default_value
+        .unwrap();
     assert_eq!(pct.numerator, 250_000);
-    let r = one(
-        r#"
+    let r = one(r#"
 - route: [{destination: {host: web}}]
   mirrors:
   - destination: {host: api, port: {number: 8080}}
   - destination: {host: web}
     percentage: {value: 0}
-"#,
-    );
+"#);
     // No percentage: all of it; zero: none (istiod skips it).
     let m = &route_action(&r).request_mirror_policies;
     assert_eq!(m.len(), 1);
-    assert_eq!(m[0].runtime_fraction.as_ref().unwrap().default_value.unwrap().numerator, 100);
+    assert_eq!(
+        m[0].runtime_fraction
+            .as_ref()
+            .unwrap()
+            .default_value
+            .unwrap()
+            .numerator,
+        100
+    );
 }
 
 #[test]
@@ -147,16 +178,14 @@ fn direct_responses() {
 
 #[test]
 fn extended_matches() {
-    let r = one(
-        r#"
+    let r = one(r#"
 - match:
   - headers: {x-present: {}, x-exact: {exact: a}}
     withoutHeaders: {x-debug: {}}
     queryParams: {q: {exact: "1"}, p: {}}
     scheme: {exact: https}
   route: [{destination: {host: web}}]
-"#,
-    );
+"#);
     let m = r.r#match.unwrap();
     let by_name = |n: &str| m.headers.iter().find(|h| h.name == n).unwrap().clone();
     assert_eq!(
@@ -165,7 +194,10 @@ fn extended_matches() {
     );
     let debug = by_name("x-debug");
     assert!(debug.invert_match);
-    assert_eq!(debug.header_match_specifier, Some(HeaderMatchSpecifier::PresentMatch(true)));
+    assert_eq!(
+        debug.header_match_specifier,
+        Some(HeaderMatchSpecifier::PresentMatch(true))
+    );
     assert!(by_name(":scheme").header_match_specifier.is_some());
     assert_eq!(m.query_parameters.len(), 2);
     let p = m.query_parameters.iter().find(|q| q.name == "p").unwrap();
@@ -218,14 +250,15 @@ fn redirect_derive_port_and_retry_options() {
         Some(Action::Redirect(ra)) => assert_eq!(ra.port_redirect, 80),
         other => panic!("{other:?}"),
     }
-    let r = one(
-        r#"
+    let r = one(r#"
 - route: [{destination: {host: web}}]
   retries: {attempts: 3, backoff: 250ms, retryRemoteLocalities: true, retryIgnorePreviousHosts: false}
-"#,
-    );
+"#);
     let p = route_action(&r).retry_policy.clone().unwrap();
-    assert_eq!(p.retry_back_off.unwrap().base_interval.unwrap().nanos, 250_000_000);
+    assert_eq!(
+        p.retry_back_off.unwrap().base_interval.unwrap().nanos,
+        250_000_000
+    );
     assert!(p.retry_priority.is_some());
     assert!(p.retry_host_predicate.is_empty());
 }

@@ -49,8 +49,20 @@ fn spec_for(path: &str, value: serde_json::Value) -> serde_json::Value {
         })
 }
 
+/// The least a valid object of `kind` needs besides the row's field (a rule needs a host),
+/// so that a rejection is about the row's field.
+fn with_base(kind: ConfigKind, mut spec: serde_json::Value) -> serde_json::Value {
+    if kind == ConfigKind::DestinationRule {
+        if let Some(obj) = spec.as_object_mut() {
+            obj.entry("host").or_insert_with(|| "reviews".into());
+        }
+    }
+    spec
+}
+
 /// What the ingest path says about a spec: `Ok` or the error text.
 fn ingest(kind: ConfigKind, spec: serde_json::Value) -> Result<(), String> {
+    let spec = with_base(kind, spec);
     let spec = config_spec(kind, spec).map_err(|e| e.to_string())?;
     validate(&spec).map_err(|e| e.to_string())
 }
@@ -113,9 +125,6 @@ fn every_row_of_the_compatibility_doc_holds() {
 fn every_kind_has_a_table() {
     let rows = rows();
     for kind in ConfigKind::ALL {
-        if kind == ConfigKind::DestinationRule {
-            continue; // its table is written with the DestinationRule work
-        }
         assert!(rows.iter().any(|r| r.kind == kind), "no table for {kind}");
     }
 }

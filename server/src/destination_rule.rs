@@ -215,10 +215,9 @@ impl DestinationRuleIndex {
     }
 }
 
-/// istiod's config order after the selector: creation time, name, namespace. Creation
-/// times are not on the bus yet, so name then namespace.
-fn precedence(meta: &ObjectMeta) -> (&str, &str) {
-    (&meta.name, &meta.namespace)
+/// istiod's config order after the selector: creation time, name, namespace.
+fn precedence(meta: &ObjectMeta) -> (bool, i64, &str, &str) {
+    meta.precedence()
 }
 
 fn exported_to_ns(export_to: &BTreeSet<String>, client_ns: &str) -> bool {

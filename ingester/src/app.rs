@@ -90,7 +90,7 @@ pub struct IngesterArgs {
         long,
         env = "SHOAL_CLUSTER_ID",
         value_name = "ID",
-        default_value = "Kubernetes"
+        default_value = shoal_common::defaults::CLUSTER_ID
     )]
     pub cluster_id: String,
 
@@ -151,7 +151,7 @@ pub struct IngesterArgs {
         long,
         env = "SHOAL_SYSTEM_NAMESPACE",
         value_name = "NAMESPACE",
-        default_value = "istio-system"
+        default_value = shoal_common::defaults::ROOT_NAMESPACE
     )]
     pub system_namespace: String,
 

@@ -51,7 +51,7 @@ impl FileSourceConfig {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         FileSourceConfig {
             dir: dir.into(),
-            cluster_id: "Kubernetes".to_string(),
+            cluster_id: shoal_common::defaults::CLUSTER_ID.to_string(),
             fleet: "default".to_string(),
             poll_interval: DEFAULT_POLL_INTERVAL,
         }

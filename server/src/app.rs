@@ -53,7 +53,7 @@ pub struct ServerArgs {
     #[arg(
         long,
         env = "SHOAL_CLUSTER_ID",
-        default_value = "Kubernetes",
+        default_value = shoal_common::defaults::CLUSTER_ID,
         value_name = "ID"
     )]
     pub cluster_id: String,

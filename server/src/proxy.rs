@@ -107,7 +107,7 @@ impl Proxy {
             .unwrap_or_default();
         let cluster_id = meta
             .and_then(|m| string_field(m, "CLUSTER_ID"))
-            .unwrap_or_else(|| "Kubernetes".to_string());
+            .unwrap_or_else(|| shoal_common::defaults::CLUSTER_ID.to_string());
         let interception = match meta.and_then(|m| string_field(m, "INTERCEPTION_MODE")) {
             _ if kind == ProxyKind::Router => Interception::None,
             None => Interception::Redirect,

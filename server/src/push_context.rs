@@ -125,7 +125,7 @@ impl Default for MeshSettings {
     fn default() -> Self {
         MeshSettings {
             outbound_traffic_policy: OutboundTrafficMode::AllowAny,
-            root_namespace: "istio-system".into(),
+            root_namespace: shoal_common::defaults::ROOT_NAMESPACE.into(),
         }
     }
 }

@@ -47,7 +47,7 @@ impl ObjectMeta {
 }
 
 /// The default cluster-local domain suffix for Kubernetes services.
-pub const DEFAULT_DOMAIN_SUFFIX: &str = "cluster.local";
+pub const DEFAULT_DOMAIN_SUFFIX: &str = crate::defaults::DOMAIN_SUFFIX;
 
 /// The fully qualified hostname of a Kubernetes service.
 pub fn service_fqdn(name: &str, namespace: &str) -> String {

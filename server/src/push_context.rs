@@ -94,10 +94,14 @@ pub struct Config<T> {
 /// The indexed snapshot.
 #[derive(Debug, Default)]
 pub struct PushContext {
-    /// Services by hostname.
+    /// Services by hostname: the first definition of each host.
     pub services: BTreeMap<String, Arc<ServiceView>>,
+    /// Further definitions of a host from other namespaces (ServiceEntries), in order: a
+    /// proxy sees its own namespace's definition first (see `ProxyScope::compute`).
+    pub shadowed: BTreeMap<String, Vec<Arc<ServiceView>>>,
     /// VirtualServices in istiod's precedence order: creation time, then name, then
-    /// namespace (see `ObjectMeta::precedence`).
+    /// namespace (see `ObjectMeta::precedence`). Roots come merged with their delegates
+    /// (`crate::delegation`).
     pub virtual_services: Vec<Arc<Config<VirtualService>>>,
     /// Every DestinationRule, by `namespace/name`.
     pub destination_rules: BTreeMap<String, Arc<Config<DestinationRule>>>,
@@ -277,8 +281,7 @@ impl PushContext {
                     ports.sort_by_key(|p| p.port);
                     let resolution = se.resolution.unwrap_or(Resolution::None);
                     for host in &se.hosts {
-                        // A Kubernetes service of the same name keeps precedence, as in Istio.
-                        ctx.services.entry(host.clone()).or_insert_with(|| {
+                        let view = || {
                             Arc::new(ServiceView {
                                 hostname: host.clone(),
                                 name: host.clone(),
@@ -298,7 +301,25 @@ impl PushContext {
                                     .map(|w| w.labels.clone())
                                     .unwrap_or_default(),
                             })
-                        });
+                        };
+                        // A Kubernetes service of the same name keeps precedence, as in
+                        // Istio. The same host defined in another namespace is kept too:
+                        // which one a proxy sees depends on its namespace (see
+                        // `ProxyScope`), as istiod resolves hosts per namespace.
+                        match ctx.services.get(host) {
+                            None => {
+                                ctx.services.insert(host.clone(), view());
+                            }
+                            Some(first)
+                                if first.namespace != meta.namespace
+                                    && !ctx.shadowed.get(host).is_some_and(|v| {
+                                        v.iter().any(|s| s.namespace == meta.namespace)
+                                    }) =>
+                            {
+                                ctx.shadowed.entry(host.clone()).or_default().push(view());
+                            }
+                            Some(_) => {}
+                        }
                     }
                 }
                 ConfigSpec::WorkloadEntry(_) => {}

@@ -81,21 +81,34 @@ impl ProxyScope {
             .and_then(|s| s.spec.outbound_traffic_policy.as_ref())
             .and_then(|p| p.mode)
             .unwrap_or(ctx.mesh.outbound_traffic_policy);
+        let admitted = |svc: &ServiceView| {
+            svc.visible_to(&proxy.namespace)
+                && match &sidecar {
+                    // No Sidecar, or one without egress listeners: everything exported to us.
+                    None => true,
+                    Some(sc) if sc.spec.egress.is_empty() => true,
+                    Some(sc) => sc.spec.egress.iter().any(|l| {
+                        l.hosts
+                            .iter()
+                            .any(|h| host_entry_matches(h, &proxy.namespace, svc))
+                    }),
+                }
+        };
+        // A host defined in several namespaces: the proxy's own namespace's definition,
+        // else the first one it may see.
         let services = ctx
             .services
-            .values()
-            .filter(|svc| svc.visible_to(&proxy.namespace))
-            .filter(|svc| match &sidecar {
-                // No Sidecar, or one without egress listeners: everything exported to us.
-                None => true,
-                Some(sc) if sc.spec.egress.is_empty() => true,
-                Some(sc) => sc.spec.egress.iter().any(|l| {
-                    l.hosts
-                        .iter()
-                        .any(|h| host_entry_matches(h, &proxy.namespace, svc))
-                }),
+            .iter()
+            .filter_map(|(host, first)| {
+                let all =
+                    std::iter::once(first).chain(ctx.shadowed.get(host).into_iter().flatten());
+                let visible: Vec<&Arc<ServiceView>> = all.filter(|s| admitted(s)).collect();
+                visible
+                    .iter()
+                    .find(|s| s.namespace == proxy.namespace)
+                    .or(visible.first())
+                    .map(|s| Arc::clone(s))
             })
-            .cloned()
             .collect();
         let (inbound, gateway_ports) = match proxy.kind {
             ProxyKind::Sidecar => (

@@ -206,3 +206,28 @@ tls:
     // No chain matches other SNI values: the connection is closed, not passed through.
     assert!(tls.default_filter_chain.is_none());
 }
+
+#[test]
+fn a_host_defined_in_several_namespaces_resolves_per_namespace() {
+    let entry = |addr: &str| {
+        format!(
+            "hosts: [api.example.com]\nports: [{{number: 80, name: http, protocol: HTTP}}]\nresolution: STATIC\nendpoints: [{{address: {addr}}}]\nexportTo: ['.']\n"
+        )
+    };
+    let m = Mesh::new()
+        .with_config(service_entry("team-a", "api", &entry("10.0.0.1")))
+        .with_config(service_entry("team-b", "api", &entry("10.0.0.2")));
+    let snap = m.snapshot();
+    let endpoints_for = |ns: &str| {
+        let p = sidecar_proxy(ns, &[]);
+        let names = ["outbound|80||api.example.com"];
+        load_assignments(&gen(XdsType::Endpoint, &p, &snap, &names))
+            .values()
+            .map(|c| cla_addresses(c).concat())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(endpoints_for("team-a"), [["10.0.0.1:80"]]);
+    assert_eq!(endpoints_for("team-b"), [["10.0.0.2:80"]]);
+    // Neither is exported elsewhere: no endpoints for a proxy in another namespace.
+    assert!(endpoints_for("team-c").iter().all(|eps| eps.is_empty()));
+}

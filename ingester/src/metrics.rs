@@ -43,6 +43,9 @@ pub struct Metrics {
     /// 1 for a cluster this fleet is assigned but does not publish because another live
     /// fleet owns it, by cluster and owner.
     pub cluster_refused: IntGaugeVec,
+    /// Status writes to rejected (and then fixed) Istio config objects, by result
+    /// (`written`, `gone`: the object was deleted meanwhile, `error`).
+    pub object_status_writes: IntCounterVec,
     /// State per cluster, from which the `clusters` gauge is computed.
     cluster_states: Arc<Mutex<BTreeMap<String, ClusterState>>>,
 }
@@ -139,6 +142,15 @@ impl Metrics {
                 &["cluster", "owner"],
             )
             .expect("valid metric"),
+            object_status_writes: IntCounterVec::new(
+                opts!(
+                    "shoal_ingester_object_status_writes_total",
+                    "Status writes to Istio config objects (rejected, then fixed), by result: \
+                     written, gone (deleted meanwhile), error."
+                ),
+                &["result"],
+            )
+            .expect("valid metric"),
             cluster_states: Arc::default(),
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -151,6 +163,7 @@ impl Metrics {
             Box::new(m.lease_epoch.clone()),
             Box::new(m.lease_transitions.clone()),
             Box::new(m.cluster_refused.clone()),
+            Box::new(m.object_status_writes.clone()),
         ];
         shoal_common::metrics::register_all(&m.registry, collectors);
         for state in ["synced", "syncing", "refused"] {
@@ -158,6 +171,9 @@ impl Metrics {
         }
         for result in ["written", "unchanged", "deleted", "error"] {
             m.bus_writes.with_label_values(&[result]);
+        }
+        for result in ["written", "gone", "error"] {
+            m.object_status_writes.with_label_values(&[result]);
         }
         m
     }

@@ -4,10 +4,15 @@
 //!
 //! A missing CRD never blocks anything: its kind is simply not watched until the CRD
 //! appears. When a CRD is removed, its kind's watch stops and its keys are deleted.
+//!
+//! Every object's verdict (accepted, or rejected and why) also goes to the
+//! [`StatusBook`], whose [`StatusReporter`] writes it into the object's `status` when the
+//! object was rejected (see [`super::object_status`]).
 
 use super::cluster::ClusterContext;
+use super::object_status::{Selection, StatusBook, StatusReporter};
 use super::reduce::{self, CrdInfo};
-use super::store::{key_config_kind, ConfigStore, Dirty, KindStore, Touched};
+use super::store::{key_config_kind, Change, ConfigStore, Dirty, KindStore, Touched};
 use super::watch::{self, Sink, Tagged, TaskGuard, Update};
 use crate::istio;
 use crate::publish::{Ownership, Publisher};
@@ -17,8 +22,9 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use shoal_common::model::ConfigKind;
-use std::collections::BTreeMap;
-use tokio::sync::mpsc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch as tokio_watch};
 use tracing::info;
 
 /// The kind label of the CRD watch.
@@ -50,6 +56,11 @@ pub struct ConfigSide {
     /// Failing watches by kind.
     errors: BTreeMap<String, String>,
     synced: bool,
+    /// The status writes the objects need.
+    statuses: StatusBook,
+    /// The namespaces whose objects may get a status, for the reporter.
+    selection: tokio_watch::Sender<Selection>,
+    _reporter: TaskGuard,
 }
 
 impl ConfigSide {
@@ -75,6 +86,16 @@ impl ConfigSide {
             |crd| Ok(reduce::crd(crd)),
             Update::Crd,
         );
+        let statuses = StatusBook::default();
+        let (selection, selection_rx) = tokio_watch::channel(None);
+        let reporter = StatusReporter::new(
+            client.clone(),
+            statuses.clone(),
+            ctx.leadership.clone(),
+            selection_rx,
+            ctx.metrics.clone(),
+            cluster,
+        );
         ConfigSide {
             cluster: cluster.to_string(),
             client,
@@ -87,6 +108,9 @@ impl ConfigSide {
             dirty: Dirty::default(),
             errors: BTreeMap::new(),
             synced: false,
+            statuses,
+            selection,
+            _reporter: TaskGuard::new(tokio::spawn(reporter.run())),
         }
     }
 
@@ -110,6 +134,9 @@ impl ConfigSide {
                 let Some(store) = self.store.kinds.get_mut(&kind) else {
                     return;
                 };
+                if let Change::Delete(key) = &change {
+                    self.statuses.forget(kind, key);
+                }
                 self.dirty.add_touched(&store.apply(change));
             }
             Update::Health { kind, error } => {
@@ -159,6 +186,7 @@ impl ConfigSide {
             info!(cluster = %self.cluster, %kind, "CRD removed; stopping its watch and deleting its config");
             self.kinds.remove(&kind);
             self.store.kinds.remove(&kind);
+            self.statuses.forget_kind(kind);
             self.errors.remove(kind.as_str());
             self.dirty.add_all();
         }
@@ -184,12 +212,22 @@ impl ConfigSide {
             generation,
             ..self.sink.clone()
         };
+        let statuses = self.statuses.clone();
+        let resource = Arc::new(resource);
         let task = watch::spawn(
             api,
             watcher::Config::default(),
             kind.as_str().to_string(),
             sink,
-            move |obj| reduce::config(kind, obj).map(|c| Some(Box::new(c))),
+            move |mut obj: DynamicObject| {
+                let key = reduce::key_of(&obj.metadata);
+                let generation = obj.metadata.generation;
+                let status = obj.data.get_mut("status").map(serde_json::Value::take);
+                let config = reduce::config(kind, obj);
+                let verdict = config.as_ref().map(|_| ());
+                statuses.observe(kind, &resource, key, generation, status.as_ref(), verdict);
+                config.map(|c| Some(Box::new(c)))
+            },
             move |change| Update::Config(kind, change),
         );
         self.store
@@ -249,6 +287,18 @@ impl ConfigSide {
         if !self.store.crds.synced() || !namespaces.synced() {
             return;
         }
+        let selected: BTreeSet<String> = namespaces
+            .iter()
+            .filter(|((_, ns), labels)| selectors.selects_namespace(ns, Some(labels)))
+            .map(|((_, ns), _)| ns.clone())
+            .collect();
+        self.selection.send_if_modified(|current| {
+            let changed = current.as_deref() != Some(&selected);
+            if changed {
+                *current = Some(Arc::new(selected));
+            }
+            changed
+        });
         let retry = self.publisher.needs_retry();
         if retry || !self.dirty.is_empty() {
             let mut dirty = std::mem::take(&mut self.dirty);

@@ -8,6 +8,8 @@
 //!   ([`crate::ownership`]); a cluster another live fleet owns is refused, and a cluster
 //!   that leaves this fleet is handed over or deleted ([`orphans`]).
 //! - Each cluster runs in its own task ([`cluster`]) owning the keys of its cluster ID.
+//! - A rejected Istio config object gets the reason in its `status`, written by the leader
+//!   ([`object_status`]).
 //! - Watches reduce objects to what shoal reads ([`reduce`]) and follow kube-rs relist
 //!   semantics ([`store`]): a relist is a reset, never a series of guessed deletes.
 //! - What is published goes through the same normalization as the file source
@@ -16,6 +18,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod object_status;
 pub mod orphans;
 pub mod reduce;
 pub mod secrets;

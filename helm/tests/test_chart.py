@@ -72,6 +72,12 @@ INGESTER_CLUSTER_RULES = {
     "apiextensions.k8s.io": {"customresourcedefinitions"},
 }
 READ_VERBS = {"get", "list", "watch"}
+# The only write: the status subresource of the Istio kinds it reads (a rejected object's
+# reason), never their spec.
+STATUS_VERBS = {"update", "patch"}
+INGESTER_STATUS_RULES = {
+    "networking.istio.io": {f"{kind}/status" for kind in INGESTER_CLUSTER_RULES["networking.istio.io"]},
+}
 
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "Namespace", "CustomResourceDefinition"}
 
@@ -691,12 +697,16 @@ def test_rbac_least_privilege(value_set):
     sas = {s["metadata"]["name"]: s for s in of_kind(objects, "ServiceAccount")}
     assert set(sas) == {server_sa} | ingester_sas
 
-    # No ClusterRole mentions Secrets or wildcards; all are read-only.
+    # No ClusterRole mentions Secrets or wildcards; all are read-only but for the status
+    # subresources of the Istio kinds.
     for role in of_kind(objects, "ClusterRole"):
         for rule in role["rules"]:
             assert "secrets" not in rule.get("resources", []), f"ClusterRole {role['metadata']['name']} grants secrets"
             assert "*" not in rule.get("resources", []) + rule.get("apiGroups", []) + rule["verbs"]
-            assert set(rule["verbs"]) <= READ_VERBS, rule
+            if set(rule["verbs"]) - READ_VERBS:
+                assert set(rule["verbs"]) == STATUS_VERBS, rule
+                assert rule["apiGroups"] == ["networking.istio.io"], rule
+                assert all(r.endswith("/status") for r in rule["resources"]), rule
             assert not rule.get("nonResourceURLs")
 
     # The ClusterRole of the fleet with the local cluster: exactly the kinds it watches,
@@ -705,11 +715,16 @@ def test_rbac_least_privilege(value_set):
         (crb,) = [b for b in of_kind(objects, "ClusterRoleBinding") if binds(b, ingester_sa)]
         cluster_role = one(objects, "ClusterRole", crb["roleRef"]["name"])
         granted: dict[str, set[str]] = {}
+        status_granted: dict[str, set[str]] = {}
         for rule in cluster_role["rules"]:
-            assert set(rule["verbs"]) == READ_VERBS
+            assert set(rule["verbs"]) in (READ_VERBS, STATUS_VERBS), rule
+            into = granted if set(rule["verbs"]) == READ_VERBS else status_granted
             for group in rule["apiGroups"]:
-                granted.setdefault(group, set()).update(rule["resources"])
+                into.setdefault(group, set()).update(rule["resources"])
         assert granted == INGESTER_CLUSTER_RULES
+        # Exactly the six Istio kinds' status subresources: update/patch, nothing else.
+        assert status_granted == INGESTER_STATUS_RULES
+        assert len(INGESTER_STATUS_RULES["networking.istio.io"]) == 6
     for ingester_sa in remote_sas:
         for b in of_kind(objects, "ClusterRoleBinding"):
             assert not binds(b, ingester_sa), f"remote-only fleets are bound to {b['metadata']['name']}"

@@ -49,13 +49,17 @@ fn spec_for(path: &str, value: serde_json::Value) -> serde_json::Value {
         })
 }
 
-/// The least a valid object of `kind` needs besides the row's field (a rule needs a host),
-/// so that a rejection is about the row's field.
+/// The least a valid object of `kind` needs besides the row's field (a rule needs a host; a
+/// VirtualService without hosts is a delegate, with a delegate's restrictions), so that a
+/// rejection is about the row's field.
 fn with_base(kind: ConfigKind, mut spec: serde_json::Value) -> serde_json::Value {
-    if kind == ConfigKind::DestinationRule {
-        if let Some(obj) = spec.as_object_mut() {
-            obj.entry("host").or_insert_with(|| "reviews".into());
-        }
+    let base = match kind {
+        ConfigKind::DestinationRule => Some(("host", serde_json::json!("reviews"))),
+        ConfigKind::VirtualService => Some(("hosts", serde_json::json!(["reviews"]))),
+        _ => None,
+    };
+    if let (Some((field, value)), Some(obj)) = (base, spec.as_object_mut()) {
+        obj.entry(field).or_insert(value);
     }
     spec
 }

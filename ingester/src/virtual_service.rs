@@ -15,10 +15,27 @@ fn invalid(reason: String) -> Result {
     Err(InvalidObject::new(reason))
 }
 
-/// Checks a VirtualService.
+/// Checks a VirtualService. One without hosts is a delegate: its HTTP rules are inserted
+/// into the root rules that name it, so it may not bind gateways, have TCP or TLS rules, or
+/// delegate itself (one level, as Istio).
 pub fn validate(vs: &VirtualService) -> Result {
+    let is_delegate = vs.hosts.is_empty();
+    if is_delegate {
+        for (field, set) in [
+            ("gateways", !vs.gateways.is_empty()),
+            ("tcp", !vs.tcp.is_empty()),
+            ("tls", !vs.tls.is_empty()),
+        ] {
+            if set {
+                return invalid(format!(
+                    "{field}: a VirtualService without hosts is a delegate and may not set {field} \
+                     (as in Istio)"
+                ));
+            }
+        }
+    }
     for (i, rule) in vs.http.iter().enumerate() {
-        http_rule(rule, &format!("http[{i}]"))?;
+        http_rule(rule, &format!("http[{i}]"), is_delegate)?;
     }
     for (i, rule) in vs.tcp.iter().enumerate() {
         let at = format!("tcp[{i}]");
@@ -57,29 +74,42 @@ pub fn validate(vs: &VirtualService) -> Result {
     Ok(())
 }
 
-fn http_rule(rule: &HttpRoute, at: &str) -> Result {
-    if rule.delegate.is_some() {
-        return invalid(format!(
-            "{at}.delegate is not supported yet: the object is rejected rather than routed \
-             without its delegate's rules"
-        ));
-    }
+fn http_rule(rule: &HttpRoute, at: &str, in_delegate: bool) -> Result {
     let actions = [
         !rule.route.is_empty(),
         rule.redirect.is_some(),
         rule.direct_response.is_some(),
     ];
-    match actions.iter().filter(|a| **a).count() {
-        0 => {
+    let action_count = actions.iter().filter(|a| **a).count();
+    if let Some(d) = &rule.delegate {
+        if in_delegate {
             return invalid(format!(
-                "{at}: one of route, redirect or directResponse is required"
-            ))
+                "{at}.delegate: a delegate VirtualService (without hosts) may not delegate \
+                 again; delegation is one level deep, as in Istio"
+            ));
         }
-        1 => {}
-        _ => {
+        if d.name.is_empty() {
+            return invalid(format!("{at}.delegate.name is empty"));
+        }
+        if action_count > 0 {
             return invalid(format!(
-                "{at}: route, redirect and directResponse are mutually exclusive"
-            ))
+                "{at}.delegate: a rule that delegates has no route, redirect or directResponse \
+                 (the delegate's rules route)"
+            ));
+        }
+    } else {
+        match action_count {
+            0 => {
+                return invalid(format!(
+                    "{at}: one of route, redirect or directResponse is required"
+                ))
+            }
+            1 => {}
+            _ => {
+                return invalid(format!(
+                    "{at}: route, redirect and directResponse are mutually exclusive"
+                ))
+            }
         }
     }
     for (j, d) in rule.route.iter().enumerate() {
@@ -409,7 +439,37 @@ mod tests {
         );
         assert!(reason("http:\n- match: [{queryParams: {q: {prefix: a}}}]\n  route: [{destination: {host: a}}]\n").contains("queryParams.q"));
         assert!(reason("http:\n- route: [{destination: {host: a}}]\n  retries: {attempts: 2, retryOn: 'connect-failure,sometimes'}\n").contains("sometimes"));
-        assert!(reason("tcp:\n- match: [{destinationSubnets: [10.0.0.0/33]}]\n  route: [{destination: {host: a}}]\n").contains("tcp[0].match[0].destinationSubnets"));
-        assert!(reason("http:\n- delegate: {name: child}\n").contains("delegate"));
+        assert!(reason("hosts: [a]\ntcp:\n- match: [{destinationSubnets: [10.0.0.0/33]}]\n  route: [{destination: {host: a}}]\n").contains("tcp[0].match[0].destinationSubnets"));
+    }
+
+    #[test]
+    fn delegation_is_one_level_with_no_action_beside_it() {
+        ok("hosts: [a]\nhttp:\n- match: [{uri: {prefix: /v2}}]\n  delegate: {name: child, namespace: other}\n  timeout: 5s\n");
+        // A delegate: no hosts, plain rules.
+        ok("http:\n- match: [{uri: {prefix: /v2/a}}]\n  route: [{destination: {host: a}}]\n");
+        let r = reason("http:\n- delegate: {name: grandchild}\n");
+        assert!(
+            r.contains("http[0].delegate") && r.contains("one level"),
+            "{r}"
+        );
+        let r = reason("hosts: [a]\nhttp:\n- delegate: {name: ''}\n");
+        assert!(r.contains("http[0].delegate.name is empty"), "{r}");
+        for action in [
+            "route: [{destination: {host: a}}]",
+            "redirect: {uri: /x}",
+            "directResponse: {status: 200}",
+        ] {
+            let r = reason(&format!(
+                "hosts: [a]\nhttp:\n- delegate: {{name: child}}\n  {action}\n"
+            ));
+            assert!(r.contains("http[0].delegate: a rule that delegates"), "{r}");
+        }
+        assert!(
+            reason("gateways: [gw]\nhttp:\n- route: [{destination: {host: a}}]\n")
+                .contains("gateways: a VirtualService without hosts is a delegate")
+        );
+        assert!(
+            reason("tcp:\n- route: [{destination: {host: a}}]\n").contains("tcp: a VirtualService")
+        );
     }
 }

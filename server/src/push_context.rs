@@ -329,6 +329,7 @@ impl PushContext {
         ctx.destination_rule_index = DestinationRuleIndex::build(&rules, &ctx.mesh.root_namespace);
         ctx.virtual_services
             .sort_by(|a, b| a.meta.precedence().cmp(&b.meta.precedence()));
+        ctx.virtual_services = crate::delegation::merge_delegates(&ctx.virtual_services);
         ctx
     }
 

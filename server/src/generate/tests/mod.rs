@@ -3,6 +3,7 @@
 
 mod captured;
 mod cds;
+mod delegate;
 mod destination_rule;
 mod determinism;
 mod eds;

@@ -62,6 +62,12 @@
 //!   watch cache's transitions (stops matching → DELETED with the previous state at the new
 //!   revision, starts matching → ADDED). `sendInitialEvents=true` (streaming lists) sends the
 //!   state as ADDED events and then a bookmark annotated `k8s.io/initial-events-end`.
+//! - **Status subresource**: for kinds that have one (a CRD version declaring
+//!   `subresources.status`, and the built-in kinds with a status), PUT and PATCH on
+//!   `.../<name>/status` change only `.status` (anything else in the body is ignored), get a
+//!   new resourceVersion and a `MODIFIED` event, and do not bump `metadata.generation`;
+//!   [`KubeApiServer::status_writes_for`] counts them. Without a status subresource the
+//!   path is a 404.
 //! - **Who watches**: [`KubeApiServer::watch_clients`] lists every open watch with what the
 //!   real server knows of its client and records in its audit log: the `User-Agent` header
 //!   and the source address (no user: this server authenticates nobody), and what it
@@ -133,6 +139,8 @@ struct Counters {
     watches_open: AtomicU64,
     /// Per resource (`pods`, `gateways.networking.istio.io`): (lists, watches opened).
     per_resource: Mutex<BTreeMap<String, (u64, u64)>>,
+    /// Per resource: PUT and PATCH requests to the `status` subresource (no-ops included).
+    status_writes: Mutex<BTreeMap<String, u64>>,
     /// The clients of the open watches, by watch.
     watch_clients: Mutex<BTreeMap<u64, WatchClient>>,
     next_watch: AtomicU64,
@@ -208,6 +216,15 @@ impl Shared {
         } else {
             entry.1 += 1;
         }
+    }
+
+    fn count_status_write(&self, res: &ResourceDef) {
+        let mut writes = self
+            .counters
+            .status_writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *writes.entry(res.qualified()).or_default() += 1;
     }
 
     fn count_list(&self, res: &ResourceDef) {
@@ -622,6 +639,19 @@ impl KubeApiServer {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         per.get(resource).map_or(0, |c| c.1)
+    }
+
+    /// PUT and PATCH requests received for the `status` subresource of one resource (named
+    /// as for [`KubeApiServer::delete`]), whether or not they changed anything: what a
+    /// client's status writes cost the API server.
+    pub fn status_writes_for(&self, resource: &str) -> u64 {
+        let writes = self
+            .shared
+            .counters
+            .status_writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        writes.get(resource).copied().unwrap_or(0)
     }
 
     /// Stops serving and closes every connection (the handle's state stays readable).

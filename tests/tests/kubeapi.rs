@@ -390,6 +390,161 @@ async fn custom_resources_exist_only_with_their_crd() {
         .is_none());
 }
 
+/// The `status` subresource of a custom resource, as the real API server serves it: a
+/// PATCH (or PUT) of `.../status` changes only `.status`, gets a new resourceVersion and a
+/// MODIFIED event, and leaves the generation alone; a CRD version without the subresource
+/// has no `/status` path.
+#[tokio::test]
+async fn custom_resource_status_subresource() {
+    let server = KubeApiServer::start().await;
+    let client = server.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &virtual_service_crd())
+        .await
+        .unwrap();
+    let vs = virtual_services(client.clone(), "v1");
+    let mut object = DynamicObject::new(
+        "reviews",
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("networking.istio.io", "v1", "VirtualService"),
+            "virtualservices",
+        ),
+    );
+    object.data = json!({"spec": {"hosts": ["reviews"]}});
+    let created = vs.create(&PostParams::default(), &object).await.unwrap();
+    let rv = |o: &DynamicObject| -> u64 { o.resource_version().unwrap().parse().unwrap() };
+
+    let mut watch = events(vs.clone(), watcher::Config::default());
+    expect_events(&mut watch, &["Init", "InitApply(reviews)", "InitDone"]).await;
+
+    // A status patch that also tries to change the spec and labels: only status changes.
+    let status = json!({"conditions": [{"type": "Reconciled", "status": "False",
+                                        "message": "hosts[0]: bad"}],
+                        "observedGeneration": "1"});
+    let patched = vs
+        .patch_status(
+            "reviews",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"labels": {"sneaky": "yes"}},
+                "spec": {"hosts": ["other"]},
+                "status": status,
+            })),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.data["status"], status);
+    assert_eq!(
+        patched.data["spec"]["hosts"],
+        json!(["reviews"]),
+        "spec unchanged"
+    );
+    assert!(patched.metadata.labels.is_none(), "labels unchanged");
+    assert_eq!(
+        patched.metadata.generation,
+        Some(1),
+        "status is not generation-relevant"
+    );
+    assert!(rv(&patched) > rv(&created));
+    let events = expect_events(&mut watch, &["Apply(reviews)"]).await;
+    let Event::Apply(seen) = &events[0] else {
+        unreachable!()
+    };
+    assert_eq!(seen.data["status"], status);
+    assert_eq!(rv(seen), rv(&patched));
+    assert_eq!(
+        server.status_writes_for("virtualservices.networking.istio.io"),
+        1
+    );
+
+    // The same status again: counted, but a no-op (no new revision, no event).
+    let again = vs
+        .patch_status(
+            "reviews",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(rv(&again), rv(&patched));
+    assert_eq!(
+        server.status_writes_for("virtualservices.networking.istio.io"),
+        2
+    );
+
+    // A spec update keeps the status; a null status in a status merge patch removes it.
+    let mut spec_only = vs.get("reviews").await.unwrap();
+    spec_only.data = json!({"spec": {"hosts": ["reviews", "ratings"]}});
+    let updated = vs
+        .replace("reviews", &PostParams::default(), &spec_only)
+        .await
+        .unwrap();
+    assert_eq!(updated.data["status"], status);
+    assert_eq!(updated.metadata.generation, Some(2));
+    let cleared = vs
+        .patch_status(
+            "reviews",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": null})),
+        )
+        .await
+        .unwrap();
+    assert!(cleared.data.get("status").is_none());
+    assert_eq!(cleared.data["spec"]["hosts"], json!(["reviews", "ratings"]));
+    expect_events(&mut watch, &["Apply(reviews)", "Apply(reviews)"]).await;
+
+    // Missing object: 404. A CRD version without a status subresource: no such path.
+    let missing = vs
+        .patch_status(
+            "nope",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(&missing).0, 404);
+    let mut plain = virtual_service_crd();
+    plain.metadata.name = Some("gateways.networking.istio.io".into());
+    plain.spec.names.kind = "Gateway".into();
+    plain.spec.names.plural = "gateways".into();
+    plain.spec.names.singular = Some("gateway".into());
+    plain.spec.names.list_kind = Some("GatewayList".into());
+    plain.spec.names.short_names = None;
+    for version in &mut plain.spec.versions {
+        version.subresources = None;
+    }
+    crds.create(&PostParams::default(), &plain).await.unwrap();
+    let gateways: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "default",
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("networking.istio.io", "v1", "Gateway"),
+            "gateways",
+        ),
+    );
+    let mut gateway = DynamicObject::new(
+        "gw",
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("networking.istio.io", "v1", "Gateway"),
+            "gateways",
+        ),
+    );
+    gateway.data = json!({"spec": {}});
+    gateways
+        .create(&PostParams::default(), &gateway)
+        .await
+        .unwrap();
+    let no_subresource = gateways
+        .patch_status(
+            "gw",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_status(&no_subresource).0, 404);
+}
+
 #[tokio::test]
 async fn lists_filter_by_label_and_field_selectors() {
     let server = KubeApiServer::start().await;

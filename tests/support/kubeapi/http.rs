@@ -383,6 +383,9 @@ async fn resource_request(
     let (res, version) = (&target.res, target.version.as_str());
     let show = |object: &Value| present_for(&req, object, res, version);
     let method = req.method.clone();
+    if target.status && matches!(method, Method::PUT | Method::PATCH) {
+        shared.count_status_write(res);
+    }
     match (&method, target.name.as_deref()) {
         (&Method::GET, None) => {
             let watching = target.watch_path || req.query.bool("watch")?.unwrap_or(false);

@@ -379,10 +379,13 @@ pub fn populate(cluster: &KubeApiServer, ns: &str, labels: Value, region: &str) 
         .unwrap();
 }
 
+/// The VirtualService CRD, like Istio's: three served versions, each with a `status`
+/// subresource.
 pub fn virtual_service_crd() -> Value {
     let version = |name: &str, storage: bool| {
         json!({"name": name, "served": true, "storage": storage,
-               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}})
+               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+               "subresources": {"status": {}}})
     };
     json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",

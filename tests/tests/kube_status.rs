@@ -1,0 +1,210 @@
+//! Status reporting on rejected Istio config, with the ingester as a process against the
+//! Kubernetes API test server: a rejected VirtualService gets the reason (naming the
+//! field) in its `status`, fixing it clears it, and only the leader writes, only what the
+//! status does not say yet — a restart writes nothing.
+//!
+//! Run `cargo build --workspace --bins` first (the tests run the ingester binary).
+
+#[path = "kube_ingest/harness.rs"]
+#[allow(dead_code)] // shared with kube_ingest.rs
+mod harness;
+
+use harness::{
+    config_cluster, populate, virtual_service_crd, BusRecorder, Ingester, POLL, TIMEOUT,
+};
+use serde_json::{json, Value};
+use shoal_common::bus::Bucket;
+use shoal_common::keys::config_key;
+use shoal_common::model::{ConfigKind, ConfigObject};
+use shoal_tests::kubeapi::KubeApiServer;
+use shoal_tests::{eventually, NatsServer};
+use std::time::Duration;
+
+const VIRTUAL_SERVICES: &str = "virtualservices.networking.istio.io";
+
+/// The VirtualService `shop/web`, with a URI match.
+fn virtual_service(uri: Value) -> Value {
+    json!({
+        "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"hosts": ["web.shop.svc.cluster.local"],
+                 "http": [{"match": [{"uri": uri}],
+                           "route": [{"destination": {"host": "web"}}]}]},
+    })
+}
+
+/// The VirtualService's status, once `check` holds for it.
+async fn status_until(
+    cluster: &KubeApiServer,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let status = || {
+        cluster
+            .get(VIRTUAL_SERVICES, Some("shop"), "web")
+            .and_then(|vs| vs.get("status").cloned())
+            .unwrap_or(Value::Null)
+    };
+    eventually(TIMEOUT, POLL, || {
+        let status = status();
+        let ok = check(&status);
+        async move {
+            match ok {
+                true => Ok(()),
+                false => Err(format!("waiting for {what}; status: {status}")),
+            }
+        }
+    })
+    .await;
+    status()
+}
+
+/// The `Reconciled` condition.
+fn reconciled(status: &Value) -> Option<&Value> {
+    status["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Reconciled")
+}
+
+fn resource_version(cluster: &KubeApiServer) -> String {
+    let vs = cluster.get(VIRTUAL_SERVICES, Some("shop"), "web").unwrap();
+    vs["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn rejected_virtual_service_gets_a_status_that_clears_when_fixed() {
+    let nats = NatsServer::start().await;
+    let bus = BusRecorder::start(&nats.url()).await;
+    let config = config_cluster().await;
+    populate(&config, "shop", json!({}), "local");
+    config.create(virtual_service_crd()).unwrap();
+    config
+        .create(virtual_service(json!({"regex": "(unclosed"})))
+        .unwrap();
+    let args = ["--cluster-id", "main"];
+    let mut ingester = Ingester::start(&nats.url(), &config.kubeconfig(), &args);
+    ingester.wait_ready().await;
+
+    // Rejected: the reason, naming the field, where the author looks.
+    let status = status_until(&config, "a rejection", |s| {
+        reconciled(s).is_some_and(|c| c["status"] == "False")
+    })
+    .await;
+    let condition = reconciled(&status).unwrap();
+    assert_eq!(condition["reason"], "Rejected", "{status}");
+    let message = condition["message"].as_str().unwrap();
+    assert!(message.contains("http[0].match[0].uri"), "{message}");
+    assert_eq!(condition["observedGeneration"], "1", "{status}");
+    assert_eq!(status["observedGeneration"], "1", "{status}");
+    assert_eq!(
+        status["validationMessages"],
+        json!([{"type": {"code": "IST0106", "name": "SchemaValidationError"}, "level": "ERROR",
+                "documentationUrl": "https://istio.io/latest/docs/reference/config/analysis/ist0106/"}])
+    );
+    let key = config_key(ConfigKind::VirtualService, "shop", "web");
+    assert!(
+        bus.state(Bucket::Config).get(&key).is_none(),
+        "a rejected object is not published"
+    );
+
+    // Fixed: accepted, published, and the status says so.
+    config
+        .apply(virtual_service(json!({"prefix": "/api"})))
+        .unwrap();
+    let status = status_until(&config, "the rejection cleared", |s| {
+        reconciled(s).is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    let condition = reconciled(&status).unwrap();
+    assert_eq!(
+        (&condition["reason"], &condition["observedGeneration"]),
+        (&json!("Accepted"), &json!("2")),
+        "{status}"
+    );
+    assert!(status.get("validationMessages").is_none(), "{status}");
+    bus.until("the fixed VirtualService on the bus", |b| {
+        b.state(Bucket::Config).contains_key(&key)
+    })
+    .await;
+
+    // Broken again: rejected again; the accepted version stays published.
+    config
+        .apply(virtual_service(json!({"regex": "[z-a]"})))
+        .unwrap();
+    status_until(&config, "the second rejection", |s| {
+        reconciled(s).is_some_and(|c| c["status"] == "False" && c["observedGeneration"] == "3")
+    })
+    .await;
+    let published: ConfigObject = bus.decode(Bucket::Config, &key).unwrap();
+    assert!(format!("{published:?}").contains("/api"), "{published:?}");
+    bus.settle(Duration::from_millis(500)).await;
+    let writes = config.status_writes_for(VIRTUAL_SERVICES);
+    assert_eq!(writes, 3, "one write per verdict change");
+    let metrics = ingester.metrics().await;
+    assert!(
+        metrics.contains("shoal_ingester_object_status_writes_total{result=\"written\"} 3"),
+        "{metrics}"
+    );
+
+    // A restart, now with a standby too: the status already says it, nothing is written.
+    let version = resource_version(&config);
+    ingester.kill().await;
+    let mut first = Ingester::start(&nats.url(), &config.kubeconfig(), &args);
+    let mut second = Ingester::start(&nats.url(), &config.kubeconfig(), &args);
+    first.wait_ready().await;
+    second.wait_ready().await;
+    let (leader, standby) = eventually_leader(&mut first, &mut second).await;
+    bus.settle(Duration::from_secs(1)).await;
+    assert_eq!(
+        config.status_writes_for(VIRTUAL_SERVICES),
+        writes,
+        "restart wrote a status"
+    );
+    assert_eq!(resource_version(&config), version);
+
+    // The next rejection is written once, by the leader alone.
+    config
+        .apply(virtual_service(json!({"regex": "(again"})))
+        .unwrap();
+    status_until(&config, "the third rejection", |s| {
+        reconciled(s).is_some_and(|c| c["observedGeneration"] == "4")
+    })
+    .await;
+    bus.settle(Duration::from_millis(500)).await;
+    assert_eq!(config.status_writes_for(VIRTUAL_SERVICES), writes + 1);
+    let written =
+        |m: &str| m.contains("shoal_ingester_object_status_writes_total{result=\"written\"} 1");
+    assert!(written(&leader.metrics().await));
+    assert!(standby
+        .metrics()
+        .await
+        .contains("shoal_ingester_object_status_writes_total{result=\"written\"} 0"));
+}
+
+/// Waits until one of two ingesters leads; returns (leader, standby).
+async fn eventually_leader<'a>(
+    a: &'a mut Ingester,
+    b: &'a mut Ingester,
+) -> (&'a Ingester, &'a Ingester) {
+    let mut leader = None;
+    for _ in 0..(TIMEOUT.as_millis() / POLL.as_millis()) {
+        if a.leads().await {
+            leader = Some(true);
+            break;
+        }
+        if b.leads().await {
+            leader = Some(false);
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    match leader {
+        Some(true) => (a, b),
+        Some(false) => (b, a),
+        None => panic!("no ingester leads"),
+    }
+}

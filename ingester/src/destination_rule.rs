@@ -4,7 +4,7 @@
 use crate::error::InvalidObject;
 use shoal_common::model::{
     ClientTlsMode, ConnectionPoolSettings, DestinationRule, Duration, LoadBalancerSettings,
-    OutlierDetection, TrafficPolicy,
+    LocalityLbSetting, OutlierDetection, TrafficPolicy,
 };
 use std::collections::BTreeSet;
 
@@ -13,6 +13,10 @@ type Result = std::result::Result<(), InvalidObject>;
 fn invalid(reason: String) -> Result {
     Err(InvalidObject::new(reason))
 }
+
+const LABEL_REGION: &str = "topology.kubernetes.io/region";
+const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+const LABEL_SUBZONE: &str = "topology.istio.io/subzone";
 
 /// Envoy's largest ring (`maximum_ring_size` default).
 const MAX_RING_SIZE: u64 = 1 << 23;
@@ -113,6 +117,9 @@ fn settings(
 }
 
 fn load_balancer(lb: &LoadBalancerSettings, at: &str) -> Result {
+    if let Some(l) = &lb.locality_lb_setting {
+        locality_lb_setting(l, &format!("{at}.localityLbSetting"))?;
+    }
     let Some(ch) = &lb.consistent_hash else {
         return Ok(());
     };
@@ -181,6 +188,90 @@ fn load_balancer(lb: &LoadBalancerSettings, at: &str) -> Result {
                 "{at}.maglev.tableSize {size} is not a prime number"
             ));
         }
+    }
+    Ok(())
+}
+
+/// Istio's `ValidateLocalityLbSetting`.
+fn locality_lb_setting(l: &LocalityLbSetting, at: &str) -> Result {
+    if !l.distribute.is_empty() && !l.failover.is_empty() {
+        return invalid(format!(
+            "{at}: distribute and failover are mutually exclusive"
+        ));
+    }
+    if !l.failover.is_empty() {
+        if let Some(label) = l
+            .failover_priority
+            .iter()
+            .find(|p| [LABEL_REGION, LABEL_ZONE, LABEL_SUBZONE].contains(&p.as_str()))
+        {
+            return invalid(format!(
+                "{at}.failoverPriority: topology label {label} cannot be combined with failover"
+            ));
+        }
+    }
+    for (i, d) in l.distribute.iter().enumerate() {
+        let at = format!("{at}.distribute[{i}]");
+        let mut total = 0u32;
+        for (to, weight) in &d.to {
+            if !(1..=100).contains(weight) {
+                return invalid(format!("{at}.to[{to}] weight {weight} is not in 1-100"));
+            }
+            total += weight;
+        }
+        if total != 100 {
+            return invalid(format!("{at}.to: the weights sum to {total}, not 100"));
+        }
+        localities(d.to.keys().map(String::as_str), &format!("{at}.to"))?;
+    }
+    localities(
+        l.distribute.iter().map(|d| d.from.as_str()),
+        &format!("{at}.distribute[].from"),
+    )?;
+    for (i, f) in l.failover.iter().enumerate() {
+        let at = format!("{at}.failover[{i}]");
+        if f.from == f.to {
+            return invalid(format!(
+                "{at}: from and to are both {:?}: failover must name another region",
+                f.from
+            ));
+        }
+        if f.from.contains('/') || f.to.contains('/') {
+            return invalid(format!("{at}: from and to are regions, without '/'"));
+        }
+        if f.from.contains('*') || f.to.contains('*') {
+            return invalid(format!("{at}: from and to cannot contain '*'"));
+        }
+    }
+    Ok(())
+}
+
+/// Istio's `validateLocalities`: each `region[/zone[/subzone]]` has no empty part, at most
+/// one `*` and only at the end, and none overlaps one before it.
+fn localities<'a>(list: impl Iterator<Item = &'a str>, at: &str) -> Result {
+    let mut seen: Vec<Vec<&str>> = Vec::new();
+    for loc in list {
+        let stars = loc.matches('*').count();
+        if stars > 1 || (stars == 1 && !loc.ends_with('*')) {
+            return invalid(format!(
+                "{at}: locality {loc:?} may have one '*', at the end"
+            ));
+        }
+        let parts: Vec<&str> = loc.splitn(3, '/').collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            return invalid(format!(
+                "{at}: locality {loc:?} has an empty region, zone or subzone"
+            ));
+        }
+        // An earlier locality covers this one when it is a prefix of it, its `*` matching
+        // anything (a wildcard after specific localities is a fallback, as in Istio).
+        let covers = |a: &[&str], b: &[&str]| a.iter().zip(b).all(|(x, y)| x == y || *x == "*");
+        if seen.iter().any(|s| covers(s, &parts)) {
+            return invalid(format!(
+                "{at}: locality {loc:?} overlaps one listed before it"
+            ));
+        }
+        seen.push(parts);
     }
     Ok(())
 }
@@ -324,6 +415,10 @@ trafficPolicy:
                      splitExternalLocalOriginErrors: true, consecutiveLocalOriginFailures: 4}
   loadBalancer:
     consistentHash: {httpCookie: {name: user, path: /, ttl: 0s}, ringHash: {minimumRingSize: 4096}}
+    localityLbSetting:
+      enabled: true
+      failover: [{from: us-east, to: us-west}]
+      failoverPriority: [topology.istio.io/network, version=v1]
   tls: {mode: SIMPLE, caCertificates: /etc/certs/ca.pem, sni: reviews.example, subjectAltNames: [reviews.example]}
   portLevelSettings:
   - port: {number: 9080}
@@ -333,6 +428,14 @@ subsets:
   labels: {version: v1}
   trafficPolicy:
     loadBalancer: {consistentHash: {httpHeaderName: x-user, maglev: {tableSize: 65537}}}
+- name: v2
+  labels: {version: v2}
+  trafficPolicy:
+    loadBalancer:
+      localityLbSetting:
+        distribute:
+        - {from: us-east/a/*, to: {us-east/a/*: 70, us-east/b: 20, "us-west/*": 10}}
+        - {from: "us-west/*", to: {"us-west/*": 100}}
 "#);
     }
 
@@ -360,7 +463,6 @@ subsets:
     #[test]
     fn unimplemented_fields_are_rejected_by_name() {
         for (yaml, field) in [
-            ("host: r\ntrafficPolicy: {loadBalancer: {localityLbSetting: {enabled: true}}}", "spec.trafficPolicy.loadBalancer.localityLbSetting"),
             ("host: r\ntrafficPolicy: {loadBalancer: {simple: ROUND_ROBIN, warmupDurationSecs: 10s}}", "spec.trafficPolicy.loadBalancer.warmupDurationSecs"),
             ("host: r\ntrafficPolicy: {outlierDetection: {consecutiveErrors: 5}}", "spec.trafficPolicy.outlierDetection.consecutiveErrors"),
             ("host: r\ntrafficPolicy: {tunnel: {targetHost: a, targetPort: 1}}", "spec.trafficPolicy.tunnel"),
@@ -399,6 +501,17 @@ subsets:
             ("host: r\ntrafficPolicy: {portLevelSettings: [{loadBalancer: {simple: RANDOM}}]}", "trafficPolicy.portLevelSettings[0].port is required"),
             ("host: r\ntrafficPolicy: {portLevelSettings: [{port: {number: 70000}}]}", "trafficPolicy.portLevelSettings[0].port.number 70000 is not in 1-65535"),
             ("host: r\nsubsets: [{name: v1}, {name: v1}]", "subsets[1].name \"v1\" is used by an earlier subset"),
+            ("host: r\ntrafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: a/*, to: {a/*: 100}}], failover: [{from: a, to: b}]}}}", "trafficPolicy.loadBalancer.localityLbSetting: distribute and failover are mutually exclusive"),
+            ("host: r\ntrafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: a/*, to: {a/*: 80, b/*: 10}}]}}}", "trafficPolicy.loadBalancer.localityLbSetting.distribute[0].to: the weights sum to 90, not 100"),
+            ("host: r\ntrafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: a/*, to: {a/*: 0, b/*: 100}}]}}}", "trafficPolicy.loadBalancer.localityLbSetting.distribute[0].to[a/*] weight 0 is not in 1-100"),
+            ("host: r\ntrafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: a/*, to: {a/*: 50, a/z: 50}}]}}}", "trafficPolicy.loadBalancer.localityLbSetting.distribute[0].to: locality \"a/z\" overlaps"),
+            ("host: r\ntrafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: a/*, to: {a/*: 100}}, {from: a/z, to: {a/*: 100}}]}}}", "trafficPolicy.loadBalancer.localityLbSetting.distribute[].from: locality \"a/z\" overlaps"),
+            ("host: r\ntrafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: \"a/*/c\", to: {a: 100}}]}}}", "trafficPolicy.loadBalancer.localityLbSetting.distribute[].from: locality \"a/*/c\" may have one '*', at the end"),
+            ("host: r\ntrafficPolicy: {loadBalancer: {localityLbSetting: {distribute: [{from: a//c, to: {a: 100}}]}}}", "trafficPolicy.loadBalancer.localityLbSetting.distribute[].from: locality \"a//c\" has an empty"),
+            ("host: r\ntrafficPolicy: {loadBalancer: {localityLbSetting: {failover: [{from: a, to: a}]}}}", "trafficPolicy.loadBalancer.localityLbSetting.failover[0]: from and to are both \"a\""),
+            ("host: r\ntrafficPolicy: {loadBalancer: {localityLbSetting: {failover: [{from: a/z, to: b}]}}}", "trafficPolicy.loadBalancer.localityLbSetting.failover[0]: from and to are regions"),
+            ("host: r\ntrafficPolicy: {loadBalancer: {localityLbSetting: {failover: [{from: a, to: \"*\"}]}}}", "trafficPolicy.loadBalancer.localityLbSetting.failover[0]: from and to cannot contain '*'"),
+            ("host: r\ntrafficPolicy: {loadBalancer: {localityLbSetting: {failover: [{from: a, to: b}], failoverPriority: [topology.kubernetes.io/zone]}}}", "trafficPolicy.loadBalancer.localityLbSetting.failoverPriority: topology label topology.kubernetes.io/zone"),
         ] {
             let r = reason(yaml);
             assert!(r.starts_with(want), "{yaml}\nwant: {want}\ngot:  {r}");

@@ -1,5 +1,6 @@
 //! Proxy identity, parsed from the Envoy node the way Istio's bootstrap writes it.
 
+use shoal_common::model::Locality;
 use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
 use std::collections::BTreeMap;
@@ -55,6 +56,8 @@ pub struct Proxy {
     pub interception: Interception,
     /// The pod's container ports by name (metadata `POD_PORTS`), for named `targetPort`s.
     pub pod_ports: BTreeMap<String, u16>,
+    /// Where the proxy runs, for locality load balancing (see [`proxy_locality`]).
+    pub locality: Locality,
 }
 
 /// A node that does not identify a proxy.
@@ -122,6 +125,7 @@ impl Proxy {
             .and_then(|m| string_field(m, "POD_PORTS"))
             .map(|json| pod_ports(&json))
             .unwrap_or_default();
+        let locality = proxy_locality(&labels, node);
         Ok(Proxy {
             id: node.id.clone(),
             kind,
@@ -132,7 +136,59 @@ impl Proxy {
             cluster_id,
             interception,
             pod_ports,
+            locality,
         })
+    }
+}
+
+/// Node label holding the region of a locality.
+pub const LABEL_REGION: &str = "topology.kubernetes.io/region";
+/// Node label holding the zone of a locality.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Istio's label for the subzone of a locality.
+pub const LABEL_SUBZONE: &str = "topology.istio.io/subzone";
+
+/// The proxy's locality as istiod's `setTopologyLabels` finds it: the workload's topology
+/// labels (`LABELS`) when any is set, else its `topology.istio.io/locality` (or legacy
+/// `istio-locality`) label, `.`-separated as Kubernetes labels must be, else the node's
+/// `locality`, which istio-agent fills from that label or the platform.
+fn proxy_locality(labels: &BTreeMap<String, String>, node: &Node) -> Locality {
+    let get = |k: &str| labels.get(k).cloned();
+    let (region, zone, subzone) = (get(LABEL_REGION), get(LABEL_ZONE), get(LABEL_SUBZONE));
+    if region.is_some() || zone.is_some() || subzone.is_some() {
+        return Locality {
+            region: region.unwrap_or_default(),
+            zone: zone.unwrap_or_default(),
+            subzone: subzone.unwrap_or_default(),
+        };
+    }
+    let label = labels
+        .get("topology.istio.io/locality")
+        .or_else(|| labels.get("istio-locality"));
+    if let Some(label) = label {
+        let label = if label.contains('/') {
+            label.clone()
+        } else {
+            label.replace('.', "/")
+        };
+        return parse_locality(&label);
+    }
+    let l = node.locality.as_ref();
+    Locality {
+        region: l.map(|l| l.region.clone()).unwrap_or_default(),
+        zone: l.map(|l| l.zone.clone()).unwrap_or_default(),
+        subzone: l.map(|l| l.sub_zone.clone()).unwrap_or_default(),
+    }
+}
+
+/// `region/zone/subzone` (each part optional) as a locality.
+pub fn parse_locality(s: &str) -> Locality {
+    // As istiod's `SplitLocalityLabel`: parts after the third are ignored.
+    let mut parts = s.split('/').map(str::to_string);
+    Locality {
+        region: parts.next().unwrap_or_default(),
+        zone: parts.next().unwrap_or_default(),
+        subzone: parts.next().unwrap_or_default(),
     }
 }
 
@@ -255,6 +311,53 @@ pub(crate) mod tests {
         assert_eq!(
             Proxy::from_node(Some(&g)).unwrap().interception,
             Interception::None
+        );
+    }
+
+    #[test]
+    fn locality_from_labels_then_node() {
+        use shoal_proto::pb::envoy::config::core::v3::Locality as PbLocality;
+        let loc = |r: &str, z: &str, s: &str| Locality {
+            region: r.into(),
+            zone: z.into(),
+            subzone: s.into(),
+        };
+        let id = "sidecar~10.1.0.5~a.demo~demo.svc.cluster.local";
+        let mut n = node(id, "demo", &[]);
+        assert_eq!(
+            Proxy::from_node(Some(&n)).unwrap().locality,
+            Locality::default()
+        );
+        n.locality = Some(PbLocality {
+            region: "us-east".into(),
+            zone: "a".into(),
+            sub_zone: "rack1".into(),
+        });
+        assert_eq!(
+            Proxy::from_node(Some(&n)).unwrap().locality,
+            loc("us-east", "a", "rack1")
+        );
+        // The locality label wins over the node's, `.` standing for `/`.
+        let mut l = node(id, "demo", &[("istio-locality", "eu.b")]);
+        l.locality = n.locality.clone();
+        assert_eq!(
+            Proxy::from_node(Some(&l)).unwrap().locality,
+            loc("eu", "b", "")
+        );
+        // Topology labels win over both.
+        let mut t = node(
+            id,
+            "demo",
+            &[
+                ("topology.istio.io/locality", "eu/b"),
+                (LABEL_REGION, "ap"),
+                (LABEL_ZONE, "c"),
+            ],
+        );
+        t.locality = n.locality.clone();
+        assert_eq!(
+            Proxy::from_node(Some(&t)).unwrap().locality,
+            loc("ap", "c", "")
         );
     }
 

@@ -178,6 +178,7 @@ pub fn sidecar_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         cluster_id: CLUSTER.into(),
         interception: Interception::None,
         pod_ports: BTreeMap::new(),
+        locality: Locality::default(),
     }
 }
 
@@ -203,6 +204,7 @@ pub fn router_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         cluster_id: CLUSTER.into(),
         interception: Interception::None,
         pod_ports: BTreeMap::new(),
+        locality: Locality::default(),
     }
 }
 

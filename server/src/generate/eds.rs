@@ -1,10 +1,13 @@
 //! EDS: the ClusterLoadAssignment of each requested EDS cluster, from the EDS shards
 //! (Kubernetes services) or the ServiceEntry's endpoints, filtered by subset labels and
-//! grouped by locality.
+//! grouped by locality, with the proxy-relative priorities and weights of locality load
+//! balancing (see [`super::locality`]).
 
+use super::locality::{self, LocalityLb};
 use super::{cds::entry_port, socket_address, Resource};
+use crate::destination_rule::effective_policy;
 use crate::endpoints::{EndpointIndex, HostShards};
-use crate::proxy::Proxy;
+use crate::proxy::{parse_locality, Proxy};
 use crate::push_context::{PushContext, ServiceSource, ServiceView};
 use crate::scope::ProxyScope;
 use shoal_common::model::{Locality, Resolution, ServicePort};
@@ -37,6 +40,8 @@ pub struct EndpointsSource {
     pub subset_labels: BTreeMap<String, String>,
     /// The service's EDS shards (Kubernetes services).
     pub shards: Option<Arc<HostShards>>,
+    /// Locality load balancing for the proxy, when it changes anything (boxed: rare).
+    pub locality: Option<Box<LocalityLb>>,
 }
 
 /// The load assignments for the requested cluster names the proxy may see. An unknown but
@@ -60,24 +65,26 @@ pub fn keys(
                 .ok()
                 .map(|i| scope.services[i].clone());
             let source = svc.and_then(|svc| {
-                let subset_labels = if subset.is_empty() {
-                    BTreeMap::new()
+                let dr = ctx.destination_rule(&proxy.namespace, &proxy.labels, &svc);
+                let rule = dr.as_ref().map(|d| &d.spec);
+                let subset_spec = if subset.is_empty() {
+                    None
                 } else {
-                    ctx.destination_rule(&proxy.namespace, &proxy.labels, &svc)
-                        .and_then(|dr| {
-                            dr.spec
-                                .subsets
-                                .iter()
-                                .find(|s| s.name == subset)
-                                .map(|s| s.labels.clone())
-                        })?
+                    // A subset no rule defines has no endpoints.
+                    Some(rule?.subsets.iter().find(|s| s.name == subset)?)
                 };
+                let policy = effective_policy(
+                    rule.and_then(|r| r.traffic_policy.as_deref()),
+                    subset_spec.and_then(|s| s.traffic_policy.as_ref()),
+                    u16::try_from(port).unwrap_or_default(),
+                );
                 let shards = endpoints.host(&svc.hostname).cloned();
                 Some(EndpointsSource {
                     svc,
                     port,
-                    subset_labels,
+                    subset_labels: subset_spec.map(|s| s.labels.clone()).unwrap_or_default(),
                     shards,
+                    locality: locality::for_proxy(policy.as_ref(), proxy).map(Box::new),
                 })
             });
             Some(EndpointsKey {
@@ -100,11 +107,12 @@ pub fn build(key: &EndpointsKey) -> Resource {
     Resource::new(XdsType::Endpoint, key.name.clone(), &cla)
 }
 
-/// One endpoint to send: address, port, locality, weight.
+/// One endpoint to send: address, port, weight, `failoverPriority` rank.
 struct Target {
     address: String,
     port: u32,
     weight: Option<u32>,
+    label_priority: u32,
 }
 
 fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
@@ -113,10 +121,22 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
         port,
         subset_labels,
         shards,
+        locality: locality_lb,
     } = src;
     let port = *port;
     let matches = |labels: &BTreeMap<String, String>| {
         subset_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+    };
+    let priority_labels = match locality_lb.as_deref() {
+        Some(LocalityLb::Failover {
+            labels: Some(p), ..
+        }) => Some(p),
+        _ => None,
+    };
+    let label_priority = |labels: &BTreeMap<String, String>, loc: &Locality, cluster| {
+        priority_labels.map_or(0, |p| {
+            locality::label_priority(p, |k| locality::topology_label(labels, loc, cluster, k))
+        })
     };
     let mut by_locality: BTreeMap<Locality, Vec<Target>> = BTreeMap::new();
     if let Some(svc_port) = svc.port(port) {
@@ -138,6 +158,11 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                                 address: ep.address.clone(),
                                 port: target_port,
                                 weight: None,
+                                label_priority: label_priority(
+                                    &ep.labels,
+                                    &ep.locality,
+                                    Some(&set.cluster),
+                                ),
                             });
                     }
                 }
@@ -148,52 +173,71 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
             } => {
                 if matches!(resolution, Resolution::Static | Resolution::None) {
                     for we in endpoints.iter().filter(|e| matches(&e.labels)) {
-                        by_locality
-                            .entry(parse_locality(we.locality.as_deref()))
-                            .or_default()
-                            .push(Target {
-                                address: we.address.clone(),
-                                port: entry_port(svc, svc_port, &we.ports),
-                                weight: we.weight,
-                            });
+                        let loc = parse_locality(we.locality.as_deref().unwrap_or_default());
+                        let label_priority = label_priority(&we.labels, &loc, None);
+                        by_locality.entry(loc).or_default().push(Target {
+                            address: we.address.clone(),
+                            port: entry_port(svc, svc_port, &we.ports),
+                            weight: we.weight,
+                            label_priority,
+                        });
                     }
                 }
             }
         }
     }
-    let endpoints = by_locality
-        .into_iter()
-        .map(|(loc, mut targets)| {
-            targets.sort_by(|a, b| (&a.address, a.port).cmp(&(&b.address, b.port)));
-            targets.dedup_by(|a, b| a.address == b.address && a.port == b.port);
-            LocalityLbEndpoints {
+    let mut endpoints = Vec::with_capacity(by_locality.len());
+    for (loc, mut targets) in by_locality {
+        targets.sort_by(|a, b| (&a.address, a.port).cmp(&(&b.address, b.port)));
+        targets.dedup_by(|a, b| a.address == b.address && a.port == b.port);
+        // With `failoverPriority`, one group per label rank (istiod splits each locality's
+        // endpoints the same way).
+        let mut by_rank: BTreeMap<u32, Vec<Target>> = BTreeMap::new();
+        for t in targets {
+            by_rank.entry(t.label_priority).or_default().push(t);
+        }
+        for (priority, targets) in by_rank {
+            endpoints.push(LocalityLbEndpoints {
                 locality: Some(PbLocality {
-                    region: loc.region,
-                    zone: loc.zone,
-                    sub_zone: loc.subzone,
+                    region: loc.region.clone(),
+                    zone: loc.zone.clone(),
+                    sub_zone: loc.subzone.clone(),
                 }),
-                lb_endpoints: targets
-                    .into_iter()
-                    .map(|t| LbEndpoint {
-                        host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
-                            address: Some(socket_address(&t.address, t.port)),
-                            ..Default::default()
-                        })),
-                        health_status: HealthStatus::Healthy as i32,
-                        load_balancing_weight: t
-                            .weight
-                            .filter(|w| *w > 0)
-                            .map(|value| UInt32Value { value }),
-                        ..Default::default()
-                    })
-                    .collect(),
+                // istiod weighs each locality by its endpoints (1 each unless weighted);
+                // Envoy reads it only with locality-weighted load balancing.
+                load_balancing_weight: locality_lb.is_some().then(|| UInt32Value {
+                    value: targets
+                        .iter()
+                        .map(|t| t.weight.filter(|w| *w > 0).unwrap_or(1))
+                        .fold(0u32, u32::saturating_add),
+                }),
+                lb_endpoints: targets.into_iter().map(lb_endpoint).collect(),
+                priority,
                 ..Default::default()
-            }
-        })
-        .collect();
+            });
+        }
+    }
+    if let Some(lb) = locality_lb {
+        locality::apply(lb, &mut endpoints);
+    }
     ClusterLoadAssignment {
         cluster_name: name.into(),
         endpoints,
+        ..Default::default()
+    }
+}
+
+fn lb_endpoint(t: Target) -> LbEndpoint {
+    LbEndpoint {
+        host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
+            address: Some(socket_address(&t.address, t.port)),
+            ..Default::default()
+        })),
+        health_status: HealthStatus::Healthy as i32,
+        load_balancing_weight: t
+            .weight
+            .filter(|w| *w > 0)
+            .map(|value| UInt32Value { value }),
         ..Default::default()
     }
 }
@@ -206,13 +250,4 @@ fn slice_port(svc_port: &ServicePort, ports: &[shoal_common::model::EndpointPort
         .find(|p| p.name == svc_port.name)
         .or_else(|| (ports.len() == 1 && svc_port.name.is_empty()).then(|| &ports[0]))
         .map(|p| u32::from(p.port))
-}
-
-fn parse_locality(s: Option<&str>) -> Locality {
-    let mut parts = s.unwrap_or_default().splitn(3, '/').map(str::to_string);
-    Locality {
-        region: parts.next().unwrap_or_default(),
-        zone: parts.next().unwrap_or_default(),
-        subzone: parts.next().unwrap_or_default(),
-    }
 }

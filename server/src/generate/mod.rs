@@ -12,6 +12,7 @@ pub mod gateway;
 pub mod http_route;
 pub mod inbound;
 pub mod lds;
+pub mod locality;
 pub mod outbound;
 pub mod rds;
 pub mod traffic_policy;

@@ -14,6 +14,7 @@ use shoal_common::model::{
 use shoal_proto::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
     cluster::{
+        common_lb_config::{LocalityConfigSpecifier, LocalityWeightedLbConfig},
         ClusterDiscoveryType, CommonLbConfig, DiscoveryType, LbConfig, LbPolicy, MaglevLbConfig,
         RingHashLbConfig,
     },
@@ -293,8 +294,16 @@ fn outlier_detection(c: &mut Cluster, od: &OutlierDetection) {
     }
 }
 
-/// istiod's `applyLoadBalancer` (without locality settings, which ingest rejects).
+/// istiod's `applyLoadBalancer`. Locality settings reach the cluster only as
+/// `locality_weighted_lb_config`; their priorities and weights are per proxy, in EDS.
 fn load_balancer(c: &mut Cluster, policy: Option<&TrafficPolicy>) {
+    if super::locality::weighted_localities(policy) {
+        c.common_lb_config
+            .get_or_insert_with(CommonLbConfig::default)
+            .locality_config_specifier = Some(LocalityConfigSpecifier::LocalityWeightedLbConfig(
+            LocalityWeightedLbConfig::default(),
+        ));
+    }
     if is_original_dst(c) {
         return;
     }

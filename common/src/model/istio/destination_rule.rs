@@ -96,6 +96,50 @@ pub struct LoadBalancerSettings {
     /// Session affinity by a hash of a header, cookie, source IP or query parameter.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub consistent_hash: Option<ConsistentHashLb>,
+    /// Locality-aware load balancing: weights per locality, or failover order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub locality_lb_setting: Option<LocalityLbSetting>,
+}
+
+/// `localityLbSetting`: how traffic is spread over, or fails over between, localities
+/// (`region/zone/subzone`) relative to the calling proxy's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LocalityLbSetting {
+    /// `false` turns locality load balancing off for the destination (unset: on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Traffic shares per destination locality, for proxies in a source locality.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub distribute: Vec<LocalityDistribute>,
+    /// The region to fail over to, for proxies in a region.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failover: Vec<LocalityFailover>,
+    /// Labels (`key` or `key=value`) ordering endpoints by how many leading ones match
+    /// the proxy's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failover_priority: Vec<String>,
+}
+
+/// `localityLbSetting.distribute[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LocalityDistribute {
+    /// The proxies' locality (`region/zone/subzone`, a trailing `*` matches any).
+    pub from: String,
+    /// Destination locality → percentage of traffic (the values sum to 100).
+    pub to: BTreeMap<String, u32>,
+}
+
+/// `localityLbSetting.failover[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LocalityFailover {
+    /// The proxies' region.
+    pub from: String,
+    /// The region their traffic fails over to when their own region has no healthy
+    /// endpoint.
+    pub to: String,
 }
 
 /// Simple load-balancing algorithms.

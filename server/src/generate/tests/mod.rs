@@ -10,5 +10,6 @@ mod eds;
 mod gateway_semantics;
 mod http_features;
 mod lds;
+mod locality;
 mod rds_gateway;
 mod rds_sidecar;

@@ -74,6 +74,7 @@ async fn scenario(plane: Plane, mode: AdsMode) {
     tcp_through_tcp_proxy(&mesh).await;
     sniffed_port(&mesh).await;
     http_features(&mesh).await;
+    delegation(&mesh).await;
     passthrough_and_registry_only(&mesh).await;
     ingress_into_a_pod(&mesh).await;
     endpoint_added(&mut mesh).await;
@@ -304,6 +305,49 @@ async fn http_features(mesh: &CapturedMesh) {
     );
 }
 
+/// The `details` root delegates `/v2` to `details-v2`, a VirtualService without hosts: its
+/// rules route under `/v2` (with the root rule's response header), its rule outside `/v2`
+/// is dropped, and a change of the child alone reaches the sidecar.
+async fn delegation(mesh: &CapturedMesh) {
+    let details = |path: &str| format!("http://{DETAILS_VIP}:9080{path}");
+    let backend = |path: &'static str| async move {
+        let (status, body) = mesh
+            .get("productpage", &details(path), &[])
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(status, 200, "{path}: {body}");
+        body["backend"].as_str().unwrap_or_default().to_string()
+    };
+    assert_eq!(backend("/v2/ratings").await, "ratings");
+    assert_eq!(backend("/v2/anything").await, "reviews-v2");
+    // The child's `/elsewhere` rule lies outside the root's `/v2`: dropped, so the root's
+    // catch-all takes it.
+    assert_eq!(backend("/elsewhere").await, "details");
+    let out = mesh.pods["productpage"]
+        .run(&["http-get", &details("/v2/ratings"), "--show-headers"])
+        .await;
+    assert_eq!(
+        out.response_headers()
+            .get("x-shoal-delegated")
+            .and_then(Value::as_str),
+        Some("root"),
+        "the root rule's headers apply to the child's routes: {out:?}"
+    );
+
+    mesh.write(
+        "details-v2.yaml",
+        &DETAILS_V2_VS.replace("{host: ratings}", "{host: reviews, subset: v1}"),
+    );
+    eventually(PROPAGATE, POLL, || async {
+        match mesh.get("productpage", &details("/v2/ratings"), &[]).await {
+            Ok((200, b)) if b["backend"] == "reviews-v1" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    mesh.write("details-v2.yaml", DETAILS_V2_VS);
+}
+
 /// An address outside the mesh passes through (`PassthroughCluster`) under ALLOW_ANY, and
 /// is blocked once a mesh-wide Sidecar says REGISTRY_ONLY.
 async fn passthrough_and_registry_only(mesh: &CapturedMesh) {
@@ -459,10 +503,27 @@ spec:
   - match: [{uri: {prefix: /cors}}]
     corsPolicy: {allowOrigins: [{exact: "https://shop.example"}], allowMethods: [GET], maxAge: 1h}
     route: [{destination: {host: details}}]
+  - match: [{uri: {prefix: /v2}}]
+    headers:
+      response: {set: {x-shoal-delegated: root}}
+    delegate: {name: details-v2}
   - route: [{destination: {host: details}}]
     headers:
       request: {set: {x-shoal-route: default}}
       response: {set: {x-shoal-served: "yes"}}
+"#;
+
+/// The delegate of `details`' `/v2` rule (no hosts).
+const DETAILS_V2_VS: &str = r#"apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: details-v2, namespace: shop}
+spec:
+  http:
+  - match: [{uri: {prefix: /v2/ratings}}]
+    route: [{destination: {host: ratings}}]
+  - match: [{uri: {prefix: /elsewhere}}]
+    route: [{destination: {host: ratings}}]
+  - route: [{destination: {host: reviews, subset: v2}}]
 "#;
 
 const REGISTRY_ONLY: &str = "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata:\n  \
@@ -544,6 +605,7 @@ impl CapturedMesh {
         }
         mesh.write_manifests();
         mesh.write("istio.yaml", &mesh.istio_config());
+        mesh.write("details-v2.yaml", DETAILS_V2_VS);
         mesh.write("gateway-service.yaml", &mesh.gateway_service());
 
         let dir = mesh.dir.path().to_str().expect("UTF-8 dir").to_string();

@@ -49,7 +49,11 @@ fn merged_rules(
             out.push(rule.clone());
             continue;
         };
-        let child_ns = d.namespace.as_deref().unwrap_or(root_ns);
+        let child_ns = d
+            .namespace
+            .as_deref()
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or(root_ns);
         let Some(child) = delegates.get(&(child_ns, d.name.as_str())) else {
             tracing::debug!(root = %root.meta.name, namespace = root_ns, delegate = %d.name,
                 "delegate VirtualService not found; the rule is ignored");

@@ -72,7 +72,7 @@ export SHOAL_CACHE_ASSERT=1
 if [ "$#" -gt 0 ]; then
   cargo test "$@"
 else
-  cargo test --workspace
+  cargo test --workspace --no-fail-fast
 fi
 
 # Helm chart: lint, render, Kubernetes schema validation, RBAC, and flags/probes checked

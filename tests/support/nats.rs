@@ -146,7 +146,34 @@ impl NatsCluster {
                 );
             }
         }
-        NatsCluster { nodes }
+        let cluster = NatsCluster { nodes };
+        cluster.wait_placement(size).await;
+        cluster
+    }
+
+    /// Waits until the JetStream meta group knows every peer: each node answering is not
+    /// enough, a replicated stream created before the routes settle fails with "no
+    /// suitable peers for placement" (seen on a loaded machine).
+    async fn wait_placement(&self, replicas: usize) {
+        use async_nats::jetstream::{self, stream};
+        let url = self.nodes[0].url();
+        let probe = || async {
+            let client = async_nats::connect(&url).await.map_err(|e| e.to_string())?;
+            let js = jetstream::new(client);
+            js.create_stream(stream::Config {
+                name: "shoal-placement-probe".into(),
+                subjects: vec!["shoal.placement.probe".into()],
+                num_replicas: replicas,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+            js.delete_stream("shoal-placement-probe")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<(), String>(())
+        };
+        crate::eventually(Duration::from_secs(30), Duration::from_millis(250), probe).await;
     }
 
     /// Every node's client URL, comma-separated (what `NatsOptions::url` takes).

@@ -57,6 +57,8 @@ pub struct ChangeSet {
     pub full: bool,
     /// Istio config kinds that changed.
     pub config: BTreeSet<ConfigKind>,
+    /// A VirtualService with `tcp`/`tls` rules changed: listeners too, not only routes.
+    pub listener_rules: bool,
     /// Whether any Kubernetes service changed.
     pub services: bool,
     /// Service hostnames whose endpoints changed.
@@ -69,6 +71,10 @@ impl ChangeSet {
             Change::None => {}
             Change::Config(kind) => {
                 self.config.insert(*kind);
+            }
+            Change::ListenerRules => {
+                self.config.insert(ConfigKind::VirtualService);
+                self.listener_rules = true;
             }
             Change::Service => self.services = true,
             Change::Endpoints(host) => {

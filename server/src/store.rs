@@ -76,6 +76,13 @@ pub enum ApplyError {
     },
 }
 
+/// Whether a config object shapes listeners beyond route tables: a VirtualService with
+/// `tcp` or `tls` rules (sidecar outbound chains, gateway TCP/TLS servers).
+fn shapes_listeners(obj: &ConfigObject) -> bool {
+    matches!(&obj.spec, shoal_common::model::ConfigSpec::VirtualService(vs)
+        if !vs.tcp.is_empty() || !vs.tls.is_empty())
+}
+
 /// What an applied entry changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
@@ -83,6 +90,8 @@ pub enum Change {
     None,
     /// Istio config of this kind.
     Config(ConfigKind),
+    /// A VirtualService whose `tcp` or `tls` rules (before or after) shape listeners.
+    ListenerRules,
     /// A service (the PushContext depends on services).
     Service,
     /// Endpoints of this service hostname.
@@ -177,12 +186,12 @@ impl MeshState {
                 let (kind, ns, name) = keys::parse_config_key(&entry.key).map_err(key_err)?;
                 let id = (kind, ns, name);
                 if entry.op == Op::Delete {
-                    let removed = self.config.remove(&id).is_some();
+                    let removed = self.config.remove(&id);
                     return Ok((
-                        if removed {
-                            Change::Config(kind)
-                        } else {
-                            Change::None
+                        match removed {
+                            Some(old) if shapes_listeners(&old) => Change::ListenerRules,
+                            Some(_) => Change::Config(kind),
+                            None => Change::None,
                         },
                         None,
                     ));
@@ -203,8 +212,14 @@ impl MeshState {
                 if self.config.get(&id).is_some_and(|old| **old == obj) {
                     return Ok((Change::None, None));
                 }
-                self.config.insert(id, Arc::new(obj));
-                Ok((Change::Config(kind), Some(env.observed_at_ms)))
+                let listeners = shapes_listeners(&obj);
+                let old = self.config.insert(id, Arc::new(obj));
+                let change = if listeners || old.is_some_and(|o| shapes_listeners(&o)) {
+                    Change::ListenerRules
+                } else {
+                    Change::Config(kind)
+                };
+                Ok((change, Some(env.observed_at_ms)))
             }
             Bucket::Services => {
                 let id = keys::parse_service_key(&entry.key).map_err(key_err)?;

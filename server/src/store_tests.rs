@@ -31,6 +31,34 @@ fn slice_of(state: &MeshState, host: &str, slice: &str) -> EndpointSet {
 }
 
 #[test]
+fn virtual_services_with_tcp_or_tls_rules_change_listeners() {
+    let mut state = MeshState::default();
+    let tcp = virtual_service(
+        "default",
+        "db",
+        "hosts: [db]\ntcp: [{route: [{destination: {host: db}}]}]",
+    );
+    let (change, _) = state.apply(Bucket::Config, &config_put(&tcp)).unwrap();
+    assert_eq!(change, Change::ListenerRules);
+    // Its tcp rules removed: the listeners they shaped change too.
+    let http = virtual_service(
+        "default",
+        "db",
+        "hosts: [db]\nhttp: [{route: [{destination: {host: db}}]}]",
+    );
+    let (change, _) = state.apply(Bucket::Config, &config_put(&http)).unwrap();
+    assert_eq!(change, Change::ListenerRules);
+    // From then on, HTTP-only changes touch routes alone.
+    let http2 = virtual_service(
+        "default",
+        "db",
+        "hosts: [db]\nhttp: [{route: [{destination: {host: db2}}]}]",
+    );
+    let (change, _) = state.apply(Bucket::Config, &config_put(&http2)).unwrap();
+    assert_eq!(change, Change::Config(ConfigKind::VirtualService));
+}
+
+#[test]
 fn config_put_update_and_delete() {
     let mut state = MeshState::default();
     let v1 = vs_obj("default", "reviews", "reviews");

@@ -36,9 +36,13 @@ pub fn affected_types(
             }
             (ConfigKind::Gateway, ProxyKind::Sidecar) => {}
             // HTTP rules shape route tables; `tcp`/`tls` rules shape listeners' filter
-            // chains (sidecar outbound, gateway TCP/TLS servers).
+            // chains (sidecar outbound, gateway TCP/TLS servers): listeners only when a
+            // VirtualService with such rules changed.
             (ConfigKind::VirtualService, _) => {
-                out.extend([XdsType::Listener, XdsType::Route]);
+                out.insert(XdsType::Route);
+                if changes.listener_rules {
+                    out.insert(XdsType::Listener);
+                }
             }
             // Subsets and policies: clusters and their endpoints.
             (ConfigKind::DestinationRule, _) => {
@@ -123,7 +127,7 @@ mod tests {
                 ProxyKind::Sidecar,
                 &s
             ),
-            [XdsType::Listener, XdsType::Route].into()
+            [XdsType::Route].into()
         );
         assert_eq!(
             affected_types(
@@ -138,6 +142,19 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(affected_types(&full, ProxyKind::Sidecar, &s).len(), 4);
+    }
+
+    #[test]
+    fn virtual_services_with_tcp_or_tls_rules_reach_listeners() {
+        let s = scope(&[]);
+        let mut c = config(&[ConfigKind::VirtualService]);
+        c.listener_rules = true;
+        for kind in [ProxyKind::Sidecar, ProxyKind::Router] {
+            assert_eq!(
+                affected_types(&c, kind, &s),
+                [XdsType::Listener, XdsType::Route].into()
+            );
+        }
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct AdminState {
     pub draining: watch::Receiver<bool>,
     /// The generator cache.
     pub cache: crate::generate::cache::GeneratorCache,
+    /// The proxies' views.
+    pub views: crate::view::Views,
 }
 
 /// Serves the admin endpoints on an already-bound listener until the task is dropped.
@@ -74,6 +76,7 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
                 "hits": state.metrics.cache_hits.get(),
                 "misses": state.metrics.cache_misses.get(),
                 "assert": state.cache.asserting(),
+                "views": state.views.live(),
             }))
         }
         "/metrics" => {

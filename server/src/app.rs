@@ -6,6 +6,7 @@ use crate::mesh_config;
 use crate::metrics::Metrics;
 use crate::pipeline::{self, Debounce};
 use crate::push_context::MeshSettings;
+use crate::view::{Generation, Views};
 use crate::xds::listener::{self, ConnectionPolicy};
 use crate::xds::{AdsService, Registry};
 use anyhow::Context;
@@ -212,6 +213,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
 
     let (drain_tx, drain_rx) = watch::channel(false);
     let cache = GeneratorCache::new(args.cache_size << 20, args.cache_assert, metrics.clone());
+    let views = Views::new(Generation::per_core(cache.clone()));
     let admin_listener = tokio::net::TcpListener::bind(args.admin_addr)
         .await
         .with_context(|| format!("cannot listen on admin address {}", args.admin_addr))?;
@@ -222,7 +224,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             registry: registry.clone(),
             metrics: metrics.clone(),
             draining: drain_rx.clone(),
-            cache: cache.clone(),
+            cache,
+            views: views.clone(),
         },
     ));
 
@@ -232,7 +235,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     tracing::info!(xds = %args.xds_addr, admin = %args.admin_addr, "serving");
     let ads = AdsService::new(rx, registry, metrics)
         .with_push_concurrency(args.push_concurrency)
-        .with_cache(cache);
+        .with_views(views);
     let routes = tonic::service::Routes::new(
         AggregatedDiscoveryServiceServer::new(ads).max_decoding_message_size(16 << 20),
     )

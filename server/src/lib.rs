@@ -16,6 +16,7 @@ pub mod proxy;
 pub mod push_context;
 pub mod scope;
 pub mod store;
+pub mod view;
 pub mod xds;
 
 #[cfg(test)]

@@ -318,14 +318,15 @@ pub async fn run_with_mesh(
                         .observe(start.elapsed().as_secs_f64());
                 }
                 number += 1;
+                tracing::debug!(number, ?changes, "publishing snapshot");
+                let changes = Arc::new(std::mem::take(&mut changes));
                 let snapshot = Arc::new(Snapshot {
                     ctx: ctx.clone(),
                     endpoints: Arc::new(state.endpoints.clone()),
                     number,
+                    changes: Some(changes.clone()),
                 });
-                tracing::debug!(number, ?changes, "publishing snapshot");
                 let observed_at_ms = observed.take();
-                let changes = Arc::new(std::mem::take(&mut changes));
                 let published_at_ms = shoal_common::envelope::now_ms();
                 let published = Published {
                     snapshot,

@@ -280,6 +280,7 @@ pub fn snapshot_of(state: &MeshState) -> Snapshot {
         ctx: Arc::new(PushContext::build(state)),
         endpoints: Arc::new(state.endpoints.clone()),
         number: 1,
+        changes: None,
     }
 }
 

@@ -47,6 +47,11 @@ use tracing::{info, warn};
 /// Changes are published this long after the first one, so a burst is one round.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
+/// Endpoint changes (EndpointSlices, Pods) are published this long after the first one:
+/// they are what proxies wait for when pods come and go, and the server batches them
+/// again before pushing. Still a bound, so a churn storm is rounds, not a write per event.
+const ENDPOINTS_DEBOUNCE: Duration = Duration::from_millis(10);
+
 /// A round with bus failures is retried after this long.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -378,6 +383,7 @@ impl ClusterTask {
             Update::Secret(_) => {}
             core if generation == self.active.generation => {
                 let namespaces_changed = matches!(core, Update::Namespace(_));
+                let endpoints_only = matches!(core, Update::Slice(_) | Update::Pod(_));
                 let affects = apply(&mut self.store, core);
                 // Namespace labels decide the selection of config too.
                 if let Some(config) = self.config.as_mut().filter(|_| namespaces_changed) {
@@ -392,7 +398,11 @@ impl ClusterTask {
                     Affects::Namespace(ns) => self.dirty.add_namespace(&ns),
                     Affects::All => self.dirty.add_all(),
                 }
-                self.schedule();
+                if endpoints_only {
+                    self.schedule_within(ENDPOINTS_DEBOUNCE);
+                } else {
+                    self.schedule();
+                }
             }
             core => {
                 let Some(pending) = &mut self.pending else {
@@ -450,8 +460,13 @@ impl ClusterTask {
 
     /// Like [`ClusterTask::schedule`], but also brings forward a round waiting to retry.
     fn schedule_soon(&mut self) {
+        self.schedule_within(DEBOUNCE);
+    }
+
+    /// Publishes within `delay` (sooner if a round is already due).
+    fn schedule_within(&mut self, delay: Duration) {
         self.observed_at_ms.get_or_insert_with(now_ms);
-        let soon = Instant::now() + DEBOUNCE;
+        let soon = Instant::now() + delay;
         self.publish_at = Some(self.publish_at.map_or(soon, |at| at.min(soon)));
     }
 

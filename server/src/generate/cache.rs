@@ -4,11 +4,12 @@
 //! and proxies with the same view share one encoding. `SHOAL_CACHE_ASSERT=1` rebuilds every
 //! hit and panics if the bytes differ, proving in tests that no input is missing from a key.
 
-use super::{build, finish, keys, Key, Resource, Snapshot};
+use super::{build, keys, Key, Resource, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::scope::ProxyScope;
 use shoal_proto::XdsType;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Per-entry overhead counted on top of the resource bytes (key, bookkeeping).
@@ -17,7 +18,7 @@ const ENTRY_OVERHEAD: u32 = 256;
 /// A cache of generated resources.
 #[derive(Clone)]
 pub struct GeneratorCache {
-    cache: moka::sync::Cache<Key, Resource>,
+    cache: moka::sync::Cache<Key, Arc<Resource>>,
     assert: bool,
     metrics: Metrics,
 }
@@ -28,7 +29,7 @@ impl GeneratorCache {
     pub fn new(max_bytes: u64, assert: bool, metrics: Metrics) -> GeneratorCache {
         let cache = moka::sync::Cache::builder()
             .max_capacity(max_bytes)
-            .weigher(|_k: &Key, v: &Resource| {
+            .weigher(|_k: &Key, v: &Arc<Resource>| {
                 u32::try_from(v.any.value.len())
                     .unwrap_or(u32::MAX)
                     .saturating_add(ENTRY_OVERHEAD)
@@ -49,7 +50,7 @@ impl GeneratorCache {
             .is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
     }
 
-    /// Generates the resources of `ty` for a proxy, through the cache.
+    /// Generates the resources of `ty` for a proxy, through the cache, ordered by name.
     pub fn generate(
         &self,
         ty: XdsType,
@@ -57,16 +58,21 @@ impl GeneratorCache {
         scope: &ProxyScope,
         snap: &Snapshot,
         names: &[String],
-    ) -> Vec<Resource> {
-        let out = keys(ty, proxy, scope, snap, names)
+    ) -> Vec<Arc<Resource>> {
+        let mut out: Vec<Arc<Resource>> = keys(ty, proxy, scope, snap, names)
             .into_iter()
             .map(|k| self.get(k))
             .collect();
-        finish(out)
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out.dedup_by(|a, b| a.name == b.name);
+        out
     }
 
-    fn get(&self, key: Key) -> Resource {
-        let entry = self.cache.entry_by_ref(&key).or_insert_with(|| build(&key));
+    fn get(&self, key: Key) -> Arc<Resource> {
+        let entry = self
+            .cache
+            .entry_by_ref(&key)
+            .or_insert_with(|| Arc::new(build(&key)));
         if entry.is_fresh() {
             self.metrics.cache_misses.inc();
             return entry.into_value();
@@ -76,7 +82,7 @@ impl GeneratorCache {
         if self.assert {
             let fresh = build(&key);
             assert!(
-                fresh == cached,
+                fresh == *cached,
                 "generator cache returned stale bytes for {} (key {key:?}): an input is missing from the key",
                 cached.name
             );
@@ -119,7 +125,7 @@ mod tests {
             ))
     }
 
-    fn generate_all(cache: &GeneratorCache, proxy: &Proxy, snap: &Snapshot) -> Vec<Resource> {
+    fn generate_all(cache: &GeneratorCache, proxy: &Proxy, snap: &Snapshot) -> Vec<Arc<Resource>> {
         let scope = ProxyScope::compute(proxy, &snap.ctx);
         let mut out = cache.generate(XdsType::Cluster, proxy, &scope, snap, &[]);
         let names: Vec<String> = out
@@ -149,8 +155,13 @@ mod tests {
         );
         assert_eq!(first, second);
         let scope = ProxyScope::compute(&p1, &snap.ctx);
+        let cached: Vec<Resource> = cache
+            .generate(XdsType::Cluster, &p1, &scope, &snap, &[])
+            .iter()
+            .map(|r| (**r).clone())
+            .collect();
         assert_eq!(
-            cache.generate(XdsType::Cluster, &p1, &scope, &snap, &[]),
+            cached,
             super::super::generate(XdsType::Cluster, &p1, &scope, &snap, &[])
         );
     }
@@ -189,7 +200,7 @@ mod tests {
         let keys = keys(XdsType::Cluster, &proxy, &scope, &snap, &[]);
         let key = keys.last().cloned().expect("a cluster key");
         // Simulate a key that failed to capture an input: a different resource under it.
-        let wrong = build(&keys[0]);
+        let wrong = Arc::new(build(&keys[0]));
         cache.cache.insert(key, wrong);
         cache.generate(XdsType::Cluster, &proxy, &scope, &snap, &[]);
     }

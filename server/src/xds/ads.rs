@@ -8,6 +8,7 @@ use super::sotw::SotwStream;
 use crate::generate::cache::GeneratorCache;
 use crate::metrics::Metrics;
 use crate::pipeline::Published;
+use crate::view::{Generation, Views};
 use futures::StreamExt;
 use shoal_proto::pb::envoy::service::discovery::v3::{
     aggregated_discovery_service_server::AggregatedDiscoveryService, DeltaDiscoveryRequest,
@@ -29,7 +30,7 @@ pub struct AdsService {
     metrics: Metrics,
     next_id: Arc<AtomicU64>,
     push_limit: Arc<Semaphore>,
-    cache: GeneratorCache,
+    views: Views,
 }
 
 /// Default size bound of the generator cache.
@@ -51,17 +52,17 @@ impl AdsService {
             metrics: metrics.clone(),
             next_id: Arc::new(AtomicU64::new(1)),
             push_limit: Arc::new(Semaphore::new(DEFAULT_PUSH_CONCURRENCY)),
-            cache: GeneratorCache::new(
+            views: Views::new(Generation::per_core(GeneratorCache::new(
                 DEFAULT_CACHE_BYTES,
                 GeneratorCache::assert_from_env(),
-                metrics.clone(),
-            ),
+                metrics,
+            ))),
         }
     }
 
-    /// Uses this generator cache (shared with the admin server's `/debug/cachez`).
-    pub fn with_cache(mut self, cache: GeneratorCache) -> Self {
-        self.cache = cache;
+    /// Uses these views (whose generator cache the admin server's `/debug/cachez` shows).
+    pub fn with_views(mut self, views: Views) -> Self {
+        self.views = views;
         self
     }
 
@@ -93,7 +94,7 @@ impl AdsService {
             mode,
             self.registry.clone(),
             self.metrics.clone(),
-            self.cache.clone(),
+            self.views.clone(),
         )
     }
 }
@@ -316,6 +317,7 @@ mod merge_tests {
                 ctx: Default::default(),
                 endpoints: Default::default(),
                 number,
+                changes: None,
             }),
             observed_at_ms: None,
             changes: Arc::new(ChangeSet {
@@ -330,7 +332,8 @@ mod merge_tests {
     async fn snapshots_published_during_a_push_merge_into_one() {
         let metrics = Metrics::new();
         let cache = GeneratorCache::new(1 << 20, false, metrics.clone());
-        let mut session = Session::new("t".into(), Mode::Sotw, Registry::default(), metrics, cache);
+        let views = Views::new(Generation::new(cache, 1));
+        let mut session = Session::new("t".into(), Mode::Sotw, Registry::default(), metrics, views);
         let node =
             crate::proxy::tests::node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", "ns", &[]);
         session.identify(Some(&node)).expect("valid node");

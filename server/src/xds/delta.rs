@@ -8,8 +8,8 @@
 
 use super::ads::StreamHandler;
 use super::session::Session;
-use super::sotw::response_version;
 use crate::generate::Snapshot;
+use crate::view::{Held, Names};
 use shoal_proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as PbResource,
 };
@@ -24,10 +24,11 @@ use tonic::Status;
 struct Subscription {
     /// Subscribed to everything (CDS and LDS always are).
     wildcard: bool,
-    /// Explicitly subscribed names.
-    names: BTreeSet<String>,
-    /// What the proxy holds: name → version (seeded from `initial_resource_versions`).
-    held: BTreeMap<String, String>,
+    /// Explicitly subscribed names (shared with the view's other streams that subscribed
+    /// to the same names).
+    names: Names,
+    /// What the proxy holds (seeded from `initial_resource_versions`).
+    held: Held,
     /// Nonce of the last response.
     sent_nonce: Option<String>,
 }
@@ -56,74 +57,59 @@ impl DeltaStream {
     async fn respond(
         &mut self,
         ty: XdsType,
-        snap: &Snapshot,
+        snap: &Arc<Snapshot>,
         force: bool,
         observed_at_ms: Option<u64>,
     ) -> Result<usize, Status> {
         let Some(sub) = self.subs.get(&ty) else {
             return Ok(0);
         };
-        let names: Vec<String> = if sub.wildcard {
-            Vec::new()
+        // A wildcard subscription of a non-wildcard type asks for no name in particular.
+        let names = if sub.wildcard && !ty.is_wildcard_type() {
+            Names::default()
         } else {
-            sub.names.iter().cloned().collect()
+            sub.names.clone()
         };
-        let resources = self.session.generate(ty, snap, &names);
+        let output = self.session.output(ty, snap, &names).await;
         let Some(sub) = self.subs.get_mut(&ty) else {
             return Ok(0);
         };
-        let current: BTreeSet<&str> = resources.iter().map(|r| r.name.as_str()).collect();
-        let removed: Vec<String> = sub
-            .held
-            .keys()
-            .filter(|n| !current.contains(n.as_str()))
-            .cloned()
-            .collect();
-        let changed: Vec<_> = resources
-            .iter()
-            .filter(|r| sub.held.get(&r.name) != Some(&r.version))
-            .cloned()
-            .collect();
-        let unchanged = resources.len() - changed.len();
-        if changed.is_empty() && removed.is_empty() && !force {
+        let diff = self.session.diff(ty, &names, &sub.held, &output);
+        if diff.is_empty() && !force {
             self.session
                 .metrics
                 .pushes_unchanged
                 .with_label_values(&[ty.short()])
                 .inc();
-            return Ok(unchanged);
+            return Ok(diff.unchanged);
         }
-        for n in &removed {
-            sub.held.remove(n);
-        }
-        for r in &changed {
-            sub.held.insert(r.name.clone(), r.version.clone());
-        }
+        sub.held = Held::Shared(output.clone());
         self.nonce += 1;
         let nonce = format!("{}-{}", snap.number, self.nonce);
         sub.sent_nonce = Some(nonce.clone());
-        let version = response_version(&resources);
+        let version = output.version().to_string();
         self.session.sent(
             ty,
             &version,
             &nonce,
-            &changed,
-            resources.len(),
+            &diff.changed,
+            output.resources().len(),
             observed_at_ms,
         );
         let response = DeltaDiscoveryResponse {
             system_version_info: version,
-            resources: changed
-                .into_iter()
+            resources: diff
+                .changed
+                .iter()
                 .map(|r| PbResource {
-                    name: r.name,
-                    version: r.version,
-                    resource: Some(r.any),
+                    name: r.name.clone(),
+                    version: r.version.clone(),
+                    resource: Some(r.any.clone()),
                     ..Default::default()
                 })
                 .collect(),
             type_url: ty.type_url().to_string(),
-            removed_resources: removed,
+            removed_resources: diff.removed.clone(),
             nonce,
             ..Default::default()
         };
@@ -131,7 +117,7 @@ impl DeltaStream {
             .send(Ok(response))
             .await
             .map_err(|_| Status::cancelled("stream closed"))?;
-        Ok(unchanged)
+        Ok(diff.unchanged)
     }
 }
 
@@ -160,11 +146,12 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         let sub = self.subs.entry(ty).or_default();
         if first {
             sub.wildcard = ty.is_wildcard_type();
-            sub.held = req
-                .initial_resource_versions
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
+            sub.held = Held::Own(
+                req.initial_resource_versions
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            );
             if !sub.held.is_empty() {
                 tracing::debug!(conn = %self.session.id, ty = ty.short(), held = sub.held.len(), "resuming with the proxy's resource versions");
             }
@@ -182,12 +169,15 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             }
         }
         let mut changed = false;
+        let mut names: Option<BTreeSet<String>> = None;
         for name in &req.resource_names_subscribe {
             if name == "*" {
                 changed |= !sub.wildcard;
                 sub.wildcard = true;
-            } else if !sub.wildcard || !ty.is_wildcard_type() {
-                changed |= sub.names.insert(name.clone());
+            } else if (!sub.wildcard || !ty.is_wildcard_type()) && !sub.names.contains(name) {
+                changed |= names
+                    .get_or_insert_with(|| (*sub.names).clone())
+                    .insert(name.clone());
             }
         }
         for name in &req.resource_names_unsubscribe {
@@ -195,11 +185,17 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
                 changed |= sub.wildcard;
                 sub.wildcard = false;
             }
-            if sub.names.remove(name) {
+            if sub.names.contains(name) {
+                names
+                    .get_or_insert_with(|| (*sub.names).clone())
+                    .remove(name);
                 changed = true;
             }
             // The proxy dropped it: if subscribed again, it must be sent again.
-            sub.held.remove(name);
+            sub.held.forget(name);
+        }
+        if let Some(names) = names {
+            sub.names = self.session.intern(ty, names);
         }
         let resuming = first && !sub.held.is_empty();
         if first || changed {

@@ -1,15 +1,16 @@
-//! What every ADS stream shares, SotW or delta: the proxy's identity, its scope (cached per
-//! PushContext), resource generation, and the bookkeeping behind `/debug/syncz` and metrics.
+//! What every ADS stream shares, SotW or delta: the proxy's identity, its view (scope and
+//! generated resources shared with every proxy of the same view key), and the bookkeeping
+//! behind `/debug/syncz` and metrics.
 
 use super::registry::{Nack, Registry};
-use crate::generate::cache::GeneratorCache;
 use crate::generate::{Resource, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyKind};
-use crate::push_context::PushContext;
 use crate::scope::ProxyScope;
+use crate::view::{Diff, Held, Names, Output, View, Views};
 use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::XdsType;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use tonic::Status;
 
@@ -28,12 +29,11 @@ pub(crate) struct Session {
     pub id: String,
     pub mode: Mode,
     proxy: Option<Proxy>,
-    /// The proxy's scope and the PushContext it was computed from: a scope depends only on
-    /// the proxy and the PushContext, which endpoint-only snapshots reuse.
-    scope: Option<(Arc<PushContext>, ProxyScope)>,
+    /// The view of the proxy's key, shared with every stream of the same key.
+    view: Option<Arc<View>>,
     pub registry: Registry,
     pub metrics: Metrics,
-    cache: GeneratorCache,
+    views: Views,
 }
 
 impl Session {
@@ -42,16 +42,16 @@ impl Session {
         mode: Mode,
         registry: Registry,
         metrics: Metrics,
-        cache: GeneratorCache,
+        views: Views,
     ) -> Session {
         Session {
             id,
             mode,
             proxy: None,
-            scope: None,
+            view: None,
             registry,
             metrics,
-            cache,
+            views,
         }
     }
 
@@ -72,28 +72,47 @@ impl Session {
             .connections
             .with_label_values(&[kind_label(proxy.kind)])
             .inc();
+        self.view = Some(self.views.view_for(&proxy));
         self.proxy = Some(proxy);
         Ok(())
     }
 
-    /// Generates `ty` for this proxy from `snap`.
-    pub fn generate(&mut self, ty: XdsType, snap: &Snapshot, names: &[String]) -> Vec<Resource> {
-        self.refresh_scope(snap);
-        match (&self.proxy, &self.scope) {
-            (Some(proxy), Some((_, scope))) => self.cache.generate(ty, proxy, scope, snap, names),
-            _ => Vec::new(),
+    /// The shared instance of a set of requested names (see [`View::intern`]).
+    pub fn intern(&self, ty: XdsType, names: BTreeSet<String>) -> Names {
+        match &self.view {
+            Some(view) => view.intern(ty, names),
+            None => Arc::new(names),
         }
     }
 
-    /// Recomputes the proxy's scope if the snapshot has a new PushContext.
-    fn refresh_scope(&mut self, snap: &Snapshot) {
-        let Some(proxy) = &self.proxy else { return };
-        if self
-            .scope
-            .as_ref()
-            .is_none_or(|(ctx, _)| !Arc::ptr_eq(ctx, &snap.ctx))
-        {
-            self.scope = Some((snap.ctx.clone(), ProxyScope::compute(proxy, &snap.ctx)));
+    /// The resources of `ty` (for `names` unless a wildcard type) in `snap`, from the
+    /// proxy's view. With the cache assert mode on, the view's output is checked against
+    /// the resources generated for this stream's own proxy.
+    pub async fn output(&self, ty: XdsType, snap: &Arc<Snapshot>, names: &Names) -> Arc<Output> {
+        let (Some(proxy), Some(view)) = (&self.proxy, &self.view) else {
+            return Arc::default();
+        };
+        let out = view.output(ty, names, snap).await;
+        if self.views.generation().cache().asserting() {
+            let scope = ProxyScope::compute(proxy, &snap.ctx);
+            let names: Vec<String> = names.iter().cloned().collect();
+            let own = crate::generate::generate(ty, proxy, &scope, snap, &names);
+            let shared: Vec<&Resource> = out.resources().iter().map(|r| r.as_ref()).collect();
+            assert!(
+                own.iter().eq(shared.iter().copied()),
+                "view output of {} differs from proxy {}'s own: an input is missing from the view key",
+                ty.short(),
+                proxy.id
+            );
+        }
+        out
+    }
+
+    /// What `out` changes for a proxy holding `held` (shared between the streams of a view).
+    pub fn diff(&self, ty: XdsType, names: &Names, held: &Held, out: &Arc<Output>) -> Arc<Diff> {
+        match &self.view {
+            Some(view) => view.diff(ty, names, held, out),
+            None => Arc::new(Diff::between(held, out)),
         }
     }
 
@@ -115,24 +134,19 @@ impl Session {
     /// The types a published snapshot can affect for this proxy. `last` is the snapshot
     /// number this stream last saw: if it missed one, everything may have changed.
     pub fn affected(
-        &mut self,
+        &self,
         published: &crate::pipeline::Published,
         last: u64,
     ) -> std::collections::BTreeSet<XdsType> {
         let snap = &published.snapshot;
-        if self.proxy.is_none() {
+        let (Some(proxy), Some(view)) = (&self.proxy, &self.view) else {
             return Default::default();
-        }
+        };
         if snap.number != last + 1 {
             return XdsType::ALL.into_iter().collect();
         }
-        self.refresh_scope(snap);
-        match (&self.proxy, &self.scope) {
-            (Some(proxy), Some((_, scope))) => {
-                super::impact::affected_types(&published.changes, proxy.kind, scope)
-            }
-            _ => XdsType::ALL.into_iter().collect(),
-        }
+        let scope = view.scope(&snap.ctx);
+        super::impact::affected_types(&published.changes, proxy.kind, &scope)
     }
 
     /// Records a NACK.
@@ -165,7 +179,7 @@ impl Session {
         ty: XdsType,
         version: &str,
         nonce: &str,
-        resources: &[Resource],
+        resources: &[Arc<Resource>],
         total: usize,
         observed_at_ms: Option<u64>,
     ) {

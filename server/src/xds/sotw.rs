@@ -9,9 +9,10 @@
 use super::ads::StreamHandler;
 use super::session::Session;
 use crate::generate::{Resource, Snapshot};
+use crate::view::{Held, Names};
 use shoal_proto::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
-use shoal_proto::{content_version, XdsType};
-use std::collections::BTreeMap;
+use shoal_proto::XdsType;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -19,13 +20,14 @@ use tonic::Status;
 /// What one stream has asked for and been sent, per type.
 #[derive(Debug, Default)]
 struct Watched {
-    /// Requested names, sorted (empty on a wildcard type = all).
-    names: Vec<String>,
+    /// Requested names (empty on a wildcard type = all), shared with the view's other
+    /// streams that requested the same names.
+    names: Names,
     /// Version and nonce of the last response.
     sent_version: Option<String>,
     sent_nonce: Option<String>,
-    /// Version of each resource last sent (for partial EDS pushes).
-    sent: BTreeMap<String, String>,
+    /// What was last sent (for partial EDS pushes).
+    sent: Held,
 }
 
 pub(crate) struct SotwStream {
@@ -51,7 +53,7 @@ impl SotwStream {
     async fn respond(
         &mut self,
         ty: XdsType,
-        snap: &Snapshot,
+        snap: &Arc<Snapshot>,
         force: bool,
         observed_at_ms: Option<u64>,
     ) -> Result<(), Status> {
@@ -59,12 +61,12 @@ impl SotwStream {
             return Ok(());
         };
         let names = w.names.clone();
-        let resources = self.session.generate(ty, snap, &names);
-        let version = response_version(&resources);
+        let output = self.session.output(ty, snap, &names).await;
+        let version = output.version();
         let Some(w) = self.watched.get_mut(&ty) else {
             return Ok(());
         };
-        if !force && w.sent_version.as_deref() == Some(version.as_str()) {
+        if !force && w.sent_version.as_deref() == Some(version) {
             self.session
                 .metrics
                 .pushes_unchanged
@@ -72,29 +74,24 @@ impl SotwStream {
                 .inc();
             return Ok(());
         }
-        let total = resources.len();
-        let to_send: Vec<Resource> = if !force && ty == XdsType::Endpoint {
-            resources
-                .iter()
-                .filter(|r| w.sent.get(&r.name) != Some(&r.version))
-                .cloned()
-                .collect()
+        let total = output.resources().len();
+        let partial;
+        let to_send: &[Arc<Resource>] = if !force && ty == XdsType::Endpoint {
+            partial = self.session.diff(ty, &names, &w.sent, &output);
+            &partial.changed
         } else {
-            resources.clone()
+            output.resources()
         };
-        w.sent = resources
-            .iter()
-            .map(|r| (r.name.clone(), r.version.clone()))
-            .collect();
+        w.sent = Held::Shared(output.clone());
         self.nonce += 1;
         let nonce = format!("{}-{}", snap.number, self.nonce);
-        w.sent_version = Some(version.clone());
+        w.sent_version = Some(version.to_string());
         w.sent_nonce = Some(nonce.clone());
         self.session
-            .sent(ty, &version, &nonce, &to_send, total, observed_at_ms);
+            .sent(ty, version, &nonce, to_send, total, observed_at_ms);
         let response = DiscoveryResponse {
-            version_info: version,
-            resources: to_send.into_iter().map(|r| r.any).collect(),
+            version_info: version.to_string(),
+            resources: to_send.iter().map(|r| r.any.clone()).collect(),
             type_url: ty.type_url().to_string(),
             nonce,
             ..Default::default()
@@ -127,9 +124,7 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         else {
             return Ok(());
         };
-        let mut names = req.resource_names.clone();
-        names.sort();
-        names.dedup();
+        let names: BTreeSet<String> = req.resource_names.iter().cloned().collect();
         let w = self.watched.entry(ty).or_default();
         // A nonce from before this stream (the proxy reconnected, perhaps from another
         // replica) is a new request for this type, as in Istio's shouldRespond.
@@ -144,11 +139,13 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
                 return Ok(());
             }
             self.session.ack(ty, &req.response_nonce, &req.version_info);
-            if w.names == names {
+            if *w.names == names {
                 return Ok(()); // A plain ACK.
             }
         }
-        w.names = names;
+        if *w.names != names {
+            w.names = self.session.intern(ty, names);
+        }
         self.respond(ty, snap, true, None).await
     }
 
@@ -170,17 +167,4 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
     async fn fail(&mut self, status: Status) {
         let _ = self.tx.send(Err(status)).await;
     }
-}
-
-/// The SotW version of a response: a hash over the names and content versions of its
-/// resources, identical on every replica for the same content.
-pub(crate) fn response_version(resources: &[Resource]) -> String {
-    let mut buf = Vec::new();
-    for r in resources {
-        buf.extend_from_slice(r.name.as_bytes());
-        buf.push(0);
-        buf.extend_from_slice(r.version.as_bytes());
-        buf.push(0);
-    }
-    content_version(&buf)
 }

@@ -247,7 +247,8 @@ async fn first_request_gets_a_versioned_response() {
         &numbered(&mesh(&["10.0.0.1"]), 1),
         &[],
     );
-    assert_eq!(r.version_info, super::sotw::response_version(&expected));
+    let expected = crate::view::Output::new(expected.into_iter().map(Arc::new).collect());
+    assert_eq!(r.version_info, expected.version());
 
     let conns = s.registry.snapshot();
     assert_eq!(conns.len(), 1);

@@ -303,6 +303,7 @@ fn cached_shop_routes(cache: &GeneratorCache, mesh: &Mesh) -> Vec<Route> {
         &snap,
         &["http.80".to_string()],
     );
+    let out: Vec<_> = out.iter().map(|r| (**r).clone()).collect();
     let rc = route_configs(&out).remove("http.80").expect("http.80");
     vhost(&rc, "shop.example.com:80").routes.clone()
 }

@@ -83,6 +83,7 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
             let (entries, bytes) = state.cache.stats();
             state.metrics.cache_entries.set(entries as i64);
             state.metrics.cache_bytes.set(bytes as i64);
+            state.metrics.views.set(state.views.live() as i64);
             metrics_response(&state.metrics)
         }
         "/debug/syncz" => json_response(json!(state.registry.snapshot())),

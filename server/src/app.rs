@@ -101,6 +101,28 @@ pub struct ServerArgs {
     )]
     pub debounce_max: ConfigDuration,
 
+    /// Quiet period before pushing when every pending change is an endpoint change. Shorter
+    /// than --debounce-after: endpoint-only snapshots reuse the PushContext and proxies
+    /// wait for endpoints when pods come and go. (Istio pushes endpoint changes through its
+    /// one debounce unless PILOT_ENABLE_EDS_DEBOUNCE=false.)
+    #[arg(
+        long,
+        env = "SHOAL_EDS_DEBOUNCE_AFTER",
+        default_value = "10ms",
+        value_name = "DURATION"
+    )]
+    pub eds_debounce_after: ConfigDuration,
+
+    /// Longest a stream of endpoint changes may delay a push: during a churn storm,
+    /// endpoint snapshots are published at most this often.
+    #[arg(
+        long,
+        env = "SHOAL_EDS_DEBOUNCE_MAX",
+        default_value = "100ms",
+        value_name = "DURATION"
+    )]
+    pub eds_debounce_max: ConfigDuration,
+
     /// Maximum age of a proxy connection, jittered ±10% per connection; an aged connection
     /// ends gracefully so the proxy reconnects, spreading proxies over replicas after a
     /// scale-out. "0s" disables it.
@@ -193,6 +215,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let debounce = Debounce {
         after: args.debounce_after.get(),
         max: args.debounce_max.get(),
+        eds_after: args.eds_debounce_after.get(),
+        eds_max: args.eds_debounce_max.get(),
     };
     let settings = match &args.mesh_config {
         Some(path) => mesh_config::load(path).context("cannot use --mesh-config")?,

@@ -44,7 +44,27 @@ pub struct Metrics {
     pub cache_entries: IntGauge,
     /// Generator cache weighted size in bytes (set on scrape).
     pub cache_bytes: IntGauge,
+    /// Ended xDS streams, by reason.
+    pub streams_closed: IntCounterVec,
+    /// Views with connected proxies (set on scrape).
+    pub views: IntGauge,
 }
+
+/// Why an xDS stream ended (the `reason` label of `shoal_xds_streams_closed_total`).
+pub const CLOSE_REASONS: [&str; 6] = [
+    // The proxy ended its request stream (Envoy restarting, reconnecting).
+    "proxy_closed",
+    // The request stream failed (transport error, reset).
+    "stream_error",
+    // A request was refused (invalid node, bad request): the stream ends with an error.
+    "refused",
+    // A response could not be written: the proxy is gone.
+    "send_failed",
+    // The server closed it: connection aged out (--max-connection-age) or draining.
+    "server_closed",
+    // The stream task ended abnormally (a panic).
+    "aborted",
+];
 
 impl Metrics {
     /// Creates and registers every metric.
@@ -151,6 +171,21 @@ impl Metrics {
                 "Generator cache size in bytes (resources plus per-entry overhead).",
             )
             .expect("valid metric"),
+            streams_closed: IntCounterVec::new(
+                opts!(
+                    "shoal_xds_streams_closed_total",
+                    "Ended xDS streams, by reason: proxy_closed, stream_error, refused, \
+                     send_failed, server_closed, aborted."
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
+            views: IntGauge::new(
+                "shoal_views",
+                "Views (proxies with the same view key share generated configuration) \
+                 with connected proxies.",
+            )
+            .expect("valid metric"),
             registry,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -171,6 +206,8 @@ impl Metrics {
             Box::new(m.cache_misses.clone()),
             Box::new(m.cache_entries.clone()),
             Box::new(m.cache_bytes.clone()),
+            Box::new(m.streams_closed.clone()),
+            Box::new(m.views.clone()),
         ];
         shoal_common::metrics::register_all(&m.registry, collectors);
         // Create the series of every known label value, so each documented metric shows
@@ -190,6 +227,9 @@ impl Metrics {
         }
         for kind in ["sidecar", "router"] {
             m.connections.with_label_values(&[kind]);
+        }
+        for reason in CLOSE_REASONS {
+            m.streams_closed.with_label_values(&[reason]);
         }
         for bucket in ["shoal-config", "shoal-services", "shoal-endpoints"] {
             for result in ["applied", "unchanged", "invalid"] {

@@ -14,13 +14,21 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-/// Debounce settings, like Istio's `PILOT_DEBOUNCE_AFTER` / `PILOT_DEBOUNCE_MAX`.
+/// Debounce settings, like Istio's `PILOT_DEBOUNCE_AFTER` / `PILOT_DEBOUNCE_MAX`, with a
+/// shorter pair for batches of endpoint changes only (Istio's `PILOT_ENABLE_EDS_DEBOUNCE`
+/// knob, here a window of its own): endpoints are what proxies wait for when pods come
+/// and go, and an endpoint-only snapshot reuses the PushContext, so it is cheap to publish.
 #[derive(Debug, Clone, Copy)]
 pub struct Debounce {
     /// Quiet period after the last change before pushing.
     pub after: Duration,
     /// Longest a push may be delayed by a stream of changes.
     pub max: Duration,
+    /// Quiet period when every pending change is an endpoint change.
+    pub eds_after: Duration,
+    /// Longest a stream of endpoint changes may delay a push: a churn storm is published
+    /// at most once per this period (streams that are still busy merge snapshots).
+    pub eds_max: Duration,
 }
 
 impl Default for Debounce {
@@ -28,7 +36,50 @@ impl Default for Debounce {
         Debounce {
             after: Duration::from_millis(100),
             max: Duration::from_secs(10),
+            eds_after: Duration::from_millis(10),
+            eds_max: Duration::from_millis(100),
         }
+    }
+}
+
+/// The open debounce window: when the pending changes are published.
+#[derive(Debug, Default)]
+struct Window {
+    /// (first change, last change), while changes are pending.
+    open: Option<(Instant, Instant)>,
+}
+
+impl Window {
+    /// A change arrived.
+    fn touch(&mut self) {
+        let now = Instant::now();
+        self.open = Some(self.open.map_or((now, now), |(first, _)| (first, now)));
+    }
+
+    /// Publish as soon as possible (the initial state is loaded: readiness should not
+    /// wait for a debounce window).
+    fn expire(&mut self, d: &Debounce) {
+        // A window opened `max` ago closes at once. (`checked_sub` because an Instant
+        // cannot predate the clock's origin on every platform.)
+        let now = Instant::now();
+        let opened = now.checked_sub(d.max.max(d.eds_max)).unwrap_or(now);
+        self.open = Some((opened, opened));
+    }
+
+    /// When the window closes, for pending changes that are endpoint changes only or not.
+    fn deadline(&self, d: &Debounce, endpoints_only: bool) -> Option<Instant> {
+        let (after, max) = if endpoints_only {
+            (d.eds_after, d.eds_max)
+        } else {
+            (d.after, d.max)
+        };
+        self.open
+            .map(|(first, last)| (last + after).min(first + max))
+    }
+
+    /// Closes the window; returns when it opened.
+    fn close(&mut self) -> Option<Instant> {
+        self.open.take().map(|(first, _)| first)
     }
 }
 
@@ -86,6 +137,11 @@ impl ChangeSet {
     /// Whether the PushContext depends on anything that changed.
     fn needs_context(&self) -> bool {
         self.full || self.services || !self.config.is_empty()
+    }
+
+    /// Whether only endpoints changed (a snapshot can keep the PushContext).
+    pub fn endpoints_only(&self) -> bool {
+        !self.needs_context()
     }
 }
 
@@ -160,186 +216,216 @@ pub async fn run_with_mesh(
     }
     drop(tx);
 
-    let mut state = MeshState {
-        mesh: mesh.borrow_and_update().clone(),
-        ..MeshState::default()
-    };
+    let mut p = Pipeline::new(mesh.borrow_and_update().clone(), debounce, metrics);
     let mut mesh_open = true;
-    let mut ctx = Arc::new(PushContext::default());
-    let mut initial_pending: BTreeSet<Bucket> = WATCHED.into();
-    // Keys seen during a replay, per bucket being resynced.
-    let mut resync: BTreeMap<Bucket, BTreeSet<String>> = BTreeMap::new();
-    // Buckets past their initial values: their entries are live changes, checked against
-    // the fleets' lease epochs. Replayed values are the latest per key and always apply.
-    let mut live: BTreeSet<Bucket> = BTreeSet::new();
-    let mut changes = ChangeSet {
-        full: true,
-        ..ChangeSet::default()
-    };
-    let mut observed: Option<u64> = None;
-    let mut window: Option<(Instant, Instant)> = None; // (first change, last change)
-    let mut number = 0u64;
-
     loop {
-        let deadline =
-            window.map(|(first, last)| (last + debounce.after).min(first + debounce.max));
-        let feed = tokio::select! {
-            feed = rx.recv() => match feed { Some(f) => Some(f), None => return },
-            _ = sleep_until(deadline) => None,
-            changed = mesh.changed(), if mesh_open => {
-                match changed {
-                    Ok(()) => {
-                        state.mesh = mesh.borrow_and_update().clone();
-                        changes.full = true;
-                        let now = Instant::now();
-                        window = Some(window.map_or((now, now), |(first, _)| (first, now)));
+        let deadline = p.deadline();
+        tokio::select! {
+            feed = rx.recv() => match feed {
+                Some(Feed::Restart(bucket)) => p.restart(bucket),
+                Some(Feed::Event(bucket, WatchEvent::Entry(entry))) => p.entry(bucket, &entry),
+                Some(Feed::Event(bucket, WatchEvent::InitialDone)) => p.initial_done(bucket),
+                None => return,
+            },
+            _ = sleep_until(deadline) => {
+                if let Some(published) = p.assemble() {
+                    if out.send(Some(published)).is_err() {
+                        return;
                     }
-                    // The settings can no longer change.
-                    Err(_) => mesh_open = false,
+                    p.metrics.ready.set(1);
                 }
-                continue;
+            }
+            changed = mesh.changed(), if mesh_open => match changed {
+                Ok(()) => p.mesh_changed(mesh.borrow_and_update().clone()),
+                // The settings can no longer change.
+                Err(_) => mesh_open = false,
+            },
+        }
+    }
+}
+
+/// The pipeline's state between bus events.
+struct Pipeline {
+    debounce: Debounce,
+    metrics: Metrics,
+    state: MeshState,
+    ctx: Arc<PushContext>,
+    /// Buckets whose initial state has not been loaded yet: nothing is published before.
+    initial_pending: BTreeSet<Bucket>,
+    /// Keys seen during a replay, per bucket being resynced.
+    resync: BTreeMap<Bucket, BTreeSet<String>>,
+    /// Buckets past their initial values: their entries are live changes, checked against
+    /// the fleets' lease epochs. Replayed values are the latest per key and always apply.
+    live: BTreeSet<Bucket>,
+    /// What changed since the last snapshot.
+    changes: ChangeSet,
+    /// The newest ingester observation time among those changes.
+    observed: Option<u64>,
+    window: Window,
+    number: u64,
+}
+
+impl Pipeline {
+    fn new(mesh: Arc<MeshSettings>, debounce: Debounce, metrics: Metrics) -> Pipeline {
+        Pipeline {
+            debounce,
+            metrics,
+            state: MeshState {
+                mesh,
+                ..MeshState::default()
+            },
+            ctx: Arc::new(PushContext::default()),
+            initial_pending: WATCHED.into(),
+            resync: BTreeMap::new(),
+            live: BTreeSet::new(),
+            changes: ChangeSet {
+                full: true,
+                ..ChangeSet::default()
+            },
+            observed: None,
+            window: Window::default(),
+            number: 0,
+        }
+    }
+
+    /// When the pending changes are due.
+    fn deadline(&self) -> Option<Instant> {
+        self.window
+            .deadline(&self.debounce, self.changes.endpoints_only())
+    }
+
+    fn mesh_changed(&mut self, mesh: Arc<MeshSettings>) {
+        self.state.mesh = mesh;
+        self.changes.full = true;
+        self.window.touch();
+    }
+
+    /// A bucket's watch (re)started: a full replay follows.
+    fn restart(&mut self, bucket: Bucket) {
+        self.resync.insert(bucket, BTreeSet::new());
+        self.live.remove(&bucket);
+    }
+
+    /// One bus entry, of any bucket: applied to the state (or refused, keeping the
+    /// previous value), and recorded as a change.
+    fn entry(&mut self, bucket: Bucket, entry: &shoal_common::bus::Entry) {
+        if let Some(seen) = self.resync.get_mut(&bucket) {
+            seen.insert(entry.key.clone());
+        }
+        let applied = if self.live.contains(&bucket) {
+            self.state.apply_live(bucket, entry)
+        } else {
+            self.state.apply(bucket, entry)
+        };
+        let result = match applied {
+            Ok((Change::None, _)) => "unchanged",
+            Ok((change, observed)) => {
+                self.record(&change, observed);
+                "applied"
+            }
+            Err(ApplyError::Fenced {
+                key,
+                fleet,
+                epoch,
+                fleet_epoch,
+                ..
+            }) => {
+                tracing::warn!(
+                    %bucket,
+                    %key,
+                    %fleet,
+                    epoch,
+                    fleet_epoch,
+                    "refusing a write of a deposed ingester leader (its epoch is older \
+                     than the fleet's lease); previous value kept"
+                );
+                "fenced"
+            }
+            Err(error) => {
+                tracing::warn!(%error, "skipping invalid bus entry; previous value kept");
+                "invalid"
             }
         };
-        match feed {
-            Some(Feed::Restart(bucket)) => {
-                resync.insert(bucket, BTreeSet::new());
-                live.remove(&bucket);
-            }
-            Some(Feed::Event(bucket, WatchEvent::Entry(entry))) => {
-                if let Some(seen) = resync.get_mut(&bucket) {
-                    seen.insert(entry.key.clone());
-                }
-                let applied = if live.contains(&bucket) {
-                    state.apply_live(bucket, &entry)
-                } else {
-                    state.apply(bucket, &entry)
+        self.metrics
+            .bus_entries
+            .with_label_values(&[bucket.name(), result])
+            .inc();
+    }
+
+    fn record(&mut self, change: &Change, observed: Option<u64>) {
+        self.changes.record(change);
+        if let Some(o) = observed {
+            self.observed = Some(self.observed.map_or(o, |x| x.max(o)));
+        }
+        self.window.touch();
+    }
+
+    /// A bucket's replay ended: keys held that the bus no longer has were deleted while
+    /// the watch was down. The first time every bucket is loaded, publish at once.
+    fn initial_done(&mut self, bucket: Bucket) {
+        self.live.insert(bucket);
+        if let Some(seen) = self.resync.remove(&bucket) {
+            let gone: Vec<String> = self
+                .state
+                .keys(bucket)
+                .into_iter()
+                .filter(|k| !seen.contains(k))
+                .collect();
+            for key in gone {
+                let tombstone = shoal_common::bus::Entry {
+                    key,
+                    value: Default::default(),
+                    revision: 0,
+                    op: shoal_common::bus::Op::Delete,
                 };
-                match applied {
-                    Ok((change, obs)) => {
-                        let result = if change == Change::None {
-                            "unchanged"
-                        } else {
-                            "applied"
-                        };
-                        metrics
-                            .bus_entries
-                            .with_label_values(&[bucket.name(), result])
-                            .inc();
-                        if change == Change::None {
-                            continue;
-                        }
-                        changes.record(&change);
-                        if let Some(o) = obs {
-                            observed = Some(observed.map_or(o, |x| x.max(o)));
-                        }
-                        let now = Instant::now();
-                        window = Some(window.map_or((now, now), |(first, _)| (first, now)));
-                    }
-                    Err(ApplyError::Fenced {
-                        key,
-                        fleet,
-                        epoch,
-                        fleet_epoch,
-                        ..
-                    }) => {
-                        metrics
-                            .bus_entries
-                            .with_label_values(&[bucket.name(), "fenced"])
-                            .inc();
-                        tracing::warn!(
-                            %bucket,
-                            %key,
-                            %fleet,
-                            epoch,
-                            fleet_epoch,
-                            "refusing a write of a deposed ingester leader (its epoch is older \
-                             than the fleet's lease); previous value kept"
-                        );
-                    }
-                    Err(error) => {
-                        metrics
-                            .bus_entries
-                            .with_label_values(&[bucket.name(), "invalid"])
-                            .inc();
-                        tracing::warn!(%error, "skipping invalid bus entry; previous value kept");
-                    }
+                if let Ok((change, _)) = self.state.apply(bucket, &tombstone) {
+                    self.record(&change, None);
                 }
-            }
-            Some(Feed::Event(bucket, WatchEvent::InitialDone)) => {
-                live.insert(bucket);
-                if let Some(seen) = resync.remove(&bucket) {
-                    // A replay ended: keys we hold that the bus no longer has were deleted
-                    // while we were not watching.
-                    for key in state.keys(bucket).into_iter().filter(|k| !seen.contains(k)) {
-                        let tombstone = shoal_common::bus::Entry {
-                            key,
-                            value: Default::default(),
-                            revision: 0,
-                            op: shoal_common::bus::Op::Delete,
-                        };
-                        if let Ok((change, _)) = state.apply(bucket, &tombstone) {
-                            changes.record(&change);
-                            let now = Instant::now();
-                            window = Some(window.map_or((now, now), |(first, _)| (first, now)));
-                        }
-                    }
-                }
-                if initial_pending.remove(&bucket) && initial_pending.is_empty() {
-                    tracing::info!(
-                        config = state.config.len(),
-                        services = state.services.len(),
-                        "initial state loaded from the bus"
-                    );
-                    // Publish at once: readiness should not wait for a debounce window.
-                    // A window opened `max` ago closes at once. (`checked_sub` because an
-                    // Instant cannot predate the clock's origin on every platform.)
-                    let now = Instant::now();
-                    let opened = now.checked_sub(debounce.max).unwrap_or(now);
-                    window = Some((opened, opened));
-                }
-            }
-            None => {
-                // The debounce window closed.
-                let Some((first, _)) = window.take() else {
-                    continue;
-                };
-                if !initial_pending.is_empty() {
-                    continue;
-                }
-                metrics
-                    .debounce_seconds
-                    .observe(first.elapsed().as_secs_f64());
-                if changes.needs_context() {
-                    let start = std::time::Instant::now();
-                    ctx = Arc::new(PushContext::build(&state));
-                    metrics.push_context_builds.inc();
-                    metrics
-                        .push_context_build_seconds
-                        .observe(start.elapsed().as_secs_f64());
-                }
-                number += 1;
-                tracing::debug!(number, ?changes, "publishing snapshot");
-                let changes = Arc::new(std::mem::take(&mut changes));
-                let snapshot = Arc::new(Snapshot {
-                    ctx: ctx.clone(),
-                    endpoints: Arc::new(state.endpoints.clone()),
-                    number,
-                    changes: Some(changes.clone()),
-                });
-                let observed_at_ms = observed.take();
-                let published_at_ms = shoal_common::envelope::now_ms();
-                let published = Published {
-                    snapshot,
-                    observed_at_ms,
-                    changes,
-                    published_at_ms,
-                };
-                if out.send(Some(published)).is_err() {
-                    return;
-                }
-                metrics.ready.set(1);
             }
         }
+        if self.initial_pending.remove(&bucket) && self.initial_pending.is_empty() {
+            tracing::info!(
+                config = self.state.config.len(),
+                services = self.state.services.len(),
+                "initial state loaded from the bus"
+            );
+            self.window.expire(&self.debounce);
+        }
+    }
+
+    /// The debounce window closed: the next snapshot, unless the initial state is still
+    /// loading. Endpoint-only changes keep the PushContext; the endpoint shards are shared
+    /// with the state until the next endpoint change.
+    fn assemble(&mut self) -> Option<Published> {
+        let first = self.window.close()?;
+        if !self.initial_pending.is_empty() {
+            return None;
+        }
+        self.metrics
+            .debounce_seconds
+            .observe(first.elapsed().as_secs_f64());
+        if self.changes.needs_context() {
+            let start = std::time::Instant::now();
+            self.ctx = Arc::new(PushContext::build(&self.state));
+            self.metrics.push_context_builds.inc();
+            self.metrics
+                .push_context_build_seconds
+                .observe(start.elapsed().as_secs_f64());
+        }
+        self.number += 1;
+        tracing::debug!(number = self.number, changes = ?self.changes, "publishing snapshot");
+        let changes = Arc::new(std::mem::take(&mut self.changes));
+        Some(Published {
+            snapshot: Arc::new(Snapshot {
+                ctx: self.ctx.clone(),
+                endpoints: self.state.endpoints.clone(),
+                number: self.number,
+                changes: Some(changes.clone()),
+            }),
+            observed_at_ms: self.observed.take(),
+            changes,
+            published_at_ms: shoal_common::envelope::now_ms(),
+        })
     }
 }
 

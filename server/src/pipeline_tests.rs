@@ -17,6 +17,8 @@ use tokio::time::{sleep, Instant};
 const DEBOUNCE: Debounce = Debounce {
     after: Duration::from_millis(100),
     max: Duration::from_secs(10),
+    eds_after: Duration::from_millis(10),
+    eds_max: Duration::from_millis(100),
 };
 
 /// A memory bus whose watch of one bucket does not start until the gate opens, so that
@@ -196,8 +198,8 @@ async fn a_burst_of_changes_yields_one_snapshot_after_the_quiet_period() {
 #[tokio::test(start_paused = true)]
 async fn a_continuous_stream_of_changes_is_cut_at_max() {
     let debounce = Debounce {
-        after: Duration::from_millis(100),
         max: Duration::from_secs(1),
+        ..DEBOUNCE
     };
     let bus = Arc::new(seeded_bus().await);
     let mut rx = start(bus.clone(), debounce);

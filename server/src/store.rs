@@ -106,7 +106,7 @@ pub struct MeshState {
     /// Services by (cluster, namespace, name).
     pub services: BTreeMap<(String, String, String), Arc<Service>>,
     /// EDS shards.
-    pub endpoints: EndpointIndex,
+    pub endpoints: Arc<EndpointIndex>,
     /// The lease epoch of each ingester fleet, for fencing ([`MeshState::apply_live`]).
     pub fleets: FleetEpochs,
     /// Mesh-wide settings (from `--mesh-config`, not from the bus).
@@ -256,7 +256,8 @@ impl MeshState {
                     keys::parse_endpoints_key(&entry.key).map_err(key_err)?;
                 let host = shoal_common::model::service_fqdn(&svc, &ns);
                 if entry.op == Op::Delete {
-                    let removed = self.endpoints.remove(&host, &cluster, &slice);
+                    let removed =
+                        Arc::make_mut(&mut self.endpoints).remove(&host, &cluster, &slice);
                     return Ok((
                         if removed {
                             Change::Endpoints(host)
@@ -281,7 +282,7 @@ impl MeshState {
                         set.namespace, set.slice, set.service, set.cluster
                     )));
                 }
-                let changed = self.endpoints.upsert(&host, set);
+                let changed = Arc::make_mut(&mut self.endpoints).upsert(&host, set);
                 Ok((
                     if changed {
                         Change::Endpoints(host)

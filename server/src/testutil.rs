@@ -255,7 +255,7 @@ impl Mesh {
     /// Adds (or replaces) an endpoint set.
     pub fn add_slice(&mut self, set: EndpointSet) {
         let host = service_fqdn(&set.service, &set.namespace);
-        self.state.endpoints.upsert(&host, set);
+        Arc::make_mut(&mut self.state.endpoints).upsert(&host, set);
     }
 
     /// Adds (or replaces) a config object.
@@ -278,7 +278,7 @@ impl Mesh {
 pub fn snapshot_of(state: &MeshState) -> Snapshot {
     Snapshot {
         ctx: Arc::new(PushContext::build(state)),
-        endpoints: Arc::new(state.endpoints.clone()),
+        endpoints: state.endpoints.clone(),
         number: 1,
         changes: None,
     }

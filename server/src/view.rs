@@ -534,6 +534,117 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Metrics;
+    use crate::testutil::{endpoint, service, sidecar_proxy, slice, Mesh};
+
+    fn mesh() -> Mesh {
+        Mesh::new()
+            .with_service(service("a", "web", &[("http", 8080)]))
+            .with_service(service("b", "api", &[("http", 9080)]))
+            .with_slice(slice(
+                "a",
+                "web",
+                "web-1",
+                &[("http", 8080)],
+                vec![endpoint("10.0.0.1", &[])],
+            ))
+            .with_slice(slice(
+                "b",
+                "api",
+                "api-1",
+                &[("http", 9080)],
+                vec![endpoint("10.0.1.1", &[])],
+            ))
+    }
+
+    #[tokio::test]
+    async fn a_view_generates_once_and_an_endpoint_change_rebuilds_only_its_service() {
+        let metrics = Metrics::new();
+        let cache = GeneratorCache::new(64 << 20, true, metrics.clone());
+        let views = Views::new(Generation::new(cache, 1));
+        let p1 = sidecar_proxy("a", &[("app", "client")]);
+        let mut p2 = p1.clone();
+        p2.id = "sidecar~10.9.9.9~other.a~a.svc.cluster.local".into();
+        p2.ip = "10.9.9.9".into();
+        let (v1, v2) = (views.view_for(&p1), views.view_for(&p2));
+        assert!(Arc::ptr_eq(&v1, &v2), "id and IP are not part of the view");
+        let other = views.view_for(&sidecar_proxy("b", &[("app", "client")]));
+        assert!(!Arc::ptr_eq(&v1, &other), "the namespace is");
+
+        let mut m = mesh();
+        let first = m.snapshot();
+        let snap1 = Arc::new(Snapshot {
+            number: 1,
+            ..first.clone()
+        });
+        let none = Names::default();
+        let cds = v1.output(XdsType::Cluster, &none, &snap1).await;
+        assert!(Arc::ptr_eq(
+            &cds,
+            &v2.output(XdsType::Cluster, &none, &snap1).await
+        ));
+        let eds_names: BTreeSet<String> = cds
+            .resources()
+            .iter()
+            .map(|r| r.name.clone())
+            .filter(|n| n.starts_with("outbound|"))
+            .collect();
+        let names = v1.intern(XdsType::Endpoint, eds_names.clone());
+        assert!(Arc::ptr_eq(
+            &names,
+            &v2.intern(XdsType::Endpoint, eds_names)
+        ));
+        let eds1 = v1.output(XdsType::Endpoint, &names, &snap1).await;
+        assert_eq!(eds1.resources().len(), names.len());
+
+        // Only web's endpoints change: the PushContext is kept, as the pipeline does.
+        m.add_slice(slice(
+            "a",
+            "web",
+            "web-1",
+            &[("http", 8080)],
+            vec![endpoint("10.0.0.2", &[])],
+        ));
+        let web = "web.a.svc.cluster.local";
+        let snap2 = Arc::new(Snapshot {
+            ctx: snap1.ctx.clone(),
+            endpoints: m.snapshot().endpoints,
+            number: 2,
+            changes: Some(Arc::new(ChangeSet {
+                endpoints: [web.to_string()].into(),
+                ..ChangeSet::default()
+            })),
+        });
+        assert!(
+            Arc::ptr_eq(&cds, &v1.output(XdsType::Cluster, &none, &snap2).await),
+            "clusters do not depend on endpoints"
+        );
+        let misses = metrics.cache_misses.get();
+        let eds2 = v2.output(XdsType::Endpoint, &names, &snap2).await;
+        assert_eq!(
+            metrics.cache_misses.get() - misses,
+            1,
+            "only outbound|8080||web is rebuilt"
+        );
+        let held = Held::Shared(eds1.clone());
+        let d = v1.diff(XdsType::Endpoint, &names, &held, &eds2);
+        let changed: Vec<&str> = d.changed.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(changed, [format!("outbound|8080||{web}")]);
+        assert!(d.removed.is_empty());
+        assert!(
+            Arc::ptr_eq(&d, &v2.diff(XdsType::Endpoint, &names, &held, &eds2)),
+            "streams holding the same output share one diff"
+        );
+        // The incremental output is what a full generation gives.
+        let full = Output::new(v1.generation.cache.generate(
+            XdsType::Endpoint,
+            &p1,
+            &v1.scope(&snap2.ctx),
+            &snap2,
+            &names.iter().cloned().collect::<Vec<_>>(),
+        ));
+        assert_eq!(full.version(), eds2.version());
+    }
 
     fn res(name: &str, version: &str) -> Arc<Resource> {
         Arc::new(Resource {

@@ -167,30 +167,30 @@ where
     let mut last = first.as_ref().map(|p| p.snapshot.number).unwrap_or(0);
     let mut current = first.map(|p| p.snapshot);
     let mut close = close;
-    let error = loop {
+    let (reason, error) = loop {
         tokio::select! {
             req = requests.next() => match req {
-                None => break None,
+                None => break ("proxy_closed", None),
                 Some(Err(status)) => {
                     tracing::debug!(conn = %handler.session().id, %status, "stream error");
-                    break None;
+                    break ("stream_error", None);
                 }
                 Some(Ok(req)) => {
                     let Some(snap) = current.clone() else { continue };
                     if let Err(status) = handler.on_request(req, &snap).await {
-                        break Some(status);
+                        break (failure_reason(&status), Some(status));
                     }
                 }
             },
             changed = snapshots.changed() => {
                 if changed.is_err() {
-                    break None;
+                    break ("server_closed", None);
                 }
                 let published = snapshots.borrow_and_update().clone();
                 let Some(p) = published else { continue };
                 current = Some(p.snapshot.clone());
                 let types = if handler.session().identified() {
-                    handler.session_mut().affected(&p, last)
+                    handler.session().affected(&p, last)
                 } else {
                     BTreeSet::new()
                 };
@@ -198,7 +198,9 @@ where
                 if types.is_empty() {
                     continue;
                 }
-                let Ok(_permit) = push_limit.acquire().await else { break None };
+                let Ok(_permit) = push_limit.acquire().await else {
+                    break ("server_closed", None);
+                };
                 let mut failed = None;
                 for ty in handler.watched_types().into_iter().filter(|t| types.contains(t)) {
                     if let Err(status) = handler.push(ty, &p.snapshot, p.observed_at_ms).await {
@@ -206,23 +208,35 @@ where
                         break;
                     }
                 }
-                if failed.is_some() {
-                    break failed;
+                if let Some(status) = failed {
+                    break (failure_reason(&status), Some(status));
                 }
             }
             _ = connection_closed(&mut close) => {
                 tracing::debug!(conn = %handler.session().id, "connection closing; ending stream");
-                break None;
+                break ("server_closed", None);
             }
         }
     };
+    // The session unregisters the stream and counts the reason when dropped, also when
+    // this task panics (reason `aborted`).
+    handler.session_mut().close_reason = reason;
     if let Some(status) = error {
         if status.code() != tonic::Code::Cancelled {
             tracing::warn!(conn = %handler.session().id, %status, "closing xDS stream");
         }
         handler.fail(status).await;
     }
-    handler.session().close();
+}
+
+/// The close reason of a stream that ended with `status`: a response that could not be
+/// written (the proxy is gone), or a refused request.
+fn failure_reason(status: &Status) -> &'static str {
+    if status.code() == tonic::Code::Cancelled {
+        "send_failed"
+    } else {
+        "refused"
+    }
 }
 
 async fn connection_closed(close: &mut Option<watch::Receiver<bool>>) {

@@ -34,6 +34,9 @@ pub(crate) struct Session {
     pub registry: Registry,
     pub metrics: Metrics,
     views: Views,
+    /// Why the stream ended, counted when the session is dropped (`aborted` unless the
+    /// stream's driver says otherwise: a panic).
+    pub close_reason: &'static str,
 }
 
 impl Session {
@@ -52,6 +55,7 @@ impl Session {
             registry,
             metrics,
             views,
+            close_reason: "aborted",
         }
     }
 
@@ -208,16 +212,22 @@ impl Session {
         }
         tracing::debug!(conn = %self.id, ty = ty.short(), %version, %nonce, resources = resources.len(), bytes, "push");
     }
+}
 
-    /// Unregisters the stream.
-    pub fn close(&self) {
+impl Drop for Session {
+    /// Unregisters the stream, however it ended.
+    fn drop(&mut self) {
         if let Some(p) = &self.proxy {
             self.metrics
                 .connections
                 .with_label_values(&[kind_label(p.kind)])
                 .dec();
-            tracing::info!(conn = %self.id, node = %p.id, "proxy disconnected");
+            tracing::info!(conn = %self.id, node = %p.id, reason = self.close_reason, "proxy disconnected");
         }
+        self.metrics
+            .streams_closed
+            .with_label_values(&[self.close_reason])
+            .inc();
         self.registry.remove(&self.id);
     }
 }

@@ -253,8 +253,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         },
     ));
 
-    let xds_listener = tokio::net::TcpListener::bind(args.xds_addr)
-        .await
+    let xds_listener = listen_backlog(args.xds_addr, XDS_BACKLOG)
         .with_context(|| format!("cannot listen on xDS address {}", args.xds_addr))?;
     tracing::info!(xds = %args.xds_addr, admin = %args.admin_addr, "serving");
     let ads = AdsService::new(rx, registry, metrics)
@@ -339,4 +338,21 @@ async fn shutdown_signal() {
         let _ = ctrl_c.await;
     }
     tracing::info!("shutdown signal received");
+}
+
+/// Pending connections the xDS listener queues: a fleet reconnecting at once (a replica
+/// gone, a rollout) must not overflow the kernel's accept queue, or proxies wait for SYN
+/// retransmits (the kernel caps it at `net.core.somaxconn`).
+const XDS_BACKLOG: u32 = 4096;
+
+/// Binds `addr` with an accept queue of `backlog` (tokio's `bind` uses 1024).
+fn listen_backlog(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
 }

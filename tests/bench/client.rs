@@ -96,6 +96,10 @@ pub enum Event {
         dangling: Option<(String, usize)>,
         /// What it holds, by name (proxy 0's first stream only).
         names: Option<Box<HeldNames>>,
+        /// What it holds, as a fingerprint (to compare two servers' configurations).
+        fingerprint: Fingerprint,
+        /// A recording fleet's proxies: every resource held, with its bytes.
+        recording: Option<Vec<RecordedItem>>,
     },
     /// A proxy received an [`ActiveChange`].
     Observed {
@@ -110,6 +114,9 @@ pub enum Event {
     StreamError {
         /// Proxy index.
         proxy: usize,
+        /// Whether the connection itself (TCP connect and HTTP/2 handshake) failed, rather
+        /// than a stream on an established connection.
+        connect: bool,
         /// What happened.
         error: String,
     },
@@ -140,6 +147,56 @@ pub struct HeldNames {
     pub other_clusters: Vec<String>,
     /// How many `outbound|...` clusters.
     pub outbound_clusters: usize,
+}
+
+/// What a proxy holds, in two order-independent hashes: of the (type, name) pairs, and of
+/// the (type, name, version) triples. Two proxies with equal fingerprints hold the same
+/// resources (names), at the same versions (versions).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// Over names.
+    pub names: u64,
+    /// Over names and versions.
+    pub versions: u64,
+    /// Resources held.
+    pub resources: usize,
+}
+
+/// One resource a recording proxy held when configured.
+#[derive(Debug, Clone)]
+pub struct RecordedItem {
+    /// Its type.
+    pub ty: XdsType,
+    /// Its name.
+    pub name: String,
+    /// Its version, as the server sent it (delta).
+    pub version: String,
+    /// Its bytes (the `Any` value).
+    pub value: Vec<u8>,
+}
+
+/// What determines a proxy's configuration besides the mesh: its namespace, its label
+/// `app` and its interception mode. Proxies of one class get the same resources.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProxyClass {
+    /// Node metadata `NAMESPACE`.
+    pub namespace: String,
+    /// Label `app`.
+    pub app: String,
+    /// Node metadata `INTERCEPTION_MODE`, when sent.
+    pub interception: Option<String>,
+}
+
+impl std::fmt::Display for ProxyClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/app={}/{}",
+            self.namespace,
+            self.app,
+            self.interception.as_deref().unwrap_or("REDIRECT")
+        )
+    }
 }
 
 /// Per-proxy counters the coordinator reads after a replica move.
@@ -231,6 +288,9 @@ pub struct Fleet {
     cache: DecodeCache,
     counters: Vec<ProxyCounters>,
     shutdown: watch::Receiver<bool>,
+    /// Keep every received resource's bytes and report them when configured (the
+    /// replay baseline's recording clients; delta only).
+    record: bool,
 }
 
 impl Fleet {
@@ -256,7 +316,15 @@ impl Fleet {
             cache: DecodeCache::default(),
             counters: (0..proxies).map(|_| ProxyCounters::default()).collect(),
             shutdown,
+            record: false,
         }
+    }
+
+    /// The same fleet, recording: each proxy keeps the bytes of every resource it receives
+    /// (delta mode) and reports them in [`Event::Configured`].
+    pub fn recording(mut self) -> Fleet {
+        self.record = true;
+        self
     }
 
     /// Per-proxy counters.
@@ -285,14 +353,28 @@ impl ProxyIdentity {
     /// Proxy `index` in namespace `namespace`, labelled `app: client`, with
     /// `INTERCEPTION_MODE: NONE` (no traffic capture: only Sidecar egress listeners).
     pub fn new(index: usize, namespace: &str) -> ProxyIdentity {
-        let ip = format!("10.1.{}.{}", index / 250, index % 250 + 1);
-        let node_id = format!("sidecar~{ip}~pod-{index}.{namespace}~{namespace}.svc.cluster.local");
         ProxyIdentity {
             index,
             namespace: namespace.to_string(),
-            node_id,
+            node_id: node_id(index, namespace),
             app: "client".to_string(),
             interception: Some("NONE".to_string()),
+        }
+    }
+
+    /// The same proxy (same class) as another pod: node id and IP of pod `number`, which
+    /// must differ from every other proxy's connected to the same server.
+    pub fn with_node_number(mut self, number: usize) -> ProxyIdentity {
+        self.node_id = node_id(number, &self.namespace);
+        self
+    }
+
+    /// What determines its configuration besides the mesh.
+    pub fn class(&self) -> ProxyClass {
+        ProxyClass {
+            namespace: self.namespace.clone(),
+            app: self.app.clone(),
+            interception: self.interception.clone(),
         }
     }
 
@@ -337,6 +419,18 @@ impl ProxyIdentity {
     }
 }
 
+/// The node id of pod `number` in `namespace`, with IP `10.a.b.c` derived from the number
+/// (`10.1.x.y` for the first 62 500).
+fn node_id(number: usize, namespace: &str) -> String {
+    let ip = format!(
+        "10.{}.{}.{}",
+        1 + (number / 62_500) % 250,
+        (number / 250) % 250,
+        number % 250 + 1
+    );
+    format!("sidecar~{ip}~pod-{number}.{namespace}~{namespace}.svc.cluster.local")
+}
+
 /// One type's state on a proxy.
 #[derive(Default)]
 struct TypeState {
@@ -361,6 +455,8 @@ struct ProxyState {
     rds: TypeState,
     configured: bool,
     last_observed: Option<u64>,
+    /// Recording fleets: the bytes of the latest version of every resource received.
+    bodies: HashMap<(XdsType, Arc<str>), Vec<u8>>,
 }
 
 impl ProxyState {
@@ -371,6 +467,49 @@ impl ProxyState {
             XdsType::Listener => &mut self.lds,
             XdsType::Route => &mut self.rds,
         }
+    }
+
+    /// An order-independent hash of what the proxy holds.
+    fn fingerprint(&self) -> Fingerprint {
+        let mut fp = Fingerprint::default();
+        for ty in ORDER {
+            for (name, version) in &self.ty_ref(ty).held {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                (ty.short(), &**name).hash(&mut h);
+                fp.names = fp.names.wrapping_add(h.finish());
+                version.hash(&mut h);
+                fp.versions = fp.versions.wrapping_add(h.finish());
+                fp.resources += 1;
+            }
+        }
+        fp
+    }
+
+    fn ty_ref(&self, ty: XdsType) -> &TypeState {
+        match ty {
+            XdsType::Cluster => &self.cds,
+            XdsType::Endpoint => &self.eds,
+            XdsType::Listener => &self.lds,
+            XdsType::Route => &self.rds,
+        }
+    }
+
+    /// Every resource held with its bytes (recording fleets).
+    fn recording(&self) -> Vec<RecordedItem> {
+        let mut out = Vec::with_capacity(self.held_total());
+        for ty in ORDER {
+            for (name, version) in &self.ty_ref(ty).held {
+                if let Some(value) = self.bodies.get(&(ty, name.clone())) {
+                    out.push(RecordedItem {
+                        ty,
+                        name: name.to_string(),
+                        version: version.to_string(),
+                        value: value.clone(),
+                    });
+                }
+            }
+        }
+        out
     }
 
     fn held_total(&self) -> usize {
@@ -446,6 +585,7 @@ pub async fn run_proxy(fleet: Arc<Fleet>, id: ProxyIdentity) {
             };
             connect(addr).await
         };
+        let connect_failed = channel.is_err();
         let result = match channel {
             Ok(channel) => {
                 backoff = Duration::from_millis(50);
@@ -477,6 +617,7 @@ pub async fn run_proxy(fleet: Arc<Fleet>, id: ProxyIdentity) {
         };
         let _ = fleet.events.send(Event::StreamError {
             proxy: id.index,
+            connect: connect_failed,
             error: format!("{addr}: {error}"),
         });
         // Like Envoy: back off, then try the next server.
@@ -815,6 +956,8 @@ impl Proxy<'_> {
                 .count(),
             dangling: self.dangling_clusters(),
             names: (self.id.index == 0 && self.stream == 0).then(|| Box::new(self.held_names())),
+            fingerprint: self.state.fingerprint(),
+            recording: self.fleet.record.then(|| self.state.recording()),
         });
     }
 
@@ -1041,6 +1184,9 @@ impl Proxy<'_> {
                 .unwrap_or(&[]);
             let name = self.fleet.interner.get(&r.name);
             let version = self.fleet.interner.get(&r.version);
+            if self.fleet.record {
+                self.state.bodies.insert((ty, name.clone()), body.to_vec());
+            }
             self.on_resource(ty, &name, &version, body, at_us);
             match self.learn(ty, &version, body) {
                 Ok(Some(problem)) => problems.push(problem.to_string()),

@@ -5,7 +5,7 @@
 use clap::Parser;
 use shoal_tests::bench::client::Mode;
 use shoal_tests::bench::manifests::ScenarioKind;
-use shoal_tests::bench::{self, BenchConfig, VsChange};
+use shoal_tests::bench::{self, Baseline, BenchConfig, VsChange};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -104,6 +104,23 @@ struct Args {
     #[arg(long, value_name = "LIST")]
     server_cpus: Option<String>,
 
+    /// What the initial phase is compared with. `replay`: after shoal's initial phase, one
+    /// delta client per proxy class (namespace, label `app`, interception mode) records
+    /// what replica A sends it, `shoal-replay` (built with the other binaries, pinned like
+    /// the replicas) serves that recording without generating anything, and the same
+    /// proxies connect to it the same way; the report gives each initial-phase figure
+    /// next to the replay's and the ratio shoal / replay. `none`: skip it.
+    #[arg(long, value_enum, default_value_t = Baseline::Replay)]
+    baseline: Baseline,
+
+    /// After the changes (before the replica move): a mesh-wide VirtualService change and,
+    /// at the same moment, as many fresh proxies as --proxies connecting to replica A
+    /// (same classes, their own node ids); reports how many fail (connection, broken
+    /// stream, not configured within --phase-timeout) and how long until all are
+    /// configured. They are disconnected afterwards.
+    #[arg(long)]
+    storm: bool,
+
     /// Print the results as JSON on stdout (progress still goes to stderr).
     #[arg(long)]
     json: bool,
@@ -136,6 +153,8 @@ fn main() -> ExitCode {
         server_args: args.server_args,
         server_cpus: args.server_cpus,
         progress: !args.quiet,
+        baseline: args.baseline,
+        storm: args.storm,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -11,7 +11,17 @@
 //!    `observed_at_ms` (read from the bus envelope of the changed key) to receipt by each
 //!    affected proxy, with the server CPU and bytes each change cost;
 //! 4. with two replicas, all proxies moving from A (killed) to B: how many resources B
-//!    resends that a proxy already held at the same version.
+//!    resends that a proxy already held at the same version;
+//!
+//! and optionally
+//!
+//! - the replay baseline (`--baseline replay`, after 1 and 2): one delta client per proxy
+//!   class records what shoal sends it ([`replay`]), `shoal-replay` serves the recording,
+//!   and the same proxies connect to it as they did to shoal, so that the initial phase's
+//!   figures can be given as ratios to a server that does nothing but send bytes;
+//! - the connection storm (`--storm`, after 3, before 4): a VirtualService change seen by
+//!   every proxy and, at the same moment, as many fresh proxies connecting to replica A;
+//!   they are disconnected afterwards, so the replica move concerns the first proxies only.
 //!
 //! Everything is bounded by timeouts, and every process is killed when [`run`] returns,
 //! whether it succeeds or fails.
@@ -19,17 +29,21 @@
 pub mod client;
 pub mod manifests;
 pub mod procs;
+pub mod replay;
 pub mod report;
 pub mod validate;
 
 use anyhow::{bail, Context};
-use client::{ActiveChange, Event, Fleet, Mode, ProxyIdentity};
+use client::{
+    ActiveChange, Event, Fingerprint, Fleet, HeldNames, Mode, ProxyCounters, ProxyIdentity,
+    RecordedItem,
+};
 use futures::StreamExt;
 use manifests::{BenchMesh, MeshShape, ScenarioKind};
 use procs::{Binaries, Ingester, Nats, Server};
 use report::{
-    CacheUse, ChangeReport, ChangeSample, Dist, Initial, Machine, Memory, ReplicaMove, Report,
-    Scenario,
+    ratio, CacheUse, ChangeReport, ChangeSample, Dist, Initial, Machine, Memory, Ratios,
+    ReplayBaseline, ReplicaMove, Report, Scenario, Storm,
 };
 use shoal_common::bus::nats::{NatsBus, NatsOptions};
 use shoal_common::bus::{Bucket, StateBus, WatchEvent};
@@ -37,7 +51,7 @@ use shoal_common::envelope::now_ms;
 use shoal_common::model::ConfigKind;
 use shoal_common::Envelope;
 use shoal_proto::XdsType;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -53,6 +67,16 @@ pub enum VsChange {
     Mesh,
     /// `ns-0/routes`: with Sidecar isolation only ns-0's proxies see it.
     Namespace,
+}
+
+/// What the initial phase is compared with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Baseline {
+    /// Nothing.
+    None,
+    /// `shoal-replay`: the same proxies against a server that replays the resources shoal
+    /// sent, recorded per proxy class in the same run.
+    Replay,
 }
 
 /// The benchmark's parameters.
@@ -90,6 +114,11 @@ pub struct BenchConfig {
     pub server_cpus: Option<String>,
     /// Print progress to stderr.
     pub progress: bool,
+    /// The replay baseline of the initial phase.
+    pub baseline: Baseline,
+    /// Measure a connection storm: as many fresh proxies as `proxies` connecting during a
+    /// VirtualService change.
+    pub storm: bool,
 }
 
 impl Default for BenchConfig {
@@ -111,6 +140,8 @@ impl Default for BenchConfig {
             server_args: Vec::new(),
             server_cpus: None,
             progress: true,
+            baseline: Baseline::None,
+            storm: false,
         }
     }
 }
@@ -138,6 +169,7 @@ struct BusWrite {
 /// A running benchmark.
 struct Bench<'a> {
     cfg: &'a BenchConfig,
+    bins: Binaries,
     mesh: BenchMesh,
     // Field order is drop order: proxies stop before the servers, servers before NATS.
     fleet: Arc<Fleet>,
@@ -176,8 +208,14 @@ impl Bench<'_> {
                 bins.server.display()
             );
         }
-        // One socket per proxy in this process and in the server (which inherits the limit).
-        procs::ensure_open_files(cfg.proxies as u64 + 1024)?;
+        // One socket per proxy in this process and in the server (which inherits the limit);
+        // the replay baseline and the storm connect a second set of proxies.
+        let sets = if cfg.storm || cfg.baseline == Baseline::Replay {
+            2
+        } else {
+            1
+        };
+        procs::ensure_open_files(cfg.proxies as u64 * sets + 1024)?;
         let dir = tempfile::Builder::new()
             .prefix("shoal-bench-mesh-")
             .tempdir()
@@ -252,6 +290,7 @@ impl Bench<'_> {
         ));
         let mut bench = Bench {
             cfg,
+            bins: bins.clone(),
             mesh,
             fleet,
             proxies: JoinSet::new(),
@@ -316,7 +355,7 @@ impl Bench<'_> {
         // Idle: state loaded, no proxy.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let idle_rss_kib = self.servers[0].rss_kib()?;
-        let (initial, loaded_rss_kib, connected) = self.connect_all().await?;
+        let (initial, loaded_rss_kib, connected, fingerprints) = self.connect_all().await?;
         let memory = Memory {
             idle_rss_kib,
             loaded_rss_kib,
@@ -333,6 +372,26 @@ impl Bench<'_> {
             loaded_rss_kib as f64 / 1024.0,
             memory.per_proxy_kib
         ));
+        let baseline = match self.cfg.baseline {
+            Baseline::None => None,
+            Baseline::Replay => {
+                let b = self
+                    .replay_baseline(&initial, &memory, &fingerprints)
+                    .await?;
+                self.progress(format!(
+                    "replay baseline: {} of {} proxies configured in {:.2} s (shoal {:.2} s), replay CPU {:.2} s (shoal {:.2} s), {:.1} KiB/proxy (shoal {:.1})",
+                    b.configured,
+                    self.cfg.proxies,
+                    b.all_configured_s,
+                    initial.all_configured_s,
+                    b.server_cpu_s,
+                    initial.server_cpu_s,
+                    b.memory.per_proxy_kib,
+                    memory.per_proxy_kib
+                ));
+                Some(b)
+            }
+        };
 
         let mut endpoint = (Vec::new(), Vec::new());
         let mut vs = (Vec::new(), Vec::new());
@@ -354,6 +413,25 @@ impl Bench<'_> {
             vs.0.push(sample);
             vs.1.extend(lat);
         }
+        let storm = if self.cfg.storm {
+            let st = self.storm(self.cfg.changes).await?;
+            self.progress(format!(
+                "storm: {} of {} fresh proxies configured in {:.2} s ({} failed: connect {}, stream {}, not in time {}); VS change reached {}/{} in p99 {:.0} ms",
+                st.configured,
+                st.proxies,
+                st.all_configured_s,
+                st.failed,
+                st.connect_failures,
+                st.stream_failures,
+                st.not_configured,
+                st.vs_change.observed,
+                st.vs_change.affected,
+                st.vs_change.latency_ms.p99
+            ));
+            Some(st)
+        } else {
+            None
+        };
         let replica_move = if self.servers.len() > 1 {
             let mv = self.move_replica().await?;
             self.progress(format!(
@@ -382,6 +460,8 @@ impl Bench<'_> {
             endpoint_change: ChangeReport::summarize(endpoint.0, &endpoint.1),
             vs_change: ChangeReport::summarize(vs.0, &vs.1),
             replica_move,
+            baseline,
+            storm,
             bench_cpu_s: (procs::proc_cpu(std::process::id())? - bench_cpu0).as_secs_f64(),
             stream_errors: self.stream_errors,
             bad_responses: self.bad_responses,
@@ -404,7 +484,7 @@ impl Bench<'_> {
     /// Records an event that is not what a phase waits for.
     fn note(&mut self, event: Event) {
         match event {
-            Event::StreamError { proxy, error } => {
+            Event::StreamError { proxy, error, .. } => {
                 self.stream_errors += 1;
                 if self.error_examples.len() < 5 {
                     self.error_examples
@@ -474,119 +554,59 @@ impl Bench<'_> {
         }
     }
 
+    /// Proxy `i` of the main fleet.
+    fn identity(&self, i: usize) -> ProxyIdentity {
+        let id = ProxyIdentity::new(i, &manifests::namespace_name(self.proxy_ns[i]));
+        if self.cfg.scenario.captured() {
+            id.captured(&self.mesh.proxy_app(i))
+        } else {
+            id
+        }
+    }
+
     /// Connects every proxy and waits until all are configured. Returns the phase's
-    /// measurements, the server's RSS afterwards and how many proxies it had then.
-    async fn connect_all(&mut self) -> anyhow::Result<(Initial, u64, usize)> {
+    /// measurements, the server's RSS afterwards, how many proxies it had then and what
+    /// each proxy held when configured.
+    async fn connect_all(
+        &mut self,
+    ) -> anyhow::Result<(Initial, u64, usize, Vec<Option<Fingerprint>>)> {
         let server = &self.servers[0];
         let cpu0 = server.cpu()?;
         let m0 = server.metrics().await?;
         let start = Instant::now();
         for i in 0..self.cfg.proxies {
-            let mut id = ProxyIdentity::new(i, &manifests::namespace_name(self.proxy_ns[i]));
-            if self.cfg.scenario.captured() {
-                id = id.captured(&self.mesh.proxy_app(i));
-            }
+            let id = self.identity(i);
             self.proxies
                 .spawn(client::run_proxy(self.fleet.clone(), id));
         }
         let deadline = start + self.cfg.phase_timeout;
-        let mut elapsed: Vec<Option<f64>> = vec![None; self.cfg.proxies];
-        let mut done = 0;
-        let mut last = start;
-        let mut mismatched = 0;
-        let mut mismatch_example = None;
-        let (mut clusters, mut endpoints, mut listeners_n, mut routes_n) = (0, 0, 0, 0);
-        let (mut with_vo, mut with_vi) = (0, 0);
-        let mut dangling_references = 0;
-        let mut dangling_example = None;
-        let mut example_proxy = None;
-        while done < self.cfg.proxies {
+        let mut tally = Tally::new(self.cfg.proxies, start);
+        let captured = self.cfg.scenario.captured();
+        while tally.done < self.cfg.proxies {
             let Some(event) = self.next_event(deadline, false).await? else {
-                let pending: Vec<String> = self
-                    .fleet
-                    .counters()
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| elapsed[*i].is_none())
-                    .take(3)
-                    .map(|(i, c)| {
-                        let p = c.pending.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                        format!("proxy {i}: {}", p.as_deref().unwrap_or("nothing received"))
-                    })
-                    .collect();
                 bail!(
-                    "only {done} of {} proxies were configured within {:?}; waiting for: {pending:?} (stream errors: {}; NACKs: {} {:?}; {:?})",
+                    "only {} of {} proxies were configured within {:?}; waiting for: {:?} (stream errors: {}; NACKs: {} {:?}; {:?})",
+                    tally.done,
                     self.cfg.proxies,
                     self.cfg.phase_timeout,
+                    tally.pending(self.fleet.counters()),
                     self.stream_errors,
                     self.nacks,
                     self.nack_examples,
                     self.error_examples
                 );
             };
-            match event {
-                Event::Configured {
-                    proxy,
-                    elapsed: e,
-                    clusters: c,
-                    endpoints: eds,
-                    listeners,
-                    routes,
-                    capture_listeners: (vo, vi),
-                    inbound_clusters,
-                    dangling,
-                    names,
-                    ..
-                } if elapsed[proxy].is_none() => {
-                    elapsed[proxy] = Some(e.as_secs_f64() * 1000.0);
-                    done += 1;
-                    last = Instant::now();
-                    clusters += c;
-                    endpoints += eds;
-                    listeners_n += listeners;
-                    routes_n += routes;
-                    with_vo += usize::from(vo);
-                    with_vi += usize::from(vi);
-                    if let Some((example, n)) = dangling {
-                        dangling_references += 1;
-                        dangling_example.get_or_insert_with(|| {
-                            format!("proxy {proxy}: {example} ({n} such references)")
-                        });
-                    }
-                    if let Some(names) = names {
-                        example_proxy = Some(*names);
-                    }
-                    let want = self.mesh.expected_shape(proxy);
-                    let captured = self.cfg.scenario.captured();
-                    let got = manifests::ExpectedShape {
-                        endpoints: eds,
-                        listeners,
-                        routes,
-                        inbound_clusters,
-                    };
-                    if got != want || (captured && !(vo && vi)) || (!captured && (vo || vi)) {
-                        mismatched += 1;
-                        mismatch_example.get_or_insert_with(|| {
-                            format!(
-                                "proxy {proxy}: {eds} EDS assignments (want {}), {listeners} listeners (want {}; virtualOutbound {vo}, virtualInbound {vi}), {routes} route tables (want {}), {inbound_clusters} inbound clusters (want {}), {c} clusters",
-                                want.endpoints, want.listeners, want.routes, want.inbound_clusters
-                            )
-                        });
-                    }
-                }
-                Event::Configured { .. } | Event::Observed { .. } => {}
-                other => self.note(other),
+            match tally.on_event(event, &self.mesh, captured, &|p| p) {
+                None | Some(Event::Configured { .. } | Event::Observed { .. }) => {}
+                Some(other) => self.note(other),
             }
         }
-        let all_configured_s = (last - start).as_secs_f64();
         // Let the last pushes and ACKs finish and the allocator settle.
         self.settle(0).await?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let server = &self.servers[0];
         let rss = server.rss_kib()?;
         let m1 = server.metrics().await?;
-        let samples: Vec<f64> = elapsed.into_iter().flatten().collect();
-        let n = self.cfg.proxies as f64;
         let on_first_replica = self
             .fleet
             .counters()
@@ -594,55 +614,383 @@ impl Bench<'_> {
             .filter(|c| c.server.load(Ordering::Relaxed) == 0)
             .count();
         let connected = m1.get(CONNECTIONS) as usize;
+        let server_cpu_s = (server.cpu()? - cpu0).as_secs_f64();
+        let fingerprints = std::mem::take(&mut tally.fingerprints);
         Ok((
             Initial {
                 on_first_replica,
-                all_configured_s,
-                per_proxy_ms: Dist::of(&samples),
-                mismatched,
-                mismatch_example,
-                clusters_per_proxy: clusters as f64 / n,
-                endpoints_per_proxy: endpoints as f64 / n,
-                listeners_per_proxy: listeners_n as f64 / n,
-                routes_per_proxy: routes_n as f64 / n,
-                with_virtual_outbound: with_vo,
-                with_virtual_inbound: with_vi,
-                dangling_references,
-                dangling_example,
-                example_proxy,
-                server_cpu_s: (server.cpu()? - cpu0).as_secs_f64(),
+                server_cpu_s,
                 server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
                 cache: cache_use(&m0, &m1),
+                ..tally.initial()
             },
             rss,
             connected,
+            fingerprints,
         ))
     }
 
-    /// Waits until server `i` is quiet — no response sent and under 10 % of a CPU used for
-    /// 500 ms — so that a phase's CPU and bytes include all its work (bounded).
-    async fn settle(&self, i: usize) -> anyhow::Result<()> {
-        const QUIET: Duration = Duration::from_millis(500);
-        let server = &self.servers[i];
-        let deadline = Instant::now() + self.cfg.phase_timeout;
-        let mut last = (server.metrics().await?.get(PUSHES), server.cpu()?);
-        let mut quiet_since = Instant::now();
-        while Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let pushes = server.metrics().await?.get(PUSHES);
-            if pushes != last.0 {
-                last = (pushes, server.cpu()?);
-                quiet_since = Instant::now();
-            } else if quiet_since.elapsed() >= QUIET {
-                let cpu = server.cpu()?;
-                if cpu.saturating_sub(last.1) < QUIET / 10 {
-                    return Ok(());
+    /// Waits for the next event of a side fleet until `deadline`, checking the processes
+    /// (and `extra`, the replay server) every second.
+    async fn side_event(
+        &mut self,
+        side: &mut SideFleet,
+        deadline: Instant,
+        mut extra: Option<&mut Server>,
+    ) -> anyhow::Result<Option<Event>> {
+        loop {
+            let tick = (Instant::now() + Duration::from_secs(1)).min(deadline);
+            match tokio::time::timeout_at(tick, side.events.recv()).await {
+                Ok(Some(e)) => return Ok(Some(e)),
+                Ok(None) => bail!("every proxy stopped"),
+                Err(_) => {
+                    self.check_processes(false)?;
+                    if let Some(server) = extra.as_deref_mut() {
+                        server.check_running()?;
+                    }
+                    if Instant::now() >= deadline {
+                        return Ok(None);
+                    }
                 }
-                last.1 = cpu;
-                quiet_since = Instant::now();
             }
         }
-        Ok(())
+    }
+
+    /// Records, from replica A, what one delta client of each class (`reps`: a main proxy
+    /// of each class) receives until configured.
+    async fn record(&mut self, reps: &[usize]) -> anyhow::Result<replay::Recording> {
+        let n = self.cfg.proxies;
+        let mut side = SideFleet::new(
+            Mode::Delta,
+            self.servers[0].xds_addr(),
+            reps.len(),
+            self.cfg.connect_concurrency,
+            self.active.subscribe(),
+            true,
+        );
+        for (c, &p) in reps.iter().enumerate() {
+            let mut id = self.identity(p).with_node_number(2 * n + c);
+            id.index = c;
+            side.spawn(id);
+        }
+        let deadline = Instant::now() + self.cfg.phase_timeout;
+        let mut tally = Tally::new(reps.len(), Instant::now());
+        let captured = self.cfg.scenario.captured();
+        while tally.done < reps.len() {
+            let Some(event) = self.side_event(&mut side, deadline, None).await? else {
+                bail!(
+                    "recording: only {} of {} proxy classes were configured by replica A within {:?}; waiting for {:?}; errors {:?}",
+                    tally.done,
+                    reps.len(),
+                    self.cfg.phase_timeout,
+                    tally.pending(side.fleet.counters()),
+                    tally.error_examples
+                );
+            };
+            let _ = tally.on_event(event, &self.mesh, captured, &|c| reps[c]);
+        }
+        side.stop().await;
+        let mut builder = replay::RecordingBuilder::default();
+        for (c, recording) in tally.recordings.into_iter().enumerate() {
+            let Some(items) = recording else {
+                bail!("recording: class {c} was configured without a recording");
+            };
+            builder.add_class(&self.identity(reps[c]).class(), items);
+        }
+        Ok(builder.finish())
+    }
+
+    /// The replay baseline: records every proxy class from replica A, starts
+    /// `shoal-replay` on the recording and connects the same proxies to it as the initial
+    /// phase did to shoal (the main fleet stays connected to shoal, idle, meanwhile).
+    async fn replay_baseline(
+        &mut self,
+        initial: &Initial,
+        memory: &Memory,
+        shoal_held: &[Option<Fingerprint>],
+    ) -> anyhow::Result<ReplayBaseline> {
+        let n = self.cfg.proxies;
+        let mut reps = Vec::new();
+        let mut seen = HashSet::new();
+        for i in 0..n {
+            if seen.insert(self.identity(i).class()) {
+                reps.push(i);
+            }
+        }
+        self.progress(format!(
+            "replay baseline: recording {} proxy classes from replica A",
+            reps.len()
+        ));
+        let record_start = Instant::now();
+        let recording = self.record(&reps).await?;
+        let dir = tempfile::Builder::new()
+            .prefix("shoal-bench-replay-")
+            .tempdir()
+            .context("creating the recording's directory")?;
+        let path = dir.path().join("recording.pb");
+        let recording_bytes = recording.write(&path)?;
+        let recorded_resources = recording.resources.len();
+        drop(recording);
+        let record_s = record_start.elapsed().as_secs_f64();
+        // Replica A may still be answering the recording clients' ACKs.
+        self.settle(0).await?;
+
+        let mut server =
+            Server::start_replay(&self.bins, &path, self.cfg.server_cpus.as_deref()).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let idle_rss_kib = server.rss_kib()?;
+        self.progress(format!(
+            "replay baseline: {} classes, {recorded_resources} distinct resources ({recording_bytes} bytes) recorded in {record_s:.1} s; connecting {n} {} proxies to shoal-replay",
+            reps.len(),
+            self.cfg.mode
+        ));
+        let cpu0 = server.cpu()?;
+        let m0 = server.metrics().await?;
+        let mut side = SideFleet::new(
+            self.cfg.mode,
+            server.xds_addr(),
+            n,
+            self.cfg.connect_concurrency,
+            self.active.subscribe(),
+            false,
+        );
+        let start = Instant::now();
+        for i in 0..n {
+            side.spawn(self.identity(i));
+        }
+        let deadline = start + self.cfg.phase_timeout;
+        let mut tally = Tally::new(n, start);
+        let captured = self.cfg.scenario.captured();
+        while tally.done < n {
+            let Some(event) = self
+                .side_event(&mut side, deadline, Some(&mut server))
+                .await?
+            else {
+                break;
+            };
+            let _ = tally.on_event(event, &self.mesh, captured, &|p| p);
+        }
+        if tally.done < n {
+            let pending = tally.pending(side.fleet.counters());
+            tally
+                .error_examples
+                .push(format!("not configured in time: {pending:?}"));
+        }
+        settle_server(&server, self.cfg.phase_timeout).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let loaded_rss_kib = server.rss_kib()?;
+        let m1 = server.metrics().await?;
+        let server_cpu_s = (server.cpu()? - cpu0).as_secs_f64();
+        let connected = m1.get(CONNECTIONS) as usize;
+        side.stop().await;
+        server.kill().await;
+        drop(dir);
+
+        let (mut names_mismatched, mut versions_mismatched) = (0, 0);
+        let mut mismatch_example = None;
+        for (i, (a, b)) in shoal_held.iter().zip(&tally.fingerprints).enumerate() {
+            let (Some(a), Some(b)) = (a, b) else {
+                continue;
+            };
+            if a.names != b.names {
+                names_mismatched += 1;
+            } else if a.versions != b.versions {
+                versions_mismatched += 1;
+            } else {
+                continue;
+            }
+            mismatch_example.get_or_insert_with(|| {
+                format!(
+                    "proxy {i} ({}): {} resources from shoal, {} from the replay ({})",
+                    self.identity(i).class(),
+                    a.resources,
+                    b.resources,
+                    if a.names != b.names {
+                        "other names"
+                    } else {
+                        "same names, other versions"
+                    }
+                )
+            });
+        }
+        let replay_initial = tally.initial();
+        let replay_memory = Memory {
+            idle_rss_kib,
+            loaded_rss_kib,
+            connected,
+            per_proxy_kib: loaded_rss_kib.saturating_sub(idle_rss_kib) as f64
+                / connected.max(1) as f64,
+        };
+        let server_bytes = m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES);
+        Ok(ReplayBaseline {
+            classes: reps.len(),
+            recorded_resources,
+            recording_bytes,
+            record_s,
+            configured: tally.done,
+            not_configured: n - tally.done,
+            connect_failures: replay_initial.connect_failures,
+            stream_failures: replay_initial.stream_failures,
+            all_configured_s: replay_initial.all_configured_s,
+            per_proxy_ms: replay_initial.per_proxy_ms.clone(),
+            server_cpu_s,
+            server_bytes,
+            names_mismatched,
+            versions_mismatched,
+            mismatch_example,
+            ratios: Ratios {
+                server_cpu: ratio(initial.server_cpu_s, server_cpu_s),
+                all_configured: ratio(initial.all_configured_s, replay_initial.all_configured_s),
+                per_proxy_p50: ratio(initial.per_proxy_ms.p50, replay_initial.per_proxy_ms.p50),
+                per_proxy_p99: ratio(initial.per_proxy_ms.p99, replay_initial.per_proxy_ms.p99),
+                rss_per_proxy: ratio(memory.per_proxy_kib, replay_memory.per_proxy_kib),
+                loaded_rss: ratio(
+                    memory.loaded_rss_kib as f64,
+                    replay_memory.loaded_rss_kib as f64,
+                ),
+                server_bytes: ratio(initial.server_bytes, server_bytes),
+            },
+            memory: replay_memory,
+            error_examples: tally.error_examples,
+        })
+    }
+
+    /// The connection storm: a mesh-wide VirtualService change (marker `k`) and, at the
+    /// same moment, `proxies` fresh proxies (same classes, node ids of their own)
+    /// connecting to replica A only. Measures how many fail and how long until all are
+    /// configured, and the change's convergence on the connected proxies; then disconnects
+    /// the fresh proxies.
+    async fn storm(&mut self, k: usize) -> anyhow::Result<Storm> {
+        self.drain_events();
+        while self.bus_writes.try_recv().is_ok() {}
+        let n = self.cfg.proxies;
+        let id = self.next_change;
+        self.next_change += 1;
+        let server = &self.servers[0];
+        let cpu0 = server.cpu()?;
+        let m0 = server.metrics().await?;
+        let mut side = SideFleet::new(
+            self.cfg.mode,
+            server.xds_addr(),
+            n,
+            self.cfg.connect_concurrency,
+            self.active.subscribe(),
+            false,
+        );
+        self.progress(format!(
+            "storm: VirtualService change and {n} fresh proxies connecting at once"
+        ));
+        let _ = self.active.send(Some(Arc::new(ActiveChange {
+            id,
+            ty: XdsType::Route,
+            resource: manifests::ROUTE_NAME.to_string(),
+            marker: memchr::memmem::Finder::new(manifests::vs_marker(k).as_bytes()).into_owned(),
+        })));
+        let write_ms = now_ms();
+        self.mesh.change_virtual_service(true, k)?;
+        let start = Instant::now();
+        for i in 0..n {
+            side.spawn(self.identity(i).with_node_number(n + i));
+        }
+        let deadline = start + self.cfg.phase_timeout;
+        let mut tally = Tally::new(n, start);
+        let captured = self.cfg.scenario.captured();
+        let mut observed_at: Option<(String, u64)> = None;
+        let mut receipts: HashMap<usize, u64> = HashMap::new();
+        let key_matches = |w: &BusWrite| {
+            w.bucket == Bucket::Config
+                && shoal_common::keys::parse_config_key(&w.key).is_ok_and(|(kind, ns, name)| {
+                    kind == ConfigKind::VirtualService
+                        && ns == manifests::SYSTEM_NS
+                        && name == manifests::SHARED_VS
+                })
+        };
+        while tally.done < n || observed_at.is_none() || receipts.len() < n {
+            let tick = (Instant::now() + Duration::from_secs(1)).min(deadline);
+            tokio::select! {
+                w = self.bus_writes.recv() => {
+                    let Some(w) = w else { bail!("the bus watch stopped") };
+                    if observed_at.is_none() && key_matches(&w) {
+                        observed_at = Some((w.key.clone(), w.observed_at_ms));
+                    }
+                }
+                e = self.events.recv() => match e {
+                    Some(Event::Observed { proxy, change, at_us }) if change == id => {
+                        receipts.entry(proxy).or_insert(at_us);
+                    }
+                    Some(Event::Observed { .. }) | Some(Event::Configured { .. }) => {}
+                    Some(other) => self.note(other),
+                    None => bail!("every proxy stopped"),
+                },
+                e = side.events.recv() => match e {
+                    Some(event) => { let _ = tally.on_event(event, &self.mesh, captured, &|p| p); }
+                    None => bail!("the storm's proxies stopped"),
+                },
+                _ = tokio::time::sleep_until(tick) => {
+                    self.check_processes(false)?;
+                    if Instant::now() >= deadline { break; }
+                }
+            }
+        }
+        let _ = self.active.send(None);
+        let all_configured_s = (tally.last - start).as_secs_f64();
+        let Some((key, observed_at_ms)) = observed_at else {
+            bail!(
+                "storm: the ingester did not publish the VirtualService change within {:?}",
+                self.cfg.phase_timeout
+            );
+        };
+        if tally.done < n {
+            let pending = tally.pending(side.fleet.counters());
+            tally
+                .error_examples
+                .push(format!("not configured in time: {pending:?}"));
+        }
+        self.settle(0).await?;
+        let server = &self.servers[0];
+        let m1 = server.metrics().await?;
+        let server_cpu_s = (server.cpu()? - cpu0).as_secs_f64();
+        side.stop().await;
+        let latencies: Vec<f64> = receipts
+            .values()
+            .map(|at_us| *at_us as f64 / 1000.0 - observed_at_ms as f64)
+            .collect();
+        let failed = (0..n)
+            .filter(|i| {
+                tally.connect_failed[*i] || tally.stream_failed[*i] || tally.elapsed[*i].is_none()
+            })
+            .count();
+        let fresh = tally.initial();
+        Ok(Storm {
+            proxies: n,
+            configured: tally.done,
+            connect_failures: fresh.connect_failures,
+            stream_failures: fresh.stream_failures,
+            not_configured: n - tally.done,
+            failed,
+            all_configured_s,
+            per_proxy_ms: fresh.per_proxy_ms,
+            mismatched: fresh.mismatched,
+            vs_change: ChangeSample {
+                k,
+                key,
+                ingest_ms: observed_at_ms.saturating_sub(write_ms) as f64,
+                affected: n,
+                observed: receipts.len(),
+                unexpected: 0,
+                latency_ms: Dist::of(&latencies),
+                server_cpu_s,
+                server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
+                server_pushes: m1.get(PUSHES) - m0.get(PUSHES),
+                cache: cache_use(&m0, &m1),
+            },
+            error_examples: tally.error_examples,
+        })
+    }
+
+    /// Waits until server `i` is quiet (see [`settle_server`]).
+    async fn settle(&self, i: usize) -> anyhow::Result<()> {
+        settle_server(&self.servers[i], self.cfg.phase_timeout).await
     }
 
     fn affected_in_namespace(&self, ns: Option<usize>) -> Vec<bool> {
@@ -862,6 +1210,265 @@ impl Bench<'_> {
             server_cpu_s: (b.cpu()? - cpu0).as_secs_f64(),
             cache: cache_use(&m0, &m1),
         })
+    }
+}
+
+/// Waits until `server` is quiet — no response sent and under 10 % of a CPU used for
+/// 500 ms — so that a phase's CPU and bytes include all its work (bounded by `timeout`).
+async fn settle_server(server: &Server, timeout: Duration) -> anyhow::Result<()> {
+    const QUIET: Duration = Duration::from_millis(500);
+    let deadline = Instant::now() + timeout;
+    let mut last = (server.metrics().await?.get(PUSHES), server.cpu()?);
+    let mut quiet_since = Instant::now();
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let pushes = server.metrics().await?.get(PUSHES);
+        if pushes != last.0 {
+            last = (pushes, server.cpu()?);
+            quiet_since = Instant::now();
+        } else if quiet_since.elapsed() >= QUIET {
+            let cpu = server.cpu()?;
+            if cpu.saturating_sub(last.1) < QUIET / 10 {
+                return Ok(());
+            }
+            last.1 = cpu;
+            quiet_since = Instant::now();
+        }
+    }
+    Ok(())
+}
+
+/// Proxies besides the main fleet (the recording clients, the replay baseline's proxies,
+/// the storm's fresh proxies), connected to one server only, with their own events and
+/// shutdown.
+struct SideFleet {
+    fleet: Arc<Fleet>,
+    tasks: JoinSet<()>,
+    shutdown: watch::Sender<bool>,
+    events: mpsc::UnboundedReceiver<Event>,
+}
+
+impl SideFleet {
+    fn new(
+        mode: Mode,
+        server: std::net::SocketAddr,
+        proxies: usize,
+        connect_concurrency: usize,
+        active: watch::Receiver<Option<Arc<ActiveChange>>>,
+        record: bool,
+    ) -> SideFleet {
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let fleet = Fleet::new(
+            mode,
+            vec![server],
+            proxies,
+            connect_concurrency,
+            active,
+            events_tx,
+            shutdown_rx,
+        );
+        SideFleet {
+            fleet: Arc::new(if record { fleet.recording() } else { fleet }),
+            tasks: JoinSet::new(),
+            shutdown,
+            events,
+        }
+    }
+
+    /// Starts proxy `id` (its index must be below the fleet's size).
+    fn spawn(&mut self, id: ProxyIdentity) {
+        self.tasks.spawn(client::run_proxy(self.fleet.clone(), id));
+    }
+
+    /// Disconnects every proxy (bounded).
+    async fn stop(mut self) {
+        let _ = self.shutdown.send(true);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while let Ok(Some(_)) = tokio::time::timeout_at(deadline, self.tasks.join_next()).await {}
+        self.tasks.abort_all();
+    }
+}
+
+/// What a connection phase saw, per proxy of one fleet.
+struct Tally {
+    start: Instant,
+    /// When the last proxy was configured.
+    last: Instant,
+    done: usize,
+    /// Per proxy: from connection attempt to configured, ms.
+    elapsed: Vec<Option<f64>>,
+    /// Per proxy: what it held when configured.
+    fingerprints: Vec<Option<Fingerprint>>,
+    /// Per proxy (recording fleets): every resource with its bytes.
+    recordings: Vec<Option<Vec<RecordedItem>>>,
+    /// Per proxy: a connection (TCP connect or HTTP/2 handshake) failed.
+    connect_failed: Vec<bool>,
+    /// Per proxy: a stream broke after connecting.
+    stream_failed: Vec<bool>,
+    mismatched: usize,
+    mismatch_example: Option<String>,
+    clusters: usize,
+    endpoints: usize,
+    listeners: usize,
+    routes: usize,
+    with_vo: usize,
+    with_vi: usize,
+    dangling_references: usize,
+    dangling_example: Option<String>,
+    example_proxy: Option<HeldNames>,
+    error_examples: Vec<String>,
+}
+
+impl Tally {
+    fn new(n: usize, start: Instant) -> Tally {
+        Tally {
+            start,
+            last: start,
+            done: 0,
+            elapsed: vec![None; n],
+            fingerprints: vec![None; n],
+            recordings: (0..n).map(|_| None).collect(),
+            connect_failed: vec![false; n],
+            stream_failed: vec![false; n],
+            mismatched: 0,
+            mismatch_example: None,
+            clusters: 0,
+            endpoints: 0,
+            listeners: 0,
+            routes: 0,
+            with_vo: 0,
+            with_vi: 0,
+            dangling_references: 0,
+            dangling_example: None,
+            example_proxy: None,
+            error_examples: Vec::new(),
+        }
+    }
+
+    /// Takes a proxy's first `Configured` (checking its shape against main proxy
+    /// `shape_of(proxy)`) and counts stream errors; returns every event but the first
+    /// `Configured`s, for the caller to note.
+    fn on_event(
+        &mut self,
+        event: Event,
+        mesh: &BenchMesh,
+        captured: bool,
+        shape_of: &dyn Fn(usize) -> usize,
+    ) -> Option<Event> {
+        match event {
+            Event::Configured {
+                proxy,
+                elapsed: e,
+                clusters: c,
+                endpoints: eds,
+                listeners,
+                routes,
+                capture_listeners: (vo, vi),
+                inbound_clusters,
+                dangling,
+                names,
+                fingerprint,
+                recording,
+                ..
+            } if self.elapsed.get(proxy).is_some_and(Option::is_none) => {
+                self.elapsed[proxy] = Some(e.as_secs_f64() * 1000.0);
+                self.fingerprints[proxy] = Some(fingerprint);
+                self.recordings[proxy] = recording;
+                self.done += 1;
+                self.last = Instant::now();
+                self.clusters += c;
+                self.endpoints += eds;
+                self.listeners += listeners;
+                self.routes += routes;
+                self.with_vo += usize::from(vo);
+                self.with_vi += usize::from(vi);
+                if let Some((example, n)) = dangling {
+                    self.dangling_references += 1;
+                    self.dangling_example.get_or_insert_with(|| {
+                        format!("proxy {proxy}: {example} ({n} such references)")
+                    });
+                }
+                if let Some(names) = names {
+                    self.example_proxy = Some(*names);
+                }
+                let want = mesh.expected_shape(shape_of(proxy));
+                let got = manifests::ExpectedShape {
+                    endpoints: eds,
+                    listeners,
+                    routes,
+                    inbound_clusters,
+                };
+                if got != want || (captured && !(vo && vi)) || (!captured && (vo || vi)) {
+                    self.mismatched += 1;
+                    self.mismatch_example.get_or_insert_with(|| {
+                        format!(
+                            "proxy {proxy}: {eds} EDS assignments (want {}), {listeners} listeners (want {}; virtualOutbound {vo}, virtualInbound {vi}), {routes} route tables (want {}), {inbound_clusters} inbound clusters (want {}), {c} clusters",
+                            want.endpoints, want.listeners, want.routes, want.inbound_clusters
+                        )
+                    });
+                }
+                None
+            }
+            Event::StreamError {
+                proxy,
+                connect,
+                ref error,
+            } => {
+                let failed = if connect {
+                    &mut self.connect_failed
+                } else {
+                    &mut self.stream_failed
+                };
+                if let Some(f) = failed.get_mut(proxy) {
+                    *f = true;
+                }
+                if self.error_examples.len() < 5 {
+                    self.error_examples
+                        .push(format!("proxy {proxy} stream: {error}"));
+                }
+                Some(event)
+            }
+            other => Some(other),
+        }
+    }
+
+    /// What the first few unconfigured proxies still lack.
+    fn pending(&self, counters: &[ProxyCounters]) -> Vec<String> {
+        counters
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.elapsed.get(*i).is_some_and(Option::is_none))
+            .take(3)
+            .map(|(i, c)| {
+                let p = c.pending.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                format!("proxy {i}: {}", p.as_deref().unwrap_or("nothing received"))
+            })
+            .collect()
+    }
+
+    /// The phase's figures, without the server's.
+    fn initial(&self) -> Initial {
+        let n = self.elapsed.len().max(1) as f64;
+        let samples: Vec<f64> = self.elapsed.iter().flatten().copied().collect();
+        Initial {
+            all_configured_s: (self.last - self.start).as_secs_f64(),
+            per_proxy_ms: Dist::of(&samples),
+            mismatched: self.mismatched,
+            mismatch_example: self.mismatch_example.clone(),
+            clusters_per_proxy: self.clusters as f64 / n,
+            endpoints_per_proxy: self.endpoints as f64 / n,
+            listeners_per_proxy: self.listeners as f64 / n,
+            routes_per_proxy: self.routes as f64 / n,
+            with_virtual_outbound: self.with_vo,
+            with_virtual_inbound: self.with_vi,
+            dangling_references: self.dangling_references,
+            dangling_example: self.dangling_example.clone(),
+            example_proxy: self.example_proxy.clone(),
+            connect_failures: self.connect_failed.iter().filter(|f| **f).count(),
+            stream_failures: self.stream_failed.iter().filter(|f| **f).count(),
+            ..Initial::default()
+        }
     }
 }
 

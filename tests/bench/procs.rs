@@ -20,6 +20,9 @@ pub struct Binaries {
     pub server: PathBuf,
     /// `shoal-ingester`.
     pub ingester: PathBuf,
+    /// `shoal-replay` (the replay baseline's server), when found: next to the shoal
+    /// binaries, else next to the running executable.
+    pub replay: Option<PathBuf>,
     /// Whether they come from a debug build (results are then not representative).
     pub debug_build: bool,
 }
@@ -54,9 +57,18 @@ impl Binaries {
             let ingester = dir.join("shoal-ingester");
             if server.is_file() && ingester.is_file() {
                 let debug_build = dir.components().any(|c| c.as_os_str() == "debug");
+                let own_dir = std::env::current_exe()
+                    .ok()
+                    .and_then(|e| e.parent().map(Path::to_path_buf));
+                let replay = [Some(dir.clone()), own_dir]
+                    .into_iter()
+                    .flatten()
+                    .map(|d| d.join("shoal-replay"))
+                    .find(|p| p.is_file());
                 return Ok(Binaries {
                     server,
                     ingester,
+                    replay,
                     debug_build,
                 });
             }
@@ -179,7 +191,8 @@ impl Ingester {
     }
 }
 
-/// A `shoal-server` replica reading from NATS.
+/// A `shoal-server` replica reading from NATS, or the replay baseline's `shoal-replay` (which
+/// serves the same `/ready` and `/metrics` names).
 pub struct Server {
     process: Process,
     xds: SocketAddr,
@@ -198,25 +211,53 @@ impl Server {
         extra: &[String],
         cpus: Option<&str>,
     ) -> anyhow::Result<Server> {
+        let mut args = vec!["--nats-url".to_string(), nats_url.to_string()];
+        args.extend(extra.iter().cloned());
+        Server::spawn(&bins.server, name, args, cpus).await
+    }
+
+    /// Starts `shoal-replay --recording FILE` (the replay baseline's server) on free ports
+    /// and waits until `/ready`, pinned like the replicas with `cpus`.
+    pub async fn start_replay(
+        bins: &Binaries,
+        recording: &Path,
+        cpus: Option<&str>,
+    ) -> anyhow::Result<Server> {
+        let Some(binary) = &bins.replay else {
+            bail!(
+                "shoal-replay not found next to shoal-server ({}) nor next to this program: \
+                 build it with `cargo build --release --bins`",
+                bins.server.display()
+            );
+        };
+        let args = vec!["--recording".to_string(), recording.display().to_string()];
+        Server::spawn(binary, "shoal-replay", args, cpus).await
+    }
+
+    /// Starts `binary ARGS --xds-addr <free> --admin-addr <free>`, optionally under
+    /// `taskset -c CPUS`, and waits until its `/ready` answers 200.
+    async fn spawn(
+        binary: &Path,
+        name: &str,
+        mut args: Vec<String>,
+        cpus: Option<&str>,
+    ) -> anyhow::Result<Server> {
         let xds = free_addr();
         let admin = free_addr();
-        let mut args = vec![
-            "--nats-url".to_string(),
-            nats_url.to_string(),
+        args.extend([
             "--xds-addr".to_string(),
             xds.to_string(),
             "--admin-addr".to_string(),
             admin.to_string(),
-        ];
-        args.extend(extra.iter().cloned());
+        ]);
         let cmd = match cpus {
             Some(cpus) => {
                 let mut taskset_args = vec!["-c".to_string(), cpus.to_string()];
-                taskset_args.push(bins.server.display().to_string());
+                taskset_args.push(binary.display().to_string());
                 taskset_args.extend(args);
                 shoal_command(Path::new("taskset"), &taskset_args)
             }
-            None => shoal_command(&bins.server, &args),
+            None => shoal_command(binary, &args),
         };
         let mut process = Process::try_spawn(name, cmd, temp_dir("server")?)
             .with_context(|| format!("starting {name} (taskset is needed for --server-cpus)"))?;

@@ -173,6 +173,109 @@ pub struct Initial {
     /// Proxies connected to the first replica at the end of the phase (the others gave up
     /// on it — a connection timeout or a broken stream — and moved to the second).
     pub on_first_replica: usize,
+    /// Proxies whose connection (TCP connect or HTTP/2 handshake) failed at least once
+    /// during the phase.
+    pub connect_failures: usize,
+    /// Proxies whose stream broke at least once after connecting, during the phase.
+    pub stream_failures: usize,
+}
+
+/// shoal / replay, for one figure (None when the replay figure is 0).
+pub fn ratio(shoal: f64, replay: f64) -> Option<f64> {
+    (replay > 0.0).then(|| shoal / replay)
+}
+
+/// The initial phase's figures as ratios shoal / replay baseline.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Ratios {
+    /// Server CPU during the phase.
+    pub server_cpu: Option<f64>,
+    /// Wall time until every proxy was configured.
+    pub all_configured: Option<f64>,
+    /// Per-proxy time to configured, p50.
+    pub per_proxy_p50: Option<f64>,
+    /// Per-proxy time to configured, p99.
+    pub per_proxy_p99: Option<f64>,
+    /// Server RSS per proxy above idle.
+    pub rss_per_proxy: Option<f64>,
+    /// Server RSS with every proxy connected.
+    pub loaded_rss: Option<f64>,
+    /// Resource bytes sent.
+    pub server_bytes: Option<f64>,
+}
+
+/// The replay baseline (`--baseline replay`): the initial phase again, with the same
+/// proxies (mode, connection concurrency, pinning) against `shoal-replay`, which answers
+/// with the resources shoal sent, recorded per proxy class, without generating anything.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReplayBaseline {
+    /// Proxy classes (namespace, label `app`, interception mode) recorded.
+    pub classes: usize,
+    /// Distinct resources recorded (over all classes).
+    pub recorded_resources: usize,
+    /// Size of the recording file, bytes.
+    pub recording_bytes: u64,
+    /// Time to record every class from shoal-server (one delta client per class), seconds.
+    pub record_s: f64,
+    /// Proxies the replay server configured.
+    pub configured: usize,
+    /// Proxies not configured within the phase timeout.
+    pub not_configured: usize,
+    /// Proxies whose connection (TCP connect or HTTP/2 handshake) failed at least once.
+    pub connect_failures: usize,
+    /// Proxies whose stream broke at least once after connecting.
+    pub stream_failures: usize,
+    /// From the first connection attempt until the last proxy was configured, seconds.
+    pub all_configured_s: f64,
+    /// Per proxy, from its connection attempt to fully configured, ms.
+    pub per_proxy_ms: Dist,
+    /// Replay-server CPU during the phase, seconds.
+    pub server_cpu_s: f64,
+    /// Resource bytes it sent (the `Any` values, as shoal counts them).
+    pub server_bytes: f64,
+    /// Its memory, idle (recording loaded) and with every proxy connected.
+    pub memory: Memory,
+    /// Proxies that ended up holding other resource names than with shoal.
+    pub names_mismatched: usize,
+    /// Proxies holding the same names as with shoal but other versions.
+    pub versions_mismatched: usize,
+    /// An example of a mismatch.
+    pub mismatch_example: Option<String>,
+    /// shoal / replay for the initial phase's figures.
+    pub ratios: Ratios,
+    /// Examples of the proxies' errors.
+    pub error_examples: Vec<String>,
+}
+
+/// The connection storm (`--storm`): with every proxy configured, a VirtualService change
+/// seen by all of them and, at the same moment, as many fresh proxies connecting.
+#[derive(Debug, Clone, Serialize)]
+pub struct Storm {
+    /// Fresh proxies connected (same classes as the others, distinct node ids).
+    pub proxies: usize,
+    /// Of those, configured within the phase timeout.
+    pub configured: usize,
+    /// Fresh proxies whose connection (TCP connect or HTTP/2 handshake) failed at least
+    /// once.
+    pub connect_failures: usize,
+    /// Fresh proxies whose stream broke at least once after connecting.
+    pub stream_failures: usize,
+    /// Fresh proxies not configured within the phase timeout.
+    pub not_configured: usize,
+    /// Fresh proxies with any of the three failures (target: 0).
+    pub failed: usize,
+    /// From the change and the first connection attempt until the last fresh proxy was
+    /// configured, seconds.
+    pub all_configured_s: f64,
+    /// Per fresh proxy, from its connection attempt to fully configured, ms.
+    pub per_proxy_ms: Dist,
+    /// Fresh proxies whose configuration did not have the expected shape.
+    pub mismatched: usize,
+    /// The VirtualService change as the already-connected proxies saw it; its server CPU,
+    /// bytes and responses cover the whole storm (the change and the fresh proxies).
+    pub vs_change: ChangeSample,
+    /// Examples of the fresh proxies' errors.
+    pub error_examples: Vec<String>,
 }
 
 /// Server memory.
@@ -333,6 +436,10 @@ pub struct Report {
     pub vs_change: ChangeReport,
     /// The move to a second replica (with `--replicas 2`).
     pub replica_move: Option<ReplicaMove>,
+    /// The replay baseline (with `--baseline replay`).
+    pub baseline: Option<ReplayBaseline>,
+    /// The connection storm (with `--storm`).
+    pub storm: Option<Storm>,
     /// CPU the benchmark process itself used (the simulated proxies), seconds.
     pub bench_cpu_s: f64,
     /// Stream errors seen by proxies (outside the replica move).
@@ -544,6 +651,46 @@ impl Report {
                 s.proxies
             );
         }
+        if let Some(b) = &self.baseline {
+            self.baseline_table(&mut o, b);
+        }
+        if let Some(st) = &self.storm {
+            let _ = writeln!(
+                o,
+                "{:<50} {:>10} {:>10} {:>10}   0 failed: {}",
+                format!("storm: {} fresh proxies during a VS change", st.proxies),
+                ms(st.per_proxy_ms.p50),
+                ms(st.per_proxy_ms.p99),
+                ms(st.per_proxy_ms.max),
+                verdict(st.failed == 0 && st.configured == st.proxies)
+            );
+            let _ = writeln!(
+                o,
+                "{:<50} {} of {} configured in {:.2} s; failed {}: connect {}, stream broken {}, not configured in time {}; shape mismatches {}",
+                "  storm",
+                st.configured,
+                st.proxies,
+                st.all_configured_s,
+                st.failed,
+                st.connect_failures,
+                st.stream_failures,
+                st.not_configured,
+                st.mismatched
+            );
+            let c = &st.vs_change;
+            let _ = writeln!(
+                o,
+                "{:<50} {:>10} {:>10} {:>10}   {} of {} had it; server CPU {:.2} s, sent {} (whole storm)",
+                "  storm: VS change, observed_at→connected proxy",
+                ms(c.latency_ms.p50),
+                ms(c.latency_ms.p99),
+                ms(c.latency_ms.max),
+                c.observed,
+                c.affected,
+                c.server_cpu_s,
+                bytes(c.server_bytes)
+            );
+        }
         if let Some(mv) = &self.replica_move {
             let target = if s.mode == "delta" {
                 format!(
@@ -600,6 +747,102 @@ impl Report {
             let _ = writeln!(o, "error example: {e}");
         }
         o
+    }
+}
+
+impl Report {
+    /// The initial phase, shoal next to the replay baseline.
+    fn baseline_table(&self, o: &mut String, b: &ReplayBaseline) {
+        let i = &self.initial;
+        let m = &self.memory;
+        let r = &b.ratios;
+        let x = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}x"));
+        let _ = writeln!(o);
+        let _ = writeln!(
+            o,
+            "initial phase vs replay baseline ({} classes, {} distinct resources, {} recorded in {:.1} s)",
+            b.classes,
+            b.recorded_resources,
+            bytes(b.recording_bytes as f64),
+            b.record_s
+        );
+        let _ = writeln!(
+            o,
+            "{:<50} {:>12} {:>12} {:>10}",
+            "measure", "shoal", "replay", "ratio"
+        );
+        let rows: [(&str, String, String, Option<f64>); 8] = [
+            (
+                "every proxy configured (wall)",
+                format!("{:.2} s", i.all_configured_s),
+                format!("{:.2} s", b.all_configured_s),
+                r.all_configured,
+            ),
+            (
+                "per proxy, connect→configured, p50",
+                ms(i.per_proxy_ms.p50),
+                ms(b.per_proxy_ms.p50),
+                r.per_proxy_p50,
+            ),
+            (
+                "per proxy, connect→configured, p99",
+                ms(i.per_proxy_ms.p99),
+                ms(b.per_proxy_ms.p99),
+                r.per_proxy_p99,
+            ),
+            (
+                "server CPU",
+                format!("{:.2} s", i.server_cpu_s),
+                format!("{:.2} s", b.server_cpu_s),
+                r.server_cpu,
+            ),
+            (
+                "bytes sent",
+                bytes(i.server_bytes),
+                bytes(b.server_bytes),
+                r.server_bytes,
+            ),
+            (
+                "server RSS with every proxy",
+                format!("{:.1} MiB", m.loaded_rss_kib as f64 / 1024.0),
+                format!("{:.1} MiB", b.memory.loaded_rss_kib as f64 / 1024.0),
+                r.loaded_rss,
+            ),
+            (
+                "server RSS per proxy above idle",
+                format!("{:.1} KiB", m.per_proxy_kib),
+                format!("{:.1} KiB", b.memory.per_proxy_kib),
+                r.rss_per_proxy,
+            ),
+            (
+                "proxies with a connection failure",
+                i.connect_failures.to_string(),
+                b.connect_failures.to_string(),
+                None,
+            ),
+        ];
+        for (label, shoal, replay, ratio) in rows {
+            let _ = writeln!(o, "{label:<50} {shoal:>12} {replay:>12} {:>10}", x(ratio));
+        }
+        let _ = writeln!(
+            o,
+            "{:<50} replay idle {:.1} MiB; configured {} of {} (not in time {}, stream failures {}); vs shoal: {} proxies with other names, {} with other versions",
+            "  replay",
+            b.memory.idle_rss_kib as f64 / 1024.0,
+            b.configured,
+            self.scenario.proxies,
+            b.not_configured,
+            b.stream_failures,
+            b.names_mismatched,
+            b.versions_mismatched
+        );
+        if let Some(e) = &b.mismatch_example {
+            let _ = writeln!(o, "{:<50} {e}", "  replay mismatch example");
+        }
+        for e in &b.error_examples {
+            let _ = writeln!(o, "{:<50} {e}", "  replay error example");
+        }
+        let _ = writeln!(o);
     }
 }
 

@@ -3,7 +3,9 @@
 //! simulated proxies in both ADS modes, and captured sidecars (Istio's default interception).
 //! Only functional outcomes are asserted — every proxy configured with the configuration's
 //! expected shape, nothing NACKed, every change received by every affected proxy and no
-//! other, nothing resent on a delta move to the second replica — never timings.
+//! other, nothing resent on a delta move to the second replica; with the replay baseline,
+//! every proxy configured by `shoal-replay` with the same resources as by shoal; in the
+//! connection storm, every fresh proxy configured without a failure — never timings.
 //!
 //! Needs the binaries: `cargo build --workspace --bins` first (scripts/test.sh does).
 #![forbid(unsafe_code)]
@@ -11,7 +13,7 @@
 use shoal_tests::bench::client::Mode;
 use shoal_tests::bench::manifests::ScenarioKind;
 use shoal_tests::bench::report::Report;
-use shoal_tests::bench::{self, BenchConfig, VsChange};
+use shoal_tests::bench::{self, Baseline, BenchConfig, VsChange};
 use std::time::Duration;
 
 fn smoke(mode: Mode, scenario: ScenarioKind, vs_change: VsChange) -> BenchConfig {
@@ -32,6 +34,8 @@ fn smoke(mode: Mode, scenario: ScenarioKind, vs_change: VsChange) -> BenchConfig
         server_args: Vec::new(),
         server_cpus: None,
         progress: true,
+        baseline: Baseline::None,
+        storm: false,
     }
 }
 
@@ -95,11 +99,50 @@ fn assert_functional(r: &Report, cfg: &BenchConfig) {
         Mode::Sotw => assert!(mv.resent > 0, "{}", ctx()),
     }
     assert!(r.processes_ok, "{}", ctx());
+    if cfg.baseline == Baseline::Replay {
+        let b = r
+            .baseline
+            .as_ref()
+            .expect("--baseline replay: the baseline ran");
+        assert!(b.classes > 0, "{}", ctx());
+        assert_eq!(
+            b.configured,
+            cfg.proxies,
+            "replay configured all\n{}",
+            ctx()
+        );
+        assert_eq!(b.connect_failures, 0, "{}", ctx());
+        assert_eq!(
+            b.names_mismatched,
+            0,
+            "the replay gives every proxy the resources shoal gave it\n{}",
+            ctx()
+        );
+        assert_eq!(b.versions_mismatched, 0, "same versions too\n{}", ctx());
+        assert!(b.server_bytes > 0.0, "{}", ctx());
+    }
+    if cfg.storm {
+        let st = r.storm.as_ref().expect("--storm: the storm ran");
+        assert_eq!(st.proxies, cfg.proxies, "{}", ctx());
+        assert_eq!(st.configured, cfg.proxies, "every fresh proxy\n{}", ctx());
+        assert_eq!(st.failed, 0, "no failure in the storm\n{}", ctx());
+        assert_eq!(st.mismatched, 0, "{}", ctx());
+        assert_eq!(
+            st.vs_change.observed,
+            st.vs_change.affected,
+            "the change reached every connected proxy\n{}",
+            ctx()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delta_isolated() {
-    let cfg = smoke(Mode::Delta, ScenarioKind::Isolated, VsChange::Mesh);
+    let cfg = BenchConfig {
+        baseline: Baseline::Replay,
+        storm: true,
+        ..smoke(Mode::Delta, ScenarioKind::Isolated, VsChange::Mesh)
+    };
     let r = run(cfg.clone()).await;
     assert_functional(&r, &cfg);
     // Isolation: an endpoint change reaches only its namespace's proxies.
@@ -112,7 +155,11 @@ async fn delta_isolated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sotw_flat() {
-    let cfg = smoke(Mode::Sotw, ScenarioKind::Flat, VsChange::Namespace);
+    let cfg = BenchConfig {
+        baseline: Baseline::Replay,
+        storm: true,
+        ..smoke(Mode::Sotw, ScenarioKind::Flat, VsChange::Namespace)
+    };
     let r = run(cfg.clone()).await;
     assert_functional(&r, &cfg);
     assert_eq!(r.endpoint_change.samples[0].affected, cfg.proxies);
@@ -126,6 +173,7 @@ async fn sotw_flat() {
 async fn delta_captured() {
     let cfg = BenchConfig {
         changes: 1,
+        baseline: Baseline::Replay,
         ..smoke(Mode::Delta, ScenarioKind::Captured, VsChange::Mesh)
     };
     let r = run(cfg.clone()).await;

@@ -14,7 +14,6 @@ use clap::Parser;
 use shoal_common::bus::nats::{NatsBus, NatsOptions};
 use shoal_common::bus::StateBus;
 use shoal_common::model::Duration as ConfigDuration;
-use shoal_proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -259,10 +258,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let ads = AdsService::new(rx, registry, metrics)
         .with_push_concurrency(args.push_concurrency)
         .with_views(views);
-    let routes = tonic::service::Routes::new(
-        AggregatedDiscoveryServiceServer::new(ads).max_decoding_message_size(16 << 20),
-    )
-    .prepare();
+    let routes = tonic::service::Routes::new(ads.into_server()).prepare();
     let max_age = args.max_connection_age.get();
     let policy = ConnectionPolicy {
         max_age: (!max_age.is_zero()).then_some(max_age),
@@ -346,7 +342,10 @@ async fn shutdown_signal() {
 const XDS_BACKLOG: u32 = 4096;
 
 /// Binds `addr` with an accept queue of `backlog` (tokio's `bind` uses 1024).
-fn listen_backlog(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<tokio::net::TcpListener> {
+fn listen_backlog(
+    addr: std::net::SocketAddr,
+    backlog: u32,
+) -> std::io::Result<tokio::net::TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {

@@ -647,11 +647,11 @@ mod tests {
     }
 
     fn res(name: &str, version: &str) -> Arc<Resource> {
-        Arc::new(Resource {
-            name: name.into(),
-            version: version.into(),
-            any: Default::default(),
-        })
+        Arc::new(Resource::from_parts(
+            name.into(),
+            version.into(),
+            Default::default(),
+        ))
     }
 
     #[test]

@@ -24,16 +24,21 @@ use crate::endpoints::EndpointIndex;
 use crate::proxy::Proxy;
 use crate::push_context::PushContext;
 use crate::scope::ProxyScope;
+use bytes::Bytes;
+use prost::Message as _;
 use shoal_proto::pb::envoy::config::core::v3::{
     address, config_source::ConfigSourceSpecifier, socket_address::PortSpecifier, Address,
     AggregatedConfigSource, ApiVersion, ConfigSource, SocketAddress,
 };
+use shoal_proto::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryResponse, DiscoveryResponse, Resource as PbResource,
+};
 use shoal_proto::pb::google::protobuf::Duration as PbDuration;
 use shoal_proto::{content_version, Any, XdsType};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// One generated resource, encoded.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Resource {
     /// The resource name.
     pub name: String,
@@ -41,14 +46,67 @@ pub struct Resource {
     pub version: String,
     /// The encoded resource.
     pub any: Any,
+    /// Its entry in a delta response, encoded once (see [`Resource::delta_entry`]).
+    delta_entry: OnceLock<Bytes>,
+    /// Its entry in a State-of-the-World response, encoded once.
+    sotw_entry: OnceLock<Bytes>,
 }
+
+impl PartialEq for Resource {
+    fn eq(&self, other: &Resource) -> bool {
+        // The entries are encodings of these three.
+        self.name == other.name && self.version == other.version && self.any == other.any
+    }
+}
+
+impl Eq for Resource {}
 
 impl Resource {
     /// Encodes a message as a resource of `ty`.
     pub fn new<M: prost::Message>(ty: XdsType, name: String, msg: &M) -> Resource {
         let any = shoal_proto::pack(ty.type_url(), msg);
         let version = content_version(&any.value);
-        Resource { name, version, any }
+        Resource::from_parts(name, version, any)
+    }
+
+    /// A resource from its name, version and encoding.
+    pub fn from_parts(name: String, version: String, any: Any) -> Resource {
+        Resource {
+            name,
+            version,
+            any,
+            delta_entry: OnceLock::new(),
+            sotw_entry: OnceLock::new(),
+        }
+    }
+
+    /// The resource as one entry of `DeltaDiscoveryResponse.resources` (field 2, with its
+    /// tag and length), encoded on first use: every stream sending it writes these bytes.
+    pub fn delta_entry(&self) -> &Bytes {
+        self.delta_entry.get_or_init(|| {
+            let one = DeltaDiscoveryResponse {
+                resources: vec![PbResource {
+                    name: self.name.clone(),
+                    version: self.version.clone(),
+                    resource: Some(self.any.clone()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            Bytes::from(one.encode_to_vec())
+        })
+    }
+
+    /// The resource as one entry of `DiscoveryResponse.resources` (field 2), encoded on
+    /// first use.
+    pub fn sotw_entry(&self) -> &Bytes {
+        self.sotw_entry.get_or_init(|| {
+            let one = DiscoveryResponse {
+                resources: vec![self.any.clone()],
+                ..Default::default()
+            };
+            Bytes::from(one.encode_to_vec())
+        })
     }
 }
 

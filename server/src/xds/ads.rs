@@ -5,22 +5,19 @@ use super::listener::ConnectionClose;
 use super::registry::Registry;
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
+use super::wire::{self, RequestDecoder, Responses};
 use crate::generate::cache::GeneratorCache;
 use crate::metrics::Metrics;
 use crate::pipeline::Published;
 use crate::view::{Generation, Views};
 use futures::StreamExt;
-use shoal_proto::pb::envoy::service::discovery::v3::{
-    aggregated_discovery_service_server::AggregatedDiscoveryService, DeltaDiscoveryRequest,
-    DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
-};
+use shoal_proto::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use std::collections::BTreeSet;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch, Semaphore};
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::codegen::http;
+use tonic::Status;
 
 /// The ADS gRPC service.
 #[derive(Clone)]
@@ -72,68 +69,95 @@ impl AdsService {
         self
     }
 
-    fn drive_context<T>(&self, request: &Request<T>) -> DriveContext {
-        DriveContext {
-            snapshots: self.snapshots.clone(),
-            close: request
-                .extensions()
-                .get::<ConnectionClose>()
-                .map(|c| c.0.clone()),
-            push_limit: self.push_limit.clone(),
-        }
+    /// The service to serve (tonic routes, a tower service).
+    pub fn into_server(self) -> AdsServer {
+        AdsServer(self)
     }
 
-    fn session<T>(&self, request: &Request<T>, mode: Mode) -> Session {
-        let peer = request
-            .remote_addr()
+    /// Starts a stream: its requests are decoded from the request body, its responses
+    /// are written to the response body as they come (see [`super::wire`]).
+    fn open<Req, H>(
+        &self,
+        request: http::Request<tonic::body::Body>,
+        mode: Mode,
+        handler: impl FnOnce(Session, Responses) -> H,
+    ) -> http::Response<tonic::body::Body>
+    where
+        Req: prost::Message + Default + Send + 'static,
+        H: StreamHandler<Req> + 'static,
+    {
+        let extensions = request.extensions();
+        let peer = extensions
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(|c| c.remote_addr)
             .map(|a| a.to_string())
             .unwrap_or_else(|| "unknown".into());
         let id = format!("{peer}-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
-        Session::new(
+        let session = Session::new(
             id,
             mode,
             self.registry.clone(),
             self.metrics.clone(),
             self.views.clone(),
-        )
+        );
+        let ctx = DriveContext {
+            snapshots: self.snapshots.clone(),
+            close: extensions.get::<ConnectionClose>().map(|c| c.0.clone()),
+            push_limit: self.push_limit.clone(),
+        };
+        let requests = tonic::Streaming::new_request(
+            RequestDecoder::<Req>::default(),
+            request.into_body(),
+            None,
+            Some(MAX_REQUEST_BYTES),
+        );
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(drive(handler(session, tx), requests, ctx));
+        wire::response(rx)
     }
 }
 
-type ResponseStream<T> = Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
+/// Largest request message accepted (a delta request subscribing to many names is big).
+const MAX_REQUEST_BYTES: usize = 16 << 20;
 
-#[tonic::async_trait]
-impl AggregatedDiscoveryService for AdsService {
-    type StreamAggregatedResourcesStream = ResponseStream<DiscoveryResponse>;
-    type DeltaAggregatedResourcesStream = ResponseStream<DeltaDiscoveryResponse>;
+const DELTA_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+const SOTW_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 
-    async fn stream_aggregated_resources(
-        &self,
-        request: Request<Streaming<DiscoveryRequest>>,
-    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        let session = self.session(&request, Mode::Sotw);
-        let (tx, rx) = mpsc::channel(16);
-        let ctx = self.drive_context(&request);
-        tokio::spawn(drive(
-            SotwStream::new(session, tx),
-            request.into_inner(),
-            ctx,
-        ));
-        Ok(Response::new(ReceiverStream::new(rx).boxed()))
+/// The ADS gRPC service (`envoy.service.discovery.v3.AggregatedDiscoveryService`): both
+/// methods, with responses written as shared pre-encoded bytes.
+#[derive(Clone)]
+pub struct AdsServer(AdsService);
+
+impl tonic::server::NamedService for AdsServer {
+    const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+}
+
+impl tower_service::Service<http::Request<tonic::body::Body>> for AdsServer {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
     }
 
-    async fn delta_aggregated_resources(
-        &self,
-        request: Request<Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        let session = self.session(&request, Mode::Delta);
-        let (tx, rx) = mpsc::channel(16);
-        let ctx = self.drive_context(&request);
-        tokio::spawn(drive(
-            DeltaStream::new(session, tx),
-            request.into_inner(),
-            ctx,
-        ));
-        Ok(Response::new(ReceiverStream::new(rx).boxed()))
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let response = match request.uri().path() {
+            DELTA_PATH => {
+                self.0
+                    .open::<DeltaDiscoveryRequest, _>(request, Mode::Delta, DeltaStream::new)
+            }
+            SOTW_PATH => self
+                .0
+                .open::<DiscoveryRequest, _>(request, Mode::Sotw, SotwStream::new),
+            path => Status::unimplemented(format!("no method {path}")).into_http(),
+        };
+        std::future::ready(Ok(response))
     }
 }
 

@@ -8,15 +8,15 @@
 
 use super::ads::StreamHandler;
 use super::session::Session;
+use super::wire::{Encoded, Responses};
 use crate::generate::Snapshot;
 use crate::view::{Held, Names};
 use shoal_proto::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as PbResource,
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
 use shoal_proto::XdsType;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use tokio::sync::mpsc;
 use tonic::Status;
 
 /// One type's subscription on a delta stream.
@@ -37,11 +37,11 @@ pub(crate) struct DeltaStream {
     session: Session,
     subs: BTreeMap<XdsType, Subscription>,
     nonce: u64,
-    tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
+    tx: Responses,
 }
 
 impl DeltaStream {
-    pub fn new(session: Session, tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>) -> Self {
+    pub fn new(session: Session, tx: Responses) -> Self {
         DeltaStream {
             session,
             subs: BTreeMap::new(),
@@ -96,23 +96,14 @@ impl DeltaStream {
             output.resources().len(),
             observed_at_ms,
         );
-        let response = DeltaDiscoveryResponse {
+        let head = DeltaDiscoveryResponse {
             system_version_info: version,
-            resources: diff
-                .changed
-                .iter()
-                .map(|r| PbResource {
-                    name: r.name.clone(),
-                    version: r.version.clone(),
-                    resource: Some(r.any.clone()),
-                    ..Default::default()
-                })
-                .collect(),
             type_url: ty.type_url().to_string(),
             removed_resources: diff.removed.clone(),
             nonce,
             ..Default::default()
         };
+        let response = Encoded::delta(&head, &diff.changed);
         self.tx
             .send(Ok(response))
             .await

@@ -10,7 +10,8 @@ mod session;
 mod sotw;
 #[cfg(test)]
 mod tests;
+pub mod wire;
 
-pub use ads::AdsService;
+pub use ads::{AdsServer, AdsService};
 pub use registry::{ConnectionStatus, Registry, TypeStatus};
 pub use session::Mode;

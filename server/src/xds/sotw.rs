@@ -8,13 +8,13 @@
 
 use super::ads::StreamHandler;
 use super::session::Session;
+use super::wire::{Encoded, Responses};
 use crate::generate::{Resource, Snapshot};
 use crate::view::{Held, Names};
 use shoal_proto::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use shoal_proto::XdsType;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use tokio::sync::mpsc;
 use tonic::Status;
 
 /// What one stream has asked for and been sent, per type.
@@ -34,11 +34,11 @@ pub(crate) struct SotwStream {
     session: Session,
     watched: BTreeMap<XdsType, Watched>,
     nonce: u64,
-    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    tx: Responses,
 }
 
 impl SotwStream {
-    pub fn new(session: Session, tx: mpsc::Sender<Result<DiscoveryResponse, Status>>) -> Self {
+    pub fn new(session: Session, tx: Responses) -> Self {
         SotwStream {
             session,
             watched: BTreeMap::new(),
@@ -89,13 +89,13 @@ impl SotwStream {
         w.sent_nonce = Some(nonce.clone());
         self.session
             .sent(ty, version, &nonce, to_send, total, observed_at_ms);
-        let response = DiscoveryResponse {
+        let head = DiscoveryResponse {
             version_info: version.to_string(),
-            resources: to_send.iter().map(|r| r.any.clone()).collect(),
             type_url: ty.type_url().to_string(),
             nonce,
             ..Default::default()
         };
+        let response = Encoded::sotw(&head, to_send);
         self.tx
             .send(Ok(response))
             .await

@@ -14,8 +14,7 @@ use prost::Message;
 use shoal_proto::pb::envoy::config::cluster::v3::Cluster;
 use shoal_proto::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use shoal_proto::pb::envoy::service::discovery::v3::{
-    aggregated_discovery_service_client::AggregatedDiscoveryServiceClient,
-    aggregated_discovery_service_server::AggregatedDiscoveryServiceServer, DiscoveryRequest,
+    aggregated_discovery_service_client::AggregatedDiscoveryServiceClient, DiscoveryRequest,
     DiscoveryResponse,
 };
 use shoal_proto::pb::google::rpc::Status as RpcStatus;
@@ -70,7 +69,7 @@ async fn server() -> Server {
     let addr = listener.local_addr().expect("local addr");
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(AggregatedDiscoveryServiceServer::new(ads))
+            .add_service(ads.into_server())
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
     let client = AggregatedDiscoveryServiceClient::connect(format!("http://{addr}"))

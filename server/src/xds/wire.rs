@@ -1,0 +1,257 @@
+//! ADS on the wire: responses written as shared, pre-encoded bytes.
+//!
+//! A view's resources are encoded once each ([`Resource::delta_entry`],
+//! [`Resource::sotw_entry`]); a response is a small per-stream head (type URL, nonce,
+//! versions, removed names) followed by those entries. Protobuf allows the fields of a
+//! message in any order and repeated fields in pieces, so the concatenation is the encoded
+//! response. The response body hands the entries to HTTP/2 as `Bytes` sharing the view's
+//! buffers: pushing one output to N streams copies nothing per stream but the head (small
+//! entries are gathered into one chunk), and no stream keeps a buffer the size of its
+//! largest response after sending it (tonic's encoder would, per stream).
+//!
+//! Requests are decoded with tonic's gRPC framing; this module only replaces the encoding
+//! side of the generated `AggregatedDiscoveryService` server.
+
+use crate::generate::Resource;
+use bytes::{BufMut, Bytes, BytesMut};
+use hyper::body::Frame;
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::sync::mpsc;
+use tonic::codec::{DecodeBuf, Decoder};
+use tonic::codegen::http;
+use tonic::Status;
+
+/// Entries smaller than this are copied into one chunk with their neighbours; larger ones
+/// are sent as the shared bytes they are.
+const GATHER_BELOW: usize = 4096;
+
+/// One encoded gRPC message (with its 5-byte length prefix), in chunks.
+#[derive(Debug, Default)]
+pub struct Encoded {
+    chunks: Vec<Bytes>,
+    len: usize,
+}
+
+impl Encoded {
+    /// A message made of `head` (a response without resources) and resource entries.
+    pub fn new<'a>(
+        head: &impl prost::Message,
+        entries: impl Iterator<Item = &'a Bytes> + Clone,
+    ) -> Encoded {
+        let head_len = head.encoded_len();
+        let len = head_len + entries.clone().map(Bytes::len).sum::<usize>();
+        let mut chunks = Vec::new();
+        let mut gather = BytesMut::with_capacity(5 + head_len + GATHER_BELOW);
+        gather.put_u8(0); // not compressed
+        gather.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+        head.encode_raw(&mut gather);
+        for entry in entries {
+            if entry.len() < GATHER_BELOW {
+                gather.extend_from_slice(entry);
+                continue;
+            }
+            if !gather.is_empty() {
+                chunks.push(gather.split().freeze());
+            }
+            chunks.push(entry.clone());
+        }
+        if !gather.is_empty() {
+            chunks.push(gather.freeze());
+        }
+        Encoded { chunks, len }
+    }
+
+    /// A delta response: `head` plus the resources' delta entries.
+    pub fn delta(
+        head: &shoal_proto::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse,
+        resources: &[Arc<Resource>],
+    ) -> Encoded {
+        Encoded::new(head, resources.iter().map(|r| r.delta_entry()))
+    }
+
+    /// A State-of-the-World response: `head` plus the resources' entries.
+    pub fn sotw(
+        head: &shoal_proto::pb::envoy::service::discovery::v3::DiscoveryResponse,
+        resources: &[Arc<Resource>],
+    ) -> Encoded {
+        Encoded::new(head, resources.iter().map(|r| r.sotw_entry()))
+    }
+
+    /// The message's length (without the gRPC prefix).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the message is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The message decoded again (tests).
+    #[cfg(test)]
+    pub fn decode<M: prost::Message + Default>(&self) -> M {
+        let mut all = BytesMut::new();
+        for c in &self.chunks {
+            all.extend_from_slice(c);
+        }
+        M::decode(&all[5..]).expect("an encoded response decodes")
+    }
+}
+
+/// The sending half of a stream's responses.
+pub type Responses = mpsc::Sender<Result<Encoded, Status>>;
+
+/// A gRPC response body: the stream's encoded messages, then the status as trailers.
+pub struct ResponseBody {
+    rx: mpsc::Receiver<Result<Encoded, Status>>,
+    pending: VecDeque<Bytes>,
+    done: bool,
+}
+
+impl ResponseBody {
+    /// A body sending what arrives on `rx`.
+    pub fn new(rx: mpsc::Receiver<Result<Encoded, Status>>) -> ResponseBody {
+        ResponseBody {
+            rx,
+            pending: VecDeque::new(),
+            done: false,
+        }
+    }
+
+    fn trailers(status: &Status) -> Frame<Bytes> {
+        let mut headers = http::HeaderMap::new();
+        if status.add_header(&mut headers).is_err() {
+            headers.insert("grpc-status", http::HeaderValue::from_static("13"));
+        }
+        Frame::trailers(headers)
+    }
+}
+
+impl hyper::body::Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if let Some(chunk) = self.pending.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        }
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.rx.poll_recv(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(message))) => {
+                self.pending.extend(message.chunks);
+                match self.pending.pop_front() {
+                    Some(chunk) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
+                    None => {
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                }
+            }
+            Poll::Ready(Some(Err(status))) => {
+                self.done = true;
+                Poll::Ready(Some(Ok(Self::trailers(&status))))
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(Some(Ok(Self::trailers(&Status::ok("")))))
+            }
+        }
+    }
+}
+
+/// The HTTP response of a stream whose messages arrive on `rx`.
+pub fn response(rx: mpsc::Receiver<Result<Encoded, Status>>) -> http::Response<tonic::body::Body> {
+    let mut response = http::Response::new(tonic::body::Body::new(ResponseBody::new(rx)));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    response
+}
+
+/// Decodes request messages of type `M`.
+pub struct RequestDecoder<M>(std::marker::PhantomData<fn() -> M>);
+
+impl<M> Default for RequestDecoder<M> {
+    fn default() -> Self {
+        RequestDecoder(std::marker::PhantomData)
+    }
+}
+
+impl<M: prost::Message + Default> Decoder for RequestDecoder<M> {
+    type Item = M;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<M>, Status> {
+        M::decode(src)
+            .map(Some)
+            .map_err(|e| Status::invalid_argument(format!("cannot decode the request: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message as _;
+    use shoal_proto::pb::envoy::service::discovery::v3::{
+        DeltaDiscoveryResponse, Resource as PbResource,
+    };
+    use shoal_proto::Any;
+
+    fn resource(name: &str, size: usize) -> Arc<Resource> {
+        Arc::new(Resource::from_parts(
+            name.into(),
+            format!("v-{name}"),
+            Any {
+                type_url: "type.googleapis.com/x".into(),
+                value: vec![7; size],
+            },
+        ))
+    }
+
+    #[test]
+    fn an_assembled_response_is_the_prost_encoding() {
+        let resources = vec![
+            resource("a", 10),
+            resource("big", 100_000),
+            resource("c", 20),
+        ];
+        let head = DeltaDiscoveryResponse {
+            system_version_info: "v1".into(),
+            type_url: "type.googleapis.com/x".into(),
+            nonce: "1-1".into(),
+            removed_resources: vec!["gone".into()],
+            ..Default::default()
+        };
+        let encoded = Encoded::delta(&head, &resources);
+        let expected = DeltaDiscoveryResponse {
+            resources: resources
+                .iter()
+                .map(|r| PbResource {
+                    name: r.name.clone(),
+                    version: r.version.clone(),
+                    resource: Some(r.any.clone()),
+                    ..Default::default()
+                })
+                .collect(),
+            ..head
+        };
+        assert_eq!(encoded.decode::<DeltaDiscoveryResponse>(), expected);
+        assert_eq!(encoded.len(), expected.encoded_len());
+        // The big entry is the resource's own buffer, not a copy.
+        assert!(encoded
+            .chunks
+            .iter()
+            .any(|c| c.as_ptr() == resources[1].delta_entry().as_ptr()));
+        assert_eq!(encoded.chunks.len(), 3, "head+a, big, c");
+    }
+}

@@ -331,8 +331,12 @@ struct Inner {
     scope: Option<(Arc<PushContext>, Arc<ProxyScope>)>,
     names: Vec<(XdsType, Weak<BTreeSet<String>>)>,
     slots: HashMap<SlotKey, Slot>,
-    diffs: HashMap<SlotKey, (Arc<Output>, Arc<Output>, Arc<Diff>)>,
+    /// The last diff computed per slot: (from, to, diff).
+    diffs: HashMap<SlotKey, CachedDiff>,
 }
+
+/// A diff between two outputs, and the outputs it was computed between.
+type CachedDiff = (Arc<Output>, Arc<Output>, Arc<Diff>);
 
 /// A type and the identity of its requested names (0: wildcard).
 type SlotKey = (XdsType, usize);

@@ -221,6 +221,6 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
     }
 
     async fn fail(&mut self, status: Status) {
-        let _ = self.tx.send(Err(status)).await;
+        let _ = self.tx.send(Err(Box::new(status))).await;
     }
 }

@@ -165,6 +165,6 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
     }
 
     async fn fail(&mut self, status: Status) {
-        let _ = self.tx.send(Err(status)).await;
+        let _ = self.tx.send(Err(Box::new(status))).await;
     }
 }

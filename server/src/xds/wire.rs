@@ -101,19 +101,23 @@ impl Encoded {
     }
 }
 
+/// What a stream sends: messages, or the status that ends it (boxed: the channel's slots
+/// are allocated in blocks per stream, and a `Status` is six times a message's size).
+pub type Outgoing = Result<Encoded, Box<Status>>;
+
 /// The sending half of a stream's responses.
-pub type Responses = mpsc::Sender<Result<Encoded, Status>>;
+pub type Responses = mpsc::Sender<Outgoing>;
 
 /// A gRPC response body: the stream's encoded messages, then the status as trailers.
 pub struct ResponseBody {
-    rx: mpsc::Receiver<Result<Encoded, Status>>,
+    rx: mpsc::Receiver<Outgoing>,
     pending: VecDeque<Bytes>,
     done: bool,
 }
 
 impl ResponseBody {
     /// A body sending what arrives on `rx`.
-    pub fn new(rx: mpsc::Receiver<Result<Encoded, Status>>) -> ResponseBody {
+    pub fn new(rx: mpsc::Receiver<Outgoing>) -> ResponseBody {
         ResponseBody {
             rx,
             pending: VecDeque::new(),
@@ -169,7 +173,7 @@ impl hyper::body::Body for ResponseBody {
 }
 
 /// The HTTP response of a stream whose messages arrive on `rx`.
-pub fn response(rx: mpsc::Receiver<Result<Encoded, Status>>) -> http::Response<tonic::body::Body> {
+pub fn response(rx: mpsc::Receiver<Outgoing>) -> http::Response<tonic::body::Body> {
     let mut response = http::Response::new(tonic::body::Body::new(ResponseBody::new(rx)));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,

@@ -26,6 +26,7 @@ use crate::pipeline::ChangeSet;
 use crate::proxy::{Interception, Proxy, ProxyKind};
 use crate::push_context::PushContext;
 use crate::scope::ProxyScope;
+use crate::xds::wire::Gathered;
 use shoal_common::model::Locality;
 use shoal_proto::{content_version, parse_outbound_cluster_name, XdsType};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -82,6 +83,8 @@ pub type Names = Arc<BTreeSet<String>>;
 pub struct Output {
     resources: Vec<Arc<Resource>>,
     version: OnceLock<String>,
+    /// The resources' response entries, gathered once for every stream.
+    pub gathered: Gathered,
 }
 
 impl Output {
@@ -92,6 +95,7 @@ impl Output {
         Output {
             resources,
             version: OnceLock::new(),
+            gathered: Gathered::default(),
         }
     }
 
@@ -176,6 +180,9 @@ pub struct Diff {
     pub removed: Vec<String>,
     /// Resources held at their current version.
     pub unchanged: usize,
+    /// The changed resources' response entries, gathered once for every stream sending
+    /// this diff.
+    pub gathered: Gathered,
 }
 
 impl Diff {

@@ -103,7 +103,12 @@ impl DeltaStream {
             nonce,
             ..Default::default()
         };
-        let response = Encoded::delta(&head, &diff.changed);
+        let entries = if diff.changed.len() == output.resources().len() {
+            output.gathered.delta(output.resources())
+        } else {
+            diff.gathered.delta(&diff.changed)
+        };
+        let response = Encoded::new(&head, entries);
         self.tx
             .send(Ok(response))
             .await

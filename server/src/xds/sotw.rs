@@ -76,11 +76,11 @@ impl SotwStream {
         }
         let total = output.resources().len();
         let partial;
-        let to_send: &[Arc<Resource>] = if !force && ty == XdsType::Endpoint {
+        let (to_send, entries): (&[Arc<Resource>], _) = if !force && ty == XdsType::Endpoint {
             partial = self.session.diff(ty, &names, &w.sent, &output);
-            &partial.changed
+            (&partial.changed, partial.gathered.sotw(&partial.changed))
         } else {
-            output.resources()
+            (output.resources(), output.gathered.sotw(output.resources()))
         };
         w.sent = Held::Shared(output.clone());
         self.nonce += 1;
@@ -95,7 +95,7 @@ impl SotwStream {
             nonce,
             ..Default::default()
         };
-        let response = Encoded::sotw(&head, to_send);
+        let response = Encoded::new(&head, entries);
         self.tx
             .send(Ok(response))
             .await

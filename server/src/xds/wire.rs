@@ -1,13 +1,14 @@
 //! ADS on the wire: responses written as shared, pre-encoded bytes.
 //!
 //! A view's resources are encoded once each ([`Resource::delta_entry`],
-//! [`Resource::sotw_entry`]); a response is a small per-stream head (type URL, nonce,
-//! versions, removed names) followed by those entries. Protobuf allows the fields of a
+//! [`Resource::sotw_entry`]) and gathered once per output or shared diff ([`Gathered`]);
+//! a response is a small per-stream head (type URL, nonce, versions, removed names)
+//! followed by those chunks. Protobuf allows the fields of a
 //! message in any order and repeated fields in pieces, so the concatenation is the encoded
-//! response. The response body hands the entries to HTTP/2 as `Bytes` sharing the view's
-//! buffers: pushing one output to N streams copies nothing per stream but the head (small
-//! entries are gathered into one chunk), and no stream keeps a buffer the size of its
-//! largest response after sending it (tonic's encoder would, per stream).
+//! response. The response body hands the chunks to HTTP/2 as `Bytes` sharing the view's
+//! buffers: pushing one output to N streams copies nothing per stream but the head, and no
+//! stream keeps a buffer the size of its largest response after sending it (tonic's
+//! encoder would, per stream).
 //!
 //! Requests are decoded with tonic's gRPC framing; this module only replaces the encoding
 //! side of the generated `AggregatedDiscoveryService` server.
@@ -17,16 +18,77 @@ use bytes::{BufMut, Bytes, BytesMut};
 use hyper::body::Frame;
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 use tonic::codec::{DecodeBuf, Decoder};
 use tonic::codegen::http;
 use tonic::Status;
 
-/// Entries smaller than this are copied into one chunk with their neighbours; larger ones
-/// are sent as the shared bytes they are.
+/// Entries smaller than this are gathered into one chunk with their neighbours; larger
+/// ones are sent as the shared bytes they are.
 const GATHER_BELOW: usize = 4096;
+
+/// Gathered chunks grow up to about this size.
+const CHUNK: usize = 64 << 10;
+
+/// Resource entries of a response body, gathered into few shared chunks.
+#[derive(Debug, Default)]
+pub struct Chunks {
+    chunks: Vec<Bytes>,
+    len: usize,
+}
+
+impl Chunks {
+    fn gather<'a>(entries: impl Iterator<Item = &'a Bytes>) -> Chunks {
+        let mut out = Chunks::default();
+        let mut gather = BytesMut::new();
+        for entry in entries {
+            out.len += entry.len();
+            if entry.len() >= GATHER_BELOW {
+                if !gather.is_empty() {
+                    out.chunks.push(gather.split().freeze());
+                }
+                out.chunks.push(entry.clone());
+                continue;
+            }
+            if gather.is_empty() {
+                gather.reserve(CHUNK);
+            }
+            gather.extend_from_slice(entry);
+            if gather.len() >= CHUNK {
+                out.chunks.push(gather.split().freeze());
+            }
+        }
+        if !gather.is_empty() {
+            out.chunks.push(gather.freeze());
+        }
+        out
+    }
+}
+
+/// The response entries of a list of resources (a view's output, or a diff shared by the
+/// streams of a view), gathered once per protocol and then shared by every stream that
+/// sends them.
+#[derive(Debug, Default)]
+pub struct Gathered {
+    delta: OnceLock<Chunks>,
+    sotw: OnceLock<Chunks>,
+}
+
+impl Gathered {
+    /// The delta entries of `resources` (the list this value belongs to).
+    pub fn delta(&self, resources: &[Arc<Resource>]) -> &Chunks {
+        self.delta
+            .get_or_init(|| Chunks::gather(resources.iter().map(|r| r.delta_entry())))
+    }
+
+    /// The State-of-the-World entries of `resources`.
+    pub fn sotw(&self, resources: &[Arc<Resource>]) -> &Chunks {
+        self.sotw
+            .get_or_init(|| Chunks::gather(resources.iter().map(|r| r.sotw_entry())))
+    }
+}
 
 /// One encoded gRPC message (with its 5-byte length prefix), in chunks.
 #[derive(Debug, Default)]
@@ -37,47 +99,17 @@ pub struct Encoded {
 
 impl Encoded {
     /// A message made of `head` (a response without resources) and resource entries.
-    pub fn new<'a>(
-        head: &impl prost::Message,
-        entries: impl Iterator<Item = &'a Bytes> + Clone,
-    ) -> Encoded {
+    pub fn new(head: &impl prost::Message, entries: &Chunks) -> Encoded {
         let head_len = head.encoded_len();
-        let len = head_len + entries.clone().map(Bytes::len).sum::<usize>();
-        let mut chunks = Vec::new();
-        let mut gather = BytesMut::with_capacity(5 + head_len + GATHER_BELOW);
-        gather.put_u8(0); // not compressed
-        gather.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-        head.encode_raw(&mut gather);
-        for entry in entries {
-            if entry.len() < GATHER_BELOW {
-                gather.extend_from_slice(entry);
-                continue;
-            }
-            if !gather.is_empty() {
-                chunks.push(gather.split().freeze());
-            }
-            chunks.push(entry.clone());
-        }
-        if !gather.is_empty() {
-            chunks.push(gather.freeze());
-        }
+        let len = head_len + entries.len;
+        let mut first = BytesMut::with_capacity(5 + head_len);
+        first.put_u8(0); // not compressed
+        first.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+        head.encode_raw(&mut first);
+        let mut chunks = Vec::with_capacity(1 + entries.chunks.len());
+        chunks.push(first.freeze());
+        chunks.extend(entries.chunks.iter().cloned());
         Encoded { chunks, len }
-    }
-
-    /// A delta response: `head` plus the resources' delta entries.
-    pub fn delta(
-        head: &shoal_proto::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse,
-        resources: &[Arc<Resource>],
-    ) -> Encoded {
-        Encoded::new(head, resources.iter().map(|r| r.delta_entry()))
-    }
-
-    /// A State-of-the-World response: `head` plus the resources' entries.
-    pub fn sotw(
-        head: &shoal_proto::pb::envoy::service::discovery::v3::DiscoveryResponse,
-        resources: &[Arc<Resource>],
-    ) -> Encoded {
-        Encoded::new(head, resources.iter().map(|r| r.sotw_entry()))
     }
 
     /// The message's length (without the gRPC prefix).
@@ -236,7 +268,8 @@ mod tests {
             removed_resources: vec!["gone".into()],
             ..Default::default()
         };
-        let encoded = Encoded::delta(&head, &resources);
+        let gathered = Gathered::default();
+        let encoded = Encoded::new(&head, gathered.delta(&resources));
         let expected = DeltaDiscoveryResponse {
             resources: resources
                 .iter()
@@ -256,6 +289,9 @@ mod tests {
             .chunks
             .iter()
             .any(|c| c.as_ptr() == resources[1].delta_entry().as_ptr()));
-        assert_eq!(encoded.chunks.len(), 3, "head+a, big, c");
+        assert_eq!(encoded.chunks.len(), 4, "head, a, big, c");
+        // Streams sending the same list share the gathered chunks.
+        let again = Encoded::new(&head, gathered.delta(&resources));
+        assert_eq!(encoded.chunks[1].as_ptr(), again.chunks[1].as_ptr());
     }
 }

@@ -280,7 +280,7 @@ mod tests {
                     ..Default::default()
                 })
                 .collect(),
-            ..head
+            ..head.clone()
         };
         assert_eq!(encoded.decode::<DeltaDiscoveryResponse>(), expected);
         assert_eq!(encoded.len(), expected.encoded_len());

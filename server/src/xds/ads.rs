@@ -5,7 +5,7 @@ use super::listener::ConnectionClose;
 use super::registry::Registry;
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
-use super::wire::{self, RequestDecoder, Responses};
+use super::wire::{self, RequestStream, Responses};
 use crate::generate::cache::GeneratorCache;
 use crate::metrics::Metrics;
 use crate::pipeline::Published;
@@ -105,12 +105,7 @@ impl AdsService {
             close: extensions.get::<ConnectionClose>().map(|c| c.0.clone()),
             push_limit: self.push_limit.clone(),
         };
-        let requests = tonic::Streaming::new_request(
-            RequestDecoder::<Req>::default(),
-            request.into_body(),
-            None,
-            Some(MAX_REQUEST_BYTES),
-        );
+        let requests = RequestStream::<Req>::new(request.into_body(), MAX_REQUEST_BYTES);
         let (tx, rx) = mpsc::channel(16);
         tokio::spawn(drive(handler(session, tx), requests, ctx));
         wire::response(rx)

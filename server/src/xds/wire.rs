@@ -10,18 +10,18 @@
 //! stream keeps a buffer the size of its largest response after sending it (tonic's
 //! encoder would, per stream).
 //!
-//! Requests are decoded with tonic's gRPC framing; this module only replaces the encoding
-//! side of the generated `AggregatedDiscoveryService` server.
+//! Requests are read from gRPC frames here too ([`RequestStream`]), so that a stream keeps
+//! no buffer of its largest request either.
 
 use crate::generate::Resource;
 use bytes::{BufMut, Bytes, BytesMut};
+use hyper::body::Body as _;
 use hyper::body::Frame;
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use tokio::sync::mpsc;
-use tonic::codec::{DecodeBuf, Decoder};
 use tonic::codegen::http;
 use tonic::Status;
 
@@ -214,23 +214,101 @@ pub fn response(rx: mpsc::Receiver<Outgoing>) -> http::Response<tonic::body::Bod
     response
 }
 
-/// Decodes request messages of type `M`.
-pub struct RequestDecoder<M>(std::marker::PhantomData<fn() -> M>);
+/// A stream's request messages, decoded from the request body's gRPC frames. Holds only
+/// the bytes of the message being received: once a message is decoded and nothing else is
+/// pending, the buffer is released, so a proxy's large subscription request (a flat mesh's
+/// EDS request names a thousand clusters) does not stay resident for the stream's life.
+pub struct RequestStream<M> {
+    body: tonic::body::Body,
+    buf: BytesMut,
+    max: usize,
+    done: bool,
+    _message: std::marker::PhantomData<fn() -> M>,
+}
 
-impl<M> Default for RequestDecoder<M> {
-    fn default() -> Self {
-        RequestDecoder(std::marker::PhantomData)
+impl<M> RequestStream<M> {
+    /// The messages of `body`, each at most `max` bytes.
+    pub fn new(body: tonic::body::Body, max: usize) -> RequestStream<M> {
+        RequestStream {
+            body,
+            buf: BytesMut::new(),
+            max,
+            done: false,
+            _message: std::marker::PhantomData,
+        }
     }
 }
 
-impl<M: prost::Message + Default> Decoder for RequestDecoder<M> {
-    type Item = M;
-    type Error = Status;
+impl<M: prost::Message + Default> RequestStream<M> {
+    /// The next complete message in the buffer, if any.
+    fn take(&mut self) -> Option<Result<M, Status>> {
+        if self.buf.len() < 5 {
+            return None;
+        }
+        if self.buf[0] != 0 {
+            self.done = true;
+            self.buf = BytesMut::new();
+            return Some(Err(Status::unimplemented(
+                "compressed requests are not supported (grpc-encoding)",
+            )));
+        }
+        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if len > self.max {
+            self.done = true;
+            self.buf = BytesMut::new();
+            return Some(Err(Status::out_of_range(format!(
+                "request message of {len} bytes is over the limit of {} bytes",
+                self.max
+            ))));
+        }
+        if self.buf.len() < 5 + len {
+            self.buf.reserve(5 + len - self.buf.len());
+            return None;
+        }
+        let frame = self.buf.split_to(5 + len);
+        if self.buf.is_empty() {
+            self.buf = BytesMut::new();
+        }
+        Some(
+            M::decode(&frame[5..])
+                .map_err(|e| Status::invalid_argument(format!("cannot decode the request: {e}"))),
+        )
+    }
+}
 
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<M>, Status> {
-        M::decode(src)
-            .map(Some)
-            .map_err(|e| Status::invalid_argument(format!("cannot decode the request: {e}")))
+impl<M: prost::Message + Default> futures::Stream for RequestStream<M> {
+    type Item = Result<M, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        loop {
+            if let Some(message) = self.take() {
+                return Poll::Ready(Some(message));
+            }
+            if self.done {
+                return Poll::Ready(if self.buf.is_empty() {
+                    None
+                } else {
+                    self.buf = BytesMut::new();
+                    Some(Err(Status::invalid_argument(
+                        "request stream ended inside a message",
+                    )))
+                });
+            }
+            match Pin::new(&mut self.body).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => self.done = true,
+                Poll::Ready(Some(Err(status))) => {
+                    self.done = true;
+                    self.buf = BytesMut::new();
+                    return Poll::Ready(Some(Err(status)));
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -239,7 +317,7 @@ mod tests {
     use super::*;
     use prost::Message as _;
     use shoal_proto::pb::envoy::service::discovery::v3::{
-        DeltaDiscoveryResponse, Resource as PbResource,
+        DeltaDiscoveryResponse, DiscoveryRequest, Resource as PbResource,
     };
     use shoal_proto::Any;
 
@@ -252,6 +330,52 @@ mod tests {
                 value: vec![7; size],
             },
         ))
+    }
+
+    fn body_of(messages: &[DiscoveryRequest], frame: usize) -> tonic::body::Body {
+        let mut wire = Vec::new();
+        for m in messages {
+            wire.push(0);
+            wire.extend((m.encoded_len() as u32).to_be_bytes());
+            m.encode(&mut wire).expect("encodes");
+        }
+        let frames: Vec<Result<Frame<Bytes>, Status>> = wire
+            .chunks(frame)
+            .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+            .collect();
+        tonic::body::Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+            frames,
+        )))
+    }
+
+    #[tokio::test]
+    async fn requests_split_across_frames_decode_and_release_their_buffer() {
+        use futures::StreamExt;
+        let small = DiscoveryRequest {
+            type_url: "t".into(),
+            ..Default::default()
+        };
+        let big = DiscoveryRequest {
+            resource_names: vec!["x".repeat(100_000)],
+            ..Default::default()
+        };
+        let mut s = RequestStream::<DiscoveryRequest>::new(
+            body_of(&[small.clone(), big.clone()], 7000),
+            1 << 20,
+        );
+        assert_eq!(s.next().await.expect("one").expect("decodes"), small);
+        assert_eq!(s.next().await.expect("two").expect("decodes"), big);
+        assert_eq!(s.buf.capacity(), 0, "nothing kept once decoded");
+        assert!(s.next().await.is_none());
+
+        let mut s = RequestStream::<DiscoveryRequest>::new(body_of(&[big], 7000), 1000);
+        let err = s
+            .next()
+            .await
+            .expect("an error")
+            .expect_err("over the limit");
+        assert_eq!(err.code(), tonic::Code::OutOfRange);
+        assert!(s.next().await.is_none(), "the stream ends after an error");
     }
 
     #[test]

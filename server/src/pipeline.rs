@@ -420,7 +420,6 @@ impl Pipeline {
                 ctx: self.ctx.clone(),
                 endpoints: self.state.endpoints.clone(),
                 number: self.number,
-                changes: Some(changes.clone()),
             }),
             observed_at_ms: self.observed.take(),
             changes,

@@ -280,7 +280,6 @@ pub fn snapshot_of(state: &MeshState) -> Snapshot {
         ctx: Arc::new(PushContext::build(state)),
         endpoints: state.endpoints.clone(),
         number: 1,
-        changes: None,
     }
 }
 

@@ -8,8 +8,9 @@
 //! - the proxy scope (per PushContext);
 //! - each type's resources, encoded and shared by `Arc` (an [`Output`]): clusters,
 //!   listeners and routes per PushContext (endpoint-only snapshots reuse them), load
-//!   assignments per snapshot — and when only endpoints changed since the previous
-//!   snapshot, only the assignments of the services whose endpoints changed are rebuilt;
+//!   assignments per snapshot — and as long as the PushContext is the same, only the
+//!   assignments of services whose endpoint shards changed since the view's previous
+//!   output are rebuilt (shards are shared by `Arc` until they change);
 //! - the difference between consecutive outputs (a [`Diff`]), which every stream that held
 //!   the previous output sends as it is.
 //!
@@ -22,7 +23,6 @@
 
 use crate::generate::cache::GeneratorCache;
 use crate::generate::{Resource, Snapshot};
-use crate::pipeline::ChangeSet;
 use crate::proxy::{Interception, Proxy, ProxyKind};
 use crate::push_context::PushContext;
 use crate::scope::ProxyScope;
@@ -369,7 +369,7 @@ impl Slot {
 struct Prev {
     output: Arc<Output>,
     ctx: Arc<PushContext>,
-    number: u64,
+    endpoints: Arc<crate::endpoints::EndpointIndex>,
 }
 
 impl View {
@@ -431,7 +431,7 @@ impl View {
                         Some(Prev {
                             output: s.cell.get()?.clone(),
                             ctx: s.ctx.clone(),
-                            number: s.number,
+                            endpoints: s.endpoints.clone(),
                         })
                     });
                     let cell = Arc::new(OnceCell::new());
@@ -501,18 +501,19 @@ impl View {
                 let names: Vec<String> = names.iter().flat_map(|n| n.iter().cloned()).collect();
                 let generate =
                     |names: &[String]| cache.generate(ty, &view.proxy, &scope, &snap, names);
-                let changed_hosts = prev
+                let reusable = prev
                     .as_ref()
-                    .filter(|p| ty == XdsType::Endpoint && endpoints_only_since(p, &snap))
-                    .and(snap.changes.as_ref())
-                    .map(|c| &c.endpoints);
-                let (Some(prev), Some(hosts)) = (&prev, changed_hosts) else {
+                    .filter(|p| ty == XdsType::Endpoint && Arc::ptr_eq(&p.ctx, &snap.ctx));
+                let Some(prev) = reusable else {
                     return Arc::new(Output::new(generate(&names)));
                 };
-                // Only endpoints changed since the previous snapshot: rebuild the
-                // assignments of the services whose endpoints changed, keep the rest.
+                // Same PushContext: an assignment depends only on its service's endpoint
+                // shards, which the index shares by `Arc` until they change. Rebuild the
+                // assignments whose shards are not the same object, keep the rest.
                 let stale = |name: &str| {
-                    parse_outbound_cluster_name(name).is_none_or(|(_, _, h)| hosts.contains(h))
+                    parse_outbound_cluster_name(name).is_none_or(|(_, _, host)| {
+                        !same_shards(prev.endpoints.host(host), snap.endpoints.host(host))
+                    })
                 };
                 let rebuild: Vec<String> = names.iter().filter(|n| stale(n)).cloned().collect();
                 let mut resources = generate(&rebuild);
@@ -529,13 +530,18 @@ impl View {
     }
 }
 
-/// Whether `snap` follows `prev`'s snapshot directly with the same PushContext and a
-/// change set of endpoints only.
-fn endpoints_only_since(prev: &Prev, snap: &Snapshot) -> bool {
-    let endpoint_only = |c: &ChangeSet| !c.full && !c.services && c.config.is_empty();
-    Arc::ptr_eq(&prev.ctx, &snap.ctx)
-        && prev.number + 1 == snap.number
-        && snap.changes.as_deref().is_some_and(endpoint_only)
+/// Whether two snapshots hold the same endpoint shards of a host (the same object: shards
+/// are copied on write, and the older index is held by the slot, so the same pointer means
+/// the same content).
+fn same_shards(
+    a: Option<&Arc<crate::endpoints::HostShards>>,
+    b: Option<&Arc<crate::endpoints::HostShards>>,
+) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -620,11 +626,8 @@ mod tests {
         let snap2 = Arc::new(Snapshot {
             ctx: snap1.ctx.clone(),
             endpoints: m.snapshot().endpoints,
-            number: 2,
-            changes: Some(Arc::new(ChangeSet {
-                endpoints: [web.to_string()].into(),
-                ..ChangeSet::default()
-            })),
+            // Snapshots in between (that did not concern this view's EDS) change nothing.
+            number: 5,
         });
         assert!(
             Arc::ptr_eq(&cds, &v1.output(XdsType::Cluster, &none, &snap2).await),

@@ -119,9 +119,6 @@ pub struct Snapshot {
     pub endpoints: Arc<EndpointIndex>,
     /// Monotonic snapshot number (local to this replica).
     pub number: u64,
-    /// What changed since snapshot `number - 1`, when known: lets a view rebuild only the
-    /// load assignments of the services whose endpoints changed.
-    pub changes: Option<Arc<crate::pipeline::ChangeSet>>,
 }
 
 /// The inputs of one resource: the generator's key. Building a resource reads only its key,

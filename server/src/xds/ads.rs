@@ -350,7 +350,6 @@ mod merge_tests {
                 ctx: Default::default(),
                 endpoints: Default::default(),
                 number,
-                changes: None,
             }),
             observed_at_ms: None,
             changes: Arc::new(ChangeSet {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds shoal and runs every test, installing what the integration tests need (nats-server,
-# Envoy) only when missing. Works from a fresh clone, as root, without a TTY.
-# Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p shoal-tests --test e2e`).
+# Checks format and lints, builds shoal and runs every test, installing what the integration
+# tests need (nats-server, Envoy) only when missing. Works from a fresh clone, as root,
+# without a TTY. Extra arguments go to `cargo test` and skip the format/lint checks and the
+# chart tests (e.g. `scripts/test.sh -p shoal-tests --test e2e`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,6 +65,19 @@ fi
 
 # The Helm chart tests install their own Python dependencies (helm-python-sdk,
 # kubernetes-validate, pytest) in helm/tests/run.sh; they run after the cargo tests, below.
+
+# Format and lints first, as a change must pass them to land (full runs only).
+if [ "$#" -eq 0 ]; then
+  if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    echo "installing rustfmt and clippy (rustup)..."
+    rustup component add rustfmt clippy >/dev/null 2>&1 || {
+      echo "cargo fmt and cargo clippy are needed: rustup component add rustfmt clippy" >&2
+      exit 1
+    }
+  fi
+  cargo fmt --all --check
+  cargo clippy --workspace --all-targets --quiet -- -D warnings
+fi
 
 # The e2e tests run the binaries as processes; cargo does not build another package's
 # binaries for a test, so build them first.

@@ -1,5 +1,7 @@
 # syntax=docker/dockerfile:1
 # One image, both binaries: /usr/local/bin/shoal-server and /usr/local/bin/shoal-ingester.
+# The server is built without the `standalone` feature, so it does not link the ingester
+# (and its Kubernetes client): in the chart, the ingesters read the clusters.
 #
 #   docker build -t <registry>/shoal:0.1.0 .
 #
@@ -16,7 +18,8 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry,sharing=locked \
     --mount=type=cache,target=/usr/local/cargo/git,sharing=locked \
     --mount=type=cache,target=/src/target,sharing=locked \
-    cargo build --release --locked -p shoal-server -p shoal-ingester \
+    cargo build --release --locked -p shoal-server --no-default-features \
+ && cargo build --release --locked -p shoal-ingester \
  && install -D -m 0755 target/release/shoal-server /out/shoal-server \
  && install -D -m 0755 target/release/shoal-ingester /out/shoal-ingester
 

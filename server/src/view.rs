@@ -89,11 +89,9 @@ pub struct Output {
 
 impl Output {
     /// An output of these resources.
-    pub fn new(mut resources: Vec<Arc<Resource>>) -> Output {
-        resources.sort_by(|a, b| a.name.cmp(&b.name));
-        resources.dedup_by(|a, b| a.name == b.name);
+    pub fn new(resources: Vec<Arc<Resource>>) -> Output {
         Output {
-            resources,
+            resources: crate::generate::finish(resources),
             version: OnceLock::new(),
             gathered: Gathered::default(),
         }
@@ -348,6 +346,15 @@ type CachedDiff = (Arc<Output>, Arc<Output>, Arc<Diff>);
 /// A type and the identity of its requested names (0: wildcard).
 type SlotKey = (XdsType, usize);
 
+/// The slot of `ty` for `names` (ignored for wildcard types).
+fn slot_key(ty: XdsType, names: &Names) -> SlotKey {
+    if ty.is_wildcard_type() {
+        (ty, 0)
+    } else {
+        (ty, Arc::as_ptr(names) as usize)
+    }
+}
+
 /// One type's output for one set of names, and what it was computed from.
 struct Slot {
     /// Keeps the names (and so the key's pointer) alive.
@@ -413,8 +420,8 @@ impl View {
         names: &Names,
         snap: &Arc<Snapshot>,
     ) -> Arc<Output> {
+        let key = slot_key(ty, names);
         let names = (!ty.is_wildcard_type()).then(|| names.clone());
-        let key: SlotKey = (ty, names.as_ref().map_or(0, |n| Arc::as_ptr(n) as usize));
         let scope = self.scope(&snap.ctx);
         let (cell, prev) = {
             let mut guard = lock(&self.inner);
@@ -466,14 +473,7 @@ impl View {
         let Held::Shared(prev) = held else {
             return Arc::new(Diff::between(held, cur));
         };
-        let key: SlotKey = (
-            ty,
-            if ty.is_wildcard_type() {
-                0
-            } else {
-                Arc::as_ptr(names) as usize
-            },
-        );
+        let key = slot_key(ty, names);
         if let Some((from, to, d)) = lock(&self.inner).diffs.get(&key) {
             if Arc::ptr_eq(from, prev) && Arc::ptr_eq(to, cur) {
                 return d.clone();

@@ -4,7 +4,7 @@
 //! and proxies with the same view share one encoding. `SHOAL_CACHE_ASSERT=1` rebuilds every
 //! hit and panics if the bytes differ, proving in tests that no input is missing from a key.
 
-use super::{build, keys, Key, Resource, Snapshot};
+use super::{build, finish, keys, Key, Resource, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::scope::ProxyScope;
@@ -59,13 +59,12 @@ impl GeneratorCache {
         snap: &Snapshot,
         names: &[String],
     ) -> Vec<Arc<Resource>> {
-        let mut out: Vec<Arc<Resource>> = keys(ty, proxy, scope, snap, names)
-            .into_iter()
-            .map(|k| self.get(k))
-            .collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        out.dedup_by(|a, b| a.name == b.name);
-        out
+        finish(
+            keys(ty, proxy, scope, snap, names)
+                .into_iter()
+                .map(|k| self.get(k))
+                .collect(),
+        )
     }
 
     fn get(&self, key: Key) -> Arc<Resource> {

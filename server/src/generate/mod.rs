@@ -191,10 +191,11 @@ pub fn generate(
     )
 }
 
-/// Orders resources by name and drops duplicates: responses are deterministic.
-pub(crate) fn finish(mut out: Vec<Resource>) -> Vec<Resource> {
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    out.dedup_by(|a, b| a.name == b.name);
+/// Orders resources (owned or shared) by name and drops duplicates: responses are
+/// deterministic.
+pub(crate) fn finish<R: std::borrow::Borrow<Resource>>(mut out: Vec<R>) -> Vec<R> {
+    out.sort_by(|a, b| a.borrow().name.cmp(&b.borrow().name));
+    out.dedup_by(|a, b| a.borrow().name == b.borrow().name);
     out
 }
 

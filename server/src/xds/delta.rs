@@ -64,9 +64,10 @@ impl DeltaStream {
         let Some(sub) = self.subs.get(&ty) else {
             return Ok(0);
         };
-        // A wildcard subscription of a non-wildcard type asks for no name in particular.
+        // A wildcard subscription of a non-wildcard type asks for no name in particular
+        // (interned like any set of names, so its output is shared, not rebuilt per push).
         let names = if sub.wildcard && !ty.is_wildcard_type() {
-            Names::default()
+            self.session.intern(ty, BTreeSet::new())
         } else {
             sub.names.clone()
         };

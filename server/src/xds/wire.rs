@@ -94,7 +94,6 @@ impl Gathered {
 #[derive(Debug, Default)]
 pub struct Encoded {
     chunks: Vec<Bytes>,
-    len: usize,
 }
 
 impl Encoded {
@@ -109,17 +108,14 @@ impl Encoded {
         let mut chunks = Vec::with_capacity(1 + entries.chunks.len());
         chunks.push(first.freeze());
         chunks.extend(entries.chunks.iter().cloned());
-        Encoded { chunks, len }
+        Encoded { chunks }
     }
 
-    /// The message's length (without the gRPC prefix).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether the message is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    /// The message length its gRPC prefix declares (tests).
+    #[cfg(test)]
+    pub fn declared_len(&self) -> usize {
+        let p = &self.chunks[0];
+        u32::from_be_bytes([p[1], p[2], p[3], p[4]]) as usize
     }
 
     /// The message decoded again (tests).
@@ -407,7 +403,7 @@ mod tests {
             ..head.clone()
         };
         assert_eq!(encoded.decode::<DeltaDiscoveryResponse>(), expected);
-        assert_eq!(encoded.len(), expected.encoded_len());
+        assert_eq!(encoded.declared_len(), expected.encoded_len());
         // The big entry is the resource's own buffer, not a copy.
         assert!(encoded
             .chunks

@@ -481,6 +481,31 @@ impl tonic::server::StreamingService<DeltaDiscoveryRequest> for DeltaService {
 
 type Responses = mpsc::Sender<Result<Frame, Status>>;
 
+/// The proxy class of a stream, resolved from its first request's node and kept; a node
+/// of no recorded class ends the stream with the error (`None`).
+async fn stream_class(
+    replay: &Replay,
+    class: &mut Option<Arc<ClassSet>>,
+    node: Option<&Node>,
+    tx: &Responses,
+) -> Option<Arc<ClassSet>> {
+    if let Some(set) = class {
+        return Some(set.clone());
+    }
+    match replay.class_of(node) {
+        Ok(set) => Some(class.insert(set).clone()),
+        Err(status) => {
+            let _ = tx.send(Err(status)).await;
+            None
+        }
+    }
+}
+
+/// The type a request asks to be answered for: none for an unknown type URL or a NACK.
+fn answered_type(type_url: &str, nack: bool) -> Option<XdsType> {
+    XdsType::from_type_url(type_url).filter(|_| !nack)
+}
+
 async fn sotw_stream(
     replay: Arc<Replay>,
     mut requests: Streaming<DiscoveryRequest>,
@@ -492,22 +517,12 @@ async fn sotw_stream(
     // Per type, the names of the last answered request (wildcard types: empty).
     let mut answered: [Option<Vec<String>>; 4] = Default::default();
     while let Ok(Some(req)) = requests.message().await {
-        let set = match &class {
-            Some(set) => set.clone(),
-            None => match replay.class_of(req.node.as_ref()) {
-                Ok(set) => class.insert(set).clone(),
-                Err(status) => {
-                    let _ = tx.send(Err(status)).await;
-                    return;
-                }
-            },
+        let Some(set) = stream_class(&replay, &mut class, req.node.as_ref(), &tx).await else {
+            return;
         };
-        let Some(ty) = XdsType::from_type_url(&req.type_url) else {
+        let Some(ty) = answered_type(&req.type_url, req.error_detail.is_some()) else {
             continue;
         };
-        if req.error_detail.is_some() {
-            continue; // a NACK
-        }
         let types = &set.types[type_index(ty)];
         let slot = &mut answered[type_index(ty)];
         let items: Vec<&Arc<Encoded>> = if matches!(ty, XdsType::Cluster | XdsType::Listener) {
@@ -547,22 +562,12 @@ async fn delta_stream(
     let mut nonce = 0u64;
     let mut started: HashSet<XdsType> = HashSet::new();
     while let Ok(Some(req)) = requests.message().await {
-        let set = match &class {
-            Some(set) => set.clone(),
-            None => match replay.class_of(req.node.as_ref()) {
-                Ok(set) => class.insert(set).clone(),
-                Err(status) => {
-                    let _ = tx.send(Err(status)).await;
-                    return;
-                }
-            },
+        let Some(set) = stream_class(&replay, &mut class, req.node.as_ref(), &tx).await else {
+            return;
         };
-        let Some(ty) = XdsType::from_type_url(&req.type_url) else {
+        let Some(ty) = answered_type(&req.type_url, req.error_detail.is_some()) else {
             continue;
         };
-        if req.error_detail.is_some() {
-            continue; // a NACK
-        }
         let types = &set.types[type_index(ty)];
         let held = &req.initial_resource_versions;
         let fresh = |e: &&Arc<Encoded>| held.get(&e.name) != Some(&e.version);

@@ -326,6 +326,12 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
             // No lease: the file source always writes, with epoch 0.
             metrics.leader.set(1);
             tokio::spawn(admin::serve(listener, admin_state));
+            tokio::spawn(crate::readiness::announce_synced(
+                bus.clone(),
+                cfg.fleet.clone(),
+                readiness.clone(),
+                crate::publish::Leadership::always(),
+            ));
             let mut source = FileSource::new(cfg, bus).await?;
             source.set_discovery_selectors(selectors);
             source.set_metrics(metrics);
@@ -382,6 +388,12 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 watch_config: args.watch_config,
                 remote_cluster_timeout: args.remote_cluster_timeout.get(),
             };
+            tokio::spawn(crate::readiness::announce_synced(
+                bus.clone(),
+                cfg.fleet.clone(),
+                readiness.clone(),
+                leadership.clone(),
+            ));
             let source =
                 KubeSource::new(cfg, bus, metrics, readiness, selectors, leadership, owners);
             tokio::spawn(admin::serve(listener, admin_state));

@@ -64,6 +64,28 @@ pub struct ServerArgs {
     #[arg(long, env = "SHOAL_MESH_CONFIG", value_name = "FILE")]
     pub mesh_config: Option<PathBuf>,
 
+    /// Ingester fleets that must have published their clusters (their sync marker
+    /// `synced.<fleet>` in shoal-meta) before this server is ready and serves proxies,
+    /// comma-separated. Empty: ready once the bus's current state is loaded.
+    #[arg(
+        long,
+        env = "SHOAL_EXPECT_FLEETS",
+        value_delimiter = ',',
+        value_name = "FLEET,..."
+    )]
+    pub expect_fleets: Vec<String>,
+
+    /// Longest wait for --expect-fleets: then the server becomes ready without the fleets
+    /// still missing, with a warning and shoal_sync_timed_out 1 (like Istio's
+    /// PILOT_REMOTE_CLUSTER_TIMEOUT). "0s" waits forever.
+    #[arg(
+        long,
+        env = "SHOAL_SYNC_TIMEOUT",
+        default_value = "30s",
+        value_name = "DURATION"
+    )]
+    pub sync_timeout: ConfigDuration,
+
     /// Address of the gRPC ADS endpoint proxies connect to.
     #[arg(
         long,
@@ -226,11 +248,22 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     if let Some(path) = args.mesh_config.clone() {
         tokio::spawn(mesh_config::watch(path, mesh_tx));
     }
-    tokio::spawn(pipeline::run_with_mesh(
+    let sync_timeout = args.sync_timeout.get();
+    let gate = pipeline::FleetGate {
+        expect: args
+            .expect_fleets
+            .iter()
+            .map(|f| f.trim().to_string())
+            .filter(|f| !f.is_empty())
+            .collect(),
+        timeout: (!sync_timeout.is_zero()).then_some(sync_timeout),
+    };
+    tokio::spawn(pipeline::run_gated(
         bus,
         debounce,
         metrics.clone(),
         mesh_rx,
+        gate,
         tx,
     ));
 

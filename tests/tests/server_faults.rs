@@ -9,7 +9,7 @@
 //! - `fresh_install_waits_for_expected_fleets`: with `--expect-fleets`, a server on an
 //!   empty bus is not ready and sends a connected Envoy nothing until the fleet's ingester
 //!   has synced; `--sync-timeout` makes it ready anyway, with `shoal_sync_timed_out 1`.
-//! - `replica_kill_with_many_delta_proxies`: 200 simulated delta proxies spread over two
+//! - `replica_kill_with_many_delta_proxies`: 400 simulated delta proxies spread over two
 //!   replicas, one replica killed (SIGKILL): all of its proxies reconnect to the survivor
 //!   and resume with nothing resent (the load generator of tests/bench/).
 //! - `sigterm_drains_gradually`: SIGTERM makes `/ready` fail at once and closes the proxy
@@ -328,7 +328,7 @@ async fn fresh_install_waits_for_expected_fleets() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_kill_with_many_delta_proxies() {
     let cfg = BenchConfig {
-        proxies: 200,
+        proxies: 400,
         namespaces: 4,
         services: 20,
         endpoints: 3,

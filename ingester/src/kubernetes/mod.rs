@@ -18,6 +18,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod issuer;
 pub mod object_status;
 pub mod orphans;
 pub mod reduce;

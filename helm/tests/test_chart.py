@@ -363,9 +363,16 @@ def test_helm_lint_strict(value_set):
 
 @pytest.mark.parametrize("value_set", list(VALUE_SETS))
 def test_render_is_deterministic(value_set):
+    # Except the generated xDS certificate: new on every render without a cluster (`helm
+    # install`/`upgrade` find the existing Secret with lookup and keep it; GitOps renderers
+    # must set server.xds.tls.secretName, as the chart's README says).
+    generated = "shoal/templates/server/xds-tls-secret.yaml"
     with helm.Chart.load(CHART) as c:
         first = c.render(VALUE_SETS[value_set](), name=RELEASE, namespace=NAMESPACE)
         second = c.render(VALUE_SETS[value_set](), name=RELEASE, namespace=NAMESPACE)
+    data = lambda text: re.sub(r"(?m)^(  [a-z.]+: )\S+$", r"\1<generated>", text)
+    if generated in first:
+        assert data(first.pop(generated)) == data(second.pop(generated))
     assert first == second
 
 
@@ -503,15 +510,81 @@ def test_server_service_named_shoal_with_istio_port_names():
     objects = render("default")
     svc = one(objects, "Service", "shoal")
     ports = {p["name"]: p for p in svc["spec"]["ports"]}
-    assert ports["grpc-xds"]["port"] == 15010
+    # TLS xDS only by default (istiod's 15012, which istiod names https-dns): the plaintext
+    # port authenticates nothing.
+    assert ports["https-dns"]["port"] == 15012
+    assert "grpc-xds" not in ports
     assert ports["http-monitoring"]["port"] == 15014
     (server,) = deployments(objects, "server")
     pod_labels = server["spec"]["template"]["metadata"]["labels"]
     assert all(pod_labels.get(k) == v for k, v in svc["spec"]["selector"].items())
     (c,) = pod_spec(server)["containers"]
-    assert container_port(c, ports["grpc-xds"]["targetPort"]) == 15010
+    assert container_port(c, ports["https-dns"]["targetPort"]) == 15012
     assert container_port(c, ports["http-monitoring"]["targetPort"]) == 15014
+    assert arg_value(c, "--xds-tls-addr") == "0.0.0.0:15012"
+    assert arg_value(c, "--xds-addr") is None
+    assert arg_value(c, "--token-audiences") == "istio-ca"
+    assert "--debug-from-anywhere" not in c["args"]
+
+
+def test_server_tls_certificate_is_generated_and_mounted_unless_given(chart):
+    import base64
+
+    objects = render("default")
+    secret = one(objects, "Secret", "shoal-server-xds-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    pems = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert pems["tls.crt"].startswith("-----BEGIN CERTIFICATE-----")
+    assert pems["ca.crt"].startswith("-----BEGIN CERTIFICATE-----")
+    assert "PRIVATE KEY" in pems["tls.key"]
+    # The certificate names the Service proxies dial.
+    with tempfile.NamedTemporaryFile("w", suffix=".crt") as f:
+        f.write(pems["tls.crt"])
+        f.flush()
+        text = subprocess.run(
+            ["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", f.name],
+            capture_output=True, text=True, check=True,
+        ).stdout
+    assert f"DNS:shoal.{NAMESPACE}.svc" in text, text
+    (server,) = deployments(objects, "server")
+    (c,) = pod_spec(server)["containers"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["xds-tls"]["mountPath"] == "/etc/shoal/xds-tls"
+    assert "subPath" not in mounts["xds-tls"], "a subPath mount never sees a renewed certificate"
+    assert arg_value(c, "--xds-tls-cert") == "/etc/shoal/xds-tls/tls.crt"
+    assert arg_value(c, "--xds-tls-key") == "/etc/shoal/xds-tls/tls.key"
+    volumes = {v["name"]: v for v in pod_spec(server)["volumes"]}
+    assert volumes["xds-tls"]["secret"]["secretName"] == "shoal-server-xds-tls"
+
+    given = render_values(chart, {"server": {"xds": {
+        "tls": {"secretName": "xds-cert"},
+        "clientCA": {"secretName": "mesh-root", "key": "root-cert.pem"},
+        "plaintext": True,
+        "tokenAudiences": ["istio-ca", "shoal"],
+    }, "debugFromAnywhere": True}})
+    assert not [o for o in of_kind(given, "Secret") if o["metadata"]["name"].endswith("xds-tls")]
+    (server,) = deployments(given, "server")
+    (c,) = pod_spec(server)["containers"]
+    volumes = {v["name"]: v for v in pod_spec(server)["volumes"]}
+    assert volumes["xds-tls"]["secret"]["secretName"] == "xds-cert"
+    assert volumes["xds-client-ca"]["secret"]["secretName"] == "mesh-root"
+    assert arg_value(c, "--xds-client-ca") == "/etc/shoal/xds-client-ca/root-cert.pem"
     assert arg_value(c, "--xds-addr") == "0.0.0.0:15010"
+    assert arg_value(c, "--token-audiences") == "istio-ca,shoal"
+    assert "--debug-from-anywhere" in c["args"]
+    svc = one(given, "Service", "shoal")
+    assert {p["name"] for p in svc["spec"]["ports"]} == {"https-dns", "grpc-xds", "http-monitoring"}
+
+
+def test_ingester_may_read_the_service_account_issuer():
+    objects = render("default")
+    bindings = [
+        b for b in of_kind(objects, "ClusterRoleBinding")
+        if b["roleRef"]["name"] == "system:service-account-issuer-discovery"
+    ]
+    assert len(bindings) == 1
+    (subject,) = bindings[0]["subjects"]
+    assert subject["kind"] == "ServiceAccount" and subject["namespace"] == NAMESPACE
 
 
 def test_server_scaling_objects():
@@ -730,8 +803,13 @@ def test_rbac_least_privilege(value_set):
 
     # The ClusterRole of the fleet with the local cluster: exactly the kinds it watches,
     # get/list/watch. A fleet without the local cluster has no ClusterRole at all.
+    # Besides it, only Kubernetes' own read-only issuer discovery role (its token keys, for
+    # the servers' offline verification of proxy tokens).
     for ingester_sa in local_sas:
-        (crb,) = [b for b in of_kind(objects, "ClusterRoleBinding") if binds(b, ingester_sa)]
+        bound = [b for b in of_kind(objects, "ClusterRoleBinding") if binds(b, ingester_sa)]
+        discovery = [b for b in bound if b["roleRef"]["name"] == "system:service-account-issuer-discovery"]
+        assert len(discovery) == 1, bound
+        (crb,) = [b for b in bound if b not in discovery]
         cluster_role = one(objects, "ClusterRole", crb["roleRef"]["name"])
         granted: dict[str, set[str]] = {}
         status_granted: dict[str, set[str]] = {}

@@ -208,6 +208,16 @@ pub struct IngesterArgs {
     )]
     pub admin_addr: SocketAddr,
 
+    /// Serve the /debug endpoints to every client of the admin port. By default they
+    /// answer only on localhost (kubectl port-forward), as they reveal mesh state.
+    #[arg(
+        long,
+        env = "SHOAL_DEBUG_FROM_ANYWHERE",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub debug_from_anywhere: bool,
+
     /// Log filter in RUST_LOG syntax, e.g. `info` or `info,shoal_ingester=debug`.
     #[arg(
         long,
@@ -308,6 +318,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
         readiness: readiness.clone(),
         metrics: metrics.clone(),
     };
+    let debug = shoal_common::admin::DebugAccess::from_anywhere(args.debug_from_anywhere);
 
     match args.source.clone() {
         SourceSpec::File(dir) => {
@@ -325,7 +336,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
             readiness.require(FILE_READINESS);
             // No lease: the file source always writes, with epoch 0.
             metrics.leader.set(1);
-            tokio::spawn(admin::serve(listener, admin_state));
+            tokio::spawn(admin::serve(listener, debug, admin_state));
             tokio::spawn(crate::readiness::announce_synced(
                 bus.clone(),
                 cfg.fleet.clone(),
@@ -396,7 +407,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
             ));
             let source =
                 KubeSource::new(cfg, bus, metrics, readiness, selectors, leadership, owners);
-            tokio::spawn(admin::serve(listener, admin_state));
+            tokio::spawn(admin::serve(listener, debug, admin_state));
             let result = tokio::select! {
                 result = source.run(client) => result.map_err(anyhow::Error::from),
                 signal = shutdown_signal() => {

@@ -46,6 +46,8 @@ pub struct Metrics {
     /// Status writes to rejected (and then fixed) Istio config objects, by result
     /// (`written`, `gone`: the object was deleted meanwhile, `error`).
     pub object_status_writes: IntCounterVec,
+    /// 1 when the cluster's token issuer keys were last read successfully, 0 when not.
+    pub issuer_readable: IntGaugeVec,
     /// State per cluster, from which the `clusters` gauge is computed.
     cluster_states: Arc<Mutex<BTreeMap<String, ClusterState>>>,
 }
@@ -115,6 +117,15 @@ impl Metrics {
                 &["cluster"],
             )
             .expect("valid metric"),
+            issuer_readable: IntGaugeVec::new(
+                opts!(
+                    "shoal_ingester_issuer_readable",
+                    "1 when the cluster's service-account token issuer (its keys, which \
+                     servers verify proxy tokens with) was last read successfully, 0 when not."
+                ),
+                &["cluster"],
+            )
+            .expect("valid metric"),
             ready: IntGauge::new("shoal_ingester_ready", "1 once the ingester is ready.")
                 .expect("valid metric"),
             leader: IntGauge::new(
@@ -164,6 +175,7 @@ impl Metrics {
             Box::new(m.lease_transitions.clone()),
             Box::new(m.cluster_refused.clone()),
             Box::new(m.object_status_writes.clone()),
+            Box::new(m.issuer_readable.clone()),
         ];
         shoal_common::metrics::register_all(&m.registry, collectors);
         for state in ["synced", "syncing", "refused"] {
@@ -199,6 +211,13 @@ impl Metrics {
             false => ClusterState::Syncing,
         };
         self.set_state(cluster, state);
+    }
+
+    /// Records whether the cluster's token issuer was read.
+    pub fn issuer_readable(&self, cluster: &str, ok: bool) {
+        self.issuer_readable
+            .with_label_values(&[cluster])
+            .set(i64::from(ok));
     }
 
     /// Records that a cluster is not published because `owner` owns it.

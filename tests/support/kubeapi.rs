@@ -174,9 +174,19 @@ struct Shared {
     drops: tokio::sync::watch::Sender<u64>,
     bookmark_interval: tokio::sync::watch::Sender<Duration>,
     counters: Counters,
+    /// Service-account issuer discovery: (issuer, JWKS); `None` serves 404 as an API
+    /// server without it does.
+    issuer: Mutex<Option<(String, Value)>>,
 }
 
 impl Shared {
+    fn issuer(&self) -> Option<(String, Value)> {
+        self.issuer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     fn read<T>(&self, f: impl FnOnce(&Store) -> T) -> T {
         f(&self.store.lock().unwrap_or_else(|e| e.into_inner()))
     }
@@ -313,6 +323,7 @@ impl KubeApiServerBuilder {
             drops: tokio::sync::watch::Sender::new(0),
             bookmark_interval: tokio::sync::watch::Sender::new(self.bookmark_interval),
             counters: Counters::default(),
+            issuer: Mutex::new(None),
         });
         let task = tokio::spawn(http::serve(listener, shared.clone()));
         KubeApiServer {
@@ -572,6 +583,13 @@ impl KubeApiServer {
     /// exact lists and continue tokens from an older version get 410 too, so clients relist.
     pub fn compact(&self) {
         self.shared.write(Store::compact);
+    }
+
+    /// Serves service-account issuer discovery (`/.well-known/openid-configuration` and
+    /// `/openid/v1/jwks`) with this issuer name and key set.
+    pub fn set_service_account_issuer(&self, issuer: &str, jwks: Value) {
+        *self.shared.issuer.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((issuer.to_string(), jwks));
     }
 
     /// Changes how often watches get bookmarks (open watches included).

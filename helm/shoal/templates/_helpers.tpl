@@ -74,6 +74,10 @@ shoal-fleet: {{ . }}
 {{- default (include "shoal.fullname" .) .Values.server.service.name }}
 {{- end }}
 
+{{- define "shoal.server.xdsTlsSecret" -}}
+{{- default (printf "%s-xds-tls" (include "shoal.server.name" .) | trunc 63 | trimSuffix "-") .Values.server.xds.tls.secretName }}
+{{- end }}
+
 {{- define "shoal.server.serviceAccountName" -}}
 {{- default (include "shoal.server.name" .) .Values.server.serviceAccount.name }}
 {{- end }}

@@ -18,11 +18,12 @@ use super::cluster::ClusterContext;
 use crate::ownership::Released;
 use crate::publish::Ownership;
 use crate::state::DesiredState;
-use crate::status::StatusWriter;
+use crate::status::{MetaWriter, StatusWriter};
 use serde::de::IgnoredAny;
 use shoal_common::bus::Bucket;
 use shoal_common::envelope::{now_ms, Envelope};
 use shoal_common::keys;
+use shoal_common::model::ClusterIssuer;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -175,6 +176,15 @@ pub async fn retire(ctx: ClusterContext, cluster: String, handover_timeout: Dura
         tokio::time::sleep(RETRY).await;
     }
     StatusWriter::load(
+        ctx.bus.clone(),
+        &ctx.fleet,
+        &cluster,
+        ctx.leadership.clone(),
+    )
+    .await
+    .delete()
+    .await;
+    MetaWriter::<ClusterIssuer>::load(
         ctx.bus.clone(),
         &ctx.fleet,
         &cluster,

@@ -227,7 +227,8 @@ fn fatal(e: &async_nats::ConnectError) -> Option<&'static str> {
         // of kind InvalidData.
         Kind::Io if io_kind(e) == Some(std::io::ErrorKind::InvalidData) => Some(
             "the TLS handshake with NATS failed (is the server certificate signed by the \
-             CA given, for the host in the URL, and does the server have TLS enabled?)",
+             CA given and valid for the host in the URL, does the server have TLS enabled, \
+             does it require a client certificate?)",
         ),
         _ => None,
     }

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 /// NATS TLS and authentication flags. At most one authentication method.
 #[derive(Debug, Clone, Default, clap::Args)]
+#[group(skip)]
 #[command(group(
     clap::ArgGroup::new("nats_auth")
         .args(["nats_creds", "nats_nkey", "nats_user", "nats_token", "nats_token_file"])
@@ -91,7 +92,11 @@ pub struct NatsArgs {
     #[arg(
         long,
         env = "SHOAL_NATS_TLS_REQUIRED",
-        action = clap::ArgAction::SetTrue,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_value_t = false,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub nats_tls_required: bool,
@@ -341,5 +346,7 @@ mod tests {
         assert!(!args.options("nats://x", 1).unwrap().tls.is_required());
         let args = parse(&["--nats-tls-required"]).unwrap();
         assert!(args.options("nats://x", 1).unwrap().tls.is_required());
+        let args = parse(&["--nats-tls-required=false"]).unwrap();
+        assert!(!args.options("nats://x", 1).unwrap().tls.is_required());
     }
 }

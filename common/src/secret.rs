@@ -42,7 +42,10 @@ mod tests {
     #[test]
     fn never_printed() {
         let s = Secret::new("hunter2");
-        assert_eq!(format!("{s:?} {s} {:?}", Some(&s)), "<redacted> <redacted> Some(<redacted>)");
+        assert_eq!(
+            format!("{s:?} {s} {:?}", Some(&s)),
+            "<redacted> <redacted> Some(<redacted>)"
+        );
         assert_eq!(s.expose(), "hunter2");
     }
 }

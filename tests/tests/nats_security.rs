@@ -190,10 +190,7 @@ async fn both_fail_fast(nats_url: &str, security: &[&str], expected: &str, secre
             text.contains(expected),
             "{name}: expected {expected:?} in:\n{text}"
         );
-        assert!(
-            !text.contains(secret),
-            "{name} printed the secret:\n{text}"
-        );
+        assert!(!text.contains(secret), "{name} printed the secret:\n{text}");
     }
 }
 
@@ -278,9 +275,17 @@ async fn server_verified_tls_and_token() {
     let token = write_secret(pki.dir.path(), "token", "t0ken-value");
     // tls:// asks for TLS by itself; the CA verifies the server.
     let tls_url = format!("tls://127.0.0.1:{}", nats.port());
-    publish_and_serve(&tls_url, &["--nats-tls-ca", &ca, "--nats-token-file", &token]).await;
+    publish_and_serve(
+        &tls_url,
+        &["--nats-tls-ca", &ca, "--nats-token-file", &token],
+    )
+    .await;
     // The token as a flag, over a nats:// URL (TLS implied by --nats-tls-ca).
-    publish_and_serve(&nats.url(), &["--nats-tls-ca", &ca, "--nats-token", "t0ken-value"]).await;
+    publish_and_serve(
+        &nats.url(),
+        &["--nats-tls-ca", &ca, "--nats-token", "t0ken-value"],
+    )
+    .await;
 
     // A server certificate from a CA shoal does not trust: a TLS error at once.
     let other = pki.path("other-ca.pem");
@@ -346,14 +351,26 @@ async fn unusable_files_and_contradictions_are_named() {
     .await;
     both_fail_fast(
         url,
-        &["--nats-user", "u", "--nats-password-file", "/nonexistent/pw"],
+        &[
+            "--nats-user",
+            "u",
+            "--nats-password-file",
+            "/nonexistent/pw",
+        ],
         "--nats-password-file (SHOAL_NATS_PASSWORD_FILE) /nonexistent/pw",
         "\u{0}",
     )
     .await;
     both_fail_fast(
         url,
-        &["--nats-user", "u", "--nats-password", "pw-value", "--nats-token", "tok-value"],
+        &[
+            "--nats-user",
+            "u",
+            "--nats-password",
+            "pw-value",
+            "--nats-token",
+            "tok-value",
+        ],
         "cannot be used with",
         "pw-value",
     )
@@ -365,4 +382,30 @@ async fn unusable_files_and_contradictions_are_named() {
         "\u{0}",
     )
     .await;
+}
+
+/// The permissions docs/operations.md ("Securing NATS") documents for shoal's user.
+const SHOAL_PERMISSIONS: &str = r#"permissions: {
+      publish: { allow: ["$JS.API.>", "$JS.FC.>", "$KV.shoal-config.>", "$KV.shoal-services.>", "$KV.shoal-endpoints.>", "$KV.shoal-meta.>"] }
+      subscribe: { allow: ["_INBOX.>"] }
+    }"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn documented_permissions_are_enough() {
+    let nats = NatsServer::start_with_config(&format!(
+        "authorization {{\n  users: [ {{ user: shoal, password: pw, {SHOAL_PERMISSIONS} }} ]\n}}\n"
+    ))
+    .await;
+    // Both binaries create buckets, publish, watch and read with only these permissions.
+    publish_and_serve(
+        &nats.url(),
+        &["--nats-user", "shoal", "--nats-password", "pw"],
+    )
+    .await;
+    let log = nats.process().log();
+    assert!(
+        // nats-server logs "Publish Violation" / "Subscription Violation".
+        !log.contains("Violation"),
+        "nats-server saw a permissions violation:\n{log}"
+    );
 }

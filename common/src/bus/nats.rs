@@ -4,11 +4,11 @@
 //! watches deliver the last value per key first (`DeliverPolicy::LastPerSubject`).
 
 use super::{check_size, Bucket, BusError, Entry, Op, StateBus, WatchEvent, WatchStream};
+use crate::secret::Secret;
 use async_nats::jetstream::{self, kv};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use crate::secret::Secret;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -188,9 +188,10 @@ async fn connect_options(
         .connection_timeout(Duration::from_secs(5));
     co = match &opts.auth {
         NatsAuth::None => co,
-        NatsAuth::CredentialsFile(path) => co.credentials_file(path).await.map_err(|e| {
-            format!("reading the NATS credentials file {}: {e}", path.display())
-        })?,
+        NatsAuth::CredentialsFile(path) => co
+            .credentials_file(path)
+            .await
+            .map_err(|e| format!("reading the NATS credentials file {}: {e}", path.display()))?,
         NatsAuth::NKey(seed) => co.nkey(seed.expose().to_string()),
         NatsAuth::UserPassword { user, password } => {
             co.user_and_password(user.clone(), password.expose().to_string())

@@ -274,9 +274,16 @@ mod tests {
 
     #[test]
     fn two_auth_methods_are_refused() {
-        let e = parse(&["--nats-user", "u", "--nats-password", "p", "--nats-token", "t"])
-            .unwrap_err()
-            .to_string();
+        let e = parse(&[
+            "--nats-user",
+            "u",
+            "--nats-password",
+            "p",
+            "--nats-token",
+            "t",
+        ])
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("cannot be used with"), "{e}");
         let e = parse(&["--nats-creds", "a", "--nats-nkey", "b"])
             .unwrap_err()
@@ -289,7 +296,15 @@ mod tests {
         assert!(parse(&["--nats-password", "p"]).is_err());
         assert!(parse(&["--nats-tls-cert", "c"]).is_err());
         assert!(parse(&["--nats-tls-key", "k"]).is_err());
-        assert!(parse(&["--nats-password", "p", "--nats-password-file", "f", "--nats-user", "u"]).is_err());
+        assert!(parse(&[
+            "--nats-password",
+            "p",
+            "--nats-password-file",
+            "f",
+            "--nats-user",
+            "u"
+        ])
+        .is_err());
     }
 
     #[test]
@@ -306,7 +321,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pw = dir.path().join("password");
         std::fs::write(&pw, "s3cret\n").unwrap();
-        let args = parse(&["--nats-user", "u", "--nats-password-file", pw.to_str().unwrap()]).unwrap();
+        let args = parse(&[
+            "--nats-user",
+            "u",
+            "--nats-password-file",
+            pw.to_str().unwrap(),
+        ])
+        .unwrap();
         assert_eq!(
             args.options("nats://x", 1).unwrap().auth,
             NatsAuth::UserPassword {

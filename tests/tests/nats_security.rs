@@ -327,6 +327,17 @@ async fn nkey() {
     let seed_file = write_secret(dir.path(), "user.nk", &seed);
     publish_and_serve(&nats.url(), &["--nats-nkey", &seed_file]).await;
 
+    // shoal insists on TLS when given a CA; this server has none.
+    let pki = Pki::new();
+    let ca = pki.path("ca.pem");
+    both_fail_fast(
+        &nats.url(),
+        &["--nats-tls-ca", &ca, "--nats-nkey", &seed_file],
+        "TLS handshake with NATS failed",
+        &seed,
+    )
+    .await;
+
     let stranger = nkeys::KeyPair::new_user();
     let stranger_file = write_secret(dir.path(), "stranger.nk", &stranger.seed().expect("seed"));
     both_fail_fast(

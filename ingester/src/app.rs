@@ -10,7 +10,8 @@ use crate::metrics::Metrics;
 use crate::ownership::Owners;
 use crate::readiness::Readiness;
 use anyhow::Context;
-use shoal_common::bus::nats::{NatsBus, NatsOptions};
+use shoal_common::bus::nats::NatsBus;
+use shoal_common::bus::nats_args::NatsArgs;
 use shoal_common::bus::StateBus;
 use shoal_common::model::Duration;
 use std::net::SocketAddr;
@@ -74,9 +75,9 @@ pub struct IngesterArgs {
     )]
     pub nats_replicas: usize,
 
-    /// NATS credentials file (`.creds`), if the server requires one.
-    #[arg(long, env = "SHOAL_NATS_CREDS", value_name = "FILE")]
-    pub nats_creds: Option<PathBuf>,
+    /// NATS TLS and authentication.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 
     /// Where to read objects from: `kube` watches Kubernetes (in-cluster config, else
     /// KUBECONFIG) and the remote clusters of its multicluster secrets; `file:DIR` polls
@@ -302,11 +303,13 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
         }
         None => mesh_config::select_all(),
     };
-    let opts = NatsOptions {
-        url: args.nats_url.clone(),
-        replicas: args.nats_replicas,
-        credentials_file: args.nats_creds.clone(),
-    };
+    let opts = args.nats.options(&args.nats_url, args.nats_replicas)?;
+    info!(
+        url = %args.nats_url,
+        auth = opts.auth.method(),
+        tls = opts.tls.is_required(),
+        "connecting to NATS"
+    );
     let bus = NatsBus::connect(&opts)
         .await
         .with_context(|| format!("connecting to the state bus at {}", args.nats_url))?;

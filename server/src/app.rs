@@ -13,7 +13,8 @@ use crate::xds::tls::{TlsFiles, TlsServer};
 use crate::xds::{AdsService, Registry};
 use anyhow::Context;
 use clap::Parser;
-use shoal_common::bus::nats::{NatsBus, NatsOptions};
+use shoal_common::bus::nats::NatsBus;
+use shoal_common::bus::nats_args::NatsArgs;
 use shoal_common::bus::StateBus;
 use shoal_common::model::Duration as ConfigDuration;
 use std::net::SocketAddr;
@@ -42,9 +43,9 @@ pub struct ServerArgs {
     )]
     pub nats_replicas: usize,
 
-    /// NATS credentials file (.creds), if the server requires authentication.
-    #[arg(long, env = "SHOAL_NATS_CREDS", value_name = "FILE")]
-    pub nats_creds: Option<PathBuf>,
+    /// NATS TLS and authentication.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 
     /// Standalone mode: read Kubernetes/Istio manifests from DIR (watched for changes) into
     /// an in-process bus. No NATS needed. Mutually exclusive with --nats-url.
@@ -270,12 +271,13 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     };
     let bus: Arc<dyn StateBus> = match (&args.nats_url, &args.standalone) {
         (Some(url), _) => {
-            let opts = NatsOptions {
-                url: url.clone(),
-                replicas: args.nats_replicas,
-                credentials_file: args.nats_creds.clone(),
-            };
-            tracing::info!(%url, "connecting to NATS");
+            let opts = args.nats.options(url, args.nats_replicas)?;
+            tracing::info!(
+                %url,
+                auth = opts.auth.method(),
+                tls = opts.tls.is_required(),
+                "connecting to NATS"
+            );
             Arc::new(
                 NatsBus::connect(&opts)
                     .await

@@ -134,15 +134,8 @@ pub struct ServerArgs {
     )]
     pub admin_addr: SocketAddr,
 
-    /// Serve the /debug endpoints to every client of the admin port. By default they
-    /// answer only on localhost (kubectl port-forward), as they reveal proxies' config.
-    #[arg(
-        long,
-        env = "SHOAL_DEBUG_FROM_ANYWHERE",
-        action = clap::ArgAction::SetTrue,
-        value_parser = clap::builder::BoolishValueParser::new()
-    )]
-    pub debug_from_anywhere: bool,
+    #[command(flatten)]
+    pub debug: shoal_common::admin::DebugArgs,
 
     /// Quiet period after the last change before pushing (like PILOT_DEBOUNCE_AFTER).
     #[arg(
@@ -331,7 +324,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on admin address {}", args.admin_addr))?;
     tokio::spawn(admin::serve(
         admin_listener,
-        shoal_common::admin::DebugAccess::from_anywhere(args.debug_from_anywhere),
+        args.debug.access(),
         AdminState {
             snapshots: rx.clone(),
             registry: registry.clone(),

@@ -417,7 +417,7 @@ fn tls_bootstrap(bootstrap: &str, dir: &Path, ca: &TestCa, client: &Pem, name: &
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_gets_its_config_over_tls_with_its_workload_certificate_and_no_other() {
-    use shoal_tests::bootstrap::{bootstrap, Node};
+    use shoal_tests::bootstrap::{bootstrap, bootstrap_with, AdsMode, Node};
     use shoal_tests::envoy::Envoy;
     use shoal_tests::ports::free_port;
 
@@ -437,9 +437,10 @@ async fn envoy_gets_its_config_over_tls_with_its_workload_certificate_and_no_oth
         &ca.workload("demo", "client"),
         "client",
     );
-    // The gateway's node id (istio-system) with demo's certificate: refused.
+    // The gateway's node id (istio-system) with demo's certificate, on a delta stream:
+    // refused.
     let other = tls_bootstrap(
-        &bootstrap(&Node::gateway(), free_port(), &[addr]),
+        &bootstrap_with(&Node::gateway(), free_port(), &[addr], AdsMode::Delta),
         dir.path(),
         &ca,
         &ca.workload("demo", "intruder"),

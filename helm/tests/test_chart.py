@@ -134,11 +134,12 @@ VALUE_SETS: dict[str, Any] = {
     "older-ingester": older_ingester,
     "two-fleets": lambda: values_file("two-fleets-values.yaml"),
     "nats-cluster": lambda: values_file("nats-cluster-values.yaml"),
+    "nats-secure": lambda: values_file("nats-secure-values.yaml"),
     "everything-on": everything_on,
     "design": design,
 }
 # Value sets whose container args must be accepted by today's binaries.
-DEPLOYABLE = ["default", "older-ingester", "two-fleets", "nats-cluster", "everything-on"]
+DEPLOYABLE = ["default", "older-ingester", "two-fleets", "nats-cluster", "nats-secure", "everything-on"]
 
 
 # --- rendering -----------------------------------------------------------------------------
@@ -961,30 +962,129 @@ def env_of(container) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in container.get("env", [])}
 
 
-@pytest.mark.parametrize("value_set", ["default", "nats-cluster", "everything-on"])
+NATS_SECRET_MOUNTS = {
+    "credentialsSecret": ("SHOAL_NATS_CREDS", "/etc/shoal/nats-creds", "name", "key"),
+    "nkeySecret": ("SHOAL_NATS_NKEY", "/etc/shoal/nats-nkey", "name", "key"),
+    "userPassword": ("SHOAL_NATS_PASSWORD_FILE", "/etc/shoal/nats-password", "secret", "passwordKey"),
+    "tokenSecret": ("SHOAL_NATS_TOKEN_FILE", "/etc/shoal/nats-token", "name", "key"),
+}
+
+
+def assert_file_from_secret(d, c, env_name: str, secret: str, key: str):
+    """env_name points at `key` of Secret `secret`, mounted read-only in this container."""
+    env = env_of(c)
+    path = Path(env[env_name])
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(d)["volumes"]}
+    mount = mounts[str(path.parent)]
+    assert mount["readOnly"] is True
+    vol = volumes[mount["name"]]["secret"]
+    assert vol["secretName"] == secret
+    assert {"key": key, "path": path.name} in vol["items"]
+
+
+@pytest.mark.parametrize("value_set", ["default", "nats-cluster", "nats-secure", "everything-on"])
 def test_nats_settings(value_set):
     nats = merged(value_set)["nats"]
     for d, c in containers(render(value_set)):
         env = env_of(c)
         assert env["SHOAL_NATS_URL"] == nats["url"]
         assert env["SHOAL_NATS_REPLICAS"] == str(nats["replicas"])
-        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-        volumes = {v["name"]: v for v in pod_spec(d)["volumes"]}
-        secret = nats["credentialsSecret"]["name"]
-        if secret:
-            creds = Path(env["SHOAL_NATS_CREDS"])
-            mount = mounts[str(creds.parent)]
-            assert mount["readOnly"] is True
-            vol = volumes[mount["name"]]["secret"]
-            assert vol["secretName"] == secret
-            assert {"key": nats["credentialsSecret"]["key"], "path": creds.name} in vol["items"]
+        for value, (env_name, _, name_field, key_field) in NATS_SECRET_MOUNTS.items():
+            secret = nats[value][name_field]
+            if secret:
+                assert_file_from_secret(d, c, env_name, secret, nats[value][key_field])
+            else:
+                assert env_name not in env
+        tls = nats["tls"]
+        if tls["enabled"]:
+            assert env["SHOAL_NATS_TLS_REQUIRED"] == "true"
+            if tls["secret"]:
+                assert_file_from_secret(d, c, "SHOAL_NATS_TLS_CA", tls["secret"], tls["caKey"])
+                assert_file_from_secret(d, c, "SHOAL_NATS_TLS_CERT", tls["secret"], tls["certKey"])
+                assert_file_from_secret(d, c, "SHOAL_NATS_TLS_KEY", tls["secret"], tls["keyKey"])
         else:
-            assert "SHOAL_NATS_CREDS" not in env
-        if nats["tls"]["enabled"]:
-            mount = mounts[nats["tls"]["mountPath"]]
-            assert volumes[mount["name"]]["secret"]["secretName"] == nats["tls"]["secret"]
+            assert not [e for e in env if e.startswith("SHOAL_NATS_TLS")]
+        # No secret is ever a literal value in the Deployment.
+        assert "SHOAL_NATS_PASSWORD" not in env and "SHOAL_NATS_TOKEN" not in env
     if value_set == "nats-cluster":
         assert nats["replicas"] == 3 and len(nats["url"].split(",")) == 3
+
+
+def two_fleets_with(nats: dict[str, Any]) -> dict[str, Any]:
+    vals = values_file("two-fleets-values.yaml")
+    vals["nats"] = nats
+    return vals
+
+
+def test_nats_user_password_and_tls_on_every_deployment(chart):
+    objects = render_values(
+        chart,
+        two_fleets_with(
+            {
+                "userPassword": {"secret": "nats-user", "userKey": "user", "passwordKey": "pw"},
+                "tls": {"enabled": True, "secret": "nats-tls", "caKey": "ca.pem", "certKey": "c.pem", "keyKey": "k.pem"},
+            }
+        ),
+    )
+    seen = {"server": 0, "ingester": 0}
+    for d, c in containers(objects):
+        seen[component(d)] += 1
+        user = next(e for e in c["env"] if e["name"] == "SHOAL_NATS_USER")
+        assert user == {"name": "SHOAL_NATS_USER", "valueFrom": {"secretKeyRef": {"name": "nats-user", "key": "user"}}}
+        assert_file_from_secret(d, c, "SHOAL_NATS_PASSWORD_FILE", "nats-user", "pw")
+        env = env_of(c)
+        assert env["SHOAL_NATS_TLS_CA"] == "/etc/shoal/nats-tls/ca.pem"
+        assert env["SHOAL_NATS_TLS_CERT"] == "/etc/shoal/nats-tls/c.pem"
+        assert env["SHOAL_NATS_TLS_KEY"] == "/etc/shoal/nats-tls/k.pem"
+        assert_file_from_secret(d, c, "SHOAL_NATS_TLS_CA", "nats-tls", "ca.pem")
+    assert seen == {"server": 1, "ingester": 2}
+
+
+def test_nats_tls_ca_only_and_system_roots(chart):
+    objects = render_values(chart, {"nats": {"tls": {"enabled": True, "secret": "nats-tls", "certKey": "", "keyKey": ""}}})
+    for d, c in containers(objects):
+        env = env_of(c)
+        assert env["SHOAL_NATS_TLS_REQUIRED"] == "true"
+        assert_file_from_secret(d, c, "SHOAL_NATS_TLS_CA", "nats-tls", "ca.crt")
+        assert "SHOAL_NATS_TLS_CERT" not in env and "SHOAL_NATS_TLS_KEY" not in env
+        tls_volume = next(v for v in pod_spec(d)["volumes"] if v["name"] == "nats-tls")
+        assert tls_volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    # No secret: TLS required, the server verified against the image's roots; nothing mounted.
+    objects = render_values(chart, {"nats": {"tls": {"enabled": True}}})
+    for d, c in containers(objects):
+        env = env_of(c)
+        assert env["SHOAL_NATS_TLS_REQUIRED"] == "true"
+        assert not {"SHOAL_NATS_TLS_CA", "SHOAL_NATS_TLS_CERT", "SHOAL_NATS_TLS_KEY"} & set(env)
+        assert "nats-tls" not in {v["name"] for v in pod_spec(d)["volumes"]}
+
+
+def test_nats_token_and_nkey_are_mounted_files(chart):
+    for value, env_name in [("tokenSecret", "SHOAL_NATS_TOKEN_FILE"), ("nkeySecret", "SHOAL_NATS_NKEY")]:
+        objects = render_values(chart, {"nats": {value: {"name": "nats-auth", "key": "k"}}})
+        for d, c in containers(objects):
+            assert_file_from_secret(d, c, env_name, "nats-auth", "k")
+
+
+@pytest.mark.parametrize(
+    "nats, message",
+    [
+        (
+            {"credentialsSecret": {"name": "a"}, "tokenSecret": {"name": "b"}},
+            "one authentication method at most, got credentialsSecret, tokenSecret",
+        ),
+        (
+            {"userPassword": {"secret": "a"}, "nkeySecret": {"name": "b"}},
+            "one authentication method at most, got nkeySecret, userPassword",
+        ),
+        ({"tls": {"enabled": True, "secret": "t", "keyKey": ""}}, "certKey and keyKey go together"),
+        ({"tls": {"enabled": False, "secret": "t"}}, "nats.tls.enabled is false"),
+        ({"tls": {"enabled": True, "secret": "t", "caKey": "", "certKey": "", "keyKey": ""}}, "nothing in nats.tls.secret"),
+    ],
+)
+def test_nats_contradictions_fail_the_render(chart, nats, message):
+    with pytest.raises(helm.HelmError, match=re.escape(message)):
+        chart.render({"nats": nats}, name=RELEASE, namespace=NAMESPACE)
 
 
 # --- probes against the binaries ---------------------------------------------------------------

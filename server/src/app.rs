@@ -13,7 +13,8 @@ use crate::xds::tls::{TlsFiles, TlsServer};
 use crate::xds::{AdsService, Registry};
 use anyhow::Context;
 use clap::Parser;
-use shoal_common::bus::nats::{NatsBus, NatsOptions};
+use shoal_common::bus::nats::NatsBus;
+use shoal_common::bus::nats_args::NatsArgs;
 use shoal_common::bus::StateBus;
 use shoal_common::model::Duration as ConfigDuration;
 use std::net::SocketAddr;
@@ -42,9 +43,9 @@ pub struct ServerArgs {
     )]
     pub nats_replicas: usize,
 
-    /// NATS credentials file (.creds), if the server requires authentication.
-    #[arg(long, env = "SHOAL_NATS_CREDS", value_name = "FILE")]
-    pub nats_creds: Option<PathBuf>,
+    /// NATS TLS and authentication.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 
     /// Standalone mode: read Kubernetes/Istio manifests from DIR (watched for changes) into
     /// an in-process bus. No NATS needed. Mutually exclusive with --nats-url.
@@ -155,15 +156,8 @@ pub struct ServerArgs {
     )]
     pub admin_addr: SocketAddr,
 
-    /// Serve the /debug endpoints to every client of the admin port. By default they
-    /// answer only on localhost (kubectl port-forward), as they reveal proxies' config.
-    #[arg(
-        long,
-        env = "SHOAL_DEBUG_FROM_ANYWHERE",
-        action = clap::ArgAction::SetTrue,
-        value_parser = clap::builder::BoolishValueParser::new()
-    )]
-    pub debug_from_anywhere: bool,
+    #[command(flatten)]
+    pub debug: shoal_common::admin::DebugArgs,
 
     /// Quiet period after the last change before pushing (like PILOT_DEBOUNCE_AFTER).
     #[arg(
@@ -292,12 +286,13 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     };
     let bus: Arc<dyn StateBus> = match (&args.nats_url, &args.standalone) {
         (Some(url), _) => {
-            let opts = NatsOptions {
-                url: url.clone(),
-                replicas: args.nats_replicas,
-                credentials_file: args.nats_creds.clone(),
-            };
-            tracing::info!(%url, "connecting to NATS");
+            let opts = args.nats.options(url, args.nats_replicas)?;
+            tracing::info!(
+                %url,
+                auth = opts.auth.method(),
+                tls = opts.tls.is_required(),
+                "connecting to NATS"
+            );
             Arc::new(
                 NatsBus::connect(&opts)
                     .await
@@ -362,7 +357,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on admin address {}", args.admin_addr))?;
     tokio::spawn(admin::serve(
         admin_listener,
-        shoal_common::admin::DebugAccess::from_anywhere(args.debug_from_anywhere),
+        args.debug.access(),
         AdminState {
             snapshots: rx.clone(),
             registry: registry.clone(),

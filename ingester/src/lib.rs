@@ -39,4 +39,5 @@ pub mod virtual_service;
 pub use app::{run, IngesterArgs, LogFormat, SourceSpec};
 pub use error::{IngestError, InvalidObject};
 pub use file::{FileSource, FileSourceConfig, DEFAULT_POLL_INTERVAL};
-pub use publish::{Leadership, PublishReport, Publisher, Term};
+pub use lease::{Leadership, Term};
+pub use publish::{PublishReport, Publisher};

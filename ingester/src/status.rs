@@ -5,7 +5,7 @@
 //! so a restart with an unchanged cluster writes nothing here either. Only the leader
 //! writes, stamping its lease epoch; at the start of each term the status is read again.
 
-use crate::publish::Leadership;
+use crate::lease::Leadership;
 use serde::{Deserialize, Serialize};
 use shoal_common::bus::{Bucket, StateBus};
 use shoal_common::envelope::{now_ms, Envelope};

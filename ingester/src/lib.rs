@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod bus_guard;
 #[cfg(test)]
 mod compat_doc;
 pub mod destination_rule;

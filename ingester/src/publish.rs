@@ -140,8 +140,28 @@ pub struct Publisher {
     loaded: Option<u64>,
     /// The live watch of the owned buckets and what other writers did.
     repair: Repair,
+    /// The bus's count of data losses ([`StateBus::data_losses`]), and its value when
+    /// `on_bus` was read: a loss since then means nothing this publisher wrote may be on
+    /// the bus any more, so it reads the bus again and publishes everything.
+    losses: Option<tokio::sync::watch::Receiver<u64>>,
+    loaded_losses: u64,
     retry: bool,
     totals: PublishReport,
+}
+
+/// Resolves when the bus's loss count is not `known`; never without a loss count.
+async fn data_lost(losses: Option<tokio::sync::watch::Receiver<u64>>, known: u64) {
+    let Some(mut losses) = losses else {
+        return std::future::pending().await;
+    };
+    loop {
+        if *losses.borrow_and_update() != known {
+            return;
+        }
+        if losses.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
 }
 
 /// The buckets the publisher writes.
@@ -158,8 +178,11 @@ impl Publisher {
     ) -> Publisher {
         let fleet = fleet.into();
         let owner = ownership.describe();
+        let losses = bus.data_losses();
         Publisher {
             bus,
+            losses,
+            loaded_losses: 0,
             repair: Repair::new(fleet.clone(), owner.clone()),
             fleet,
             owner,
@@ -220,6 +243,7 @@ impl Publisher {
         self.on_bus.clear();
         self.repair.reset();
         self.loaded = None;
+        self.loaded_losses = self.losses.as_ref().map_or(0, |l| *l.borrow());
         let elected = self.leadership.is_elected();
         let buckets = self.buckets();
         let mut streams = Vec::new();
@@ -297,6 +321,13 @@ impl Publisher {
         self.on_bus.insert(key, OnBus { hash, revision });
     }
 
+    /// Whether the bus lost data since `on_bus` was read.
+    fn bus_lost_data(&self) -> bool {
+        self.losses
+            .as_ref()
+            .is_some_and(|l| *l.borrow() != self.loaded_losses)
+    }
+
     /// Handles what the live watch has delivered so far; returns whether a round is needed.
     fn drain_live(&mut self) -> bool {
         let epoch = self.loaded.unwrap_or(0);
@@ -320,7 +351,15 @@ impl Publisher {
     /// watch. Cancel-safe, for `select!` loops.
     pub async fn bus_changed(&mut self) {
         loop {
-            let item = self.repair.next().await;
+            if self.bus_lost_data() {
+                self.retry = true;
+                return;
+            }
+            let losses = self.losses.clone();
+            let item = tokio::select! {
+                item = self.repair.next() => item,
+                () = data_lost(losses, self.loaded_losses) => continue,
+            };
             if self.leadership.current() != self.loaded {
                 // The term this watch was opened for is over; the next one reads the bus
                 // again (and watches anew).
@@ -372,7 +411,7 @@ impl Publisher {
     /// the last round left bus failures, another writer changed an owned key, or a new
     /// term started (its first round compares everything with the bus).
     pub fn needs_retry(&self) -> bool {
-        if self.retry {
+        if self.retry || self.bus_lost_data() {
             return true;
         }
         let current = self.leadership.current();
@@ -423,8 +462,13 @@ impl Publisher {
             self.retry = true;
             return report;
         };
-        // A new term: what is on the bus now is what the previous leader left.
-        let new_term = self.loaded != Some(epoch);
+        // A new term: what is on the bus now is what the previous leader left. After a
+        // loss of the bus's data, the same: nothing written before may be there.
+        let data_lost = self.bus_lost_data();
+        if data_lost {
+            warn!(owner = %self.owner, epoch, "the bus lost its data; reading it again and publishing everything");
+        }
+        let new_term = self.loaded != Some(epoch) || data_lost;
         if new_term {
             if let Err(error) = self.read_bus(epoch).await {
                 warn!(%error, owner = %self.owner, epoch, "cannot read owned state from the bus; retrying");

@@ -22,12 +22,10 @@ impl NatsServer {
         let mut last = String::new();
         for _ in 0..3 {
             let port = free_port();
-            let dir = tempfile::tempdir().expect("nats temp dir");
-            let mut cmd = Command::new("nats-server");
-            cmd.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-                .arg(dir.path().join("jetstream"));
-            let process = Process::spawn(&format!("nats-{port}"), cmd, dir, HINT);
-            let mut server = NatsServer { process, port };
+            let mut server = NatsServer {
+                process: single(port),
+                port,
+            };
             match server.wait_jetstream().await {
                 Ok(()) => return server,
                 Err(e) => last = format!("{e}\n{}", server.process.log_tail()),
@@ -61,6 +59,23 @@ impl NatsServer {
         self.process.kill().await;
     }
 
+    /// Kills the server and starts a new one on the same port with an empty store (a
+    /// server that lost its volume), after `down`; waits until JetStream answers. The
+    /// buckets are gone: nobody has created them yet.
+    pub async fn restart_empty(&mut self, down: Duration) {
+        self.process.kill().await;
+        tokio::time::sleep(down).await;
+        // The port was just released; another process may grab it in between (unlikely
+        // on loopback in a test run), which fails the wait below loudly.
+        self.process = single(self.port);
+        if let Err(e) = self.wait_jetstream().await {
+            panic!(
+                "nats-server did not restart: {e}\n{}",
+                self.process.log_tail()
+            );
+        }
+    }
+
     /// Waits until this server's JetStream API answers without error (for a cluster node:
     /// a meta leader is elected), failing early when the process exits.
     async fn wait_jetstream(&mut self) -> Result<(), String> {
@@ -79,6 +94,15 @@ impl NatsServer {
         })
         .await?
     }
+}
+
+/// A single JetStream server on `port` with a new, empty store directory.
+fn single(port: u16) -> Process {
+    let dir = tempfile::tempdir().expect("nats temp dir");
+    let mut cmd = Command::new("nats-server");
+    cmd.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+        .arg(dir.path().join("jetstream"));
+    Process::spawn(&format!("nats-{port}"), cmd, dir, HINT)
 }
 
 async fn jetstream_ready(url: &str) -> Result<(), String> {

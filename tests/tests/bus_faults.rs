@@ -187,3 +187,79 @@ async fn nats_back_without_its_data_heals() {
     })
     .await;
 }
+
+/// A manifest rewritten in place (truncated, then written in three partial `write`s with
+/// pauses longer than the poll interval between them), and an editor's companions
+/// (vim's `.swp` and `4913` probe, a `~` backup with the old content) appearing and
+/// vanishing: no delete of a live key ever reaches the bus, and the final content is
+/// published.
+#[tokio::test]
+async fn in_place_and_partial_manifest_writes_delete_nothing() {
+    use std::io::Write;
+    let nats = NatsServer::start().await;
+    let bus = harness::BusRecorder::start(&nats.url()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shop.yaml");
+    let two = |web: u16| {
+        format!(
+            "{}---\n{}",
+            service_yaml("web", web),
+            service_yaml("api", 80)
+        )
+    };
+    std::fs::write(&path, two(80)).unwrap();
+    let _ingester = ShoalIngester::for_dir(&nats.url(), dir.path());
+    let live = ["Kubernetes.shop.api", "Kubernetes.shop.web"];
+    bus.until("both services", |b| b.keys(Bucket::Services) == live)
+        .await;
+    bus.settle(Duration::from_millis(500)).await;
+    let mark = bus.mark();
+    let pause = Duration::from_millis(600);
+
+    // vim: the `4913` probe, a swap file, a backup of the old content.
+    let probe = dir.path().join("4913");
+    std::fs::write(&probe, "").unwrap();
+    std::fs::remove_file(&probe).unwrap();
+    let swap = dir.path().join(".shop.yaml.swp");
+    std::fs::write(&swap, b"b0VIM 9.0\0\0\x01garbage").unwrap();
+    std::fs::write(dir.path().join("shop.yaml~"), two(80)).unwrap();
+    tokio::time::sleep(pause).await;
+
+    // In place: truncate, then the new content in three writes, pausing in between.
+    let content = two(81).into_bytes();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    file.flush().unwrap();
+    tokio::time::sleep(pause).await;
+    let (first, rest) = content.split_at(content.len() / 3);
+    let (second, third) = rest.split_at(rest.len() / 2);
+    for part in [first, second, third] {
+        file.write_all(part).unwrap();
+        file.flush().unwrap();
+        tokio::time::sleep(pause).await;
+    }
+    drop(file);
+    std::fs::remove_file(&swap).unwrap();
+    std::fs::remove_file(dir.path().join("shop.yaml~")).unwrap();
+
+    bus.until("web on port 81", |b| {
+        b.decode::<Service>(Bucket::Services, "Kubernetes.shop.web")
+            .is_some_and(|s| s.ports[0].port == 81)
+    })
+    .await;
+    bus.settle(Duration::from_secs(1)).await;
+    let during = bus.since(mark);
+    let deletes: Vec<_> = during
+        .iter()
+        .filter(|e| e.op == shoal_common::bus::Op::Delete)
+        .collect();
+    assert!(
+        deletes.is_empty(),
+        "deletes during in-place writes:\n{}",
+        harness::describe(&during)
+    );
+    assert_eq!(bus.keys(Bucket::Services), live);
+}

@@ -263,3 +263,137 @@ async fn in_place_and_partial_manifest_writes_delete_nothing() {
     );
     assert_eq!(bus.keys(Bucket::Services), live);
 }
+
+/// The name (`n0`..`n2`) of the node leading a bucket's stream.
+async fn stream_leader(url: &str, bucket: Bucket) -> String {
+    let client = async_nats::connect(url).await.expect("nats client");
+    let js = async_nats::jetstream::new(client);
+    let mut stream = js
+        .get_stream(format!("KV_{}", bucket.name()))
+        .await
+        .expect("bucket stream");
+    let info = stream.info().await.expect("stream info");
+    info.cluster
+        .as_ref()
+        .and_then(|c| c.leader.clone())
+        .expect("a stream leader")
+}
+
+/// A three-node JetStream cluster with R3 buckets; the file-source ingester churns 30
+/// services (created, then each changed twice) while the node leading the services
+/// stream is killed. Every change the ingester had acknowledged reaches both servers (each
+/// attached to a surviving node): their final state is exactly the last content of every
+/// manifest, as is the bus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r3_cluster_node_killed_during_churn_loses_nothing() {
+    const SERVICES: u16 = 30;
+    let mut cluster = NatsServer::cluster3().await;
+    let dir = tempfile::tempdir().unwrap();
+    let write = |i: u16, port: u16| {
+        std::fs::write(
+            dir.path().join(format!("svc{i}.yaml")),
+            service_yaml(&format!("svc{i}"), port),
+        )
+        .unwrap()
+    };
+    write(0, 1000);
+    let ingester = ShoalIngester::start(&[
+        "--nats-url",
+        &cluster.url(),
+        "--nats-replicas",
+        "3",
+        "--source",
+        &format!("file:{}", dir.path().display()),
+        "--admin-addr",
+        "127.0.0.1:0",
+    ]);
+    let seed = cluster.nodes()[0].url();
+    let bus = NatsBus::connect(&NatsOptions {
+        replicas: 3,
+        ..NatsOptions::new(cluster.url())
+    })
+    .await
+    .expect("bus");
+    eventually(Duration::from_secs(30), POLL, || async {
+        match bus.keys(Bucket::Services).await {
+            Ok(keys) if keys.len() == 1 => Ok(()),
+            other => Err(format!("services on the bus: {other:?}")),
+        }
+    })
+    .await;
+    let leader = stream_leader(&seed, Bucket::Services).await;
+    let victim: usize = leader[1..].parse().expect("node name n<i>");
+    let survivors: Vec<String> = (0..3)
+        .filter(|i| *i != victim)
+        .map(|i| cluster.nodes()[i].url())
+        .collect();
+    let servers = [
+        ShoalServer::start(&["--nats-url", &survivors[0], "--nats-replicas", "3"]).await,
+        ShoalServer::start(&["--nats-url", &survivors[1], "--nats-replicas", "3"]).await,
+    ];
+
+    // Churn: create every service, then change each twice; kill the leader half-way.
+    let started = Instant::now();
+    for round in 0..3u16 {
+        for i in 0..SERVICES {
+            write(i, 1000 + round * 100 + i);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if round == 1 && i == SERVICES / 2 {
+                cluster.kill(victim).await;
+                println!(
+                    "killed {leader} (the services stream leader) at {:?}",
+                    started.elapsed()
+                );
+            }
+        }
+    }
+    let want: BTreeMap<String, Vec<u64>> = (0..SERVICES)
+        .map(|i| {
+            let host = format!("svc{i}.shop.svc.cluster.local");
+            (host, vec![u64::from(1000 + 200 + i)])
+        })
+        .collect();
+    for server in &servers {
+        let want = want.clone();
+        eventually(Duration::from_secs(30), POLL, || {
+            let want = want.clone();
+            async move {
+                match served(server).await {
+                    Some(now) if now == want => Ok(()),
+                    Some(now) => {
+                        let wrong: Vec<_> = want
+                            .iter()
+                            .filter(|(h, p)| now.get(*h) != Some(p))
+                            .map(|(h, p)| (h.clone(), p.clone(), now.get(h).cloned()))
+                            .collect();
+                        Err(format!("{} wrong: {wrong:?}", wrong.len()))
+                    }
+                    None => Err("no configz".to_string()),
+                }
+            }
+        })
+        .await;
+    }
+    println!(
+        "both servers converged {:?} after the churn started",
+        started.elapsed()
+    );
+    let survivor = NatsBus::connect(&NatsOptions::new(survivors[0].clone()))
+        .await
+        .expect("bus");
+    for i in 0..SERVICES {
+        let key = format!("Kubernetes.shop.svc{i}");
+        let entry = survivor
+            .get(Bucket::Services, &key)
+            .await
+            .expect("get")
+            .unwrap_or_else(|| panic!("{key} missing on the bus"));
+        let port = Envelope::<Service>::decode(&entry.value)
+            .unwrap()
+            .body
+            .ports[0]
+            .port;
+        assert_eq!(port, 1200 + i, "{key} on the bus");
+    }
+    drop(ingester);
+}

@@ -145,6 +145,8 @@ pub struct Publisher {
     /// the bus any more, so it reads the bus again and publishes everything.
     losses: Option<tokio::sync::watch::Receiver<u64>>,
     loaded_losses: u64,
+    /// The loss count [`Publisher::bus_changed`] last announced (once per loss).
+    announced_losses: u64,
     retry: bool,
     totals: PublishReport,
 }
@@ -183,6 +185,7 @@ impl Publisher {
             bus,
             losses,
             loaded_losses: 0,
+            announced_losses: 0,
             repair: Repair::new(fleet.clone(), owner.clone()),
             fleet,
             owner,
@@ -244,6 +247,7 @@ impl Publisher {
         self.repair.reset();
         self.loaded = None;
         self.loaded_losses = self.losses.as_ref().map_or(0, |l| *l.borrow());
+        self.announced_losses = self.loaded_losses;
         let elected = self.leadership.is_elected();
         let buckets = self.buckets();
         let mut streams = Vec::new();
@@ -351,14 +355,17 @@ impl Publisher {
     /// watch. Cancel-safe, for `select!` loops.
     pub async fn bus_changed(&mut self) {
         loop {
-            if self.bus_lost_data() {
-                self.retry = true;
-                return;
+            let losses = self.losses.as_ref().map_or(0, |l| *l.borrow());
+            if losses != self.announced_losses {
+                self.announced_losses = losses;
+                if losses != self.loaded_losses {
+                    self.retry = true;
+                    return;
+                }
             }
-            let losses = self.losses.clone();
             let item = tokio::select! {
                 item = self.repair.next() => item,
-                () = data_lost(losses, self.loaded_losses) => continue,
+                () = data_lost(self.losses.clone(), self.announced_losses) => continue,
             };
             if self.leadership.current() != self.loaded {
                 // The term this watch was opened for is over; the next one reads the bus

@@ -355,7 +355,9 @@ async fn r3_cluster_node_killed_during_churn_loses_nothing() {
         .collect();
     for server in &servers {
         let want = want.clone();
-        eventually(Duration::from_secs(30), POLL, || {
+        // (a new stream leader is elected and consumers re-created; on a loaded 2-core
+        // machine that has taken 20 s)
+        eventually(Duration::from_secs(45), POLL, || {
             let want = want.clone();
             async move {
                 match served(server).await {
@@ -396,4 +398,93 @@ async fn r3_cluster_node_killed_during_churn_loses_nothing() {
         assert_eq!(port, 1200 + i, "{key} on the bus");
     }
     drop(ingester);
+}
+
+/// The same loss under a `kube` ingester that holds its fleet's lease (the lease key is
+/// lost too): it stands down, takes a new lease and publishes everything in the new term;
+/// the server keeps serving throughout and gets the change made in Kubernetes during the
+/// outage.
+#[tokio::test]
+async fn nats_back_without_its_data_heals_under_a_lease() {
+    use serde_json::json;
+    let mut nats = NatsServer::start().await;
+    let config = harness::config_cluster().await;
+    harness::populate(&config, "shop", json!({}), "r1");
+    let mut ingester = harness::Ingester::start(
+        &nats.url(),
+        &config.kubeconfig(),
+        &["--lease-ttl", "10s", "--instance-id", "ingester-a"],
+    );
+    ingester.wait_leader().await;
+    let server = Arc::new(ShoalServer::with_nats(&nats.url()).await);
+    let web = |port: u16| {
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "web", "namespace": "shop"},
+               "spec": {"clusterIP": "10.0.0.10", "selector": {"app": "web"},
+                        "ports": [{"name": "http", "port": port, "targetPort": 8080}]}})
+    };
+    let before = expect(&[("web", 80)]);
+    eventually(Duration::from_secs(30), POLL, || {
+        let (server, before) = (server.clone(), before.clone());
+        async move {
+            match served(&server).await {
+                Some(now) if now == before => Ok(()),
+                other => Err(format!("served: {other:?}")),
+            }
+        }
+    })
+    .await;
+    let (stop, missing, watcher) =
+        watch_for_missing(server.clone(), before.keys().cloned().collect());
+
+    let down = Duration::from_secs(2);
+    let restart = nats.restart_empty(down);
+    let change = async {
+        tokio::time::sleep(down / 2).await;
+        config.apply(web(81)).unwrap();
+    };
+    tokio::join!(restart, change);
+    let back = Instant::now();
+
+    let after = expect(&[("web", 81)]);
+    let bus = NatsBus::connect(&NatsOptions::new(nats.url()))
+        .await
+        .expect("bus");
+    eventually(HEALED + Duration::from_secs(10), POLL, || {
+        let (server, bus, after) = (server.clone(), &bus, after.clone());
+        async move {
+            let endpoints = bus
+                .keys(Bucket::Endpoints)
+                .await
+                .map_err(|e| e.to_string())?;
+            let lease = bus
+                .get(Bucket::Meta, "lease.default")
+                .await
+                .map_err(|e| e.to_string())?;
+            let now = served(&server).await;
+            match (endpoints.len(), lease.is_some(), now) {
+                (1, true, Some(now)) if now == after => Ok(()),
+                other => Err(format!("endpoints, lease, served: {other:?}")),
+            }
+        }
+    })
+    .await;
+    let healed = back.elapsed();
+    println!("healed {healed:?} after NATS came back without its data (kube source, lease 10 s)");
+    stop.store(true, Ordering::Relaxed);
+    watcher.await.unwrap();
+    assert!(healed < HEALED, "healed after {healed:?}");
+    assert_eq!(
+        missing.load(Ordering::Relaxed),
+        0,
+        "the server dropped a service"
+    );
+    let metrics = ingester.metrics().await;
+    assert!(metrics.contains("shoal_ingester_leader 1"), "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("shoal_ingester_bus_heals_total") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
 }

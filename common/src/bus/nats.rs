@@ -217,7 +217,12 @@ impl NatsBus {
                     reason: "its stream is gone".into(),
                 })
             }
-            Err(error) => return Err(op_err("watch", bucket, "")(error)),
+            // Unreachable or busy (a stream leader being elected): the watch below decides;
+            // its own loss check runs from then on.
+            Err(error) => {
+                tracing::debug!(%bucket, %error, "cannot read the bucket's stream before watching");
+                return Ok(());
+            }
         };
         let created = stream.cached_info().created;
         let mut known = self.known();

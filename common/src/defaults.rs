@@ -10,3 +10,7 @@ pub const DOMAIN_SUFFIX: &str = "cluster.local";
 /// Istio's system namespace: the root namespace of mesh-wide config (its selector-less
 /// Sidecar, DestinationRules) and where multicluster Secrets live, unless configured.
 pub const ROOT_NAMESPACE: &str = "istio-system";
+
+/// The mesh's trust domain when MeshConfig sets none (Istio's `trustDomain` default): the
+/// trust domain of identities read from service-account tokens.
+pub const TRUST_DOMAIN: &str = "cluster.local";

@@ -147,7 +147,22 @@ pub fn owner_key(cluster: &str) -> String {
 
 /// The cluster of a `shoal-meta` owner key; `None` for any other key.
 pub fn parse_owner_key(key: &str) -> Option<String> {
-    let token = key.strip_prefix("owner.")?;
+    parse_meta_key("owner.", key)
+}
+
+/// Key of a cluster's service-account token issuer (its keys) in `shoal-meta`.
+pub fn issuer_key(cluster: &str) -> String {
+    format!("issuer.{}", escape(cluster))
+}
+
+/// The cluster of a `shoal-meta` issuer key; `None` for any other key.
+pub fn parse_issuer_key(key: &str) -> Option<String> {
+    parse_meta_key("issuer.", key)
+}
+
+/// The one token after `prefix` of a `shoal-meta` key, unescaped.
+fn parse_meta_key(prefix: &str, key: &str) -> Option<String> {
+    let token = key.strip_prefix(prefix)?;
     if token.contains('.') {
         return None;
     }
@@ -156,11 +171,7 @@ pub fn parse_owner_key(key: &str) -> Option<String> {
 
 /// The fleet of a `shoal-meta` lease key; `None` for any other key.
 pub fn parse_lease_key(key: &str) -> Option<String> {
-    let token = key.strip_prefix("lease.")?;
-    if token.contains('.') {
-        return None;
-    }
-    unescape(token).ok()
+    parse_meta_key("lease.", key)
 }
 
 #[cfg(test)]

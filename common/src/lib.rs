@@ -14,6 +14,7 @@ pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod ownership;
+pub mod secret;
 
 pub use bus::{
     memory::MemoryBus, nats::NatsBus, Bucket, BusError, Entry, Op, StateBus, WatchEvent,

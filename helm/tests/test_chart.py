@@ -134,11 +134,12 @@ VALUE_SETS: dict[str, Any] = {
     "older-ingester": older_ingester,
     "two-fleets": lambda: values_file("two-fleets-values.yaml"),
     "nats-cluster": lambda: values_file("nats-cluster-values.yaml"),
+    "nats-secure": lambda: values_file("nats-secure-values.yaml"),
     "everything-on": everything_on,
     "design": design,
 }
 # Value sets whose container args must be accepted by today's binaries.
-DEPLOYABLE = ["default", "older-ingester", "two-fleets", "nats-cluster", "everything-on"]
+DEPLOYABLE = ["default", "older-ingester", "two-fleets", "nats-cluster", "nats-secure", "everything-on"]
 
 
 # --- rendering -----------------------------------------------------------------------------
@@ -363,9 +364,16 @@ def test_helm_lint_strict(value_set):
 
 @pytest.mark.parametrize("value_set", list(VALUE_SETS))
 def test_render_is_deterministic(value_set):
+    # Except the generated xDS certificate: new on every render without a cluster (`helm
+    # install`/`upgrade` find the existing Secret with lookup and keep it; GitOps renderers
+    # must set server.xds.tls.secretName, as the chart's README says).
+    generated = "shoal/templates/server/xds-tls-secret.yaml"
     with helm.Chart.load(CHART) as c:
         first = c.render(VALUE_SETS[value_set](), name=RELEASE, namespace=NAMESPACE)
         second = c.render(VALUE_SETS[value_set](), name=RELEASE, namespace=NAMESPACE)
+    data = lambda text: re.sub(r"(?m)^(  [a-z.]+: )\S+$", r"\1<generated>", text)
+    if generated in first:
+        assert data(first.pop(generated)) == data(second.pop(generated))
     assert first == second
 
 
@@ -503,15 +511,81 @@ def test_server_service_named_shoal_with_istio_port_names():
     objects = render("default")
     svc = one(objects, "Service", "shoal")
     ports = {p["name"]: p for p in svc["spec"]["ports"]}
-    assert ports["grpc-xds"]["port"] == 15010
+    # TLS xDS only by default (istiod's 15012, which istiod names https-dns): the plaintext
+    # port authenticates nothing.
+    assert ports["https-dns"]["port"] == 15012
+    assert "grpc-xds" not in ports
     assert ports["http-monitoring"]["port"] == 15014
     (server,) = deployments(objects, "server")
     pod_labels = server["spec"]["template"]["metadata"]["labels"]
     assert all(pod_labels.get(k) == v for k, v in svc["spec"]["selector"].items())
     (c,) = pod_spec(server)["containers"]
-    assert container_port(c, ports["grpc-xds"]["targetPort"]) == 15010
+    assert container_port(c, ports["https-dns"]["targetPort"]) == 15012
     assert container_port(c, ports["http-monitoring"]["targetPort"]) == 15014
+    assert arg_value(c, "--xds-tls-addr") == "0.0.0.0:15012"
+    assert arg_value(c, "--xds-addr") is None
+    assert arg_value(c, "--token-audiences") == "istio-ca"
+    assert "--debug-from-anywhere" not in c["args"]
+
+
+def test_server_tls_certificate_is_generated_and_mounted_unless_given(chart):
+    import base64
+
+    objects = render("default")
+    secret = one(objects, "Secret", "shoal-server-xds-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    pems = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert pems["tls.crt"].startswith("-----BEGIN CERTIFICATE-----")
+    assert pems["ca.crt"].startswith("-----BEGIN CERTIFICATE-----")
+    assert "PRIVATE KEY" in pems["tls.key"]
+    # The certificate names the Service proxies dial.
+    with tempfile.NamedTemporaryFile("w", suffix=".crt") as f:
+        f.write(pems["tls.crt"])
+        f.flush()
+        text = subprocess.run(
+            ["openssl", "x509", "-noout", "-ext", "subjectAltName", "-in", f.name],
+            capture_output=True, text=True, check=True,
+        ).stdout
+    assert f"DNS:shoal.{NAMESPACE}.svc" in text, text
+    (server,) = deployments(objects, "server")
+    (c,) = pod_spec(server)["containers"]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["xds-tls"]["mountPath"] == "/etc/shoal/xds-tls"
+    assert "subPath" not in mounts["xds-tls"], "a subPath mount never sees a renewed certificate"
+    assert arg_value(c, "--xds-tls-cert") == "/etc/shoal/xds-tls/tls.crt"
+    assert arg_value(c, "--xds-tls-key") == "/etc/shoal/xds-tls/tls.key"
+    volumes = {v["name"]: v for v in pod_spec(server)["volumes"]}
+    assert volumes["xds-tls"]["secret"]["secretName"] == "shoal-server-xds-tls"
+
+    given = render_values(chart, {"server": {"xds": {
+        "tls": {"secretName": "xds-cert"},
+        "clientCA": {"secretName": "mesh-root", "key": "root-cert.pem"},
+        "plaintext": True,
+        "tokenAudiences": ["istio-ca", "shoal"],
+    }, "debugFromAnywhere": True}})
+    assert not [o for o in of_kind(given, "Secret") if o["metadata"]["name"].endswith("xds-tls")]
+    (server,) = deployments(given, "server")
+    (c,) = pod_spec(server)["containers"]
+    volumes = {v["name"]: v for v in pod_spec(server)["volumes"]}
+    assert volumes["xds-tls"]["secret"]["secretName"] == "xds-cert"
+    assert volumes["xds-client-ca"]["secret"]["secretName"] == "mesh-root"
+    assert arg_value(c, "--xds-client-ca") == "/etc/shoal/xds-client-ca/root-cert.pem"
     assert arg_value(c, "--xds-addr") == "0.0.0.0:15010"
+    assert arg_value(c, "--token-audiences") == "istio-ca,shoal"
+    assert "--debug-from-anywhere" in c["args"]
+    svc = one(given, "Service", "shoal")
+    assert {p["name"] for p in svc["spec"]["ports"]} == {"https-dns", "grpc-xds", "http-monitoring"}
+
+
+def test_ingester_may_read_the_service_account_issuer():
+    objects = render("default")
+    bindings = [
+        b for b in of_kind(objects, "ClusterRoleBinding")
+        if b["roleRef"]["name"] == "system:service-account-issuer-discovery"
+    ]
+    assert len(bindings) == 1
+    (subject,) = bindings[0]["subjects"]
+    assert subject["kind"] == "ServiceAccount" and subject["namespace"] == NAMESPACE
 
 
 def test_server_scaling_objects():
@@ -711,8 +785,13 @@ def test_rbac_least_privilege(value_set):
 
     # The ClusterRole of the fleet with the local cluster: exactly the kinds it watches,
     # get/list/watch. A fleet without the local cluster has no ClusterRole at all.
+    # Besides it, only Kubernetes' own read-only issuer discovery role (its token keys, for
+    # the servers' offline verification of proxy tokens).
     for ingester_sa in local_sas:
-        (crb,) = [b for b in of_kind(objects, "ClusterRoleBinding") if binds(b, ingester_sa)]
+        bound = [b for b in of_kind(objects, "ClusterRoleBinding") if binds(b, ingester_sa)]
+        discovery = [b for b in bound if b["roleRef"]["name"] == "system:service-account-issuer-discovery"]
+        assert len(discovery) == 1, bound
+        (crb,) = [b for b in bound if b not in discovery]
         cluster_role = one(objects, "ClusterRole", crb["roleRef"]["name"])
         granted: dict[str, set[str]] = {}
         status_granted: dict[str, set[str]] = {}
@@ -864,30 +943,129 @@ def env_of(container) -> dict[str, str]:
     return {e["name"]: e.get("value") for e in container.get("env", [])}
 
 
-@pytest.mark.parametrize("value_set", ["default", "nats-cluster", "everything-on"])
+NATS_SECRET_MOUNTS = {
+    "credentialsSecret": ("SHOAL_NATS_CREDS", "/etc/shoal/nats-creds", "name", "key"),
+    "nkeySecret": ("SHOAL_NATS_NKEY", "/etc/shoal/nats-nkey", "name", "key"),
+    "userPassword": ("SHOAL_NATS_PASSWORD_FILE", "/etc/shoal/nats-password", "secret", "passwordKey"),
+    "tokenSecret": ("SHOAL_NATS_TOKEN_FILE", "/etc/shoal/nats-token", "name", "key"),
+}
+
+
+def assert_file_from_secret(d, c, env_name: str, secret: str, key: str):
+    """env_name points at `key` of Secret `secret`, mounted read-only in this container."""
+    env = env_of(c)
+    path = Path(env[env_name])
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(d)["volumes"]}
+    mount = mounts[str(path.parent)]
+    assert mount["readOnly"] is True
+    vol = volumes[mount["name"]]["secret"]
+    assert vol["secretName"] == secret
+    assert {"key": key, "path": path.name} in vol["items"]
+
+
+@pytest.mark.parametrize("value_set", ["default", "nats-cluster", "nats-secure", "everything-on"])
 def test_nats_settings(value_set):
     nats = merged(value_set)["nats"]
     for d, c in containers(render(value_set)):
         env = env_of(c)
         assert env["SHOAL_NATS_URL"] == nats["url"]
         assert env["SHOAL_NATS_REPLICAS"] == str(nats["replicas"])
-        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-        volumes = {v["name"]: v for v in pod_spec(d)["volumes"]}
-        secret = nats["credentialsSecret"]["name"]
-        if secret:
-            creds = Path(env["SHOAL_NATS_CREDS"])
-            mount = mounts[str(creds.parent)]
-            assert mount["readOnly"] is True
-            vol = volumes[mount["name"]]["secret"]
-            assert vol["secretName"] == secret
-            assert {"key": nats["credentialsSecret"]["key"], "path": creds.name} in vol["items"]
+        for value, (env_name, _, name_field, key_field) in NATS_SECRET_MOUNTS.items():
+            secret = nats[value][name_field]
+            if secret:
+                assert_file_from_secret(d, c, env_name, secret, nats[value][key_field])
+            else:
+                assert env_name not in env
+        tls = nats["tls"]
+        if tls["enabled"]:
+            assert env["SHOAL_NATS_TLS_REQUIRED"] == "true"
+            if tls["secret"]:
+                assert_file_from_secret(d, c, "SHOAL_NATS_TLS_CA", tls["secret"], tls["caKey"])
+                assert_file_from_secret(d, c, "SHOAL_NATS_TLS_CERT", tls["secret"], tls["certKey"])
+                assert_file_from_secret(d, c, "SHOAL_NATS_TLS_KEY", tls["secret"], tls["keyKey"])
         else:
-            assert "SHOAL_NATS_CREDS" not in env
-        if nats["tls"]["enabled"]:
-            mount = mounts[nats["tls"]["mountPath"]]
-            assert volumes[mount["name"]]["secret"]["secretName"] == nats["tls"]["secret"]
+            assert not [e for e in env if e.startswith("SHOAL_NATS_TLS")]
+        # No secret is ever a literal value in the Deployment.
+        assert "SHOAL_NATS_PASSWORD" not in env and "SHOAL_NATS_TOKEN" not in env
     if value_set == "nats-cluster":
         assert nats["replicas"] == 3 and len(nats["url"].split(",")) == 3
+
+
+def two_fleets_with(nats: dict[str, Any]) -> dict[str, Any]:
+    vals = values_file("two-fleets-values.yaml")
+    vals["nats"] = nats
+    return vals
+
+
+def test_nats_user_password_and_tls_on_every_deployment(chart):
+    objects = render_values(
+        chart,
+        two_fleets_with(
+            {
+                "userPassword": {"secret": "nats-user", "userKey": "user", "passwordKey": "pw"},
+                "tls": {"enabled": True, "secret": "nats-tls", "caKey": "ca.pem", "certKey": "c.pem", "keyKey": "k.pem"},
+            }
+        ),
+    )
+    seen = {"server": 0, "ingester": 0}
+    for d, c in containers(objects):
+        seen[component(d)] += 1
+        user = next(e for e in c["env"] if e["name"] == "SHOAL_NATS_USER")
+        assert user == {"name": "SHOAL_NATS_USER", "valueFrom": {"secretKeyRef": {"name": "nats-user", "key": "user"}}}
+        assert_file_from_secret(d, c, "SHOAL_NATS_PASSWORD_FILE", "nats-user", "pw")
+        env = env_of(c)
+        assert env["SHOAL_NATS_TLS_CA"] == "/etc/shoal/nats-tls/ca.pem"
+        assert env["SHOAL_NATS_TLS_CERT"] == "/etc/shoal/nats-tls/c.pem"
+        assert env["SHOAL_NATS_TLS_KEY"] == "/etc/shoal/nats-tls/k.pem"
+        assert_file_from_secret(d, c, "SHOAL_NATS_TLS_CA", "nats-tls", "ca.pem")
+    assert seen == {"server": 1, "ingester": 2}
+
+
+def test_nats_tls_ca_only_and_system_roots(chart):
+    objects = render_values(chart, {"nats": {"tls": {"enabled": True, "secret": "nats-tls", "certKey": "", "keyKey": ""}}})
+    for d, c in containers(objects):
+        env = env_of(c)
+        assert env["SHOAL_NATS_TLS_REQUIRED"] == "true"
+        assert_file_from_secret(d, c, "SHOAL_NATS_TLS_CA", "nats-tls", "ca.crt")
+        assert "SHOAL_NATS_TLS_CERT" not in env and "SHOAL_NATS_TLS_KEY" not in env
+        tls_volume = next(v for v in pod_spec(d)["volumes"] if v["name"] == "nats-tls")
+        assert tls_volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    # No secret: TLS required, the server verified against the image's roots; nothing mounted.
+    objects = render_values(chart, {"nats": {"tls": {"enabled": True}}})
+    for d, c in containers(objects):
+        env = env_of(c)
+        assert env["SHOAL_NATS_TLS_REQUIRED"] == "true"
+        assert not {"SHOAL_NATS_TLS_CA", "SHOAL_NATS_TLS_CERT", "SHOAL_NATS_TLS_KEY"} & set(env)
+        assert "nats-tls" not in {v["name"] for v in pod_spec(d)["volumes"]}
+
+
+def test_nats_token_and_nkey_are_mounted_files(chart):
+    for value, env_name in [("tokenSecret", "SHOAL_NATS_TOKEN_FILE"), ("nkeySecret", "SHOAL_NATS_NKEY")]:
+        objects = render_values(chart, {"nats": {value: {"name": "nats-auth", "key": "k"}}})
+        for d, c in containers(objects):
+            assert_file_from_secret(d, c, env_name, "nats-auth", "k")
+
+
+@pytest.mark.parametrize(
+    "nats, message",
+    [
+        (
+            {"credentialsSecret": {"name": "a"}, "tokenSecret": {"name": "b"}},
+            "one authentication method at most, got credentialsSecret, tokenSecret",
+        ),
+        (
+            {"userPassword": {"secret": "a"}, "nkeySecret": {"name": "b"}},
+            "one authentication method at most, got nkeySecret, userPassword",
+        ),
+        ({"tls": {"enabled": True, "secret": "t", "keyKey": ""}}, "certKey and keyKey go together"),
+        ({"tls": {"enabled": False, "secret": "t"}}, "nats.tls.enabled is false"),
+        ({"tls": {"enabled": True, "secret": "t", "caKey": "", "certKey": "", "keyKey": ""}}, "nothing in nats.tls.secret"),
+    ],
+)
+def test_nats_contradictions_fail_the_render(chart, nats, message):
+    with pytest.raises(helm.HelmError, match=re.escape(message)):
+        chart.render({"nats": nats}, name=RELEASE, namespace=NAMESPACE)
 
 
 # --- probes against the binaries ---------------------------------------------------------------

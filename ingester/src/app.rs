@@ -10,7 +10,8 @@ use crate::metrics::Metrics;
 use crate::ownership::Owners;
 use crate::readiness::Readiness;
 use anyhow::Context;
-use shoal_common::bus::nats::{NatsBus, NatsOptions};
+use shoal_common::bus::nats::NatsBus;
+use shoal_common::bus::nats_args::NatsArgs;
 use shoal_common::bus::StateBus;
 use shoal_common::model::Duration;
 use std::net::SocketAddr;
@@ -74,9 +75,9 @@ pub struct IngesterArgs {
     )]
     pub nats_replicas: usize,
 
-    /// NATS credentials file (`.creds`), if the server requires one.
-    #[arg(long, env = "SHOAL_NATS_CREDS", value_name = "FILE")]
-    pub nats_creds: Option<PathBuf>,
+    /// NATS TLS and authentication.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 
     /// Where to read objects from: `kube` watches Kubernetes (in-cluster config, else
     /// KUBECONFIG) and the remote clusters of its multicluster secrets; `file:DIR` polls
@@ -208,6 +209,9 @@ pub struct IngesterArgs {
     )]
     pub admin_addr: SocketAddr,
 
+    #[command(flatten)]
+    pub debug: shoal_common::admin::DebugArgs,
+
     /// Log filter in RUST_LOG syntax, e.g. `info` or `info,shoal_ingester=debug`.
     #[arg(
         long,
@@ -292,11 +296,13 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
         }
         None => mesh_config::select_all(),
     };
-    let opts = NatsOptions {
-        url: args.nats_url.clone(),
-        replicas: args.nats_replicas,
-        credentials_file: args.nats_creds.clone(),
-    };
+    let opts = args.nats.options(&args.nats_url, args.nats_replicas)?;
+    info!(
+        url = %args.nats_url,
+        auth = opts.auth.method(),
+        tls = opts.tls.is_required(),
+        "connecting to NATS"
+    );
     let bus = NatsBus::connect(&opts)
         .await
         .with_context(|| format!("connecting to the state bus at {}", args.nats_url))?;
@@ -310,6 +316,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
         readiness: readiness.clone(),
         metrics: metrics.clone(),
     };
+    let debug = args.debug.access();
 
     match args.source.clone() {
         SourceSpec::File(dir) => {
@@ -327,7 +334,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
             readiness.require(FILE_READINESS);
             // No lease: the file source always writes, with epoch 0.
             metrics.leader.set(1);
-            tokio::spawn(admin::serve(listener, admin_state));
+            tokio::spawn(admin::serve(listener, debug, admin_state));
             let mut source = FileSource::new(cfg, bus).await?;
             source.set_discovery_selectors(selectors);
             source.set_metrics(metrics);
@@ -386,7 +393,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
             };
             let source =
                 KubeSource::new(cfg, bus, metrics, readiness, selectors, leadership, owners);
-            tokio::spawn(admin::serve(listener, admin_state));
+            tokio::spawn(admin::serve(listener, debug, admin_state));
             let result = tokio::select! {
                 result = source.run(client) => result.map_err(anyhow::Error::from),
                 signal = shutdown_signal() => {

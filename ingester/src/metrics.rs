@@ -49,6 +49,8 @@ pub struct Metrics {
     /// Buckets found to have lost their data (gone, re-created, or behind what this
     /// ingester wrote) and healed: re-created and published again, by bucket.
     pub bus_heals: IntCounterVec,
+    /// 1 when the cluster's token issuer keys were last read successfully, 0 when not.
+    pub issuer_readable: IntGaugeVec,
     /// State per cluster, from which the `clusters` gauge is computed.
     cluster_states: Arc<Mutex<BTreeMap<String, ClusterState>>>,
 }
@@ -118,6 +120,15 @@ impl Metrics {
                 &["cluster"],
             )
             .expect("valid metric"),
+            issuer_readable: IntGaugeVec::new(
+                opts!(
+                    "shoal_ingester_issuer_readable",
+                    "1 when the cluster's service-account token issuer (its keys, which \
+                     servers verify proxy tokens with) was last read successfully, 0 when not."
+                ),
+                &["cluster"],
+            )
+            .expect("valid metric"),
             ready: IntGauge::new("shoal_ingester_ready", "1 once the ingester is ready.")
                 .expect("valid metric"),
             leader: IntGauge::new(
@@ -178,6 +189,7 @@ impl Metrics {
             Box::new(m.cluster_refused.clone()),
             Box::new(m.object_status_writes.clone()),
             Box::new(m.bus_heals.clone()),
+            Box::new(m.issuer_readable.clone()),
         ];
         shoal_common::metrics::register_all(&m.registry, collectors);
         for state in ["synced", "syncing", "refused"] {
@@ -216,6 +228,13 @@ impl Metrics {
             false => ClusterState::Syncing,
         };
         self.set_state(cluster, state);
+    }
+
+    /// Records whether the cluster's token issuer was read.
+    pub fn issuer_readable(&self, cluster: &str, ok: bool) {
+        self.issuer_readable
+            .with_label_values(&[cluster])
+            .set(i64::from(ok));
     }
 
     /// Records that a cluster is not published because `owner` owns it.
@@ -269,6 +288,7 @@ impl Metrics {
             let _ = self.cluster_refused.remove_label_values(&[cluster, &owner]);
         }
         let _ = self.cluster_synced.remove_label_values(&[cluster]);
+        let _ = self.issuer_readable.remove_label_values(&[cluster]);
         // Series of removed clusters would otherwise accumulate with cluster churn.
         for kind in CLUSTER_KINDS {
             for event in EVENTS {

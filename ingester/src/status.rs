@@ -1,15 +1,20 @@
-//! Cluster sync status in `shoal-meta` (key `cluster.<id>`): an [`Envelope`] whose body
-//! is a [`ClusterStatus`], rmp-serde encoded with named fields like every bus value.
+//! Per-cluster records in `shoal-meta`: the sync status (key `cluster.<id>`, a
+//! [`ClusterStatus`]) and the service-account token issuer (key `issuer.<id>`, a
+//! [`ClusterIssuer`]), each an [`Envelope`] rmp-serde encoded with named fields like every
+//! bus value.
 //!
-//! Written only when `synced` or `last_error` changes, compared with what is on the bus,
-//! so a restart with an unchanged cluster writes nothing here either. Only the leader
-//! writes, stamping its lease epoch; at the start of each term the status is read again.
+//! Written only when the record says something new (for the status: `synced` or
+//! `last_error`), compared with what is on the bus, so a restart with an unchanged cluster
+//! writes nothing here either. Only the leader writes, stamping its lease epoch; at the
+//! start of each term the record is read again.
 
 use crate::lease::Leadership;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use shoal_common::bus::{Bucket, StateBus};
 use shoal_common::envelope::{now_ms, Envelope};
 use shoal_common::keys;
+use shoal_common::model::ClusterIssuer;
 use std::sync::Arc;
 use tracing::{debug, warn};
 
@@ -26,32 +31,65 @@ pub struct ClusterStatus {
     pub since_ms: u64,
 }
 
-/// Writes one cluster's status when it changes.
-pub struct StatusWriter {
+/// A record about one cluster in `shoal-meta`, written by the leader when it changes.
+pub trait MetaRecord: Serialize + DeserializeOwned + Clone + Send + Sync {
+    /// What the record is, for logs.
+    const WHAT: &'static str;
+    /// Its key.
+    fn key(cluster: &str) -> String;
+    /// Whether `self` says the same as `other` (a timestamp alone is no change).
+    fn same(&self, other: &Self) -> bool;
+}
+
+impl MetaRecord for ClusterStatus {
+    const WHAT: &'static str = "cluster status";
+    fn key(cluster: &str) -> String {
+        keys::cluster_status_key(cluster)
+    }
+    fn same(&self, other: &Self) -> bool {
+        (self.synced, &self.last_error) == (other.synced, &other.last_error)
+    }
+}
+
+impl MetaRecord for ClusterIssuer {
+    const WHAT: &'static str = "token issuer";
+    fn key(cluster: &str) -> String {
+        keys::issuer_key(cluster)
+    }
+    fn same(&self, other: &Self) -> bool {
+        self == other
+    }
+}
+
+/// Writes one cluster's record of type `T` when it changes.
+pub struct MetaWriter<T> {
     bus: Arc<dyn StateBus>,
     fleet: String,
     cluster: String,
     key: String,
     leadership: Leadership,
-    /// What is on the bus: (synced, last_error); `None` when nothing (readable) is.
-    current: Option<(bool, Option<String>)>,
+    /// What is on the bus; `None` when nothing (readable) is.
+    current: Option<T>,
     /// The epoch (term) `current` was read or written in.
     term: Option<u64>,
 }
 
-impl StatusWriter {
-    /// Reads the status on the bus, so an unchanged status is not rewritten.
+/// Writes one cluster's sync status when it changes.
+pub type StatusWriter = MetaWriter<ClusterStatus>;
+
+impl<T: MetaRecord> MetaWriter<T> {
+    /// Reads the record on the bus, so an unchanged one is not rewritten.
     pub async fn load(
         bus: Arc<dyn StateBus>,
         fleet: &str,
         cluster: &str,
         leadership: Leadership,
-    ) -> StatusWriter {
-        let mut writer = StatusWriter {
+    ) -> MetaWriter<T> {
+        let mut writer = MetaWriter {
             bus,
             fleet: fleet.to_string(),
             cluster: cluster.to_string(),
-            key: keys::cluster_status_key(cluster),
+            key: T::key(cluster),
             term: leadership.current(),
             leadership,
             current: None,
@@ -60,23 +98,23 @@ impl StatusWriter {
         writer
     }
 
-    async fn read(&self) -> Option<(bool, Option<String>)> {
+    async fn read(&self) -> Option<T> {
         match self.bus.get(Bucket::Meta, &self.key).await {
-            // Another fleet's status (the cluster's previous owner) counts as absent: the
-            // first `set` rewrites it as this fleet's.
-            Ok(Some(entry)) => Envelope::<ClusterStatus>::decode(&entry.value)
+            // Another fleet's record (the cluster's previous owner) counts as absent: the
+            // first `put` rewrites it as this fleet's.
+            Ok(Some(entry)) => Envelope::<T>::decode(&entry.value)
                 .ok()
                 .filter(|e| e.fleet == self.fleet)
-                .map(|e| (e.body.synced, e.body.last_error)),
+                .map(|e| e.body),
             Ok(None) => None,
             Err(error) => {
-                debug!(%error, cluster = %self.cluster, "cannot read cluster status; it will be rewritten");
+                debug!(%error, cluster = %self.cluster, what = T::WHAT, "cannot read; it will be rewritten");
                 None
             }
         }
     }
 
-    /// The epoch to write with, if leading; a new term reads the status again first (the
+    /// The epoch to write with, if leading; a new term reads the record again first (the
     /// previous leader may have written it since).
     async fn epoch(&mut self) -> Option<u64> {
         let epoch = self.leadership.current()?;
@@ -87,44 +125,50 @@ impl StatusWriter {
         Some(epoch)
     }
 
-    /// Publishes the status if it differs from what is on the bus.
-    pub async fn set(&mut self, synced: bool, last_error: Option<String>) {
-        let state = (synced, last_error);
+    /// Publishes `record` if it says something else than what is on the bus.
+    pub async fn put(&mut self, record: T) {
         let Some(epoch) = self.epoch().await else {
             return;
         };
-        if self.current.as_ref() == Some(&state) {
+        if self.current.as_ref().is_some_and(|c| c.same(&record)) {
             return;
         }
-        let status = ClusterStatus {
-            cluster: self.cluster.clone(),
-            synced: state.0,
-            last_error: state.1.clone(),
-            since_ms: now_ms(),
+        let now = now_ms();
+        let value = match Envelope::new(self.fleet.as_str(), epoch, now, &record).encode() {
+            Ok(value) => value,
+            Err(error) => {
+                warn!(%error, cluster = %self.cluster, what = T::WHAT, "cannot encode");
+                return;
+            }
         };
-        let value =
-            match Envelope::new(self.fleet.as_str(), epoch, status.since_ms, &status).encode() {
-                Ok(value) => value,
-                Err(error) => {
-                    warn!(%error, cluster = %self.cluster, "cannot encode cluster status");
-                    return;
-                }
-            };
         match self.bus.put(Bucket::Meta, &self.key, value.into()).await {
-            Ok(_) => self.current = Some(state),
-            Err(error) => warn!(%error, cluster = %self.cluster, "cannot publish cluster status"),
+            Ok(_) => self.current = Some(record),
+            Err(error) => warn!(%error, cluster = %self.cluster, what = T::WHAT, "cannot publish"),
         }
     }
 
-    /// Removes the status (the cluster is no longer managed).
+    /// Removes the record (the cluster is no longer managed).
     pub async fn delete(&mut self) {
         if self.epoch().await.is_none() {
             return;
         }
         match self.bus.delete(Bucket::Meta, &self.key).await {
             Ok(()) => self.current = None,
-            Err(error) => warn!(%error, cluster = %self.cluster, "cannot delete cluster status"),
+            Err(error) => warn!(%error, cluster = %self.cluster, what = T::WHAT, "cannot delete"),
         }
+    }
+}
+
+impl MetaWriter<ClusterStatus> {
+    /// Publishes the status if it differs from what is on the bus.
+    pub async fn set(&mut self, synced: bool, last_error: Option<String>) {
+        let status = ClusterStatus {
+            cluster: self.cluster.clone(),
+            synced,
+            last_error,
+            since_ms: now_ms(),
+        };
+        self.put(status).await
     }
 }
 

@@ -28,8 +28,12 @@ pub struct AdminState {
 }
 
 /// Serves the admin endpoints on an already-bound listener until the task is dropped.
-pub async fn serve(listener: TcpListener, state: AdminState) {
-    shoal_common::admin::serve(listener, move |req| route(&state, req)).await
+pub async fn serve(
+    listener: TcpListener,
+    debug: shoal_common::admin::DebugAccess,
+    state: AdminState,
+) {
+    shoal_common::admin::serve(listener, debug, move |req| route(&state, req)).await
 }
 
 fn metrics_response(metrics: &Metrics) -> Response<Body> {

@@ -1,6 +1,7 @@
 //! Command line and wiring of the server binary.
 
 use crate::admin::{self, AdminState};
+use crate::auth::{self, Authenticator, Issuers};
 use crate::generate::cache::GeneratorCache;
 use crate::mesh_config;
 use crate::metrics::Metrics;
@@ -8,10 +9,12 @@ use crate::pipeline::{self, Debounce};
 use crate::push_context::MeshSettings;
 use crate::view::{Generation, Views};
 use crate::xds::listener::{self, ConnectionPolicy};
+use crate::xds::tls::{TlsFiles, TlsServer};
 use crate::xds::{AdsService, Registry};
 use anyhow::Context;
 use clap::Parser;
-use shoal_common::bus::nats::{NatsBus, NatsOptions};
+use shoal_common::bus::nats::NatsBus;
+use shoal_common::bus::nats_args::NatsArgs;
 use shoal_common::bus::StateBus;
 use shoal_common::model::Duration as ConfigDuration;
 use std::net::SocketAddr;
@@ -40,9 +43,9 @@ pub struct ServerArgs {
     )]
     pub nats_replicas: usize,
 
-    /// NATS credentials file (.creds), if the server requires authentication.
-    #[arg(long, env = "SHOAL_NATS_CREDS", value_name = "FILE")]
-    pub nats_creds: Option<PathBuf>,
+    /// NATS TLS and authentication.
+    #[command(flatten)]
+    pub nats: NatsArgs,
 
     /// Standalone mode: read Kubernetes/Istio manifests from DIR (watched for changes) into
     /// an in-process bus. No NATS needed. Mutually exclusive with --nats-url.
@@ -64,14 +67,63 @@ pub struct ServerArgs {
     #[arg(long, env = "SHOAL_MESH_CONFIG", value_name = "FILE")]
     pub mesh_config: Option<PathBuf>,
 
-    /// Address of the gRPC ADS endpoint proxies connect to.
+    /// Address of the plaintext gRPC ADS endpoint (istiod's 15010, e.g. 0.0.0.0:15010).
+    /// Off unless given: its streams are not authenticated (any client may ask for any
+    /// proxy's config), so enable it only on a trusted network.
+    #[arg(long, env = "SHOAL_XDS_ADDR", value_name = "HOST:PORT")]
+    pub xds_addr: Option<SocketAddr>,
+
+    /// Address of the TLS gRPC ADS endpoint (istiod's 15012), served when
+    /// --xds-tls-cert and --xds-tls-key are given. Its streams must authenticate with a
+    /// client certificate (SPIFFE identity) or a Kubernetes service-account token, and get
+    /// only the config of a proxy of their own namespace (and service account).
     #[arg(
         long,
-        env = "SHOAL_XDS_ADDR",
-        default_value = "0.0.0.0:15010",
+        env = "SHOAL_XDS_TLS_ADDR",
+        default_value = "0.0.0.0:15012",
         value_name = "HOST:PORT"
     )]
-    pub xds_addr: SocketAddr,
+    pub xds_tls_addr: SocketAddr,
+
+    /// Serving certificate chain (PEM) of the TLS xDS endpoint; reloaded when it changes.
+    #[arg(
+        long,
+        env = "SHOAL_XDS_TLS_CERT",
+        value_name = "FILE",
+        requires = "xds_tls_key"
+    )]
+    pub xds_tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --xds-tls-cert; reloaded when it changes.
+    #[arg(
+        long,
+        env = "SHOAL_XDS_TLS_KEY",
+        value_name = "FILE",
+        requires = "xds_tls_cert"
+    )]
+    pub xds_tls_key: Option<PathBuf>,
+
+    /// CA certificates (PEM) that verify proxies' client certificates on the TLS endpoint
+    /// (the mesh's root); reloaded when it changes. Without it, proxies authenticate with
+    /// service-account tokens only.
+    #[arg(
+        long,
+        env = "SHOAL_XDS_CLIENT_CA",
+        value_name = "FILE",
+        requires = "xds_tls_cert"
+    )]
+    pub xds_client_ca: Option<PathBuf>,
+
+    /// Audiences a service-account token must have (comma-separated). istio-agent asks
+    /// for `istio-ca` (its TOKEN_AUDIENCE).
+    #[arg(
+        long,
+        env = "SHOAL_TOKEN_AUDIENCES",
+        default_value = crate::auth::DEFAULT_AUDIENCE,
+        value_delimiter = ',',
+        value_name = "AUDIENCE,..."
+    )]
+    pub token_audiences: Vec<String>,
 
     /// Address of the admin HTTP endpoint (/ready, /healthz, /metrics, /debug/*).
     #[arg(
@@ -81,6 +133,9 @@ pub struct ServerArgs {
         value_name = "HOST:PORT"
     )]
     pub admin_addr: SocketAddr,
+
+    #[command(flatten)]
+    pub debug: shoal_common::admin::DebugArgs,
 
     /// Quiet period after the last change before pushing (like PILOT_DEBOUNCE_AFTER).
     #[arg(
@@ -190,14 +245,32 @@ pub struct ServerArgs {
 /// Runs the server until SIGTERM or Ctrl-C.
 pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     shoal_common::logging::init(&args.log_level, args.log_format == "json");
+    if args.xds_addr.is_none() && args.xds_tls_cert.is_none() {
+        anyhow::bail!(
+            "no xDS endpoint to serve: give --xds-tls-cert and --xds-tls-key to serve TLS on \
+             --xds-tls-addr ({}), and/or --xds-addr HOST:PORT to serve plaintext (no \
+             authentication; trusted networks only)",
+            args.xds_tls_addr
+        );
+    }
+    let tls_files = args.xds_tls_cert.clone().map(|cert| TlsFiles {
+        cert,
+        key: args.xds_tls_key.clone().unwrap_or_default(),
+        client_ca: args.xds_client_ca.clone(),
+    });
+    let tls = match &tls_files {
+        Some(files) => Some(TlsServer::load(files).context("cannot serve xDS over TLS")?),
+        None => None,
+    };
     let bus: Arc<dyn StateBus> = match (&args.nats_url, &args.standalone) {
         (Some(url), _) => {
-            let opts = NatsOptions {
-                url: url.clone(),
-                replicas: args.nats_replicas,
-                credentials_file: args.nats_creds.clone(),
-            };
-            tracing::info!(%url, "connecting to NATS");
+            let opts = args.nats.options(url, args.nats_replicas)?;
+            tracing::info!(
+                %url,
+                auth = opts.auth.method(),
+                tls = opts.tls.is_required(),
+                "connecting to NATS"
+            );
             Arc::new(
                 NatsBus::connect(&opts)
                     .await
@@ -222,9 +295,18 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         None => MeshSettings::default(),
     };
     tracing::info!(?settings, "mesh settings");
+    let issuers = Issuers::default();
+    let authenticator = Authenticator::new(
+        issuers.clone(),
+        args.token_audiences.clone(),
+        &settings.trust_domain,
+    );
     let (mesh_tx, mesh_rx) = watch::channel(Arc::new(settings));
     if let Some(path) = args.mesh_config.clone() {
         tokio::spawn(mesh_config::watch(path, mesh_tx));
+    }
+    if tls.is_some() {
+        tokio::spawn(auth::follow_issuers(bus.clone(), issuers, metrics.clone()));
     }
     tokio::spawn(pipeline::run_with_mesh(
         bus,
@@ -242,6 +324,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on admin address {}", args.admin_addr))?;
     tokio::spawn(admin::serve(
         admin_listener,
+        args.debug.access(),
         AdminState {
             snapshots: rx.clone(),
             registry: registry.clone(),
@@ -252,12 +335,10 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         },
     ));
 
-    let xds_listener = listen_backlog(args.xds_addr, XDS_BACKLOG)
-        .with_context(|| format!("cannot listen on xDS address {}", args.xds_addr))?;
-    tracing::info!(xds = %args.xds_addr, admin = %args.admin_addr, "serving");
-    let ads = AdsService::new(rx, registry, metrics)
+    let ads = AdsService::new(rx, registry, metrics.clone())
         .with_push_concurrency(args.push_concurrency)
-        .with_views(views);
+        .with_views(views)
+        .with_auth(authenticator);
     let routes = tonic::service::Routes::new(ads.into_server()).prepare();
     let max_age = args.max_connection_age.get();
     let policy = ConnectionPolicy {
@@ -265,13 +346,37 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         grace: std::time::Duration::from_secs(5),
         drain: args.drain_duration.get(),
     };
-    let server = tokio::spawn(listener::serve(xds_listener, routes, policy, drain_rx));
+    let mut servers = Vec::new();
+    if let (Some(tls), Some(files)) = (tls, tls_files) {
+        let listener = listen_backlog(args.xds_tls_addr, XDS_BACKLOG)
+            .with_context(|| format!("cannot listen on xDS TLS address {}", args.xds_tls_addr))?;
+        tokio::spawn(tls.clone().reload(files, metrics.clone()));
+        tracing::info!(xds_tls = %args.xds_tls_addr, "serving xDS over TLS");
+        servers.push(tokio::spawn(listener::serve(
+            listener,
+            routes.clone(),
+            policy,
+            drain_rx.clone(),
+            Some(tls),
+        )));
+    }
+    if let Some(addr) = args.xds_addr {
+        let listener = listen_backlog(addr, XDS_BACKLOG)
+            .with_context(|| format!("cannot listen on xDS address {addr}"))?;
+        tracing::info!(xds = %addr, "serving plaintext xDS (no authentication)");
+        servers.push(tokio::spawn(listener::serve(
+            listener, routes, policy, drain_rx, None,
+        )));
+    }
+    tracing::info!(admin = %args.admin_addr, "serving");
     shutdown_signal().await;
     // Not ready from now on, so load balancers stop sending new proxies here, then close
     // existing connections gradually.
     let _ = drain_tx.send(true);
-    if let Err(error) = server.await {
-        tracing::warn!(%error, "xDS server task failed during drain");
+    for server in servers {
+        if let Err(error) = server.await {
+            tracing::warn!(%error, "xDS server task failed during drain");
+        }
     }
     tracing::info!("shut down");
     Ok(())

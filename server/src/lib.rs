@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod auth;
 pub mod debug;
 pub mod delegation;
 pub mod destination_rule;

@@ -43,6 +43,7 @@ pub enum MeshConfigError {
 struct MeshConfigFile {
     outbound_traffic_policy: Option<OutboundTrafficPolicy>,
     root_namespace: Option<String>,
+    trust_domain: Option<String>,
 }
 
 /// Parses MeshConfig YAML (or JSON) into the settings, with Istio's defaults for what it
@@ -63,6 +64,10 @@ pub fn parse(text: &str) -> Result<MeshSettings, String> {
             .root_namespace
             .filter(|ns| !ns.is_empty())
             .unwrap_or(defaults.root_namespace),
+        trust_domain: file
+            .trust_domain
+            .filter(|td| !td.is_empty())
+            .unwrap_or(defaults.trust_domain),
     })
 }
 

@@ -48,6 +48,14 @@ pub struct Metrics {
     pub streams_closed: IntCounterVec,
     /// Views with connected proxies (set on scrape).
     pub views: IntGauge,
+    /// Streams on the secure port refused, by reason (see [`crate::auth::AuthError::reason`]).
+    pub auth_refused: IntCounterVec,
+    /// Streams on the secure port authenticated, by credential (`certificate`, `token`).
+    pub auth_accepted: IntCounterVec,
+    /// Reloads of the xDS serving certificate, by result (`ok`, `error`).
+    pub tls_reloads: IntCounterVec,
+    /// Clusters whose token issuer keys are loaded.
+    pub token_issuers: IntGauge,
 }
 
 /// Why an xDS stream ended (the `reason` label of `shoal_xds_streams_closed_total`).
@@ -186,6 +194,36 @@ impl Metrics {
                  with connected proxies.",
             )
             .expect("valid metric"),
+            auth_refused: IntCounterVec::new(
+                opts!(
+                    "shoal_xds_auth_refused_total",
+                    "xDS streams refused on the secure port, by reason."
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
+            auth_accepted: IntCounterVec::new(
+                opts!(
+                    "shoal_xds_auth_accepted_total",
+                    "xDS streams authenticated on the secure port, by credential \
+                     (certificate, token)."
+                ),
+                &["source"],
+            )
+            .expect("valid metric"),
+            tls_reloads: IntCounterVec::new(
+                opts!(
+                    "shoal_xds_tls_reloads_total",
+                    "Loads of the xDS serving certificate and client CA, by result (ok, error)."
+                ),
+                &["result"],
+            )
+            .expect("valid metric"),
+            token_issuers: IntGauge::new(
+                "shoal_token_issuers",
+                "Clusters whose service-account token issuer keys are loaded.",
+            )
+            .expect("valid metric"),
             registry,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -208,6 +246,10 @@ impl Metrics {
             Box::new(m.cache_bytes.clone()),
             Box::new(m.streams_closed.clone()),
             Box::new(m.views.clone()),
+            Box::new(m.auth_refused.clone()),
+            Box::new(m.auth_accepted.clone()),
+            Box::new(m.tls_reloads.clone()),
+            Box::new(m.token_issuers.clone()),
         ];
         shoal_common::metrics::register_all(&m.registry, collectors);
         // Create the series of every known label value, so each documented metric shows
@@ -230,6 +272,15 @@ impl Metrics {
         }
         for reason in CLOSE_REASONS {
             m.streams_closed.with_label_values(&[reason]);
+        }
+        for reason in crate::auth::REFUSAL_REASONS {
+            m.auth_refused.with_label_values(&[reason]);
+        }
+        for source in ["certificate", "token"] {
+            m.auth_accepted.with_label_values(&[source]);
+        }
+        for result in ["ok", "error"] {
+            m.tls_reloads.with_label_values(&[result]);
         }
         for bucket in ["shoal-config", "shoal-services", "shoal-endpoints"] {
             for result in ["applied", "unchanged", "invalid"] {

@@ -58,6 +58,9 @@ pub struct Proxy {
     pub pod_ports: BTreeMap<String, u16>,
     /// Where the proxy runs, for locality load balancing (see [`proxy_locality`]).
     pub locality: Locality,
+    /// The workload's service account (metadata `SERVICE_ACCOUNT`), checked against the
+    /// caller's identity on the secure port ([`crate::auth::authorize`]).
+    pub service_account: Option<String>,
 }
 
 /// A node that does not identify a proxy.
@@ -126,6 +129,9 @@ impl Proxy {
             .map(|json| pod_ports(&json))
             .unwrap_or_default();
         let locality = proxy_locality(&labels, node);
+        let service_account = meta
+            .and_then(|m| string_field(m, "SERVICE_ACCOUNT"))
+            .filter(|sa| !sa.is_empty());
         Ok(Proxy {
             id: node.id.clone(),
             kind,
@@ -137,6 +143,7 @@ impl Proxy {
             interception,
             pod_ports,
             locality,
+            service_account,
         })
     }
 }

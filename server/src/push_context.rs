@@ -123,6 +123,9 @@ pub struct MeshSettings {
     pub outbound_traffic_policy: OutboundTrafficMode,
     /// The namespace whose selector-less Sidecar applies mesh-wide (`rootNamespace`).
     pub root_namespace: String,
+    /// The mesh's trust domain (`trustDomain`): the trust domain of the identities read
+    /// from service-account tokens on the secure xDS port (read at startup).
+    pub trust_domain: String,
 }
 
 impl Default for MeshSettings {
@@ -130,6 +133,7 @@ impl Default for MeshSettings {
         MeshSettings {
             outbound_traffic_policy: OutboundTrafficMode::AllowAny,
             root_namespace: shoal_common::defaults::ROOT_NAMESPACE.into(),
+            trust_domain: shoal_common::defaults::TRUST_DOMAIN.into(),
         }
     }
 }

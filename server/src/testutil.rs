@@ -179,6 +179,7 @@ pub fn sidecar_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         interception: Interception::None,
         pod_ports: BTreeMap::new(),
         locality: Locality::default(),
+        service_account: None,
     }
 }
 
@@ -205,6 +206,7 @@ pub fn router_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         interception: Interception::None,
         pod_ports: BTreeMap::new(),
         locality: Locality::default(),
+        service_account: None,
     }
 }
 

@@ -54,6 +54,8 @@ impl ViewKey {
             id: _,
             ip: _,
             pod: _,
+            // Checked when the stream is authorized; no generator reads it.
+            service_account: _,
             kind,
             namespace,
             labels,

@@ -175,6 +175,9 @@ struct Shared {
     bookmark_interval: tokio::sync::watch::Sender<Duration>,
     counters: Counters,
     faults: Mutex<Faults>,
+    /// Service-account issuer discovery: (issuer, JWKS); `None` serves 404 as an API
+    /// server without it does.
+    issuer: Mutex<Option<(String, Value)>>,
 }
 
 /// Injected faults (test controls).
@@ -189,6 +192,13 @@ struct Faults {
 impl Shared {
     fn faults(&self) -> std::sync::MutexGuard<'_, Faults> {
         self.faults.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn issuer(&self) -> Option<(String, Value)> {
+        self.issuer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn read<T>(&self, f: impl FnOnce(&Store) -> T) -> T {
@@ -328,6 +338,7 @@ impl KubeApiServerBuilder {
             bookmark_interval: tokio::sync::watch::Sender::new(self.bookmark_interval),
             counters: Counters::default(),
             faults: Mutex::default(),
+            issuer: Mutex::new(None),
         });
         let task = tokio::spawn(http::serve(listener, shared.clone()));
         KubeApiServer {
@@ -600,6 +611,13 @@ impl KubeApiServer {
     /// server or a huge cluster. `Duration::ZERO` ends it.
     pub fn set_list_delay(&self, delay: Duration) {
         self.shared.faults().list_delay = delay;
+    }
+
+    /// Serves service-account issuer discovery (`/.well-known/openid-configuration` and
+    /// `/openid/v1/jwks`) with this issuer name and key set.
+    pub fn set_service_account_issuer(&self, issuer: &str, jwks: Value) {
+        *self.shared.issuer.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((issuer.to_string(), jwks));
     }
 
     /// Changes how often watches get bookmarks (open watches included).

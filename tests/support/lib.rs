@@ -35,6 +35,7 @@ pub mod kubeapi;
 pub mod mesh;
 pub mod nats;
 pub mod netns;
+pub mod pki;
 pub mod ports;
 pub mod process;
 pub mod shoal;

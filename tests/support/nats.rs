@@ -34,6 +34,35 @@ impl NatsServer {
         panic!("nats-server did not start: {last}")
     }
 
+    /// Starts a single JetStream server from a generated config file that also holds
+    /// `extra` (e.g. a `tls { ... }` or `authorization { ... }` block), on a free port with
+    /// its own store directory. Readiness is checked on the monitoring port's `/healthz`,
+    /// so it needs no client credentials.
+    pub async fn start_with_config(extra: &str) -> NatsServer {
+        let mut last = String::new();
+        for _ in 0..3 {
+            let (port, monitor) = (free_port(), free_port());
+            let dir = tempfile::tempdir().expect("nats temp dir");
+            let config = format!(
+                "listen: \"127.0.0.1:{port}\"\n\
+                 http: \"127.0.0.1:{monitor}\"\n\
+                 jetstream {{\n  store_dir: \"{store}\"\n}}\n{extra}\n",
+                store = dir.path().join("jetstream").display(),
+            );
+            let config_path = dir.path().join("nats.conf");
+            std::fs::write(&config_path, config).expect("writing nats config");
+            let mut cmd = Command::new("nats-server");
+            cmd.arg("-c").arg(&config_path);
+            let process = Process::spawn(&format!("nats-{port}"), cmd, dir, HINT);
+            let mut server = NatsServer { process, port };
+            match server.wait_healthz(monitor).await {
+                Ok(()) => return server,
+                Err(e) => last = format!("{e}\n{}", server.process.log_tail()),
+            }
+        }
+        panic!("nats-server did not start: {last}")
+    }
+
     /// Starts a three-node JetStream cluster (see [`NatsCluster`]).
     pub async fn cluster3() -> NatsCluster {
         NatsCluster::start(3).await
@@ -74,6 +103,27 @@ impl NatsServer {
                 self.process.log_tail()
             );
         }
+    }
+
+    /// Waits until the monitoring endpoint's `/healthz` (which covers JetStream) answers
+    /// 200, failing early when the process exits.
+    async fn wait_healthz(&mut self, monitor: u16) -> Result<(), String> {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], monitor));
+        let process = &mut self.process;
+        try_eventually(STARTUP, Duration::from_millis(50), || {
+            let exited = process.exited();
+            async move {
+                if let Some(status) = exited {
+                    return Ok(Err(format!("exited with {status}")));
+                }
+                match crate::http::get(addr, "/healthz").await {
+                    Ok(r) if r.status == 200 => Ok(Ok(())),
+                    Ok(r) => Err(format!("/healthz: {} {}", r.status, r.text())),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        })
+        .await?
     }
 
     /// Waits until this server's JetStream API answers without error (for a cluster node:

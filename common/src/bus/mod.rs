@@ -7,6 +7,7 @@
 
 pub mod memory;
 pub mod nats;
+pub mod nats_args;
 
 use async_trait::async_trait;
 use bytes::Bytes;

@@ -15,11 +15,13 @@
 //! re-creates missing buckets, counting each loss in [`StateBus::data_losses`].
 
 use super::{check_size, Bucket, BusError, Entry, Op, StateBus, WatchEvent, WatchStream};
+use crate::secret::Secret;
 use async_nats::jetstream::{self, kv};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -29,23 +31,91 @@ pub const LOSS_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// Options for connecting to NATS.
 #[derive(Debug, Clone)]
 pub struct NatsOptions {
-    /// Server URL(s), comma-separated (`nats://host:4222`).
+    /// Server URL(s), comma-separated (`nats://host:4222`, or `tls://host:4222` to require
+    /// TLS).
     pub url: String,
     /// Replicas of each bucket (1 for a single server, 3 for a JetStream cluster).
     pub replicas: usize,
-    /// Optional credentials file (`.creds`).
-    pub credentials_file: Option<std::path::PathBuf>,
+    /// How shoal authenticates to the server.
+    pub auth: NatsAuth,
+    /// TLS settings.
+    pub tls: NatsTls,
 }
 
 impl NatsOptions {
-    /// Options for one server with single-replica buckets.
+    /// Options for one server with single-replica buckets, no authentication, no TLS
+    /// (unless the URL is `tls://` or the server requires it).
     pub fn new(url: impl Into<String>) -> Self {
         NatsOptions {
             url: url.into(),
             replicas: 1,
-            credentials_file: None,
+            auth: NatsAuth::None,
+            tls: NatsTls::default(),
         }
     }
+}
+
+/// How shoal authenticates to NATS: one method at most. `Debug` never shows a secret.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum NatsAuth {
+    /// No authentication.
+    #[default]
+    None,
+    /// A credentials file (`.creds`: user JWT and nkey seed, decentralized auth).
+    CredentialsFile(PathBuf),
+    /// An nkey seed (`SU...`), signing the server's nonce.
+    NKey(Secret),
+    /// User name and password.
+    UserPassword {
+        /// The user name.
+        user: String,
+        /// The password.
+        password: Secret,
+    },
+    /// An authorization token.
+    Token(Secret),
+}
+
+impl NatsAuth {
+    /// The method's name, for logs.
+    pub fn method(&self) -> &'static str {
+        match self {
+            NatsAuth::None => "none",
+            NatsAuth::CredentialsFile(_) => "creds",
+            NatsAuth::NKey(_) => "nkey",
+            NatsAuth::UserPassword { .. } => "user/password",
+            NatsAuth::Token(_) => "token",
+        }
+    }
+}
+
+/// TLS to NATS.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NatsTls {
+    /// Require TLS even when the server does not ask for it (implied by `ca_file` and
+    /// `client_cert`, and by `tls://` URLs).
+    pub required: bool,
+    /// PEM file of the CA certificate(s) that verify the server; when unset, the system's
+    /// roots verify it.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate for mutual TLS.
+    pub client_cert: Option<ClientCert>,
+}
+
+impl NatsTls {
+    /// Whether shoal insists on TLS.
+    pub fn is_required(&self) -> bool {
+        self.required || self.ca_file.is_some() || self.client_cert.is_some()
+    }
+}
+
+/// A client certificate and its private key, PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    /// Certificate chain, PEM.
+    pub cert_file: PathBuf,
+    /// Private key, PEM.
+    pub key_file: PathBuf,
 }
 
 /// A JetStream KV backed bus. Clones share one connection and what it knows of the
@@ -115,25 +185,20 @@ fn boxed<E: std::error::Error + Send + Sync + 'static>(
     Box::new(e)
 }
 
+/// How long shoal waits for a first connection while the server is unreachable (it may
+/// still be starting). Authentication and TLS failures end the wait at once.
+const FIRST_CONNECT: Duration = Duration::from_secs(30);
+
 impl NatsBus {
     /// Connects and opens (creating when missing) every bucket.
+    ///
+    /// An unreachable server is retried for 30 s; a rejected authentication or a failed
+    /// TLS handshake is an error at once (retrying cannot fix it).
     pub async fn connect(opts: &NatsOptions) -> Result<NatsBus, BusError> {
         let connect_err = |source| BusError::Connect {
             url: opts.url.clone(),
             source,
         };
-        let mut co = async_nats::ConnectOptions::new()
-            .name("shoal")
-            .retry_on_initial_connect()
-            .connection_timeout(std::time::Duration::from_secs(5));
-        if let Some(path) = &opts.credentials_file {
-            co = co
-                .credentials_file(path)
-                .await
-                .map_err(|e| connect_err(boxed(e)))?;
-        }
-        // retry_on_initial_connect makes connect return at once; wait for the first
-        // connection with a bound so a wrong URL is a clear error, not a hang.
         let servers = opts
             .url
             .split(',')
@@ -145,17 +210,26 @@ impl NatsBus {
         if servers.is_empty() {
             return Err(connect_err("no NATS server URL given".into()));
         }
-        let client = co
-            .connect(servers)
-            .await
-            .map_err(|e| connect_err(boxed(e)))?;
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-        while client.connection_state() != async_nats::connection::State::Connected {
-            if tokio::time::Instant::now() > deadline {
-                return Err(connect_err("no connection within 30 s".into()));
+        let deadline = tokio::time::Instant::now() + FIRST_CONNECT;
+        let client = loop {
+            let co = connect_options(opts).await.map_err(connect_err)?;
+            match co.connect(servers.clone()).await {
+                Ok(client) => break client,
+                Err(e) => {
+                    if let Some(reason) = fatal(&e) {
+                        return Err(connect_err(format!("{reason}: {e}").into()));
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(connect_err(
+                            format!("no connection within {FIRST_CONNECT:?}; last error: {e}")
+                                .into(),
+                        ));
+                    }
+                    tracing::debug!(url = %opts.url, error = %e, "NATS not reachable yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
             }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
+        };
         let js = jetstream::new(client);
         let mut stores = HashMap::new();
         let mut known = HashMap::new();
@@ -293,6 +367,74 @@ impl NatsBus {
         }
         Ok(losses)
     }
+}
+
+/// The client options for one connection attempt (files are read again on each attempt,
+/// so a credentials file that appears late is picked up).
+async fn connect_options(
+    opts: &NatsOptions,
+) -> Result<async_nats::ConnectOptions, Box<dyn std::error::Error + Send + Sync>> {
+    let mut co = async_nats::ConnectOptions::new()
+        .name("shoal")
+        .connection_timeout(Duration::from_secs(5));
+    co = match &opts.auth {
+        NatsAuth::None => co,
+        NatsAuth::CredentialsFile(path) => co
+            .credentials_file(path)
+            .await
+            .map_err(|e| format!("reading the NATS credentials file {}: {e}", path.display()))?,
+        NatsAuth::NKey(seed) => co.nkey(seed.expose().to_string()),
+        NatsAuth::UserPassword { user, password } => {
+            co.user_and_password(user.clone(), password.expose().to_string())
+        }
+        NatsAuth::Token(token) => co.token(token.expose().to_string()),
+    };
+    if opts.tls.is_required() {
+        co = co.require_tls(true);
+    }
+    if let Some(ca) = &opts.tls.ca_file {
+        co = co.add_root_certificates(ca.clone());
+    }
+    if let Some(cert) = &opts.tls.client_cert {
+        co = co.add_client_certificate(cert.cert_file.clone(), cert.key_file.clone());
+    }
+    Ok(co)
+}
+
+/// Why a failed connection attempt is not worth retrying, if it is not: the server
+/// rejected the credentials, or TLS failed (bad certificate files, an untrusted or
+/// mismatched server certificate, a rejected client certificate).
+fn fatal(e: &async_nats::ConnectError) -> Option<&'static str> {
+    use async_nats::ConnectErrorKind as Kind;
+    match e.kind() {
+        Kind::AuthorizationViolation => Some(
+            "the NATS server rejected shoal's credentials (check the user and password, \
+             token, nkey or creds file, and the user's permissions)",
+        ),
+        Kind::Authentication => {
+            Some("authenticating to NATS failed (is the nkey seed or creds file valid?)")
+        }
+        Kind::Tls => Some("TLS to NATS failed"),
+        // rustls reports handshake failures (untrusted certificate, alerts) as I/O errors
+        // of kind InvalidData.
+        Kind::Io if io_kind(e) == Some(std::io::ErrorKind::InvalidData) => Some(
+            "the TLS handshake with NATS failed (is the server certificate signed by the \
+             CA given and valid for the host in the URL, does the server have TLS enabled, \
+             does it require a client certificate?)",
+        ),
+        _ => None,
+    }
+}
+
+fn io_kind(e: &async_nats::ConnectError) -> Option<std::io::ErrorKind> {
+    let mut source = std::error::Error::source(e);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        source = err.source();
+    }
+    None
 }
 
 /// Creates a bucket's backing stream with the configuration JetStream KV uses, then opens it.

@@ -4,10 +4,12 @@
 //! `networking.istio.io/v1` field names (camelCase on the wire) so manifests map one to one.
 
 pub mod duration;
+pub mod issuer;
 pub mod istio;
 pub mod service;
 
 pub use duration::{Duration, DurationError};
+pub use issuer::ClusterIssuer;
 pub use istio::*;
 pub use service::*;
 

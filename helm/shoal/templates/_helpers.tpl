@@ -74,6 +74,10 @@ shoal-fleet: {{ . }}
 {{- default (include "shoal.fullname" .) .Values.server.service.name }}
 {{- end }}
 
+{{- define "shoal.server.xdsTlsSecret" -}}
+{{- default (printf "%s-xds-tls" (include "shoal.server.name" .) | trunc 63 | trimSuffix "-") .Values.server.xds.tls.secretName }}
+{{- end }}
+
 {{- define "shoal.server.serviceAccountName" -}}
 {{- default (include "shoal.server.name" .) .Values.server.serviceAccount.name }}
 {{- end }}
@@ -137,58 +141,125 @@ shoal-fleet: {{ . }}
 {{- end }}
 {{- end }}
 
-{{/* NATS settings, as the SHOAL_* environment both binaries read. */}}
+{{/* NATS settings, as the SHOAL_* environment both binaries read. Secrets are files. */}}
 {{- define "shoal.nats.env" -}}
+{{- $n := .Values.nats }}
 - name: SHOAL_NATS_URL
-  value: {{ .Values.nats.url | quote }}
+  value: {{ $n.url | quote }}
 - name: SHOAL_NATS_REPLICAS
-  value: {{ .Values.nats.replicas | quote }}
-{{- if .Values.nats.credentialsSecret.name }}
+  value: {{ $n.replicas | quote }}
+{{- if $n.credentialsSecret.name }}
 - name: SHOAL_NATS_CREDS
-  value: {{ printf "/etc/shoal/nats-creds/%s" .Values.nats.credentialsSecret.key | quote }}
+  value: {{ printf "/etc/shoal/nats-creds/%s" $n.credentialsSecret.key | quote }}
 {{- end }}
+{{- if $n.nkeySecret.name }}
+- name: SHOAL_NATS_NKEY
+  value: {{ printf "/etc/shoal/nats-nkey/%s" $n.nkeySecret.key | quote }}
+{{- end }}
+{{- if $n.userPassword.secret }}
+- name: SHOAL_NATS_USER
+  valueFrom:
+    secretKeyRef:
+      name: {{ $n.userPassword.secret }}
+      key: {{ $n.userPassword.userKey }}
+- name: SHOAL_NATS_PASSWORD_FILE
+  value: {{ printf "/etc/shoal/nats-password/%s" $n.userPassword.passwordKey | quote }}
+{{- end }}
+{{- if $n.tokenSecret.name }}
+- name: SHOAL_NATS_TOKEN_FILE
+  value: {{ printf "/etc/shoal/nats-token/%s" $n.tokenSecret.key | quote }}
+{{- end }}
+{{- if $n.tls.enabled }}
+- name: SHOAL_NATS_TLS_REQUIRED
+  value: "true"
+{{- if and $n.tls.secret $n.tls.caKey }}
+- name: SHOAL_NATS_TLS_CA
+  value: {{ printf "%s/%s" $n.tls.mountPath $n.tls.caKey | quote }}
+{{- end }}
+{{- if and $n.tls.secret $n.tls.certKey }}
+- name: SHOAL_NATS_TLS_CERT
+  value: {{ printf "%s/%s" $n.tls.mountPath $n.tls.certKey | quote }}
+- name: SHOAL_NATS_TLS_KEY
+  value: {{ printf "%s/%s" $n.tls.mountPath $n.tls.keyKey | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* One read-only Secret volume holding one key. Call with (dict "name" "secret" "key"). */}}
+{{- define "shoal.secretVolume" -}}
+- name: {{ .name }}
+  secret:
+    secretName: {{ .secret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .key }}
+        path: {{ .key }}
 {{- end }}
 
 {{/* Volumes every shoal pod has: a writable /tmp (the root filesystem is read-only) and the NATS secrets. */}}
 {{- define "shoal.nats.volumes" -}}
+{{- $n := .Values.nats }}
 - name: tmp
   emptyDir:
     sizeLimit: 64Mi
-{{- if .Values.nats.credentialsSecret.name }}
-- name: nats-creds
-  secret:
-    secretName: {{ .Values.nats.credentialsSecret.name }}
-    defaultMode: 0440
-    items:
-      - key: {{ .Values.nats.credentialsSecret.key }}
-        path: {{ .Values.nats.credentialsSecret.key }}
+{{- if $n.credentialsSecret.name }}
+{{ include "shoal.secretVolume" (dict "name" "nats-creds" "secret" $n.credentialsSecret.name "key" $n.credentialsSecret.key) }}
 {{- end }}
-{{- if .Values.nats.tls.enabled }}
+{{- if $n.nkeySecret.name }}
+{{ include "shoal.secretVolume" (dict "name" "nats-nkey" "secret" $n.nkeySecret.name "key" $n.nkeySecret.key) }}
+{{- end }}
+{{- if $n.userPassword.secret }}
+{{ include "shoal.secretVolume" (dict "name" "nats-password" "secret" $n.userPassword.secret "key" $n.userPassword.passwordKey) }}
+{{- end }}
+{{- if $n.tokenSecret.name }}
+{{ include "shoal.secretVolume" (dict "name" "nats-token" "secret" $n.tokenSecret.name "key" $n.tokenSecret.key) }}
+{{- end }}
+{{- if and $n.tls.enabled $n.tls.secret }}
 - name: nats-tls
   secret:
-    secretName: {{ required "nats.tls.secret is required when nats.tls.enabled" .Values.nats.tls.secret }}
+    secretName: {{ $n.tls.secret }}
     defaultMode: 0440
     items:
-      - key: {{ .Values.nats.tls.caKey }}
-        path: ca.crt
-      - key: {{ .Values.nats.tls.certKey }}
-        path: tls.crt
-      - key: {{ .Values.nats.tls.keyKey }}
-        path: tls.key
+      {{- if $n.tls.caKey }}
+      - key: {{ $n.tls.caKey }}
+        path: {{ $n.tls.caKey }}
+      {{- end }}
+      {{- if $n.tls.certKey }}
+      - key: {{ $n.tls.certKey }}
+        path: {{ $n.tls.certKey }}
+      - key: {{ $n.tls.keyKey }}
+        path: {{ $n.tls.keyKey }}
+      {{- end }}
 {{- end }}
 {{- end }}
 
 {{- define "shoal.nats.volumeMounts" -}}
+{{- $n := .Values.nats }}
 - name: tmp
   mountPath: /tmp
-{{- if .Values.nats.credentialsSecret.name }}
+{{- if $n.credentialsSecret.name }}
 - name: nats-creds
   mountPath: /etc/shoal/nats-creds
   readOnly: true
 {{- end }}
-{{- if .Values.nats.tls.enabled }}
+{{- if $n.nkeySecret.name }}
+- name: nats-nkey
+  mountPath: /etc/shoal/nats-nkey
+  readOnly: true
+{{- end }}
+{{- if $n.userPassword.secret }}
+- name: nats-password
+  mountPath: /etc/shoal/nats-password
+  readOnly: true
+{{- end }}
+{{- if $n.tokenSecret.name }}
+- name: nats-token
+  mountPath: /etc/shoal/nats-token
+  readOnly: true
+{{- end }}
+{{- if and $n.tls.enabled $n.tls.secret }}
 - name: nats-tls
-  mountPath: {{ .Values.nats.tls.mountPath }}
+  mountPath: {{ $n.tls.mountPath }}
   readOnly: true
 {{- end }}
 {{- end }}
@@ -251,8 +322,23 @@ Call with (dict "cfg" TOPOLOGY_SPREAD_VALUES "labels" SELECTOR_LABELS_YAML).
 {{- if gt (len $unlabelledFleets) 1 }}
 {{- fail (printf "ingesters: only one fleet may take the multicluster Secrets without a shoal.io/fleet label (unlabelledSecrets), got %s" (join ", " $unlabelledFleets)) }}
 {{- end }}
-{{- if and .Values.nats.tls.enabled (not .Values.nats.tls.secret) }}
-{{- fail "nats.tls.secret is required when nats.tls.enabled is true" }}
+{{- $n := .Values.nats }}
+{{- $auth := list }}
+{{- if $n.credentialsSecret.name }}{{ $auth = append $auth "credentialsSecret" }}{{ end }}
+{{- if $n.nkeySecret.name }}{{ $auth = append $auth "nkeySecret" }}{{ end }}
+{{- if $n.userPassword.secret }}{{ $auth = append $auth "userPassword" }}{{ end }}
+{{- if $n.tokenSecret.name }}{{ $auth = append $auth "tokenSecret" }}{{ end }}
+{{- if gt (len $auth) 1 }}
+{{- fail (printf "nats: one authentication method at most, got %s" (join ", " $auth)) }}
+{{- end }}
+{{- if ne (empty $n.tls.certKey) (empty $n.tls.keyKey) }}
+{{- fail "nats.tls: certKey and keyKey go together (a client certificate and its key); set both or neither" }}
+{{- end }}
+{{- if and $n.tls.secret (not $n.tls.enabled) }}
+{{- fail "nats.tls.secret is set but nats.tls.enabled is false: enable TLS or remove the secret" }}
+{{- end }}
+{{- if and $n.tls.enabled $n.tls.secret (not $n.tls.caKey) (not $n.tls.certKey) }}
+{{- fail "nats.tls: caKey and certKey are both empty, so nothing in nats.tls.secret would be used" }}
 {{- end }}
 {{- $a := .Values.server.autoscaling }}
 {{- if and $a.enabled (gt (int $a.minReplicas) (int $a.maxReplicas)) }}

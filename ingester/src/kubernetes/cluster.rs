@@ -21,6 +21,7 @@
 //! and deletes nothing.
 
 use super::config::ConfigSide;
+use super::issuer;
 use super::reduce;
 use super::store::{ClusterStore, Dirty, Touched};
 use super::watch::{self, Sink, Tagged, TaskGuard, Update};
@@ -30,13 +31,14 @@ use crate::metrics::{ClusterState, Metrics};
 use crate::ownership::{ClaimError, OwnerEvents, Owners, Standing};
 use crate::publish::{Ownership, Publisher};
 use crate::readiness::Readiness;
-use crate::status::StatusWriter;
+use crate::status::{MetaWriter, StatusWriter};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use shoal_common::bus::StateBus;
 use shoal_common::envelope::now_ms;
+use shoal_common::model::ClusterIssuer;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -176,6 +178,11 @@ struct ClusterTask {
     /// Followed for term changes: a new term publishes everything.
     leadership: Leadership,
     status: StatusWriter,
+    /// The cluster's token issuer, as last read, and its writer.
+    issuer: Option<ClusterIssuer>,
+    issuer_writer: MetaWriter<ClusterIssuer>,
+    /// The last error reading the issuer (logged when it changes).
+    issuer_error: Option<String>,
     store: ClusterStore,
     active: Connection,
     pending: Option<Pending>,
@@ -203,6 +210,8 @@ impl ClusterTask {
         let leadership = ctx.leadership.clone();
         let status =
             StatusWriter::load(ctx.bus.clone(), &ctx.fleet, &id, ctx.leadership.clone()).await;
+        let issuer_writer =
+            MetaWriter::load(ctx.bus.clone(), &ctx.fleet, &id, ctx.leadership.clone()).await;
         let (tx, rx) = mpsc::channel(CHANNEL);
         let ctx_owner_events = ctx.owners.events();
         let config = match config {
@@ -220,6 +229,9 @@ impl ClusterTask {
             publisher,
             leadership,
             status,
+            issuer: None,
+            issuer_writer,
+            issuer_error: None,
             pending: None,
             config,
             next_generation: 0,
@@ -324,13 +336,14 @@ impl ClusterTask {
                 Update::Pod,
             ),
             watch::spawn(
-                Api::<Node>::all(client),
+                Api::<Node>::all(client.clone()),
                 cfg(),
                 "Node".into(),
-                sink,
+                sink.clone(),
                 |node| Ok(Some(Box::new(reduce::node(node)))),
                 Update::Node,
             ),
+            issuer::spawn(client, sink),
         ];
         Connection {
             generation: self.next_generation,
@@ -382,6 +395,7 @@ impl ClusterTask {
                 }
             }
             Update::Secret(_) => {}
+            Update::Issuer(result) => self.issuer_read(result),
             core if generation == self.active.generation => {
                 let namespaces_changed = matches!(core, Update::Namespace(_));
                 let endpoints_only = matches!(core, Update::Slice(_) | Update::Pod(_));
@@ -433,6 +447,31 @@ impl ClusterTask {
         info!(cluster = %self.id, "switched to the new kubeconfig");
         self.dirty.add_all();
         self.schedule();
+    }
+
+    /// Takes a read of the cluster's token issuer; a change is published with the status.
+    fn issuer_read(&mut self, result: Result<ClusterIssuer, String>) {
+        match result {
+            Ok(issuer) => {
+                if self.issuer_error.take().is_some() {
+                    info!(cluster = %self.id, "token issuer readable again");
+                }
+                if self.issuer.as_ref() != Some(&issuer) {
+                    info!(cluster = %self.id, issuer = %issuer.issuer, "token issuer read");
+                    self.issuer = Some(issuer);
+                    self.schedule();
+                }
+            }
+            Err(error) => {
+                if self.issuer_error.as_ref() != Some(&error) {
+                    warn!(cluster = %self.id, %error, "cannot read the cluster's token issuer; proxies of this cluster cannot authenticate with tokens until it is read");
+                    self.issuer_error = Some(error);
+                }
+            }
+        }
+        self.ctx
+            .metrics
+            .issuer_readable(&self.id, self.issuer_error.is_none());
     }
 
     fn schedule(&mut self) {
@@ -612,6 +651,9 @@ impl ClusterTask {
                 .map(|((_, kind), error)| format!("{kind}: {error}"))
                 .or(config_error);
             self.status.set(self.synced, last_error).await;
+            if let Some(issuer) = &self.issuer {
+                self.issuer_writer.put(issuer.clone()).await;
+            }
         }
         let cluster_retry = owned && self.publisher.needs_retry();
         if cluster_retry || config_retry {
@@ -682,9 +724,11 @@ fn apply(store: &mut ClusterStore, update: Update) -> Affects {
         Update::Slice(change) => store.slices.apply(change),
         Update::Pod(change) => store.pods.apply(change),
         Update::Node(change) => store.nodes.apply(change),
-        Update::Crd(_) | Update::Config(..) | Update::Secret(_) | Update::Health { .. } => {
-            Touched::Nothing
-        }
+        Update::Crd(_)
+        | Update::Config(..)
+        | Update::Secret(_)
+        | Update::Issuer(_)
+        | Update::Health { .. } => Touched::Nothing,
     };
     match touched {
         Touched::Nothing => Affects::Nothing,

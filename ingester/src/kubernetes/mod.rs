@@ -18,6 +18,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod issuer;
 pub mod object_status;
 pub mod orphans;
 pub mod reduce;
@@ -42,7 +43,7 @@ use tracing::info;
 pub enum KubeSourceError {
     /// Neither in-cluster config nor a kubeconfig was found or usable.
     #[error("no Kubernetes configuration (in-cluster or KUBECONFIG): {0}")]
-    Infer(#[source] kube::config::InferConfigError),
+    Infer(String),
     /// A client could not be built from the configuration.
     #[error("building the Kubernetes client: {0}")]
     Client(#[source] kube::Error),
@@ -111,11 +112,22 @@ pub fn with_user_agent(mut config: kube::Config, user_agent: &str) -> kube::Conf
     config
 }
 
+/// The first line of a kubeconfig error with every quoted value replaced: YAML parse errors
+/// quote the offending value and print the input around it, which in a kubeconfig may be a
+/// token or a key, and these errors reach logs and `/debug/clusters`.
+pub fn redact_config_error(reason: &str) -> String {
+    static QUOTED: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r#""[^"]*"|`[^`]*`|'[^']*'"#).expect("valid regex")
+    });
+    let first = reason.lines().next().unwrap_or_default();
+    QUOTED.replace_all(first, "<redacted>").into_owned()
+}
+
 /// The client of the config cluster: in-cluster config, else `KUBECONFIG` / `~/.kube/config`.
 pub async fn infer_client(user_agent: &str) -> Result<Client, KubeSourceError> {
     let config = kube::Config::infer()
         .await
-        .map_err(KubeSourceError::Infer)?;
+        .map_err(|e| KubeSourceError::Infer(redact_config_error(&e.to_string())))?;
     info!(server = %config.cluster_url, "connecting to the config cluster");
     Client::try_from(with_user_agent(config, user_agent)).map_err(KubeSourceError::Client)
 }

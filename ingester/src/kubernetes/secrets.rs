@@ -171,7 +171,7 @@ pub async fn client_from_kubeconfig(
 ) -> Result<Client, KubeSourceError> {
     let invalid = |reason: String| KubeSourceError::RemoteKubeconfig {
         cluster: cluster.to_string(),
-        reason,
+        reason: super::redact_config_error(&reason),
     };
     let text = std::str::from_utf8(kubeconfig).map_err(|e| invalid(format!("not UTF-8: {e}")))?;
     let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| invalid(e.to_string()))?;
@@ -515,6 +515,22 @@ async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn kubeconfig_errors_never_carry_its_values() {
+        let token = "eyJhbGciOiJSUzI1NiJ9.secret-token";
+        // A mistyped field whose value is the token: the parser quotes it.
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters: []\nusers:\n- name: u\n  user: {token}\n"
+        );
+        let error = client_from_kubeconfig("east", kubeconfig.as_bytes(), "ua")
+            .await
+            .err()
+            .expect("an invalid kubeconfig")
+            .to_string();
+        assert!(!error.contains("secret-token"), "{error}");
+        assert!(error.contains("east"), "{error}");
+    }
 
     fn secret(name: &str) -> ObjKey {
         ("istio-system".to_string(), name.to_string())

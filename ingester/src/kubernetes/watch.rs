@@ -13,6 +13,7 @@ use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
+use shoal_common::model::ClusterIssuer;
 use shoal_common::model::{ConfigKind, ConfigObject};
 use std::fmt::Debug;
 use tokio::sync::mpsc;
@@ -38,6 +39,8 @@ pub enum Update {
     Config(ConfigKind, Change<Box<ConfigObject>>),
     /// A multicluster Secret.
     Secret(Change<SecretData>),
+    /// The cluster's token issuer was read, or could not be (see [`super::issuer`]).
+    Issuer(Result<ClusterIssuer, String>),
     /// The watch of `kind` failed (it retries with backoff); `None` when it works again.
     Health {
         /// The kind's metric label.

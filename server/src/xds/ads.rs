@@ -6,6 +6,7 @@ use super::registry::Registry;
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
 use super::wire::{self, RequestStream, Responses};
+use crate::auth::{self, Authenticator, Credentials, Issuers};
 use crate::generate::cache::GeneratorCache;
 use crate::metrics::Metrics;
 use crate::pipeline::Published;
@@ -28,6 +29,7 @@ pub struct AdsService {
     next_id: Arc<AtomicU64>,
     push_limit: Arc<Semaphore>,
     views: Views,
+    auth: Authenticator,
 }
 
 /// Default size bound of the generator cache.
@@ -54,7 +56,18 @@ impl AdsService {
                 GeneratorCache::assert_from_env(),
                 metrics,
             ))),
+            auth: Authenticator::new(
+                Issuers::default(),
+                vec![auth::DEFAULT_AUDIENCE.to_string()],
+                shoal_common::defaults::TRUST_DOMAIN,
+            ),
         }
+    }
+
+    /// Authenticates streams of TLS connections with `auth` (see [`crate::auth`]).
+    pub fn with_auth(mut self, auth: Authenticator) -> Self {
+        self.auth = auth;
+        self
     }
 
     /// Uses these views (whose generator cache the admin server's `/debug/cachez` shows).
@@ -93,12 +106,34 @@ impl AdsService {
             .map(|a| a.to_string())
             .unwrap_or_else(|| "unknown".into());
         let id = format!("{peer}-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        // Streams of the secure port must authenticate; the plaintext port's are trusted.
+        let caller = match Credentials::of(&request) {
+            None => None,
+            Some(creds) => match self.auth.authenticate(&creds) {
+                Ok(caller) => {
+                    self.metrics
+                        .auth_accepted
+                        .with_label_values(&[caller.source])
+                        .inc();
+                    Some(caller)
+                }
+                Err(error) => {
+                    self.metrics
+                        .auth_refused
+                        .with_label_values(&[error.reason()])
+                        .inc();
+                    tracing::warn!(conn = %id, %error, "refusing unauthenticated xDS stream");
+                    return error.status().into_http();
+                }
+            },
+        };
         let session = Session::new(
             id,
             mode,
             self.registry.clone(),
             self.metrics.clone(),
             self.views.clone(),
+            caller,
         );
         let ctx = DriveContext {
             snapshots: self.snapshots.clone(),
@@ -365,7 +400,14 @@ mod merge_tests {
         let metrics = Metrics::new();
         let cache = GeneratorCache::new(1 << 20, false, metrics.clone());
         let views = Views::new(Generation::new(cache, 1));
-        let mut session = Session::new("t".into(), Mode::Sotw, Registry::default(), metrics, views);
+        let mut session = Session::new(
+            "t".into(),
+            Mode::Sotw,
+            Registry::default(),
+            metrics,
+            views,
+            None,
+        );
         let node =
             crate::proxy::tests::node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", "ns", &[]);
         session.identify(Some(&node)).expect("valid node");

@@ -10,6 +10,7 @@ mod session;
 mod sotw;
 #[cfg(test)]
 mod tests;
+pub mod tls;
 pub mod wire;
 
 pub use ads::{AdsServer, AdsService};

@@ -3,6 +3,7 @@
 //! behind `/debug/syncz` and metrics.
 
 use super::registry::{Nack, Registry};
+use crate::auth::{authorize, Caller};
 use crate::generate::{Resource, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyKind};
@@ -34,6 +35,8 @@ pub(crate) struct Session {
     pub registry: Registry,
     pub metrics: Metrics,
     views: Views,
+    /// Who opened the stream (secure port); `None` on the plaintext port.
+    caller: Option<Caller>,
     /// Why the stream ended, counted when the session is dropped (`aborted` unless the
     /// stream's driver says otherwise: a panic).
     pub close_reason: &'static str,
@@ -46,6 +49,7 @@ impl Session {
         registry: Registry,
         metrics: Metrics,
         views: Views,
+        caller: Option<Caller>,
     ) -> Session {
         Session {
             id,
@@ -55,6 +59,7 @@ impl Session {
             registry,
             metrics,
             views,
+            caller,
             close_reason: "aborted",
         }
     }
@@ -70,6 +75,16 @@ impl Session {
             return Ok(());
         }
         let proxy = Proxy::from_node(node).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if let Some(caller) = &self.caller {
+            if let Err(error) = authorize(&proxy, caller) {
+                self.metrics
+                    .auth_refused
+                    .with_label_values(&[error.reason()])
+                    .inc();
+                tracing::warn!(conn = %self.id, %error, "refusing xDS stream");
+                return Err(error.status());
+            }
+        }
         tracing::info!(conn = %self.id, node = %proxy.id, kind = ?proxy.kind, mode = ?self.mode, "proxy connected");
         self.registry.add(&self.id, &proxy, self.mode);
         self.metrics

@@ -293,6 +293,16 @@ async fn route(
             json!({"paths": ["/api", "/api/v1", "/apis", "/healthz", "/livez", "/readyz", "/version"]}),
         )),
         ["version"] => get(Some(discovery::version())),
+        [".well-known", "openid-configuration"] => get(shared.issuer().map(|(issuer, _)| {
+            json!({
+                "issuer": issuer,
+                "jwks_uri": format!("{issuer}/openid/v1/jwks"),
+                "response_types_supported": ["id_token"],
+                "subject_types_supported": ["public"],
+                "id_token_signing_alg_values_supported": ["ES256", "RS256"],
+            })
+        })),
+        ["openid", "v1", "jwks"] => get(shared.issuer().map(|(_, jwks)| jwks)),
         ["healthz" | "livez" | "readyz"] => {
             let mut response = Response::new(full("ok"));
             response.headers_mut().insert(

@@ -1,0 +1,247 @@
+//! Test credentials for the secure xDS port: a CA issuing serving and SPIFFE workload
+//! certificates, a cluster's service-account token signer (its JWKS, as the API server
+//! serves it, and tokens as the kubelet projects them for istio-agent), and a gRPC channel
+//! over TLS presenting them.
+
+use base64::Engine;
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A certificate and its key, PEM.
+#[derive(Debug, Clone)]
+pub struct Pem {
+    /// The certificate.
+    pub cert: String,
+    /// The private key (PKCS#8).
+    pub key: String,
+}
+
+impl Pem {
+    /// Writes `<name>.crt` and `<name>.key` into `dir`; returns their paths.
+    pub fn write(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+        let cert = dir.join(format!("{name}.crt"));
+        let key = dir.join(format!("{name}.key"));
+        std::fs::write(&cert, &self.cert).expect("writing a certificate");
+        std::fs::write(&key, &self.key).expect("writing a key");
+        (cert, key)
+    }
+}
+
+/// A certificate authority.
+pub struct TestCa {
+    issuer: Issuer<'static, KeyPair>,
+    /// The CA certificate, PEM.
+    pub cert_pem: String,
+}
+
+impl TestCa {
+    /// A new self-signed root.
+    pub fn new(name: &str) -> TestCa {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let key = KeyPair::generate().expect("CA key");
+        let cert = params.self_signed(&key).expect("CA certificate");
+        TestCa {
+            cert_pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    fn issue(&self, mut params: CertificateParams, purpose: ExtendedKeyUsagePurpose) -> Pem {
+        params.extended_key_usages = vec![purpose];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let key = KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.issuer).expect("certificate");
+        Pem {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
+    /// A serving certificate for `localhost` and 127.0.0.1, with `cn` as its common name.
+    pub fn server(&self, cn: &str) -> Pem {
+        let mut params =
+            CertificateParams::new(vec!["localhost".to_string()]).expect("server params");
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress([127, 0, 0, 1].into()));
+        params.distinguished_name.push(DnType::CommonName, cn);
+        self.issue(params, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// A client certificate with common name `cn` (no SAN).
+    pub fn client(&self, cn: &str) -> Pem {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("client params");
+        params.distinguished_name.push(DnType::CommonName, cn);
+        self.issue(params, ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    /// A workload certificate for `spiffe://cluster.local/ns/<ns>/sa/<sa>`, as Istio's CA
+    /// issues them (URI SAN only).
+    pub fn workload(&self, ns: &str, sa: &str) -> Pem {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("workload params");
+        let uri = format!("spiffe://cluster.local/ns/{ns}/sa/{sa}");
+        params.subject_alt_names = vec![SanType::URI(uri.try_into().expect("SPIFFE URI"))];
+        self.issue(params, ExtendedKeyUsagePurpose::ClientAuth)
+    }
+}
+
+/// A cluster's service-account token signer (ES256).
+pub struct TokenSigner {
+    key: KeyPair,
+    kid: String,
+    /// The issuer name (`iss`).
+    pub issuer: String,
+}
+
+impl TokenSigner {
+    /// A signer with a new key.
+    pub fn new(issuer: &str, kid: &str) -> TokenSigner {
+        TokenSigner {
+            key: KeyPair::generate().expect("signing key"),
+            kid: kid.to_string(),
+            issuer: issuer.to_string(),
+        }
+    }
+
+    /// The JSON Web Key Set an API server serves at `/openid/v1/jwks`.
+    pub fn jwks(&self) -> serde_json::Value {
+        let raw = self.key.public_key_raw();
+        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+        serde_json::json!({"keys": [{
+            "kty": "EC", "crv": "P-256", "use": "sig", "alg": "ES256", "kid": self.kid,
+            "x": b64(&raw[1..33]), "y": b64(&raw[33..65]),
+        }]})
+    }
+
+    /// A projected service-account token of `ns/sa` for `audience`, valid for an hour.
+    pub fn token(&self, ns: &str, sa: &str, audience: &str) -> String {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs();
+        let claims = serde_json::json!({
+            "aud": [audience], "iss": self.issuer, "iat": now, "nbf": now, "exp": now + 3600,
+            "sub": format!("system:serviceaccount:{ns}:{sa}"),
+            "kubernetes.io": {"namespace": ns, "serviceaccount": {"name": sa, "uid": "1"},
+                              "pod": {"name": format!("{sa}-1"), "uid": "2"}},
+        });
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+        header.kid = Some(self.kid.clone());
+        let key = jsonwebtoken::EncodingKey::from_ec_der(&self.key.serialize_der());
+        jsonwebtoken::encode(&header, &claims, &key).expect("signing a token")
+    }
+}
+
+/// A TLS client configuration trusting `ca_pem`, presenting `client` if given.
+pub fn client_config(ca_pem: &str, client: Option<&Pem>) -> rustls::ClientConfig {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.expect("CA PEM")).expect("CA certificate");
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_root_certificates(roots);
+    let mut config = match client {
+        Some(pem) => {
+            let chain = CertificateDer::pem_slice_iter(pem.cert.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .expect("client certificate PEM");
+            let key = PrivateKeyDer::from_pem_slice(pem.key.as_bytes()).expect("client key PEM");
+            builder
+                .with_client_auth_cert(chain, key)
+                .expect("client certificate")
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    config
+}
+
+/// Connects over TLS to `addr` (as `localhost`) and returns the server's leaf certificate.
+pub async fn server_certificate(
+    addr: SocketAddr,
+    config: rustls::ClientConfig,
+) -> anyhow::Result<CertificateDer<'static>> {
+    let stream = tls_connect(addr, config).await?;
+    let certs = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .ok_or_else(|| anyhow::anyhow!("no server certificate"))?;
+    Ok(certs[0].clone().into_owned())
+}
+
+async fn tls_connect(
+    addr: SocketAddr,
+    config: rustls::ClientConfig,
+) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("localhost")?;
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await?)
+}
+
+/// A gRPC channel to `addr` over TLS with `config`.
+pub async fn tls_channel(
+    addr: SocketAddr,
+    config: rustls::ClientConfig,
+) -> anyhow::Result<tonic::transport::Channel> {
+    Ok(tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(TlsConnector {
+            addr,
+            config: Arc::new(config),
+        })
+        .await?)
+}
+
+/// Opens TLS connections for a tonic channel.
+#[derive(Clone)]
+struct TlsConnector {
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+}
+
+type Connecting = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = anyhow::Result<
+                    hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+                >,
+            > + Send,
+    >,
+>;
+
+impl tower_service::Service<tonic::codegen::http::Uri> for TlsConnector {
+    type Response = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+    type Error = anyhow::Error;
+    type Future = Connecting;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: tonic::codegen::http::Uri) -> Self::Future {
+        let (addr, config) = (self.addr, (*self.config).clone());
+        Box::pin(async move {
+            Ok(hyper_util::rt::TokioIo::new(
+                tls_connect(addr, config).await?,
+            ))
+        })
+    }
+}

@@ -1,0 +1,474 @@
+//! The secure xDS port (istiod's 15012): TLS with a certificate reloaded from files, proxy
+//! authentication by SPIFFE client certificate or by Kubernetes service-account token
+//! (verified offline against the issuer keys the ingester reads from the cluster and
+//! publishes on the bus), and authorization of the node id against the identity.
+//!
+//! Real processes: `shoal-server` (standalone, or reading a real nats-server),
+//! `shoal-ingester` against the Kubernetes API test server serving issuer discovery, and a
+//! gRPC ADS client over TLS standing in for Envoy/istio-agent (it shows the exact status
+//! each refusal ends with).
+//!
+//! Run `cargo build --workspace --bins` first.
+
+#[path = "kube_ingest/harness.rs"]
+#[allow(dead_code)] // shared with kube_ingest.rs
+mod harness;
+
+use harness::{config_cluster, Ingester};
+use shoal_proto::pb::envoy::config::core::v3::Node;
+use shoal_proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use shoal_proto::pb::envoy::service::discovery::v3::DiscoveryRequest;
+use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
+use shoal_tests::pki::{self, Pem, TestCa, TokenSigner};
+use shoal_tests::ports::free_addr;
+use shoal_tests::shoal::ShoalServer;
+use shoal_tests::{eventually, NatsServer};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+use tonic::Code;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// What a proxy presents besides its TLS client certificate.
+#[derive(Default)]
+struct Ask<'a> {
+    /// The node's namespace.
+    namespace: &'a str,
+    /// Node metadata `SERVICE_ACCOUNT`.
+    service_account: Option<&'a str>,
+    /// `authorization: Bearer <token>`.
+    token: Option<String>,
+    /// The `clusterid` header istio-agent sends.
+    cluster_id: Option<&'a str>,
+}
+
+/// Opens an ADS stream as a sidecar of `ask.namespace` and asks for clusters: the number
+/// of clusters of the first response, or the status the stream ended with.
+async fn ask_clusters(
+    channel: tonic::transport::Channel,
+    ask: Ask<'_>,
+) -> Result<usize, tonic::Status> {
+    let ns = ask.namespace;
+    let mut fields = std::collections::HashMap::new();
+    let string = |s: &str| Value {
+        kind: Some(Kind::StringValue(s.to_string())),
+    };
+    fields.insert("NAMESPACE".to_string(), string(ns));
+    if let Some(sa) = ask.service_account {
+        fields.insert("SERVICE_ACCOUNT".to_string(), string(sa));
+    }
+    let request = DiscoveryRequest {
+        node: Some(Node {
+            id: format!("sidecar~10.1.0.9~app-1.{ns}~{ns}.svc.cluster.local"),
+            metadata: Some(Struct { fields }),
+            ..Node::default()
+        }),
+        type_url: shoal_proto::CLUSTER_TYPE.to_string(),
+        ..DiscoveryRequest::default()
+    };
+    // Keep the request stream open until the first response.
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(request).await.expect("queueing the request");
+    let mut grpc = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    if let Some(token) = &ask.token {
+        grpc.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("header value"),
+        );
+    }
+    if let Some(cluster) = ask.cluster_id {
+        grpc.metadata_mut()
+            .insert("clusterid", cluster.parse().expect("header value"));
+    }
+    let mut client = AggregatedDiscoveryServiceClient::new(channel);
+    let mut responses = client.stream_aggregated_resources(grpc).await?.into_inner();
+    let first = tokio::time::timeout(TIMEOUT, responses.message())
+        .await
+        .map_err(|_| tonic::Status::deadline_exceeded("no response"))??
+        .ok_or_else(|| tonic::Status::unknown("stream ended without a response"))?;
+    drop(tx);
+    Ok(first.resources.len())
+}
+
+/// `name{label="value"} N` from the server's /metrics (0 when absent).
+async fn metric(server: &ShoalServer, name: &str, label: &str) -> f64 {
+    let text = server.admin_get("/metrics").await.expect("/metrics").text();
+    let series = match label {
+        "" => format!("{name} "),
+        label => format!("{name}{{{label}}} "),
+    };
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Starts a server with TLS on a free port (plus the harness's plaintext port) and returns
+/// it with its TLS address.
+async fn tls_server(
+    state: &[&str],
+    dir: &Path,
+    client_ca: Option<&Path>,
+) -> (ShoalServer, SocketAddr) {
+    let tls_addr = free_addr();
+    let tls = tls_addr.to_string();
+    let (cert, key) = (dir.join("server.crt"), dir.join("server.key"));
+    let mut args: Vec<&str> = state.to_vec();
+    let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    args.extend([
+        "--xds-tls-addr",
+        &tls,
+        "--xds-tls-cert",
+        cert,
+        "--xds-tls-key",
+        key,
+    ]);
+    let ca;
+    if let Some(path) = client_ca {
+        ca = path.to_str().unwrap().to_string();
+        args.extend(["--xds-client-ca", &ca]);
+    }
+    (ShoalServer::start(&args).await, tls_addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_authenticate_and_the_node_must_be_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("mesh root");
+    ca.server("shoal one").write(dir.path(), "server");
+    let ca_path = dir.path().join("ca.crt");
+    std::fs::write(&ca_path, &ca.cert_pem).unwrap();
+    let mesh = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples/mesh");
+    let (server, addr) = tls_server(&["--standalone", mesh], dir.path(), Some(&ca_path)).await;
+
+    let web = ca.workload("demo", "web");
+    let channel = |client: Option<Pem>| {
+        let config = pki::client_config(&ca.cert_pem, client.as_ref());
+        async move { pki::tls_channel(addr, config).await.expect("TLS channel") }
+    };
+    let ask = |namespace, service_account| Ask {
+        namespace,
+        service_account,
+        ..Ask::default()
+    };
+
+    // Its own namespace and service account: config.
+    let clusters = ask_clusters(channel(Some(web.clone())).await, ask("demo", Some("web")))
+        .await
+        .expect("the workload's own config");
+    assert!(clusters > 0, "a sidecar gets clusters");
+    // Another namespace's node id: PermissionDenied, naming both sides.
+    let denied = ask_clusters(channel(Some(web.clone())).await, ask("istio-system", None))
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    assert!(
+        denied
+            .message()
+            .contains("spiffe://cluster.local/ns/demo/sa/web")
+            && denied.message().contains("istio-system"),
+        "{denied:?}"
+    );
+    // Its namespace but another service account: PermissionDenied too.
+    let denied = ask_clusters(channel(Some(web.clone())).await, ask("demo", Some("db")))
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    // No certificate and no token: Unauthenticated.
+    let refused = ask_clusters(channel(None).await, ask("demo", None))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(refused.message().contains("no credentials"), "{refused:?}");
+    // A certificate from another CA does not get past the handshake.
+    let stranger = TestCa::new("elsewhere").workload("demo", "web");
+    let config = pki::client_config(&ca.cert_pem, Some(&stranger));
+    let result = match pki::tls_channel(addr, config).await {
+        Ok(channel) => ask_clusters(channel, ask("demo", None)).await.map(|_| ()),
+        Err(e) => Err(tonic::Status::unavailable(e.to_string())),
+    };
+    assert!(
+        result.is_err(),
+        "a certificate of an unknown CA must be refused"
+    );
+
+    assert_eq!(
+        metric(
+            &server,
+            "shoal_xds_auth_refused_total",
+            "reason=\"forbidden\""
+        )
+        .await,
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &server,
+            "shoal_xds_auth_refused_total",
+            "reason=\"no_credentials\""
+        )
+        .await,
+        1.0
+    );
+    assert!(
+        metric(
+            &server,
+            "shoal_xds_auth_accepted_total",
+            "source=\"certificate\""
+        )
+        .await
+            >= 3.0
+    );
+
+    // The plaintext port (enabled explicitly by the harness) authenticates nothing, as
+    // istiod's 15010.
+    let plain = tonic::transport::Endpoint::from_shared(format!("http://{}", server.xds_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    assert!(ask_clusters(plain, ask("istio-system", None)).await.is_ok());
+
+    // /debug answers on localhost (the harness's admin address is 127.0.0.1).
+    assert_eq!(server.admin_get("/debug/syncz").await.unwrap().status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serving_certificate_is_reloaded_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("mesh root");
+    ca.server("shoal one").write(dir.path(), "server");
+    let mesh = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples/mesh");
+    let (server, addr) = tls_server(&["--standalone", mesh], dir.path(), None).await;
+    let first = pki::server_certificate(addr, pki::client_config(&ca.cert_pem, None))
+        .await
+        .expect("TLS handshake");
+
+    // A broken pair (a certificate without its key yet) keeps the old one in use.
+    let next = ca.server("shoal two");
+    std::fs::write(dir.path().join("server.crt"), &next.cert).unwrap();
+    eventually::eventually(TIMEOUT, Duration::from_millis(200), || async {
+        let errors = metric(&server, "shoal_xds_tls_reloads_total", "result=\"error\"").await;
+        (errors >= 1.0).then_some(()).ok_or("no failed reload yet")
+    })
+    .await;
+    let during = pki::server_certificate(addr, pki::client_config(&ca.cert_pem, None))
+        .await
+        .expect("still serving the previous certificate");
+    assert_eq!(during, first);
+
+    std::fs::write(dir.path().join("server.key"), &next.key).unwrap();
+    let renewed = eventually::try_eventually(TIMEOUT, Duration::from_millis(200), || async {
+        let cert = pki::server_certificate(addr, pki::client_config(&ca.cert_pem, None))
+            .await
+            .map_err(|e| e.to_string())?;
+        if cert == first {
+            return Err("still the first certificate".to_string());
+        }
+        Ok(cert)
+    })
+    .await;
+    assert!(renewed.is_ok(), "{renewed:?}");
+    assert_eq!(
+        metric(&server, "shoal_xds_tls_reloads_total", "result=\"ok\"").await,
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_account_tokens_are_verified_offline_against_the_published_issuer() {
+    let nats = NatsServer::start().await;
+    let cluster = config_cluster().await;
+    let signer = TokenSigner::new(ISSUER, "key-1");
+    cluster.set_service_account_issuer(ISSUER, signer.jwks());
+    let mut ingester = Ingester::start(&nats.url(), &cluster.kubeconfig(), &[]);
+    ingester.wait_ready().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("mesh root");
+    ca.server("shoal").write(dir.path(), "server");
+    let (server, addr) = tls_server(&["--nats-url", &nats.url()], dir.path(), None).await;
+    eventually::eventually(TIMEOUT, Duration::from_millis(200), || async {
+        let issuers = metric(&server, "shoal_token_issuers", "").await;
+        (issuers == 1.0)
+            .then_some(())
+            .ok_or("the issuer is not loaded yet")
+    })
+    .await;
+
+    let channel = || pki::tls_channel(addr, pki::client_config(&ca.cert_pem, None));
+    let token = signer.token("shop", "web", "istio-ca");
+    let with = |namespace, token: String, cluster_id| Ask {
+        namespace,
+        service_account: Some("web"),
+        token: Some(token),
+        cluster_id,
+    };
+
+    // The API server is not asked per connection: no TokenReview.
+    let requests_before = cluster.requests();
+    for _ in 0..20 {
+        let ok = ask_clusters(
+            channel().await.unwrap(),
+            with("shop", token.clone(), Some("Kubernetes")),
+        )
+        .await;
+        assert!(ok.is_ok(), "{ok:?}");
+    }
+    // Without istio-agent's clusterid header every cluster's keys are tried.
+    assert!(
+        ask_clusters(channel().await.unwrap(), with("shop", token.clone(), None))
+            .await
+            .is_ok()
+    );
+    let extra = cluster.requests() - requests_before;
+    assert!(extra <= 2, "{extra} API requests during 21 authentications");
+
+    let refused = |ns, token, cluster_id| async move {
+        ask_clusters(channel().await.unwrap(), with(ns, token, cluster_id))
+            .await
+            .unwrap_err()
+    };
+    let denied = refused("bank", token.clone(), None).await;
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    let wrong_audience = refused("shop", signer.token("shop", "web", "kubernetes"), None).await;
+    assert_eq!(
+        wrong_audience.code(),
+        Code::Unauthenticated,
+        "{wrong_audience:?}"
+    );
+    assert!(
+        wrong_audience.message().contains("InvalidAudience"),
+        "{wrong_audience:?}"
+    );
+    let forged = TokenSigner::new(ISSUER, "key-1").token("shop", "web", "istio-ca");
+    let unknown = refused("shop", forged, None).await;
+    assert_eq!(unknown.code(), Code::Unauthenticated, "{unknown:?}");
+    assert!(
+        unknown.message().contains("no cluster's issuer keys"),
+        "{unknown:?}"
+    );
+    let elsewhere = refused("shop", token.clone(), Some("east")).await;
+    assert_eq!(elsewhere.code(), Code::Unauthenticated, "{elsewhere:?}");
+
+    for (reason, n) in [
+        ("forbidden", 1.0),
+        ("invalid_token", 1.0),
+        ("unknown_issuer", 2.0),
+    ] {
+        let label = format!("reason=\"{reason}\"");
+        assert_eq!(
+            metric(&server, "shoal_xds_auth_refused_total", &label).await,
+            n,
+            "{reason}"
+        );
+    }
+
+    // A new signing key reaches the servers through the ingester (its refresh is minutes;
+    // a restart reads it at once).
+    drop(ingester);
+    let rotated = TokenSigner::new(ISSUER, "key-2");
+    cluster.set_service_account_issuer(ISSUER, rotated.jwks());
+    let mut ingester = Ingester::start(&nats.url(), &cluster.kubeconfig(), &[]);
+    ingester.wait_ready().await;
+    let result = eventually::try_eventually(TIMEOUT, Duration::from_millis(200), || async {
+        let token = rotated.token("shop", "web", "istio-ca");
+        ask_clusters(channel().await.unwrap(), with("shop", token, None))
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    assert!(result.is_ok(), "{result:?}");
+}
+
+/// `bootstrap` with its `xds-grpc` cluster over TLS: the server verified against `ca`, the
+/// proxy presenting `client` (files in `dir`), as istio-agent's Envoy reaches istiod's 15012.
+fn tls_bootstrap(bootstrap: &str, dir: &Path, ca: &TestCa, client: &Pem, name: &str) -> String {
+    let (cert, key) = client.write(dir, name);
+    let ca_path = dir.join("envoy-ca.crt");
+    std::fs::write(&ca_path, &ca.cert_pem).unwrap();
+    let socket = format!(
+        r#"    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: localhost
+        common_tls_context:
+          alpn_protocols: [h2]
+          tls_certificates:
+          - certificate_chain: {{ filename: {cert} }}
+            private_key: {{ filename: {key} }}
+          validation_context:
+            trusted_ca: {{ filename: {ca} }}
+            match_typed_subject_alt_names:
+            - san_type: DNS
+              matcher: {{ exact: localhost }}
+    upstream_connection_options:"#,
+        cert = cert.display(),
+        key = key.display(),
+        ca = ca_path.display(),
+    );
+    let out = bootstrap.replacen("    upstream_connection_options:", &socket, 1);
+    assert_ne!(out, bootstrap, "the bootstrap has an xds-grpc cluster");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gets_its_config_over_tls_with_its_workload_certificate_and_no_other() {
+    use shoal_tests::bootstrap::{bootstrap, bootstrap_with, AdsMode, Node};
+    use shoal_tests::envoy::Envoy;
+    use shoal_tests::ports::free_port;
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("mesh root");
+    ca.server("shoal").write(dir.path(), "server");
+    let ca_path = dir.path().join("ca.crt");
+    std::fs::write(&ca_path, &ca.cert_pem).unwrap();
+    let mesh = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples/mesh");
+    let (server, addr) = tls_server(&["--standalone", mesh], dir.path(), Some(&ca_path)).await;
+
+    // The examples' sidecar (demo/client-1) with the certificate of its own identity.
+    let own = tls_bootstrap(
+        &bootstrap(&Node::sidecar(), free_port(), &[addr]),
+        dir.path(),
+        &ca,
+        &ca.workload("demo", "client"),
+        "client",
+    );
+    // The gateway's node id (istio-system) with demo's certificate, on a delta stream:
+    // refused.
+    let other = tls_bootstrap(
+        &bootstrap_with(&Node::gateway(), free_port(), &[addr], AdsMode::Delta),
+        dir.path(),
+        &ca,
+        &ca.workload("demo", "intruder"),
+        "intruder",
+    );
+    let (envoy, intruder) = tokio::join!(Envoy::start(&own), Envoy::start(&other));
+    let clusters = |dump: &serde_json::Value| dump.to_string().matches("outbound|").count();
+    let got = eventually::try_eventually(TIMEOUT, Duration::from_millis(200), || async {
+        let n = clusters(&envoy.config_dump().await);
+        (n > 0).then_some(n).ok_or("no outbound cluster yet")
+    })
+    .await;
+    assert!(got.is_ok(), "the sidecar got no config over TLS: {got:?}");
+    eventually::eventually(TIMEOUT, Duration::from_millis(200), || async {
+        let denied = metric(
+            &server,
+            "shoal_xds_auth_refused_total",
+            "reason=\"forbidden\"",
+        )
+        .await;
+        (denied >= 1.0)
+            .then_some(())
+            .ok_or("the intruder was not refused yet")
+    })
+    .await;
+    assert_eq!(
+        clusters(&intruder.config_dump().await),
+        0,
+        "the intruder got config"
+    );
+}

@@ -170,6 +170,18 @@ fn stream_name(bucket: Bucket) -> String {
     format!("KV_{}", bucket.name())
 }
 
+/// How far apart two reports of a stream's creation time may be and still be the same
+/// stream: in a JetStream cluster the time reported before the stream has a leader (the
+/// meta leader's assignment) and after (the leader's own) differ by a few milliseconds.
+/// A stream re-created after a data loss is younger by far more.
+const CREATED_TOLERANCE_NANOS: i128 = 2_000_000_000;
+
+/// Whether a stream reported as created at `now` is another stream than one reported as
+/// created at `before`.
+fn recreated(before: async_nats::datetime::DateTime, now: async_nats::datetime::DateTime) -> bool {
+    (now.unix_timestamp_nanos() - before.unix_timestamp_nanos()).abs() > CREATED_TOLERANCE_NANOS
+}
+
 /// Whether a stream lookup failed because the stream does not exist.
 fn not_found(error: &jetstream::context::GetStreamError) -> bool {
     matches!(
@@ -302,10 +314,10 @@ impl NatsBus {
         let mut known = self.known();
         let entry = known.entry(bucket).or_default();
         let before = entry.watched.replace(created);
-        if before.is_some_and(|before| before != created) {
+        if let Some(before) = before.filter(|before| recreated(*before, created)) {
             return Err(BusError::Lost {
                 bucket,
-                reason: "its stream was re-created".into(),
+                reason: format!("its stream was re-created (created {before}, now {created})"),
             });
         }
         Ok(())
@@ -326,7 +338,7 @@ impl NatsBus {
                     let info = stream.cached_info();
                     let mut known = self.known();
                     let entry = known.entry(bucket).or_default();
-                    let replaced = entry.created.is_some_and(|c| c != info.created);
+                    let replaced = entry.created.is_some_and(|c| recreated(c, info.created));
                     let regressed = info.state.last_sequence < written;
                     entry.created = Some(info.created);
                     if replaced || regressed {
@@ -641,7 +653,7 @@ async fn watch_for_loss(
     loop {
         tokio::time::sleep(LOSS_CHECK_INTERVAL).await;
         let reason = match js.get_stream(stream_name(bucket)).await {
-            Ok(stream) if stream.cached_info().created != created => {
+            Ok(stream) if recreated(created, stream.cached_info().created) => {
                 "its stream was re-created".to_string()
             }
             Ok(_) => continue,

@@ -306,6 +306,8 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
     let bus = NatsBus::connect(&opts)
         .await
         .with_context(|| format!("connecting to the state bus at {}", args.nats_url))?;
+    // Only writers heal a bus that lost its data: they know what belongs there.
+    tokio::spawn(crate::bus_guard::run(bus.clone(), metrics.clone()));
     let bus: Arc<dyn StateBus> = Arc::new(bus);
     let listener = admin::bind(args.admin_addr)
         .await
@@ -337,7 +339,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 bus.clone(),
                 cfg.fleet.clone(),
                 readiness.clone(),
-                crate::publish::Leadership::always(),
+                crate::lease::Leadership::always(),
             ));
             let mut source = FileSource::new(cfg, bus).await?;
             source.set_discovery_selectors(selectors);

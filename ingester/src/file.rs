@@ -3,6 +3,14 @@
 //! Polling instead of inotify: it needs no platform dependency, works on every filesystem
 //! (network mounts, Kubernetes ConfigMap volumes), and a 250 ms poll of (mtime, size) per
 //! file is cheap for any realistic manifest directory.
+//!
+//! Files written in place are read half-written now and then: truncated to nothing, or
+//! cut mid-document, which often still parses (as fewer objects). A change that would
+//! drop objects a file has (fewer objects, or the file gone: an editor that renames the
+//! old file away before writing the new one) therefore waits until the file has not
+//! changed for [`DROP_SETTLE`]; a change that only adds or modifies objects applies at
+//! once. Editors' companion files (`.swp` and other dot files, `~` backups, vim's `4913`
+//! probe) are not manifests: only `.yaml`, `.yml` and `.json` files are read.
 
 use crate::error::IngestError;
 use crate::manifest::{self, ParsedFile};
@@ -31,6 +39,10 @@ const FULL_READ_INTERVAL: Duration = Duration::from_secs(10);
 /// A file modified this recently is re-read on every poll: another write within the
 /// filesystem's timestamp granularity could keep its (mtime, size) unchanged.
 const RACY_WINDOW: Duration = Duration::from_secs(2);
+
+/// How long a file must stay unchanged (or absent) before a change that drops some of its
+/// objects applies.
+pub const DROP_SETTLE: Duration = Duration::from_secs(2);
 
 /// Configuration of a [`FileSource`].
 #[derive(Debug, Clone)]
@@ -103,6 +115,11 @@ pub struct FileSource {
     full_read_interval: Duration,
     /// The store changed since the last publish.
     stale: bool,
+    /// Changes that would drop objects, waiting for their file to settle: the content's
+    /// hash (`None`: the file is gone) and when it was first seen.
+    held: BTreeMap<PathBuf, (Option<[u8; 32]>, Instant)>,
+    /// [`DROP_SETTLE`] (zero in tests of what a change does, not when).
+    drop_settle: Duration,
     /// The namespaces to publish (discovery selectors).
     selectors: SelectorsRx,
     metrics: Option<Metrics>,
@@ -139,6 +156,8 @@ impl FileSource {
             // The first round publishes even for an empty directory, so keys left on the
             // bus by an earlier run are swept.
             stale: true,
+            held: BTreeMap::new(),
+            drop_settle: DROP_SETTLE,
             selectors: mesh_config::select_all(),
             metrics: None,
         })
@@ -176,9 +195,15 @@ impl FileSource {
         if full {
             self.last_full_read = Some(Instant::now());
         }
+        let mut holding = BTreeSet::new();
         for change in changes {
+            if let Some(path) = self.hold(&change) {
+                holding.insert(path);
+                continue;
+            }
             self.apply(change);
         }
+        self.held.retain(|path, _| holding.contains(path));
         if self.selectors.has_changed().unwrap_or(false) {
             self.stale = true;
         }
@@ -195,6 +220,43 @@ impl FileSource {
             metrics.published(&report);
         }
         Ok(report)
+    }
+
+    /// Whether a change must wait for its file to settle (see the module docs); returns
+    /// its path if so.
+    fn hold(&mut self, change: &Change) -> Option<PathBuf> {
+        if self.drop_settle.is_zero() {
+            return None;
+        }
+        let (path, version) = match change {
+            Change::Parsed {
+                path,
+                state,
+                parsed,
+            } if self.store.would_drop(path, parsed) => (path, state.hash),
+            Change::Removed(path) if self.store.objects(path).is_some_and(|o| !o.is_empty()) => {
+                (path, None)
+            }
+            _ => return None,
+        };
+        let now = Instant::now();
+        match self.held.get(path) {
+            Some((held, since)) if *held == version => {
+                if now.duration_since(*since) >= self.drop_settle {
+                    self.held.remove(path);
+                    return None;
+                }
+            }
+            _ => {
+                debug!(
+                    file = %path.display(),
+                    settle_ms = self.drop_settle.as_millis() as u64,
+                    "a change drops objects; waiting for the file to settle",
+                );
+                self.held.insert(path.clone(), (version, now));
+            }
+        }
+        Some(path.clone())
     }
 
     fn apply(&mut self, change: Change) {
@@ -456,7 +518,14 @@ mod tests {
             std::fs::write(path, text).unwrap();
         }
 
+        /// A source that applies every change at once (no settling).
         async fn source(&self) -> FileSource {
+            let mut source = self.settling_source().await;
+            source.drop_settle = Duration::ZERO;
+            source
+        }
+
+        async fn settling_source(&self) -> FileSource {
             let cfg = FileSourceConfig {
                 cluster_id: "c1".into(),
                 ..FileSourceConfig::new(self.dir.path())
@@ -699,6 +768,37 @@ mod tests {
             .err()
             .expect("error");
         assert!(err.to_string().contains("not a directory"), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn changes_that_drop_objects_wait_for_the_file_to_settle() {
+        let f = Fixture::new();
+        let two = format!("{SVC}---\n{DR}");
+        f.write("all.yaml", &two);
+        let mut src = f.settling_source().await;
+        src.sync_once().await.unwrap();
+        assert!(f.service().await.is_some());
+        // Truncated, then half-written: nothing is dropped while the file keeps changing.
+        for content in ["", &two[..SVC.len() / 2], ""] {
+            f.write("all.yaml", content);
+            for _ in 0..3 {
+                let r = src.sync_once().await.unwrap();
+                assert_eq!(r.deletes, 0, "{content:?}");
+                tokio::time::advance(Duration::from_millis(500)).await;
+            }
+        }
+        // The complete new content (an edit that drops nothing) applies at once.
+        f.write("all.yaml", &two.replace("9080", "9999"));
+        src.sync_once().await.unwrap();
+        assert_eq!(f.service().await.map(|s| s.ports[0].port), Some(9999));
+        // A removal that lasts applies once the file stayed away for DROP_SETTLE.
+        std::fs::remove_file(f.dir.path().join("all.yaml")).unwrap();
+        let r = src.sync_once().await.unwrap();
+        assert_eq!(r.deletes, 0);
+        tokio::time::advance(DROP_SETTLE).await;
+        let r = src.sync_once().await.unwrap();
+        assert_eq!(r.deletes, 2);
+        assert!(f.service().await.is_none());
     }
 
     #[tokio::test]

@@ -27,7 +27,6 @@
 //! the epoch, and the write deadline, which [`Leadership::current`] checks on every write.
 
 use crate::metrics::Metrics;
-use crate::publish::{Leadership, Term};
 use shoal_common::bus::{Bucket, BusError, Entry, StateBus};
 use shoal_common::envelope::now_ms;
 use shoal_common::keys;
@@ -37,6 +36,83 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::time::{timeout, Instant};
 use tracing::{debug, info, warn};
+
+/// A leadership term as the elector publishes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Term {
+    /// Whether this ingester holds the lease.
+    pub leading: bool,
+    /// The lease epoch stamped into every write of this term (0 without a lease).
+    pub epoch: u64,
+    /// Until when writes are allowed: the holder's own deadline, a safety margin before
+    /// any other replica may consider the lease expired. `None`: no deadline (no lease).
+    pub until: Option<Instant>,
+}
+
+impl Term {
+    /// Not leading.
+    pub fn standby() -> Term {
+        Term {
+            leading: false,
+            epoch: 0,
+            until: None,
+        }
+    }
+}
+
+/// Whether this ingester may write, and with which epoch: the lease state of its fleet
+/// (see the module docs). A publisher that does not lead writes nothing and publishes
+/// everything that differs once it leads. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Leadership {
+    rx: tokio::sync::watch::Receiver<Term>,
+    elected: bool,
+}
+
+impl Leadership {
+    /// Always leading, with epoch 0 and no lease: the file source and standalone mode.
+    pub fn always() -> Leadership {
+        let term = Term {
+            leading: true,
+            epoch: 0,
+            until: None,
+        };
+        Leadership {
+            rx: tokio::sync::watch::channel(term).1,
+            elected: false,
+        }
+    }
+
+    /// Leadership as decided by an election that updates `rx`.
+    pub fn from_watch(rx: tokio::sync::watch::Receiver<Term>) -> Leadership {
+        Leadership { rx, elected: true }
+    }
+
+    /// The epoch to write with if this ingester leads now (within its term's deadline).
+    pub fn current(&self) -> Option<u64> {
+        let term = *self.rx.borrow();
+        let in_time = term.until.is_none_or(|until| Instant::now() < until);
+        (term.leading && in_time).then_some(term.epoch)
+    }
+
+    /// Whether this ingester leads now.
+    pub fn leads(&self) -> bool {
+        self.current().is_some()
+    }
+
+    /// Whether leadership comes from an election (a lease), as opposed to [`Leadership::always`].
+    pub fn is_elected(&self) -> bool {
+        self.elected
+    }
+
+    /// Waits until the term changes (this ingester starts or stops leading). Never
+    /// resolves for [`Leadership::always`].
+    pub async fn changed(&mut self) {
+        if self.rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
 
 /// The shortest lease ttl accepted.
 pub const MIN_TTL: Duration = Duration::from_millis(100);

@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod bus_guard;
 #[cfg(test)]
 mod compat_doc;
 pub mod destination_rule;
@@ -39,4 +40,5 @@ pub mod virtual_service;
 pub use app::{run, IngesterArgs, LogFormat, SourceSpec};
 pub use error::{IngestError, InvalidObject};
 pub use file::{FileSource, FileSourceConfig, DEFAULT_POLL_INTERVAL};
-pub use publish::{Leadership, PublishReport, Publisher, Term};
+pub use lease::{Leadership, Term};
+pub use publish::{PublishReport, Publisher};

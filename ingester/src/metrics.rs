@@ -46,6 +46,9 @@ pub struct Metrics {
     /// Status writes to rejected (and then fixed) Istio config objects, by result
     /// (`written`, `gone`: the object was deleted meanwhile, `error`).
     pub object_status_writes: IntCounterVec,
+    /// Buckets found to have lost their data (gone, re-created, or behind what this
+    /// ingester wrote) and healed: re-created and published again, by bucket.
+    pub bus_heals: IntCounterVec,
     /// 1 when the cluster's token issuer keys were last read successfully, 0 when not.
     pub issuer_readable: IntGaugeVec,
     /// State per cluster, from which the `clusters` gauge is computed.
@@ -162,6 +165,16 @@ impl Metrics {
                 &["result"],
             )
             .expect("valid metric"),
+            bus_heals: IntCounterVec::new(
+                opts!(
+                    "shoal_ingester_bus_heals_total",
+                    "Buckets found to have lost their data (gone, re-created by another \
+                     writer, or with a sequence below what this ingester wrote), after which \
+                     the ingester re-created them and published everything again, by bucket."
+                ),
+                &["bucket"],
+            )
+            .expect("valid metric"),
             cluster_states: Arc::default(),
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -175,6 +188,7 @@ impl Metrics {
             Box::new(m.lease_transitions.clone()),
             Box::new(m.cluster_refused.clone()),
             Box::new(m.object_status_writes.clone()),
+            Box::new(m.bus_heals.clone()),
             Box::new(m.issuer_readable.clone()),
         ];
         shoal_common::metrics::register_all(&m.registry, collectors);
@@ -186,6 +200,9 @@ impl Metrics {
         }
         for result in ["written", "gone", "error"] {
             m.object_status_writes.with_label_values(&[result]);
+        }
+        for bucket in shoal_common::bus::Bucket::ALL {
+            m.bus_heals.with_label_values(&[bucket.name()]);
         }
         m
     }
@@ -271,6 +288,7 @@ impl Metrics {
             let _ = self.cluster_refused.remove_label_values(&[cluster, &owner]);
         }
         let _ = self.cluster_synced.remove_label_values(&[cluster]);
+        let _ = self.issuer_readable.remove_label_values(&[cluster]);
         // Series of removed clusters would otherwise accumulate with cluster churn.
         for kind in CLUSTER_KINDS {
             for event in EVENTS {

@@ -23,7 +23,7 @@
 //! wall clock.
 
 use crate::kubernetes::watch::TaskGuard;
-use crate::publish::Leadership;
+use crate::lease::Leadership;
 use futures::StreamExt;
 use shoal_common::bus::{Bucket, BusError, StateBus, WatchEvent};
 use shoal_common::envelope::now_ms;
@@ -608,7 +608,7 @@ async fn follow(inner: std::sync::Weak<Inner>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::publish::Term;
+    use crate::lease::Term;
     use shoal_common::bus::Op;
     use shoal_common::MemoryBus;
 

@@ -15,19 +15,21 @@
 //! ended. Readers refuse live writes of older epochs ([`shoal_common::lease::fenced`]), and
 //! so does the publisher: a deposed leader's write to an owned key is put right at once.
 
+pub mod plan;
+mod repair;
+
 use crate::error::IngestError;
-use crate::state::{DesiredState, StateKey, StateObject};
-use futures::stream::BoxStream;
-use futures::{FutureExt, StreamExt};
+use crate::lease::Leadership;
+use crate::state::{DesiredState, StateKey};
+use futures::StreamExt;
+use plan::{body_hash, OnBus, PlannedWrite, Stamp};
+use repair::{Live, OnBusMap, Repair};
 use serde::de::IgnoredAny;
-use sha2::{Digest, Sha256};
-use shoal_common::bus::{Bucket, BusError, Entry, Op, StateBus, WatchEvent, MAX_VALUE_BYTES};
+use shoal_common::bus::{Bucket, BusError, Entry, Op, StateBus, WatchEvent};
 use shoal_common::envelope::Envelope;
 use shoal_common::keys;
-use shoal_common::lease::fenced;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 /// What one publish round did (or, from [`Publisher::totals`], all rounds together).
@@ -55,15 +57,6 @@ impl PublishReport {
         self.deletes += other.deletes;
         self.errors += other.errors;
     }
-}
-
-/// What the publisher knows about one owned key on the bus.
-#[derive(Debug, Clone, Copy)]
-struct OnBus {
-    /// sha256 of the body, `None` when the value on the bus did not decode.
-    hash: Option<[u8; 32]>,
-    /// The key's revision, for compare-and-set writes.
-    revision: u64,
 }
 
 /// The keys a publisher writes and deletes.
@@ -116,7 +109,7 @@ impl Ownership {
     }
 
     /// A short description for logs.
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match (&self.cluster, self.config) {
             (Some(c), true) => format!("config and cluster {c}"),
             (Some(c), false) => format!("cluster {c}"),
@@ -126,93 +119,14 @@ impl Ownership {
     }
 }
 
-/// A leadership term as the elector publishes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Term {
-    /// Whether this ingester holds the lease.
-    pub leading: bool,
-    /// The lease epoch stamped into every write of this term (0 without a lease).
-    pub epoch: u64,
-    /// Until when writes are allowed: the holder's own deadline, a safety margin before
-    /// any other replica may consider the lease expired. `None`: no deadline (no lease).
-    pub until: Option<Instant>,
-}
-
-impl Term {
-    /// Not leading.
-    pub fn standby() -> Term {
-        Term {
-            leading: false,
-            epoch: 0,
-            until: None,
-        }
-    }
-}
-
-/// Whether this ingester may write, and with which epoch: the lease state of its fleet
-/// (see [`crate::lease`]). A publisher that does not lead writes nothing and publishes
-/// everything that differs once it leads. Cheap to clone.
-#[derive(Debug, Clone)]
-pub struct Leadership {
-    rx: tokio::sync::watch::Receiver<Term>,
-    elected: bool,
-}
-
-impl Leadership {
-    /// Always leading, with epoch 0 and no lease: the file source and standalone mode.
-    pub fn always() -> Leadership {
-        let term = Term {
-            leading: true,
-            epoch: 0,
-            until: None,
-        };
-        Leadership {
-            rx: tokio::sync::watch::channel(term).1,
-            elected: false,
-        }
-    }
-
-    /// Leadership as decided by an election that updates `rx`.
-    pub fn from_watch(rx: tokio::sync::watch::Receiver<Term>) -> Leadership {
-        Leadership { rx, elected: true }
-    }
-
-    /// The epoch to write with if this ingester leads now (within its term's deadline).
-    pub fn current(&self) -> Option<u64> {
-        let term = *self.rx.borrow();
-        let in_time = term.until.is_none_or(|until| Instant::now() < until);
-        (term.leading && in_time).then_some(term.epoch)
-    }
-
-    /// Whether this ingester leads now.
-    pub fn leads(&self) -> bool {
-        self.current().is_some()
-    }
-
-    /// Whether leadership comes from an election (a lease), as opposed to [`Leadership::always`].
-    pub fn is_elected(&self) -> bool {
-        self.elected
-    }
-
-    /// Waits until the term changes (this ingester starts or stops leading). Never
-    /// resolves for [`Leadership::always`].
-    pub async fn changed(&mut self) {
-        if self.rx.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-/// The watch of the owned buckets kept while leading an elected term, tagged by bucket.
-type LiveWatch = BoxStream<'static, (Bucket, Result<WatchEvent, BusError>)>;
-
 /// Writes a desired state to the bus: the keys of its [`Ownership`].
 ///
 /// Under an elected [`Leadership`] the publisher reads the bus anew at the start of every
 /// term (the previous leader may have written since), writes with the term's epoch, and
-/// keeps watching its buckets while it leads: a write to an owned key by anyone else (a
-/// deposed leader that has not noticed yet, someone deleting a key) is seen at once and
-/// [`Publisher::bus_changed`] asks for a round that puts this leader's value back.
+/// keeps watching its buckets while it leads ([`repair`]): a write to an owned key by
+/// anyone else (a deposed leader that has not noticed yet, someone deleting a key) is seen
+/// at once and [`Publisher::bus_changed`] asks for a round that puts this leader's value
+/// back.
 pub struct Publisher {
     bus: Arc<dyn StateBus>,
     fleet: String,
@@ -220,45 +134,40 @@ pub struct Publisher {
     leadership: Leadership,
     /// For logs.
     owner: String,
-    on_bus: BTreeMap<StateKey, OnBus>,
+    on_bus: OnBusMap,
     /// The epoch `on_bus` was read for; a new epoch (term) reads the bus again first.
     /// `None`: not read yet, or the live watch broke.
     loaded: Option<u64>,
-    /// The watch of the owned buckets, while leading an elected term.
-    live: Option<LiveWatch>,
-    /// Keys this publisher deleted whose delete the live watch has not delivered yet.
-    own_deletes: BTreeSet<StateKey>,
-    /// An owned key carries an epoch newer than this term's: another replica leads, so
-    /// nothing more is written in this term.
-    superseded: Option<u64>,
-    /// Another fleet wrote an owned key since [`Publisher::take_foreign_fleet`]: the caller
-    /// checks that its fleet still owns the keys before it writes them back.
-    foreign_fleet: bool,
+    /// The live watch of the owned buckets and what other writers did.
+    repair: Repair,
+    /// The bus's count of data losses ([`StateBus::data_losses`]), and its value when
+    /// `on_bus` was read: a loss since then means nothing this publisher wrote may be on
+    /// the bus any more, so it reads the bus again and publishes everything.
+    losses: Option<tokio::sync::watch::Receiver<u64>>,
+    loaded_losses: u64,
+    /// The loss count [`Publisher::bus_changed`] last announced (once per loss).
+    announced_losses: u64,
     retry: bool,
     totals: PublishReport,
 }
 
-/// The buckets the publisher writes.
-const BUCKETS: [Bucket; 3] = [Bucket::Config, Bucket::Services, Bucket::Endpoints];
-
-fn sha256(bytes: &[u8]) -> [u8; 32] {
-    Sha256::digest(bytes).into()
-}
-
-/// The body hash of a value on the bus, `None` when it does not decode.
-fn body_hash(bucket: Bucket, key: &str, value: &[u8]) -> Option<[u8; 32]> {
-    let body = StateObject::decode(bucket, value)
-        .map_err(|e| e.to_string())
-        .and_then(|o| o.ok_or_else(|| "bucket holds no model objects".to_string()))
-        .and_then(|o| o.encode_body().map_err(|e| e.to_string()));
-    match body {
-        Ok(body) => Some(sha256(&body)),
-        Err(error) => {
-            debug!(%bucket, key, %error, "value on the bus does not decode; it will be replaced");
-            None
+/// Resolves when the bus's loss count is not `known`; never without a loss count.
+async fn data_lost(losses: Option<tokio::sync::watch::Receiver<u64>>, known: u64) {
+    let Some(mut losses) = losses else {
+        return std::future::pending().await;
+    };
+    loop {
+        if *losses.borrow_and_update() != known {
+            return;
+        }
+        if losses.changed().await.is_err() {
+            return std::future::pending().await;
         }
     }
 }
+
+/// The buckets the publisher writes.
+const BUCKETS: [Bucket; 3] = [Bucket::Config, Bucket::Services, Bucket::Endpoints];
 
 impl Publisher {
     /// A publisher that reads the bus when it first publishes (under `leadership`: when
@@ -269,18 +178,21 @@ impl Publisher {
         ownership: Ownership,
         leadership: Leadership,
     ) -> Publisher {
+        let fleet = fleet.into();
+        let owner = ownership.describe();
+        let losses = bus.data_losses();
         Publisher {
             bus,
-            fleet: fleet.into(),
-            owner: ownership.describe(),
+            losses,
+            loaded_losses: 0,
+            announced_losses: 0,
+            repair: Repair::new(fleet.clone(), owner.clone()),
+            fleet,
+            owner,
             ownership,
             leadership,
             on_bus: BTreeMap::new(),
             loaded: None,
-            live: None,
-            own_deletes: BTreeSet::new(),
-            superseded: None,
-            foreign_fleet: false,
             retry: false,
             totals: PublishReport::default(),
         }
@@ -332,10 +244,11 @@ impl Publisher {
     async fn read_bus(&mut self, epoch: u64) -> Result<(), IngestError> {
         let action = "reading owned state from the bus";
         self.on_bus.clear();
-        self.own_deletes.clear();
-        self.live = None;
-        self.superseded = None;
+        self.repair.reset();
         self.loaded = None;
+        self.loaded_losses = self.losses.as_ref().map_or(0, |l| *l.borrow());
+        self.announced_losses = self.loaded_losses;
+        let elected = self.leadership.is_elected();
         let buckets = self.buckets();
         let mut streams = Vec::new();
         for bucket in &buckets {
@@ -356,7 +269,14 @@ impl Publisher {
                 }
                 // A change after its bucket's initial values: live already.
                 Some((bucket, Ok(WatchEvent::Entry(entry)))) => {
-                    self.record_live(bucket, entry, epoch);
+                    self.repair.record(
+                        &mut self.on_bus,
+                        &self.ownership,
+                        bucket,
+                        entry,
+                        epoch,
+                        elected,
+                    );
                 }
                 Some((bucket, Ok(WatchEvent::InitialDone))) => {
                     pending.remove(&bucket);
@@ -374,8 +294,8 @@ impl Publisher {
             }
         }
         self.loaded = Some(epoch);
-        if self.leadership.is_elected() {
-            self.live = Some(merged.boxed());
+        if elected {
+            self.repair.follow(merged.boxed());
         }
         debug!(
             keys = self.on_bus.len(),
@@ -405,143 +325,28 @@ impl Publisher {
         self.on_bus.insert(key, OnBus { hash, revision });
     }
 
-    /// A live change of a key; returns whether it needs a publish round: another writer
-    /// changed an owned key.
-    fn record_live(&mut self, bucket: Bucket, entry: Entry, epoch: u64) -> bool {
-        if !self.owns(bucket, &entry.key) {
-            return false;
-        }
-        let key = (bucket, entry.key.clone());
-        // This publisher's own write (it knows the revision), or older than what it knows.
-        if self
-            .on_bus
-            .get(&key)
-            .is_some_and(|known| entry.revision <= known.revision)
-        {
-            return false;
-        }
-        match entry.op {
-            Op::Delete => {
-                if self.own_deletes.remove(&key) || self.on_bus.remove(&key).is_none() {
-                    return false;
-                }
-                warn!(
-                    %bucket,
-                    key = %key.1,
-                    fleet = %self.fleet,
-                    epoch,
-                    "an owned key was deleted by another writer; publishing it again"
-                );
-                true
-            }
-            Op::Put => {
-                self.own_deletes.remove(&key);
-                let on_bus = self.foreign(bucket, &key.1, &entry, epoch);
-                self.on_bus.insert(key, on_bus);
-                true
-            }
-        }
-    }
-
-    /// What another writer's value means to this publisher in a term of `epoch`. Under an
-    /// elected leadership, a value from an older epoch is a deposed leader's write and is
-    /// replaced whatever its content (it gets no hash); one from a newer epoch means
-    /// another replica leads now.
-    fn foreign(&mut self, bucket: Bucket, key: &str, entry: &Entry, epoch: u64) -> OnBus {
-        let revision = entry.revision;
-        let head = Envelope::<IgnoredAny>::decode(&entry.value).ok();
-        let written = head.as_ref().map(|h| (h.fleet.as_str(), h.epoch));
-        match written {
-            // Epochs are per fleet: another fleet's write is not compared with this term.
-            Some((fleet, written)) if fleet != self.fleet => {
-                if !self.foreign_fleet {
-                    warn!(
-                        %bucket,
-                        key,
-                        %fleet,
-                        epoch = written,
-                        own_fleet = %self.fleet,
-                        "an owned key was written by another fleet"
-                    );
-                }
-                self.foreign_fleet = true;
-                OnBus {
-                    hash: None,
-                    revision,
-                }
-            }
-            Some((fleet, written))
-                if self.leadership.is_elected() && fenced(written, Some(epoch)) =>
-            {
-                warn!(
-                    %bucket,
-                    key,
-                    %fleet,
-                    epoch = written,
-                    leader_epoch = epoch,
-                    "an owned key was written by a deposed leader; publishing this leader's value again"
-                );
-                OnBus {
-                    hash: None,
-                    revision,
-                }
-            }
-            Some((fleet, written)) if self.leadership.is_elected() && written > epoch => {
-                if self.superseded.is_none() {
-                    warn!(
-                        %bucket,
-                        key,
-                        %fleet,
-                        epoch = written,
-                        leader_epoch = epoch,
-                        "an owned key was written with a newer epoch: another replica leads; \
-                         writing nothing more in this term"
-                    );
-                }
-                self.superseded = Some(written);
-                OnBus {
-                    hash: body_hash(bucket, key, &entry.value),
-                    revision,
-                }
-            }
-            _ => OnBus {
-                hash: body_hash(bucket, key, &entry.value),
-                revision,
-            },
-        }
-    }
-
-    /// Handles an item of the live watch; returns whether it needs a publish round.
-    fn on_live_item(&mut self, item: Option<(Bucket, Result<WatchEvent, BusError>)>) -> bool {
-        let epoch = self.loaded.unwrap_or(0);
-        match item {
-            Some((bucket, Ok(WatchEvent::Entry(entry)))) => self.record_live(bucket, entry, epoch),
-            Some((_, Ok(WatchEvent::InitialDone))) => false,
-            Some((bucket, Err(error))) => {
-                warn!(%bucket, %error, owner = %self.owner, "the watch of owned keys broke; reading the bus again");
-                self.live = None;
-                self.loaded = None;
-                true
-            }
-            None => {
-                warn!(owner = %self.owner, "the watch of owned keys ended; reading the bus again");
-                self.live = None;
-                self.loaded = None;
-                true
-            }
-        }
+    /// Whether the bus lost data since `on_bus` was read.
+    fn bus_lost_data(&self) -> bool {
+        self.losses
+            .as_ref()
+            .is_some_and(|l| *l.borrow() != self.loaded_losses)
     }
 
     /// Handles what the live watch has delivered so far; returns whether a round is needed.
     fn drain_live(&mut self) -> bool {
-        let mut needed = false;
-        while let Some(live) = self.live.as_mut() {
-            let Some(item) = live.next().now_or_never() else {
-                break;
-            };
-            needed |= self.on_live_item(item);
+        let epoch = self.loaded.unwrap_or(0);
+        let elected = self.leadership.is_elected();
+        match self
+            .repair
+            .drain(&mut self.on_bus, &self.ownership, epoch, elected)
+        {
+            Live::Quiet => false,
+            Live::Round => true,
+            Live::Broken => {
+                self.loaded = None;
+                true
+            }
         }
-        needed
     }
 
     /// Resolves when another writer changed an owned key (seen by the live watch, while
@@ -550,20 +355,41 @@ impl Publisher {
     /// watch. Cancel-safe, for `select!` loops.
     pub async fn bus_changed(&mut self) {
         loop {
-            let Some(live) = self.live.as_mut() else {
-                return std::future::pending().await;
+            let losses = self.losses.as_ref().map_or(0, |l| *l.borrow());
+            if losses != self.announced_losses {
+                self.announced_losses = losses;
+                if losses != self.loaded_losses {
+                    self.retry = true;
+                    return;
+                }
+            }
+            let item = tokio::select! {
+                item = self.repair.next() => item,
+                () = data_lost(self.losses.clone(), self.announced_losses) => continue,
             };
-            let item = live.next().await;
             if self.leadership.current() != self.loaded {
                 // The term this watch was opened for is over; the next one reads the bus
                 // again (and watches anew).
-                self.live = None;
+                self.repair.stop();
                 self.loaded = None;
                 continue;
             }
-            if self.on_live_item(item) {
-                self.retry = true;
-                return;
+            let epoch = self.loaded.unwrap_or(0);
+            let elected = self.leadership.is_elected();
+            match self
+                .repair
+                .on_item(&mut self.on_bus, &self.ownership, item, epoch, elected)
+            {
+                Live::Quiet => {}
+                Live::Round => {
+                    self.retry = true;
+                    return;
+                }
+                Live::Broken => {
+                    self.loaded = None;
+                    self.retry = true;
+                    return;
+                }
             }
         }
     }
@@ -575,7 +401,7 @@ impl Publisher {
         if self.drain_live() {
             self.retry = true;
         }
-        std::mem::take(&mut self.foreign_fleet)
+        self.repair.take_foreign_fleet()
     }
 
     /// Whether a key is this publisher's to write and delete.
@@ -592,7 +418,7 @@ impl Publisher {
     /// the last round left bus failures, another writer changed an owned key, or a new
     /// term started (its first round compares everything with the bus).
     pub fn needs_retry(&self) -> bool {
-        if self.retry {
+        if self.retry || self.bus_lost_data() {
             return true;
         }
         let current = self.leadership.current();
@@ -643,8 +469,13 @@ impl Publisher {
             self.retry = true;
             return report;
         };
-        // A new term: what is on the bus now is what the previous leader left.
-        let new_term = self.loaded != Some(epoch);
+        // A new term: what is on the bus now is what the previous leader left. After a
+        // loss of the bus's data, the same: nothing written before may be there.
+        let data_lost = self.bus_lost_data();
+        if data_lost {
+            warn!(owner = %self.owner, epoch, "the bus lost its data; reading it again and publishing everything");
+        }
+        let new_term = self.loaded != Some(epoch) || data_lost;
         if new_term {
             if let Err(error) = self.read_bus(epoch).await {
                 warn!(%error, owner = %self.owner, epoch, "cannot read owned state from the bus; retrying");
@@ -655,37 +486,39 @@ impl Publisher {
             }
         }
         let foreign = self.drain_live();
-        if let Some(newer) = self.superseded {
+        if let Some(newer) = self.repair.superseded() {
             debug!(owner = %self.owner, epoch, newer, "another replica leads; publishing nothing");
             self.retry = true;
             return report;
         }
+        let stamp = Stamp {
+            fleet: &self.fleet,
+            epoch,
+            observed_at_ms,
+        };
+        let plan = plan::plan(desired, &self.on_bus, in_scope, stamp);
+        report.unchanged = plan.unchanged;
+        for error in &plan.invalid {
+            warn!(%error, "publishing failed for this key; its previous value stays");
+            report.errors += 1;
+        }
         let mut bus_failed = false;
         let mut lost = false;
-        for (key, object) in desired {
+        for write in plan.writes {
             if self.leadership.current() != Some(epoch) {
                 lost = true;
                 break;
             }
-            match self.write(key, object, observed_at_ms, epoch).await {
-                Ok(true) => report.writes += 1,
-                Ok(false) => report.unchanged += 1,
+            match self.write(write, epoch).await {
+                Ok(()) => report.writes += 1,
                 Err(error) => {
                     warn!(%error, "publishing failed for this key; its previous value stays");
                     report.errors += 1;
-                    bus_failed |= matches!(error, IngestError::Bus { .. });
+                    bus_failed = true;
                 }
             }
         }
-        // Reverse key order deletes endpoints before their service and config last.
-        let unwanted: Vec<StateKey> = self
-            .on_bus
-            .keys()
-            .rev()
-            .filter(|k| !desired.contains_key(*k) && in_scope(k))
-            .cloned()
-            .collect();
-        for key in unwanted {
+        for key in plan.deletes {
             if lost || self.leadership.current() != Some(epoch) {
                 lost = true;
                 break;
@@ -694,9 +527,7 @@ impl Publisher {
             match self.bus.delete(*bucket, name).await {
                 Ok(()) => {
                     self.on_bus.remove(&key);
-                    if self.live.is_some() {
-                        self.own_deletes.insert(key);
-                    }
+                    self.repair.deleted(key);
                     report.deletes += 1;
                 }
                 Err(source) => {
@@ -736,49 +567,25 @@ impl Publisher {
         report
     }
 
-    /// Writes one key if its body changed; `Ok(false)` when it did not.
-    async fn write(
-        &mut self,
-        key: &StateKey,
-        object: &StateObject,
-        observed_at_ms: u64,
-        epoch: u64,
-    ) -> Result<bool, IngestError> {
-        let (bucket, name) = key;
-        let encode_err = |source| IngestError::Encode {
-            bucket: *bucket,
-            key: name.clone(),
-            source,
-        };
-        let body = object.encode_body().map_err(|e| encode_err(e.into()))?;
-        let hash = sha256(&body);
-        let current = self.on_bus.get(key).copied();
-        if current.and_then(|c| c.hash) == Some(hash) {
-            return Ok(false);
-        }
-        let value = Envelope::new(self.fleet.as_str(), epoch, observed_at_ms, object)
-            .encode()
-            .map_err(encode_err)?;
-        if value.len() > MAX_VALUE_BYTES {
-            return Err(IngestError::TooLarge {
-                bucket: *bucket,
-                key: name.clone(),
-                size: value.len(),
-                limit: MAX_VALUE_BYTES,
-            });
-        }
-        // Compare-and-set against the revision last seen, so a write never silently
-        // replaces a value someone else wrote.
-        let expected = current.map_or(0, |c| c.revision);
+    /// Carries out one planned write: compare-and-set against the revision last seen, so
+    /// a write never silently replaces a value someone else wrote.
+    async fn write(&mut self, write: PlannedWrite, epoch: u64) -> Result<(), IngestError> {
+        let PlannedWrite {
+            key,
+            value,
+            hash,
+            expected,
+        } = write;
+        let (bucket, name) = &key;
         match self.bus.update(*bucket, name, value.into(), expected).await {
             Ok(revision) => {
                 let hash = Some(hash);
-                self.on_bus.insert(key.clone(), OnBus { hash, revision });
-                Ok(true)
+                self.on_bus.insert(key, OnBus { hash, revision });
+                Ok(())
             }
             Err(source) => {
                 if matches!(source, BusError::RevisionMismatch { .. }) {
-                    self.refresh(key, epoch).await;
+                    self.refresh(&key, epoch).await;
                 }
                 Err(IngestError::Bus {
                     action: "writing a changed value",
@@ -794,8 +601,9 @@ impl Publisher {
         let (bucket, name) = key;
         match self.bus.get(*bucket, name).await {
             Ok(Some(entry)) => {
-                let on_bus = self.foreign(*bucket, name, &entry, epoch);
-                self.on_bus.insert(key.clone(), on_bus);
+                let elected = self.leadership.is_elected();
+                let judged = self.repair.judge(*bucket, name, &entry, epoch, elected);
+                self.on_bus.insert(key.clone(), judged);
             }
             Ok(None) => {
                 self.on_bus.remove(key);
@@ -814,9 +622,13 @@ impl Publisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::Term;
+    use crate::state::StateObject;
     use crate::testing::{CountingBus, Counts};
+    use shoal_common::bus::{Entry, MAX_VALUE_BYTES};
     use shoal_common::model::{ObjectMeta, Service, ServicePort};
     use shoal_common::Op;
+    use tokio::time::Instant;
 
     fn service(cluster: &str, name: &str, port: u16) -> (StateKey, StateObject) {
         let key = (

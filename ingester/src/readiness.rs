@@ -4,8 +4,8 @@
 //! timeout`). Once ready it stays ready: a cluster added later, or a watch that restarts,
 //! does not flap readiness.
 
+use crate::lease::Leadership;
 use crate::metrics::Metrics;
-use crate::publish::Leadership;
 use shoal_common::bus::{Bucket, StateBus};
 use shoal_common::keys;
 use shoal_common::synced::{self, SyncedBody};

@@ -220,6 +220,18 @@ impl ManifestStore {
         self.files.insert(path.to_path_buf(), objects);
     }
 
+    /// Whether taking in this parse of a file would drop objects the file has now (a
+    /// parse that fails keeps them all, as does a rejected document of known identity).
+    pub fn would_drop(&self, path: &Path, parsed: &Result<ParsedFile, IngestError>) -> bool {
+        let (Some(previous), Ok(parsed)) = (self.files.get(path), parsed) else {
+            return false;
+        };
+        previous.iter().any(|old| {
+            !parsed.objects.iter().any(|o| o.id == old.id)
+                && !parsed.errors.iter().any(|e| e.id.as_ref() == Some(&old.id))
+        })
+    }
+
     /// Forgets a removed file; true when it was known.
     pub fn remove(&mut self, path: &Path) -> bool {
         self.files.remove(path).is_some()

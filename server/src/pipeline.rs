@@ -6,7 +6,7 @@ use crate::metrics::Metrics;
 use crate::push_context::{MeshSettings, PushContext};
 use crate::store::{ApplyError, Change, MeshState};
 use futures::StreamExt;
-use shoal_common::bus::{Bucket, StateBus, WatchEvent};
+use shoal_common::bus::{Bucket, BusError, StateBus, WatchEvent};
 use shoal_common::model::ConfigKind;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -92,8 +92,17 @@ const WATCHED: [Bucket; 4] = [
     Bucket::Meta,
 ];
 
+/// How long after a bucket that lost its data is replayed the server keeps the keys that
+/// the replay did not bring back: the ingesters re-create the bucket and publish
+/// everything again within seconds, and each key they write counts as seen. Keys still
+/// unseen then were deleted meanwhile.
+pub const LOSS_SWEEP_GRACE: Duration = Duration::from_secs(30);
+
 /// What a bucket watcher task sends to the pipeline.
 enum Feed {
+    /// The bucket lost its data (its stream is gone or was re-created): the next replay
+    /// may be empty or partial, and is not taken for deletes at once.
+    Lost(Bucket),
     /// The watch (re)started: a full replay of the bucket follows.
     Restart(Bucket),
     /// A watch event.
@@ -162,6 +171,13 @@ pub struct Published {
 /// a NATS outage the next attempt is what resyncs the server.
 const REWATCH_MAX_BACKOFF: Duration = Duration::from_secs(1);
 
+/// The longest wait before re-watching a bucket that lost its data.
+const LOST_RETRY: Duration = Duration::from_millis(500);
+
+fn lost(error: &BusError) -> bool {
+    matches!(error, BusError::Lost { .. })
+}
+
 /// Watches one bucket forever, re-creating the watch with backoff when it breaks.
 async fn feed_bucket(bus: Arc<dyn StateBus>, bucket: Bucket, tx: mpsc::Sender<Feed>) {
     let mut backoff = Duration::from_millis(100);
@@ -181,12 +197,27 @@ async fn feed_bucket(bus: Arc<dyn StateBus>, bucket: Bucket, tx: mpsc::Sender<Fe
                         }
                         Err(error) => {
                             tracing::warn!(%bucket, %error, "bus watch broke; re-watching");
+                            if lost(&error) {
+                                if tx.send(Feed::Lost(bucket)).await.is_err() {
+                                    return;
+                                }
+                                // The ingesters re-create it within seconds: look again soon.
+                                backoff = backoff.min(LOST_RETRY);
+                            }
                             break;
                         }
                     }
                 }
             }
-            Err(error) => tracing::warn!(%bucket, %error, "cannot watch bus bucket; retrying"),
+            Err(error) => {
+                tracing::warn!(%bucket, %error, "cannot watch bus bucket; retrying");
+                if lost(&error) {
+                    if tx.send(Feed::Lost(bucket)).await.is_err() {
+                        return;
+                    }
+                    backoff = backoff.min(LOST_RETRY);
+                }
+            }
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(REWATCH_MAX_BACKOFF);
@@ -276,12 +307,14 @@ pub async fn run_gated(
         tokio::select! {
             _ = sleep_until(p.sync_deadline()) => p.sync_timed_out(),
             feed = rx.recv() => match feed {
+                Some(Feed::Lost(bucket)) => p.lost(bucket),
                 Some(Feed::Restart(bucket)) => p.restart(bucket),
                 Some(Feed::Event(bucket, WatchEvent::Entry(entry))) => p.entry(bucket, &entry),
                 Some(Feed::Event(bucket, WatchEvent::InitialDone)) => p.initial_done(bucket),
                 None => return,
             },
             _ = sleep_until(deadline) => {
+                p.sweep_due();
                 if let Some(published) = p.assemble() {
                     if out.send(Some(published)).is_err() {
                         return;
@@ -308,6 +341,11 @@ struct Pipeline {
     initial_pending: BTreeSet<Bucket>,
     /// Keys seen during a replay, per bucket being resynced.
     resync: BTreeMap<Bucket, BTreeSet<String>>,
+    /// Buckets that lost their data and have not been replayed since.
+    lost: BTreeSet<Bucket>,
+    /// Buckets replayed after a loss: the keys seen since, and when the keys still unseen
+    /// are taken as deleted ([`LOSS_SWEEP_GRACE`]).
+    deferred: BTreeMap<Bucket, (BTreeSet<String>, Instant)>,
     /// Buckets past their initial values: their entries are live changes, checked against
     /// the fleets' lease epochs. Replayed values are the latest per key and always apply.
     live: BTreeSet<Bucket>,
@@ -337,6 +375,8 @@ impl Pipeline {
             ctx: Arc::new(PushContext::default()),
             initial_pending: WATCHED.into(),
             resync: BTreeMap::new(),
+            lost: BTreeSet::new(),
+            deferred: BTreeMap::new(),
             live: BTreeSet::new(),
             changes: ChangeSet {
                 full: true,
@@ -415,10 +455,67 @@ impl Pipeline {
         }
     }
 
-    /// When the pending changes are due.
+    /// When the pending changes (or a deferred sweep) are due.
     fn deadline(&self) -> Option<Instant> {
-        self.window
-            .deadline(&self.debounce, self.changes.endpoints_only())
+        let window = self
+            .window
+            .deadline(&self.debounce, self.changes.endpoints_only());
+        let sweep = self.deferred.values().map(|(_, at)| *at).min();
+        match (window, sweep) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// A bucket lost its data: its next replay is not taken for deletes at once.
+    fn lost(&mut self, bucket: Bucket) {
+        if self.lost.insert(bucket) {
+            tracing::warn!(
+                %bucket,
+                "bus bucket lost its data; keeping the last good state until the ingesters \
+                 publish it again"
+            );
+        }
+    }
+
+    /// Takes the keys still unseen in buckets whose grace after a loss is over as deleted.
+    fn sweep_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<Bucket> = self
+            .deferred
+            .iter()
+            .filter(|(_, (_, at))| *at <= now)
+            .map(|(b, _)| *b)
+            .collect();
+        for bucket in due {
+            if let Some((seen, _)) = self.deferred.remove(&bucket) {
+                let swept = self.sweep(bucket, &seen);
+                tracing::info!(%bucket, swept, "grace after the bucket's data loss is over; unseen keys deleted");
+            }
+        }
+    }
+
+    /// Deletes the held keys of `bucket` that are not in `seen`; returns how many.
+    fn sweep(&mut self, bucket: Bucket, seen: &BTreeSet<String>) -> usize {
+        let gone: Vec<String> = self
+            .state
+            .keys(bucket)
+            .into_iter()
+            .filter(|k| !seen.contains(k))
+            .collect();
+        let count = gone.len();
+        for key in gone {
+            let tombstone = shoal_common::bus::Entry {
+                key,
+                value: Default::default(),
+                revision: 0,
+                op: shoal_common::bus::Op::Delete,
+            };
+            if let Ok((change, _)) = self.state.apply(bucket, &tombstone) {
+                self.record(&change, None);
+            }
+        }
+        count
     }
 
     fn mesh_changed(&mut self, mesh: Arc<MeshSettings>) {
@@ -443,6 +540,9 @@ impl Pipeline {
     /// previous value), and recorded as a change.
     fn entry(&mut self, bucket: Bucket, entry: &shoal_common::bus::Entry) {
         if let Some(seen) = self.resync.get_mut(&bucket) {
+            seen.insert(entry.key.clone());
+        }
+        if let Some((seen, _)) = self.deferred.get_mut(&bucket) {
             seen.insert(entry.key.clone());
         }
         if bucket == Bucket::Meta && entry.op == shoal_common::bus::Op::Put {
@@ -503,22 +603,24 @@ impl Pipeline {
     fn initial_done(&mut self, bucket: Bucket) {
         self.live.insert(bucket);
         if let Some(seen) = self.resync.remove(&bucket) {
-            let gone: Vec<String> = self
-                .state
-                .keys(bucket)
-                .into_iter()
-                .filter(|k| !seen.contains(k))
-                .collect();
-            for key in gone {
-                let tombstone = shoal_common::bus::Entry {
-                    key,
-                    value: Default::default(),
-                    revision: 0,
-                    op: shoal_common::bus::Op::Delete,
-                };
-                if let Ok((change, _)) = self.state.apply(bucket, &tombstone) {
-                    self.record(&change, None);
-                }
+            // After a loss the replay may be empty or partial: the sweep waits until the
+            // ingesters had time to publish everything again.
+            let after_loss = self.lost.remove(&bucket) || self.deferred.contains_key(&bucket);
+            if after_loss {
+                let at = Instant::now() + LOSS_SWEEP_GRACE;
+                let (all, _) = self
+                    .deferred
+                    .entry(bucket)
+                    .or_insert_with(|| (BTreeSet::new(), at));
+                all.extend(seen);
+                tracing::info!(
+                    %bucket,
+                    keys = all.len(),
+                    grace_s = LOSS_SWEEP_GRACE.as_secs(),
+                    "replayed a bucket after its data loss; keys not seen again are kept for the grace"
+                );
+            } else {
+                self.sweep(bucket, &seen);
             }
         }
         if self.initial_pending.remove(&bucket) && self.initial_pending.is_empty() {

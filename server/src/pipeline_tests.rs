@@ -473,3 +473,124 @@ async fn the_sync_timeout_serves_without_missing_fleets() {
     assert_eq!(metrics.sync_timed_out.get(), 1);
     assert_eq!(metrics.fleets_waiting.get(), 0);
 }
+
+/// A memory bus that can lose all its data, as a nats-server that comes back without its
+/// store: every open watch ends with `BusError::Lost` and the buckets start empty.
+#[derive(Clone)]
+struct LossyBus {
+    inner: Arc<std::sync::Mutex<MemoryBus>>,
+    losses: watch::Sender<u64>,
+}
+
+impl LossyBus {
+    fn new(bus: MemoryBus) -> LossyBus {
+        LossyBus {
+            inner: Arc::new(std::sync::Mutex::new(bus)),
+            losses: watch::channel(0).0,
+        }
+    }
+
+    fn bus(&self) -> MemoryBus {
+        self.inner.lock().unwrap().clone()
+    }
+
+    fn lose_everything(&self) {
+        *self.inner.lock().unwrap() = MemoryBus::new();
+        self.losses.send_modify(|n| *n += 1);
+    }
+}
+
+#[async_trait]
+impl StateBus for LossyBus {
+    async fn get(&self, bucket: Bucket, key: &str) -> Result<Option<Entry>, BusError> {
+        self.bus().get(bucket, key).await
+    }
+    async fn put(&self, bucket: Bucket, key: &str, value: Bytes) -> Result<u64, BusError> {
+        self.bus().put(bucket, key, value).await
+    }
+    async fn update(
+        &self,
+        bucket: Bucket,
+        key: &str,
+        value: Bytes,
+        expected: u64,
+    ) -> Result<u64, BusError> {
+        self.bus().update(bucket, key, value, expected).await
+    }
+    async fn delete(&self, bucket: Bucket, key: &str) -> Result<(), BusError> {
+        self.bus().delete(bucket, key).await
+    }
+    async fn keys(&self, bucket: Bucket) -> Result<Vec<String>, BusError> {
+        self.bus().keys(bucket).await
+    }
+    async fn watch(&self, bucket: Bucket) -> Result<WatchStream, BusError> {
+        use futures::StreamExt;
+        let stream = self.bus().watch(bucket).await?;
+        let mut losses = self.losses.subscribe();
+        let lost = futures::stream::once(async move {
+            let _ = losses.changed().await;
+            Err(BusError::Lost {
+                bucket,
+                reason: "test".into(),
+            })
+        });
+        Ok(futures::stream::select(stream, lost)
+            .take_while(|item| futures::future::ready(item.is_ok()))
+            .chain(futures::stream::once(futures::future::ready(Err(
+                BusError::Lost {
+                    bucket,
+                    reason: "test".into(),
+                },
+            ))))
+            .boxed())
+    }
+}
+
+/// After the bus loses its data, the server keeps every key through the empty replay,
+/// applies what is written again, and deletes the keys nobody wrote again only after the
+/// grace.
+#[tokio::test(start_paused = true)]
+async fn a_bus_that_lost_its_data_is_not_taken_for_mass_deletes() {
+    let seeded = seeded_bus().await;
+    write(
+        &seeded,
+        Bucket::Services,
+        service_put(&service("default", "gone", &[("http", 80)])),
+    )
+    .await;
+    let bus = LossyBus::new(seeded);
+    let mut rx = start(Arc::new(bus.clone()), DEBOUNCE);
+    let first = next(&mut rx).await;
+    assert_eq!(first.snapshot.ctx.services.len(), 2);
+
+    bus.lose_everything();
+    sleep(Duration::from_secs(5)).await;
+    let now = rx.borrow().clone().expect("a snapshot");
+    assert_eq!(
+        now.snapshot.number, first.snapshot.number,
+        "nothing published"
+    );
+
+    // The ingester publishes again: `reviews` (changed) but not `gone`.
+    write(
+        &bus.bus(),
+        Bucket::Services,
+        service_put(&service("default", "reviews", &[("http", 9081)])),
+    )
+    .await;
+    let p = next(&mut rx).await;
+    assert_eq!(
+        p.snapshot.ctx.services.len(),
+        2,
+        "gone is kept for the grace"
+    );
+    assert_eq!(p.snapshot.ctx.destination_rules.len(), 1);
+
+    sleep(pipeline::LOSS_SWEEP_GRACE).await;
+    let p = rx.borrow().clone().expect("a snapshot");
+    assert_eq!(p.snapshot.ctx.services.len(), 1, "swept after the grace");
+    assert!(
+        p.snapshot.ctx.destination_rules.is_empty(),
+        "not written again either"
+    );
+}

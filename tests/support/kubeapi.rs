@@ -174,12 +174,26 @@ struct Shared {
     drops: tokio::sync::watch::Sender<u64>,
     bookmark_interval: tokio::sync::watch::Sender<Duration>,
     counters: Counters,
+    faults: Mutex<Faults>,
     /// Service-account issuer discovery: (issuer, JWKS); `None` serves 404 as an API
     /// server without it does.
     issuer: Mutex<Option<(String, Value)>>,
 }
 
+/// Injected faults (test controls).
+#[derive(Debug, Default, Clone, Copy)]
+struct Faults {
+    /// Every request is answered with this status (a 5xx), while set.
+    fail_with: Option<u16>,
+    /// Every list (each page) is answered this late.
+    list_delay: Duration,
+}
+
 impl Shared {
+    fn faults(&self) -> std::sync::MutexGuard<'_, Faults> {
+        self.faults.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn issuer(&self) -> Option<(String, Value)> {
         self.issuer
             .lock()
@@ -323,6 +337,7 @@ impl KubeApiServerBuilder {
             drops: tokio::sync::watch::Sender::new(0),
             bookmark_interval: tokio::sync::watch::Sender::new(self.bookmark_interval),
             counters: Counters::default(),
+            faults: Mutex::default(),
             issuer: Mutex::new(None),
         });
         let task = tokio::spawn(http::serve(listener, shared.clone()));
@@ -583,6 +598,19 @@ impl KubeApiServer {
     /// exact lists and continue tokens from an older version get 410 too, so clients relist.
     pub fn compact(&self) {
         self.shared.write(Store::compact);
+    }
+
+    /// Answers every request with `status` (e.g. 500, 503) from now on, until called with
+    /// `None`: an overloaded or failing API server. Open watches are not ended (see
+    /// [`KubeApiServer::drop_watches`]).
+    pub fn fail_requests(&self, status: Option<u16>) {
+        self.shared.faults().fail_with = status;
+    }
+
+    /// Answers every list request (each page) `delay` late from now on: a slow API
+    /// server or a huge cluster. `Duration::ZERO` ends it.
+    pub fn set_list_delay(&self, delay: Duration) {
+        self.shared.faults().list_delay = delay;
     }
 
     /// Serves service-account issuer discovery (`/.well-known/openid-configuration` and

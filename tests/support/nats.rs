@@ -24,13 +24,8 @@ impl NatsServer {
         let mut last = String::new();
         for _ in 0..3 {
             let port = free_port();
-            let dir = tempfile::tempdir().expect("nats temp dir");
-            let mut cmd = Command::new("nats-server");
-            cmd.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-                .arg(dir.path().join("jetstream"));
-            let process = Process::spawn(&format!("nats-{port}"), cmd, dir, HINT);
             let mut server = NatsServer {
-                process,
+                process: single(port),
                 port,
                 store: None,
             };
@@ -140,6 +135,23 @@ impl NatsServer {
         self.process.kill().await;
     }
 
+    /// Kills the server and starts a new one on the same port with an empty store (a
+    /// server that lost its volume), after `down`; waits until JetStream answers. The
+    /// buckets are gone: nobody has created them yet.
+    pub async fn restart_empty(&mut self, down: Duration) {
+        self.process.kill().await;
+        tokio::time::sleep(down).await;
+        // The port was just released; another process may grab it in between (unlikely
+        // on loopback in a test run), which fails the wait below loudly.
+        self.process = single(self.port);
+        if let Err(e) = self.wait_jetstream().await {
+            panic!(
+                "nats-server did not restart: {e}\n{}",
+                self.process.log_tail()
+            );
+        }
+    }
+
     /// Waits until the monitoring endpoint's `/healthz` (which covers JetStream) answers
     /// 200, failing early when the process exits.
     async fn wait_healthz(&mut self, monitor: u16) -> Result<(), String> {
@@ -181,9 +193,19 @@ impl NatsServer {
     }
 }
 
+/// A single JetStream server on `port` with a new, empty store directory.
+fn single(port: u16) -> Process {
+    let dir = tempfile::tempdir().expect("nats temp dir");
+    let store = dir.path().to_path_buf();
+    spawn_logged_in(port, &store, dir)
+}
+
 /// A JetStream nats-server on `port` storing under `store` (its log in a directory of its own).
 fn spawn_on(port: u16, store: &std::path::Path) -> Process {
-    let dir = tempfile::tempdir().expect("nats temp dir");
+    spawn_logged_in(port, store, tempfile::tempdir().expect("nats temp dir"))
+}
+
+fn spawn_logged_in(port: u16, store: &std::path::Path, dir: tempfile::TempDir) -> Process {
     let mut cmd = Command::new("nats-server");
     cmd.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
         .arg(store.join("jetstream"));

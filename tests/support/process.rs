@@ -109,6 +109,27 @@ impl Process {
         false
     }
 
+    /// Sends `signal` (a `kill` signal name, e.g. `STOP`) to the process.
+    pub async fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("the process is running");
+        let status = tokio::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .await
+            .expect("running kill");
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
+    /// Freezes the process (SIGSTOP): it runs no code until [`Process::resume`].
+    pub async fn pause(&self) {
+        self.signal("STOP").await;
+    }
+
+    /// Lets a paused process run again (SIGCONT).
+    pub async fn resume(&self) {
+        self.signal("CONT").await;
+    }
+
     /// Everything the process has written so far.
     pub fn log(&self) -> String {
         std::fs::read(&self.log_path)

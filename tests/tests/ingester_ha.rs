@@ -13,7 +13,7 @@ mod harness;
 use harness::{config_cluster, populate, BusRecorder, Ingester, POLL};
 use serde_json::{json, Value};
 use shoal_common::bus::nats::{NatsBus, NatsOptions};
-use shoal_common::bus::{Bucket, StateBus};
+use shoal_common::bus::{Bucket, Op, StateBus};
 use shoal_common::envelope::now_ms;
 use shoal_common::lease::LeaseBody;
 use shoal_common::model::Service;
@@ -330,4 +330,138 @@ async fn the_file_source_needs_no_lease() {
         .expect("ingester /metrics")
         .text();
     assert!(metrics.contains("\nshoal_ingester_leader 1"), "{metrics}");
+}
+
+/// `shoal_ingester_bus_writes_total{result}` of an ingester.
+async fn bus_writes(ingester: &Ingester, result: &str) -> u64 {
+    let label = format!(r#"result="{result}""#);
+    ingester
+        .metrics()
+        .await
+        .lines()
+        .find(|l| l.starts_with("shoal_ingester_bus_writes_total") && l.contains(&label))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// The leader is frozen (SIGSTOP) past its lease, then thawed (SIGCONT): the standby
+/// writes within the lease bound, and the thawed old leader, whose caches then see
+/// Kubernetes changes of the time it slept and after, writes and deletes nothing: its term
+/// ended by its own clock before the standby could take over.
+#[tokio::test]
+async fn a_paused_leader_resumes_without_writing_or_deleting() {
+    const TTL: Duration = Duration::from_secs(3);
+    let args = |id| {
+        [
+            "--fleet",
+            "default",
+            "--lease-ttl",
+            "3s",
+            "--instance-id",
+            id,
+        ]
+    };
+    let nats = NatsServer::start().await;
+    let bus = BusRecorder::start(&nats.url()).await;
+    let config = config_cluster().await;
+    populate(&config, "shop", json!({}), "r1");
+    config.apply(service("shop", "api", 80)).unwrap();
+    let mut a = Ingester::start(&nats.url(), &config.kubeconfig(), &args("ingester-a"));
+    a.wait_leader().await;
+    let mut b = Ingester::start(&nats.url(), &config.kubeconfig(), &args("ingester-b"));
+    b.wait_ready().await;
+    assert!(!b.leads().await);
+    bus.until("api on the bus", |b| {
+        b.keys(Bucket::Services)
+            .contains(&"Kubernetes.shop.api".to_string())
+    })
+    .await;
+
+    // Freeze the leader just after a renewal: the standby waits the longest.
+    let mark = bus.mark();
+    bus.until("a renewal", |b| {
+        b.since(mark)
+            .iter()
+            .any(|e| e.bucket == Bucket::Meta && e.key == LEASE)
+    })
+    .await;
+    // What it wrote and deleted so far (nothing changes in Kubernetes meanwhile).
+    let (written, deleted) = (
+        bus_writes(&a, "written").await,
+        bus_writes(&a, "deleted").await,
+    );
+    a.pause().await;
+    let paused = Instant::now();
+    config.apply(service("shop", "checkout", 8000)).unwrap();
+
+    // The standby takes over within the lease bound and writes the change.
+    bus.until("the standby's write", |b| {
+        b.envelope::<Service>(Bucket::Services, "Kubernetes.shop.checkout")
+            .is_some_and(|e| e.epoch == 2)
+    })
+    .await;
+    let took = paused.elapsed();
+    println!("standby wrote {took:?} after the leader was frozen (lease ttl {TTL:?})");
+    assert!(took < TTL + Duration::from_secs(2), "{took:?}");
+    assert_eq!(
+        lease(&bus).map(|l| (l.holder, l.epoch)),
+        Some(("ingester-b".into(), 2))
+    );
+
+    // While the old leader sleeps, Kubernetes changes and deletes: the thawed process sees
+    // these in its watches at once.
+    config.delete("services", Some("shop"), "api").unwrap();
+    let mut web = service("shop", "web", 81);
+    web["spec"]["selector"] = json!({"app": "web"});
+    config.apply(web).unwrap();
+    tokio::time::sleep(TTL).await;
+    let thawed_mark = bus.mark();
+    a.resume().await;
+    // ...and after it is thawed, too.
+    config.apply(service("shop", "late", 9000)).unwrap();
+    bus.until("the new leader's writes", |b| {
+        let web = b.envelope::<Service>(Bucket::Services, "Kubernetes.shop.web");
+        let late = b.envelope::<Service>(Bucket::Services, "Kubernetes.shop.late");
+        !b.keys(Bucket::Services)
+            .contains(&"Kubernetes.shop.api".to_string())
+            && web.is_some_and(|e| e.epoch == 2 && e.body.ports[0].port == 81)
+            && late.is_some_and(|e| e.epoch == 2)
+    })
+    .await;
+    bus.settle(Duration::from_secs(2)).await;
+
+    // The thawed leader stood down and wrote and deleted nothing.
+    assert!(!a.leads().await);
+    assert_eq!(
+        bus_writes(&a, "written").await,
+        written,
+        "the thawed leader wrote"
+    );
+    assert_eq!(
+        bus_writes(&a, "deleted").await,
+        deleted,
+        "the thawed leader deleted"
+    );
+    // Every state write since the thaw carries the new epoch; the one delete is b's.
+    let since = bus.since(thawed_mark);
+    for e in since.iter().filter(|e| e.bucket != Bucket::Meta) {
+        if e.op == Op::Put {
+            let env: Envelope<serde::de::IgnoredAny> = Envelope::decode(&e.value).unwrap();
+            assert_eq!(
+                env.epoch, 2,
+                "{}/{} written at epoch {}",
+                e.bucket, e.key, env.epoch
+            );
+        }
+    }
+    assert_eq!(
+        lease(&bus).map(|l| (l.holder, l.epoch)),
+        Some(("ingester-b".into(), 2))
+    );
+    let metrics = a.metrics().await;
+    assert!(
+        metrics.contains("shoal_ingester_lease_transitions_total 2"),
+        "{metrics}"
+    );
+    drop(b);
 }

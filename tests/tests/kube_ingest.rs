@@ -417,6 +417,97 @@ async fn watch_disruptions_delete_nothing() {
     .await;
 }
 
+/// The Kubernetes API fails every request with 5xx (watches dropped meanwhile, so they
+/// reconnect into the errors), then comes back slow (every list 2 s late) with its history
+/// compacted (410 Gone, so everything relists slowly): no delete of a live object, not even
+/// briefly, and no write either; changes still arrive afterwards.
+#[tokio::test]
+async fn api_errors_and_slow_lists_delete_nothing() {
+    let nats = NatsServer::start().await;
+    let bus = BusRecorder::start(&nats.url()).await;
+    let config = config_cluster().await;
+    config.create(virtual_service_crd()).unwrap();
+    populate(&config, "shop", json!({}), "r1");
+    config.create(virtual_service("shop", "web")).unwrap();
+    let mut ingester = Ingester::start(&nats.url(), &config.kubeconfig(), &[]);
+    ingester.wait_ready().await;
+    bus.until("everything", |b| {
+        b.keys(Bucket::Services).len() == 1
+            && b.keys(Bucket::Endpoints).len() == 1
+            && b.keys(Bucket::Config).len() == 1
+    })
+    .await;
+    bus.settle(Duration::from_millis(500)).await;
+    let mark = bus.mark();
+
+    // 5xx for everything, watches dropped into it, for 4 s (the watchers back off).
+    let requests = config.requests();
+    config.fail_requests(Some(503));
+    config.drop_watches();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    config.fail_requests(Some(500));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let failed = config.requests() - requests;
+    assert!(failed > 0, "no request reached the failing server");
+
+    // Back, but slow, and with every resourceVersion expired: every kind relists slowly.
+    let resources = [
+        "namespaces",
+        "services",
+        "pods",
+        "nodes",
+        "endpointslices.discovery.k8s.io",
+        "customresourcedefinitions.apiextensions.k8s.io",
+        "virtualservices.networking.istio.io",
+    ];
+    let lists: Vec<u64> = resources
+        .iter()
+        .map(|r| config.lists_served_for(r))
+        .collect();
+    config.set_list_delay(Duration::from_secs(2));
+    config.compact();
+    config.fail_requests(None);
+    config.drop_watches();
+    eventually(TIMEOUT, POLL, || {
+        let relisted: Vec<&str> = resources
+            .iter()
+            .zip(&lists)
+            .filter(|(r, before)| config.lists_served_for(r) == **before)
+            .map(|(r, _)| *r)
+            .collect();
+        async move {
+            if relisted.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("not relisted yet: {relisted:?}"))
+            }
+        }
+    })
+    .await;
+    config.set_list_delay(Duration::ZERO);
+    bus.settle(Duration::from_millis(1500)).await;
+    println!("{failed} requests failed with 5xx; every kind relisted with 2 s lists");
+    let during = bus.since(mark);
+    let deletes: Vec<&Recorded> = during.iter().filter(|e| e.op == Op::Delete).collect();
+    assert!(
+        deletes.is_empty(),
+        "deletes during API faults:\n{}",
+        describe(&during)
+    );
+    assert!(
+        during.iter().all(|e| e.bucket == Bucket::Meta),
+        "writes during API faults:\n{}",
+        describe(&during)
+    );
+
+    // Still watching.
+    config.delete("services", Some("shop"), "web").unwrap();
+    bus.until("the service deleted", |b| {
+        b.keys(Bucket::Services).is_empty()
+    })
+    .await;
+}
+
 /// A restarted ingester with an unchanged cluster writes nothing at all but its lease.
 #[tokio::test]
 async fn restart_with_unchanged_cluster_writes_nothing() {

@@ -129,6 +129,16 @@ pub enum BusError {
         /// The limit.
         limit: usize,
     },
+    /// The bucket lost its data: its stream is gone or was re-created (a NATS server that
+    /// came back with an empty store). A watch ends with this error; watchers re-watch
+    /// and must not take the empty bucket for "everything deleted".
+    #[error("bucket {bucket} lost its data: {reason}")]
+    Lost {
+        /// The bucket.
+        bucket: Bucket,
+        /// What was found.
+        reason: String,
+    },
     /// Any other failed operation.
     #[error("{op} {bucket}/{key}: {source}")]
     Op {
@@ -176,12 +186,20 @@ pub trait StateBus: Send + Sync + 'static {
 
     /// Watches a bucket: first the latest entry of every key (deleted keys may appear as
     /// deletes), then [`WatchEvent::InitialDone`], then every change in revision order.
+    /// A watch of a bucket that loses its data ends with [`BusError::Lost`].
     async fn watch(&self, bucket: Bucket) -> Result<WatchStream, BusError>;
 
     /// Whether the bus is reachable now, as a channel that changes when it connects or
     /// disconnects. The default (an in-process bus) is always connected.
     fn connected(&self) -> tokio::sync::watch::Receiver<bool> {
         tokio::sync::watch::channel(true).1
+    }
+
+    /// How many times this handle found buckets that lost their data (and re-created
+    /// them), as a watch channel, for writers that must then publish everything again.
+    /// `None`: a bus that cannot lose its data apart from the process (in memory).
+    fn data_losses(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
     }
 }
 

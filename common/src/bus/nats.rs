@@ -2,6 +2,17 @@
 //!
 //! Buckets keep one revision per key (`history = 1`): the bus holds compacted state, and
 //! watches deliver the last value per key first (`DeliverPolicy::LastPerSubject`).
+//!
+//! **Data loss.** A nats-server that comes back without its store (a lost volume, a
+//! single-node server replaced) has no buckets, and async-nats's ordered consumers resume
+//! silently from their last stream sequence on whatever stream has that name later, so a
+//! watcher would miss everything written to a re-created bucket below that sequence.
+//! Two checks catch it: every watch reads its stream's info each [`LOSS_CHECK_INTERVAL`]
+//! and ends with [`BusError::Lost`] when the stream is gone or was re-created (its
+//! creation time changed), so the watcher replays from scratch; and a writer calls
+//! [`NatsBus::check_buckets`] periodically, which also finds a stream whose last sequence
+//! went below a revision this handle wrote (a store restored from an older copy) and
+//! re-creates missing buckets, counting each loss in [`StateBus::data_losses`].
 
 use super::{check_size, Bucket, BusError, Entry, Op, StateBus, WatchEvent, WatchStream};
 use crate::secret::Secret;
@@ -11,7 +22,11 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+/// How often a watch checks that its bucket's stream is still the one it watches.
+pub const LOSS_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Options for connecting to NATS.
 #[derive(Debug, Clone)]
@@ -103,12 +118,79 @@ pub struct ClientCert {
     pub key_file: PathBuf,
 }
 
-/// A JetStream KV backed bus.
+/// A JetStream KV backed bus. Clones share one connection and what it knows of the
+/// buckets.
 #[derive(Clone)]
 pub struct NatsBus {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    js: jetstream::Context,
+    replicas: usize,
     stores: HashMap<Bucket, kv::Store>,
     /// True while the client is connected (set by the client's connection events).
     connected: tokio::sync::watch::Receiver<bool>,
+    /// Per bucket: the stream seen and the highest revision this handle wrote.
+    known: Mutex<HashMap<Bucket, Known>>,
+    /// Losses found by [`NatsBus::check_buckets`].
+    losses: tokio::sync::watch::Sender<u64>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Known {
+    /// The stream's creation time as [`NatsBus::check_buckets`] last saw it.
+    created: Option<async_nats::datetime::DateTime>,
+    /// The stream's creation time as the last watch started on it saw it.
+    watched: Option<async_nats::datetime::DateTime>,
+    written: u64,
+}
+
+/// How a bucket was found to have lost its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// Its stream did not exist (it was re-created).
+    Missing,
+    /// Its stream was re-created by someone else (its creation time changed).
+    Replaced,
+    /// Its last sequence is below a revision this handle wrote.
+    Regressed,
+}
+
+impl Loss {
+    /// The label value for metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Loss::Missing => "missing",
+            Loss::Replaced => "replaced",
+            Loss::Regressed => "regressed",
+        }
+    }
+}
+
+fn stream_name(bucket: Bucket) -> String {
+    format!("KV_{}", bucket.name())
+}
+
+/// How far apart two reports of a stream's creation time may be and still be the same
+/// stream: in a JetStream cluster the time reported before the stream has a leader (the
+/// meta leader's assignment) and after (the leader's own) differ by a few milliseconds.
+/// A stream re-created after a data loss is younger by far more.
+const CREATED_TOLERANCE_NANOS: i128 = 2_000_000_000;
+
+/// Whether a stream reported as created at `now` is another stream than one reported as
+/// created at `before`.
+fn recreated(before: async_nats::datetime::DateTime, now: async_nats::datetime::DateTime) -> bool {
+    (now.unix_timestamp_nanos() - before.unix_timestamp_nanos()).abs() > CREATED_TOLERANCE_NANOS
+}
+
+/// Whether a stream lookup failed because the stream does not exist.
+fn not_found(error: &jetstream::context::GetStreamError) -> bool {
+    matches!(
+        error.kind(),
+        jetstream::context::GetStreamErrorKind::JetStream(e)
+            if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+    )
 }
 
 /// Delay before the `attempt`-th reconnection: 0, then doubling from 50 ms to at most
@@ -196,19 +278,141 @@ impl NatsBus {
         connected_tx.send_if_modified(|c| !std::mem::replace(c, true));
         let js = jetstream::new(client);
         let mut stores = HashMap::new();
+        let mut known = HashMap::new();
         for bucket in Bucket::ALL {
             let store = match js.get_key_value(bucket.name()).await {
                 Ok(store) => store,
                 Err(_) => create_bucket(&js, bucket, opts.replicas).await?,
             };
+            let created = Some(store.stream.cached_info().created);
+            known.insert(
+                bucket,
+                Known {
+                    created,
+                    watched: created,
+                    written: 0,
+                },
+            );
             stores.insert(bucket, store);
         }
-        Ok(NatsBus { stores, connected })
+        let inner = Inner {
+            js,
+            replicas: opts.replicas,
+            stores,
+            connected,
+            known: Mutex::new(known),
+            losses: tokio::sync::watch::channel(0).0,
+        };
+        Ok(NatsBus {
+            inner: Arc::new(inner),
+        })
     }
 
     fn store(&self, bucket: Bucket) -> &kv::Store {
-        // Every bucket is opened in `connect`.
-        &self.stores[&bucket]
+        // Every bucket is opened in `connect`; a store addresses its stream by name, so it
+        // keeps working on a re-created stream.
+        &self.inner.stores[&bucket]
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, HashMap<Bucket, Known>> {
+        self.inner
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wrote(&self, bucket: Bucket, revision: u64) {
+        let mut known = self.known();
+        let entry = known.entry(bucket).or_default();
+        entry.written = entry.written.max(revision);
+    }
+
+    /// Before a watch: [`BusError::Lost`] when the bucket's stream is gone, or is not the
+    /// one this handle saw before (once per re-creation: the new stream is remembered).
+    async fn check_same_stream(&self, bucket: Bucket) -> Result<(), BusError> {
+        let stream = match self.inner.js.get_stream(stream_name(bucket)).await {
+            Ok(stream) => stream,
+            Err(error) if not_found(&error) => {
+                return Err(BusError::Lost {
+                    bucket,
+                    reason: "its stream is gone".into(),
+                })
+            }
+            // Unreachable or busy (a stream leader being elected): the watch below decides;
+            // its own loss check runs from then on.
+            Err(error) => {
+                tracing::debug!(%bucket, %error, "cannot read the bucket's stream before watching");
+                return Ok(());
+            }
+        };
+        let created = stream.cached_info().created;
+        let mut known = self.known();
+        let entry = known.entry(bucket).or_default();
+        let before = entry.watched.replace(created);
+        if let Some(before) = before.filter(|before| recreated(*before, created)) {
+            return Err(BusError::Lost {
+                bucket,
+                reason: format!("its stream was re-created (created {before}, now {created})"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks every bucket for lost data (see the module docs): re-creates a missing
+    /// bucket, and reports each bucket found missing, re-created by someone else, or with
+    /// a sequence below what this handle wrote. Any loss increments
+    /// [`StateBus::data_losses`]. An unreachable server is an error, not a loss.
+    pub async fn check_buckets(&self) -> Result<Vec<(Bucket, Loss)>, BusError> {
+        let mut losses = Vec::new();
+        for bucket in Bucket::ALL {
+            // What this handle wrote before asking: a write answered after the stream's
+            // info was read is not in it.
+            let written = self.known().get(&bucket).map_or(0, |k| k.written);
+            let loss = match self.inner.js.get_stream(stream_name(bucket)).await {
+                Ok(stream) => {
+                    let info = stream.cached_info();
+                    let mut known = self.known();
+                    let entry = known.entry(bucket).or_default();
+                    let replaced = entry.created.is_some_and(|c| recreated(c, info.created));
+                    let regressed = info.state.last_sequence < written;
+                    entry.created = Some(info.created);
+                    if replaced || regressed {
+                        entry.written = 0;
+                    }
+                    match (replaced, regressed) {
+                        (true, _) => Some(Loss::Replaced),
+                        (false, true) => Some(Loss::Regressed),
+                        _ => None,
+                    }
+                }
+                Err(error) if not_found(&error) => {
+                    let store = create_bucket(&self.inner.js, bucket, self.inner.replicas).await?;
+                    let mut known = self.known();
+                    let entry = known.entry(bucket).or_default();
+                    // This handle made it: its own watches need no telling (its loss count
+                    // tells its writers).
+                    entry.created = Some(store.stream.cached_info().created);
+                    entry.watched = entry.created;
+                    entry.written = 0;
+                    Some(Loss::Missing)
+                }
+                Err(error) => {
+                    return Err(BusError::Op {
+                        op: "check",
+                        bucket,
+                        key: String::new(),
+                        source: boxed(error),
+                    })
+                }
+            };
+            if let Some(loss) = loss {
+                losses.push((bucket, loss));
+            }
+        }
+        if !losses.is_empty() {
+            self.inner.losses.send_modify(|n| *n += 1);
+        }
+        Ok(losses)
     }
 }
 
@@ -293,7 +497,7 @@ async fn create_bucket(
     let bucket_err =
         |e: Box<dyn std::error::Error + Send + Sync>| BusError::Bucket { bucket, source: e };
     let config = jetstream::stream::Config {
-        name: format!("KV_{}", bucket.name()),
+        name: stream_name(bucket),
         description: Some(format!("shoal state: {bucket}")),
         subjects: vec![format!("$KV.{}.>", bucket.name())],
         // Compacted state: one value per key.
@@ -356,10 +560,13 @@ impl StateBus for NatsBus {
 
     async fn put(&self, bucket: Bucket, key: &str, value: Bytes) -> Result<u64, BusError> {
         check_size(bucket, key, &value)?;
-        self.store(bucket)
+        let revision = self
+            .store(bucket)
             .put(key, value)
             .await
-            .map_err(op_err("put", bucket, key))
+            .map_err(op_err("put", bucket, key))?;
+        self.wrote(bucket, revision);
+        Ok(revision)
     }
 
     async fn update(
@@ -376,20 +583,23 @@ impl StateBus for NatsBus {
             expected,
         };
         let store = self.store(bucket);
-        if expected == 0 {
+        let revision = if expected == 0 {
             // `create` also succeeds over a delete marker, matching "absent or deleted".
-            return store.create(key, value).await.map_err(|e| match e.kind() {
+            store.create(key, value).await.map_err(|e| match e.kind() {
                 kv::CreateErrorKind::AlreadyExists => mismatch(),
                 _ => op_err("create", bucket, key)(e),
-            });
-        }
-        store
-            .update(key, value, expected)
-            .await
-            .map_err(|e| match e.kind() {
-                kv::UpdateErrorKind::WrongLastRevision => mismatch(),
-                _ => op_err("update", bucket, key)(e),
-            })
+            })?
+        } else {
+            store
+                .update(key, value, expected)
+                .await
+                .map_err(|e| match e.kind() {
+                    kv::UpdateErrorKind::WrongLastRevision => mismatch(),
+                    _ => op_err("update", bucket, key)(e),
+                })?
+        };
+        self.wrote(bucket, revision);
+        Ok(revision)
     }
 
     async fn delete(&self, bucket: Bucket, key: &str) -> Result<(), BusError> {
@@ -418,6 +628,7 @@ impl StateBus for NatsBus {
     }
 
     async fn watch(&self, bucket: Bucket) -> Result<WatchStream, BusError> {
+        self.check_same_stream(bucket).await?;
         let store = self.store(bucket).clone();
         let watch = store
             .watch_with_history(">")
@@ -432,6 +643,7 @@ impl StateBus for NatsBus {
             .await
             .map_err(op_err("watch status", bucket, ""))?;
         let empty = info.state.messages == 0;
+        let created = info.created;
         let mut initial_done = empty;
         let head = futures::stream::iter(empty.then_some(Ok(WatchEvent::InitialDone)));
         let body = watch.flat_map(move |item| {
@@ -449,11 +661,20 @@ impl StateBus for NatsBus {
             };
             futures::stream::iter(events)
         });
+        // Whichever ends first ends the watch: the watch itself, or the loss check (with
+        // its error).
+        let end = || futures::stream::once(futures::future::ready(None));
+        let lost = futures::stream::once(watch_for_loss(self.inner.js.clone(), bucket, created))
+            .map(|e| Some(Err(e)))
+            .chain(end());
+        let body = futures::stream::select(body.map(Some).chain(end()), lost)
+            .take_while(|item| futures::future::ready(item.is_some()))
+            .filter_map(futures::future::ready);
         // The ordered consumer behind the watch recreates itself after a reconnection, but
         // with a backoff that reaches 10 s during a long outage: a watch that lived through
         // a disconnection ends instead (an error: re-watch), and the caller's new watch
         // replays the bucket at once.
-        let mut conn = self.connected.clone();
+        let mut conn = self.inner.connected.clone();
         conn.borrow_and_update();
         let reconnected = async move {
             let down_then_up = async {
@@ -480,8 +701,34 @@ impl StateBus for NatsBus {
             .boxed())
     }
 
+    fn data_losses(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.inner.losses.subscribe())
+    }
+
     fn connected(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.connected.clone()
+        self.inner.connected.clone()
+    }
+}
+
+/// Resolves once the stream of `bucket` is gone or is not the one created at `created`
+/// (checked every [`LOSS_CHECK_INTERVAL`]; an unreachable server is not a loss).
+async fn watch_for_loss(
+    js: jetstream::Context,
+    bucket: Bucket,
+    created: async_nats::datetime::DateTime,
+) -> BusError {
+    loop {
+        tokio::time::sleep(LOSS_CHECK_INTERVAL).await;
+        let reason = match js.get_stream(stream_name(bucket)).await {
+            Ok(stream) if recreated(created, stream.cached_info().created) => {
+                "its stream was re-created".to_string()
+            }
+            Ok(_) => continue,
+            Err(error) if not_found(&error) => "its stream is gone".to_string(),
+            Err(_) => continue,
+        };
+        tracing::warn!(%bucket, %reason, "bus bucket lost its data; ending the watch");
+        return BusError::Lost { bucket, reason };
     }
 }
 

@@ -26,10 +26,10 @@ pub mod secrets;
 pub mod store;
 pub mod watch;
 
+use crate::lease::Leadership;
 use crate::mesh_config::SelectorsRx;
 use crate::metrics::Metrics;
 use crate::ownership::Owners;
-use crate::publish::Leadership;
 use crate::readiness::Readiness;
 use cluster::{readiness_name, ClusterContext};
 use kube::Client;

@@ -18,8 +18,8 @@
 
 use super::reduce::ObjKey;
 use crate::error::InvalidObject;
+use crate::lease::Leadership;
 use crate::metrics::Metrics;
-use crate::publish::Leadership;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{json, Value};

@@ -230,6 +230,12 @@ async fn handle(
     };
     let (accept, content_type) = (header(ACCEPT), header(CONTENT_TYPE));
     let user_agent = header(USER_AGENT);
+    let fail_with = shared.faults().fail_with;
+    if let Some(code) = fail_with {
+        let error = ApiError::new(code, "InternalError", "injected failure (a test fault)");
+        tracing::debug!(server = %shared.name, %method, %uri, code, "kubeapi request failed on purpose");
+        return Ok(error_response(&error));
+    }
     let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) => {
@@ -588,6 +594,10 @@ async fn serve_list(
     target: &Target,
     filter: Filter,
 ) -> Result<Response<Body>, ApiError> {
+    let delay = shared.faults().list_delay;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     let q = &req.query;
     let limit = q.number("limit")?.filter(|l| *l > 0).map(|l| l as usize);
     let rv = q.get("resourceVersion").filter(|rv| !rv.is_empty());

@@ -136,6 +136,16 @@ impl Ingester {
         self.process.kill().await;
     }
 
+    /// Freezes the process (SIGSTOP), as a stalled VM or a long GC pause would.
+    pub async fn pause(&self) {
+        self.process.pause().await;
+    }
+
+    /// Lets a paused process run again (SIGCONT).
+    pub async fn resume(&self) {
+        self.process.resume().await;
+    }
+
     /// The process ID, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.process.id()

@@ -148,7 +148,9 @@ impl AdsService {
 }
 
 /// Largest request message accepted (a delta request subscribing to many names is big).
-const MAX_REQUEST_BYTES: usize = 16 << 20;
+/// Checked against the gRPC length prefix before the message is buffered
+/// ([`RequestStream`]).
+pub const MAX_REQUEST_BYTES: usize = 16 << 20;
 
 const DELTA_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
@@ -197,6 +199,21 @@ pub(crate) struct DriveContext {
     /// Turns true when the connection is aged out or drained.
     close: Option<watch::Receiver<bool>>,
     push_limit: Arc<Semaphore>,
+}
+
+#[cfg(test)]
+impl DriveContext {
+    /// A context for driving a stream in-process (tests): no connection to close.
+    pub(crate) fn for_tests(
+        snapshots: watch::Receiver<Option<Published>>,
+        push_limit: usize,
+    ) -> Self {
+        DriveContext {
+            snapshots,
+            close: None,
+            push_limit: Arc::new(Semaphore::new(push_limit)),
+        }
+    }
 }
 
 /// Drives a stream: waits for the first snapshot (serving nothing before the initial state

@@ -4,10 +4,13 @@
 pub mod ads;
 mod delta;
 mod impact;
+pub mod limits;
 pub mod listener;
 pub mod registry;
 mod session;
 mod sotw;
+#[cfg(test)]
+mod fuzz_tests;
 #[cfg(test)]
 mod tests;
 pub mod tls;

@@ -25,4 +25,6 @@ mod pipeline_tests;
 #[cfg(test)]
 mod store_tests;
 #[cfg(test)]
+mod store_prop_tests;
+#[cfg(test)]
 mod testutil;

@@ -41,7 +41,11 @@ fn good_keys() -> Vec<(Bucket, String)> {
     vec![
         (
             Bucket::Config,
-            keys::config_key(ConfigKind::VirtualService, &vs.meta.namespace, &vs.meta.name),
+            keys::config_key(
+                ConfigKind::VirtualService,
+                &vs.meta.namespace,
+                &vs.meta.name,
+            ),
         ),
         (
             Bucket::Services,

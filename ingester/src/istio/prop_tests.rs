@@ -9,30 +9,143 @@ use serde_json::{json, Map, Value};
 
 /// Field names of the Istio specs shoal models (and a few it does not).
 const FIELDS: &[&str] = &[
-    "hosts", "gateways", "http", "tcp", "tls", "match", "route", "destination", "host",
-    "subset", "port", "number", "name", "weight", "uri", "prefix", "exact", "regex",
-    "headers", "timeout", "retries", "attempts", "perTryTimeout", "retryOn", "rewrite",
-    "redirect", "authority", "mirror", "mirrorPercentage", "value", "corsPolicy", "fault",
-    "delegate", "namespace", "sniHosts", "trafficPolicy", "loadBalancer", "simple",
-    "consistentHash", "httpHeaderName", "connectionPool", "maxConnections",
-    "outlierDetection", "consecutive5xxErrors", "interval", "baseEjectionTime", "subsets",
-    "labels", "portLevelSettings", "servers", "protocol", "mode", "selector", "ingress",
-    "egress", "captureMode", "defaultEndpoint", "bind", "ports", "targetPort", "location",
-    "resolution", "endpoints", "address", "addresses", "exportTo", "workloadSelector",
-    "outboundTrafficPolicy", "method", "queryParams", "ignoreUriCase", "sourceLabels",
-    "withoutHeaders", "set", "add", "remove", "request", "response", "credentialName",
-    "serviceAccount", "network", "locality", "unknownField",
+    "hosts",
+    "gateways",
+    "http",
+    "tcp",
+    "tls",
+    "match",
+    "route",
+    "destination",
+    "host",
+    "subset",
+    "port",
+    "number",
+    "name",
+    "weight",
+    "uri",
+    "prefix",
+    "exact",
+    "regex",
+    "headers",
+    "timeout",
+    "retries",
+    "attempts",
+    "perTryTimeout",
+    "retryOn",
+    "rewrite",
+    "redirect",
+    "authority",
+    "mirror",
+    "mirrorPercentage",
+    "value",
+    "corsPolicy",
+    "fault",
+    "delegate",
+    "namespace",
+    "sniHosts",
+    "trafficPolicy",
+    "loadBalancer",
+    "simple",
+    "consistentHash",
+    "httpHeaderName",
+    "connectionPool",
+    "maxConnections",
+    "outlierDetection",
+    "consecutive5xxErrors",
+    "interval",
+    "baseEjectionTime",
+    "subsets",
+    "labels",
+    "portLevelSettings",
+    "servers",
+    "protocol",
+    "mode",
+    "selector",
+    "ingress",
+    "egress",
+    "captureMode",
+    "defaultEndpoint",
+    "bind",
+    "ports",
+    "targetPort",
+    "location",
+    "resolution",
+    "endpoints",
+    "address",
+    "addresses",
+    "exportTo",
+    "workloadSelector",
+    "outboundTrafficPolicy",
+    "method",
+    "queryParams",
+    "ignoreUriCase",
+    "sourceLabels",
+    "withoutHeaders",
+    "set",
+    "add",
+    "remove",
+    "request",
+    "response",
+    "credentialName",
+    "serviceAccount",
+    "network",
+    "locality",
+    "unknownField",
 ];
 
 /// String values the validators look at, and some they should not like.
 const STRINGS: &[&str] = &[
-    "", "*", "reviews", "reviews.default.svc.cluster.local", "*.example.com", "default/*",
-    "./*", "~/*", "istio-system/gw", "mesh", "v1", "HTTP", "HTTP2", "GRPC", "TCP", "TLS",
-    "HTTPS", "MONGO", "UDP", "PASSTHROUGH", "SIMPLE", "ISTIO_MUTUAL", "ROUND_ROBIN",
-    "LEAST_REQUEST", "RANDOM", "MESH_EXTERNAL", "MESH_INTERNAL", "DNS", "STATIC", "NONE",
-    "DEFAULT", "IPTABLES", "REGISTRY_ONLY", "ALLOW_ANY", "1s", "10ms", "1.5s", "-1s", "1h",
-    "99999999999s", "5xx,connect-failure", "10.0.0.1", "10.0.0.0/8", "::1", "not an ip",
-    "unix:///tmp/sock", "/api", "^/api/.*$", "(unclosed", "x-user",
+    "",
+    "*",
+    "reviews",
+    "reviews.default.svc.cluster.local",
+    "*.example.com",
+    "default/*",
+    "./*",
+    "~/*",
+    "istio-system/gw",
+    "mesh",
+    "v1",
+    "HTTP",
+    "HTTP2",
+    "GRPC",
+    "TCP",
+    "TLS",
+    "HTTPS",
+    "MONGO",
+    "UDP",
+    "PASSTHROUGH",
+    "SIMPLE",
+    "ISTIO_MUTUAL",
+    "ROUND_ROBIN",
+    "LEAST_REQUEST",
+    "RANDOM",
+    "MESH_EXTERNAL",
+    "MESH_INTERNAL",
+    "DNS",
+    "STATIC",
+    "NONE",
+    "DEFAULT",
+    "IPTABLES",
+    "REGISTRY_ONLY",
+    "ALLOW_ANY",
+    "1s",
+    "10ms",
+    "1.5s",
+    "-1s",
+    "1h",
+    "99999999999s",
+    "5xx,connect-failure",
+    "10.0.0.1",
+    "10.0.0.0/8",
+    "::1",
+    "not an ip",
+    "unix:///tmp/sock",
+    "/api",
+    "^/api/.*$",
+    "(unclosed",
+    "x-user",
 ];
 
 fn scalar() -> impl Strategy<Value = Value> {
@@ -53,16 +166,14 @@ fn value() -> impl Strategy<Value = Value> {
     scalar().prop_recursive(4, 48, 6, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-            prop::collection::vec((prop::sample::select(FIELDS), inner), 0..6).prop_map(
-                |fields| {
-                    Value::Object(
-                        fields
-                            .into_iter()
-                            .map(|(k, v)| (k.to_string(), v))
-                            .collect::<Map<_, _>>(),
-                    )
-                }
-            ),
+            prop::collection::vec((prop::sample::select(FIELDS), inner), 0..6).prop_map(|fields| {
+                Value::Object(
+                    fields
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), v))
+                        .collect::<Map<_, _>>(),
+                )
+            }),
         ]
     })
 }
@@ -70,12 +181,30 @@ fn value() -> impl Strategy<Value = Value> {
 /// A valid spec of each kind, to mutate.
 fn valid_specs() -> Vec<(ConfigKind, Value)> {
     vec![
-        (ConfigKind::VirtualService, json!({"hosts": ["reviews"], "gateways": ["mesh"], "http": [{"match": [{"uri": {"prefix": "/api"}}], "route": [{"destination": {"host": "reviews", "subset": "v1", "port": {"number": 9080}}, "weight": 100}], "timeout": "1s", "retries": {"attempts": 3, "perTryTimeout": "1s"}}], "tcp": [{"route": [{"destination": {"host": "db"}}]}]})),
-        (ConfigKind::DestinationRule, json!({"host": "reviews", "subsets": [{"name": "v1", "labels": {"version": "v1"}}], "trafficPolicy": {"loadBalancer": {"simple": "ROUND_ROBIN"}, "connectionPool": {"tcp": {"maxConnections": 10}}, "outlierDetection": {"consecutive5xxErrors": 5, "interval": "10s"}}})),
-        (ConfigKind::Gateway, json!({"selector": {"istio": "ingressgateway"}, "servers": [{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}, {"port": {"number": 443, "name": "tls", "protocol": "TLS"}, "hosts": ["*"], "tls": {"mode": "PASSTHROUGH"}}]})),
-        (ConfigKind::ServiceEntry, json!({"hosts": ["api.example.com"], "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}], "location": "MESH_EXTERNAL", "resolution": "DNS"})),
-        (ConfigKind::Sidecar, json!({"workloadSelector": {"labels": {"app": "reviews"}}, "egress": [{"hosts": ["./*", "istio-system/*"]}], "outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"}})),
-        (ConfigKind::WorkloadEntry, json!({"address": "10.0.0.5", "labels": {"app": "vm"}, "ports": {"http": 8080}})),
+        (
+            ConfigKind::VirtualService,
+            json!({"hosts": ["reviews"], "gateways": ["mesh"], "http": [{"match": [{"uri": {"prefix": "/api"}}], "route": [{"destination": {"host": "reviews", "subset": "v1", "port": {"number": 9080}}, "weight": 100}], "timeout": "1s", "retries": {"attempts": 3, "perTryTimeout": "1s"}}], "tcp": [{"route": [{"destination": {"host": "db"}}]}]}),
+        ),
+        (
+            ConfigKind::DestinationRule,
+            json!({"host": "reviews", "subsets": [{"name": "v1", "labels": {"version": "v1"}}], "trafficPolicy": {"loadBalancer": {"simple": "ROUND_ROBIN"}, "connectionPool": {"tcp": {"maxConnections": 10}}, "outlierDetection": {"consecutive5xxErrors": 5, "interval": "10s"}}}),
+        ),
+        (
+            ConfigKind::Gateway,
+            json!({"selector": {"istio": "ingressgateway"}, "servers": [{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}, {"port": {"number": 443, "name": "tls", "protocol": "TLS"}, "hosts": ["*"], "tls": {"mode": "PASSTHROUGH"}}]}),
+        ),
+        (
+            ConfigKind::ServiceEntry,
+            json!({"hosts": ["api.example.com"], "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}], "location": "MESH_EXTERNAL", "resolution": "DNS"}),
+        ),
+        (
+            ConfigKind::Sidecar,
+            json!({"workloadSelector": {"labels": {"app": "reviews"}}, "egress": [{"hosts": ["./*", "istio-system/*"]}], "outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"}}),
+        ),
+        (
+            ConfigKind::WorkloadEntry,
+            json!({"address": "10.0.0.5", "labels": {"app": "vm"}, "ports": {"http": 8080}}),
+        ),
     ]
 }
 
@@ -188,4 +317,3 @@ proptest! {
         }
     }
 }
-

@@ -91,7 +91,14 @@ where
             1,
         ));
         let registry = Registry::default();
-        let session = Session::new("fuzz-1".into(), mode, registry.clone(), metrics, views, None);
+        let session = Session::new(
+            "fuzz-1".into(),
+            mode,
+            registry.clone(),
+            metrics,
+            views,
+            None,
+        );
         let (tx, mut rx) = mpsc::channel(16);
         let handler = make(session, tx);
         let (snap_tx, snap_rx) = watch::channel(Some(published()));
@@ -138,9 +145,16 @@ where
             task.await.expect("the stream's task never panics");
         }
         collector.await.expect("collector");
-        assert!(registry.snapshot().is_empty(), "a closed stream is unregistered");
+        assert!(
+            registry.snapshot().is_empty(),
+            "a closed stream is unregistered"
+        );
         let sent = std::mem::take(&mut *sent.lock().unwrap_or_else(|p| p.into_inner()));
-        Outcome { sent, status, ended }
+        Outcome {
+            sent,
+            status,
+            ended,
+        }
     })
 }
 
@@ -156,7 +170,10 @@ fn check(outcome: &Outcome) -> Result<(), TestCaseError> {
     prop_assert!(errors.len() <= 1, "at most one status, ending the stream");
     if let Some(status) = errors.first() {
         prop_assert!(outcome.ended, "a status ends the stream");
-        prop_assert!(outcome.sent.last().is_some_and(|o| o.is_err()), "the status is last");
+        prop_assert!(
+            outcome.sent.last().is_some_and(|o| o.is_err()),
+            "the status is last"
+        );
         prop_assert!(
             matches!(
                 status.code(),
@@ -167,9 +184,16 @@ fn check(outcome: &Outcome) -> Result<(), TestCaseError> {
         prop_assert!(!status.message().is_empty(), "a status says why");
     }
     if let Some(conn) = &outcome.status {
-        prop_assert!(conn.types.len() <= XdsType::ALL.len(), "{:?}", conn.types.keys());
+        prop_assert!(
+            conn.types.len() <= XdsType::ALL.len(),
+            "{:?}",
+            conn.types.keys()
+        );
         for (url, t) in &conn.types {
-            prop_assert!(XdsType::from_type_url(url).is_some(), "only served types: {url}");
+            prop_assert!(
+                XdsType::from_type_url(url).is_some(),
+                "only served types: {url}"
+            );
             prop_assert!(t.acked_version.len() <= MAX_VERSION_BYTES + 40);
             if let Some(n) = &t.last_nack {
                 prop_assert!(n.message.len() <= MAX_NACK_DETAIL_BYTES + 40);
@@ -250,17 +274,19 @@ fn sotw_request() -> impl Strategy<Value = DiscoveryRequest> {
         text_strategy(2_000),
         error_strategy(),
     )
-        .prop_map(|(node, type_url, resource_names, response_nonce, version_info, error_detail)| {
-            DiscoveryRequest {
-                node,
-                type_url,
-                resource_names,
-                response_nonce,
-                version_info,
-                error_detail,
-                ..Default::default()
-            }
-        })
+        .prop_map(
+            |(node, type_url, resource_names, response_nonce, version_info, error_detail)| {
+                DiscoveryRequest {
+                    node,
+                    type_url,
+                    resource_names,
+                    response_nonce,
+                    version_info,
+                    error_detail,
+                    ..Default::default()
+                }
+            },
+        )
 }
 
 fn delta_request() -> impl Strategy<Value = DeltaDiscoveryRequest> {
@@ -370,11 +396,21 @@ fn a_hostile_stream_keeps_bounded_state() {
         .clone()
         .expect("NACK recorded");
     assert!(nack.message.len() <= MAX_NACK_DETAIL_BYTES + 40);
-    assert!(nack.message.ends_with("bytes truncated)"), "{}", &nack.message[1000..]);
+    assert!(
+        nack.message.ends_with("bytes truncated)"),
+        "{}",
+        &nack.message[1000..]
+    );
     // One response to the first request, one to each Listener request, and nothing else.
     assert_eq!(outcome.sent.len(), 1 + 2500);
-    assert_eq!(decode(&outcome.sent[0]).type_url, XdsType::Cluster.type_url());
-    assert_eq!(decode(&outcome.sent[1]).type_url, XdsType::Listener.type_url());
+    assert_eq!(
+        decode(&outcome.sent[0]).type_url,
+        XdsType::Cluster.type_url()
+    );
+    assert_eq!(
+        decode(&outcome.sent[1]).type_url,
+        XdsType::Listener.type_url()
+    );
 }
 
 #[test]
@@ -398,7 +434,11 @@ fn a_request_over_the_name_cap_is_refused_naming_the_cap() {
         resource_names_unsubscribe: unsub.iter().map(|s| s.to_string()).collect(),
         ..Default::default()
     };
-    let outcome = run(Mode::Delta, vec![sub(&names, &[], the_node())], DeltaStream::new);
+    let outcome = run(
+        Mode::Delta,
+        vec![sub(&names, &[], the_node())],
+        DeltaStream::new,
+    );
     assert!(outcome.ended);
     let status = outcome.sent[0].as_ref().expect_err("refused");
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
@@ -425,7 +465,11 @@ fn a_request_over_the_name_cap_is_refused_naming_the_cap() {
 struct Counter(Arc<Mutex<Vec<String>>>);
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Counter {
-    fn on_event(&self, event: &tracing::Event<'_>, _ctx: tracing_subscriber::layer::Context<'_, S>) {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
         if *event.metadata().level() <= tracing::Level::WARN {
             self.0
                 .lock()
@@ -458,10 +502,13 @@ fn warnings_of_a_looping_proxy_are_rate_limited() {
             ..sotw(None, XdsType::Cluster, vec![])
         });
     }
-    let outcome = tracing::subscriber::with_default(subscriber, || {
-        run(Mode::Sotw, reqs, SotwStream::new)
-    });
+    let outcome =
+        tracing::subscriber::with_default(subscriber, || run(Mode::Sotw, reqs, SotwStream::new));
     assert!(!outcome.ended);
     let warnings = counter.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    assert_eq!(warnings.len(), 2, "one NACK and one unknown-type warning: {warnings:?}");
+    assert_eq!(
+        warnings.len(),
+        2,
+        "one NACK and one unknown-type warning: {warnings:?}"
+    );
 }

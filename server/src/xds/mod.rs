@@ -3,14 +3,14 @@
 
 pub mod ads;
 mod delta;
+#[cfg(test)]
+mod fuzz_tests;
 mod impact;
 pub mod limits;
 pub mod listener;
 pub mod registry;
 mod session;
 mod sotw;
-#[cfg(test)]
-mod fuzz_tests;
 #[cfg(test)]
 mod tests;
 pub mod tls;

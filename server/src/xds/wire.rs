@@ -382,15 +382,11 @@ mod tests {
         let mut prefix = vec![0u8];
         prefix.extend(u32::MAX.to_be_bytes());
         prefix.extend(b"partial");
-        let frames = futures::stream::iter(vec![Ok::<_, Status>(Frame::data(Bytes::from(
-            prefix,
-        )))])
-        .chain(futures::stream::pending());
+        let frames = futures::stream::iter(vec![Ok::<_, Status>(Frame::data(Bytes::from(prefix)))])
+            .chain(futures::stream::pending());
         let body = tonic::body::Body::new(http_body_util::StreamBody::new(frames));
-        let mut s = RequestStream::<DiscoveryRequest>::new(
-            body,
-            crate::xds::ads::MAX_REQUEST_BYTES,
-        );
+        let mut s =
+            RequestStream::<DiscoveryRequest>::new(body, crate::xds::ads::MAX_REQUEST_BYTES);
         let err = tokio::time::timeout(std::time::Duration::from_secs(20), s.next())
             .await
             .expect("refused without waiting for the message")

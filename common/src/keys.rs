@@ -252,7 +252,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: crate::proptest_cases(512), ..ProptestConfig::default() })]
 
         #[test]
         fn prop_arbitrary_keys_parse_or_fail_cleanly(key in keyish()) {

@@ -232,7 +232,7 @@ fn entry() -> impl Strategy<Value = (Bucket, Key, Value, bool, bool)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: shoal_common::proptest_cases(256), ..ProptestConfig::default() })]
 
     #[test]
     fn prop_garbage_bus_entries_never_take_good_state_down(

@@ -295,7 +295,7 @@ fn the_valid_specs_convert() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: shoal_common::proptest_cases(512), ..ProptestConfig::default() })]
 
     #[test]
     fn prop_istio_specs_convert_or_fail_cleanly(

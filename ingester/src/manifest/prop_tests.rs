@@ -177,7 +177,7 @@ fn check(text: &str) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: shoal_common::proptest_cases(512), ..ProptestConfig::default() })]
 
     #[test]
     fn prop_yamlish_text_never_panics(text in yamlish()) {

@@ -316,7 +316,7 @@ fn delta_request() -> impl Strategy<Value = DeltaDiscoveryRequest> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: shoal_common::proptest_cases(128), ..ProptestConfig::default() })]
 
     #[test]
     fn prop_sotw_request_sequences_never_panic(reqs in prop::collection::vec(sotw_request(), 1..24)) {

@@ -415,7 +415,7 @@ mod tests {
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig {
-            cases: 256,
+            cases: shoal_common::proptest_cases(256),
             ..proptest::prelude::ProptestConfig::default()
         })]
 

@@ -249,4 +249,4 @@ mod tests {
 }
 
 #[cfg(test)]
-mod prop_tests;
+pub(crate) mod prop_tests;

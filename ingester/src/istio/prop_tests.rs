@@ -92,6 +92,24 @@ const FIELDS: &[&str] = &[
     "network",
     "locality",
     "unknownField",
+    // Kubernetes fields (the normalize tests edit Services, EndpointSlices, Pods, Nodes).
+    "metadata",
+    "annotations",
+    "conditions",
+    "ready",
+    "nodeName",
+    "targetRef",
+    "kind",
+    "clusterIP",
+    "type",
+    "externalName",
+    "appProtocol",
+    "addressType",
+    "podIP",
+    "zone",
+    "hostname",
+    "status",
+    "spec",
 ];
 
 /// String values the validators look at, and some they should not like.
@@ -162,7 +180,7 @@ fn scalar() -> impl Strategy<Value = Value> {
 }
 
 /// A JSON value of plausible Istio fields, a few levels deep.
-fn value() -> impl Strategy<Value = Value> {
+pub(crate) fn value() -> impl Strategy<Value = Value> {
     scalar().prop_recursive(4, 48, 6, |inner| {
         prop_oneof![
             prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
@@ -210,14 +228,14 @@ fn valid_specs() -> Vec<(ConfigKind, Value)> {
 
 /// One change at some depth of a valid spec.
 #[derive(Debug, Clone)]
-enum Edit {
+pub(crate) enum Edit {
     /// Follow these child indices, then set a field (object) or replace (array, scalar).
     Set(Vec<usize>, &'static str, Value),
     /// Follow these child indices, then remove a child.
     Remove(Vec<usize>),
 }
 
-fn edit() -> impl Strategy<Value = Edit> {
+pub(crate) fn edit() -> impl Strategy<Value = Edit> {
     let path = || prop::collection::vec(any::<usize>(), 0..5);
     prop_oneof![
         3 => (path(), prop::sample::select(FIELDS), value()).prop_map(|(p, k, v)| Edit::Set(p, k, v)),
@@ -225,7 +243,7 @@ fn edit() -> impl Strategy<Value = Edit> {
     ]
 }
 
-fn apply(value: &mut Value, path: &[usize], edit: &Edit) {
+pub(crate) fn apply(value: &mut Value, path: &[usize], edit: &Edit) {
     let child = match (value, path.split_first()) {
         (Value::Object(m), Some((i, rest))) if !m.is_empty() => {
             let key = m.keys().nth(i % m.len()).cloned().unwrap_or_default();

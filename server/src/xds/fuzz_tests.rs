@@ -6,7 +6,9 @@
 
 use super::ads::{drive, DriveContext, StreamHandler};
 use super::delta::DeltaStream;
-use super::limits::{MAX_NACK_DETAIL_BYTES, MAX_NAMES_PER_SUBSCRIPTION, MAX_VERSION_BYTES};
+use super::limits::{
+    SharedWarnLimiter, MAX_NACK_DETAIL_BYTES, MAX_NAMES_PER_SUBSCRIPTION, MAX_VERSION_BYTES,
+};
 use super::registry::{ConnectionStatus, Registry};
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
@@ -80,6 +82,22 @@ where
     I::IntoIter: Send + 'static,
     H: StreamHandler<Req> + 'static,
 {
+    run_with(mode, requests, make, SharedWarnLimiter::default())
+}
+
+/// [`run`], with the refusal warnings' limiter shared with other streams.
+fn run_with<Req, I, H>(
+    mode: Mode,
+    requests: I,
+    make: impl FnOnce(Session, super::wire::Responses) -> H,
+    refusals: SharedWarnLimiter,
+) -> Outcome
+where
+    Req: Send + 'static,
+    I: IntoIterator<Item = Req> + Send + 'static,
+    I::IntoIter: Send + 'static,
+    H: StreamHandler<Req> + 'static,
+{
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -126,7 +144,7 @@ where
         let mut task = tokio::spawn(drive(
             handler,
             Box::pin(requests),
-            DriveContext::for_tests(snap_rx, 4),
+            DriveContext::for_tests(snap_rx, 4, refusals),
         ));
         let (status, ended) = tokio::time::timeout(HANG_GUARD, async {
             tokio::select! {
@@ -511,4 +529,27 @@ fn warnings_of_a_looping_proxy_are_rate_limited() {
         2,
         "one NACK and one unknown-type warning: {warnings:?}"
     );
+}
+
+/// A proxy reconnecting in a loop with a refused request logs one warning, not one per
+/// stream.
+#[test]
+fn refused_streams_of_a_reconnect_loop_are_logged_rate_limited() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let counter = Counter::default();
+    let subscriber = tracing_subscriber::registry().with(counter.clone());
+    let refusals = SharedWarnLimiter::default();
+    tracing::subscriber::with_default(subscriber, || {
+        for _ in 0..50 {
+            let outcome = run_with(
+                Mode::Sotw,
+                vec![sotw(None, XdsType::Cluster, vec![])],
+                SotwStream::new,
+                refusals.clone(),
+            );
+            assert!(outcome.ended, "a request without a node is refused");
+        }
+    });
+    let warnings = counter.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
 }

@@ -85,6 +85,16 @@ impl WarnLimiter {
     }
 }
 
+/// A limiter shared by every stream of a service, for warnings logged once per stream
+/// (a refused stream): a proxy reconnecting in a loop with the same bad request would
+/// otherwise log a line per attempt.
+pub type SharedWarnLimiter = std::sync::Arc<std::sync::Mutex<WarnLimiter>>;
+
+/// [`WarnLimiter::check`] of a shared limiter.
+pub fn check_shared(limiter: &SharedWarnLimiter) -> Option<u64> {
+    limiter.lock().unwrap_or_else(|p| p.into_inner()).check()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -202,3 +202,50 @@ fn the_seeds_parse_without_errors() {
         assert!(!parsed.objects.is_empty());
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: shoal_common::proptest_cases(128),
+        ..ProptestConfig::default()
+    })]
+
+    /// With the example mesh loaded, a bad edit of one file never takes accepted objects
+    /// down: a file that does not parse keeps the whole desired state, and a rejected
+    /// document keeps its object's previous version (unless the file now defines it
+    /// validly elsewhere).
+    #[test]
+    fn prop_bad_edits_keep_the_accepted_objects(
+        which in 0..SEEDS.len(),
+        mutations in prop::collection::vec(mutation(), 1..6),
+    ) {
+        use crate::state::ManifestStore;
+        let mut store = ManifestStore::new();
+        for (i, seed) in SEEDS.iter().enumerate() {
+            let path = test_path(&format!("{i}.yaml"));
+            store.apply(&path, parse_file(&path, seed));
+        }
+        let before = store.desired_state("c1");
+        let path = test_path(&format!("{which}.yaml"));
+        let previous: Vec<ParsedObject> = store.objects(&path).unwrap_or_default().to_vec();
+        let parsed = parse_file(&path, &mutate(SEEDS[which], &mutations));
+        let kept: Vec<ParsedObject> = match &parsed {
+            Err(_) => previous.clone(),
+            Ok(p) => p
+                .errors
+                .iter()
+                .filter_map(|e| e.id.as_ref())
+                .filter(|id| !p.objects.iter().any(|o| &o.id == *id))
+                .filter_map(|id| previous.iter().find(|o| &o.id == id).cloned())
+                .collect(),
+        };
+        let unparseable = parsed.is_err();
+        store.apply(&path, parsed);
+        let now = store.objects(&path).unwrap_or_default();
+        for old in &kept {
+            prop_assert!(now.contains(old), "{} was dropped", old.id);
+        }
+        if unparseable {
+            prop_assert_eq!(store.desired_state("c1"), before);
+        }
+    }
+}

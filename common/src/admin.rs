@@ -11,6 +11,28 @@ use tokio::net::TcpListener;
 /// A complete response body.
 pub type Body = Full<Bytes>;
 
+/// The `--debug-from-anywhere` flag of both binaries.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DebugArgs {
+    /// Serve the /debug endpoints to every client of the admin port. By default they
+    /// answer only on localhost (kubectl port-forward), as they reveal mesh state and
+    /// proxies' configuration.
+    #[arg(
+        long,
+        env = "SHOAL_DEBUG_FROM_ANYWHERE",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub debug_from_anywhere: bool,
+}
+
+impl DebugArgs {
+    /// The access the flag gives.
+    pub fn access(&self) -> DebugAccess {
+        DebugAccess::from_anywhere(self.debug_from_anywhere)
+    }
+}
+
 /// Who may read the `/debug/*` endpoints, which reveal the mesh's configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DebugAccess {

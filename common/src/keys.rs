@@ -145,6 +145,21 @@ pub fn owner_key(cluster: &str) -> String {
     format!("owner.{}", escape(cluster))
 }
 
+/// Key of a fleet's sync marker in `shoal-meta`: the fleet published all of its clusters
+/// once (see [`crate::synced`]).
+pub fn synced_key(fleet: &str) -> String {
+    format!("synced.{}", escape(fleet))
+}
+
+/// The fleet of a `shoal-meta` sync marker key; `None` for any other key.
+pub fn parse_synced_key(key: &str) -> Option<String> {
+    let token = key.strip_prefix("synced.")?;
+    if token.contains('.') {
+        return None;
+    }
+    unescape(token).ok()
+}
+
 /// The cluster of a `shoal-meta` owner key; `None` for any other key.
 pub fn parse_owner_key(key: &str) -> Option<String> {
     parse_meta_key("owner.", key)

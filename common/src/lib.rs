@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod model;
 pub mod ownership;
 pub mod secret;
+pub mod synced;
 
 pub use bus::{
     memory::MemoryBus, nats::NatsBus, Bucket, BusError, Entry, Op, StateBus, WatchEvent,

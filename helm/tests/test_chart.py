@@ -643,6 +643,25 @@ def test_server_termination_leaves_time_to_drain(value_set):
         )
 
 
+@pytest.mark.parametrize("value_set", DEPLOYABLE)
+def test_servers_wait_for_every_fleet_of_the_release(value_set):
+    """A fresh install serves no empty mesh: the servers expect exactly the fleets the
+    release's ingesters publish as (--expect-fleets), bounded by --sync-timeout."""
+    objects = render(value_set)
+    fleets = sorted(
+        arg_value(c, "--fleet")
+        for d in deployments(objects, "ingester")
+        for c in pod_spec(d)["containers"]
+    )
+    assert fleets, "every value set runs at least one fleet"
+    for server in deployments(objects, "server"):
+        (c,) = pod_spec(server)["containers"]
+        expected = arg_value(c, "--expect-fleets")
+        assert expected is not None, "--expect-fleets is set"
+        assert sorted(expected.split(",")) == fleets
+        assert duration_seconds(arg_value(c, "--sync-timeout") or "") > 0
+
+
 def server_mesh_config(objects) -> tuple[dict[str, Any], dict[str, Any], str]:
     """The server's --mesh-config file as the pod sees it: (volumeMount, ConfigMap, text)."""
     (server,) = deployments(objects, "server")

@@ -209,15 +209,8 @@ pub struct IngesterArgs {
     )]
     pub admin_addr: SocketAddr,
 
-    /// Serve the /debug endpoints to every client of the admin port. By default they
-    /// answer only on localhost (kubectl port-forward), as they reveal mesh state.
-    #[arg(
-        long,
-        env = "SHOAL_DEBUG_FROM_ANYWHERE",
-        action = clap::ArgAction::SetTrue,
-        value_parser = clap::builder::BoolishValueParser::new()
-    )]
-    pub debug_from_anywhere: bool,
+    #[command(flatten)]
+    pub debug: shoal_common::admin::DebugArgs,
 
     /// Log filter in RUST_LOG syntax, e.g. `info` or `info,shoal_ingester=debug`.
     #[arg(
@@ -321,7 +314,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
         readiness: readiness.clone(),
         metrics: metrics.clone(),
     };
-    let debug = shoal_common::admin::DebugAccess::from_anywhere(args.debug_from_anywhere);
+    let debug = args.debug.access();
 
     match args.source.clone() {
         SourceSpec::File(dir) => {
@@ -340,6 +333,12 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
             // No lease: the file source always writes, with epoch 0.
             metrics.leader.set(1);
             tokio::spawn(admin::serve(listener, debug, admin_state));
+            tokio::spawn(crate::readiness::announce_synced(
+                bus.clone(),
+                cfg.fleet.clone(),
+                readiness.clone(),
+                crate::publish::Leadership::always(),
+            ));
             let mut source = FileSource::new(cfg, bus).await?;
             source.set_discovery_selectors(selectors);
             source.set_metrics(metrics);
@@ -396,6 +395,12 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 watch_config: args.watch_config,
                 remote_cluster_timeout: args.remote_cluster_timeout.get(),
             };
+            tokio::spawn(crate::readiness::announce_synced(
+                bus.clone(),
+                cfg.fleet.clone(),
+                readiness.clone(),
+                leadership.clone(),
+            ));
             let source =
                 KubeSource::new(cfg, bus, metrics, readiness, selectors, leadership, owners);
             tokio::spawn(admin::serve(listener, debug, admin_state));

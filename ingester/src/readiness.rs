@@ -5,6 +5,10 @@
 //! does not flap readiness.
 
 use crate::metrics::Metrics;
+use crate::publish::Leadership;
+use shoal_common::bus::{Bucket, StateBus};
+use shoal_common::keys;
+use shoal_common::synced::{self, SyncedBody};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -106,6 +110,58 @@ impl Readiness {
     }
 }
 
+/// Once the ingester is ready and leads its fleet, writes the fleet's sync marker
+/// (`synced.<fleet>` in `shoal-meta`, see [`shoal_common::synced`]) unless it is there
+/// already: servers started with `--expect-fleets` wait for it before they serve. Returns
+/// once the marker is on the bus.
+pub async fn announce_synced(
+    bus: Arc<dyn StateBus>,
+    fleet: String,
+    readiness: Readiness,
+    leadership: Leadership,
+) {
+    let key = keys::synced_key(&fleet);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let Some(epoch) = leadership.current().filter(|_| readiness.is_ready()) else {
+            continue;
+        };
+        match bus.get(Bucket::Meta, &key).await {
+            Ok(Some(entry))
+                if synced::decode(&entry.value).is_ok_and(|e| e.body.fleet == fleet) =>
+            {
+                tracing::debug!(%fleet, "fleet sync marker already on the bus");
+                return;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::debug!(%error, %fleet, "cannot read the fleet sync marker; retrying");
+                continue;
+            }
+        }
+        let body = SyncedBody {
+            fleet: fleet.clone(),
+            since_ms: shoal_common::envelope::now_ms(),
+        };
+        let value = match synced::encode(epoch, &body) {
+            Ok(v) => v,
+            Err(error) => {
+                tracing::error!(%error, "cannot encode the fleet sync marker");
+                return;
+            }
+        };
+        match bus.put(Bucket::Meta, &key, value.into()).await {
+            Ok(_) => {
+                tracing::info!(%fleet, "fleet synced: marker written for the servers");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, %fleet, "cannot write the fleet sync marker; retrying")
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +194,31 @@ mod tests {
         assert!(!r.is_ready());
         r.forget("b");
         assert!(r.is_ready());
+    }
+
+    #[tokio::test]
+    async fn the_sync_marker_is_written_once_ready() {
+        let bus: Arc<dyn StateBus> = Arc::new(shoal_common::MemoryBus::new());
+        let r = Readiness::new(Metrics::new());
+        r.require("a");
+        let task = tokio::spawn(announce_synced(
+            bus.clone(),
+            "east".into(),
+            r.clone(),
+            Leadership::always(),
+        ));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let key = keys::synced_key("east");
+        assert!(
+            bus.get(Bucket::Meta, &key).await.unwrap().is_none(),
+            "not ready yet"
+        );
+        r.synced("a");
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("written")
+            .expect("task");
+        let entry = bus.get(Bucket::Meta, &key).await.unwrap().expect("marker");
+        assert_eq!(synced::decode(&entry.value).unwrap().body.fleet, "east");
     }
 }

@@ -66,7 +66,21 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/ready" => match snapshot {
             _ if *state.draining.borrow() => text(StatusCode::SERVICE_UNAVAILABLE, "draining\n"),
+            // Ready on the last state while the bus is unreachable (degraded), like istiod
+            // serving from its informer caches while the API server is down: proxies keep
+            // working config, and an unready replica would be taken out of the Service.
+            Some(_) if state.metrics.bus_connected.get() == 0 => text(
+                StatusCode::OK,
+                "ready (degraded: state bus unreachable, serving the last state)\n",
+            ),
             Some(_) => text(StatusCode::OK, "ready\n"),
+            None if state.metrics.fleets_waiting.get() > 0 => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "waiting for {} expected fleet(s) to sync (--expect-fleets)\n",
+                    state.metrics.fleets_waiting.get()
+                ),
+            ),
             None => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "initial state not loaded yet\n",

@@ -67,6 +67,28 @@ pub struct ServerArgs {
     #[arg(long, env = "SHOAL_MESH_CONFIG", value_name = "FILE")]
     pub mesh_config: Option<PathBuf>,
 
+    /// Ingester fleets that must have published their clusters (their sync marker
+    /// `synced.<fleet>` in shoal-meta) before this server is ready and serves proxies,
+    /// comma-separated. Empty: ready once the bus's current state is loaded.
+    #[arg(
+        long,
+        env = "SHOAL_EXPECT_FLEETS",
+        value_delimiter = ',',
+        value_name = "FLEET,..."
+    )]
+    pub expect_fleets: Vec<String>,
+
+    /// Longest wait for --expect-fleets: then the server becomes ready without the fleets
+    /// still missing, with a warning and shoal_sync_timed_out 1 (like Istio's
+    /// PILOT_REMOTE_CLUSTER_TIMEOUT). "0s" waits forever.
+    #[arg(
+        long,
+        env = "SHOAL_SYNC_TIMEOUT",
+        default_value = "30s",
+        value_name = "DURATION"
+    )]
+    pub sync_timeout: ConfigDuration,
+
     /// Address of the plaintext gRPC ADS endpoint (istiod's 15010, e.g. 0.0.0.0:15010).
     /// Off unless given: its streams are not authenticated (any client may ask for any
     /// proxy's config), so enable it only on a trusted network.
@@ -134,15 +156,8 @@ pub struct ServerArgs {
     )]
     pub admin_addr: SocketAddr,
 
-    /// Serve the /debug endpoints to every client of the admin port. By default they
-    /// answer only on localhost (kubectl port-forward), as they reveal proxies' config.
-    #[arg(
-        long,
-        env = "SHOAL_DEBUG_FROM_ANYWHERE",
-        action = clap::ArgAction::SetTrue,
-        value_parser = clap::builder::BoolishValueParser::new()
-    )]
-    pub debug_from_anywhere: bool,
+    #[command(flatten)]
+    pub debug: shoal_common::admin::DebugArgs,
 
     /// Quiet period after the last change before pushing (like PILOT_DEBOUNCE_AFTER).
     #[arg(
@@ -315,11 +330,22 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     if tls.is_some() {
         tokio::spawn(auth::follow_issuers(bus.clone(), issuers, metrics.clone()));
     }
-    tokio::spawn(pipeline::run_with_mesh(
+    let sync_timeout = args.sync_timeout.get();
+    let gate = pipeline::FleetGate {
+        expect: args
+            .expect_fleets
+            .iter()
+            .map(|f| f.trim().to_string())
+            .filter(|f| !f.is_empty())
+            .collect(),
+        timeout: (!sync_timeout.is_zero()).then_some(sync_timeout),
+    };
+    tokio::spawn(pipeline::run_gated(
         bus,
         debounce,
         metrics.clone(),
         mesh_rx,
+        gate,
         tx,
     ));
 
@@ -331,7 +357,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on admin address {}", args.admin_addr))?;
     tokio::spawn(admin::serve(
         admin_listener,
-        shoal_common::admin::DebugAccess::from_anywhere(args.debug_from_anywhere),
+        args.debug.access(),
         AdminState {
             snapshots: rx.clone(),
             registry: registry.clone(),

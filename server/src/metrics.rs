@@ -48,6 +48,15 @@ pub struct Metrics {
     pub streams_closed: IntCounterVec,
     /// Views with connected proxies (set on scrape).
     pub views: IntGauge,
+    /// 1 while the state bus (NATS) is connected, 0 while unreachable (degraded: serving
+    /// the last state).
+    pub bus_connected: IntGauge,
+    /// Bucket watches re-created (after a broken watch or a NATS reconnection), by bucket.
+    pub bus_watch_restarts: IntCounterVec,
+    /// Expected fleets (`--expect-fleets`) not synced yet.
+    pub fleets_waiting: IntGauge,
+    /// 1 when the server became ready at `--sync-timeout` without every expected fleet.
+    pub sync_timed_out: IntGauge,
     /// Streams on the secure port refused, by reason (see [`crate::auth::AuthError::reason`]).
     pub auth_refused: IntCounterVec,
     /// Streams on the secure port authenticated, by credential (`certificate`, `token`).
@@ -194,6 +203,33 @@ impl Metrics {
                  with connected proxies.",
             )
             .expect("valid metric"),
+            bus_connected: IntGauge::new(
+                "shoal_bus_connected",
+                "1 while the state bus (NATS) is connected; 0 while unreachable (degraded: \
+                 serving the last state).",
+            )
+            .expect("valid metric"),
+            bus_watch_restarts: IntCounterVec::new(
+                opts!(
+                    "shoal_bus_watch_restarts_total",
+                    "Bucket watches re-created after a broken watch or a NATS reconnection \
+                     (each replays the bucket), by bucket."
+                ),
+                &["bucket"],
+            )
+            .expect("valid metric"),
+            fleets_waiting: IntGauge::new(
+                "shoal_fleets_waiting",
+                "Expected ingester fleets (--expect-fleets) whose sync marker is not on the \
+                 bus yet; the server is not ready while this is above 0.",
+            )
+            .expect("valid metric"),
+            sync_timed_out: IntGauge::new(
+                "shoal_sync_timed_out",
+                "1 when the server became ready at --sync-timeout without every expected \
+                 fleet synced.",
+            )
+            .expect("valid metric"),
             auth_refused: IntCounterVec::new(
                 opts!(
                     "shoal_xds_auth_refused_total",
@@ -246,6 +282,10 @@ impl Metrics {
             Box::new(m.cache_bytes.clone()),
             Box::new(m.streams_closed.clone()),
             Box::new(m.views.clone()),
+            Box::new(m.bus_connected.clone()),
+            Box::new(m.bus_watch_restarts.clone()),
+            Box::new(m.fleets_waiting.clone()),
+            Box::new(m.sync_timed_out.clone()),
             Box::new(m.auth_refused.clone()),
             Box::new(m.auth_accepted.clone()),
             Box::new(m.tls_reloads.clone()),
@@ -287,6 +327,11 @@ impl Metrics {
                 m.bus_entries.with_label_values(&[bucket, result]);
             }
         }
+        for bucket in shoal_common::bus::Bucket::ALL {
+            m.bus_watch_restarts.with_label_values(&[bucket.name()]);
+        }
+        // Connected until the bus says otherwise (an in-process bus always is).
+        m.bus_connected.set(1);
         m
     }
 

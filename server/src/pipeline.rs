@@ -158,6 +158,10 @@ pub struct Published {
     pub published_at_ms: u64,
 }
 
+/// Longest wait between two attempts to re-create a broken bucket watch. Kept short: after
+/// a NATS outage the next attempt is what resyncs the server.
+const REWATCH_MAX_BACKOFF: Duration = Duration::from_secs(1);
+
 /// Watches one bucket forever, re-creating the watch with backoff when it breaks.
 async fn feed_bucket(bus: Arc<dyn StateBus>, bucket: Bucket, tx: mpsc::Sender<Feed>) {
     let mut backoff = Duration::from_millis(100);
@@ -185,7 +189,7 @@ async fn feed_bucket(bus: Arc<dyn StateBus>, bucket: Bucket, tx: mpsc::Sender<Fe
             Err(error) => tracing::warn!(%bucket, %error, "cannot watch bus bucket; retrying"),
         }
         tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+        backoff = (backoff * 2).min(REWATCH_MAX_BACKOFF);
     }
 }
 
@@ -200,14 +204,61 @@ pub async fn run(
     run_with_mesh(bus, debounce, metrics, mesh, out).await
 }
 
-/// Runs the pipeline: publishes the first snapshot once every bucket's initial state is
-/// loaded, then a new one after each debounced batch of changes. A change of the mesh
-/// settings is a full change.
+/// Runs the pipeline with no expected fleets (see [`run_gated`]).
 pub async fn run_with_mesh(
     bus: Arc<dyn StateBus>,
     debounce: Debounce,
     metrics: Metrics,
+    mesh: watch::Receiver<Arc<MeshSettings>>,
+    out: watch::Sender<Option<Published>>,
+) {
+    run_gated(bus, debounce, metrics, mesh, FleetGate::default(), out).await
+}
+
+/// Which ingester fleets must have published their clusters before the first snapshot
+/// (`--expect-fleets`), and how long to wait for them at most (`--sync-timeout`, like
+/// Istio's `PILOT_REMOTE_CLUSTER_TIMEOUT`).
+#[derive(Debug, Clone, Default)]
+pub struct FleetGate {
+    /// Fleets whose sync marker (`synced.<fleet>` in `shoal-meta`) must be on the bus.
+    pub expect: BTreeSet<String>,
+    /// After this, publish anyway (with a warning and `shoal_sync_timed_out` 1); `None`:
+    /// wait forever.
+    pub timeout: Option<Duration>,
+}
+
+/// Follows the bus connection: `shoal_bus_connected`, and a log line per transition.
+async fn follow_connection(bus: Arc<dyn StateBus>, metrics: Metrics) {
+    let mut conn = bus.connected();
+    let mut was = true;
+    loop {
+        let up = *conn.borrow_and_update();
+        metrics.bus_connected.set(i64::from(up));
+        match (was, up) {
+            (true, false) => tracing::warn!(
+                "state bus unreachable: still serving the last state; proxies keep their \
+                 configuration and streams"
+            ),
+            (false, true) => tracing::info!("state bus reachable again; resyncing"),
+            _ => {}
+        }
+        was = up;
+        if conn.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Runs the pipeline: publishes the first snapshot once every bucket's initial state is
+/// loaded and every expected fleet has synced (or the gate's timeout passed), then a new
+/// one after each debounced batch of changes. A change of the mesh settings is a full
+/// change.
+pub async fn run_gated(
+    bus: Arc<dyn StateBus>,
+    debounce: Debounce,
+    metrics: Metrics,
     mut mesh: watch::Receiver<Arc<MeshSettings>>,
+    gate: FleetGate,
     out: watch::Sender<Option<Published>>,
 ) {
     let (tx, mut rx) = mpsc::channel(1024);
@@ -215,12 +266,15 @@ pub async fn run_with_mesh(
         tokio::spawn(feed_bucket(bus.clone(), bucket, tx.clone()));
     }
     drop(tx);
+    tokio::spawn(follow_connection(bus.clone(), metrics.clone()));
 
     let mut p = Pipeline::new(mesh.borrow_and_update().clone(), debounce, metrics);
+    p.gate(gate);
     let mut mesh_open = true;
     loop {
         let deadline = p.deadline();
         tokio::select! {
+            _ = sleep_until(p.sync_deadline()) => p.sync_timed_out(),
             feed = rx.recv() => match feed {
                 Some(Feed::Restart(bucket)) => p.restart(bucket),
                 Some(Feed::Event(bucket, WatchEvent::Entry(entry))) => p.entry(bucket, &entry),
@@ -263,6 +317,12 @@ struct Pipeline {
     observed: Option<u64>,
     window: Window,
     number: u64,
+    /// Expected fleets whose sync marker has not been seen yet.
+    fleets_waiting: BTreeSet<String>,
+    /// When to stop waiting for them (None: never).
+    sync_deadline: Option<Instant>,
+    /// Buckets whose watch has started at least once (later starts are restarts).
+    watched: BTreeSet<Bucket>,
 }
 
 impl Pipeline {
@@ -285,6 +345,73 @@ impl Pipeline {
             observed: None,
             window: Window::default(),
             number: 0,
+            fleets_waiting: BTreeSet::new(),
+            sync_deadline: None,
+            watched: BTreeSet::new(),
+        }
+    }
+
+    /// Waits for these fleets before the first snapshot.
+    fn gate(&mut self, gate: FleetGate) {
+        self.sync_deadline = gate.timeout.map(|t| Instant::now() + t);
+        self.fleets_waiting = gate.expect;
+        self.metrics
+            .fleets_waiting
+            .set(self.fleets_waiting.len() as i64);
+        if !self.fleets_waiting.is_empty() {
+            tracing::info!(
+                fleets = ?self.fleets_waiting,
+                timeout = ?self.sync_deadline.map(|d| d - Instant::now()),
+                "waiting for the expected ingester fleets to sync before serving"
+            );
+        }
+    }
+
+    /// Whether the first snapshot may be published: every bucket loaded, every expected
+    /// fleet synced (or given up on).
+    fn may_publish(&self) -> bool {
+        self.initial_pending.is_empty() && self.fleets_waiting.is_empty()
+    }
+
+    /// When to give up waiting for expected fleets, while waiting.
+    fn sync_deadline(&self) -> Option<Instant> {
+        self.sync_deadline
+            .filter(|_| !self.fleets_waiting.is_empty())
+    }
+
+    /// The sync timeout passed: serve without the fleets still missing.
+    fn sync_timed_out(&mut self) {
+        tracing::warn!(
+            fleets = ?self.fleets_waiting,
+            "expected ingester fleets did not sync within --sync-timeout; serving without them"
+        );
+        self.fleets_waiting.clear();
+        self.sync_deadline = None;
+        self.metrics.fleets_waiting.set(0);
+        self.metrics.sync_timed_out.set(1);
+        self.gate_changed();
+    }
+
+    /// A fleet's sync marker arrived.
+    fn fleet_synced(&mut self, fleet: &str) {
+        if self.fleets_waiting.remove(fleet) {
+            tracing::info!(%fleet, left = self.fleets_waiting.len(), "expected fleet synced");
+            self.metrics
+                .fleets_waiting
+                .set(self.fleets_waiting.len() as i64);
+            self.gate_changed();
+        }
+    }
+
+    /// Publish at once when the first snapshot just became allowed.
+    fn gate_changed(&mut self) {
+        if self.number == 0 && self.may_publish() {
+            tracing::info!(
+                config = self.state.config.len(),
+                services = self.state.services.len(),
+                "initial state loaded from the bus"
+            );
+            self.window.expire(&self.debounce);
         }
     }
 
@@ -302,6 +429,12 @@ impl Pipeline {
 
     /// A bucket's watch (re)started: a full replay follows.
     fn restart(&mut self, bucket: Bucket) {
+        if !self.watched.insert(bucket) {
+            self.metrics
+                .bus_watch_restarts
+                .with_label_values(&[bucket.name()])
+                .inc();
+        }
         self.resync.insert(bucket, BTreeSet::new());
         self.live.remove(&bucket);
     }
@@ -311,6 +444,11 @@ impl Pipeline {
     fn entry(&mut self, bucket: Bucket, entry: &shoal_common::bus::Entry) {
         if let Some(seen) = self.resync.get_mut(&bucket) {
             seen.insert(entry.key.clone());
+        }
+        if bucket == Bucket::Meta && entry.op == shoal_common::bus::Op::Put {
+            if let Some(fleet) = shoal_common::keys::parse_synced_key(&entry.key) {
+                self.fleet_synced(&fleet);
+            }
         }
         let applied = if self.live.contains(&bucket) {
             self.state.apply_live(bucket, entry)
@@ -384,12 +522,13 @@ impl Pipeline {
             }
         }
         if self.initial_pending.remove(&bucket) && self.initial_pending.is_empty() {
-            tracing::info!(
-                config = self.state.config.len(),
-                services = self.state.services.len(),
-                "initial state loaded from the bus"
-            );
-            self.window.expire(&self.debounce);
+            if !self.fleets_waiting.is_empty() {
+                tracing::info!(
+                    fleets = ?self.fleets_waiting,
+                    "bus loaded; still waiting for expected fleets to sync"
+                );
+            }
+            self.gate_changed();
         }
     }
 
@@ -398,7 +537,7 @@ impl Pipeline {
     /// with the state until the next endpoint change.
     fn assemble(&mut self) -> Option<Published> {
         let first = self.window.close()?;
-        if !self.initial_pending.is_empty() {
+        if !self.may_publish() {
             return None;
         }
         self.metrics

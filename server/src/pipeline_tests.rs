@@ -391,3 +391,85 @@ async fn live_writes_of_a_deposed_leader_are_refused() {
     assert_eq!(s2.number, s1.number + 1);
     assert_eq!(s2.ctx.destination_rules.len(), 2);
 }
+
+fn gated(
+    bus: Arc<dyn StateBus>,
+    expect: &[&str],
+    timeout: Option<Duration>,
+    metrics: Metrics,
+) -> watch::Receiver<Option<Published>> {
+    let (tx, rx) = watch::channel(None);
+    let (_keep, mesh) = watch::channel(Arc::new(crate::push_context::MeshSettings::default()));
+    let gate = pipeline::FleetGate {
+        expect: expect.iter().map(|f| f.to_string()).collect(),
+        timeout,
+    };
+    tokio::spawn(async move {
+        let _keep = _keep;
+        pipeline::run_gated(bus, DEBOUNCE, metrics, mesh, gate, tx).await
+    });
+    rx
+}
+
+async fn mark_synced(bus: &dyn StateBus, fleet: &str) {
+    let body = shoal_common::synced::SyncedBody {
+        fleet: fleet.into(),
+        since_ms: 1,
+    };
+    let value = shoal_common::synced::encode(0, &body).expect("encodes");
+    bus.put(
+        Bucket::Meta,
+        &shoal_common::keys::synced_key(fleet),
+        value.into(),
+    )
+    .await
+    .expect("memory bus put");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_snapshot_waits_for_every_expected_fleet() {
+    let bus: Arc<dyn StateBus> = Arc::new(seeded_bus().await);
+    mark_synced(&*bus, "east").await;
+    let metrics = Metrics::new();
+    let mut rx = gated(
+        bus.clone(),
+        &["east", "west"],
+        Some(Duration::from_secs(30)),
+        metrics.clone(),
+    );
+    sleep(Duration::from_secs(10)).await;
+    assert!(rx.borrow().is_none(), "west has not synced: nothing served");
+    assert_eq!(metrics.fleets_waiting.get(), 1);
+    mark_synced(&*bus, "west").await;
+    let p = next(&mut rx).await;
+    assert_eq!(p.snapshot.ctx.services.len(), 1, "the whole mesh at once");
+    assert_eq!(metrics.fleets_waiting.get(), 0);
+    assert_eq!(metrics.sync_timed_out.get(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sync_timeout_serves_without_missing_fleets() {
+    let bus: Arc<dyn StateBus> = Arc::new(seeded_bus().await);
+    let metrics = Metrics::new();
+    let start = Instant::now();
+    let mut rx = gated(
+        bus,
+        &["never"],
+        Some(Duration::from_secs(30)),
+        metrics.clone(),
+    );
+    let p = next(&mut rx).await;
+    assert!(
+        start.elapsed() >= Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(31),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(p.snapshot.ctx.services.len(), 1);
+    assert_eq!(metrics.sync_timed_out.get(), 1);
+    assert_eq!(metrics.fleets_waiting.get(), 0);
+}

@@ -263,8 +263,8 @@ impl Generation {
         &self.cache
     }
 
-    /// Runs `f` on the blocking pool once a permit is free. A panic in `f` (the cache
-    /// assert mode's) resumes in the caller.
+    /// Runs `f` on the blocking pool once a permit is free. A panic in `f` (a generator
+    /// bug) resumes in the caller. (The cache assert mode aborts the process instead.)
     pub async fn run<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> R {
         let _permit = self.permits.acquire().await;
         match tokio::task::spawn_blocking(f).await {

@@ -291,6 +291,8 @@ pub struct Fleet {
     /// Keep every received resource's bytes and report them when configured (the
     /// replay baseline's recording clients; delta only).
     record: bool,
+    /// Proxy i first connects to server i mod servers (else every proxy starts on the first).
+    spread: bool,
 }
 
 impl Fleet {
@@ -317,7 +319,14 @@ impl Fleet {
             counters: (0..proxies).map(|_| ProxyCounters::default()).collect(),
             shutdown,
             record: false,
+            spread: false,
         }
+    }
+
+    /// With `on`, proxy i first connects to server i mod servers instead of the first.
+    pub fn spread(mut self, on: bool) -> Fleet {
+        self.spread = on;
+        self
     }
 
     /// The same fleet, recording: each proxy keeps the bytes of every resource it receives
@@ -569,7 +578,7 @@ fn now_us() -> u64 {
 /// Runs one proxy until the fleet shuts down.
 pub async fn run_proxy(fleet: Arc<Fleet>, id: ProxyIdentity) {
     let mut state = ProxyState::default();
-    let mut server = 0usize;
+    let mut server = if fleet.spread { id.index } else { 0 };
     let mut backoff = Duration::from_millis(50);
     let mut shutdown = fleet.shutdown.clone();
     loop {

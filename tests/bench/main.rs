@@ -121,6 +121,11 @@ struct Args {
     #[arg(long)]
     storm: bool,
 
+    /// With two replicas: spread the proxies over both (proxy i starts on replica i mod 2)
+    /// instead of starting them all on A; the replica move then moves A's half.
+    #[arg(long)]
+    spread: bool,
+
     /// Print the results as JSON on stdout (progress still goes to stderr).
     #[arg(long)]
     json: bool,
@@ -155,6 +160,7 @@ fn main() -> ExitCode {
         progress: !args.quiet,
         baseline: args.baseline,
         storm: args.storm,
+        spread: args.spread,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

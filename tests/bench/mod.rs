@@ -119,6 +119,9 @@ pub struct BenchConfig {
     /// Measure a connection storm: as many fresh proxies as `proxies` connecting during a
     /// VirtualService change.
     pub storm: bool,
+    /// Spread the proxies over the replicas (proxy i first connects to replica i mod
+    /// replicas) instead of starting them all on A; the replica move then moves A's half.
+    pub spread: bool,
 }
 
 impl Default for BenchConfig {
@@ -142,6 +145,7 @@ impl Default for BenchConfig {
             progress: true,
             baseline: Baseline::None,
             storm: false,
+            spread: false,
         }
     }
 }
@@ -279,15 +283,18 @@ impl Bench<'_> {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (active, active_rx) = watch::channel(None);
         let (events_tx, events) = mpsc::unbounded_channel();
-        let fleet = Arc::new(Fleet::new(
-            cfg.mode,
-            servers.iter().map(Server::xds_addr).collect(),
-            cfg.proxies,
-            cfg.connect_concurrency,
-            active_rx,
-            events_tx,
-            shutdown_rx,
-        ));
+        let fleet = Arc::new(
+            Fleet::new(
+                cfg.mode,
+                servers.iter().map(Server::xds_addr).collect(),
+                cfg.proxies,
+                cfg.connect_concurrency,
+                active_rx,
+                events_tx,
+                shutdown_rx,
+            )
+            .spread(cfg.spread),
+        );
         let mut bench = Bench {
             cfg,
             bins: bins.clone(),

@@ -13,6 +13,8 @@ const STARTUP: Duration = Duration::from_secs(30);
 pub struct NatsServer {
     process: Process,
     port: u16,
+    /// The JetStream store directory when it outlives the process ([`NatsServer::restartable`]).
+    store: Option<tempfile::TempDir>,
 }
 
 impl NatsServer {
@@ -27,7 +29,11 @@ impl NatsServer {
             cmd.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
                 .arg(dir.path().join("jetstream"));
             let process = Process::spawn(&format!("nats-{port}"), cmd, dir, HINT);
-            let mut server = NatsServer { process, port };
+            let mut server = NatsServer {
+                process,
+                port,
+                store: None,
+            };
             match server.wait_jetstream().await {
                 Ok(()) => return server,
                 Err(e) => last = format!("{e}\n{}", server.process.log_tail()),
@@ -56,13 +62,57 @@ impl NatsServer {
             let mut cmd = Command::new("nats-server");
             cmd.arg("-c").arg(&config_path);
             let process = Process::spawn(&format!("nats-{port}"), cmd, dir, HINT);
-            let mut server = NatsServer { process, port };
+            let mut server = NatsServer {
+                process,
+                port,
+                store: None,
+            };
             match server.wait_healthz(monitor).await {
                 Ok(()) => return server,
                 Err(e) => last = format!("{e}\n{}", server.process.log_tail()),
             }
         }
         panic!("nats-server did not start: {last}")
+    }
+
+    /// Starts a single JetStream server whose store directory outlives the process, so that
+    /// [`NatsServer::restart`] brings the same server back (same port, same streams).
+    pub async fn restartable() -> NatsServer {
+        let mut last = String::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let store = tempfile::tempdir().expect("nats store dir");
+            let mut server = NatsServer {
+                process: spawn_on(port, store.path()),
+                port,
+                store: Some(store),
+            };
+            match server.wait_jetstream().await {
+                Ok(()) => return server,
+                Err(e) => last = format!("{e}\n{}", server.process.log_tail()),
+            }
+        }
+        panic!("nats-server did not start: {last}")
+    }
+
+    /// Starts the server again on the same port with the same store, after [`NatsServer::kill`]
+    /// (killing it first if it still runs), and waits until JetStream answers. Only for a
+    /// server from [`NatsServer::restartable`].
+    pub async fn restart(&mut self) {
+        self.process.kill().await;
+        let store = self
+            .store
+            .as_ref()
+            .expect("restart needs NatsServer::restartable")
+            .path()
+            .to_path_buf();
+        self.process = spawn_on(self.port, &store);
+        if let Err(e) = self.wait_jetstream().await {
+            panic!(
+                "nats-server did not restart: {e}\n{}",
+                self.process.log_tail()
+            );
+        }
     }
 
     /// Starts a three-node JetStream cluster (see [`NatsCluster`]).
@@ -131,6 +181,15 @@ impl NatsServer {
     }
 }
 
+/// A JetStream nats-server on `port` storing under `store` (its log in a directory of its own).
+fn spawn_on(port: u16, store: &std::path::Path) -> Process {
+    let dir = tempfile::tempdir().expect("nats temp dir");
+    let mut cmd = Command::new("nats-server");
+    cmd.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+        .arg(store.join("jetstream"));
+    Process::spawn(&format!("nats-{port}"), cmd, dir, HINT)
+}
+
 async fn jetstream_ready(url: &str) -> Result<(), String> {
     let client = async_nats::connect(url).await.map_err(|e| e.to_string())?;
     let reply = tokio::time::timeout(
@@ -185,6 +244,7 @@ impl NatsCluster {
             nodes.push(NatsServer {
                 process,
                 port: client_ports[i],
+                store: None,
             });
         }
         for node in &mut nodes {

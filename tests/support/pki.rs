@@ -78,6 +78,13 @@ impl TestCa {
         self.issue(params, ExtendedKeyUsagePurpose::ServerAuth)
     }
 
+    /// A client certificate with common name `cn` (no SAN).
+    pub fn client(&self, cn: &str) -> Pem {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("client params");
+        params.distinguished_name.push(DnType::CommonName, cn);
+        self.issue(params, ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
     /// A workload certificate for `spiffe://cluster.local/ns/<ns>/sa/<sa>`, as Istio's CA
     /// issues them (URI SAN only).
     pub fn workload(&self, ns: &str, sa: &str) -> Pem {

@@ -36,6 +36,7 @@ fn smoke(mode: Mode, scenario: ScenarioKind, vs_change: VsChange) -> BenchConfig
         progress: true,
         baseline: Baseline::None,
         storm: false,
+        spread: false,
     }
 }
 

@@ -541,6 +541,7 @@ async fn metrics_and_debug_endpoints() {
         "shoal_ingester_events_total",
         "shoal_ingester_cluster_synced",
         "shoal_ingester_cluster_refused",
+        "shoal_ingester_issuer_readable",
     ];
     for name in ingester_metrics
         .iter()

@@ -8,10 +8,7 @@
 //! first. Certificates are generated here (rcgen): a CA, a server certificate for
 //! 127.0.0.1, a client certificate, and a second CA that signed nothing shoal sees.
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
+use shoal_tests::pki::{Pem, TestCa};
 use shoal_tests::shoal::binary;
 use shoal_tests::{eventually, NatsServer, ShoalIngester, ShoalServer};
 use std::path::{Path, PathBuf};
@@ -36,19 +33,12 @@ struct Pki {
 impl Pki {
     fn new() -> Pki {
         let dir = tempfile::tempdir().expect("pki dir");
-        let ca = new_ca("shoal test CA");
-        let other_ca = new_ca("some other CA");
-        let write = |name: &str, text: String| {
-            std::fs::write(dir.path().join(name), text).expect("writing pki file")
-        };
-        write("ca.pem", ca.pem());
-        write("other-ca.pem", other_ca.pem());
-        let (cert, key) = leaf(&ca, "nats", ExtendedKeyUsagePurpose::ServerAuth);
-        write("server.pem", cert);
-        write("server-key.pem", key);
-        let (cert, key) = leaf(&ca, "shoal", ExtendedKeyUsagePurpose::ClientAuth);
-        write("client.pem", cert);
-        write("client-key.pem", key);
+        let ca = TestCa::new("shoal test CA");
+        std::fs::write(dir.path().join("ca.pem"), &ca.cert_pem).expect("writing the CA");
+        let other = TestCa::new("some other CA").cert_pem;
+        std::fs::write(dir.path().join("other-ca.pem"), other).expect("writing the CA");
+        write_pair(dir.path(), "server", &ca.server("nats"));
+        write_pair(dir.path(), "client", &ca.client("shoal"));
         Pki { dir }
     }
 
@@ -67,29 +57,10 @@ impl Pki {
     }
 }
 
-fn new_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    CertifiedIssuer::self_signed(params, KeyPair::generate().expect("ca key")).expect("ca cert")
-}
-
-/// A certificate for 127.0.0.1 and localhost signed by `ca`: (certificate PEM, key PEM).
-fn leaf(
-    ca: &CertifiedIssuer<'static, KeyPair>,
-    name: &str,
-    usage: ExtendedKeyUsagePurpose,
-) -> (String, String) {
-    let mut params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .expect("leaf params");
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages = vec![usage];
-    params.use_authority_key_identifier_extension = true;
-    let key = KeyPair::generate().expect("leaf key");
-    let cert = params.signed_by(&key, ca).expect("leaf cert");
-    (cert.pem(), key.serialize_pem())
+/// Writes `<name>.pem` and `<name>-key.pem`.
+fn write_pair(dir: &Path, name: &str, pem: &Pem) {
+    std::fs::write(dir.join(format!("{name}.pem")), &pem.cert).expect("writing a certificate");
+    std::fs::write(dir.join(format!("{name}-key.pem")), &pem.key).expect("writing a key");
 }
 
 fn manifests() -> tempfile::TempDir {

@@ -382,3 +382,93 @@ async fn service_account_tokens_are_verified_offline_against_the_published_issue
     .await;
     assert!(result.is_ok(), "{result:?}");
 }
+
+/// `bootstrap` with its `xds-grpc` cluster over TLS: the server verified against `ca`, the
+/// proxy presenting `client` (files in `dir`), as istio-agent's Envoy reaches istiod's 15012.
+fn tls_bootstrap(bootstrap: &str, dir: &Path, ca: &TestCa, client: &Pem, name: &str) -> String {
+    let (cert, key) = client.write(dir, name);
+    let ca_path = dir.join("envoy-ca.crt");
+    std::fs::write(&ca_path, &ca.cert_pem).unwrap();
+    let socket = format!(
+        r#"    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: localhost
+        common_tls_context:
+          alpn_protocols: [h2]
+          tls_certificates:
+          - certificate_chain: {{ filename: {cert} }}
+            private_key: {{ filename: {key} }}
+          validation_context:
+            trusted_ca: {{ filename: {ca} }}
+            match_typed_subject_alt_names:
+            - san_type: DNS
+              matcher: {{ exact: localhost }}
+    upstream_connection_options:"#,
+        cert = cert.display(),
+        key = key.display(),
+        ca = ca_path.display(),
+    );
+    let out = bootstrap.replacen("    upstream_connection_options:", &socket, 1);
+    assert_ne!(out, bootstrap, "the bootstrap has an xds-grpc cluster");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_gets_its_config_over_tls_with_its_workload_certificate_and_no_other() {
+    use shoal_tests::bootstrap::{bootstrap, bootstrap_with, AdsMode, Node};
+    use shoal_tests::envoy::Envoy;
+    use shoal_tests::ports::free_port;
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("mesh root");
+    ca.server("shoal").write(dir.path(), "server");
+    let ca_path = dir.path().join("ca.crt");
+    std::fs::write(&ca_path, &ca.cert_pem).unwrap();
+    let mesh = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples/mesh");
+    let (server, addr) = tls_server(&["--standalone", mesh], dir.path(), Some(&ca_path)).await;
+
+    // The examples' sidecar (demo/client-1) with the certificate of its own identity.
+    let own = tls_bootstrap(
+        &bootstrap(&Node::sidecar(), free_port(), &[addr]),
+        dir.path(),
+        &ca,
+        &ca.workload("demo", "client"),
+        "client",
+    );
+    // The gateway's node id (istio-system) with demo's certificate, on a delta stream:
+    // refused.
+    let other = tls_bootstrap(
+        &bootstrap_with(&Node::gateway(), free_port(), &[addr], AdsMode::Delta),
+        dir.path(),
+        &ca,
+        &ca.workload("demo", "intruder"),
+        "intruder",
+    );
+    let (envoy, intruder) = tokio::join!(Envoy::start(&own), Envoy::start(&other));
+    let clusters = |dump: &serde_json::Value| dump.to_string().matches("outbound|").count();
+    let got = eventually::try_eventually(TIMEOUT, Duration::from_millis(200), || async {
+        let n = clusters(&envoy.config_dump().await);
+        (n > 0).then_some(n).ok_or("no outbound cluster yet")
+    })
+    .await;
+    assert!(got.is_ok(), "the sidecar got no config over TLS: {got:?}");
+    eventually::eventually(TIMEOUT, Duration::from_millis(200), || async {
+        let denied = metric(
+            &server,
+            "shoal_xds_auth_refused_total",
+            "reason=\"forbidden\"",
+        )
+        .await;
+        (denied >= 1.0)
+            .then_some(())
+            .ok_or("the intruder was not refused yet")
+    })
+    .await;
+    assert_eq!(
+        clusters(&intruder.config_dump().await),
+        0,
+        "the intruder got config"
+    );
+}

@@ -177,6 +177,12 @@ pub trait StateBus: Send + Sync + 'static {
     /// Watches a bucket: first the latest entry of every key (deleted keys may appear as
     /// deletes), then [`WatchEvent::InitialDone`], then every change in revision order.
     async fn watch(&self, bucket: Bucket) -> Result<WatchStream, BusError>;
+
+    /// Whether the bus is reachable now, as a channel that changes when it connects or
+    /// disconnects. The default (an in-process bus) is always connected.
+    fn connected(&self) -> tokio::sync::watch::Receiver<bool> {
+        tokio::sync::watch::channel(true).1
+    }
 }
 
 fn check_size(bucket: Bucket, key: &str, value: &Bytes) -> Result<(), BusError> {

@@ -107,6 +107,20 @@ pub struct ClientCert {
 #[derive(Clone)]
 pub struct NatsBus {
     stores: HashMap<Bucket, kv::Store>,
+    /// True while the client is connected (set by the client's connection events).
+    connected: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Delay before the `attempt`-th reconnection: 0, then doubling from 50 ms to at most
+/// 500 ms. async-nats' default grows to 4 s, so after an outage of a minute a client
+/// noticed the server's return up to 4 s late; a reconnection is one TCP connect, cheap
+/// for a NATS server even from hundreds of clients.
+pub fn reconnect_delay(attempt: usize) -> std::time::Duration {
+    let ms = match attempt {
+        0 | 1 => 0,
+        n => 50u64.saturating_mul(1 << (n - 2).min(4)).min(500),
+    };
+    std::time::Duration::from_millis(ms)
 }
 
 fn boxed<E: std::error::Error + Send + Sync + 'static>(
@@ -129,6 +143,8 @@ impl NatsBus {
             url: opts.url.clone(),
             source,
         };
+        let (connected_tx, connected) = tokio::sync::watch::channel(false);
+        let connected_tx = std::sync::Arc::new(connected_tx);
         let servers = opts
             .url
             .split(',')
@@ -142,7 +158,23 @@ impl NatsBus {
         }
         let deadline = tokio::time::Instant::now() + FIRST_CONNECT;
         let client = loop {
-            let co = connect_options(opts).await.map_err(connect_err)?;
+            let events_tx = connected_tx.clone();
+            let co = connect_options(opts)
+                .await
+                .map_err(connect_err)?
+                .reconnect_delay_callback(reconnect_delay)
+                .event_callback(move |event| {
+                    match event {
+                        async_nats::Event::Connected => {
+                            events_tx.send_replace(true);
+                        }
+                        async_nats::Event::Disconnected => {
+                            events_tx.send_replace(false);
+                        }
+                        _ => {}
+                    }
+                    std::future::ready(())
+                });
             match co.connect(servers.clone()).await {
                 Ok(client) => break client,
                 Err(e) => {
@@ -160,6 +192,8 @@ impl NatsBus {
                 }
             }
         };
+        // Connected now, whenever the client's event gets delivered.
+        connected_tx.send_if_modified(|c| !std::mem::replace(c, true));
         let js = jetstream::new(client);
         let mut stores = HashMap::new();
         for bucket in Bucket::ALL {
@@ -169,7 +203,7 @@ impl NatsBus {
             };
             stores.insert(bucket, store);
         }
-        Ok(NatsBus { stores })
+        Ok(NatsBus { stores, connected })
     }
 
     fn store(&self, bucket: Bucket) -> &kv::Store {
@@ -415,6 +449,53 @@ impl StateBus for NatsBus {
             };
             futures::stream::iter(events)
         });
-        Ok(head.chain(body).boxed())
+        // The ordered consumer behind the watch recreates itself after a reconnection, but
+        // with a backoff that reaches 10 s during a long outage: a watch that lived through
+        // a disconnection ends instead (an error: re-watch), and the caller's new watch
+        // replays the bucket at once.
+        let mut conn = self.connected.clone();
+        conn.borrow_and_update();
+        let reconnected = async move {
+            let down_then_up = async {
+                conn.wait_for(|c| !*c).await.ok()?;
+                conn.wait_for(|c| *c).await.ok()
+            };
+            if down_then_up.await.is_none() {
+                // The client is gone: nothing will change any more.
+                std::future::pending::<()>().await;
+            }
+        };
+        let broken = futures::stream::once(async move {
+            Err(BusError::Op {
+                op: "watch",
+                bucket,
+                key: String::new(),
+                source: "the NATS connection was re-established; re-watch to resync".into(),
+            })
+        });
+        Ok(head
+            .chain(body)
+            .take_until(reconnected)
+            .chain(broken)
+            .boxed())
+    }
+
+    fn connected(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.connected.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reconnect_delay;
+    use std::time::Duration;
+
+    #[test]
+    fn reconnects_quickly_and_never_waits_long() {
+        assert_eq!(reconnect_delay(1), Duration::ZERO);
+        assert_eq!(reconnect_delay(2), Duration::from_millis(50));
+        assert_eq!(reconnect_delay(3), Duration::from_millis(100));
+        assert_eq!(reconnect_delay(6), Duration::from_millis(500));
+        assert_eq!(reconnect_delay(usize::MAX), Duration::from_millis(500));
     }
 }

@@ -18,7 +18,7 @@ use super::cluster::ClusterContext;
 use crate::ownership::Released;
 use crate::publish::Ownership;
 use crate::state::DesiredState;
-use crate::status::{MetaWriter, StatusWriter};
+use crate::status::{ClusterStatus, MetaRecord, MetaWriter};
 use serde::de::IgnoredAny;
 use shoal_common::bus::Bucket;
 use shoal_common::envelope::{now_ms, Envelope};
@@ -175,27 +175,19 @@ pub async fn retire(ctx: ClusterContext, cluster: String, handover_timeout: Dura
         }
         tokio::time::sleep(RETRY).await;
     }
-    StatusWriter::load(
-        ctx.bus.clone(),
-        &ctx.fleet,
-        &cluster,
-        ctx.leadership.clone(),
-    )
-    .await
-    .delete()
-    .await;
-    MetaWriter::<ClusterIssuer>::load(
-        ctx.bus.clone(),
-        &ctx.fleet,
-        &cluster,
-        ctx.leadership.clone(),
-    )
-    .await
-    .delete()
-    .await;
+    delete_record::<ClusterStatus>(&ctx, &cluster).await;
+    delete_record::<ClusterIssuer>(&ctx, &cluster).await;
     if let Err(error) = owners.forget(&cluster).await {
         warn!(%cluster, %error, "cannot delete the cluster's owner record; trying again next term");
     }
+}
+
+/// Deletes the cluster's `T` record in `shoal-meta` (if this replica leads).
+async fn delete_record<T: MetaRecord>(ctx: &ClusterContext, cluster: &str) {
+    MetaWriter::<T>::load(ctx.bus.clone(), &ctx.fleet, cluster, ctx.leadership.clone())
+        .await
+        .delete()
+        .await;
 }
 
 #[cfg(test)]

@@ -2,13 +2,19 @@
 //!
 //! Because a key holds everything its resource is built from, a hit can never be stale,
 //! and proxies with the same view share one encoding. `SHOAL_CACHE_ASSERT=1` rebuilds every
-//! hit and panics if the bytes differ, proving in tests that no input is missing from a key.
+//! hit and aborts the process if the bytes differ, proving in tests that no input is
+//! missing from a key.
+//!
+//! Why abort and not panic: a panic unwinds only the stream task that hit the entry (the
+//! stream resets, the proxy reconnects, the test may still pass); an abort kills the
+//! server, which every test notices. The comparison itself ([`compare`]) returns the
+//! [`Mismatch`], so it is unit-tested without aborting.
 
 use super::{build, finish, keys, Key, Resource, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::scope::ProxyScope;
-use shoal_proto::XdsType;
+use shoal_proto::{content_version, XdsType};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,7 +31,7 @@ pub struct GeneratorCache {
 
 impl GeneratorCache {
     /// A cache holding at most `max_bytes` of resources; `assert` rebuilds every hit and
-    /// panics on a difference.
+    /// aborts the process on a difference.
     pub fn new(max_bytes: u64, assert: bool, metrics: Metrics) -> GeneratorCache {
         let cache = moka::sync::Cache::builder()
             .max_capacity(max_bytes)
@@ -79,12 +85,9 @@ impl GeneratorCache {
         self.metrics.cache_hits.inc();
         let cached = entry.into_value();
         if self.assert {
-            let fresh = build(&key);
-            assert!(
-                fresh == *cached,
-                "generator cache returned stale bytes for {} (key {key:?}): an input is missing from the key",
-                cached.name
-            );
+            if let Some(mismatch) = check_entry(&key, &cached) {
+                mismatch.abort();
+            }
         }
         cached
     }
@@ -99,6 +102,118 @@ impl GeneratorCache {
         self.cache.run_pending_tasks();
         (self.cache.entry_count(), self.cache.weighted_size())
     }
+}
+
+/// The size and content hash of a list of resources, for the assert mode's report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Digest {
+    /// How many resources.
+    pub resources: usize,
+    /// Their encoded bytes.
+    pub bytes: usize,
+    /// A hash over their names and contents.
+    pub hash: String,
+}
+
+impl Digest {
+    /// The digest of `resources`, in order.
+    pub fn of<'a>(resources: impl IntoIterator<Item = &'a Resource>) -> Digest {
+        let (mut count, mut bytes, mut buf) = (0, 0, Vec::new());
+        for r in resources {
+            count += 1;
+            bytes += r.any.value.len();
+            buf.extend_from_slice(r.name.as_bytes());
+            buf.push(0);
+            buf.extend_from_slice(r.any.type_url.as_bytes());
+            buf.push(0);
+            buf.extend_from_slice(&r.any.value);
+            buf.push(0);
+        }
+        Digest {
+            resources: count,
+            bytes,
+            hash: content_version(&buf),
+        }
+    }
+}
+
+/// What the assert mode found: served resources that differ from a fresh generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    /// What was checked (`generator cache entry`, `view output`).
+    pub what: &'static str,
+    /// Which one: the cache key, or the type and proxy.
+    pub key: String,
+    /// What would have been served.
+    pub served: Digest,
+    /// What a fresh generation gives.
+    pub fresh: Digest,
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stale {} for {}: served {} resources / {} bytes / {}, fresh {} resources / {} bytes / {}",
+            self.what,
+            self.key,
+            self.served.resources,
+            self.served.bytes,
+            self.served.hash,
+            self.fresh.resources,
+            self.fresh.bytes,
+            self.fresh.hash
+        )
+    }
+}
+
+impl Mismatch {
+    /// Logs the mismatch and aborts the process (the cache assert mode's verdict: an input
+    /// is missing from a cache or view key).
+    pub fn abort(&self) -> ! {
+        tracing::error!(
+            what = self.what,
+            key = %self.key,
+            served_resources = self.served.resources,
+            served_bytes = self.served.bytes,
+            served_hash = %self.served.hash,
+            fresh_resources = self.fresh.resources,
+            fresh_bytes = self.fresh.bytes,
+            fresh_hash = %self.fresh.hash,
+            "cache assert: an input is missing from the key; aborting"
+        );
+        eprintln!("shoal cache assert failed: {self}");
+        std::process::abort()
+    }
+}
+
+/// Compares what would be served with a fresh generation; `Some` when they differ.
+pub fn compare<'a, 'b>(
+    what: &'static str,
+    key: impl FnOnce() -> String,
+    served: impl IntoIterator<Item = &'a Resource> + Clone,
+    fresh: impl IntoIterator<Item = &'b Resource> + Clone,
+) -> Option<Mismatch> {
+    if served.clone().into_iter().eq(fresh.clone()) {
+        return None;
+    }
+    Some(Mismatch {
+        what,
+        key: key(),
+        served: Digest::of(served),
+        fresh: Digest::of(fresh),
+    })
+}
+
+/// Rebuilds `key` and compares it with the cached resource.
+fn check_entry(key: &Key, cached: &Resource) -> Option<Mismatch> {
+    let fresh = build(key);
+    compare(
+        "generator cache entry",
+        || format!("{} (key {key:?})", cached.name),
+        [cached],
+        [&fresh],
+    )
 }
 
 #[cfg(test)]
@@ -190,17 +305,34 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "an input is missing from the key")]
-    fn assert_mode_catches_a_stale_entry() {
-        let cache = GeneratorCache::new(64 << 20, true, Metrics::new());
+    fn assert_mode_detects_a_stale_entry() {
         let snap = mesh().snapshot();
         let proxy = sidecar_proxy("a", &[]);
         let scope = ProxyScope::compute(&proxy, &snap.ctx);
         let keys = keys(XdsType::Cluster, &proxy, &scope, &snap, &[]);
         let key = keys.last().cloned().expect("a cluster key");
+        let right = build(&key);
+        assert_eq!(check_entry(&key, &right), None, "a fresh entry passes");
         // Simulate a key that failed to capture an input: a different resource under it.
-        let wrong = Arc::new(build(&keys[0]));
-        cache.cache.insert(key, wrong);
-        cache.generate(XdsType::Cluster, &proxy, &scope, &snap, &[]);
+        let wrong = build(&keys[0]);
+        let m = check_entry(&key, &wrong).expect("a stale entry is detected");
+        assert_eq!(m.what, "generator cache entry");
+        assert!(m.key.contains(&wrong.name), "{m}");
+        assert_eq!(m.served, Digest::of([&wrong]));
+        assert_eq!(m.fresh, Digest::of([&right]));
+        assert_ne!(m.served.hash, m.fresh.hash);
+    }
+
+    #[test]
+    fn digests_tell_outputs_apart() {
+        let snap = mesh().snapshot();
+        let proxy = sidecar_proxy("a", &[]);
+        let scope = ProxyScope::compute(&proxy, &snap.ctx);
+        let all = super::super::generate(XdsType::Cluster, &proxy, &scope, &snap, &[]);
+        assert!(compare("view output", String::new, &all, &all).is_none());
+        let fewer = &all[1..];
+        let m = compare("view output", || "cds".into(), fewer, &all).expect("differs");
+        assert_eq!(m.served.resources + 1, m.fresh.resources);
+        assert!(m.served.bytes < m.fresh.bytes);
     }
 }

@@ -5,6 +5,7 @@
 use super::limits::{self, WarnLimiter};
 use super::registry::{Nack, Registry};
 use crate::auth::{authorize, Caller};
+use crate::generate::cache::compare;
 use crate::generate::{Resource, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyKind};
@@ -122,13 +123,21 @@ impl Session {
             let scope = ProxyScope::compute(proxy, &snap.ctx);
             let names: Vec<String> = names.iter().cloned().collect();
             let own = crate::generate::generate(ty, proxy, &scope, snap, &names);
-            let shared: Vec<&Resource> = out.resources().iter().map(|r| r.as_ref()).collect();
-            assert!(
-                own.iter().eq(shared.iter().copied()),
-                "view output of {} differs from proxy {}'s own: an input is missing from the view key",
-                ty.short(),
-                proxy.id
-            );
+            let shared = out.resources().iter().map(|r| r.as_ref());
+            if let Some(mismatch) = compare(
+                "view output",
+                || {
+                    format!(
+                        "{} of proxy {} (the view key misses an input)",
+                        ty.short(),
+                        proxy.id
+                    )
+                },
+                shared,
+                &own,
+            ) {
+                mismatch.abort();
+            }
         }
         out
     }

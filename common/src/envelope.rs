@@ -106,4 +106,72 @@ mod tests {
             Err(EnvelopeError::Decode(_))
         ));
     }
+
+    use crate::model::{ConfigObject, EndpointSet, Service};
+    use proptest::prelude::*;
+
+    /// Decodes `bytes` as every body type the bus carries; only `Ok`/`Err` may come out.
+    fn decode_all(bytes: &[u8]) {
+        let _ = Envelope::<String>::decode(bytes);
+        let _ = Envelope::<ConfigObject>::decode(bytes);
+        let _ = Envelope::<Service>::decode(bytes);
+        let _ = Envelope::<EndpointSet>::decode(bytes);
+        let _ = Envelope::<crate::model::ClusterIssuer>::decode(bytes);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: crate::proptest_cases(512), ..ProptestConfig::default() })]
+
+        #[test]
+        fn prop_arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            decode_all(&bytes);
+        }
+
+        /// Valid envelopes with bytes flipped, cut short or extended decode or fail cleanly.
+        #[test]
+        fn prop_mutated_envelopes_never_panic(
+            fleet in ".{0,12}",
+            epoch in any::<u64>(),
+            body in ".{0,40}",
+            flips in prop::collection::vec((any::<usize>(), any::<u8>()), 1..6),
+            cut in any::<usize>(),
+            tail in prop::collection::vec(any::<u8>(), 0..8),
+        ) {
+            let mut bytes = Envelope::new(fleet, epoch, 1, body).encode().expect("encodes");
+            for (at, byte) in flips {
+                let at = at % bytes.len();
+                bytes[at] ^= byte;
+            }
+            decode_all(&bytes);
+            bytes.truncate(cut % (bytes.len() + 1));
+            decode_all(&bytes);
+            bytes.extend(tail);
+            decode_all(&bytes);
+        }
+
+        #[test]
+        fn prop_valid_envelopes_round_trip(
+            fleet in ".{0,12}",
+            epoch in any::<u64>(),
+            observed in any::<u64>(),
+            body in prop::collection::vec(".{0,16}", 0..6),
+        ) {
+            let e = Envelope { schema: SCHEMA_VERSION, fleet, epoch, observed_at_ms: observed, body };
+            let bytes = e.encode().expect("encodes");
+            prop_assert_eq!(Envelope::<Vec<String>>::decode(&bytes).expect("decodes"), e);
+        }
+
+        /// Any other schema is refused as such, whatever the body.
+        #[test]
+        fn prop_other_schemas_are_refused(schema in any::<u32>(), body in ".{0,16}") {
+            prop_assume!(schema != SCHEMA_VERSION);
+            let e = Envelope { schema, fleet: "f".to_string(), epoch: 1, observed_at_ms: 1, body };
+            let bytes = e.encode().expect("encodes");
+            let is_schema_error = matches!(
+                Envelope::<ConfigObject>::decode(&bytes),
+                Err(EnvelopeError::Schema { found, .. }) if found == schema
+            );
+            prop_assert!(is_schema_error);
+        }
+    }
 }

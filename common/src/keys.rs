@@ -253,4 +253,63 @@ mod tests {
             Err(KeyError::UnknownKind { .. })
         ));
     }
+
+    use proptest::prelude::*;
+
+    /// Strings shaped like keys: the escape alphabet, dots and a few strays.
+    fn keyish() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[-_=.a-zA-Z0-9]{0,30}",
+            "[-_=.A-F0-9]{0,30}",
+            ".{0,30}",
+            "(lease|owner|issuer|cluster)\\.[-_=.a-zA-Z0-9]{0,12}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: crate::proptest_cases(512), ..ProptestConfig::default() })]
+
+        #[test]
+        fn prop_arbitrary_keys_parse_or_fail_cleanly(key in keyish()) {
+            let _ = unescape(&key);
+            let _ = parse_config_key(&key);
+            let _ = parse_service_key(&key);
+            let _ = parse_endpoints_key(&key);
+            let _ = parse_lease_key(&key);
+            let _ = parse_owner_key(&key);
+            let _ = parse_issuer_key(&key);
+        }
+
+        #[test]
+        fn prop_escape_round_trips_in_alphabet(token in any::<String>()) {
+            let e = escape(&token);
+            prop_assert!(e.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_=".contains(&b)));
+            prop_assert_eq!(unescape(&e).expect("an escaped token unescapes"), token);
+        }
+
+        #[test]
+        fn prop_built_keys_parse_back(
+            kind in prop::sample::select(ConfigKind::ALL.to_vec()),
+            a in any::<String>(),
+            b in any::<String>(),
+            c in any::<String>(),
+            d in any::<String>(),
+        ) {
+            prop_assert_eq!(
+                parse_config_key(&config_key(kind, &a, &b)).expect("parses"),
+                (kind, a.clone(), b.clone())
+            );
+            prop_assert_eq!(
+                parse_service_key(&service_key(&a, &b, &c)).expect("parses"),
+                (a.clone(), b.clone(), c.clone())
+            );
+            prop_assert_eq!(
+                parse_endpoints_key(&endpoints_key(&a, &b, &c, &d)).expect("parses"),
+                (a.clone(), b.clone(), c.clone(), d.clone())
+            );
+            prop_assert_eq!(parse_lease_key(&lease_key(&a)), Some(a.clone()));
+            prop_assert_eq!(parse_owner_key(&owner_key(&a)), Some(a.clone()));
+            prop_assert_eq!(parse_issuer_key(&issuer_key(&a)), Some(a.clone()));
+        }
+    }
 }

@@ -21,3 +21,13 @@ pub use bus::{
     memory::MemoryBus, nats::NatsBus, Bucket, BusError, Entry, Op, StateBus, WatchEvent,
 };
 pub use envelope::{Envelope, EnvelopeError, SCHEMA_VERSION};
+
+/// How many cases a property test runs: `PROPTEST_CASES` when set (to run many more), else
+/// `default`, which is kept small so that the whole suite stays fast. For tests.
+#[doc(hidden)]
+pub fn proptest_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

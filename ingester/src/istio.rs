@@ -247,3 +247,6 @@ mod tests {
         assert!(matches!(s, ConfigSpec::WorkloadEntry(ref we) if we.address == "10.0.0.1"));
     }
 }
+
+#[cfg(test)]
+pub(crate) mod prop_tests;

@@ -704,3 +704,6 @@ endpoints: []
         }
     }
 }
+
+#[cfg(test)]
+mod prop_tests;

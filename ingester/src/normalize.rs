@@ -587,3 +587,6 @@ metadata: {name: node-b, labels: {topology.kubernetes.io/region: r2, topology.ku
         );
     }
 }
+
+#[cfg(test)]
+mod prop_tests;

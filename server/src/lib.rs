@@ -23,6 +23,8 @@ pub mod xds;
 #[cfg(test)]
 mod pipeline_tests;
 #[cfg(test)]
+mod store_prop_tests;
+#[cfg(test)]
 mod store_tests;
 #[cfg(test)]
 mod testutil;

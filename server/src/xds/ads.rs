@@ -1,6 +1,7 @@
 //! The ADS gRPC service: State-of-the-World and delta streams on one port.
 
 use super::delta::DeltaStream;
+use super::limits::{self, SharedWarnLimiter};
 use super::listener::ConnectionClose;
 use super::registry::Registry;
 use super::session::{Mode, Session};
@@ -30,6 +31,8 @@ pub struct AdsService {
     push_limit: Arc<Semaphore>,
     views: Views,
     auth: Authenticator,
+    /// Rate limit of the warnings about refused streams (shared by all streams).
+    refusals: SharedWarnLimiter,
 }
 
 /// Default size bound of the generator cache.
@@ -61,6 +64,7 @@ impl AdsService {
                 vec![auth::DEFAULT_AUDIENCE.to_string()],
                 shoal_common::defaults::TRUST_DOMAIN,
             ),
+            refusals: SharedWarnLimiter::default(),
         }
     }
 
@@ -122,7 +126,9 @@ impl AdsService {
                         .auth_refused
                         .with_label_values(&[error.reason()])
                         .inc();
-                    tracing::warn!(conn = %id, %error, "refusing unauthenticated xDS stream");
+                    if let Some(suppressed) = limits::check_shared(&self.refusals) {
+                        tracing::warn!(conn = %id, %error, suppressed, "refusing unauthenticated xDS stream");
+                    }
                     return error.status().into_http();
                 }
             },
@@ -139,6 +145,7 @@ impl AdsService {
             snapshots: self.snapshots.clone(),
             close: extensions.get::<ConnectionClose>().map(|c| c.0.clone()),
             push_limit: self.push_limit.clone(),
+            refusals: self.refusals.clone(),
         };
         let requests = RequestStream::<Req>::new(request.into_body(), MAX_REQUEST_BYTES);
         let (tx, rx) = mpsc::channel(16);
@@ -148,7 +155,9 @@ impl AdsService {
 }
 
 /// Largest request message accepted (a delta request subscribing to many names is big).
-const MAX_REQUEST_BYTES: usize = 16 << 20;
+/// Checked against the gRPC length prefix before the message is buffered
+/// ([`RequestStream`]).
+pub const MAX_REQUEST_BYTES: usize = 16 << 20;
 
 const DELTA_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
@@ -197,6 +206,25 @@ pub(crate) struct DriveContext {
     /// Turns true when the connection is aged out or drained.
     close: Option<watch::Receiver<bool>>,
     push_limit: Arc<Semaphore>,
+    /// Rate limit of the warning logged when a stream is refused.
+    refusals: SharedWarnLimiter,
+}
+
+#[cfg(test)]
+impl DriveContext {
+    /// A context for driving a stream in-process (tests): no connection to close.
+    pub(crate) fn for_tests(
+        snapshots: watch::Receiver<Option<Published>>,
+        push_limit: usize,
+        refusals: SharedWarnLimiter,
+    ) -> Self {
+        DriveContext {
+            snapshots,
+            close: None,
+            push_limit: Arc::new(Semaphore::new(push_limit)),
+            refusals,
+        }
+    }
 }
 
 /// Drives a stream: waits for the first snapshot (serving nothing before the initial state
@@ -214,6 +242,7 @@ where
         mut snapshots,
         close,
         push_limit,
+        refusals,
     } = ctx;
     let Ok(first) = snapshots.wait_for(|s| s.is_some()).await.map(|s| s.clone()) else {
         return;
@@ -277,7 +306,9 @@ where
     handler.session_mut().close_reason = reason;
     if let Some(status) = error {
         if status.code() != tonic::Code::Cancelled {
-            tracing::warn!(conn = %handler.session().id, %status, "closing xDS stream");
+            if let Some(suppressed) = limits::check_shared(&refusals) {
+                tracing::warn!(conn = %handler.session().id, %status, suppressed, "closing xDS stream");
+            }
         }
         handler.fail(status).await;
     }
@@ -423,6 +454,7 @@ mod merge_tests {
             snapshots: rx,
             close: None,
             push_limit: Arc::new(Semaphore::new(10)),
+            refusals: SharedWarnLimiter::default(),
         };
         let task = tokio::spawn(drive(
             handler,

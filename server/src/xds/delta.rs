@@ -7,7 +7,9 @@
 //! `resource_names_subscribe` / `resource_names_unsubscribe`.
 
 use super::ads::StreamHandler;
+use super::limits::MAX_NAMES_PER_SUBSCRIPTION;
 use super::session::Session;
+use super::sotw::too_many_names;
 use super::wire::{Encoded, Responses};
 use crate::generate::Snapshot;
 use crate::view::{Held, Names};
@@ -139,6 +141,15 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         else {
             return Ok(());
         };
+        for count in [
+            req.resource_names_subscribe.len(),
+            req.resource_names_unsubscribe.len(),
+            req.initial_resource_versions.len(),
+        ] {
+            if count > MAX_NAMES_PER_SUBSCRIPTION {
+                return Err(too_many_names(ty, count));
+            }
+        }
         let first = !self.subs.contains_key(&ty);
         let sub = self.subs.entry(ty).or_default();
         if first {
@@ -192,6 +203,9 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             sub.held.forget(name);
         }
         if let Some(names) = names {
+            if names.len() > MAX_NAMES_PER_SUBSCRIPTION {
+                return Err(too_many_names(ty, names.len()));
+            }
             sub.names = self.session.intern(ty, names);
         }
         let resuming = first && !sub.held.is_empty();

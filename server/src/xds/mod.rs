@@ -3,7 +3,10 @@
 
 pub mod ads;
 mod delta;
+#[cfg(test)]
+mod fuzz_tests;
 mod impact;
+pub mod limits;
 pub mod listener;
 pub mod registry;
 mod session;

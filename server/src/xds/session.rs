@@ -2,6 +2,7 @@
 //! generated resources shared with every proxy of the same view key), and the bookkeeping
 //! behind `/debug/syncz` and metrics.
 
+use super::limits::{self, WarnLimiter};
 use super::registry::{Nack, Registry};
 use crate::auth::{authorize, Caller};
 use crate::generate::cache::compare;
@@ -41,6 +42,9 @@ pub(crate) struct Session {
     /// Why the stream ended, counted when the session is dropped (`aborted` unless the
     /// stream's driver says otherwise: a panic).
     pub close_reason: &'static str,
+    /// Rate limits of this stream's per-request warnings (see [`limits::WarnLimiter`]).
+    warn_nack: WarnLimiter,
+    warn_unsupported: WarnLimiter,
 }
 
 impl Session {
@@ -62,6 +66,8 @@ impl Session {
             views,
             caller,
             close_reason: "aborted",
+            warn_nack: WarnLimiter::default(),
+            warn_unsupported: WarnLimiter::default(),
         }
     }
 
@@ -154,7 +160,10 @@ impl Session {
         self.identify(node)?;
         let ty = XdsType::from_type_url(type_url);
         if ty.is_none() {
-            tracing::warn!(conn = %self.id, %type_url, "ignoring request for an unsupported type");
+            if let Some(suppressed) = self.warn_unsupported.check() {
+                let type_url = limits::truncate(type_url, limits::MAX_VERSION_BYTES);
+                tracing::warn!(conn = %self.id, %type_url, suppressed, "ignoring request for an unsupported type");
+            }
         }
         Ok(ty)
     }
@@ -177,17 +186,22 @@ impl Session {
         super::impact::affected_types(&published.changes, proxy.kind, &scope)
     }
 
-    /// Records a NACK.
-    pub fn nack(&self, ty: XdsType, nonce: &str, version: &str, message: &str) {
+    /// Records a NACK: counted always, logged rate-limited, its message kept truncated to
+    /// [`limits::MAX_NACK_DETAIL_BYTES`].
+    pub fn nack(&mut self, ty: XdsType, nonce: &str, version: &str, message: &str) {
         self.metrics.nacks.with_label_values(&[ty.short()]).inc();
-        tracing::warn!(
-            conn = %self.id, ty = ty.short(), %nonce, %version, error = %message,
-            "proxy rejected configuration (NACK)"
-        );
+        let version = limits::truncate(version, limits::MAX_VERSION_BYTES);
+        let message = limits::truncate(message, limits::MAX_NACK_DETAIL_BYTES);
+        if let Some(suppressed) = self.warn_nack.check() {
+            tracing::warn!(
+                conn = %self.id, ty = ty.short(), %nonce, %version, error = %message, suppressed,
+                "proxy rejected configuration (NACK)"
+            );
+        }
         let nack = Nack {
             nonce: nonce.into(),
-            version: version.into(),
-            message: message.into(),
+            version,
+            message,
         };
         self.registry
             .update(&self.id, ty.type_url(), |s| s.last_nack = Some(nack));
@@ -196,7 +210,7 @@ impl Session {
     /// Records an ACK.
     pub fn ack(&self, ty: XdsType, nonce: &str, version: &str) {
         self.registry.update(&self.id, ty.type_url(), |s| {
-            s.acked_version = version.to_string();
+            s.acked_version = limits::truncate(version, limits::MAX_VERSION_BYTES);
             s.acked_nonce = nonce.to_string();
         });
     }

@@ -7,6 +7,7 @@
 //! on a push carry only the assignments that changed (non-root types may be partial).
 
 use super::ads::StreamHandler;
+use super::limits::MAX_NAMES_PER_SUBSCRIPTION;
 use super::session::Session;
 use super::wire::{Encoded, Responses};
 use crate::generate::{Resource, Snapshot};
@@ -124,6 +125,9 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         else {
             return Ok(());
         };
+        if req.resource_names.len() > MAX_NAMES_PER_SUBSCRIPTION {
+            return Err(too_many_names(ty, req.resource_names.len()));
+        }
         let names: BTreeSet<String> = req.resource_names.iter().cloned().collect();
         let w = self.watched.entry(ty).or_default();
         // A nonce from before this stream (the proxy reconnected, perhaps from another
@@ -167,4 +171,12 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
     async fn fail(&mut self, status: Status) {
         let _ = self.tx.send(Err(Box::new(status))).await;
     }
+}
+
+/// The status refusing a request or subscription of `count` names (over the cap).
+pub(crate) fn too_many_names(ty: XdsType, count: usize) -> Status {
+    Status::invalid_argument(format!(
+        "{} request names {count} resources; at most {MAX_NAMES_PER_SUBSCRIPTION} per subscription are served",
+        ty.short()
+    ))
 }

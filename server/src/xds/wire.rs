@@ -374,6 +374,94 @@ mod tests {
         assert!(s.next().await.is_none(), "the stream ends after an error");
     }
 
+    /// A length prefix over the limit is refused as soon as it arrives: nothing of the
+    /// message is waited for or buffered.
+    #[tokio::test]
+    async fn an_oversized_request_is_refused_from_its_prefix() {
+        use futures::StreamExt;
+        let mut prefix = vec![0u8];
+        prefix.extend(u32::MAX.to_be_bytes());
+        prefix.extend(b"partial");
+        let frames = futures::stream::iter(vec![Ok::<_, Status>(Frame::data(Bytes::from(prefix)))])
+            .chain(futures::stream::pending());
+        let body = tonic::body::Body::new(http_body_util::StreamBody::new(frames));
+        let mut s =
+            RequestStream::<DiscoveryRequest>::new(body, crate::xds::ads::MAX_REQUEST_BYTES);
+        let err = tokio::time::timeout(std::time::Duration::from_secs(20), s.next())
+            .await
+            .expect("refused without waiting for the message")
+            .expect("an item")
+            .expect_err("over the limit");
+        assert_eq!(err.code(), tonic::Code::OutOfRange);
+        assert!(err.message().contains("16777216"), "{}", err.message());
+        assert_eq!(s.buf.capacity(), 0, "nothing buffered");
+    }
+
+    fn frames_of(wire: Vec<u8>, sizes: Vec<usize>) -> tonic::body::Body {
+        let mut frames = Vec::new();
+        let mut rest = &wire[..];
+        for size in sizes.into_iter().cycle() {
+            if rest.is_empty() {
+                break;
+            }
+            let (head, tail) = rest.split_at(size.clamp(1, rest.len()));
+            frames.push(Ok::<_, Status>(Frame::data(Bytes::copy_from_slice(head))));
+            rest = tail;
+        }
+        tonic::body::Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+            frames,
+        )))
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: shoal_common::proptest_cases(256),
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// Arbitrary bytes in arbitrary frames (and valid messages with bytes flipped)
+        /// decode to messages or errors, never a panic, and the stream always ends.
+        #[test]
+        fn prop_request_frames_never_panic(
+            garbage in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            names in proptest::collection::vec(".{0,20}", 0..10),
+            flips in proptest::collection::vec((proptest::prelude::any::<usize>(), proptest::prelude::any::<u8>()), 0..4),
+            sizes in proptest::collection::vec(1usize..64, 1..4),
+            valid_first in proptest::prelude::any::<bool>(),
+        ) {
+            let msg = DiscoveryRequest { resource_names: names, ..Default::default() };
+            let mut wire = Vec::new();
+            if valid_first {
+                wire.push(0);
+                wire.extend((msg.encoded_len() as u32).to_be_bytes());
+                msg.encode(&mut wire).expect("encodes");
+                for (at, byte) in flips {
+                    let at = at % wire.len();
+                    wire[at] ^= byte;
+                }
+            }
+            wire.extend(garbage);
+            let wire_len = wire.len();
+            let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+            let items = rt.block_on(async {
+                use futures::StreamExt;
+                RequestStream::<DiscoveryRequest>::new(frames_of(wire, sizes), 4096)
+                    .collect::<Vec<_>>()
+                    .await
+            });
+            // Each item consumes at least a 5-byte prefix (or ends the stream).
+            proptest::prop_assert!(items.len() <= wire_len / 5 + 1);
+            // A framing error (compressed, oversized, truncated) ends the stream; a
+            // message that does not decode does not desynchronize the frames after it.
+            if let Some(at) = items.iter().position(|i| {
+                i.as_ref().is_err_and(|e| e.code() != tonic::Code::InvalidArgument
+                    || e.message().contains("ended inside"))
+            }) {
+                proptest::prop_assert_eq!(at, items.len() - 1, "a framing error ends the stream");
+            }
+        }
+    }
+
     #[test]
     fn an_assembled_response_is_the_prost_encoding() {
         let resources = vec![

@@ -88,7 +88,8 @@ impl Session {
                     .auth_refused
                     .with_label_values(&[error.reason()])
                     .inc();
-                tracing::warn!(conn = %self.id, %error, "refusing xDS stream");
+                // Logged (rate-limited) when the stream closes with this status.
+                tracing::debug!(conn = %self.id, %error, "refusing xDS stream");
                 return Err(error.status());
             }
         }

@@ -461,7 +461,13 @@ async fn fleets_partition_the_clusters_and_move_them_without_a_gap() {
     let rogue_writes: Vec<Recorded> = bus
         .since(mark)
         .into_iter()
-        .filter(|e| e.op == Op::Put && !is_lease(&e.key) && writer(&e.value) == "rogue")
+        // Its own fleet records (lease, sync marker) are its to write; no cluster's.
+        .filter(|e| {
+            e.op == Op::Put
+                && !is_lease(&e.key)
+                && shoal_common::keys::parse_synced_key(&e.key).is_none()
+                && writer(&e.value) == "rogue"
+        })
         .collect();
     assert!(
         rogue_writes.is_empty(),

@@ -247,11 +247,12 @@ impl BusRecorder {
         self.state(bucket).into_keys().collect()
     }
 
-    /// The keys of a bucket without the fleets' leases.
+    /// The keys of a bucket without the fleets' own records (leases, sync markers): the
+    /// clusters' records only.
     pub fn keys_but_leases(&self, bucket: Bucket) -> Vec<String> {
         self.state(bucket)
             .into_keys()
-            .filter(|k| !is_lease(k))
+            .filter(|k| !is_lease(k) && shoal_common::keys::parse_synced_key(k).is_none())
             .collect()
     }
 

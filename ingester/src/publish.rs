@@ -624,41 +624,11 @@ mod tests {
     use super::*;
     use crate::lease::Term;
     use crate::state::StateObject;
-    use crate::testing::{CountingBus, Counts};
+    use crate::testing::{desired, service, CountingBus, Counts};
     use shoal_common::bus::{Entry, MAX_VALUE_BYTES};
-    use shoal_common::model::{ObjectMeta, Service, ServicePort};
+    use shoal_common::model::Service;
     use shoal_common::Op;
     use tokio::time::Instant;
-
-    fn service(cluster: &str, name: &str, port: u16) -> (StateKey, StateObject) {
-        let key = (
-            Bucket::Services,
-            keys::service_key(cluster, "default", name),
-        );
-        let svc = Service {
-            meta: ObjectMeta {
-                name: name.into(),
-                namespace: "default".into(),
-                ..Default::default()
-            },
-            cluster: cluster.into(),
-            hostname: format!("{name}.default.svc.cluster.local"),
-            cluster_ips: vec![],
-            ports: vec![ServicePort {
-                name: "http".into(),
-                port,
-                protocol: Default::default(),
-                target_port: None,
-            }],
-            selector: Default::default(),
-            export_to: vec![],
-        };
-        (key, StateObject::Service(svc))
-    }
-
-    fn desired(items: &[(&str, u16)]) -> DesiredState {
-        items.iter().map(|(n, p)| service("c1", n, *p)).collect()
-    }
 
     async fn publisher(bus: &CountingBus) -> Publisher {
         Publisher::load(Arc::new(bus.clone()), "fleet", "c1")

@@ -1,8 +1,11 @@
 //! Test helpers shared by the unit tests of several modules.
 
+use crate::state::{DesiredState, StateKey, StateObject};
 use async_trait::async_trait;
 use bytes::Bytes;
 use shoal_common::bus::{Bucket, BusError, Entry, StateBus, WatchStream};
+use shoal_common::keys;
+use shoal_common::model::{ObjectMeta, Service, ServicePort};
 use shoal_common::MemoryBus;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -85,4 +88,36 @@ impl StateBus for CountingBus {
     async fn watch(&self, bucket: Bucket) -> Result<WatchStream, BusError> {
         self.inner.watch(bucket).await
     }
+}
+
+/// A service `name` of `cluster` in `default` with one port, and its key.
+pub(crate) fn service(cluster: &str, name: &str, port: u16) -> (StateKey, StateObject) {
+    let key = (
+        Bucket::Services,
+        keys::service_key(cluster, "default", name),
+    );
+    let svc = Service {
+        meta: ObjectMeta {
+            name: name.into(),
+            namespace: "default".into(),
+            ..Default::default()
+        },
+        cluster: cluster.into(),
+        hostname: format!("{name}.default.svc.cluster.local"),
+        cluster_ips: vec![],
+        ports: vec![ServicePort {
+            name: "http".into(),
+            port,
+            protocol: Default::default(),
+            target_port: None,
+        }],
+        selector: Default::default(),
+        export_to: vec![],
+    };
+    (key, StateObject::Service(svc))
+}
+
+/// A desired state of `c1` services (name, port).
+pub(crate) fn desired(items: &[(&str, u16)]) -> DesiredState {
+    items.iter().map(|(n, p)| service("c1", n, *p)).collect()
 }

@@ -328,10 +328,9 @@ async fn watch_config_false_publishes_no_config() {
     );
 }
 
-/// Dropped watches and a 410 Gone relist (compaction) change nothing on the bus: no
-/// delete of a live object, not even briefly, and no write either.
-#[tokio::test]
-async fn watch_disruptions_delete_nothing() {
+/// A running ingester that has published one service of `shop` (with endpoints) and a
+/// VirtualService, recorded from the bus, settled.
+async fn one_service_published() -> (NatsServer, BusRecorder, KubeApiServer, Ingester) {
     let nats = NatsServer::start().await;
     let bus = BusRecorder::start(&nats.url()).await;
     let config = config_cluster().await;
@@ -347,6 +346,14 @@ async fn watch_disruptions_delete_nothing() {
     })
     .await;
     bus.settle(Duration::from_millis(500)).await;
+    (nats, bus, config, ingester)
+}
+
+/// Dropped watches and a 410 Gone relist (compaction) change nothing on the bus: no
+/// delete of a live object, not even briefly, and no write either.
+#[tokio::test]
+async fn watch_disruptions_delete_nothing() {
+    let (_nats, bus, config, _ingester) = one_service_published().await;
     let mark = bus.mark();
 
     let watches = config.watches_opened();
@@ -423,21 +430,7 @@ async fn watch_disruptions_delete_nothing() {
 /// briefly, and no write either; changes still arrive afterwards.
 #[tokio::test]
 async fn api_errors_and_slow_lists_delete_nothing() {
-    let nats = NatsServer::start().await;
-    let bus = BusRecorder::start(&nats.url()).await;
-    let config = config_cluster().await;
-    config.create(virtual_service_crd()).unwrap();
-    populate(&config, "shop", json!({}), "r1");
-    config.create(virtual_service("shop", "web")).unwrap();
-    let mut ingester = Ingester::start(&nats.url(), &config.kubeconfig(), &[]);
-    ingester.wait_ready().await;
-    bus.until("everything", |b| {
-        b.keys(Bucket::Services).len() == 1
-            && b.keys(Bucket::Endpoints).len() == 1
-            && b.keys(Bucket::Config).len() == 1
-    })
-    .await;
-    bus.settle(Duration::from_millis(500)).await;
+    let (_nats, bus, config, _ingester) = one_service_published().await;
     let mark = bus.mark();
 
     // 5xx for everything, watches dropped into it, for 4 s (the watchers back off).

@@ -143,35 +143,8 @@ pub(crate) fn body_hash(bucket: Bucket, key: &str, value: &[u8]) -> Option<[u8; 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shoal_common::keys;
-    use shoal_common::model::{ObjectMeta, Service, ServicePort};
-
-    fn service(name: &str, port: u16) -> (StateKey, StateObject) {
-        let key = (Bucket::Services, keys::service_key("c1", "default", name));
-        let svc = Service {
-            meta: ObjectMeta {
-                name: name.into(),
-                namespace: "default".into(),
-                ..Default::default()
-            },
-            cluster: "c1".into(),
-            hostname: format!("{name}.default.svc.cluster.local"),
-            cluster_ips: vec![],
-            ports: vec![ServicePort {
-                name: "http".into(),
-                port,
-                protocol: Default::default(),
-                target_port: None,
-            }],
-            selector: Default::default(),
-            export_to: vec![],
-        };
-        (key, StateObject::Service(svc))
-    }
-
-    fn desired(items: &[(&str, u16)]) -> DesiredState {
-        items.iter().map(|(n, p)| service(n, *p)).collect()
-    }
+    use crate::testing::{desired, service};
+    use shoal_common::model::Service;
 
     /// What is on the bus after `desired` was written, every key at `revision`.
     fn written(desired: &DesiredState, revision: u64) -> BTreeMap<StateKey, OnBus> {
@@ -243,7 +216,7 @@ mod tests {
     #[test]
     fn a_value_over_the_limit_is_invalid_and_others_proceed() {
         let mut state = desired(&[("small", 80)]);
-        let (key, mut big) = service("big", 80);
+        let (key, mut big) = service("c1", "big", 80);
         if let StateObject::Service(s) = &mut big {
             s.meta
                 .labels

@@ -2,6 +2,8 @@
 //! `Any` packing with content-hash versions, and Istio's resource-name conventions.
 #![forbid(unsafe_code)]
 
+pub mod istio_ca;
+
 pub use envoy_types::pb;
 pub use envoy_types::pb::google::protobuf::Any;
 

@@ -136,6 +136,18 @@ pub struct ServerArgs {
     )]
     pub xds_client_ca: Option<PathBuf>,
 
+    /// Sign workload certificates (istio-agent's `CreateCertificate`) on the TLS endpoint
+    /// with the CA in DIR, Istio's `cacerts` layout: ca-cert.pem, ca-key.pem,
+    /// root-cert.pem and optionally cert-chain.pem. Callers get certificates only for
+    /// their own identity.
+    #[arg(
+        long,
+        env = "SHOAL_CA_DIR",
+        value_name = "DIR",
+        requires = "xds_tls_cert"
+    )]
+    pub ca_dir: Option<PathBuf>,
+
     /// Audiences a service-account token must have (comma-separated). istio-agent asks
     /// for `istio-ca` (its TOKEN_AUDIENCE).
     #[arg(
@@ -372,7 +384,19 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .with_push_concurrency(args.push_concurrency)
         .with_views(views)
         .with_auth(authenticator);
-    let routes = tonic::service::Routes::new(ads.into_server()).prepare();
+    let ads = match &args.ca_dir {
+        Some(dir) => {
+            let ca = crate::ca::Ca::load(dir)
+                .with_context(|| format!("cannot use the CA in --ca-dir {}", dir.display()))?;
+            tracing::info!(dir = %dir.display(), "signing workload certificates");
+            ads.with_ca(Arc::new(ca))
+        }
+        None => ads,
+    };
+    let server = ads.into_server();
+    let routes = tonic::service::Routes::new(server.clone())
+        .add_service(crate::xds::ads::CertificateServer(server))
+        .prepare();
     let max_age = args.max_connection_age.get();
     let policy = ConnectionPolicy {
         max_age: (!max_age.is_zero()).then_some(max_age),

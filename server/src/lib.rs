@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod app;
 pub mod auth;
+pub mod ca;
 pub mod debug;
 pub mod delegation;
 pub mod destination_rule;

@@ -65,6 +65,8 @@ pub struct Metrics {
     pub tls_reloads: IntCounterVec,
     /// Clusters whose token issuer keys are loaded.
     pub token_issuers: IntGauge,
+    /// Certificate requests (`CreateCertificate`), by result.
+    pub ca_requests: IntCounterVec,
 }
 
 /// Why an xDS stream ended (the `reason` label of `shoal_xds_streams_closed_total`).
@@ -255,6 +257,15 @@ impl Metrics {
                 &["result"],
             )
             .expect("valid metric"),
+            ca_requests: IntCounterVec::new(
+                opts!(
+                    "shoal_ca_requests_total",
+                    "Workload certificate requests, by result: issued, unauthenticated, \
+                     impersonation, bad_request, bad_csr, bad_ttl, signing_error."
+                ),
+                &["result"],
+            )
+            .expect("valid metric"),
             token_issuers: IntGauge::new(
                 "shoal_token_issuers",
                 "Clusters whose service-account token issuer keys are loaded.",
@@ -290,6 +301,7 @@ impl Metrics {
             Box::new(m.auth_accepted.clone()),
             Box::new(m.tls_reloads.clone()),
             Box::new(m.token_issuers.clone()),
+            Box::new(m.ca_requests.clone()),
         ];
         shoal_common::metrics::register_all(&m.registry, collectors);
         // Create the series of every known label value, so each documented metric shows
@@ -318,6 +330,17 @@ impl Metrics {
         }
         for source in ["certificate", "token"] {
             m.auth_accepted.with_label_values(&[source]);
+        }
+        for result in [
+            "issued",
+            "unauthenticated",
+            "impersonation",
+            "bad_request",
+            "bad_csr",
+            "bad_ttl",
+            "signing_error",
+        ] {
+            m.ca_requests.with_label_values(&[result]);
         }
         for result in ["ok", "error"] {
             m.tls_reloads.with_label_values(&[result]);

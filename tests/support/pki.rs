@@ -39,6 +39,7 @@ pub struct TestCa {
     issuer: Issuer<'static, KeyPair>,
     /// The CA certificate, PEM.
     pub cert_pem: String,
+    key_pem: String,
 }
 
 impl TestCa {
@@ -52,8 +53,17 @@ impl TestCa {
         let cert = params.self_signed(&key).expect("CA certificate");
         TestCa {
             cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
             issuer: Issuer::new(params, key),
         }
+    }
+
+    /// Writes this CA as Istio's `cacerts` layout (a root signing directly) into `dir`.
+    pub fn write_cacerts(&self, dir: &Path) {
+        std::fs::create_dir_all(dir).expect("cacerts dir");
+        std::fs::write(dir.join("ca-cert.pem"), &self.cert_pem).expect("ca-cert.pem");
+        std::fs::write(dir.join("ca-key.pem"), &self.key_pem).expect("ca-key.pem");
+        std::fs::write(dir.join("root-cert.pem"), &self.cert_pem).expect("root-cert.pem");
     }
 
     fn issue(&self, mut params: CertificateParams, purpose: ExtendedKeyUsagePurpose) -> Pem {

@@ -472,3 +472,129 @@ async fn envoy_gets_its_config_over_tls_with_its_workload_certificate_and_no_oth
         "the intruder got config"
     );
 }
+
+/// Calls `CreateCertificate` on `channel` (as istio-agent does) with a new key's CSR;
+/// returns the chain and the key (PEM), or the status.
+async fn create_certificate(
+    channel: tonic::transport::Channel,
+    impersonate: Option<&str>,
+) -> Result<(Vec<String>, String), tonic::Status> {
+    use shoal_proto::istio_ca::{
+        IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE_PATH,
+    };
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    let csr = params.serialize_request(&key).unwrap().pem().unwrap();
+    let metadata = impersonate.map(|id| Struct {
+        fields: [(
+            "ImpersonatedIdentity".to_string(),
+            Value {
+                kind: Some(Kind::StringValue(id.to_string())),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    });
+    let request = IstioCertificateRequest {
+        csr,
+        validity_duration: 3600,
+        metadata,
+    };
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let codec =
+        tonic_prost::ProstCodec::<IstioCertificateRequest, IstioCertificateResponse>::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(CREATE_CERTIFICATE_PATH);
+    let response = grpc
+        .unary(tonic::Request::new(request), path, codec)
+        .await?
+        .into_inner();
+    Ok((response.cert_chain, key.serialize_pem()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ca_signs_only_the_callers_own_identity_with_a_chain_the_mesh_trusts() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("mesh root");
+    ca.server("shoal").write(dir.path(), "server");
+    let cacerts = dir.path().join("cacerts");
+    ca.write_cacerts(&cacerts);
+    let ca_path = cacerts.join("root-cert.pem");
+    let mesh = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples/mesh");
+    let cacerts_arg = cacerts.to_str().unwrap();
+    let (server, addr) = tls_server(
+        &["--standalone", mesh, "--ca-dir", cacerts_arg],
+        dir.path(),
+        Some(&ca_path),
+    )
+    .await;
+    let channel = |client: Option<Pem>| {
+        let config = pki::client_config(&ca.cert_pem, client.as_ref());
+        async move { pki::tls_channel(addr, config).await.expect("TLS channel") }
+    };
+
+    // A workload authenticated by its (bootstrap) certificate gets a new one for itself.
+    let (chain, key) = create_certificate(channel(Some(ca.workload("demo", "web"))).await, None)
+        .await
+        .expect("a certificate");
+    assert_eq!(chain.last(), Some(&ca.cert_pem), "the root comes last");
+    // The issued certificate is one the mesh trusts: it authenticates an xDS stream.
+    let issued = Pem {
+        cert: chain[0].clone(),
+        key,
+    };
+    let ask = Ask {
+        namespace: "demo",
+        service_account: Some("web"),
+        ..Ask::default()
+    };
+    assert!(ask_clusters(channel(Some(issued.clone())).await, ask)
+        .await
+        .is_ok());
+    // Its only identity is the caller's own (the refusal names what it certifies).
+    let other = Ask {
+        namespace: "istio-system",
+        ..Ask::default()
+    };
+    let denied = ask_clusters(channel(Some(issued)).await, other)
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    assert!(
+        denied
+            .message()
+            .ends_with("the caller is spiffe://cluster.local/ns/demo/sa/web"),
+        "{denied:?}"
+    );
+
+    // Someone else's identity: refused, as are callers without credentials.
+    let impersonating = create_certificate(
+        channel(Some(ca.workload("demo", "web"))).await,
+        Some("spiffe://cluster.local/ns/bank/sa/admin"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        impersonating.code(),
+        Code::Unauthenticated,
+        "{impersonating:?}"
+    );
+    let anonymous = create_certificate(channel(None).await, None)
+        .await
+        .unwrap_err();
+    assert_eq!(anonymous.code(), Code::Unauthenticated, "{anonymous:?}");
+    for (result, n) in [
+        ("issued", 1.0),
+        ("impersonation", 1.0),
+        ("unauthenticated", 1.0),
+    ] {
+        let label = format!("result=\"{result}\"");
+        assert_eq!(
+            metric(&server, "shoal_ca_requests_total", &label).await,
+            n,
+            "{result}"
+        );
+    }
+}

@@ -8,12 +8,17 @@ use super::session::{Mode, Session};
 use super::sotw::SotwStream;
 use super::wire::{self, RequestStream, Responses};
 use crate::auth::{self, Authenticator, Credentials, Issuers};
+use crate::ca::Ca;
 use crate::generate::cache::GeneratorCache;
 use crate::metrics::Metrics;
 use crate::pipeline::Published;
 use crate::view::{Generation, Views};
 use futures::StreamExt;
+use shoal_proto::istio_ca::{
+    IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE_PATH,
+};
 use shoal_proto::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use shoal_proto::pb::google::protobuf::value::Kind;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,6 +38,8 @@ pub struct AdsService {
     auth: Authenticator,
     /// Rate limit of the warnings about refused streams (shared by all streams).
     refusals: SharedWarnLimiter,
+    /// The workload CA, when this server signs certificates.
+    ca: Option<Arc<Ca>>,
 }
 
 /// Default size bound of the generator cache.
@@ -65,7 +72,14 @@ impl AdsService {
                 shoal_common::defaults::TRUST_DOMAIN,
             ),
             refusals: SharedWarnLimiter::default(),
+            ca: None,
         }
+    }
+
+    /// Signs workload certificates with `ca` (`CreateCertificate`, see [`crate::ca`]).
+    pub fn with_ca(mut self, ca: Arc<Ca>) -> Self {
+        self.ca = Some(ca);
+        self
     }
 
     /// Authenticates streams of TLS connections with `auth` (see [`crate::auth`]).
@@ -154,6 +168,82 @@ impl AdsService {
     }
 }
 
+impl AdsService {
+    /// `CreateCertificate`: authenticates the caller as a stream would be, then signs its
+    /// CSR for its own identity (see [`crate::ca`]).
+    fn create_certificate(
+        &self,
+        request: http::Request<tonic::body::Body>,
+    ) -> http::Response<tonic::body::Body> {
+        let count = |result: &str| self.metrics.ca_requests.with_label_values(&[result]).inc();
+        let Some(ca) = self.ca.clone() else {
+            return Status::unimplemented("this server signs no certificates (no --ca-dir)")
+                .into_http();
+        };
+        let caller = match Credentials::of(&request).map(|c| self.auth.authenticate(&c)) {
+            Some(Ok(caller)) => caller,
+            Some(Err(error)) => {
+                count("unauthenticated");
+                return error.status().into_http();
+            }
+            None => {
+                count("unauthenticated");
+                return Status::unauthenticated("certificates are signed only on the TLS port")
+                    .into_http();
+            }
+        };
+        let metrics = self.metrics.clone();
+        let mut requests =
+            RequestStream::<IstioCertificateRequest>::new(request.into_body(), MAX_CSR_BYTES);
+        let (tx, rx) = mpsc::channel(1);
+        tokio::spawn(async move {
+            let outcome = match requests.next().await {
+                Some(Ok(req)) => sign(&ca, &caller, &req),
+                Some(Err(status)) => Err(("bad_request", status)),
+                None => Err(("bad_request", Status::invalid_argument("no request"))),
+            };
+            let reply = match outcome {
+                Ok(response) => {
+                    metrics.ca_requests.with_label_values(&["issued"]).inc();
+                    Ok(wire::Encoded::new(&response, &wire::Chunks::default()))
+                }
+                Err((result, status)) => {
+                    metrics.ca_requests.with_label_values(&[result]).inc();
+                    tracing::info!(identities = ?caller.identities, %status, "certificate request refused");
+                    Err(Box::new(status))
+                }
+            };
+            let _ = tx.send(reply).await;
+        });
+        wire::response(rx)
+    }
+}
+
+/// Signs one request of `caller`: its own identities only.
+fn sign(
+    ca: &Ca,
+    caller: &auth::Caller,
+    req: &IstioCertificateRequest,
+) -> Result<IstioCertificateResponse, (&'static str, Status)> {
+    let impersonated = req
+        .metadata
+        .as_ref()
+        .and_then(|m| m.fields.get("ImpersonatedIdentity"))
+        .is_some_and(|v| !matches!(&v.kind, Some(Kind::StringValue(s)) if s.is_empty()));
+    if impersonated {
+        return Err((
+            "impersonation",
+            Status::unauthenticated("impersonation (ImpersonatedIdentity) is not allowed"),
+        ));
+    }
+    ca.sign(&req.csr, &caller.identities, req.validity_duration)
+        .map(|cert_chain| IstioCertificateResponse { cert_chain })
+        .map_err(|e| (e.reason(), Status::invalid_argument(e.to_string())))
+}
+
+/// Largest certificate request accepted.
+const MAX_CSR_BYTES: usize = 64 << 10;
+
 /// Largest request message accepted (a delta request subscribing to many names is big).
 /// Checked against the gRPC length prefix before the message is buffered
 /// ([`RequestStream`]).
@@ -168,6 +258,32 @@ const SOTW_PATH: &str =
 /// methods, with responses written as shared pre-encoded bytes.
 #[derive(Clone)]
 pub struct AdsServer(AdsService);
+
+/// The same service under Istio's certificate service name, so routing by service name
+/// reaches `CreateCertificate` ([`AdsService::with_ca`]).
+#[derive(Clone)]
+pub struct CertificateServer(pub AdsServer);
+
+impl tonic::server::NamedService for CertificateServer {
+    const NAME: &'static str = "istio.v1.auth.IstioCertificateService";
+}
+
+impl tower_service::Service<http::Request<tonic::body::Body>> for CertificateServer {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        self.0.call(request)
+    }
+}
 
 impl tonic::server::NamedService for AdsServer {
     const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
@@ -194,6 +310,7 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for AdsServer {
             SOTW_PATH => self
                 .0
                 .open::<DiscoveryRequest, _>(request, Mode::Sotw, SotwStream::new),
+            CREATE_CERTIFICATE_PATH => self.0.create_certificate(request),
             path => Status::unimplemented(format!("no method {path}")).into_http(),
         };
         std::future::ready(Ok(response))

@@ -1,0 +1,226 @@
+//! The workload certificate authority: istiod's `CreateCertificate`
+//! (`security/pkg/server/ca/server.go`), on the TLS xDS port.
+//!
+//! The caller is authenticated as on xDS streams ([`crate::auth`]: SPIFFE client
+//! certificate or service-account token, verified offline), so any server replica can sign.
+//! The certificate's only SAN is the caller's own identity; the CSR contributes its public
+//! key and nothing else (its SANs and subject are ignored, as istiod does). Impersonation
+//! (`ImpersonatedIdentity`, for node agents) is refused. Validity: the requested duration,
+//! or [`DEFAULT_TTL`] (Istio's `DEFAULT_WORKLOAD_CERT_TTL`) when none is asked; above
+//! [`MAX_TTL`] (Istio's `MAX_WORKLOAD_CERT_TTL`) the request is refused.
+//!
+//! Key material is Istio's `cacerts` layout, read from a directory: `ca-cert.pem` and
+//! `ca-key.pem` (the signing CA, an intermediate or the root), `root-cert.pem`, and
+//! optionally `cert-chain.pem` (the signing CA up to the root). The response is the new
+//! certificate, then the chain, then the root, one PEM certificate per entry, as istiod
+//! returns it.
+
+use crate::auth::Identity;
+use rcgen::{
+    CertificateSigningRequestParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Validity when the request asks for none (Istio: 24 h).
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// Longest validity granted (Istio: 90 days).
+pub const MAX_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
+
+/// How far back a certificate's validity starts, for clocks slightly behind ours.
+const BACKDATE: Duration = Duration::from_secs(120);
+
+/// Why a CA cannot be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum CaLoadError {
+    /// A file cannot be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A file does not hold what it should.
+    #[error("{path}: {error}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        error: String,
+    },
+}
+
+/// Why a request was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SignError {
+    /// The CSR does not parse or its signature does not verify.
+    #[error("the CSR is not a valid PEM certificate request: {0}")]
+    BadCsr(String),
+    /// The requested validity is above [`MAX_TTL`].
+    #[error("requested validity {requested:?} is above the maximum {max:?}")]
+    TooLong {
+        /// Requested.
+        requested: Duration,
+        /// Allowed.
+        max: Duration,
+    },
+    /// A negative validity.
+    #[error("requested validity {0} s is negative")]
+    Negative(i64),
+    /// Signing failed.
+    #[error("signing failed: {0}")]
+    Signing(String),
+}
+
+impl SignError {
+    /// The `result` label of `shoal_ca_csr_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SignError::BadCsr(_) => "bad_csr",
+            SignError::TooLong { .. } | SignError::Negative(_) => "bad_ttl",
+            SignError::Signing(_) => "signing_error",
+        }
+    }
+}
+
+/// A loaded signing CA.
+pub struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    /// The signing CA up to (excluding) the root, PEM certificates.
+    chain: Vec<String>,
+    /// The root, PEM.
+    root: String,
+}
+
+fn read(path: &Path) -> Result<String, CaLoadError> {
+    std::fs::read_to_string(path).map_err(|source| CaLoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Splits a PEM bundle into its certificates (each ending with a newline).
+fn certificates(pem: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in pem.lines() {
+        let line = line.trim_end();
+        if line == "-----BEGIN CERTIFICATE-----" {
+            current.clear();
+        }
+        current.push_str(line);
+        current.push('\n');
+        if line == "-----END CERTIFICATE-----" {
+            out.push(std::mem::take(&mut current));
+        }
+    }
+    out
+}
+
+impl Ca {
+    /// Loads Istio's `cacerts` layout from `dir`.
+    pub fn load(dir: &Path) -> Result<Ca, CaLoadError> {
+        let (cert_path, key_path) = (dir.join("ca-cert.pem"), dir.join("ca-key.pem"));
+        let root_path = dir.join("root-cert.pem");
+        let invalid = |path: &Path, error: String| CaLoadError::Invalid {
+            path: path.to_path_buf(),
+            error,
+        };
+        let key = KeyPair::from_pem(&read(&key_path)?)
+            .map_err(|e| invalid(&key_path, format!("not a usable private key: {e}")))?;
+        let cert = read(&cert_path)?;
+        let issuer = Issuer::from_ca_cert_pem(&cert, key)
+            .map_err(|e| invalid(&cert_path, format!("not a usable CA certificate: {e}")))?;
+        let root = certificates(&read(&root_path)?);
+        let [root] = root.as_slice() else {
+            return Err(invalid(
+                &root_path,
+                "must hold exactly one certificate".into(),
+            ));
+        };
+        let chain_path = dir.join("cert-chain.pem");
+        let mut chain = match chain_path.exists() {
+            true => certificates(&read(&chain_path)?),
+            false => certificates(&cert),
+        };
+        // The chain file of Istio's layout ends with the root, which is sent separately.
+        chain.retain(|c| c != root);
+        Ok(Ca {
+            issuer,
+            chain,
+            root: root.clone(),
+        })
+    }
+
+    /// The root certificate, PEM (what proxies trust: istio-ca-root-cert).
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// Signs `csr_pem` for `identities` (the caller's), valid for `requested_secs` (0: the
+    /// default). Returns the chain: the new certificate, the signing chain, the root.
+    pub fn sign(
+        &self,
+        csr_pem: &str,
+        identities: &[Identity],
+        requested_secs: i64,
+    ) -> Result<Vec<String>, SignError> {
+        let Some(first) = identities.first() else {
+            return Err(SignError::Signing("no identity to certify".into()));
+        };
+        let ttl = match requested_secs {
+            0 => DEFAULT_TTL,
+            n if n < 0 => return Err(SignError::Negative(n)),
+            n => Duration::from_secs(n as u64),
+        };
+        if ttl > MAX_TTL {
+            return Err(SignError::TooLong {
+                requested: ttl,
+                max: MAX_TTL,
+            });
+        }
+        let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| SignError::BadCsr(e.to_string()))?;
+        let sans = identities
+            .iter()
+            .map(|id| {
+                id.to_string()
+                    .try_into()
+                    .map(SanType::URI)
+                    .map_err(|e| SignError::Signing(format!("identity {id} is not a URI: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let now = time::OffsetDateTime::now_utc();
+        let params = &mut csr.params;
+        params.subject_alt_names = sans;
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, first.trust_domain.as_str());
+        params.is_ca = rcgen::IsCa::ExplicitNoCa;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.not_before = now - BACKDATE;
+        params.not_after = now + ttl;
+        params.use_authority_key_identifier_extension = true;
+        let cert = csr
+            .signed_by(&self.issuer)
+            .map_err(|e| SignError::Signing(e.to_string()))?;
+        let mut out = vec![cert.pem()];
+        out.extend(self.chain.iter().cloned());
+        out.push(self.root.clone());
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;

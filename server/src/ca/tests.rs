@@ -1,0 +1,84 @@
+use super::*;
+use rcgen::{BasicConstraints, CertificateParams, IsCa};
+
+/// Writes Istio's `cacerts` layout for a new self-signed root into `dir`.
+fn cacerts(dir: &Path) {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "test root");
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    std::fs::write(dir.join("ca-cert.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("ca-key.pem"), key.serialize_pem()).unwrap();
+    std::fs::write(dir.join("root-cert.pem"), cert.pem()).unwrap();
+}
+
+fn csr(uri: &str) -> String {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.subject_alt_names = vec![SanType::URI(uri.try_into().unwrap())];
+    let key = KeyPair::generate().unwrap();
+    params.serialize_request(&key).unwrap().pem().unwrap()
+}
+
+fn web() -> Identity {
+    Identity {
+        trust_domain: "cluster.local".into(),
+        namespace: "shop".into(),
+        service_account: "web".into(),
+    }
+}
+
+#[test]
+fn signs_the_callers_identity_only_for_the_allowed_time() {
+    let dir = tempfile_dir();
+    cacerts(dir.path());
+    let ca = Ca::load(dir.path()).unwrap();
+    // The CSR asks for another identity: the certificate still names the caller's only.
+    let chain = ca
+        .sign(&csr("spiffe://cluster.local/ns/bank/sa/admin"), &[web()], 0)
+        .unwrap();
+    assert_eq!(chain.len(), 2, "leaf and root: {chain:?}");
+    assert_eq!(chain[1], ca.root());
+    let der = rustls_pki_types::CertificateDer::from_pem_slice(chain[0].as_bytes()).unwrap();
+    assert_eq!(crate::auth::spiffe_identities(&der), vec![web()]);
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).unwrap();
+    let validity = cert.validity().time_to_expiration().unwrap();
+    assert!(
+        validity.whole_seconds() > (DEFAULT_TTL - Duration::from_secs(60)).as_secs() as i64
+            && validity.whole_seconds() <= DEFAULT_TTL.as_secs() as i64,
+        "{validity:?}"
+    );
+
+    let one_hour = ca.sign(&csr("x://y"), &[web()], 3600).unwrap();
+    assert_eq!(one_hour.len(), 2);
+    let too_long = ca.sign(&csr("x://y"), &[web()], MAX_TTL.as_secs() as i64 + 1);
+    assert_eq!(too_long.unwrap_err().reason(), "bad_ttl");
+    assert_eq!(
+        ca.sign(&csr("x://y"), &[web()], -1).unwrap_err().reason(),
+        "bad_ttl"
+    );
+    assert_eq!(
+        ca.sign("garbage", &[web()], 0).unwrap_err().reason(),
+        "bad_csr"
+    );
+}
+
+#[test]
+fn unusable_cacerts_name_the_file() {
+    let dir = tempfile_dir();
+    let e = Ca::load(dir.path()).err().unwrap().to_string();
+    assert!(e.contains("ca-key.pem"), "{e}");
+    cacerts(dir.path());
+    std::fs::write(dir.path().join("root-cert.pem"), "").unwrap();
+    let e = Ca::load(dir.path()).err().unwrap().to_string();
+    assert!(e.contains("root-cert.pem"), "{e}");
+}
+
+fn tempfile_dir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+use rustls_pki_types::pem::PemObject;

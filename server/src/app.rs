@@ -389,7 +389,15 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             let ca = crate::ca::Ca::load(dir)
                 .with_context(|| format!("cannot use the CA in --ca-dir {}", dir.display()))?;
             tracing::info!(dir = %dir.display(), "signing workload certificates");
-            ads.with_ca(Arc::new(ca))
+            let ca = crate::reload::Reloading::new(ca);
+            let dir = dir.clone();
+            tokio::spawn(ca.clone().follow(
+                "workload CA",
+                crate::ca::Ca::files(&dir),
+                move || crate::ca::Ca::load(&dir),
+                metrics.ca_reloads.clone(),
+            ));
+            ads.with_ca(ca)
         }
         None => ads,
     };

@@ -9,7 +9,8 @@
 //! or [`DEFAULT_TTL`] (Istio's `DEFAULT_WORKLOAD_CERT_TTL`) when none is asked; above
 //! [`MAX_TTL`] (Istio's `MAX_WORKLOAD_CERT_TTL`) the request is refused.
 //!
-//! Key material is Istio's `cacerts` layout, read from a directory: `ca-cert.pem` and
+//! Key material is Istio's `cacerts` layout, read from a directory and reloaded when it
+//! changes ([`crate::reload`]; a plugged-in intermediate rotates without a restart): `ca-cert.pem` and
 //! `ca-key.pem` (the signing CA, an intermediate or the root), `root-cert.pem`, and
 //! optionally `cert-chain.pem` (the signing CA up to the root). The response is the new
 //! certificate, then the chain, then the root, one PEM certificate per entry, as istiod
@@ -121,6 +122,19 @@ fn certificates(pem: &str) -> Vec<String> {
 }
 
 impl Ca {
+    /// The files of Istio's `cacerts` layout in `dir` (to follow for changes).
+    pub fn files(dir: &Path) -> Vec<PathBuf> {
+        [
+            "ca-cert.pem",
+            "ca-key.pem",
+            "root-cert.pem",
+            "cert-chain.pem",
+        ]
+        .iter()
+        .map(|f| dir.join(f))
+        .collect()
+    }
+
     /// Loads Istio's `cacerts` layout from `dir`.
     pub fn load(dir: &Path) -> Result<Ca, CaLoadError> {
         let (cert_path, key_path) = (dir.join("ca-cert.pem"), dir.join("ca-key.pem"));

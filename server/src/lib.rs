@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod pipeline;
 pub mod proxy;
 pub mod push_context;
+pub mod reload;
 pub mod scope;
 pub mod store;
 pub mod view;

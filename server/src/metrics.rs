@@ -67,6 +67,8 @@ pub struct Metrics {
     pub token_issuers: IntGauge,
     /// Certificate requests (`CreateCertificate`), by result.
     pub ca_requests: IntCounterVec,
+    /// Loads of the workload CA's files, by result (`ok`, `error`).
+    pub ca_reloads: IntCounterVec,
 }
 
 /// Why an xDS stream ended (the `reason` label of `shoal_xds_streams_closed_total`).
@@ -266,6 +268,14 @@ impl Metrics {
                 &["result"],
             )
             .expect("valid metric"),
+            ca_reloads: IntCounterVec::new(
+                opts!(
+                    "shoal_ca_reloads_total",
+                    "Loads of the workload CA's files (--ca-dir), by result (ok, error)."
+                ),
+                &["result"],
+            )
+            .expect("valid metric"),
             token_issuers: IntGauge::new(
                 "shoal_token_issuers",
                 "Clusters whose service-account token issuer keys are loaded.",
@@ -302,6 +312,7 @@ impl Metrics {
             Box::new(m.tls_reloads.clone()),
             Box::new(m.token_issuers.clone()),
             Box::new(m.ca_requests.clone()),
+            Box::new(m.ca_reloads.clone()),
         ];
         shoal_common::metrics::register_all(&m.registry, collectors);
         // Create the series of every known label value, so each documented metric shows
@@ -343,6 +354,7 @@ impl Metrics {
             m.ca_requests.with_label_values(&[result]);
         }
         for result in ["ok", "error"] {
+            m.ca_reloads.with_label_values(&[result]);
             m.tls_reloads.with_label_values(&[result]);
         }
         for bucket in ["shoal-config", "shoal-services", "shoal-endpoints"] {

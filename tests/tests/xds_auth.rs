@@ -521,7 +521,10 @@ async fn the_ca_signs_only_the_callers_own_identity_with_a_chain_the_mesh_trusts
     ca.server("shoal").write(dir.path(), "server");
     let cacerts = dir.path().join("cacerts");
     ca.write_cacerts(&cacerts);
-    let ca_path = cacerts.join("root-cert.pem");
+    // The client CA is a file of its own: rotating the signing CA below must not change
+    // which client certificates the TLS port trusts.
+    let ca_path = dir.path().join("client-ca.crt");
+    std::fs::write(&ca_path, &ca.cert_pem).unwrap();
     let mesh = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples/mesh");
     let cacerts_arg = cacerts.to_str().unwrap();
     let (server, addr) = tls_server(
@@ -597,4 +600,22 @@ async fn the_ca_signs_only_the_callers_own_identity_with_a_chain_the_mesh_trusts
             "{result}"
         );
     }
+
+    // A new CA in the directory signs from then on, without a restart.
+    let next = TestCa::new("next root");
+    next.write_cacerts(&cacerts);
+    let rotated = eventually::try_eventually(TIMEOUT, Duration::from_millis(200), || async {
+        let (chain, _) = create_certificate(channel(Some(ca.workload("demo", "web"))).await, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        (chain.last() == Some(&next.cert_pem))
+            .then_some(())
+            .ok_or_else(|| "still the first CA".to_string())
+    })
+    .await;
+    assert!(rotated.is_ok(), "{rotated:?}");
+    assert_eq!(
+        metric(&server, "shoal_ca_reloads_total", "result=\"ok\"").await,
+        2.0
+    );
 }

@@ -12,6 +12,7 @@ use crate::ca::Ca;
 use crate::generate::cache::GeneratorCache;
 use crate::metrics::Metrics;
 use crate::pipeline::Published;
+use crate::reload::Reloading;
 use crate::view::{Generation, Views};
 use futures::StreamExt;
 use shoal_proto::istio_ca::{
@@ -39,7 +40,7 @@ pub struct AdsService {
     /// Rate limit of the warnings about refused streams (shared by all streams).
     refusals: SharedWarnLimiter,
     /// The workload CA, when this server signs certificates.
-    ca: Option<Arc<Ca>>,
+    ca: Option<Reloading<Ca>>,
 }
 
 /// Default size bound of the generator cache.
@@ -77,7 +78,7 @@ impl AdsService {
     }
 
     /// Signs workload certificates with `ca` (`CreateCertificate`, see [`crate::ca`]).
-    pub fn with_ca(mut self, ca: Arc<Ca>) -> Self {
+    pub fn with_ca(mut self, ca: Reloading<Ca>) -> Self {
         self.ca = Some(ca);
         self
     }
@@ -176,7 +177,7 @@ impl AdsService {
         request: http::Request<tonic::body::Body>,
     ) -> http::Response<tonic::body::Body> {
         let count = |result: &str| self.metrics.ca_requests.with_label_values(&[result]).inc();
-        let Some(ca) = self.ca.clone() else {
+        let Some(ca) = self.ca.as_ref().map(Reloading::get) else {
             return Status::unimplemented("this server signs no certificates (no --ca-dir)")
                 .into_http();
         };

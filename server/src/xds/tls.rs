@@ -2,27 +2,19 @@
 //! the CA that verifies client certificates, read from PEM files and reloaded when they
 //! change, without a restart.
 //!
-//! The files are read again every [`RELOAD_INTERVAL`]; when their contents differ from the
-//! last read, the configuration is rebuilt and used for every connection accepted from then
-//! on (open connections keep theirs). A set that does not load (a certificate written
-//! before its key, a bad file) is logged and counted in
-//! `shoal_xds_tls_reloads_total{result="error"}`, and the previous configuration stays in
-//! use until the files change again. Kubernetes Secret volumes update all files at once
-//! (an atomic symlink swap), so a mounted Secret never shows a half-written pair.
+//! Reloaded as [`crate::reload`] describes: a changed set serves every connection accepted
+//! from then on (open connections keep theirs); `shoal_xds_tls_reloads_total` counts the
+//! loads.
 
 use crate::metrics::Metrics;
+use crate::reload::Reloading;
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::Arc;
 use tokio_rustls::TlsAcceptor;
-
-/// How often the certificate files are checked for changes.
-pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Where the secure port's TLS material is.
 #[derive(Debug, Clone)]
@@ -66,55 +58,27 @@ pub enum TlsError {
 
 /// The current TLS configuration of the secure port, shared with its reloader.
 #[derive(Clone)]
-pub struct TlsServer {
-    current: Arc<RwLock<Arc<ServerConfig>>>,
-}
-
-/// A fingerprint of the files' contents.
-type Fingerprint = [u8; 32];
+pub struct TlsServer(Reloading<ServerConfig>);
 
 impl TlsServer {
     /// Loads the files; fails when they cannot be used.
     pub fn load(files: &TlsFiles) -> Result<TlsServer, TlsError> {
-        let config = build(files)?;
-        Ok(TlsServer {
-            current: Arc::new(RwLock::new(Arc::new(config))),
-        })
+        Ok(TlsServer(Reloading::new(build(files)?)))
     }
 
     /// An acceptor with the current configuration.
     pub fn acceptor(&self) -> TlsAcceptor {
-        let config = self
-            .current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        TlsAcceptor::from(config)
+        TlsAcceptor::from(self.0.get())
     }
 
     /// Reloads the configuration whenever the files' contents change, forever.
     pub async fn reload(self, files: TlsFiles, metrics: Metrics) {
-        let mut seen = fingerprint(&files).ok();
-        metrics.tls_reloads.with_label_values(&["ok"]).inc();
-        loop {
-            tokio::time::sleep(RELOAD_INTERVAL).await;
-            let now = fingerprint(&files).ok();
-            if now.is_none() || now == seen {
-                continue;
-            }
-            seen = now;
-            match build(&files) {
-                Ok(config) => {
-                    *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
-                    metrics.tls_reloads.with_label_values(&["ok"]).inc();
-                    tracing::info!(cert = %files.cert.display(), "xDS TLS certificate reloaded");
-                }
-                Err(error) => {
-                    metrics.tls_reloads.with_label_values(&["error"]).inc();
-                    tracing::error!(%error, "xDS TLS files changed but cannot be used; still serving the previous certificate");
-                }
-            }
-        }
+        let mut paths = vec![files.cert.clone(), files.key.clone()];
+        paths.extend(files.client_ca.clone());
+        let build = move || build(&files);
+        self.0
+            .follow("xDS TLS certificate", paths, build, metrics.tls_reloads)
+            .await
     }
 }
 
@@ -124,16 +88,6 @@ fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
         path: path.to_path_buf(),
         source,
     })
-}
-
-fn fingerprint(files: &TlsFiles) -> Result<Fingerprint, TlsError> {
-    let mut h = Sha256::new();
-    h.update(read("certificate", &files.cert)?);
-    h.update(read("key", &files.key)?);
-    if let Some(ca) = &files.client_ca {
-        h.update(read("client CA", ca)?);
-    }
-    Ok(h.finalize().into())
 }
 
 fn certificates(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {

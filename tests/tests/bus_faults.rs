@@ -49,6 +49,17 @@ async fn served(server: &ShoalServer) -> Option<BTreeMap<String, Vec<u64>>> {
     )
 }
 
+/// Waits until `server` serves exactly `want`.
+async fn wait_served(server: &ShoalServer, want: &BTreeMap<String, Vec<u64>>, within: Duration) {
+    eventually(within, POLL, || async move {
+        match served(server).await {
+            Some(now) if now == *want => Ok(()),
+            other => Err(format!("served: {other:?}")),
+        }
+    })
+    .await;
+}
+
 fn expect(pairs: &[(&str, u64)]) -> BTreeMap<String, Vec<u64>> {
     pairs
         .iter()
@@ -110,17 +121,7 @@ async fn nats_back_without_its_data_heals() {
     let ingester = ShoalIngester::for_dir(&nats.url(), dir.path());
     let server = Arc::new(ShoalServer::with_nats(&nats.url()).await);
     let before = expect(&[("api", 80), ("web", 80)]);
-    eventually(Duration::from_secs(30), POLL, || {
-        let server = server.clone();
-        let before = before.clone();
-        async move {
-            match served(&server).await {
-                Some(now) if now == before => Ok(()),
-                other => Err(format!("served: {other:?}")),
-            }
-        }
-    })
-    .await;
+    wait_served(&server, &before, Duration::from_secs(30)).await;
     let (stop, missing, watcher) =
         watch_for_missing(server.clone(), before.keys().cloned().collect());
 
@@ -176,16 +177,7 @@ async fn nats_back_without_its_data_heals() {
     // Still live afterwards.
     std::fs::write(dir.path().join("api.yaml"), service_yaml("api", 82)).unwrap();
     let last = expect(&[("api", 82), ("web", 81)]);
-    eventually(Duration::from_secs(10), POLL, || {
-        let (server, last) = (server.clone(), last.clone());
-        async move {
-            match served(&server).await {
-                Some(now) if now == last => Ok(()),
-                other => Err(format!("served: {other:?}")),
-            }
-        }
-    })
-    .await;
+    wait_served(&server, &last, Duration::from_secs(10)).await;
 }
 
 /// A manifest rewritten in place (truncated, then written in three partial `write`s with
@@ -424,16 +416,7 @@ async fn nats_back_without_its_data_heals_under_a_lease() {
                         "ports": [{"name": "http", "port": port, "targetPort": 8080}]}})
     };
     let before = expect(&[("web", 80)]);
-    eventually(Duration::from_secs(30), POLL, || {
-        let (server, before) = (server.clone(), before.clone());
-        async move {
-            match served(&server).await {
-                Some(now) if now == before => Ok(()),
-                other => Err(format!("served: {other:?}")),
-            }
-        }
-    })
-    .await;
+    wait_served(&server, &before, Duration::from_secs(30)).await;
     let (stop, missing, watcher) =
         watch_for_missing(server.clone(), before.keys().cloned().collect());
 

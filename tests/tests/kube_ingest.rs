@@ -328,6 +328,31 @@ async fn watch_config_false_publishes_no_config() {
     );
 }
 
+/// Asserts that since `mark` nothing was deleted and nothing but `shoal-meta` was written.
+fn nothing_deleted_or_written(bus: &BusRecorder, mark: usize, during_what: &str) {
+    let during = bus.since(mark);
+    let deletes: Vec<&Recorded> = during.iter().filter(|e| e.op == Op::Delete).collect();
+    assert!(
+        deletes.is_empty(),
+        "deletes during {during_what}:\n{}",
+        describe(&during)
+    );
+    assert!(
+        during.iter().all(|e| e.bucket == Bucket::Meta),
+        "writes during {during_what}:\n{}",
+        describe(&during)
+    );
+}
+
+/// Deletes the `shop/web` service and waits until its key is gone from the bus.
+async fn still_watching(config: &KubeApiServer, bus: &BusRecorder) {
+    config.delete("services", Some("shop"), "web").unwrap();
+    bus.until("the service deleted", |b| {
+        b.keys(Bucket::Services).is_empty()
+    })
+    .await;
+}
+
 /// A running ingester that has published one service of `shop` (with endpoints) and a
 /// VirtualService, recorded from the bus, settled.
 async fn one_service_published() -> (NatsServer, BusRecorder, KubeApiServer, Ingester) {
@@ -403,25 +428,8 @@ async fn watch_disruptions_delete_nothing() {
     })
     .await;
     bus.settle(Duration::from_millis(1000)).await;
-    let during = bus.since(mark);
-    let deletes: Vec<&Recorded> = during.iter().filter(|e| e.op == Op::Delete).collect();
-    assert!(
-        deletes.is_empty(),
-        "deletes during disruptions:\n{}",
-        describe(&during)
-    );
-    assert!(
-        during.iter().all(|e| e.bucket == Bucket::Meta),
-        "writes during disruptions:\n{}",
-        describe(&during)
-    );
-
-    // Still watching.
-    config.delete("services", Some("shop"), "web").unwrap();
-    bus.until("the service deleted", |b| {
-        b.keys(Bucket::Services).is_empty()
-    })
-    .await;
+    nothing_deleted_or_written(&bus, mark, "disruptions");
+    still_watching(&config, &bus).await;
 }
 
 /// The Kubernetes API fails every request with 5xx (watches dropped meanwhile, so they
@@ -480,25 +488,8 @@ async fn api_errors_and_slow_lists_delete_nothing() {
     config.set_list_delay(Duration::ZERO);
     bus.settle(Duration::from_millis(1500)).await;
     println!("{failed} requests failed with 5xx; every kind relisted with 2 s lists");
-    let during = bus.since(mark);
-    let deletes: Vec<&Recorded> = during.iter().filter(|e| e.op == Op::Delete).collect();
-    assert!(
-        deletes.is_empty(),
-        "deletes during API faults:\n{}",
-        describe(&during)
-    );
-    assert!(
-        during.iter().all(|e| e.bucket == Bucket::Meta),
-        "writes during API faults:\n{}",
-        describe(&during)
-    );
-
-    // Still watching.
-    config.delete("services", Some("shop"), "web").unwrap();
-    bus.until("the service deleted", |b| {
-        b.keys(Bucket::Services).is_empty()
-    })
-    .await;
+    nothing_deleted_or_written(&bus, mark, "API faults");
+    still_watching(&config, &bus).await;
 }
 
 /// A restarted ingester with an unchanged cluster writes nothing at all but its lease.

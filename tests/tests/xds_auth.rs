@@ -105,6 +105,18 @@ async fn metric(server: &ShoalServer, name: &str, label: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Asserts each `name{label="value"}` series has its count.
+async fn assert_counts(server: &ShoalServer, name: &str, label: &str, counts: &[(&str, f64)]) {
+    for (value, n) in counts {
+        let series = format!("{label}=\"{value}\"");
+        assert_eq!(
+            metric(server, name, &series).await,
+            *n,
+            "{name}{{{series}}}"
+        );
+    }
+}
+
 /// Starts a server with TLS on a free port (plus the harness's plaintext port) and returns
 /// it with its TLS address.
 async fn tls_server(
@@ -353,18 +365,17 @@ async fn service_account_tokens_are_verified_offline_against_the_published_issue
     let elsewhere = refused("shop", token.clone(), Some("east")).await;
     assert_eq!(elsewhere.code(), Code::Unauthenticated, "{elsewhere:?}");
 
-    for (reason, n) in [
-        ("forbidden", 1.0),
-        ("invalid_token", 1.0),
-        ("unknown_issuer", 2.0),
-    ] {
-        let label = format!("reason=\"{reason}\"");
-        assert_eq!(
-            metric(&server, "shoal_xds_auth_refused_total", &label).await,
-            n,
-            "{reason}"
-        );
-    }
+    assert_counts(
+        &server,
+        "shoal_xds_auth_refused_total",
+        "reason",
+        &[
+            ("forbidden", 1.0),
+            ("invalid_token", 1.0),
+            ("unknown_issuer", 2.0),
+        ],
+    )
+    .await;
 
     // A new signing key reaches the servers through the ingester (its refresh is minutes;
     // a restart reads it at once).
@@ -588,18 +599,17 @@ async fn the_ca_signs_only_the_callers_own_identity_with_a_chain_the_mesh_trusts
         .await
         .unwrap_err();
     assert_eq!(anonymous.code(), Code::Unauthenticated, "{anonymous:?}");
-    for (result, n) in [
-        ("issued", 1.0),
-        ("impersonation", 1.0),
-        ("unauthenticated", 1.0),
-    ] {
-        let label = format!("result=\"{result}\"");
-        assert_eq!(
-            metric(&server, "shoal_ca_requests_total", &label).await,
-            n,
-            "{result}"
-        );
-    }
+    assert_counts(
+        &server,
+        "shoal_ca_requests_total",
+        "result",
+        &[
+            ("issued", 1.0),
+            ("impersonation", 1.0),
+            ("unauthenticated", 1.0),
+        ],
+    )
+    .await;
 
     // A new CA in the directory signs from then on, without a restart.
     let next = TestCa::new("next root");

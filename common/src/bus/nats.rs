@@ -178,10 +178,25 @@ fn stream_name(bucket: Bucket) -> String {
 /// A stream re-created after a data loss is younger by far more.
 const CREATED_TOLERANCE_NANOS: i128 = 2_000_000_000;
 
+type Created = async_nats::datetime::DateTime;
+
+/// A stream's creation time as the server reported it, if it reported one: a stream
+/// being created (by another process at the same moment) can be reported with the zero
+/// time (`0001-01-01`), which says nothing about which stream it is.
+fn created_of(info: &jetstream::stream::Info) -> Option<Created> {
+    Some(info.created).filter(|c| c.year() >= 1970)
+}
+
 /// Whether a stream reported as created at `now` is another stream than one reported as
-/// created at `before`.
-fn recreated(before: async_nats::datetime::DateTime, now: async_nats::datetime::DateTime) -> bool {
-    (now.unix_timestamp_nanos() - before.unix_timestamp_nanos()).abs() > CREATED_TOLERANCE_NANOS
+/// created at `before`; unknown times never count as a re-creation.
+fn recreated(before: Option<Created>, now: Option<Created>) -> bool {
+    match (before, now) {
+        (Some(before), Some(now)) => {
+            (now.unix_timestamp_nanos() - before.unix_timestamp_nanos()).abs()
+                > CREATED_TOLERANCE_NANOS
+        }
+        _ => false,
+    }
 }
 
 /// Whether a stream lookup failed because the stream does not exist.
@@ -284,7 +299,7 @@ impl NatsBus {
                 Ok(store) => store,
                 Err(_) => create_bucket(&js, bucket, opts.replicas).await?,
             };
-            let created = Some(store.stream.cached_info().created);
+            let created = created_of(store.stream.cached_info());
             known.insert(
                 bucket,
                 Known {
@@ -345,11 +360,13 @@ impl NatsBus {
                 return Ok(());
             }
         };
-        let created = stream.cached_info().created;
+        let Some(created) = created_of(stream.cached_info()) else {
+            return Ok(());
+        };
         let mut known = self.known();
         let entry = known.entry(bucket).or_default();
         let before = entry.watched.replace(created);
-        if let Some(before) = before.filter(|before| recreated(*before, created)) {
+        if let Some(before) = before.filter(|before| recreated(Some(*before), Some(created))) {
             return Err(BusError::Lost {
                 bucket,
                 reason: format!("its stream was re-created (created {before}, now {created})"),
@@ -373,9 +390,10 @@ impl NatsBus {
                     let info = stream.cached_info();
                     let mut known = self.known();
                     let entry = known.entry(bucket).or_default();
-                    let replaced = entry.created.is_some_and(|c| recreated(c, info.created));
+                    let created = created_of(info);
+                    let replaced = recreated(entry.created, created);
                     let regressed = info.state.last_sequence < written;
-                    entry.created = Some(info.created);
+                    entry.created = created.or(entry.created);
                     if replaced || regressed {
                         entry.written = 0;
                     }
@@ -391,7 +409,7 @@ impl NatsBus {
                     let entry = known.entry(bucket).or_default();
                     // This handle made it: its own watches need no telling (its loss count
                     // tells its writers).
-                    entry.created = Some(store.stream.cached_info().created);
+                    entry.created = created_of(store.stream.cached_info());
                     entry.watched = entry.created;
                     entry.written = 0;
                     Some(Loss::Missing)
@@ -643,7 +661,7 @@ impl StateBus for NatsBus {
             .await
             .map_err(op_err("watch status", bucket, ""))?;
         let empty = info.state.messages == 0;
-        let created = info.created;
+        let created = created_of(&info);
         let mut initial_done = empty;
         let head = futures::stream::iter(empty.then_some(Ok(WatchEvent::InitialDone)));
         let body = watch.flat_map(move |item| {
@@ -715,15 +733,19 @@ impl StateBus for NatsBus {
 async fn watch_for_loss(
     js: jetstream::Context,
     bucket: Bucket,
-    created: async_nats::datetime::DateTime,
+    mut created: Option<Created>,
 ) -> BusError {
     loop {
         tokio::time::sleep(LOSS_CHECK_INTERVAL).await;
         let reason = match js.get_stream(stream_name(bucket)).await {
-            Ok(stream) if recreated(created, stream.cached_info().created) => {
+            Ok(stream) => {
+                let now = created_of(stream.cached_info());
+                if !recreated(created, now) {
+                    created = created.or(now);
+                    continue;
+                }
                 "its stream was re-created".to_string()
             }
-            Ok(_) => continue,
             Err(error) if not_found(&error) => "its stream is gone".to_string(),
             Err(_) => continue,
         };
@@ -734,8 +756,21 @@ async fn watch_for_loss(
 
 #[cfg(test)]
 mod tests {
-    use super::reconnect_delay;
+    use super::{reconnect_delay, recreated, Created};
     use std::time::Duration;
+
+    #[test]
+    fn only_two_known_creation_times_far_apart_are_a_re_creation() {
+        let at = |secs: i64| Some(Created::from_unix_timestamp(secs).unwrap());
+        let t = 1_790_000_000;
+        assert!(!recreated(at(t), at(t)));
+        // A clustered stream's time before and after its leader is elected.
+        assert!(!recreated(at(t), at(t + 1)));
+        assert!(recreated(at(t), at(t + 60)));
+        // Unknown (a stream reported mid-creation with the zero time) is never a loss.
+        assert!(!recreated(None, at(t)));
+        assert!(!recreated(at(t), None));
+    }
 
     #[test]
     fn reconnects_quickly_and_never_waits_long() {

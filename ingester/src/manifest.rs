@@ -236,17 +236,20 @@ fn classify(api_version: &str, kind: &str) -> Classified {
             "v1" => Classified::Read(ObjectKind::EndpointSlice),
             _ => Classified::UnsupportedVersion(ObjectKind::EndpointSlice, "discovery.k8s.io/v1"),
         },
-        (istio::GROUP, _) => match ConfigKind::parse(kind) {
-            Some(k) if istio::SUPPORTED_VERSIONS.contains(&version) => {
-                Classified::Read(ObjectKind::Config(k))
-            }
-            Some(k) => Classified::UnsupportedVersion(
-                ObjectKind::Config(k),
-                "networking.istio.io/v1, v1beta1, v1alpha3",
-            ),
+        (group, _) if istio::GROUPS.contains(&group) => match ConfigKind::parse_in(group, kind) {
+            Some(k) if k.versions().contains(&version) => Classified::Read(ObjectKind::Config(k)),
+            Some(k) => Classified::UnsupportedVersion(ObjectKind::Config(k), versions_text(k)),
             None => Classified::Ignored,
         },
         _ => Classified::Ignored,
+    }
+}
+
+/// The API versions shoal reads for an Istio kind, for errors (`security.istio.io/v1, v1beta1`).
+fn versions_text(kind: ConfigKind) -> &'static str {
+    match kind.group() {
+        shoal_common::model::SECURITY_GROUP => "security.istio.io/v1, v1beta1",
+        _ => "networking.istio.io/v1, v1beta1, v1alpha3",
     }
 }
 

@@ -526,6 +526,20 @@ spec: {address: 10.9.0.1}
 apiVersion: networking.istio.io/v1alpha3
 kind: EnvoyFilter
 metadata: {name: ignored}
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: istio-system}
+spec: {mtls: {mode: STRICT}}
+---
+apiVersion: security.istio.io/v1beta1
+kind: AuthorizationPolicy
+metadata: {name: allow-get}
+spec: {rules: [{to: [{operation: {methods: [GET]}}]}]}
+---
+apiVersion: networking.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: wrong-group}
 "#;
 
     #[test]
@@ -546,10 +560,12 @@ metadata: {name: ignored}
                 "Sidecar default/default",
                 "ServiceEntry default/ext",
                 "WorkloadEntry default/vm1",
+                "PeerAuthentication istio-system/default",
+                "AuthorizationPolicy default/allow-get",
             ]
         );
         let indices: Vec<usize> = f.objects.iter().map(|o| o.document.index).collect();
-        assert_eq!(indices, vec![0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 13]);
+        assert_eq!(indices, vec![0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 13, 15, 16]);
         // The defaulted namespace is recorded in the object.
         let ManifestObject::Pod(pod) = &f.objects[2].object else {
             panic!("not a pod")
@@ -637,6 +653,10 @@ apiVersion: networking.istio.io/v2
 kind: VirtualService
 metadata: {name: future}
 ---
+apiVersion: security.istio.io/v1alpha1
+kind: PeerAuthentication
+metadata: {name: old}
+---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {name: orphan}
@@ -659,7 +679,8 @@ endpoints: []
                 (4, None),
                 (5, None),
                 (6, Some("VirtualService default/future".into())),
-                (7, Some("EndpointSlice default/orphan".into())),
+                (7, Some("PeerAuthentication default/old".into())),
+                (8, Some("EndpointSlice default/orphan".into())),
             ]
         );
         for e in &f.errors {
@@ -673,6 +694,8 @@ endpoints: []
             f.errors[5].error,
             IngestError::UnsupportedVersion { .. }
         ));
+        let old = f.errors[6].error.to_string();
+        assert!(old.contains("security.istio.io/v1, v1beta1"), "{old}");
     }
 
     #[test]

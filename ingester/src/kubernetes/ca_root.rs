@@ -207,6 +207,7 @@ impl Distributor {
         };
         let mut owner_events = self.owners.events();
         let mut at: Option<Instant> = None;
+        let (mut selectors_open, mut root_open) = (true, true);
         let soon = |at: &mut Option<Instant>| {
             at.get_or_insert_with(|| Instant::now() + DEBOUNCE);
         };
@@ -220,13 +221,14 @@ impl Distributor {
                     }
                     None => return,
                 },
-                changed = self.root.changed() => match changed {
+                changed = self.root.changed(), if root_open => match changed {
                     Ok(()) => soon(&mut at),
-                    Err(_) => return,
+                    Err(_) => root_open = false,
                 },
-                changed = self.selectors.changed() => match changed {
+                // Fixed selectors (no --mesh-config) have no sender.
+                changed = self.selectors.changed(), if selectors_open => match changed {
                     Ok(()) => soon(&mut at),
-                    Err(_) => return,
+                    Err(_) => selectors_open = false,
                 },
                 () = self.leadership.changed() => soon(&mut at),
                 () = owner_events.next() => {
@@ -253,7 +255,8 @@ impl Distributor {
 
     /// Writes what differs; returns false when a write failed (a retry is due).
     async fn reconcile(&self, state: &mut State) -> bool {
-        if !state.namespaces.synced() || !state.config_maps.synced() || !self.may_write() {
+        let synced = state.namespaces.synced() && state.config_maps.synced();
+        if !synced || !self.may_write() {
             return true;
         }
         let root = self.root.borrow().clone();
@@ -262,8 +265,7 @@ impl Distributor {
             .namespaces
             .iter()
             .filter(|((_, name), labels)| {
-                !IGNORED.contains(&name.as_str())
-                    && selectors.selects_namespace(name, Some(labels))
+                !IGNORED.contains(&name.as_str()) && selectors.selects_namespace(name, Some(labels))
             })
             .map(|((_, name), _)| name.clone())
             .collect();
@@ -425,9 +427,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("root-cert.pem");
         let missing = load(&path).unwrap_err().to_string();
-        assert!(missing.contains("cannot read the root certificate"), "{missing}");
-        std::fs::write(&path, "-----BEGIN PRIVATE KEY-----\nx\n-----END PRIVATE KEY-----\n")
-            .unwrap();
+        assert!(
+            missing.contains("cannot read the root certificate"),
+            "{missing}"
+        );
+        std::fs::write(
+            &path,
+            "-----BEGIN PRIVATE KEY-----\nx\n-----END PRIVATE KEY-----\n",
+        )
+        .unwrap();
         let not_pem = load(&path).unwrap_err().to_string();
         assert!(not_pem.contains("--ca-root-cert"), "{not_pem}");
         let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";

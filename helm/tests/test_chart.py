@@ -661,6 +661,64 @@ def test_workload_ca_plugged_in_secret_is_mounted_whole(chart):
         assert flag == "/etc/shoal/ca-root/root-cert.pem"
 
 
+@pytest.fixture
+def kube_api():
+    """A Kubernetes API test server (the shoal-kubeapi binary): (kubeconfig, create), where
+    create(path, object) POSTs an object to it, as kubectl create would."""
+    proc = subprocess.Popen([str(BIN_DIR / "shoal-kubeapi")], stdout=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while (line := proc.stdout.readline()).strip():
+            lines.append(line)
+        kubeconfig = "".join(lines)
+        server = yaml.safe_load(kubeconfig)["clusters"][0]["cluster"]["server"]
+
+        def create(path: str, obj: dict[str, Any]) -> dict[str, Any]:
+            req = urllib.request.Request(
+                server + path,
+                data=json.dumps(obj).encode(),
+                headers={"Content-Type": "application/json"},
+                method="POST",
+            )
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.load(r)
+
+        yield kubeconfig, create
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_workload_ca_follows_the_cluster_through_lookup(chart, kube_api):
+    # A cluster-aware render (what `helm install`/`upgrade` do): lookup meets a real API.
+    kubeconfig, create = kube_api
+    create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+
+    def install_render():
+        with helm.Config(kubeconfig_content=kubeconfig, namespace=NAMESPACE) as cfg:
+            return objects_of(sorted(cfg.render(chart, None, name=RELEASE, namespace=NAMESPACE).items()))
+
+    # No cacerts: a root is generated...
+    first = one(install_render(), "Secret", "shoal-ca")
+    create(f"/api/v1/namespaces/{NAMESPACE}/secrets", strip(first))
+    # ...and kept by the next upgrade.
+    upgraded = install_render()
+    assert one(upgraded, "Secret", "shoal-ca")["data"] == first["data"]
+    (volume, _, _), _ = ca_mounts(upgraded)
+    assert volume["secret"]["secretName"] == "shoal-ca"
+
+    # A plugged-in CA appears (Istio's cacerts): the next upgrade mounts it, generates nothing.
+    create(f"/api/v1/namespaces/{NAMESPACE}/secrets", {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cacerts"},
+        "data": {k: first["data"][k] for k in ("ca-cert.pem", "ca-key.pem", "root-cert.pem")},
+    })
+    plugged = install_render()
+    assert not [o for o in of_kind(plugged, "Secret") if o["metadata"]["name"] == "shoal-ca"]
+    (volume, _, _), ingesters = ca_mounts(plugged)
+    assert volume["secret"]["secretName"] == "cacerts"
+    assert all(v["secret"]["secretName"] == "cacerts" for v, _, _ in ingesters)
+
+
 def test_workload_ca_disabled(chart):
     objects = render_values(chart, {"ca": {"enabled": False}})
     assert not [o for o in of_kind(objects, "Secret") if o["metadata"]["name"] == "shoal-ca"]

@@ -291,7 +291,7 @@ impl Distributor {
                     self.count("written");
                     state
                         .config_maps
-                        .apply(Change::Apply(key, Ok(Box::new(reduce_config_map(cm)))));
+                        .apply(Change::Apply(key, Ok(Box::new(reduce_config_map(*cm)))));
                 }
                 Written::Skipped => {}
                 Written::Retry => ok = false,
@@ -332,7 +332,7 @@ impl Distributor {
                 match api.create(&pp, &cm).await {
                     Ok(created) => {
                         info!(%cluster, namespace = ns, "root certificate ConfigMap created");
-                        Written::Done(created)
+                        Written::Done(Box::new(created))
                     }
                     // Someone created it meanwhile: the watch brings it, then it is compared.
                     Err(kube::Error::Api(e)) if e.code == 409 => Written::Retry,
@@ -357,7 +357,7 @@ impl Distributor {
                 match api.replace(CONFIG_MAP, &pp, &cm).await {
                     Ok(updated) => {
                         info!(%cluster, namespace = ns, "root certificate ConfigMap updated");
-                        Written::Done(updated)
+                        Written::Done(Box::new(updated))
                     }
                     // Changed (or deleted) meanwhile: the watch brings the newer state.
                     Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
@@ -377,7 +377,7 @@ impl Distributor {
 /// The outcome of one write.
 enum Written {
     /// The object as stored.
-    Done(ConfigMap),
+    Done(Box<ConfigMap>),
     /// Nothing to write after all.
     Skipped,
     /// A race; the next round (after the watch caught up) writes again.

@@ -442,14 +442,14 @@ async fn object_request(
             let watching = target.watch_path || req.query.bool("watch")?.unwrap_or(false);
             let filter = filter(&req.query, res, ns, None)?;
             if watching {
-                serve_watch(shared, &req, &target, filter)
+                serve_watch(shared, &req, target, filter)
             } else {
-                serve_list(shared, &req, &target, filter).await
+                serve_list(shared, &req, target, filter).await
             }
         }
         (&Method::GET, Some(name)) if target.watch_path => {
             let filter = filter(&req.query, res, ns, Some(name))?;
-            serve_watch(shared, &req, &target, filter)
+            serve_watch(shared, &req, target, filter)
         }
         (&Method::POST, None) => {
             if res.namespaced && ns.is_none() {

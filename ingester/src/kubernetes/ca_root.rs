@@ -61,8 +61,12 @@ pub const FILE_INTERVAL: Duration = Duration::from_secs(2);
 /// Changes are reconciled this long after the first one, so a burst is one round.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
-/// A round with failed writes is retried after this long.
+/// A round with failed writes is retried after this long, doubled after each further
+/// failed round up to [`MAX_RETRY`] (a cluster that forbids the writes is not hammered).
 const RETRY: Duration = Duration::from_secs(1);
+
+/// The longest wait between failed rounds.
+const MAX_RETRY: Duration = Duration::from_secs(60);
 
 /// The root certificate(s) to distribute, PEM, as last read from the file.
 pub type RootRx = tokio::sync::watch::Receiver<Arc<str>>;
@@ -208,6 +212,7 @@ impl Distributor {
         let mut owner_events = self.owners.events();
         let mut at: Option<Instant> = None;
         let (mut selectors_open, mut root_open) = (true, true);
+        let mut failed_rounds: u32 = 0;
         let soon = |at: &mut Option<Instant>| {
             at.get_or_insert_with(|| Instant::now() + DEBOUNCE);
         };
@@ -240,8 +245,12 @@ impl Distributor {
                 }
                 () = sleep_until(at), if at.is_some() => {
                     at = None;
-                    if !self.reconcile(&mut state).await {
-                        at = Some(Instant::now() + RETRY);
+                    if self.reconcile(&mut state).await {
+                        failed_rounds = 0;
+                    } else {
+                        let delay = RETRY.saturating_mul(1 << failed_rounds.min(6)).min(MAX_RETRY);
+                        failed_rounds += 1;
+                        at = Some(Instant::now() + delay);
                     }
                 }
             }

@@ -213,6 +213,7 @@ impl Distributor {
         let mut at: Option<Instant> = None;
         let (mut selectors_open, mut root_open) = (true, true);
         let mut failed_rounds: u32 = 0;
+        let mut could_write = false;
         let soon = |at: &mut Option<Instant>| {
             at.get_or_insert_with(|| Instant::now() + DEBOUNCE);
         };
@@ -237,11 +238,13 @@ impl Distributor {
                 },
                 () = self.leadership.changed() => soon(&mut at),
                 () = owner_events.next() => {
-                    // Owner records change for every cluster; reconcile only on a standing
-                    // that allows writing (the round itself checks again).
-                    if self.may_write() {
+                    // Owner records change for every cluster (and this wakes every second):
+                    // a round only when this replica becomes able to write the cluster.
+                    let may = self.may_write();
+                    if may && !could_write {
                         soon(&mut at);
                     }
+                    could_write = may;
                 }
                 () = sleep_until(at), if at.is_some() => {
                     at = None;

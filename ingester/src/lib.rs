@@ -15,6 +15,7 @@
 pub mod admin;
 pub mod app;
 pub mod bus_guard;
+pub mod credentials;
 #[cfg(test)]
 mod compat_doc;
 pub mod destination_rule;

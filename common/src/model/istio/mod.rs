@@ -33,10 +33,13 @@ pub enum ConfigKind {
     ServiceEntry,
     /// `WorkloadEntry`.
     WorkloadEntry,
+    /// A Gateway TLS credential: a Kubernetes Secret a Gateway names in `credentialName`,
+    /// sealed ([`crate::credential`]). Not an Istio kind: never read from Istio manifests.
+    Credential,
 }
 
 impl ConfigKind {
-    /// All kinds, in a stable order.
+    /// The Istio kinds, in a stable order (not [`ConfigKind::Credential`]).
     pub const ALL: [ConfigKind; 6] = [
         ConfigKind::Gateway,
         ConfigKind::VirtualService,
@@ -55,12 +58,19 @@ impl ConfigKind {
             ConfigKind::Sidecar => "Sidecar",
             ConfigKind::ServiceEntry => "ServiceEntry",
             ConfigKind::WorkloadEntry => "WorkloadEntry",
+            ConfigKind::Credential => "Credential",
         }
     }
 
-    /// Parses a Kubernetes `kind` string.
+    /// Parses a Kubernetes `kind` string of an Istio kind (one of [`ConfigKind::ALL`]).
     pub fn parse(kind: &str) -> Option<ConfigKind> {
         ConfigKind::ALL.into_iter().find(|k| k.as_str() == kind)
+    }
+
+    /// Parses the kind token of a `shoal-config` key: an Istio kind or `Credential`.
+    pub fn parse_key_token(kind: &str) -> Option<ConfigKind> {
+        ConfigKind::parse(kind)
+            .or((kind == ConfigKind::Credential.as_str()).then_some(ConfigKind::Credential))
     }
 }
 
@@ -89,6 +99,7 @@ impl ConfigObject {
             ConfigSpec::Sidecar(_) => ConfigKind::Sidecar,
             ConfigSpec::ServiceEntry(_) => ConfigKind::ServiceEntry,
             ConfigSpec::WorkloadEntry(_) => ConfigKind::WorkloadEntry,
+            ConfigSpec::Credential(_) => ConfigKind::Credential,
         }
     }
 }
@@ -108,4 +119,6 @@ pub enum ConfigSpec {
     ServiceEntry(ServiceEntry),
     /// A WorkloadEntry spec.
     WorkloadEntry(WorkloadEntry),
+    /// A sealed gateway TLS credential.
+    Credential(crate::credential::SealedCredential),
 }

@@ -35,6 +35,11 @@ pub fn affected_types(
                 out.extend([XdsType::Listener, XdsType::Route]);
             }
             (ConfigKind::Gateway, ProxyKind::Sidecar) => {}
+            // Credentials are served to gateways only; listeners name them, never embed them.
+            (ConfigKind::Credential, ProxyKind::Router) => {
+                out.insert(XdsType::Secret);
+            }
+            (ConfigKind::Credential, ProxyKind::Sidecar) => {}
             // HTTP rules shape route tables; `tcp`/`tls` rules shape listeners' filter
             // chains (sidecar outbound, gateway TCP/TLS servers): listeners only when a
             // VirtualService with such rules changed.

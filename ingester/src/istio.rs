@@ -223,6 +223,34 @@ mod tests {
     }
 
     #[test]
+    fn gateway_tls_termination_validation() {
+        let gw = ConfigKind::Gateway;
+        let server = |port: &str, tls: &str| {
+            format!("servers: [{{port: {{number: 443, name: https, protocol: {port}}}, hosts: ['*'], tls: {tls}}}]")
+        };
+        for ok in [
+            server("HTTPS", "{mode: SIMPLE, credentialName: web-cert}"),
+            server("HTTPS", "{mode: MUTUAL, credentialName: web-cert}"),
+            server("TLS", "{mode: SIMPLE, credentialName: db.cert}"),
+            server("TLS", "{mode: PASSTHROUGH}"),
+        ] {
+            assert!(validate(&spec(gw, &ok)).is_ok(), "{ok}");
+        }
+        for (yaml, names) in [
+            (server("HTTPS", "{mode: SIMPLE}"), "servers[0].tls.credentialName is required"),
+            (server("HTTPS", "{mode: MUTUAL, credentialName: ''}"), "servers[0].tls.credentialName is required"),
+            (server("HTTPS", "{mode: SIMPLE, credentialName: other/cert}"), "servers[0].tls.credentialName \"other/cert\""),
+            (server("HTTPS", "{mode: SIMPLE, credentialName: 'sds://x'}"), "servers[0].tls.credentialName"),
+            (server("HTTPS", "{mode: ISTIO_MUTUAL}"), "servers[0].tls.mode \"ISTIO_MUTUAL\" is not supported"),
+            (server("HTTPS", "{credentialName: c}"), "servers[0].tls.mode is required"),
+            (server("HTTP", "{mode: SIMPLE, credentialName: c}"), "servers[0].tls.mode \"SIMPLE\" needs port.protocol HTTPS or TLS"),
+        ] {
+            let r = reason(gw, &yaml);
+            assert!(r.starts_with(names), "{yaml}: {r}");
+        }
+    }
+
+    #[test]
     fn virtual_service_validation() {
         let vs = ConfigKind::VirtualService;
         let ok = "hosts: [reviews]\nhttp:\n- route:\n  - destination: {host: reviews, subset: v1}\n    weight: 75\n  - destination: {host: reviews, subset: v2}\n    weight: 25\n";

@@ -455,11 +455,12 @@ async fn simple_and_mutual_terminate_with_credential_name_and_rotate() {
     let out = wait_https(t.simple, &ca1, &[]).await;
     assert!(out.contains("Verify return code: 0 (ok)"), "{out}");
 
-    // MUTUAL: without a client certificate, no answer; with one from the Secret's CA, one.
-    let anonymous = https_get(t.mutual, &ca1, &[]).await;
-    assert!(!reached_backend(&anonymous), "MUTUAL served a client without a certificate:\n{anonymous}");
+    // MUTUAL: a client with a certificate from the Secret's CA gets an answer; once that
+    // works (the listener is up), one without a certificate gets none.
     let (client_cert, client_key) = t.client_ca.client("client").write(t.dir.path(), "client");
     wait_https(t.mutual, &ca1, &["-cert", path(&client_cert), "-key", path(&client_key)]).await;
+    let anonymous = https_get(t.mutual, &ca1, &[]).await;
+    assert!(!reached_backend(&anonymous), "MUTUAL served a client without a certificate:\n{anonymous}");
     // A certificate from another CA is refused too.
     let (other_cert, other_key) = TestCa::new("other").client("client").write(t.dir.path(), "other");
     let stranger = https_get(t.mutual, &ca1, &["-cert", path(&other_cert), "-key", path(&other_key)]).await;

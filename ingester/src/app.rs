@@ -414,6 +414,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 system_namespace: args.system_namespace,
                 watch_config: args.watch_config,
                 remote_cluster_timeout: args.remote_cluster_timeout.get(),
+                credential_keys: credential_keys.clone(),
             };
             tokio::spawn(crate::readiness::announce_synced(
                 bus.clone(),

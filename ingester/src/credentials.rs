@@ -35,6 +35,24 @@ pub fn referenced(gateways: impl IntoIterator<Item = ConfigObject>) -> BTreeSet<
     out
 }
 
+/// The data keys a credential is read from (Istio's names).
+const CREDENTIAL_KEYS: [&str; 6] = ["tls.crt", "tls.key", "ca.crt", "cert", "key", "cacert"];
+
+/// A watched Secret reduced to what a credential needs: name, namespace and the
+/// credential keys of its data (other keys, labels and annotations dropped), so the
+/// ingester keeps no other secret data in memory.
+pub fn reduce(secret: KubeSecret) -> KubeSecret {
+    let mut out = KubeSecret::default();
+    out.metadata.name = secret.metadata.name;
+    out.metadata.namespace = secret.metadata.namespace;
+    out.data = secret.data.map(|d| {
+        d.into_iter()
+            .filter(|(k, _)| CREDENTIAL_KEYS.contains(&k.as_str()))
+            .collect()
+    });
+    out
+}
+
 /// The credential a Secret holds, by Istio's key names; an error names what is missing.
 pub fn credential(secret: &KubeSecret) -> Result<TlsCredential, InvalidObject> {
     let mut data: BTreeMap<String, String> = BTreeMap::new();

@@ -78,6 +78,8 @@ pub struct ClusterContext {
     pub leadership: Leadership,
     /// Which fleet owns which cluster.
     pub owners: Owners,
+    /// Seals gateway credentials (`--credential-key-file`); `None`: Secrets are not read.
+    pub credential_keys: Option<Arc<shoal_common::credential::CredentialKeys>>,
 }
 
 impl ClusterContext {
@@ -386,7 +388,7 @@ impl ClusterTask {
                 };
                 self.schedule();
             }
-            Update::Crd(_) | Update::Config(..) => {
+            Update::Crd(_) | Update::Config(..) | Update::Credential(_) => {
                 if let Some(config) = &mut self.config {
                     config.handle(generation, update);
                     if !config.dirty.is_empty() {
@@ -727,6 +729,7 @@ fn apply(store: &mut ClusterStore, update: Update) -> Affects {
         Update::Crd(_)
         | Update::Config(..)
         | Update::Secret(_)
+        | Update::Credential(_)
         | Update::Issuer(_)
         | Update::Health { .. } => Touched::Nothing,
     };

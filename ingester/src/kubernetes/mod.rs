@@ -26,6 +26,7 @@ pub mod secrets;
 pub mod store;
 pub mod watch;
 
+use shoal_common::credential::CredentialKeys;
 use crate::lease::Leadership;
 use crate::mesh_config::SelectorsRx;
 use crate::metrics::Metrics;
@@ -82,6 +83,9 @@ pub struct KubeSourceConfig {
     pub watch_config: bool,
     /// How long a remote cluster may hold back readiness.
     pub remote_cluster_timeout: Duration,
+    /// Seals gateway credentials; with it (and `watch_config`), the config cluster's
+    /// Secrets are watched in every namespace and the ones Gateways name are published.
+    pub credential_keys: Option<Arc<CredentialKeys>>,
 }
 
 /// The `User-Agent` of the ingester's Kubernetes clients: the binary, its version, the
@@ -168,6 +172,7 @@ impl KubeSource {
             selectors,
             leadership,
             owners,
+            credential_keys: cfg.credential_keys.clone(),
         };
         KubeSource { cfg, ctx }
     }

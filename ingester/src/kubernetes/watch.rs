@@ -1,6 +1,7 @@
 //! Watches: one task per watched kind, running a kube-rs `watcher` with the default
 //! backoff, reducing each object as it arrives and sending the change to its cluster task.
 
+use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use super::reduce::{self, CrdInfo, ObjKey, SecretData};
 use super::store::Change;
 use crate::error::InvalidObject;
@@ -39,6 +40,8 @@ pub enum Update {
     Config(ConfigKind, Change<Box<ConfigObject>>),
     /// A multicluster Secret.
     Secret(Change<SecretData>),
+    /// A Secret that may hold a gateway credential (reduced to its credential keys).
+    Credential(Change<Box<KubeSecret>>),
     /// The cluster's token issuer was read, or could not be (see [`super::issuer`]).
     Issuer(Result<ClusterIssuer, String>),
     /// The watch of `kind` failed (it retries with backoff); `None` when it works again.

@@ -74,7 +74,10 @@ impl std::fmt::Debug for TlsCredential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TlsCredential")
             .field("cert_chain", &self.cert_chain.as_ref().map(|c| c.len()))
-            .field("private_key", &self.private_key.as_ref().map(|_| "<redacted>"))
+            .field(
+                "private_key",
+                &self.private_key.as_ref().map(|_| "<redacted>"),
+            )
             .field("ca_cert", &self.ca_cert.as_ref().map(|c| c.len()))
             .finish()
     }
@@ -165,7 +168,12 @@ impl CredentialKeys {
     }
 
     /// Seals a credential for the Secret `namespace/name`.
-    pub fn seal(&self, namespace: &str, name: &str, credential: &TlsCredential) -> SealedCredential {
+    pub fn seal(
+        &self,
+        namespace: &str,
+        name: &str,
+        credential: &TlsCredential,
+    ) -> SealedCredential {
         let key = &self.keys[0];
         let aad = aad(namespace, name);
         let mut data = rmp_serde::to_vec_named(credential).expect("a credential always encodes");
@@ -266,7 +274,11 @@ mod tests {
     fn seals_deterministically_and_opens() {
         let keys = CredentialKeys::parse(KEY_A, "test").unwrap();
         let a = keys.seal("ns", "cert", &cred());
-        assert_eq!(a, keys.seal("ns", "cert", &cred()), "same input, same bytes");
+        assert_eq!(
+            a,
+            keys.seal("ns", "cert", &cred()),
+            "same input, same bytes"
+        );
         assert!(!a.sealed.contains("TOPSECRET"));
         let raw = base64::engine::general_purpose::STANDARD
             .decode(&a.sealed)
@@ -287,8 +299,12 @@ mod tests {
             Err(CredentialError::Open)
         ));
         let mut t = a.clone();
-        t.sealed.replace_range(20..21, if &t.sealed[20..21] == "A" { "B" } else { "A" });
-        assert!(matches!(keys.open("ns", "cert", &t), Err(CredentialError::Open)));
+        t.sealed
+            .replace_range(20..21, if &t.sealed[20..21] == "A" { "B" } else { "A" });
+        assert!(matches!(
+            keys.open("ns", "cert", &t),
+            Err(CredentialError::Open)
+        ));
         let b = CredentialKeys::parse(KEY_B, "test").unwrap();
         assert!(matches!(
             b.open("ns", "cert", &a),
@@ -299,8 +315,8 @@ mod tests {
     #[test]
     fn rotation_opens_with_any_key_and_seals_with_the_first() {
         let old = CredentialKeys::parse(KEY_A, "t").unwrap();
-        let both = CredentialKeys::parse(&format!("# new first\n{KEY_B}\n\n{KEY_A}\n"), "t")
-            .unwrap();
+        let both =
+            CredentialKeys::parse(&format!("# new first\n{KEY_B}\n\n{KEY_A}\n"), "t").unwrap();
         let sealed_old = old.seal("ns", "c", &cred());
         assert_eq!(both.open("ns", "c", &sealed_old).unwrap(), cred());
         assert_ne!(both.sealing_key_id(), old.sealing_key_id());

@@ -3,7 +3,6 @@
 use crate::admin::{self, AdminState};
 use crate::error::IngestError;
 use crate::file::{FileSource, FileSourceConfig};
-use shoal_common::credential::CredentialKeys;
 use crate::kubernetes::{self, KubeSource, KubeSourceConfig};
 use crate::lease::{self, Elector, LeaseConfig};
 use crate::mesh_config::{self, MeshConfigWatch};
@@ -14,6 +13,7 @@ use anyhow::Context;
 use shoal_common::bus::nats::NatsBus;
 use shoal_common::bus::nats_args::NatsArgs;
 use shoal_common::bus::StateBus;
+use shoal_common::credential::CredentialKeys;
 use shoal_common::model::Duration;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -333,7 +333,10 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
         None => None,
     };
     if let Some(keys) = &credential_keys {
-        info!(key_id = keys.sealing_key_id(), "sealing gateway credentials");
+        info!(
+            key_id = keys.sealing_key_id(),
+            "sealing gateway credentials"
+        );
     }
     match args.source.clone() {
         SourceSpec::File(dir) => {

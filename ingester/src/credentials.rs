@@ -176,8 +176,16 @@ mod tests {
         let referenced: BTreeSet<_> = [("gw".to_string(), "c".to_string())].into();
         let secrets = [
             secret("gw", "c", &[("tls.crt", "CERT"), ("tls.key", "PRIVATEKEY")]),
-            secret("other", "c", &[("tls.crt", "CERT"), ("tls.key", "PRIVATEKEY")]),
-            secret("gw", "unrelated", &[("tls.crt", "CERT"), ("tls.key", "PRIVATEKEY")]),
+            secret(
+                "other",
+                "c",
+                &[("tls.crt", "CERT"), ("tls.key", "PRIVATEKEY")],
+            ),
+            secret(
+                "gw",
+                "unrelated",
+                &[("tls.crt", "CERT"), ("tls.key", "PRIVATEKEY")],
+            ),
         ];
         let out = entries(&secrets, &referenced, Some(&keys));
         assert_eq!(out.len(), 1);

@@ -12,7 +12,6 @@
 //! once. Editors' companion files (`.swp` and other dot files, `~` backups, vim's `4913`
 //! probe) are not manifests: only `.yaml`, `.yml` and `.json` files are read.
 
-use shoal_common::credential::CredentialKeys;
 use crate::error::IngestError;
 use crate::manifest::{self, ParsedFile};
 use crate::mesh_config::{self, SelectorsRx};
@@ -21,6 +20,7 @@ use crate::publish::{PublishReport, Publisher};
 use crate::state::ManifestStore;
 use sha2::{Digest, Sha256};
 use shoal_common::bus::StateBus;
+use shoal_common::credential::CredentialKeys;
 use shoal_common::envelope::now_ms;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::ErrorKind;

@@ -237,13 +237,34 @@ mod tests {
             assert!(validate(&spec(gw, &ok)).is_ok(), "{ok}");
         }
         for (yaml, names) in [
-            (server("HTTPS", "{mode: SIMPLE}"), "servers[0].tls.credentialName is required"),
-            (server("HTTPS", "{mode: MUTUAL, credentialName: ''}"), "servers[0].tls.credentialName is required"),
-            (server("HTTPS", "{mode: SIMPLE, credentialName: other/cert}"), "servers[0].tls.credentialName \"other/cert\""),
-            (server("HTTPS", "{mode: SIMPLE, credentialName: 'sds://x'}"), "servers[0].tls.credentialName"),
-            (server("HTTPS", "{mode: ISTIO_MUTUAL}"), "servers[0].tls.mode \"ISTIO_MUTUAL\" is not supported"),
-            (server("HTTPS", "{credentialName: c}"), "servers[0].tls.mode is required"),
-            (server("HTTP", "{mode: SIMPLE, credentialName: c}"), "servers[0].tls.mode \"SIMPLE\" needs port.protocol HTTPS or TLS"),
+            (
+                server("HTTPS", "{mode: SIMPLE}"),
+                "servers[0].tls.credentialName is required",
+            ),
+            (
+                server("HTTPS", "{mode: MUTUAL, credentialName: ''}"),
+                "servers[0].tls.credentialName is required",
+            ),
+            (
+                server("HTTPS", "{mode: SIMPLE, credentialName: other/cert}"),
+                "servers[0].tls.credentialName \"other/cert\"",
+            ),
+            (
+                server("HTTPS", "{mode: SIMPLE, credentialName: 'sds://x'}"),
+                "servers[0].tls.credentialName",
+            ),
+            (
+                server("HTTPS", "{mode: ISTIO_MUTUAL}"),
+                "servers[0].tls.mode \"ISTIO_MUTUAL\" is not supported",
+            ),
+            (
+                server("HTTPS", "{credentialName: c}"),
+                "servers[0].tls.mode is required",
+            ),
+            (
+                server("HTTP", "{mode: SIMPLE, credentialName: c}"),
+                "servers[0].tls.mode \"SIMPLE\" needs port.protocol HTTPS or TLS",
+            ),
         ] {
             let r = reason(gw, &yaml);
             assert!(r.starts_with(names), "{yaml}: {r}");

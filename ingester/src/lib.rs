@@ -15,9 +15,9 @@
 pub mod admin;
 pub mod app;
 pub mod bus_guard;
-pub mod credentials;
 #[cfg(test)]
 mod compat_doc;
+pub mod credentials;
 pub mod destination_rule;
 pub mod error;
 pub mod file;

@@ -20,7 +20,8 @@ pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Li
 /// Type URL of Envoy's `RouteConfiguration`.
 pub const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 /// Type URL of Envoy's SDS `Secret`.
-pub const SECRET_TYPE: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+pub const SECRET_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 
 /// The xDS resource types shoal serves, in the order a push sends them (CDS before EDS,
 /// LDS before RDS), as Envoy's ADS sequencing requires to avoid traffic loss.
@@ -126,7 +127,12 @@ pub fn credential_resource_name(secret: &str) -> String {
 
 /// Istio's route name of a gateway HTTPS server (TLS terminated):
 /// `https.<port>.<port name>.<gateway>.<gateway namespace>`.
-pub fn gateway_https_route_name(port: u32, port_name: &str, gateway: &str, namespace: &str) -> String {
+pub fn gateway_https_route_name(
+    port: u32,
+    port_name: &str,
+    gateway: &str,
+    namespace: &str,
+) -> String {
     format!("https.{port}.{port_name}.{gateway}.{namespace}")
 }
 

@@ -1,6 +1,5 @@
 //! Command line and wiring of the server binary.
 
-use shoal_common::credential::CredentialKeys;
 use crate::admin::{self, AdminState};
 use crate::auth::{self, Authenticator, Issuers};
 use crate::generate::cache::GeneratorCache;
@@ -17,6 +16,7 @@ use clap::Parser;
 use shoal_common::bus::nats::NatsBus;
 use shoal_common::bus::nats_args::NatsArgs;
 use shoal_common::bus::StateBus;
+use shoal_common::credential::CredentialKeys;
 use shoal_common::model::Duration as ConfigDuration;
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -5,9 +5,9 @@ use crate::generate::Snapshot;
 use crate::metrics::Metrics;
 use crate::push_context::{MeshSettings, PushContext};
 use crate::store::{ApplyError, Change, MeshState};
-use shoal_common::credential::CredentialKeys;
 use futures::StreamExt;
 use shoal_common::bus::{Bucket, BusError, StateBus, WatchEvent};
+use shoal_common::credential::CredentialKeys;
 use shoal_common::model::ConfigKind;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -244,7 +244,16 @@ pub async fn run_with_mesh(
     mesh: watch::Receiver<Arc<MeshSettings>>,
     out: watch::Sender<Option<Published>>,
 ) {
-    run_gated(bus, debounce, metrics, mesh, FleetGate::default(), None, out).await
+    run_gated(
+        bus,
+        debounce,
+        metrics,
+        mesh,
+        FleetGate::default(),
+        None,
+        out,
+    )
+    .await
 }
 
 /// Which ingester fleets must have published their clusters before the first snapshot

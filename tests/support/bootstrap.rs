@@ -108,7 +108,10 @@ pub fn with_xds_tls(bootstrap: &str, files: &XdsTlsFiles) -> String {
         key = path(&files.key),
         ca = path(&files.ca),
     );
-    assert!(bootstrap.contains("    lb_policy: ROUND_ROBIN\n"), "a bootstrap_with bootstrap");
+    assert!(
+        bootstrap.contains("    lb_policy: ROUND_ROBIN\n"),
+        "a bootstrap_with bootstrap"
+    );
     bootstrap.replacen("    lb_policy: ROUND_ROBIN\n", &socket, 1)
 }
 

@@ -339,9 +339,7 @@ impl Termination {
         };
         let mesh = termination_manifests(t._backend.addr(), simple, mutual, foreign);
         std::fs::write(t.manifests.path().join("mesh.yaml"), mesh).expect("manifests");
-        t.xds_ca
-            .server("shoal")
-            .write(t.dir.path(), "server");
+        t.xds_ca.server("shoal").write(t.dir.path(), "server");
         std::fs::write(t.dir.path().join("mesh-root.crt"), &t.xds_ca.cert_pem).unwrap();
         // Another namespace's Secret, with a certificate for a name of its own.
         let shop = TestCa::new("shop-ca").server_for("shop-only.example.com");
@@ -400,7 +398,9 @@ impl Termination {
         };
         let bootstrap = bootstrap_with(&Node::gateway(), free_port(), &[tls], mode);
         let envoy = Envoy::start(&with_xds_tls(&bootstrap, &files)).await;
-        envoy.wait_listener(&format!("0.0.0.0_{}", self.simple)).await;
+        envoy
+            .wait_listener(&format!("0.0.0.0_{}", self.simple))
+            .await;
         envoy
     }
 }
@@ -425,14 +425,18 @@ fn reached_backend(out: &str) -> bool {
 
 /// Waits until `GET /` on `port`, verified against `ca`, reaches the backend.
 async fn wait_https(port: u16, ca: &Path, extra: &[&str]) -> String {
-    eventually(Duration::from_secs(20), Duration::from_millis(200), || async {
-        let out = https_get(port, ca, extra).await;
-        if reached_backend(&out) {
-            Ok(out)
-        } else {
-            Err(out)
-        }
-    })
+    eventually(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let out = https_get(port, ca, extra).await;
+            if reached_backend(&out) {
+                Ok(out)
+            } else {
+                Err(out)
+            }
+        },
+    )
     .await
 }
 
@@ -458,19 +462,40 @@ async fn simple_and_mutual_terminate_with_credential_name_and_rotate() {
     // MUTUAL: a client with a certificate from the Secret's CA gets an answer; once that
     // works (the listener is up), one without a certificate gets none.
     let (client_cert, client_key) = t.client_ca.client("client").write(t.dir.path(), "client");
-    wait_https(t.mutual, &ca1, &["-cert", path(&client_cert), "-key", path(&client_key)]).await;
+    wait_https(
+        t.mutual,
+        &ca1,
+        &["-cert", path(&client_cert), "-key", path(&client_key)],
+    )
+    .await;
     let anonymous = https_get(t.mutual, &ca1, &[]).await;
-    assert!(!reached_backend(&anonymous), "MUTUAL served a client without a certificate:\n{anonymous}");
+    assert!(
+        !reached_backend(&anonymous),
+        "MUTUAL served a client without a certificate:\n{anonymous}"
+    );
     // A certificate from another CA is refused too.
-    let (other_cert, other_key) = TestCa::new("other").client("client").write(t.dir.path(), "other");
-    let stranger = https_get(t.mutual, &ca1, &["-cert", path(&other_cert), "-key", path(&other_key)]).await;
-    assert!(!reached_backend(&stranger), "MUTUAL served an unknown client CA:\n{stranger}");
+    let (other_cert, other_key) = TestCa::new("other")
+        .client("client")
+        .write(t.dir.path(), "other");
+    let stranger = https_get(
+        t.mutual,
+        &ca1,
+        &["-cert", path(&other_cert), "-key", path(&other_key)],
+    )
+    .await;
+    assert!(
+        !reached_backend(&stranger),
+        "MUTUAL served an unknown client CA:\n{stranger}"
+    );
 
     // The Secret of namespace shop is on the bus (a Gateway there names it) but never
     // reaches this istio-system gateway: its server has no certificate to offer.
     let certs = gateway.admin_get("/certs").await.expect("/certs");
     assert!(certs.contains(WEB), "{certs}");
-    assert!(!certs.contains("shop-only.example.com"), "another namespace's Secret was served:\n{certs}");
+    assert!(
+        !certs.contains("shop-only.example.com"),
+        "another namespace's Secret was served:\n{certs}"
+    );
     let foreign = https_get(t.foreign, &ca1, &[]).await;
     assert!(!reached_backend(&foreign), "{foreign}");
 
@@ -498,12 +523,16 @@ async fn plaintext_streams_get_no_credentials() {
     ))
     .await;
     let name = format!("0.0.0.0_{}", t.simple);
-    eventually(Duration::from_secs(30), Duration::from_millis(200), || async {
-        match gateway.admin_get("/config_dump").await {
-            Ok(d) if d.contains(&name) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
+    eventually(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            match gateway.admin_get("/config_dump").await {
+                Ok(d) if d.contains(&name) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
     .await;
     let out = https_get(t.simple, &ca1, &[]).await;
     assert!(!reached_backend(&out), "{out}");
@@ -536,24 +565,33 @@ async fn credentials_cross_the_bus_sealed() {
     // Every message the config bucket's stream holds, as raw bytes.
     let client = async_nats::connect(nats.url()).await.expect("nats client");
     let js = async_nats::jetstream::new(client);
-    let raw = eventually(Duration::from_secs(20), Duration::from_millis(200), || async {
-        let Ok(mut stream) = js.get_stream("KV_shoal-config").await else {
-            return Err("no config bucket yet".to_string());
-        };
-        let info = stream.info().await.map_err(|e| e.to_string())?.state.clone();
-        let mut all = Vec::new();
-        for seq in info.first_sequence..=info.last_sequence {
-            if let Ok(m) = stream.get_raw_message(seq).await {
-                all.push((m.subject.to_string(), m.payload.to_vec()));
+    let raw = eventually(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let Ok(mut stream) = js.get_stream("KV_shoal-config").await else {
+                return Err("no config bucket yet".to_string());
+            };
+            let info = stream
+                .info()
+                .await
+                .map_err(|e| e.to_string())?
+                .state
+                .clone();
+            let mut all = Vec::new();
+            for seq in info.first_sequence..=info.last_sequence {
+                if let Ok(m) = stream.get_raw_message(seq).await {
+                    all.push((m.subject.to_string(), m.payload.to_vec()));
+                }
             }
-        }
-        let credentials = all.iter().filter(|(s, _)| s.contains("Credential")).count();
-        if credentials >= 2 {
-            Ok(all)
-        } else {
-            Err(format!("{credentials} credentials on the bus"))
-        }
-    })
+            let credentials = all.iter().filter(|(s, _)| s.contains("Credential")).count();
+            if credentials >= 2 {
+                Ok(all)
+            } else {
+                Err(format!("{credentials} credentials on the bus"))
+            }
+        },
+    )
     .await;
     let secret = std::fs::read_to_string(t.manifests.path().join("web-secret.yaml")).unwrap();
     let secret_key = pem_body(&tls_secret_field(&secret, "tls.key"));
@@ -591,7 +629,12 @@ fn tls_secret_field(manifest: &str, field: &str) -> String {
         .lines()
         .find_map(|l| l.trim().strip_prefix(&format!("{field}: ")))
         .expect("field");
-    String::from_utf8(base64::engine::general_purpose::STANDARD.decode(line).unwrap()).unwrap()
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(line)
+            .unwrap(),
+    )
+    .unwrap()
 }
 
 /// The base64 body of a PEM block, on one line.

@@ -10,9 +10,9 @@
 mod harness;
 
 use harness::{
-    config_cluster, describe, eps_key, is_lease, istio_crd, namespace, populate, remote_secret, svc_key,
-    virtual_service, virtual_service_crd, BusRecorder, ClusterStatus, Ingester, Recorded, POLL,
-    TIMEOUT,
+    config_cluster, describe, eps_key, is_lease, istio_crd, namespace, populate, remote_secret,
+    svc_key, virtual_service, virtual_service_crd, BusRecorder, ClusterStatus, Ingester, Recorded,
+    POLL, TIMEOUT,
 };
 use serde_json::json;
 use shoal_common::bus::{Bucket, Op};
@@ -707,9 +707,15 @@ async fn gateway_credentials_are_published_sealed() {
                "type": "kubernetes.io/tls",
                "data": {"tls.crt": b64("CERTIFICATE"), "tls.key": b64(key)}})
     };
-    config.apply(secret("istio-system", "web-cert", "PRIVATE-KEY-ONE")).unwrap();
-    config.apply(secret("istio-system", "unrelated", "PRIVATE-KEY-UNRELATED")).unwrap();
-    config.apply(secret("shop", "web-cert", "PRIVATE-KEY-SHOP")).unwrap();
+    config
+        .apply(secret("istio-system", "web-cert", "PRIVATE-KEY-ONE"))
+        .unwrap();
+    config
+        .apply(secret("istio-system", "unrelated", "PRIVATE-KEY-UNRELATED"))
+        .unwrap();
+    config
+        .apply(secret("shop", "web-cert", "PRIVATE-KEY-SHOP"))
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("credential.key");
     let key = base64::engine::general_purpose::STANDARD.encode([9u8; 32]);
@@ -722,8 +728,10 @@ async fn gateway_credentials_are_published_sealed() {
     );
     ingester.wait_ready().await;
     let credential = "Credential.istio-system.web-cert";
-    bus.until("the credential", |b| b.keys(Bucket::Config).iter().any(|k| k == credential))
-        .await;
+    bus.until("the credential", |b| {
+        b.keys(Bucket::Config).iter().any(|k| k == credential)
+    })
+    .await;
     assert_eq!(
         bus.keys(Bucket::Config),
         [credential, "Gateway.istio-system.public"]
@@ -738,17 +746,27 @@ async fn gateway_credentials_are_published_sealed() {
     let first = bus.state(Bucket::Config)[credential].clone();
 
     // Rotation: a new key in the Secret, a new sealed value.
-    config.apply(secret("istio-system", "web-cert", "PRIVATE-KEY-TWO")).unwrap();
+    config
+        .apply(secret("istio-system", "web-cert", "PRIVATE-KEY-TWO"))
+        .unwrap();
     bus.until("the rotated credential", |b| {
-        b.state(Bucket::Config).get(credential).is_some_and(|v| *v != first)
+        b.state(Bucket::Config)
+            .get(credential)
+            .is_some_and(|v| *v != first)
     })
     .await;
 
     // No Gateway names it any more: it leaves the bus.
     config
-        .delete("gateways.networking.istio.io", Some("istio-system"), "public")
+        .delete(
+            "gateways.networking.istio.io",
+            Some("istio-system"),
+            "public",
+        )
         .unwrap();
-    bus.until("the credential deleted", |b| b.keys(Bucket::Config).is_empty())
-        .await;
+    bus.until("the credential deleted", |b| {
+        b.keys(Bucket::Config).is_empty()
+    })
+    .await;
     assert!(!clear(&bus), "key material in the clear on the bus");
 }

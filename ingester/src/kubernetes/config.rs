@@ -23,13 +23,13 @@ use crate::credentials;
 use crate::istio;
 use crate::publish::{Ownership, Publisher};
 use crate::selector::{DiscoverySelectors, Labels};
+use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use shoal_common::model::ConfigKind;
-use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use shoal_common::credential::CredentialKeys;
+use shoal_common::model::ConfigKind;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch as tokio_watch};
@@ -308,7 +308,12 @@ impl ConfigSide {
             .select(|| c.store.namespaces())
             .into_iter()
             .filter(|ns| selected(namespaces, selectors, ns))
-            .flat_map(|ns| c.store.in_namespace(ns).map(Box::as_ref).collect::<Vec<_>>());
+            .flat_map(|ns| {
+                c.store
+                    .in_namespace(ns)
+                    .map(Box::as_ref)
+                    .collect::<Vec<_>>()
+            });
         credentials::entries(secrets, &referenced, Some(&c.keys))
     }
 

@@ -26,7 +26,6 @@ pub mod secrets;
 pub mod store;
 pub mod watch;
 
-use shoal_common::credential::CredentialKeys;
 use crate::lease::Leadership;
 use crate::mesh_config::SelectorsRx;
 use crate::metrics::Metrics;
@@ -35,6 +34,7 @@ use crate::readiness::Readiness;
 use cluster::{readiness_name, ClusterContext};
 use kube::Client;
 use shoal_common::bus::StateBus;
+use shoal_common::credential::CredentialKeys;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::info;

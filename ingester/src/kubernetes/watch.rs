@@ -1,13 +1,13 @@
 //! Watches: one task per watched kind, running a kube-rs `watcher` with the default
 //! backoff, reducing each object as it arrives and sending the change to its cluster task.
 
-use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use super::reduce::{self, CrdInfo, ObjKey, SecretData};
 use super::store::Change;
 use crate::error::InvalidObject;
 use crate::metrics::Metrics;
 use crate::selector::Labels;
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::{self, watcher, Event};

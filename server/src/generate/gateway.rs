@@ -124,9 +124,7 @@ pub(crate) fn terminating_chain(
             } else {
                 Vec::new()
             },
-            tls_certificate_sds_secret_configs: vec![sds(credential_resource_name(
-                &t.credential,
-            ))],
+            tls_certificate_sds_secret_configs: vec![sds(credential_resource_name(&t.credential))],
             validation_context_type: t.mutual.then(|| {
                 ValidationContextType::ValidationContextSdsSecretConfig(sds(
                     credential_resource_name(&format!("{}{}", t.credential, sds::CA_SUFFIX)),

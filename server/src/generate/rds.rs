@@ -288,7 +288,8 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
         Some((number, name)) => {
             s.port.number == *number
                 && &s.port.name == name
-                && super::gateway::server_kind(s) == Some(super::gateway::ServerKind::TerminatedHttp)
+                && super::gateway::server_kind(s)
+                    == Some(super::gateway::ServerKind::TerminatedHttp)
         }
         None => {
             server_ports.contains(&s.port.number)
@@ -316,12 +317,7 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
         }
         let mut hosts = BTreeSet::new();
         for gw in &bound {
-            for server in gw
-                .spec
-                .servers
-                .iter()
-                .filter(|s| serves(s))
-            {
+            for server in gw.spec.servers.iter().filter(|s| serves(s)) {
                 let redirect = server.tls.as_ref().is_some_and(|t| t.https_redirect);
                 for sh in &server.hosts {
                     for vh in &vs.spec.hosts {

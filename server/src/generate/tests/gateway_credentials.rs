@@ -23,7 +23,12 @@ const CERT: &str = "-----BEGIN CERTIFICATE-----\nSERVER\n-----END CERTIFICATE---
 const KEY: &str = "-----BEGIN PRIVATE KEY-----\nKEY\n-----END PRIVATE KEY-----\n";
 const CA: &str = "-----BEGIN CERTIFICATE-----\nCLIENTCA\n-----END CERTIFICATE-----\n";
 
-fn credential(keys: &CredentialKeys, ns: &str, name: &str, cred: TlsCredential) -> shoal_common::model::ConfigObject {
+fn credential(
+    keys: &CredentialKeys,
+    ns: &str,
+    name: &str,
+    cred: TlsCredential,
+) -> shoal_common::model::ConfigObject {
     config(ns, name, ConfigSpec::Credential(keys.seal(ns, name, &cred)))
 }
 
@@ -80,9 +85,15 @@ fn listener(m: &Mesh, name: &str) -> Listener {
 }
 
 fn tls_context(chain: &FilterChain) -> DownstreamTlsContext {
-    let ts = chain.transport_socket.as_ref().expect("a TLS transport socket");
+    let ts = chain
+        .transport_socket
+        .as_ref()
+        .expect("a TLS transport socket");
     assert_eq!(ts.name, "envoy.transport_sockets.tls");
-    let Some(shoal_proto::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(any)) = &ts.config_type else {
+    let Some(shoal_proto::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(
+        any,
+    )) = &ts.config_type
+    else {
         panic!("typed config")
     };
     DownstreamTlsContext::decode(any.value.as_slice()).expect("a DownstreamTlsContext")
@@ -117,7 +128,10 @@ fn https_servers_terminate_with_sds_certificates_on_sni_chains() {
     assert!(sds[0].sds_config.is_some(), "over ADS");
     assert_eq!(common.alpn_protocols, ["h2", "http/1.1"]);
     assert!(common.validation_context_type.is_none());
-    assert_eq!(simple.require_client_certificate.map(|b| b.value), Some(false));
+    assert_eq!(
+        simple.require_client_certificate.map(|b| b.value),
+        Some(false)
+    );
     // After termination: the HTTP connection manager on the server's own route table.
     let hcm = hcm(&Listener {
         filter_chains: vec![chain_for(&l, "web.example.com").clone()],
@@ -131,7 +145,10 @@ fn https_servers_terminate_with_sds_certificates_on_sni_chains() {
     }
 
     let mutual = tls_context(chain_for(&l, "admin.example.com"));
-    assert_eq!(mutual.require_client_certificate.map(|b| b.value), Some(true));
+    assert_eq!(
+        mutual.require_client_certificate.map(|b| b.value),
+        Some(true)
+    );
     match &mutual.common_tls_context.unwrap().validation_context_type {
         Some(ValidationContextType::ValidationContextSdsSecretConfig(c)) => {
             assert_eq!(c.name, "kubernetes://web-cert-cacert")
@@ -145,12 +162,20 @@ fn each_https_server_has_its_own_route_table() {
     let m = mesh();
     let rc = rds(&m, &ingress(), "https.443.https.public.istio-system");
     let vh = vhost(&rc, "web.example.com:443");
-    assert_eq!(cluster_of(&vh.routes[0]), "outbound|80||web.shop.svc.cluster.local");
+    assert_eq!(
+        cluster_of(&vh.routes[0]),
+        "outbound|80||web.shop.svc.cluster.local"
+    );
     // The admin server admits no VirtualService host: an empty table, not the other's.
     let admin = rds(&m, &ingress(), "https.443.https-admin.public.istio-system");
     assert!(admin.virtual_hosts.is_empty(), "{admin:?}");
     // A plain HTTP table for the port does not take the HTTPS servers' hosts.
-    let plain = route_configs(&gen(XdsType::Route, &ingress(), &m.snapshot(), &["http.443"]));
+    let plain = route_configs(&gen(
+        XdsType::Route,
+        &ingress(),
+        &m.snapshot(),
+        &["http.443"],
+    ));
     assert!(plain.values().all(|rc| rc.virtual_hosts.is_empty()));
 }
 
@@ -167,7 +192,9 @@ fn tls_servers_terminate_then_route_tcp() {
     let tcp = TcpProxy::decode(any.value.as_slice()).unwrap();
     assert_eq!(
         tcp.cluster_specifier,
-        Some(ClusterSpecifier::Cluster("outbound|5432||db.shop.svc.cluster.local".into()))
+        Some(ClusterSpecifier::Cluster(
+            "outbound|5432||db.shop.svc.cluster.local".into()
+        ))
     );
 }
 
@@ -186,7 +213,9 @@ fn sds_serves_certificate_and_client_ca_of_the_gateways_namespace() {
     let Some(secret::Type::TlsCertificate(tc)) = s.r#type else {
         panic!("a TLS certificate")
     };
-    let bytes = |d: Option<shoal_proto::pb::envoy::config::core::v3::DataSource>| match d.and_then(|d| d.specifier) {
+    let bytes = |d: Option<shoal_proto::pb::envoy::config::core::v3::DataSource>| match d
+        .and_then(|d| d.specifier)
+    {
         Some(Specifier::InlineBytes(b)) => String::from_utf8(b).unwrap(),
         other => panic!("inline bytes expected, got {other:?}"),
     };
@@ -243,6 +272,10 @@ fn credentials_without_the_key_or_moved_between_keys_are_not_served() {
     let mut m = mesh();
     let keys = m.state.credential_keys.clone().unwrap();
     let sealed = keys.seal("shop", "web-cert", &server_cred(None));
-    m.add_config(config("istio-system", "stolen", ConfigSpec::Credential(sealed)));
+    m.add_config(config(
+        "istio-system",
+        "stolen",
+        ConfigSpec::Credential(sealed),
+    ));
     assert!(secret_of(&m, &ingress(), "kubernetes://stolen").is_none());
 }

@@ -119,7 +119,15 @@ mod tests {
         );
         assert_eq!(
             affected_types(&config(&[ConfigKind::Sidecar]), ProxyKind::Sidecar, &s).len(),
-            4
+            XdsType::ALL.len()
+        );
+        // Credentials reach gateways' SDS only.
+        assert!(
+            affected_types(&config(&[ConfigKind::Credential]), ProxyKind::Sidecar, &s).is_empty()
+        );
+        assert_eq!(
+            affected_types(&config(&[ConfigKind::Credential]), ProxyKind::Router, &s),
+            [XdsType::Secret].into()
         );
     }
 
@@ -146,7 +154,10 @@ mod tests {
             full: true,
             ..Default::default()
         };
-        assert_eq!(affected_types(&full, ProxyKind::Sidecar, &s).len(), 4);
+        assert_eq!(
+            affected_types(&full, ProxyKind::Sidecar, &s).len(),
+            XdsType::ALL.len()
+        );
     }
 
     #[test]

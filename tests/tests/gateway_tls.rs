@@ -501,8 +501,13 @@ async fn simple_and_mutual_terminate_with_credential_name_and_rotate() {
 
     // Rotation: a new certificate in the Secret reaches the running Envoy.
     // (The same Envoy process throughout: this test never restarts it.)
+    let rotated = std::time::Instant::now();
     let ca2 = t.write_web_cert("gateway-ca-2");
     let out = wait_https(t.simple, &ca2, &[]).await;
+    eprintln!(
+        "rotation: new certificate served {:?} after the Secret was written",
+        rotated.elapsed()
+    );
     assert!(out.contains("Verify return code: 0 (ok)"), "{out}");
     assert_eq!(gateway.stat_sum("update_rejected").await, 0);
     drop(shoal);

@@ -37,8 +37,9 @@ use tracing::info;
 
 /// The kind label of the CRD watch.
 const CRD_KIND: &str = "CustomResourceDefinition";
-/// The kind label of the gateway credential Secrets watch.
-const CREDENTIAL_KIND: &str = "Secret";
+/// The kind label of the gateway credential Secrets watch (metrics, health): not `Secret`,
+/// which is the multicluster Secrets watch.
+const CREDENTIAL_KIND: &str = "CredentialSecret";
 /// Secrets that never hold gateway credentials, left out of the watch.
 const CREDENTIAL_FIELDS: &str =
     "type!=kubernetes.io/service-account-token,type!=helm.sh/release.v1";

@@ -123,6 +123,9 @@ pub struct ChangeSet {
     pub services: bool,
     /// Service hostnames whose endpoints changed.
     pub endpoints: BTreeSet<String>,
+    /// Of those, the hostnames whose workload identities changed (see
+    /// `endpoints::HostIdentities`): their clusters change too.
+    pub identities: BTreeSet<String>,
 }
 
 impl ChangeSet {
@@ -139,6 +142,10 @@ impl ChangeSet {
             Change::Service => self.services = true,
             Change::Endpoints(host) => {
                 self.endpoints.insert(host.clone());
+            }
+            Change::EndpointIdentities(host) => {
+                self.endpoints.insert(host.clone());
+                self.identities.insert(host.clone());
             }
         }
     }

@@ -167,9 +167,10 @@ fn endpoint_put_update_and_delete() {
         &[("http", 8080)],
         vec![endpoint("10.0.0.1", &[])],
     );
+    // A new host: who runs behind it changed too (clusters' mTLS reads it).
     assert_eq!(
         state.apply(Bucket::Endpoints, &slice_put(&set)).unwrap().0,
-        Change::Endpoints(host.into())
+        Change::EndpointIdentities(host.into())
     );
     assert_eq!(
         state.apply(Bucket::Endpoints, &slice_put(&set)).unwrap().0,

@@ -60,14 +60,20 @@ pub fn affected_types(
         }
     }
     // Endpoints outside the proxy's scope cannot matter to it.
-    let in_scope = changes.endpoints.iter().any(|host| {
-        scope
-            .services
-            .binary_search_by(|s| s.hostname.as_str().cmp(host))
-            .is_ok()
-    });
-    if in_scope {
+    let in_scope = |hosts: &BTreeSet<String>| {
+        hosts.iter().any(|host| {
+            scope
+                .services
+                .binary_search_by(|s| s.hostname.as_str().cmp(host))
+                .is_ok()
+        })
+    };
+    if in_scope(&changes.endpoints) {
         out.insert(XdsType::Endpoint);
+    }
+    // Service accounts and sidecars behind a destination shape its clusters' mutual TLS.
+    if in_scope(&changes.identities) {
+        out.insert(XdsType::Cluster);
     }
     out
 }

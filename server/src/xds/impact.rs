@@ -184,4 +184,19 @@ mod tests {
             [XdsType::Endpoint].into()
         );
     }
+
+    #[test]
+    fn changed_workload_identities_reach_clusters() {
+        let s = scope(&["a.ns.svc.cluster.local"]);
+        let mut c = ChangeSet::default();
+        c.endpoints.insert("z.other.svc.cluster.local".into());
+        c.identities.insert("z.other.svc.cluster.local".into());
+        assert!(affected_types(&c, ProxyKind::Sidecar, &s).is_empty());
+        c.endpoints.insert("a.ns.svc.cluster.local".into());
+        c.identities.insert("a.ns.svc.cluster.local".into());
+        assert_eq!(
+            affected_types(&c, ProxyKind::Router, &s),
+            [XdsType::Cluster, XdsType::Endpoint].into()
+        );
+    }
 }

@@ -3,8 +3,8 @@
 
 use crate::error::InvalidObject;
 use shoal_common::model::{
-    ClientTlsMode, ClientTlsSettings, ConnectionPoolSettings, DestinationRule, Duration, LoadBalancerSettings,
-    LocalityLbSetting, OutlierDetection, TrafficPolicy,
+    ClientTlsMode, ClientTlsSettings, ConnectionPoolSettings, DestinationRule, Duration,
+    LoadBalancerSettings, LocalityLbSetting, OutlierDetection, TrafficPolicy,
 };
 use std::collections::BTreeSet;
 
@@ -105,7 +105,12 @@ fn settings(
     }
     // istiod's validation: MUTUAL with certificate files needs both of them.
     if let Some(tls) = tls.filter(|t| t.mode == ClientTlsMode::Mutual) {
-        if tls.client_certificate.as_deref().unwrap_or_default().is_empty() {
+        if tls
+            .client_certificate
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+        {
             return invalid(format!(
                 "{at}.tls.clientCertificate is required for mode MUTUAL"
             ));
@@ -455,7 +460,10 @@ subsets:
             "{r}"
         );
         let r = reason("host: r\ntrafficPolicy: {tls: {mode: MUTUAL, clientCertificate: /c}}");
-        assert!(r.starts_with("trafficPolicy.tls.privateKey is required"), "{r}");
+        assert!(
+            r.starts_with("trafficPolicy.tls.privateKey is required"),
+            "{r}"
+        );
     }
 
     #[test]

@@ -69,9 +69,7 @@ pub fn parse(text: &str) -> Result<MeshSettings, String> {
             .trust_domain
             .filter(|td| !td.is_empty())
             .unwrap_or(defaults.trust_domain),
-        enable_auto_mtls: file
-            .enable_auto_mtls
-            .unwrap_or(defaults.enable_auto_mtls),
+        enable_auto_mtls: file.enable_auto_mtls.unwrap_or(defaults.enable_auto_mtls),
     })
 }
 

@@ -223,7 +223,10 @@ mod tests {
         let c = ctx(vec![mesh.clone(), ns.clone()]);
         assert_eq!(for_workload(&c, "shop", &app("a")).mode, MtlsMode::Disable);
         let c = ctx(vec![mesh, ns, wl]);
-        assert_eq!(for_workload(&c, "shop", &app("a")).mode, MtlsMode::Permissive);
+        assert_eq!(
+            for_workload(&c, "shop", &app("a")).mode,
+            MtlsMode::Permissive
+        );
         // The workload policy selects only its workloads.
         assert_eq!(for_workload(&c, "shop", &app("b")).mode, MtlsMode::Disable);
         // Other namespaces get the mesh policy.
@@ -235,7 +238,14 @@ mod tests {
         let c = ctx(vec![
             pa("istio-system", "mesh", 1, None, Strict, &[]),
             pa("shop", "ns", 1, None, Unset, &[]),
-            pa("shop", "wl", 1, Some(&[("app", "a")]), Unset, &[(8080, Unset), (9090, Disable)]),
+            pa(
+                "shop",
+                "wl",
+                1,
+                Some(&[("app", "a")]),
+                Unset,
+                &[(8080, Unset), (9090, Disable)],
+            ),
         ]);
         let m = for_workload(&c, "shop", &app("a"));
         assert_eq!(m.mode, MtlsMode::Strict);
@@ -273,7 +283,10 @@ mod tests {
             Strict,
             &[],
         )]);
-        assert_eq!(for_workload(&c, "shop", &app("a")).mode, MtlsMode::Permissive);
+        assert_eq!(
+            for_workload(&c, "shop", &app("a")).mode,
+            MtlsMode::Permissive
+        );
         assert_eq!(
             for_workload(&c, "istio-system", &app("a")).mode,
             MtlsMode::Permissive

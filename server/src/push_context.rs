@@ -328,8 +328,7 @@ impl PushContext {
                                 source: ServiceSource::ServiceEntry {
                                     resolution,
                                     endpoints: endpoints.clone(),
-                                    mesh_internal: se.location.as_deref()
-                                        == Some("MESH_INTERNAL"),
+                                    mesh_internal: se.location.as_deref() == Some("MESH_INTERNAL"),
                                 },
                                 selector: se
                                     .workload_selector

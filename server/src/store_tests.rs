@@ -162,7 +162,13 @@ fn endpoint_identity_changes_are_told_apart() {
     let host = "reviews.default.svc.cluster.local";
     let mut ep = endpoint("10.0.0.1", &[("security.istio.io/tlsMode", "istio")]);
     ep.service_account = "reviews".into();
-    let set = slice("default", "reviews", "s1", &[("http", 8080)], vec![ep.clone()]);
+    let set = slice(
+        "default",
+        "reviews",
+        "s1",
+        &[("http", 8080)],
+        vec![ep.clone()],
+    );
     assert_eq!(
         state.apply(Bucket::Endpoints, &slice_put(&set)).unwrap().0,
         Change::EndpointIdentities(host.into())
@@ -181,14 +187,20 @@ fn endpoint_identity_changes_are_told_apart() {
     let mut other = more.clone();
     other.endpoints[1].service_account = "reviews-v2".into();
     assert_eq!(
-        state.apply(Bucket::Endpoints, &slice_put(&other)).unwrap().0,
+        state
+            .apply(Bucket::Endpoints, &slice_put(&other))
+            .unwrap()
+            .0,
         Change::EndpointIdentities(host.into())
     );
     // A pod without a sidecar changes auto mTLS to a headless service.
     let mut plain = other.clone();
     plain.endpoints[1].labels.clear();
     assert_eq!(
-        state.apply(Bucket::Endpoints, &slice_put(&plain)).unwrap().0,
+        state
+            .apply(Bucket::Endpoints, &slice_put(&plain))
+            .unwrap()
+            .0,
         Change::EndpointIdentities(host.into())
     );
     let ids = state.endpoints.identities(host).unwrap();

@@ -117,17 +117,27 @@ async fn envoy_accepts_mtls_clusters_and_inbound_chains() {
     assert_eq!(matches[0]["name"], "tlsMode-istio");
     assert_eq!(matches[1]["name"], "tlsMode-disabled");
     let tls = &matches[0]["transport_socket"]["typed_config"];
-    assert_eq!(tls["sni"], "outbound_.9080_._.reviews.shop.svc.cluster.local");
+    assert_eq!(
+        tls["sni"],
+        "outbound_.9080_._.reviews.shop.svc.cluster.local"
+    );
     assert_eq!(
         tls["common_tls_context"]["tls_certificate_sds_secret_configs"][0]["sds_config"]
             ["api_config_source"]["grpc_services"][0]["envoy_grpc"]["cluster_name"],
         "sds-grpc"
     );
-    assert_eq!(client.stat_sum("cluster_manager.cds.update_rejected").await, 0);
-    let old = dump_entries(&client.config_dump().await, "dynamic_active_clusters", "cluster")
-        .into_iter()
-        .find(|c| c["name"] == "outbound|8080||old.legacy.svc.cluster.local")
-        .expect("the plaintext cluster is active");
+    assert_eq!(
+        client.stat_sum("cluster_manager.cds.update_rejected").await,
+        0
+    );
+    let old = dump_entries(
+        &client.config_dump().await,
+        "dynamic_active_clusters",
+        "cluster",
+    )
+    .into_iter()
+    .find(|c| c["name"] == "outbound|8080||old.legacy.svc.cluster.local")
+    .expect("the plaintext cluster is active");
     assert!(old.get("transport_socket_matches").is_none());
 
     // The server: its clusters need no certificate, so its listeners arrive; the STRICT
@@ -140,7 +150,12 @@ async fn envoy_accepts_mtls_clusters_and_inbound_chains() {
             .ok_or_else(|| "no virtualInbound yet".to_string())
     })
     .await;
-    assert_eq!(server.stat_sum("listener_manager.lds.update_rejected").await, 0);
+    assert_eq!(
+        server
+            .stat_sum("listener_manager.lds.update_rejected")
+            .await,
+        0
+    );
     assert!(
         inbound.get("active_state").is_none(),
         "virtualInbound cannot be active without its certificate: {inbound}"
@@ -153,7 +168,10 @@ async fn envoy_accepts_mtls_clusters_and_inbound_chains() {
         .filter(|c| c["name"] == "0.0.0.0_9080")
         .collect();
     assert_eq!(port_chains.len(), 1, "STRICT: one mTLS chain per port");
-    assert_eq!(port_chains[0]["filter_chain_match"]["transport_protocol"], "tls");
+    assert_eq!(
+        port_chains[0]["filter_chain_match"]["transport_protocol"],
+        "tls"
+    );
     assert_eq!(
         port_chains[0]["transport_socket"]["typed_config"]["require_client_certificate"],
         true

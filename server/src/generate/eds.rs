@@ -248,7 +248,7 @@ fn tls_mode_metadata() -> Metadata {
     Metadata {
         filter_metadata: std::iter::once((mtls::TRANSPORT_SOCKET_MATCH.to_string(), tls_mode))
             .collect(),
-        ..Default::default()
+        typed_filter_metadata: Default::default(),
     }
 }
 
@@ -264,7 +264,6 @@ fn lb_endpoint(t: Target) -> LbEndpoint {
             .weight
             .filter(|w| *w > 0)
             .map(|value| UInt32Value { value }),
-        ..Default::default()
     }
 }
 

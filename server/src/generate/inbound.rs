@@ -202,7 +202,11 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
         ..Default::default()
     }];
     for p in &key.ports {
-        chains.extend(port_chains(p, key.mtls.for_port(p.port.into()), &key.trust_domain));
+        chains.extend(port_chains(
+            p,
+            key.mtls.for_port(p.port.into()),
+            &key.trust_domain,
+        ));
     }
     chains.extend(passthrough_chains(0, key.mtls.mode, &key.trust_domain));
     // `portLevelMtls` on ports no service declares: passthrough chains of their own.

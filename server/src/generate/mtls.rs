@@ -84,7 +84,10 @@ pub fn pod_has_sidecar(labels: &std::collections::BTreeMap<String, String>) -> b
 pub fn workload_entry_has_sidecar(we: &shoal_common::model::WorkloadEntry) -> bool {
     match we.labels.get(TLS_MODE_LABEL) {
         Some(mode) => mode == TLS_MODE_ISTIO,
-        None => we.service_account.as_deref().is_some_and(|sa| !sa.is_empty()),
+        None => we
+            .service_account
+            .as_deref()
+            .is_some_and(|sa| !sa.is_empty()),
     }
 }
 

@@ -14,12 +14,12 @@ use shoal_common::model::{
 };
 use shoal_proto::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
+    cluster::TransportSocketMatch,
     cluster::{
         common_lb_config::{LocalityConfigSpecifier, LocalityWeightedLbConfig},
         ClusterDiscoveryType, CommonLbConfig, DiscoveryType, LbConfig, LbPolicy, MaglevLbConfig,
         RingHashLbConfig,
     },
-    cluster::TransportSocketMatch,
     CircuitBreakers, Cluster, OutlierDetection as PbOutlier, UpstreamConnectionOptions,
 };
 use shoal_proto::pb::envoy::config::core::v3::{

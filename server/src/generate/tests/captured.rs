@@ -14,7 +14,6 @@ use shoal_proto::pb::envoy::config::listener::v3::{
     filter, listener_filter_chain_match_predicate::Rule, Filter, FilterChain, Listener,
     ListenerFilterChainMatchPredicate,
 };
-use shoal_proto::pb::envoy::r#type::v3::Int32Range;
 use shoal_proto::pb::envoy::config::route::v3::{route::Action, route_action::ClusterSpecifier};
 use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager::RouteSpecifier, HttpConnectionManager,
@@ -22,6 +21,7 @@ use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manage
 use shoal_proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
     tcp_proxy::ClusterSpecifier as TcpCluster, TcpProxy,
 };
+use shoal_proto::pb::envoy::r#type::v3::Int32Range;
 use shoal_proto::XdsType;
 use std::collections::BTreeMap;
 

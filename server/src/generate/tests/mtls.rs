@@ -192,12 +192,13 @@ fn auto_mtls_matches_endpoints_with_a_sidecar() {
         .map(|m| m.name.as_str())
         .collect();
     assert_eq!(names, ["tlsMode-istio", "tlsMode-disabled"]);
-    let m = &c.transport_socket_matches[0].r#match.as_ref().unwrap().fields;
+    let m = &c.transport_socket_matches[0]
+        .r#match
+        .as_ref()
+        .unwrap()
+        .fields;
     assert_eq!(m.len(), 1);
-    assert_eq!(
-        m["tlsMode"].kind,
-        Some(Kind::StringValue("istio".into()))
-    );
+    assert_eq!(m["tlsMode"].kind, Some(Kind::StringValue("istio".into())));
     assert!(c.transport_socket_matches[1]
         .r#match
         .as_ref()
@@ -212,7 +213,12 @@ fn auto_mtls_matches_endpoints_with_a_sidecar() {
             .name,
         "envoy.transport_sockets.raw_buffer"
     );
-    let tls = upstream(c.transport_socket_matches[0].transport_socket.as_ref().unwrap());
+    let tls = upstream(
+        c.transport_socket_matches[0]
+            .transport_socket
+            .as_ref()
+            .unwrap(),
+    );
     assert_eq!(tls.sni, format!("outbound_.9080_._.{REVIEWS}"));
     let common = tls.common_tls_context.as_ref().unwrap();
     assert_eq!(common.alpn_protocols, ["istio-peer-exchange", "istio"]);
@@ -228,7 +234,12 @@ fn auto_mtls_matches_endpoints_with_a_sidecar() {
     assert_eq!(sds, ["default", "ROOTCA"]);
     // HTTP/2 (gRPC) clusters add h2; TCP clusters get the TCP in-mesh ALPN.
     let grpc = &cs[&format!("outbound|9090||{REVIEWS}")];
-    let tls = upstream(grpc.transport_socket_matches[0].transport_socket.as_ref().unwrap());
+    let tls = upstream(
+        grpc.transport_socket_matches[0]
+            .transport_socket
+            .as_ref()
+            .unwrap(),
+    );
     assert_eq!(
         tls.common_tls_context.unwrap().alpn_protocols,
         ["istio-peer-exchange", "istio", "h2"]
@@ -245,18 +256,19 @@ fn auto_mtls_sni_names_the_subset() {
         "host: reviews\nsubsets: [{name: v2, labels: {version: v2}}]",
     ));
     let c = &cds(&m, &client())[&format!("outbound|9080|v2|{REVIEWS}")];
-    let tls = upstream(c.transport_socket_matches[0].transport_socket.as_ref().unwrap());
+    let tls = upstream(
+        c.transport_socket_matches[0]
+            .transport_socket
+            .as_ref()
+            .unwrap(),
+    );
     assert_eq!(tls.sni, format!("outbound_.9080_.v2_.{REVIEWS}"));
 }
 
 #[test]
 fn a_disabled_destination_namespace_or_mesh_setting_gets_plaintext() {
     for m in [
-        mesh().with_config(peer_authentication(
-            "shop",
-            "off",
-            "mtls: {mode: DISABLE}",
-        )),
+        mesh().with_config(peer_authentication("shop", "off", "mtls: {mode: DISABLE}")),
         mesh().with_config(peer_authentication(
             "istio-system",
             "mesh",
@@ -319,7 +331,10 @@ subsets:
     assert!(c.transport_socket_matches.is_empty());
     let tls = upstream(c.transport_socket.as_ref().unwrap());
     assert_eq!(tls.sni, format!("outbound_.9080_._.{REVIEWS}"));
-    assert_eq!(identity(tls.common_tls_context.as_ref().unwrap()).0.len(), 2);
+    assert_eq!(
+        identity(tls.common_tls_context.as_ref().unwrap()).0.len(),
+        2
+    );
     let c = &cs[&format!("outbound|9080|pinned|{REVIEWS}")];
     let tls = upstream(c.transport_socket.as_ref().unwrap());
     assert_eq!(tls.sni, "reviews.example");
@@ -386,7 +401,12 @@ endpoints:
     let ext = &cs["outbound|443||api.example.com"];
     assert!(ext.transport_socket.is_none() && ext.transport_socket_matches.is_empty());
     let vm = &cs["outbound|8080||vm.shop.internal"];
-    let tls = upstream(vm.transport_socket_matches[0].transport_socket.as_ref().unwrap());
+    let tls = upstream(
+        vm.transport_socket_matches[0]
+            .transport_socket
+            .as_ref()
+            .unwrap(),
+    );
     assert_eq!(
         identity(tls.common_tls_context.as_ref().unwrap()).0,
         ["spiffe://cluster.local/ns/shop/sa/vm-sa"]
@@ -409,7 +429,12 @@ endpoints:
 #[test]
 fn eds_marks_endpoints_with_a_sidecar() {
     let name = format!("outbound|9080||{REVIEWS}");
-    let eds = load_assignments(&gen(XdsType::Endpoint, &client(), &mesh().snapshot(), &[&name]));
+    let eds = load_assignments(&gen(
+        XdsType::Endpoint,
+        &client(),
+        &mesh().snapshot(),
+        &[&name],
+    ));
     let eps = &eds[&name].endpoints[0].lb_endpoints;
     let marks: Vec<Option<String>> = eps
         .iter()
@@ -432,7 +457,8 @@ fn chains_of(l: &Listener, port: u32) -> Vec<(String, String, Vec<String>, bool)
         .iter()
         .filter(|c| {
             let m = c.filter_chain_match.clone().unwrap_or_default();
-            m.destination_port.map(|p| p.value).unwrap_or(0) == port && c.name != "virtualInbound-blackhole"
+            m.destination_port.map(|p| p.value).unwrap_or(0) == port
+                && c.name != "virtualInbound-blackhole"
         })
         .map(|c| {
             let m = c.filter_chain_match.clone().unwrap_or_default();
@@ -453,11 +479,22 @@ fn strs(v: &[&str]) -> Vec<String> {
 #[test]
 fn permissive_inbound_has_mtls_and_plaintext_chains() {
     let l = virtual_inbound(&mesh(), &server());
-    let istio_alpn = strs(&["istio", "istio-peer-exchange", "istio-http/1.0", "istio-http/1.1", "istio-h2"]);
+    let istio_alpn = strs(&[
+        "istio",
+        "istio-peer-exchange",
+        "istio-http/1.0",
+        "istio-http/1.1",
+        "istio-h2",
+    ]);
     assert_eq!(
         chains_of(&l, 9080),
         [
-            ("0.0.0.0_9080".into(), "tls".into(), istio_alpn.clone(), true),
+            (
+                "0.0.0.0_9080".into(),
+                "tls".into(),
+                istio_alpn.clone(),
+                true
+            ),
             ("0.0.0.0_9080".into(), "raw_buffer".into(), vec![], false),
         ]
     );
@@ -478,7 +515,12 @@ fn permissive_inbound_has_mtls_and_plaintext_chains() {
         [
             (http.clone(), "tls".into(), mtls_http, true),
             (http, "raw_buffer".into(), plain_http, false),
-            (tcp.clone(), "tls".into(), strs(&["istio-peer-exchange", "istio"]), true),
+            (
+                tcp.clone(),
+                "tls".into(),
+                strs(&["istio-peer-exchange", "istio"]),
+                true
+            ),
             (tcp.clone(), "raw_buffer".into(), vec![], false),
             (tcp, "tls".into(), vec![], false),
         ]
@@ -490,7 +532,7 @@ fn permissive_inbound_has_mtls_and_plaintext_chains() {
         .find(|c| c.name == "0.0.0.0_9080" && c.transport_socket.is_some())
         .unwrap();
     let tls = downstream(c);
-    assert_eq!(tls.require_client_certificate.unwrap().value, true);
+    assert!(tls.require_client_certificate.unwrap().value);
     let common = tls.common_tls_context.unwrap();
     assert_eq!(common.alpn_protocols, ["h2", "http/1.1"]);
     assert_eq!(common.tls_params.as_ref().unwrap().cipher_suites.len(), 6);
@@ -544,7 +586,9 @@ fn strict_refuses_plaintext_and_disable_refuses_tls() {
     for port in [0, 9080, 9090, 3306] {
         let chains = chains_of(&l, port);
         assert!(
-            chains.iter().all(|(_, t, _, mtls)| t == "raw_buffer" && !*mtls),
+            chains
+                .iter()
+                .all(|(_, t, _, mtls)| t == "raw_buffer" && !*mtls),
             "{port}: {chains:?}"
         );
     }
@@ -579,8 +623,14 @@ fn port_level_mtls_overrides_per_workload_port() {
         .find(|f| f.name == "envoy.filters.listener.tls_inspector")
         .unwrap();
     let disabled = format!("{:?}", tls.filter_disabled);
-    assert!(disabled.contains("start: 3306") && disabled.contains("start: 15006"), "{disabled}");
-    assert!(!disabled.contains("9080") && !disabled.contains("NotMatch"), "{disabled}");
+    assert!(
+        disabled.contains("start: 3306") && disabled.contains("start: 15006"),
+        "{disabled}"
+    );
+    assert!(
+        !disabled.contains("9080") && !disabled.contains("NotMatch"),
+        "{disabled}"
+    );
     // Another workload of the namespace keeps the mesh mode everywhere.
     let other = captured_proxy("shop", "10.1.0.9", &[("app", "other")]);
     let l = virtual_inbound(&m, &other);

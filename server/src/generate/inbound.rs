@@ -295,7 +295,8 @@ fn passthrough_chains(port: u32, mode: MtlsMode, trust_domain: &str) -> Vec<Filt
         .collect()
 }
 
-/// The network filters of an inbound HTTP chain.
+/// The network filters of an inbound HTTP chain (every port and mode; the passthrough
+/// chains too): where per-chain filters such as RBAC join the connection manager.
 fn http_chain_filters(
     stat_prefix: &str,
     cluster: &str,
@@ -306,7 +307,8 @@ fn http_chain_filters(
     vec![inbound_hcm(stat_prefix, cluster, operation, port, grpc)]
 }
 
-/// The network filters of an inbound TCP chain.
+/// The network filters of an inbound TCP chain (every port and mode; the passthrough
+/// chain too): where per-chain network filters such as RBAC go, before the `tcp_proxy`.
 fn tcp_chain_filters(cluster: &str) -> Vec<Filter> {
     vec![tcp_proxy_filter(cluster, &[(cluster.to_string(), 1)])]
 }

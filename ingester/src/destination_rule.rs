@@ -3,8 +3,8 @@
 
 use crate::error::InvalidObject;
 use shoal_common::model::{
-    ClientTlsMode, ConnectionPoolSettings, DestinationRule, Duration, LoadBalancerSettings,
-    LocalityLbSetting, OutlierDetection, TrafficPolicy,
+    ClientTlsMode, ClientTlsSettings, ConnectionPoolSettings, DestinationRule, Duration,
+    LoadBalancerSettings, LocalityLbSetting, OutlierDetection, TrafficPolicy,
 };
 use std::collections::BTreeSet;
 
@@ -61,7 +61,7 @@ fn traffic_policy(p: &TrafficPolicy, at: &str) -> Result {
         p.load_balancer.as_ref(),
         p.connection_pool.as_ref(),
         p.outlier_detection.as_ref(),
-        p.tls.as_ref().map(|t| t.mode),
+        p.tls.as_ref(),
         at,
     )?;
     for (i, pl) in p.port_level_settings.iter().enumerate() {
@@ -80,7 +80,7 @@ fn traffic_policy(p: &TrafficPolicy, at: &str) -> Result {
             pl.load_balancer.as_ref(),
             pl.connection_pool.as_ref(),
             pl.outlier_detection.as_ref(),
-            pl.tls.as_ref().map(|t| t.mode),
+            pl.tls.as_ref(),
             &at,
         )?;
     }
@@ -91,7 +91,7 @@ fn settings(
     lb: Option<&LoadBalancerSettings>,
     pool: Option<&ConnectionPoolSettings>,
     outlier: Option<&OutlierDetection>,
-    tls: Option<ClientTlsMode>,
+    tls: Option<&ClientTlsSettings>,
     at: &str,
 ) -> Result {
     if let Some(lb) = lb {
@@ -103,17 +103,23 @@ fn settings(
     if let Some(od) = outlier {
         outlier_detection(od, &format!("{at}.outlierDetection"))?;
     }
-    match tls {
-        Some(mode @ (ClientTlsMode::Mutual | ClientTlsMode::IstioMutual)) => invalid(format!(
-            "{at}.tls.mode {} is not supported yet (mesh security is not implemented): \
-             the rule is rejected rather than applied without TLS",
-            match mode {
-                ClientTlsMode::Mutual => "MUTUAL",
-                _ => "ISTIO_MUTUAL",
-            }
-        )),
-        _ => Ok(()),
+    // istiod's validation: MUTUAL with certificate files needs both of them.
+    if let Some(tls) = tls.filter(|t| t.mode == ClientTlsMode::Mutual) {
+        if tls
+            .client_certificate
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            return invalid(format!(
+                "{at}.tls.clientCertificate is required for mode MUTUAL"
+            ));
+        }
+        if tls.private_key.as_deref().unwrap_or_default().is_empty() {
+            return invalid(format!("{at}.tls.privateKey is required for mode MUTUAL"));
+        }
     }
+    Ok(())
 }
 
 fn load_balancer(lb: &LoadBalancerSettings, at: &str) -> Result {
@@ -440,24 +446,24 @@ subsets:
     }
 
     #[test]
-    fn rejects_mesh_security_tls_modes_by_field() {
-        let r = reason("host: r\ntrafficPolicy: {tls: {mode: ISTIO_MUTUAL}}");
-        assert!(r.starts_with("trafficPolicy.tls.mode ISTIO_MUTUAL"), "{r}");
-        let r = reason("host: r\nsubsets: [{name: v1, trafficPolicy: {portLevelSettings: [{port: {number: 80}, tls: {mode: MUTUAL}}]}}]");
+    fn mesh_tls_modes_are_accepted_and_mutual_needs_its_files() {
+        assert!(spec("host: r\ntrafficPolicy: {tls: {mode: ISTIO_MUTUAL}}").is_ok());
+        assert!(spec(
+            "host: r\ntrafficPolicy: {tls: {mode: MUTUAL, clientCertificate: /c, privateKey: /k, caCertificates: /ca}}"
+        )
+        .is_ok());
+        let r = reason("host: r\nsubsets: [{name: v1, trafficPolicy: {portLevelSettings: [{port: {number: 80}, tls: {mode: MUTUAL, privateKey: /k}}]}}]");
         assert!(
-            r.starts_with("subsets[0].trafficPolicy.portLevelSettings[0].tls.mode MUTUAL"),
+            r.starts_with(
+                "subsets[0].trafficPolicy.portLevelSettings[0].tls.clientCertificate is required"
+            ),
             "{r}"
         );
-        // The client certificate fields are not modelled: rejected by name at decoding.
-        let e = spec(
-            "host: r\ntrafficPolicy: {tls: {mode: MUTUAL, clientCertificate: /c, privateKey: /k}}",
-        )
-        .unwrap_err();
+        let r = reason("host: r\ntrafficPolicy: {tls: {mode: MUTUAL, clientCertificate: /c}}");
         assert!(
-            e.contains("spec.trafficPolicy.tls.clientCertificate"),
-            "{e}"
+            r.starts_with("trafficPolicy.tls.privateKey is required"),
+            "{r}"
         );
-        assert!(e.contains("spec.trafficPolicy.tls.privateKey"), "{e}");
     }
 
     #[test]

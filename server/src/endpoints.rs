@@ -5,16 +5,51 @@
 
 use shoal_common::keys;
 use shoal_common::model::EndpointSet;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// The endpoint sets of one service hostname, by (cluster, slice).
 pub type HostShards = BTreeMap<(String, String), Arc<EndpointSet>>;
 
-/// All endpoint shards. Cloning is cheap (the map holds `Arc`s).
+/// Who runs behind a hostname, as outbound clusters need it for mutual TLS: the identities
+/// the server may present, and whether every endpoint has a sidecar (auto mTLS to a
+/// headless service is all or nothing, as in istiod). A change here changes clusters, not
+/// only endpoints.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct HostIdentities {
+    /// (namespace, service account) of the endpoints that have one.
+    pub accounts: BTreeSet<(String, String)>,
+    /// There are endpoints, and every one carries `security.istio.io/tlsMode: istio`.
+    pub all_sidecars: bool,
+}
+
+impl HostIdentities {
+    fn of(shards: &HostShards) -> HostIdentities {
+        let mut out = HostIdentities {
+            all_sidecars: true,
+            ..Default::default()
+        };
+        let mut any = false;
+        for set in shards.values() {
+            for ep in &set.endpoints {
+                any = true;
+                out.all_sidecars &= crate::generate::mtls::pod_has_sidecar(&ep.labels);
+                if !ep.service_account.is_empty() {
+                    out.accounts
+                        .insert((set.namespace.clone(), ep.service_account.clone()));
+                }
+            }
+        }
+        out.all_sidecars &= any;
+        out
+    }
+}
+
+/// All endpoint shards. Cloning is cheap (the maps hold `Arc`s).
 #[derive(Debug, Default, Clone)]
 pub struct EndpointIndex {
     hosts: BTreeMap<String, Arc<HostShards>>,
+    identities: BTreeMap<String, Arc<HostIdentities>>,
 }
 
 impl EndpointIndex {
@@ -26,7 +61,27 @@ impl EndpointIndex {
             return false;
         }
         Arc::make_mut(shards).insert(id, Arc::new(set));
+        self.refresh_identities(host);
         true
+    }
+
+    fn refresh_identities(&mut self, host: &str) {
+        match self.hosts.get(host) {
+            Some(shards) => {
+                let ids = HostIdentities::of(shards);
+                if self.identities.get(host).is_none_or(|old| **old != ids) {
+                    self.identities.insert(host.to_string(), Arc::new(ids));
+                }
+            }
+            None => {
+                self.identities.remove(host);
+            }
+        }
+    }
+
+    /// The workload identities behind a hostname (none without endpoints).
+    pub fn identities(&self, host: &str) -> Option<&Arc<HostIdentities>> {
+        self.identities.get(host)
     }
 
     /// Removes a slice; returns whether it existed.
@@ -39,6 +94,9 @@ impl EndpointIndex {
             .is_some();
         if shards.is_empty() {
             self.hosts.remove(host);
+        }
+        if removed {
+            self.refresh_identities(host);
         }
         removed
     }

@@ -13,6 +13,7 @@ pub mod endpoints;
 pub mod generate;
 pub mod mesh_config;
 pub mod metrics;
+pub mod peer_authentication;
 pub mod pipeline;
 pub mod proxy;
 pub mod push_context;

@@ -44,6 +44,7 @@ struct MeshConfigFile {
     outbound_traffic_policy: Option<OutboundTrafficPolicy>,
     root_namespace: Option<String>,
     trust_domain: Option<String>,
+    enable_auto_mtls: Option<bool>,
 }
 
 /// Parses MeshConfig YAML (or JSON) into the settings, with Istio's defaults for what it
@@ -68,6 +69,7 @@ pub fn parse(text: &str) -> Result<MeshSettings, String> {
             .trust_domain
             .filter(|td| !td.is_empty())
             .unwrap_or(defaults.trust_domain),
+        enable_auto_mtls: file.enable_auto_mtls.unwrap_or(defaults.enable_auto_mtls),
     })
 }
 
@@ -128,6 +130,8 @@ mod tests {
         .unwrap();
         assert_eq!(s.outbound_traffic_policy, OutboundTrafficMode::RegistryOnly);
         assert_eq!(s.root_namespace, "mesh-root");
+        assert!(s.enable_auto_mtls);
+        assert!(!parse("enableAutoMtls: false").unwrap().enable_auto_mtls);
         assert_eq!(parse("").unwrap(), MeshSettings::default());
         assert_eq!(parse("{}").unwrap(), MeshSettings::default());
     }

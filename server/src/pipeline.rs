@@ -124,6 +124,9 @@ pub struct ChangeSet {
     pub services: bool,
     /// Service hostnames whose endpoints changed.
     pub endpoints: BTreeSet<String>,
+    /// Of those, the hostnames whose workload identities changed (see
+    /// `endpoints::HostIdentities`): their clusters change too.
+    pub identities: BTreeSet<String>,
 }
 
 impl ChangeSet {
@@ -140,6 +143,10 @@ impl ChangeSet {
             Change::Service => self.services = true,
             Change::Endpoints(host) => {
                 self.endpoints.insert(host.clone());
+            }
+            Change::EndpointIdentities(host) => {
+                self.endpoints.insert(host.clone());
+                self.identities.insert(host.clone());
             }
         }
     }

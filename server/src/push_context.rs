@@ -24,6 +24,9 @@ pub enum ServiceSource {
         resolution: Resolution,
         /// The endpoints, sorted.
         endpoints: Vec<WorkloadEntry>,
+        /// `location: MESH_INTERNAL`: the endpoints are mesh workloads (auto mTLS applies);
+        /// `MESH_EXTERNAL`, the default, means they are not.
+        mesh_internal: bool,
     },
 }
 
@@ -113,7 +116,8 @@ pub struct PushContext {
     pub gateways: Vec<Arc<Config<Gateway>>>,
     /// Sidecars by namespace, in name order.
     pub sidecars: BTreeMap<String, Vec<Arc<Config<Sidecar>>>>,
-    /// PeerAuthentications by namespace, in name order.
+    /// PeerAuthentications by namespace, oldest first (istiod's order: creation time, then
+    /// name; see `crate::peer_authentication`).
     pub peer_authentications: BTreeMap<String, Vec<Arc<Config<PeerAuthentication>>>>,
     /// AuthorizationPolicies by namespace, in name order.
     pub authorization_policies: BTreeMap<String, Vec<Arc<Config<AuthorizationPolicy>>>>,
@@ -132,8 +136,12 @@ pub struct MeshSettings {
     /// The namespace whose selector-less Sidecar applies mesh-wide (`rootNamespace`).
     pub root_namespace: String,
     /// The mesh's trust domain (`trustDomain`): the trust domain of the identities read
-    /// from service-account tokens on the secure xDS port (read at startup).
+    /// from service-account tokens on the secure xDS port (read at startup), and of the
+    /// SPIFFE identities mutual TLS verifies.
     pub trust_domain: String,
+    /// Sidecars originate Istio mutual TLS to in-mesh destinations that a DestinationRule
+    /// leaves without TLS settings (`enableAutoMtls`, default true).
+    pub enable_auto_mtls: bool,
 }
 
 impl Default for MeshSettings {
@@ -142,6 +150,7 @@ impl Default for MeshSettings {
             outbound_traffic_policy: OutboundTrafficMode::AllowAny,
             root_namespace: shoal_common::defaults::ROOT_NAMESPACE.into(),
             trust_domain: shoal_common::defaults::TRUST_DOMAIN.into(),
+            enable_auto_mtls: true,
         }
     }
 }
@@ -322,6 +331,7 @@ impl PushContext {
                                 source: ServiceSource::ServiceEntry {
                                     resolution,
                                     endpoints: endpoints.clone(),
+                                    mesh_internal: se.location.as_deref() == Some("MESH_INTERNAL"),
                                 },
                                 selector: se
                                     .workload_selector
@@ -378,6 +388,9 @@ impl PushContext {
         ctx.destination_rule_index = DestinationRuleIndex::build(&rules, &ctx.mesh.root_namespace);
         ctx.virtual_services
             .sort_by(|a, b| a.meta.precedence().cmp(&b.meta.precedence()));
+        for policies in ctx.peer_authentications.values_mut() {
+            policies.sort_by(|a, b| a.meta.precedence().cmp(&b.meta.precedence()));
+        }
         ctx.virtual_services = crate::delegation::merge_delegates(&ctx.virtual_services);
         ctx
     }

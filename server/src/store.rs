@@ -96,6 +96,9 @@ pub enum Change {
     Service,
     /// Endpoints of this service hostname.
     Endpoints(String),
+    /// Endpoints of this service hostname, and with them its workload identities (service
+    /// accounts, sidecars): clusters change too (mutual TLS).
+    EndpointIdentities(String),
 }
 
 /// Everything a server knows, as last read from the bus.
@@ -258,12 +261,20 @@ impl MeshState {
                 let (cluster, ns, svc, slice) =
                     keys::parse_endpoints_key(&entry.key).map_err(key_err)?;
                 let host = shoal_common::model::service_fqdn(&svc, &ns);
+                let identities_before = self.endpoints.identities(&host).cloned();
+                let change = |index: &EndpointIndex, host: String| {
+                    if index.identities(&host) == identities_before.as_ref() {
+                        Change::Endpoints(host)
+                    } else {
+                        Change::EndpointIdentities(host)
+                    }
+                };
                 if entry.op == Op::Delete {
                     let removed =
                         Arc::make_mut(&mut self.endpoints).remove(&host, &cluster, &slice);
                     return Ok((
                         if removed {
-                            Change::Endpoints(host)
+                            change(&self.endpoints, host)
                         } else {
                             Change::None
                         },
@@ -288,7 +299,7 @@ impl MeshState {
                 let changed = Arc::make_mut(&mut self.endpoints).upsert(&host, set);
                 Ok((
                     if changed {
-                        Change::Endpoints(host)
+                        change(&self.endpoints, host)
                     } else {
                         Change::None
                     },

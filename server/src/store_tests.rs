@@ -6,7 +6,7 @@ use crate::testutil::*;
 use bytes::Bytes;
 use shoal_common::bus::{Bucket, Entry, Op};
 use shoal_common::keys;
-use shoal_common::model::{ConfigKind, ConfigObject, EndpointSet, Service};
+use shoal_common::model::{ConfigKind, ConfigObject, Endpoint, EndpointSet, Service};
 use shoal_common::{Envelope, SCHEMA_VERSION};
 
 fn vs_obj(ns: &str, name: &str, host: &str) -> ConfigObject {
@@ -157,6 +157,58 @@ fn service_put_update_and_delete() {
 }
 
 #[test]
+fn endpoint_identity_changes_are_told_apart() {
+    let mut state = MeshState::default();
+    let host = "reviews.default.svc.cluster.local";
+    let mut ep = endpoint("10.0.0.1", &[("security.istio.io/tlsMode", "istio")]);
+    ep.service_account = "reviews".into();
+    let set = slice(
+        "default",
+        "reviews",
+        "s1",
+        &[("http", 8080)],
+        vec![ep.clone()],
+    );
+    assert_eq!(
+        state.apply(Bucket::Endpoints, &slice_put(&set)).unwrap().0,
+        Change::EndpointIdentities(host.into())
+    );
+    // Another pod with the same identity and a sidecar: endpoints only.
+    let mut more = set.clone();
+    more.endpoints.push(Endpoint {
+        address: "10.0.0.2".into(),
+        ..ep.clone()
+    });
+    assert_eq!(
+        state.apply(Bucket::Endpoints, &slice_put(&more)).unwrap().0,
+        Change::Endpoints(host.into())
+    );
+    // A new service account changes the clusters' SANs.
+    let mut other = more.clone();
+    other.endpoints[1].service_account = "reviews-v2".into();
+    assert_eq!(
+        state
+            .apply(Bucket::Endpoints, &slice_put(&other))
+            .unwrap()
+            .0,
+        Change::EndpointIdentities(host.into())
+    );
+    // A pod without a sidecar changes auto mTLS to a headless service.
+    let mut plain = other.clone();
+    plain.endpoints[1].labels.clear();
+    assert_eq!(
+        state
+            .apply(Bucket::Endpoints, &slice_put(&plain))
+            .unwrap()
+            .0,
+        Change::EndpointIdentities(host.into())
+    );
+    let ids = state.endpoints.identities(host).unwrap();
+    assert!(!ids.all_sidecars);
+    assert_eq!(ids.accounts.len(), 2);
+}
+
+#[test]
 fn endpoint_put_update_and_delete() {
     let mut state = MeshState::default();
     let host = "reviews.default.svc.cluster.local";
@@ -167,9 +219,10 @@ fn endpoint_put_update_and_delete() {
         &[("http", 8080)],
         vec![endpoint("10.0.0.1", &[])],
     );
+    // A new host: who runs behind it changed too (clusters' mTLS reads it).
     assert_eq!(
         state.apply(Bucket::Endpoints, &slice_put(&set)).unwrap().0,
-        Change::Endpoints(host.into())
+        Change::EndpointIdentities(host.into())
     );
     assert_eq!(
         state.apply(Bucket::Endpoints, &slice_put(&set)).unwrap().0,

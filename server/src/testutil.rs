@@ -157,6 +157,11 @@ pub fn service_entry(ns: &str, name: &str, yaml: &str) -> ConfigObject {
     config(ns, name, ConfigSpec::ServiceEntry(spec(yaml)))
 }
 
+/// A PeerAuthentication from its spec in YAML.
+pub fn peer_authentication(ns: &str, name: &str, yaml: &str) -> ConfigObject {
+    config(ns, name, ConfigSpec::PeerAuthentication(spec(yaml)))
+}
+
 /// A WorkloadEntry from its spec in YAML.
 pub fn workload_entry(ns: &str, name: &str, yaml: &str) -> ConfigObject {
     config(ns, name, ConfigSpec::WorkloadEntry(spec(yaml)))

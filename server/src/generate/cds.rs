@@ -2,13 +2,18 @@
 //! DestinationRule subset (`outbound|<port>|<subset>|<host>`), and Istio's two fixed
 //! clusters.
 
+use super::mtls::{self, IstioMutual};
 use super::traffic_policy::{self, default_circuit_breakers};
 use super::{ads_config_source, pb_duration, socket_address, Resource};
 use crate::destination_rule::effective_policy;
+use crate::endpoints::EndpointIndex;
+use crate::peer_authentication::{self, MtlsMode};
 use crate::proxy::{Proxy, ProxyKind};
 use crate::push_context::{PushContext, ServiceSource, ServiceView};
 use crate::scope::ProxyScope;
-use shoal_common::model::{Protocol, Resolution, ServicePort, TrafficPolicy, WorkloadEntry};
+use shoal_common::model::{
+    ClientTlsMode, Protocol, Resolution, ServicePort, SimpleLb, TrafficPolicy, WorkloadEntry,
+};
 use shoal_proto::pb::envoy::config::cluster::v3::{circuit_breakers::Thresholds, CircuitBreakers};
 use shoal_proto::pb::envoy::config::cluster::v3::{
     cluster::{ClusterDiscoveryType, DiscoveryType, DnsLookupFamily, EdsClusterConfig, LbPolicy},
@@ -86,11 +91,19 @@ pub enum ClusterKey {
         /// Forward to the original destination (a headless Service seen by a captured
         /// sidecar: the app dialed one pod's address, as istiod's `ORIGINAL_DST` clusters).
         original_dst: bool,
+        /// The Istio mutual TLS the cluster originates (the rule's `ISTIO_MUTUAL`, or auto
+        /// mTLS); boxed to keep keys small.
+        istio_mutual: Option<Box<IstioMutual>>,
     },
 }
 
 /// The clusters a proxy with this scope needs.
-pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<ClusterKey> {
+pub fn keys(
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    ctx: &PushContext,
+    endpoints: &EndpointIndex,
+) -> Vec<ClusterKey> {
     let mut out = vec![ClusterKey::Blackhole, ClusterKey::Passthrough];
     let captured = proxy.kind == ProxyKind::Sidecar && proxy.interception.captured();
     if captured {
@@ -115,12 +128,17 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Cluster
         };
         let dr = ctx.destination_rule(&proxy.namespace, &proxy.labels, svc);
         let rule_policy = dr.as_ref().and_then(|d| d.spec.traffic_policy.as_deref());
+        let destination = Destination::new(ctx, endpoints, svc);
         for port in &svc.ports {
+            let policy = effective_policy(rule_policy, None, port.port);
             out.push(ClusterKey::Service {
                 name: outbound_cluster_name(port.port.into(), "", &svc.hostname),
                 svc: svc.clone(),
                 port: port.clone(),
-                policy: effective_policy(rule_policy, None, port.port).map(Box::new),
+                istio_mutual: destination
+                    .istio_mutual(port.port, "", policy.as_ref())
+                    .map(Box::new),
+                policy: policy.map(Box::new),
                 subset_labels: BTreeMap::new(),
                 original_dst,
             });
@@ -129,16 +147,16 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Cluster
                 .map(|d| d.spec.subsets.as_slice())
                 .unwrap_or_default()
             {
+                let policy =
+                    effective_policy(rule_policy, subset.traffic_policy.as_ref(), port.port);
                 out.push(ClusterKey::Service {
                     name: outbound_cluster_name(port.port.into(), &subset.name, &svc.hostname),
                     svc: svc.clone(),
                     port: port.clone(),
-                    policy: effective_policy(
-                        rule_policy,
-                        subset.traffic_policy.as_ref(),
-                        port.port,
-                    )
-                    .map(Box::new),
+                    istio_mutual: destination
+                        .istio_mutual(port.port, &subset.name, policy.as_ref())
+                        .map(Box::new),
+                    policy: policy.map(Box::new),
                     subset_labels: subset.labels.clone(),
                     original_dst,
                 });
@@ -178,6 +196,7 @@ pub fn build(key: &ClusterKey) -> Resource {
             policy,
             subset_labels,
             original_dst,
+            istio_mutual,
         } => {
             let mut c = cluster(name, svc, port, subset_labels);
             if *original_dst {
@@ -186,8 +205,121 @@ pub fn build(key: &ClusterKey) -> Resource {
                 ));
                 c.eds_cluster_config = None;
             }
-            traffic_policy::apply(&mut c, port.protocol, policy.as_deref());
+            traffic_policy::apply(
+                &mut c,
+                port.protocol,
+                policy.as_deref(),
+                istio_mutual.as_deref(),
+            );
             Resource::new(XdsType::Cluster, name.clone(), &c)
+        }
+    }
+}
+
+/// What a destination service means for Istio mutual TLS to it: whether it is in the mesh,
+/// its identities, whether all of its endpoints have sidecars, its namespace's mode.
+struct Destination<'a> {
+    svc: &'a ServiceView,
+    /// A Kubernetes service or a `MESH_INTERNAL` ServiceEntry.
+    in_mesh: bool,
+    /// Its SPIFFE identities, sorted (istiod's `ServiceAccounts`).
+    sans: Vec<String>,
+    /// There are endpoints and all have sidecars.
+    all_sidecars: bool,
+    /// Auto mTLS applies (mesh setting on, namespace/mesh PeerAuthentication not DISABLE).
+    auto: bool,
+}
+
+impl<'a> Destination<'a> {
+    fn new(ctx: &PushContext, endpoints: &EndpointIndex, svc: &'a ServiceView) -> Self {
+        let td = &ctx.mesh.trust_domain;
+        let (in_mesh, accounts, all_sidecars) = match &svc.source {
+            ServiceSource::Kubernetes => {
+                let ids = endpoints.identities(&svc.hostname);
+                (
+                    true,
+                    ids.map(|i| {
+                        i.accounts
+                            .iter()
+                            .map(|(ns, sa)| mtls::spiffe_id(td, ns, sa))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                    ids.is_some_and(|i| i.all_sidecars),
+                )
+            }
+            ServiceSource::ServiceEntry {
+                endpoints,
+                mesh_internal,
+                ..
+            } => (
+                *mesh_internal,
+                endpoints
+                    .iter()
+                    .filter_map(|e| e.service_account.as_deref().filter(|sa| !sa.is_empty()))
+                    .map(|sa| mtls::spiffe_id(td, &svc.namespace, sa))
+                    .collect(),
+                !endpoints.is_empty() && endpoints.iter().all(mtls::workload_entry_has_sidecar),
+            ),
+        };
+        let mut sans: Vec<String> = accounts;
+        sans.sort();
+        sans.dedup();
+        Destination {
+            svc,
+            in_mesh,
+            sans,
+            all_sidecars,
+            auto: ctx.mesh.enable_auto_mtls
+                && peer_authentication::namespace_mode(ctx, &svc.namespace) != MtlsMode::Disable,
+        }
+    }
+
+    /// istiod's `buildUpstreamTLSSettings`: a rule's `ISTIO_MUTUAL` (its `sni` and
+    /// `subjectAltNames` where set, else the cluster's SNI and the destination's
+    /// identities); without TLS in the rule, auto mTLS to in-mesh destinations — for
+    /// passthrough destinations (headless, `resolution: NONE`, `PASSTHROUGH` load
+    /// balancing) only when every endpoint has a sidecar.
+    fn istio_mutual(
+        &self,
+        port: u16,
+        subset: &str,
+        policy: Option<&TrafficPolicy>,
+    ) -> Option<IstioMutual> {
+        let sni = mtls::outbound_sni(port.into(), subset, &self.svc.hostname);
+        match policy.and_then(|p| p.tls.as_ref()) {
+            Some(tls) if tls.mode == ClientTlsMode::IstioMutual => Some(IstioMutual {
+                sni: tls.sni.clone().filter(|s| !s.is_empty()).unwrap_or(sni),
+                sans: if tls.subject_alt_names.is_empty() {
+                    self.sans.clone()
+                } else {
+                    tls.subject_alt_names.clone()
+                },
+                auto_detected: false,
+            }),
+            Some(_) => None,
+            None => {
+                if !self.in_mesh || !self.auto {
+                    return None;
+                }
+                let passthrough = match &self.svc.source {
+                    ServiceSource::Kubernetes => self.svc.vips.is_empty(),
+                    ServiceSource::ServiceEntry { resolution, .. } => {
+                        *resolution == Resolution::None
+                    }
+                } || policy
+                    .and_then(|p| p.load_balancer.as_ref())
+                    .and_then(|lb| lb.simple)
+                    == Some(SimpleLb::Passthrough);
+                if passthrough && !self.all_sidecars {
+                    return None;
+                }
+                Some(IstioMutual {
+                    sni,
+                    sans: self.sans.clone(),
+                    auto_detected: true,
+                })
+            }
         }
     }
 }

@@ -4,18 +4,18 @@
 //! balancing (see [`super::locality`]).
 
 use super::locality::{self, LocalityLb};
-use super::{cds::entry_port, socket_address, Resource};
+use super::{cds::entry_port, mtls, socket_address, Resource};
 use crate::destination_rule::effective_policy;
 use crate::endpoints::{EndpointIndex, HostShards};
 use crate::proxy::{parse_locality, Proxy};
 use crate::push_context::{PushContext, ServiceSource, ServiceView};
 use crate::scope::ProxyScope;
 use shoal_common::model::{Locality, Resolution, ServicePort};
-use shoal_proto::pb::envoy::config::core::v3::{HealthStatus, Locality as PbLocality};
+use shoal_proto::pb::envoy::config::core::v3::{HealthStatus, Locality as PbLocality, Metadata};
 use shoal_proto::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
 };
-use shoal_proto::pb::google::protobuf::UInt32Value;
+use shoal_proto::pb::google::protobuf::{value, Struct, UInt32Value, Value};
 use shoal_proto::{parse_outbound_cluster_name, XdsType};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -107,12 +107,14 @@ pub fn build(key: &EndpointsKey) -> Resource {
     Resource::new(XdsType::Endpoint, key.name.clone(), &cla)
 }
 
-/// One endpoint to send: address, port, weight, `failoverPriority` rank.
+/// One endpoint to send: address, port, weight, `failoverPriority` rank, whether it has a
+/// sidecar (accepts Istio mutual TLS).
 struct Target {
     address: String,
     port: u32,
     weight: Option<u32>,
     label_priority: u32,
+    istio_tls: bool,
 }
 
 fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
@@ -163,6 +165,7 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                                     &ep.locality,
                                     Some(&set.cluster),
                                 ),
+                                istio_tls: mtls::pod_has_sidecar(&ep.labels),
                             });
                     }
                 }
@@ -170,6 +173,7 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
             ServiceSource::ServiceEntry {
                 endpoints,
                 resolution,
+                ..
             } => {
                 if matches!(resolution, Resolution::Static | Resolution::None) {
                     for we in endpoints.iter().filter(|e| matches(&e.labels)) {
@@ -180,6 +184,7 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                             port: entry_port(svc, svc_port, &we.ports),
                             weight: we.weight,
                             label_priority,
+                            istio_tls: mtls::workload_entry_has_sidecar(we),
                         });
                     }
                 }
@@ -227,8 +232,29 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
     }
 }
 
+/// istiod's endpoint metadata for auto mTLS: `envoy.transport_socket_match: {tlsMode:
+/// istio}` on endpoints with a sidecar, which the cluster's `tlsMode-istio` transport socket
+/// match selects.
+fn tls_mode_metadata() -> Metadata {
+    let tls_mode = Struct {
+        fields: std::iter::once((
+            mtls::TLS_MODE_KEY.to_string(),
+            Value {
+                kind: Some(value::Kind::StringValue(mtls::TLS_MODE_ISTIO.into())),
+            },
+        ))
+        .collect(),
+    };
+    Metadata {
+        filter_metadata: std::iter::once((mtls::TRANSPORT_SOCKET_MATCH.to_string(), tls_mode))
+            .collect(),
+        typed_filter_metadata: Default::default(),
+    }
+}
+
 fn lb_endpoint(t: Target) -> LbEndpoint {
     LbEndpoint {
+        metadata: t.istio_tls.then(tls_mode_metadata),
         host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
             address: Some(socket_address(&t.address, t.port)),
             ..Default::default()
@@ -238,7 +264,6 @@ fn lb_endpoint(t: Target) -> LbEndpoint {
             .weight
             .filter(|w| *w > 0)
             .map(|value| UInt32Value { value }),
-        ..Default::default()
     }
 }
 

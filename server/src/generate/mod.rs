@@ -13,6 +13,7 @@ pub mod http_route;
 pub mod inbound;
 pub mod lds;
 pub mod locality;
+pub mod mtls;
 pub mod outbound;
 pub mod rds;
 pub mod sds;
@@ -149,7 +150,7 @@ pub fn keys(
     names: &[String],
 ) -> Vec<Key> {
     match ty {
-        XdsType::Cluster => cds::keys(proxy, scope, &snap.ctx)
+        XdsType::Cluster => cds::keys(proxy, scope, &snap.ctx, &snap.endpoints)
             .into_iter()
             .map(Key::Cluster)
             .collect(),

@@ -6,6 +6,7 @@
 //! Every outbound cluster goes through here, with or without a policy: istiod's default
 //! circuit breakers (all four thresholds at `u32::MAX`) apply to every one of them.
 
+use super::mtls::{self, IstioMutual};
 use super::pb_duration;
 use shoal_common::model::{
     ClientTlsMode, ClientTlsSettings, ConsistentHashLb, H2UpgradePolicy, OutlierDetection,
@@ -13,6 +14,7 @@ use shoal_common::model::{
 };
 use shoal_proto::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
+    cluster::TransportSocketMatch,
     cluster::{
         common_lb_config::{LocalityConfigSpecifier, LocalityWeightedLbConfig},
         ClusterDiscoveryType, CommonLbConfig, DiscoveryType, LbConfig, LbPolicy, MaglevLbConfig,
@@ -27,7 +29,8 @@ use shoal_proto::pb::envoy::config::core::v3::{
 };
 use shoal_proto::pb::envoy::extensions::transport_sockets::tls::v3::{
     common_tls_context::ValidationContextType, tls_parameters::TlsProtocol,
-    CertificateValidationContext, CommonTlsContext, TlsParameters, UpstreamTlsContext,
+    CertificateValidationContext, CommonTlsContext, TlsCertificate, TlsParameters,
+    UpstreamTlsContext,
 };
 use shoal_proto::pb::envoy::extensions::upstreams::http::v3::{
     http_protocol_options::{
@@ -38,7 +41,7 @@ use shoal_proto::pb::envoy::extensions::upstreams::http::v3::{
 };
 use shoal_proto::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
 use shoal_proto::pb::envoy::r#type::v3::Percent;
-use shoal_proto::pb::google::protobuf::{UInt32Value, UInt64Value};
+use shoal_proto::pb::google::protobuf::{value, Struct, UInt32Value, UInt64Value, Value};
 
 /// The key of the upstream HTTP protocol options in `typed_extension_protocol_options`.
 pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
@@ -135,8 +138,14 @@ fn is_original_dst(c: &Cluster) -> bool {
 }
 
 /// Applies a policy (or none) to an outbound cluster whose discovery type, load assignment
-/// and HTTP/2-ness (for HTTP/2 and gRPC ports) are already set.
-pub fn apply(c: &mut Cluster, protocol: Protocol, policy: Option<&TrafficPolicy>) {
+/// and HTTP/2-ness (for HTTP/2 and gRPC ports) are already set. `istio_mutual` is the Istio
+/// mutual TLS the cluster originates (the rule's `ISTIO_MUTUAL`, or auto mTLS), if any.
+pub fn apply(
+    c: &mut Cluster,
+    protocol: Protocol,
+    policy: Option<&TrafficPolicy>,
+    istio_mutual: Option<&IstioMutual>,
+) {
     let mut opts: Option<HttpProtocolOptions> = None;
     if matches!(protocol, Protocol::Http2 | Protocol::Grpc) {
         set_h2(opts.get_or_insert_with(Default::default));
@@ -149,8 +158,10 @@ pub fn apply(c: &mut Cluster, protocol: Protocol, policy: Option<&TrafficPolicy>
         outlier_detection(c, od);
     }
     load_balancer(c, policy);
-    if let Some(tls) = policy.and_then(|p| p.tls.as_ref()) {
-        let h2 = opts.as_mut().and_then(h2_options).is_some();
+    let h2 = opts.as_mut().and_then(h2_options).is_some();
+    if let Some(m) = istio_mutual {
+        istio_mutual_tls(c, m, h2);
+    } else if let Some(tls) = policy.and_then(|p| p.tls.as_ref()) {
         tls_origination(c, &mut opts, tls, h2);
     }
     if is_original_dst(c) {
@@ -354,20 +365,67 @@ fn consistent_hash(c: &mut Cluster, ch: &ConsistentHashLb) {
     }
 }
 
-/// TLS origination, `DISABLE` and `SIMPLE` (istiod's `constructUpstreamTLS`). istiod hands
-/// the CA file to istio-agent's SDS; shoal has Envoy read it directly, with the same
-/// verification. Without `sni` the request's host is sent (`auto_sni`), and without
-/// `subjectAltNames` the certificate is checked against it (`auto_san_validation`).
+/// Istio mutual TLS (istiod's `ISTIO_MUTUAL` branch of `buildUpstreamClusterTLSContext`).
+/// Auto-detected mTLS becomes istiod's `transport_socket_matches`: mTLS to endpoints
+/// labelled `tlsMode: istio` (a sidecar), plaintext to the others — except on
+/// `ORIGINAL_DST` clusters, which have no endpoint metadata to match on (there auto mTLS is
+/// decided from all the endpoints at once, see `cds::keys`).
+fn istio_mutual_tls(c: &mut Cluster, m: &IstioMutual, h2: bool) {
+    let socket = mtls::upstream_socket(&mtls::upstream_istio_mutual(&m.sni, &m.sans, h2));
+    if m.auto_detected && !is_original_dst(c) {
+        c.transport_socket_matches = vec![
+            TransportSocketMatch {
+                name: format!("tlsMode-{}", mtls::TLS_MODE_ISTIO),
+                r#match: Some(Struct {
+                    fields: std::iter::once((
+                        mtls::TLS_MODE_KEY.to_string(),
+                        Value {
+                            kind: Some(value::Kind::StringValue(mtls::TLS_MODE_ISTIO.into())),
+                        },
+                    ))
+                    .collect(),
+                }),
+                transport_socket: Some(socket),
+            },
+            TransportSocketMatch {
+                name: "tlsMode-disabled".into(),
+                r#match: Some(Struct::default()),
+                transport_socket: Some(mtls::raw_buffer_socket()),
+            },
+        ];
+    } else {
+        c.transport_socket = Some(socket);
+    }
+}
+
+/// TLS origination, `DISABLE`, `SIMPLE` and `MUTUAL` (istiod's `constructUpstreamTLS`).
+/// istiod hands the certificate files to istio-agent's SDS; shoal has Envoy read them
+/// directly, with the same verification. Without `sni` the request's host is sent
+/// (`auto_sni`), and without `subjectAltNames` the certificate is checked against it
+/// (`auto_san_validation`).
 fn tls_origination(
     c: &mut Cluster,
     opts: &mut Option<HttpProtocolOptions>,
     tls: &ClientTlsSettings,
     h2: bool,
 ) {
-    if tls.mode != ClientTlsMode::Simple {
-        // DISABLE: plaintext. MUTUAL and ISTIO_MUTUAL are rejected at ingest.
+    if !matches!(tls.mode, ClientTlsMode::Simple | ClientTlsMode::Mutual) {
+        // DISABLE: plaintext. ISTIO_MUTUAL comes through `istio_mutual_tls`.
         return;
     }
+    let file = |path: &str| DataSource {
+        specifier: Some(data_source::Specifier::Filename(path.to_string())),
+        ..Default::default()
+    };
+    let client_certificate = match (&tls.client_certificate, &tls.private_key) {
+        (Some(cert), Some(key)) if tls.mode == ClientTlsMode::Mutual => vec![TlsCertificate {
+            certificate_chain: Some(file(cert)),
+            private_key: Some(file(key)),
+            ..Default::default()
+        }],
+        // MUTUAL without both files is refused at ingest (as istiod's validation).
+        _ => Vec::new(),
+    };
     let insecure = tls.insecure_skip_verify == Some(true);
     let sni = tls.sni.clone().unwrap_or_default();
     let validation = if insecure {
@@ -402,6 +460,7 @@ fn tls_origination(
                 tls_maximum_protocol_version: TlsProtocol::TlSv13 as i32,
                 ..Default::default()
             }),
+            tls_certificates: client_certificate,
             validation_context_type: Some(ValidationContextType::ValidationContext(validation)),
             alpn_protocols: if h2 { vec!["h2".into()] } else { Vec::new() },
             ..Default::default()

@@ -65,14 +65,20 @@ pub fn affected_types(
         }
     }
     // Endpoints outside the proxy's scope cannot matter to it.
-    let in_scope = changes.endpoints.iter().any(|host| {
-        scope
-            .services
-            .binary_search_by(|s| s.hostname.as_str().cmp(host))
-            .is_ok()
-    });
-    if in_scope {
+    let in_scope = |hosts: &BTreeSet<String>| {
+        hosts.iter().any(|host| {
+            scope
+                .services
+                .binary_search_by(|s| s.hostname.as_str().cmp(host))
+                .is_ok()
+        })
+    };
+    if in_scope(&changes.endpoints) {
         out.insert(XdsType::Endpoint);
+    }
+    // Service accounts and sidecars behind a destination shape its clusters' mutual TLS.
+    if in_scope(&changes.identities) {
+        out.insert(XdsType::Cluster);
     }
     out
 }
@@ -192,6 +198,21 @@ mod tests {
         assert_eq!(
             affected_types(&c, ProxyKind::Sidecar, &s),
             [XdsType::Endpoint].into()
+        );
+    }
+
+    #[test]
+    fn changed_workload_identities_reach_clusters() {
+        let s = scope(&["a.ns.svc.cluster.local"]);
+        let mut c = ChangeSet::default();
+        c.endpoints.insert("z.other.svc.cluster.local".into());
+        c.identities.insert("z.other.svc.cluster.local".into());
+        assert!(affected_types(&c, ProxyKind::Sidecar, &s).is_empty());
+        c.endpoints.insert("a.ns.svc.cluster.local".into());
+        c.identities.insert("a.ns.svc.cluster.local".into());
+        assert_eq!(
+            affected_types(&c, ProxyKind::Router, &s),
+            [XdsType::Cluster, XdsType::Endpoint].into()
         );
     }
 }

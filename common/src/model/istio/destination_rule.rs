@@ -351,6 +351,12 @@ pub struct ClientTlsSettings {
     /// A file with the CA certificates that verify the server (else the system roots).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_certificates: Option<String>,
+    /// A file with the client certificate chain (`MUTUAL`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_certificate: Option<String>,
+    /// A file with the client certificate's private key (`MUTUAL`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub private_key: Option<String>,
     /// Subject alternative names the server certificate must carry (one of them).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub subject_alt_names: Vec<String>,
@@ -371,8 +377,8 @@ pub enum ClientTlsMode {
     Disable,
     /// TLS, verifying the server.
     Simple,
-    /// Mutual TLS with a client certificate (rejected at ingest for now).
+    /// Mutual TLS with a client certificate from files on the proxy.
     Mutual,
-    /// Istio mutual TLS (rejected at ingest for now).
+    /// Istio mutual TLS: the workload's certificate, the destination's identities.
     IstioMutual,
 }

@@ -10,7 +10,10 @@ use shoal_proto::pb::envoy::config::cluster::v3::{
     cluster::{ClusterDiscoveryType, DiscoveryType, LbPolicy},
     Cluster,
 };
-use shoal_proto::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, Listener};
+use shoal_proto::pb::envoy::config::listener::v3::{
+    filter, listener_filter_chain_match_predicate::Rule, Filter, FilterChain, Listener,
+    ListenerFilterChainMatchPredicate,
+};
 use shoal_proto::pb::envoy::config::route::v3::{route::Action, route_action::ClusterSpecifier};
 use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager::RouteSpecifier, HttpConnectionManager,
@@ -18,6 +21,7 @@ use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manage
 use shoal_proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
     tcp_proxy::ClusterSpecifier as TcpCluster, TcpProxy,
 };
+use shoal_proto::pb::envoy::r#type::v3::Int32Range;
 use shoal_proto::XdsType;
 use std::collections::BTreeMap;
 
@@ -287,7 +291,10 @@ fn virtual_inbound_has_a_chain_per_target_port_and_passthrough() {
         l.listener_filters[0].name,
         "envoy.filters.listener.original_dst"
     );
-    let names: Vec<&str> = l.filter_chains.iter().map(|c| c.name.as_str()).collect();
+    // PERMISSIVE (no PeerAuthentication): each port and the passthrough have an mTLS and
+    // a plaintext chain of one name.
+    let mut names: Vec<&str> = l.filter_chains.iter().map(|c| c.name.as_str()).collect();
+    names.dedup();
     // Service port 80 targets 9080; the named targetPort `admin` resolves through POD_PORTS.
     assert_eq!(
         names,
@@ -374,7 +381,10 @@ ingress:
 "#,
     ));
     let l = &lds(&m, &proxy())["virtualInbound"];
-    let names: Vec<&str> = l.filter_chains.iter().map(|c| c.name.as_str()).collect();
+    // PERMISSIVE (no PeerAuthentication): each port and the passthrough have an mTLS and
+    // a plaintext chain of one name.
+    let mut names: Vec<&str> = l.filter_chains.iter().map(|c| c.name.as_str()).collect();
+    names.dedup();
     assert_eq!(
         names,
         [
@@ -469,7 +479,10 @@ fn uncaptured_sidecars_get_no_capture_listeners() {
 fn a_workload_without_services_passes_inbound_traffic_through() {
     let p = captured_proxy("default", "10.1.0.9", &[("app", "nobody-selects-me")]);
     let l = &lds(&mesh(), &p)["virtualInbound"];
-    let names: Vec<&str> = l.filter_chains.iter().map(|c| c.name.as_str()).collect();
+    // PERMISSIVE (no PeerAuthentication): each port and the passthrough have an mTLS and
+    // a plaintext chain of one name.
+    let mut names: Vec<&str> = l.filter_chains.iter().map(|c| c.name.as_str()).collect();
+    names.dedup();
     assert_eq!(
         names,
         [
@@ -478,7 +491,28 @@ fn a_workload_without_services_passes_inbound_traffic_through() {
             "virtualInbound"
         ]
     );
-    assert!(l.listener_filters[1].filter_disabled.is_none());
+    // The TLS and HTTP inspectors run on every port but 15006 (the blackhole needs
+    // neither), as istiod enables them.
+    let names: Vec<&str> = l.listener_filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "envoy.filters.listener.original_dst",
+            "envoy.filters.listener.tls_inspector",
+            "envoy.filters.listener.http_inspector"
+        ]
+    );
+    for f in &l.listener_filters[1..] {
+        assert_eq!(
+            f.filter_disabled,
+            Some(ListenerFilterChainMatchPredicate {
+                rule: Some(Rule::DestinationPortRange(Int32Range {
+                    start: 15006,
+                    end: 15007
+                }))
+            })
+        );
+    }
 }
 
 #[test]

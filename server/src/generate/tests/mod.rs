@@ -12,5 +12,6 @@ mod gateway_semantics;
 mod http_features;
 mod lds;
 mod locality;
+mod mtls;
 mod rds_gateway;
 mod rds_sidecar;

@@ -181,8 +181,8 @@ async fn sidecars_talk_mutual_tls_with_their_own_certificates() {
     let mesh = SecureMesh::start().await;
     mesh.wait_converged().await;
 
-    each_sidecar_holds_its_own_certificate(&mesh).await;
     the_ca_certifies_the_caller_not_the_csr(&mesh);
+    each_sidecar_holds_its_own_certificate(&mesh).await;
     traffic_between_sidecars_is_mutual_tls(&mesh).await;
     strict_refuses_plaintext(&mesh).await;
     authorization_by_principal(&mesh).await;

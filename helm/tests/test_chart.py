@@ -69,6 +69,7 @@ INGESTER_CLUSTER_RULES = {
         "serviceentries",
         "workloadentries",
     },
+    "security.istio.io": {"peerauthentications", "authorizationpolicies"},
     "apiextensions.k8s.io": {"customresourcedefinitions"},
 }
 READ_VERBS = {"get", "list", "watch"}
@@ -76,7 +77,8 @@ READ_VERBS = {"get", "list", "watch"}
 # reason), never their spec.
 STATUS_VERBS = {"update", "patch"}
 INGESTER_STATUS_RULES = {
-    "networking.istio.io": {f"{kind}/status" for kind in INGESTER_CLUSTER_RULES["networking.istio.io"]},
+    group: {f"{kind}/status" for kind in INGESTER_CLUSTER_RULES[group]}
+    for group in ("networking.istio.io", "security.istio.io")
 }
 
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "Namespace", "CustomResourceDefinition"}

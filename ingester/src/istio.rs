@@ -1,16 +1,15 @@
-//! Istio config (`networking.istio.io`) into typed [`ConfigObject`]s, validated for what the
-//! server relies on.
+//! Istio config (`networking.istio.io` and `security.istio.io`) into typed
+//! [`ConfigObject`]s, validated for what the server relies on.
 
 use crate::error::InvalidObject;
 use serde::{Deserialize, Deserializer};
 use shoal_common::model::{ConfigKind, ConfigObject, ConfigSpec, ObjectMeta};
 
-/// The `networking.istio.io` versions shoal reads; they share one schema for the fields
-/// shoal models.
-pub const SUPPORTED_VERSIONS: &[&str] = &["v1", "v1beta1", "v1alpha3"];
-
-/// The API group of the Istio kinds shoal reads.
-pub const GROUP: &str = "networking.istio.io";
+/// The API groups of the Istio kinds shoal reads.
+pub const GROUPS: [&str; 2] = [
+    shoal_common::model::NETWORKING_GROUP,
+    shoal_common::model::SECURITY_GROUP,
+];
 
 /// Deserializes the `spec` of an Istio object of the given kind. Generic over the
 /// deserializer so YAML manifests and JSON from the Kubernetes API share it.
@@ -62,6 +61,12 @@ fn typed_spec<'de, D: Deserializer<'de>>(
         ConfigKind::Sidecar => ConfigSpec::Sidecar(Deserialize::deserialize(spec)?),
         ConfigKind::ServiceEntry => ConfigSpec::ServiceEntry(Deserialize::deserialize(spec)?),
         ConfigKind::WorkloadEntry => ConfigSpec::WorkloadEntry(Deserialize::deserialize(spec)?),
+        ConfigKind::PeerAuthentication => {
+            ConfigSpec::PeerAuthentication(Deserialize::deserialize(spec)?)
+        }
+        ConfigKind::AuthorizationPolicy => {
+            ConfigSpec::AuthorizationPolicy(Deserialize::deserialize(spec)?)
+        }
     })
 }
 
@@ -77,6 +82,8 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
     match spec {
         ConfigSpec::VirtualService(vs) => crate::virtual_service::validate(vs)?,
         ConfigSpec::DestinationRule(dr) => crate::destination_rule::validate(dr)?,
+        ConfigSpec::PeerAuthentication(pa) => crate::security::validate_peer_authentication(pa)?,
+        ConfigSpec::AuthorizationPolicy(ap) => crate::security::validate_authorization_policy(ap)?,
         ConfigSpec::Gateway(gw) => {
             for (i, server) in gw.servers.iter().enumerate() {
                 let protocol = server.port.protocol.to_ascii_uppercase();

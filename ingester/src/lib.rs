@@ -30,6 +30,7 @@ pub mod normalize;
 pub mod ownership;
 pub mod publish;
 pub mod readiness;
+pub mod security;
 pub mod selector;
 pub mod state;
 pub mod status;

@@ -236,17 +236,20 @@ fn classify(api_version: &str, kind: &str) -> Classified {
             "v1" => Classified::Read(ObjectKind::EndpointSlice),
             _ => Classified::UnsupportedVersion(ObjectKind::EndpointSlice, "discovery.k8s.io/v1"),
         },
-        (istio::GROUP, _) => match ConfigKind::parse(kind) {
-            Some(k) if istio::SUPPORTED_VERSIONS.contains(&version) => {
-                Classified::Read(ObjectKind::Config(k))
-            }
-            Some(k) => Classified::UnsupportedVersion(
-                ObjectKind::Config(k),
-                "networking.istio.io/v1, v1beta1, v1alpha3",
-            ),
+        (group, _) if istio::GROUPS.contains(&group) => match ConfigKind::parse_in(group, kind) {
+            Some(k) if k.versions().contains(&version) => Classified::Read(ObjectKind::Config(k)),
+            Some(k) => Classified::UnsupportedVersion(ObjectKind::Config(k), versions_text(k)),
             None => Classified::Ignored,
         },
         _ => Classified::Ignored,
+    }
+}
+
+/// The API versions shoal reads for an Istio kind, for errors (`security.istio.io/v1, v1beta1`).
+fn versions_text(kind: ConfigKind) -> &'static str {
+    match kind.group() {
+        shoal_common::model::SECURITY_GROUP => "security.istio.io/v1, v1beta1",
+        _ => "networking.istio.io/v1, v1beta1, v1alpha3",
     }
 }
 
@@ -523,6 +526,20 @@ spec: {address: 10.9.0.1}
 apiVersion: networking.istio.io/v1alpha3
 kind: EnvoyFilter
 metadata: {name: ignored}
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: istio-system}
+spec: {mtls: {mode: STRICT}}
+---
+apiVersion: security.istio.io/v1beta1
+kind: AuthorizationPolicy
+metadata: {name: allow-get}
+spec: {rules: [{to: [{operation: {methods: [GET]}}]}]}
+---
+apiVersion: networking.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: wrong-group}
 "#;
 
     #[test]
@@ -543,10 +560,12 @@ metadata: {name: ignored}
                 "Sidecar default/default",
                 "ServiceEntry default/ext",
                 "WorkloadEntry default/vm1",
+                "PeerAuthentication istio-system/default",
+                "AuthorizationPolicy default/allow-get",
             ]
         );
         let indices: Vec<usize> = f.objects.iter().map(|o| o.document.index).collect();
-        assert_eq!(indices, vec![0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 13]);
+        assert_eq!(indices, vec![0, 1, 2, 3, 4, 8, 9, 10, 11, 12, 13, 15, 16]);
         // The defaulted namespace is recorded in the object.
         let ManifestObject::Pod(pod) = &f.objects[2].object else {
             panic!("not a pod")
@@ -634,6 +653,10 @@ apiVersion: networking.istio.io/v2
 kind: VirtualService
 metadata: {name: future}
 ---
+apiVersion: security.istio.io/v1alpha1
+kind: PeerAuthentication
+metadata: {name: old}
+---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {name: orphan}
@@ -656,7 +679,8 @@ endpoints: []
                 (4, None),
                 (5, None),
                 (6, Some("VirtualService default/future".into())),
-                (7, Some("EndpointSlice default/orphan".into())),
+                (7, Some("PeerAuthentication default/old".into())),
+                (8, Some("EndpointSlice default/orphan".into())),
             ]
         );
         for e in &f.errors {
@@ -670,6 +694,8 @@ endpoints: []
             f.errors[5].error,
             IngestError::UnsupportedVersion { .. }
         ));
+        let old = f.errors[6].error.to_string();
+        assert!(old.contains("security.istio.io/v1, v1beta1"), "{old}");
     }
 
     #[test]

@@ -5,8 +5,9 @@
 use crate::destination_rule::{DestinationRuleIndex, MergedRule};
 use crate::store::MeshState;
 use shoal_common::model::{
-    service_fqdn, ConfigSpec, DestinationRule, Gateway, ObjectMeta, OutboundTrafficMode, Protocol,
-    Resolution, ServicePort, Sidecar, VirtualService, WorkloadEntry,
+    service_fqdn, AuthorizationPolicy, ConfigSpec, DestinationRule, Gateway, ObjectMeta,
+    OutboundTrafficMode, PeerAuthentication, Protocol, Resolution, ServicePort, Sidecar,
+    VirtualService, WorkloadEntry,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -111,6 +112,10 @@ pub struct PushContext {
     pub gateways: Vec<Arc<Config<Gateway>>>,
     /// Sidecars by namespace, in name order.
     pub sidecars: BTreeMap<String, Vec<Arc<Config<Sidecar>>>>,
+    /// PeerAuthentications by namespace, in name order.
+    pub peer_authentications: BTreeMap<String, Vec<Arc<Config<PeerAuthentication>>>>,
+    /// AuthorizationPolicies by namespace, in name order.
+    pub authorization_policies: BTreeMap<String, Vec<Arc<Config<AuthorizationPolicy>>>>,
     /// Mesh-wide settings.
     pub mesh: Arc<MeshSettings>,
 }
@@ -248,6 +253,22 @@ impl PushContext {
                     meta,
                     spec: gw.clone(),
                 })),
+                ConfigSpec::PeerAuthentication(pa) => ctx
+                    .peer_authentications
+                    .entry(meta.namespace.clone())
+                    .or_default()
+                    .push(Arc::new(Config {
+                        meta,
+                        spec: pa.clone(),
+                    })),
+                ConfigSpec::AuthorizationPolicy(ap) => ctx
+                    .authorization_policies
+                    .entry(meta.namespace.clone())
+                    .or_default()
+                    .push(Arc::new(Config {
+                        meta,
+                        spec: ap.clone(),
+                    })),
                 ConfigSpec::Sidecar(sc) => ctx
                     .sidecars
                     .entry(meta.namespace.clone())

@@ -14,7 +14,6 @@ use super::object_status::{Selection, StatusBook, StatusReporter};
 use super::reduce::{self, CrdInfo};
 use super::store::{key_config_kind, Change, ConfigStore, Dirty, KindStore, Touched};
 use super::watch::{self, Sink, Tagged, TaskGuard, Update};
-use crate::istio;
 use crate::publish::{Ownership, Publisher};
 use crate::selector::{DiscoverySelectors, Labels};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -205,7 +204,7 @@ impl ConfigSide {
     fn start_kind(&mut self, kind: ConfigKind, version: &'static str, plural: &str) {
         self.next_generation += 1;
         let generation = self.next_generation;
-        let gvk = GroupVersionKind::gvk(istio::GROUP, version, kind.as_str());
+        let gvk = GroupVersionKind::gvk(kind.group(), version, kind.as_str());
         let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
         let api = Api::<DynamicObject>::all_with(self.client.clone(), &resource);
         let sink = Sink {

@@ -205,10 +205,11 @@ pub struct CrdInfo {
 }
 
 impl CrdInfo {
-    /// The version to watch: the first of [`istio::SUPPORTED_VERSIONS`] (v1 first) that
-    /// the CRD serves.
+    /// The version to watch: the first of the kind's versions (v1 first) that the CRD
+    /// serves.
     pub fn preferred_version(&self) -> Option<&'static str> {
-        istio::SUPPORTED_VERSIONS
+        self.kind
+            .versions()
             .iter()
             .copied()
             .find(|v| self.served.iter().any(|s| s == v))
@@ -218,10 +219,7 @@ impl CrdInfo {
 /// The CRD of an Istio kind shoal reads; `None` for every other CRD.
 pub fn crd(crd: CustomResourceDefinition) -> Option<CrdInfo> {
     let spec = crd.spec;
-    if spec.group != istio::GROUP {
-        return None;
-    }
-    let kind = ConfigKind::parse(&spec.names.kind)?;
+    let kind = ConfigKind::parse_in(&spec.group, &spec.names.kind)?;
     let served = spec
         .versions
         .into_iter()

@@ -44,6 +44,15 @@ pub fn affected_types(
                     out.insert(XdsType::Listener);
                 }
             }
+            // Inbound mTLS modes shape inbound listeners; a destination's mode decides
+            // whether auto mTLS originates TLS to it (clusters).
+            (ConfigKind::PeerAuthentication, _) => {
+                out.extend([XdsType::Listener, XdsType::Cluster]);
+            }
+            // RBAC filters live in inbound (and gateway) listeners.
+            (ConfigKind::AuthorizationPolicy, _) => {
+                out.insert(XdsType::Listener);
+            }
             // Subsets and policies: clusters and their endpoints.
             (ConfigKind::DestinationRule, _) => {
                 out.extend([XdsType::Cluster, XdsType::Endpoint]);

@@ -1,4 +1,5 @@
-//! Istio networking config, typed with the `networking.istio.io/v1` field names.
+//! Istio config, typed with the field names of `networking.istio.io/v1` and
+//! `security.istio.io/v1`.
 //!
 //! Only the fields shoal implements are modelled; unknown fields are ignored on input.
 
@@ -8,12 +9,14 @@ pub(crate) use std::collections::BTreeMap;
 
 mod destination_rule;
 mod gateway;
+mod security;
 mod service_entry;
 mod sidecar;
 mod virtual_service;
 
 pub use destination_rule::*;
 pub use gateway::*;
+pub use security::*;
 pub use service_entry::*;
 pub use sidecar::*;
 pub use virtual_service::*;
@@ -33,18 +36,51 @@ pub enum ConfigKind {
     ServiceEntry,
     /// `WorkloadEntry`.
     WorkloadEntry,
+    /// `PeerAuthentication` (`security.istio.io`).
+    PeerAuthentication,
+    /// `AuthorizationPolicy` (`security.istio.io`).
+    AuthorizationPolicy,
 }
+
+/// The API group of Istio's networking kinds.
+pub const NETWORKING_GROUP: &str = "networking.istio.io";
+/// The API group of Istio's security kinds.
+pub const SECURITY_GROUP: &str = "security.istio.io";
 
 impl ConfigKind {
     /// All kinds, in a stable order.
-    pub const ALL: [ConfigKind; 6] = [
+    pub const ALL: [ConfigKind; 8] = [
         ConfigKind::Gateway,
         ConfigKind::VirtualService,
         ConfigKind::DestinationRule,
         ConfigKind::Sidecar,
         ConfigKind::ServiceEntry,
         ConfigKind::WorkloadEntry,
+        ConfigKind::PeerAuthentication,
+        ConfigKind::AuthorizationPolicy,
     ];
+
+    /// The Kubernetes API group of the kind.
+    pub fn group(self) -> &'static str {
+        match self {
+            ConfigKind::PeerAuthentication | ConfigKind::AuthorizationPolicy => SECURITY_GROUP,
+            _ => NETWORKING_GROUP,
+        }
+    }
+
+    /// The versions of the kind shoal reads, preferred first; they share one schema for
+    /// the fields shoal models.
+    pub fn versions(self) -> &'static [&'static str] {
+        match self.group() {
+            SECURITY_GROUP => &["v1", "v1beta1"],
+            _ => &["v1", "v1beta1", "v1alpha3"],
+        }
+    }
+
+    /// Parses a Kubernetes group and kind (`None` for kinds of other groups).
+    pub fn parse_in(group: &str, kind: &str) -> Option<ConfigKind> {
+        ConfigKind::parse(kind).filter(|k| k.group() == group)
+    }
 
     /// The Kubernetes `kind` string.
     pub fn as_str(self) -> &'static str {
@@ -55,6 +91,8 @@ impl ConfigKind {
             ConfigKind::Sidecar => "Sidecar",
             ConfigKind::ServiceEntry => "ServiceEntry",
             ConfigKind::WorkloadEntry => "WorkloadEntry",
+            ConfigKind::PeerAuthentication => "PeerAuthentication",
+            ConfigKind::AuthorizationPolicy => "AuthorizationPolicy",
         }
     }
 
@@ -89,6 +127,8 @@ impl ConfigObject {
             ConfigSpec::Sidecar(_) => ConfigKind::Sidecar,
             ConfigSpec::ServiceEntry(_) => ConfigKind::ServiceEntry,
             ConfigSpec::WorkloadEntry(_) => ConfigKind::WorkloadEntry,
+            ConfigSpec::PeerAuthentication(_) => ConfigKind::PeerAuthentication,
+            ConfigSpec::AuthorizationPolicy(_) => ConfigKind::AuthorizationPolicy,
         }
     }
 }
@@ -108,4 +148,8 @@ pub enum ConfigSpec {
     ServiceEntry(ServiceEntry),
     /// A WorkloadEntry spec.
     WorkloadEntry(WorkloadEntry),
+    /// A PeerAuthentication spec.
+    PeerAuthentication(PeerAuthentication),
+    /// An AuthorizationPolicy spec.
+    AuthorizationPolicy(AuthorizationPolicy),
 }

@@ -403,6 +403,15 @@ spec:
     )
 }
 
+/// Writes the manifest `file` in `dir` as a config management tool would: write then
+/// rename, so the ingester never reads a half-written file. The temporary name is hidden
+/// and not `.yaml`, so it is never read as a manifest.
+pub fn write_manifest(dir: &Path, file: &str, content: &str) {
+    let tmp = dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, content).expect("writing a manifest");
+    std::fs::rename(&tmp, dir.join(file)).expect("renaming a manifest");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,13 +463,4 @@ mod tests {
         assert!(web.contains("127.0.0.7"), "{web}");
         assert_eq!(mesh.backend("web-v1b").port(), mesh.backend_port);
     }
-}
-
-/// Writes the manifest `file` in `dir` as a config management tool would: write then
-/// rename, so the ingester never reads a half-written file. The temporary name is hidden
-/// and not `.yaml`, so it is never read as a manifest.
-pub fn write_manifest(dir: &Path, file: &str, content: &str) {
-    let tmp = dir.join(format!(".{file}.tmp"));
-    std::fs::write(&tmp, content).expect("writing a manifest");
-    std::fs::rename(&tmp, dir.join(file)).expect("renaming a manifest");
 }

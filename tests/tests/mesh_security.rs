@@ -67,7 +67,7 @@ async fn the_agent_serves_its_certificate_to_envoy_and_renews_it() {
     // Renewed every 2 s.
     config.ttl = Some("4s".into());
     let mut agent = Agent::start(&config).await;
-    assert_eq!(agent.issued(), [web.clone()]);
+    assert_eq!(agent.issued(), std::slice::from_ref(&web));
 
     let envoy = Envoy::start(&sds_listeners(free_port(), agent.socket())).await;
     // Both listeners hold the workload certificate (SotW and delta) and the root.

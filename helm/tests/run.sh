@@ -3,7 +3,8 @@
 #
 # Installs what they need when missing: pytest, helm-python-sdk (the Helm v4 SDK; no `helm`
 # binary needed) and kubernetes-validate (Kubernetes JSON schemas), and builds the shoal
-# binaries when target/debug has none (scripts/test.sh has built them already).
+# binaries (and shoal-kubeapi, the Kubernetes API test server the cluster-aware renders use)
+# when target/debug has none (scripts/test.sh has built them already).
 # Extra arguments go to pytest (e.g. `bash helm/tests/run.sh -k rbac`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,6 +40,11 @@ bin_dir="${SHOAL_BIN_DIR:-target/debug}"
 if [ ! -x "$bin_dir/shoal-server" ] || [ ! -x "$bin_dir/shoal-ingester" ]; then
   echo "building shoal-server and shoal-ingester..."
   cargo build -p shoal-server -p shoal-ingester --bins --quiet
+fi
+# The Kubernetes API test server, for cluster-aware renders (the chart's lookup calls).
+if [ ! -x "$bin_dir/shoal-kubeapi" ]; then
+  echo "building shoal-kubeapi..."
+  cargo build -p shoal-tests --bin shoal-kubeapi --quiet
 fi
 
 # No .pytest_cache or __pycache__ in the source tree.

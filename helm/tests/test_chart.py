@@ -73,9 +73,11 @@ INGESTER_CLUSTER_RULES = {
     "apiextensions.k8s.io": {"customresourcedefinitions"},
 }
 READ_VERBS = {"get", "list", "watch"}
-# The only write: the status subresource of the Istio kinds it reads (a rejected object's
-# reason), never their spec.
+# The only writes: the status subresource of the Istio kinds it reads (a rejected object's
+# reason), never their spec; and, with the workload CA on, the root-certificate ConfigMap
+# (istio-ca-root-cert) in every namespace: create and update, never delete.
 STATUS_VERBS = {"update", "patch"}
+CONFIG_MAP_VERBS = {"get", "list", "watch", "create", "update"}
 INGESTER_STATUS_RULES = {
     group: {f"{kind}/status" for kind in INGESTER_CLUSTER_RULES[group]}
     for group in ("networking.istio.io", "security.istio.io")
@@ -366,16 +368,18 @@ def test_helm_lint_strict(value_set):
 
 @pytest.mark.parametrize("value_set", list(VALUE_SETS))
 def test_render_is_deterministic(value_set):
-    # Except the generated xDS certificate: new on every render without a cluster (`helm
-    # install`/`upgrade` find the existing Secret with lookup and keep it; GitOps renderers
-    # must set server.xds.tls.secretName, as the chart's README says).
-    generated = "shoal/templates/server/xds-tls-secret.yaml"
+    # Except the generated xDS certificate and workload CA: new on every render without a
+    # cluster (`helm install`/`upgrade` find the existing Secrets with lookup and keep them;
+    # GitOps renderers must set server.xds.tls.secretName and ca.secretExists, as the
+    # chart's README says).
+    generated = ["shoal/templates/server/xds-tls-secret.yaml", "shoal/templates/server/ca-secret.yaml"]
     with helm.Chart.load(CHART) as c:
         first = c.render(VALUE_SETS[value_set](), name=RELEASE, namespace=NAMESPACE)
         second = c.render(VALUE_SETS[value_set](), name=RELEASE, namespace=NAMESPACE)
-    data = lambda text: re.sub(r"(?m)^(  [a-z.]+: )\S+$", r"\1<generated>", text)
-    if generated in first:
-        assert data(first.pop(generated)) == data(second.pop(generated))
+    data = lambda text: re.sub(r"(?m)^(  [a-z.-]+: )\S+$", r"\1<generated>", text)
+    for path in generated:
+        if path in first:
+            assert data(first.pop(path)) == data(second.pop(path))
     assert first == second
 
 
@@ -577,6 +581,154 @@ def test_server_tls_certificate_is_generated_and_mounted_unless_given(chart):
     assert "--debug-from-anywhere" in c["args"]
     svc = one(given, "Service", "shoal")
     assert {p["name"] for p in svc["spec"]["ports"]} == {"https-dns", "grpc-xds", "http-monitoring"}
+
+
+def pem_of(secret, key: str) -> str:
+    import base64
+
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def openssl_x509(pem: str, *args: str) -> str:
+    with tempfile.NamedTemporaryFile("w", suffix=".pem") as f:
+        f.write(pem)
+        f.flush()
+        return subprocess.run(
+            ["openssl", "x509", "-noout", *args, "-in", f.name],
+            capture_output=True, text=True, check=True,
+        ).stdout
+
+
+def ca_mounts(objects):
+    """The server's CA volume and --ca-dir, and each ingester's root volume and flag."""
+    (server,) = deployments(objects, "server")
+    (c,) = pod_spec(server)["containers"]
+    volumes = {v["name"]: v for v in pod_spec(server)["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    server_side = (volumes.get("cacerts"), mounts.get("cacerts"), arg_value(c, "--ca-dir"))
+    ingester_side = []
+    for d in deployments(objects, "ingester"):
+        (ic,) = pod_spec(d)["containers"]
+        ivolumes = {v["name"]: v for v in pod_spec(d)["volumes"]}
+        imounts = {m["name"]: m for m in ic["volumeMounts"]}
+        ingester_side.append((ivolumes.get("ca-root"), imounts.get("ca-root"), arg_value(ic, "--ca-root-cert")))
+    return server_side, ingester_side
+
+
+def test_workload_ca_generated_by_default():
+    objects = render("default")
+    secret = one(objects, "Secret", "shoal-ca")
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    # Istio's cacerts layout, the root signing itself: ca-cert.pem = root-cert.pem.
+    assert set(secret["data"]) == {"ca-cert.pem", "ca-key.pem", "root-cert.pem"}
+    assert pem_of(secret, "ca-cert.pem") == pem_of(secret, "root-cert.pem")
+    assert "PRIVATE KEY" in pem_of(secret, "ca-key.pem")
+    root = pem_of(secret, "root-cert.pem")
+    text = openssl_x509(root, "-text")
+    assert "CA:TRUE" in text, text
+    assert "Public-Key: (2048 bit)" in text, text
+    # Ten years, like istiod's self-signed root.
+    dates = openssl_x509(root, "-startdate", "-enddate")
+    start, end = [time.strptime(line.split("=", 1)[1], "%b %d %H:%M:%S %Y %Z") for line in dates.splitlines()]
+    days = (time.mktime(end) - time.mktime(start)) / 86400
+    assert 3649 <= days <= 3651, dates
+
+    (volume, mount, ca_dir), ingesters = ca_mounts(objects)
+    assert volume["secret"] == {"secretName": "shoal-ca"}
+    assert "subPath" not in mount, "a subPath mount never sees a rotated CA"
+    assert mount["readOnly"] is True
+    assert ca_dir == mount["mountPath"] == "/etc/cacerts"
+    assert ingesters
+    for volume, mount, flag in ingesters:
+        # The ingester gets the root's public certificate only, never the key.
+        assert volume["secret"] == {
+            "secretName": "shoal-ca",
+            "items": [{"key": "root-cert.pem", "path": "root-cert.pem"}],
+        }
+        assert "subPath" not in mount and mount["readOnly"] is True
+        assert flag == mount["mountPath"] + "/root-cert.pem"
+
+
+def test_workload_ca_plugged_in_secret_is_mounted_whole(chart):
+    # ca.secretExists stands for what lookup finds at install/upgrade (offline renders see
+    # no cluster): the plugged-in Secret is mounted, nothing is generated.
+    objects = render_values(chart, {"ca": {"secretName": "my-cacerts", "secretExists": True}})
+    assert not [o for o in of_kind(objects, "Secret") if o["metadata"]["name"] == "shoal-ca"]
+    (volume, mount, ca_dir), ingesters = ca_mounts(objects)
+    assert volume["secret"] == {"secretName": "my-cacerts"}
+    assert "subPath" not in mount and ca_dir == "/etc/cacerts"
+    for volume, _, flag in ingesters:
+        assert volume["secret"]["secretName"] == "my-cacerts"
+        assert volume["secret"]["items"] == [{"key": "root-cert.pem", "path": "root-cert.pem"}]
+        assert flag == "/etc/shoal/ca-root/root-cert.pem"
+
+
+@pytest.fixture
+def kube_api():
+    """A Kubernetes API test server (the shoal-kubeapi binary): (kubeconfig, create), where
+    create(path, object) POSTs an object to it, as kubectl create would."""
+    proc = subprocess.Popen([str(BIN_DIR / "shoal-kubeapi")], stdout=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while (line := proc.stdout.readline()).strip():
+            lines.append(line)
+        kubeconfig = "".join(lines)
+        server = yaml.safe_load(kubeconfig)["clusters"][0]["cluster"]["server"]
+
+        def create(path: str, obj: dict[str, Any]) -> dict[str, Any]:
+            req = urllib.request.Request(
+                server + path,
+                data=json.dumps(obj).encode(),
+                headers={"Content-Type": "application/json"},
+                method="POST",
+            )
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return json.load(r)
+
+        yield kubeconfig, create
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_workload_ca_follows_the_cluster_through_lookup(chart, kube_api):
+    # A cluster-aware render (what `helm install`/`upgrade` do): lookup meets a real API.
+    kubeconfig, create = kube_api
+    create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+
+    def install_render():
+        with helm.Config(kubeconfig_content=kubeconfig, namespace=NAMESPACE) as cfg:
+            return objects_of(sorted(cfg.render(chart, None, name=RELEASE, namespace=NAMESPACE).items()))
+
+    # No cacerts: a root is generated...
+    first = one(install_render(), "Secret", "shoal-ca")
+    create(f"/api/v1/namespaces/{NAMESPACE}/secrets", strip(first))
+    # ...and kept by the next upgrade.
+    upgraded = install_render()
+    assert one(upgraded, "Secret", "shoal-ca")["data"] == first["data"]
+    (volume, _, _), _ = ca_mounts(upgraded)
+    assert volume["secret"]["secretName"] == "shoal-ca"
+
+    # A plugged-in CA appears (Istio's cacerts): the next upgrade mounts it, generates nothing.
+    create(f"/api/v1/namespaces/{NAMESPACE}/secrets", {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "cacerts"},
+        "data": {k: first["data"][k] for k in ("ca-cert.pem", "ca-key.pem", "root-cert.pem")},
+    })
+    plugged = install_render()
+    assert not [o for o in of_kind(plugged, "Secret") if o["metadata"]["name"] == "shoal-ca"]
+    (volume, _, _), ingesters = ca_mounts(plugged)
+    assert volume["secret"]["secretName"] == "cacerts"
+    assert all(v["secret"]["secretName"] == "cacerts" for v, _, _ in ingesters)
+
+
+def test_workload_ca_disabled(chart):
+    objects = render_values(chart, {"ca": {"enabled": False}})
+    assert not [o for o in of_kind(objects, "Secret") if o["metadata"]["name"] == "shoal-ca"]
+    (volume, mount, ca_dir), ingesters = ca_mounts(objects)
+    assert (volume, mount, ca_dir) == (None, None, None)
+    assert all(side == (None, None, None) for side in ingesters)
+    for role in of_kind(objects, "ClusterRole"):
+        assert not [r for r in role["rules"] if "configmaps" in r["resources"]], role
 
 
 def test_ingester_may_read_the_service_account_issuer():
@@ -798,7 +950,9 @@ def test_rbac_least_privilege(value_set):
         for rule in role["rules"]:
             assert "secrets" not in rule.get("resources", []), f"ClusterRole {role['metadata']['name']} grants secrets"
             assert "*" not in rule.get("resources", []) + rule.get("apiGroups", []) + rule["verbs"]
-            if set(rule["verbs"]) - READ_VERBS:
+            if rule["resources"] == ["configmaps"]:
+                assert rule["apiGroups"] == [""] and set(rule["verbs"]) == CONFIG_MAP_VERBS, rule
+            elif set(rule["verbs"]) - READ_VERBS:
                 assert set(rule["verbs"]) == STATUS_VERBS, rule
                 assert rule["apiGroups"] == ["networking.istio.io"], rule
                 assert all(r.endswith("/status") for r in rule["resources"]), rule
@@ -816,7 +970,11 @@ def test_rbac_least_privilege(value_set):
         cluster_role = one(objects, "ClusterRole", crb["roleRef"]["name"])
         granted: dict[str, set[str]] = {}
         status_granted: dict[str, set[str]] = {}
+        config_maps = [r for r in cluster_role["rules"] if r["resources"] == ["configmaps"]]
+        assert len(config_maps) == int(merged(value_set)["ca"]["enabled"]), config_maps
         for rule in cluster_role["rules"]:
+            if rule in config_maps:
+                continue
             assert set(rule["verbs"]) in (READ_VERBS, STATUS_VERBS), rule
             into = granted if set(rule["verbs"]) == READ_VERBS else status_granted
             for group in rule["apiGroups"]:

@@ -161,6 +161,13 @@ pub struct IngesterArgs {
     #[arg(long, env = "SHOAL_MESH_CONFIG", value_name = "FILE")]
     pub mesh_config: Option<PathBuf>,
 
+    /// The mesh's root certificate (PEM; the public part of the workload CA, never its key).
+    /// The leader writes it into the ConfigMap `istio-ca-root-cert` (key `root-cert.pem`)
+    /// of every namespace the discovery selectors pass, in every cluster it publishes, puts
+    /// it back when edited or deleted, and re-reads the file when it changes. `kube` only.
+    #[arg(long, env = "SHOAL_CA_ROOT_CERT", value_name = "FILE")]
+    pub ca_root_cert: Option<PathBuf>,
+
     /// How long a slow or unreachable remote cluster may hold back readiness, e.g. `30s`.
     #[arg(
         long,
@@ -366,6 +373,10 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 );
             }
             let unlabelled_secrets = args.takes_unlabelled_secrets();
+            let ca_root = match args.ca_root_cert.clone() {
+                Some(path) => Some(kubernetes::ca_root::follow(path, metrics.clone())?),
+                None => None,
+            };
             let instance_id = args
                 .instance_id
                 .clone()
@@ -396,6 +407,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 system_namespace: args.system_namespace,
                 watch_config: args.watch_config,
                 remote_cluster_timeout: args.remote_cluster_timeout.get(),
+                ca_root,
             };
             tokio::spawn(crate::readiness::announce_synced(
                 bus.clone(),

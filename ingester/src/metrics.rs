@@ -16,7 +16,16 @@ pub const EVENTS: [&str; 6] = [
 ];
 
 /// The kinds watched in every cluster (the `kind` label of a remote cluster's events).
-pub const CLUSTER_KINDS: [&str; 5] = ["Namespace", "Service", "EndpointSlice", "Pod", "Node"];
+pub const CLUSTER_KINDS: [&str; 7] = [
+    "Namespace",
+    "Service",
+    "EndpointSlice",
+    "Pod",
+    "Node",
+    // The root certificate distribution's own watches (--ca-root-cert).
+    crate::kubernetes::ca_root::NAMESPACE_KIND,
+    crate::kubernetes::ca_root::CONFIG_MAP_KIND,
+];
 
 /// The ingester's metrics, registered in their own registry. Cheap to clone.
 #[derive(Clone)]
@@ -51,6 +60,11 @@ pub struct Metrics {
     pub bus_heals: IntCounterVec,
     /// 1 when the cluster's token issuer keys were last read successfully, 0 when not.
     pub issuer_readable: IntGaugeVec,
+    /// Writes of the root-certificate ConfigMap (istio-ca-root-cert), by cluster and
+    /// result (`written`: created or updated, `failed`).
+    pub ca_root_writes: IntCounterVec,
+    /// Loads of the root certificate file (--ca-root-cert), by result (`ok`, `error`).
+    pub ca_root_reloads: IntCounterVec,
     /// State per cluster, from which the `clusters` gauge is computed.
     cluster_states: Arc<Mutex<BTreeMap<String, ClusterState>>>,
 }
@@ -175,6 +189,23 @@ impl Metrics {
                 &["bucket"],
             )
             .expect("valid metric"),
+            ca_root_writes: IntCounterVec::new(
+                opts!(
+                    "shoal_ingester_ca_root_writes_total",
+                    "Writes of the root-certificate ConfigMap istio-ca-root-cert into \
+                     namespaces, by cluster and result: written (created or updated), failed."
+                ),
+                &["cluster", "result"],
+            )
+            .expect("valid metric"),
+            ca_root_reloads: IntCounterVec::new(
+                opts!(
+                    "shoal_ingester_ca_root_reloads_total",
+                    "Loads of the root certificate file (--ca-root-cert), by result (ok, error)."
+                ),
+                &["result"],
+            )
+            .expect("valid metric"),
             cluster_states: Arc::default(),
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -190,6 +221,8 @@ impl Metrics {
             Box::new(m.object_status_writes.clone()),
             Box::new(m.bus_heals.clone()),
             Box::new(m.issuer_readable.clone()),
+            Box::new(m.ca_root_writes.clone()),
+            Box::new(m.ca_root_reloads.clone()),
         ];
         shoal_common::metrics::register_all(&m.registry, collectors);
         for state in ["synced", "syncing", "refused"] {
@@ -200,6 +233,9 @@ impl Metrics {
         }
         for result in ["written", "gone", "error"] {
             m.object_status_writes.with_label_values(&[result]);
+        }
+        for result in ["ok", "error"] {
+            m.ca_root_reloads.with_label_values(&[result]);
         }
         for bucket in shoal_common::bus::Bucket::ALL {
             m.bus_heals.with_label_values(&[bucket.name()]);
@@ -289,6 +325,9 @@ impl Metrics {
         }
         let _ = self.cluster_synced.remove_label_values(&[cluster]);
         let _ = self.issuer_readable.remove_label_values(&[cluster]);
+        for result in ["written", "failed"] {
+            let _ = self.ca_root_writes.remove_label_values(&[cluster, result]);
+        }
         // Series of removed clusters would otherwise accumulate with cluster churn.
         for kind in CLUSTER_KINDS {
             for event in EVENTS {

@@ -386,15 +386,24 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .with_auth(authenticator);
     let ads = match &args.ca_dir {
         Some(dir) => {
-            let ca = crate::ca::Ca::load(dir)
+            // Every CA in use shows its expiry (the first and each reloaded one).
+            let load = {
+                let (dir, metrics) = (dir.clone(), metrics.clone());
+                move || {
+                    crate::ca::Ca::load(&dir).inspect(|ca| {
+                        metrics.ca_root_expiry.set(ca.root_expiry());
+                        metrics.ca_chain_expiry.set(ca.chain_expiry());
+                    })
+                }
+            };
+            let ca = load()
                 .with_context(|| format!("cannot use the CA in --ca-dir {}", dir.display()))?;
             tracing::info!(dir = %dir.display(), "signing workload certificates");
             let ca = crate::reload::Reloading::new(ca);
-            let dir = dir.clone();
             tokio::spawn(ca.clone().follow(
                 "workload CA",
-                crate::ca::Ca::files(&dir),
-                move || crate::ca::Ca::load(&dir),
+                crate::ca::Ca::files(dir),
+                load,
                 metrics.ca_reloads.clone(),
             ));
             ads.with_ca(ca)

@@ -94,6 +94,25 @@ pub struct Ca {
     chain: Vec<String>,
     /// The root, PEM.
     root: String,
+    /// When the root expires, Unix seconds.
+    root_expiry: i64,
+    /// When the first certificate of the signing chain (the signing CA, an intermediate or
+    /// the root) expires, Unix seconds: issuance breaks then.
+    chain_expiry: i64,
+}
+
+/// When a PEM certificate expires (Unix seconds).
+fn expiry(path: &Path, pem: &str) -> Result<i64, CaLoadError> {
+    use rustls_pki_types::pem::PemObject;
+    let invalid = |error: String| CaLoadError::Invalid {
+        path: path.to_path_buf(),
+        error,
+    };
+    let der = rustls_pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| invalid(format!("not a PEM certificate: {e}")))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref())
+        .map_err(|e| invalid(format!("not an X.509 certificate: {e}")))?;
+    Ok(cert.validity().not_after.timestamp())
 }
 
 fn read(path: &Path) -> Result<String, CaLoadError> {
@@ -162,16 +181,33 @@ impl Ca {
         };
         // The chain file of Istio's layout ends with the root, which is sent separately.
         chain.retain(|c| c != root);
+        let root_expiry = expiry(&root_path, root)?;
+        let chain_expiry = match certificates(&cert).first() {
+            Some(signing) => expiry(&cert_path, signing)?,
+            None => return Err(invalid(&cert_path, "holds no PEM certificate".into())),
+        };
         Ok(Ca {
             issuer,
             chain,
             root: root.clone(),
+            root_expiry,
+            chain_expiry,
         })
     }
 
     /// The root certificate, PEM (what proxies trust: istio-ca-root-cert).
     pub fn root(&self) -> &str {
         &self.root
+    }
+
+    /// When the root expires, Unix seconds.
+    pub fn root_expiry(&self) -> i64 {
+        self.root_expiry
+    }
+
+    /// When the signing CA certificate (`ca-cert.pem`) expires, Unix seconds.
+    pub fn chain_expiry(&self) -> i64 {
+        self.chain_expiry
     }
 
     /// Signs `csr_pem` for `identities` (the caller's), valid for `requested_secs` (0: the

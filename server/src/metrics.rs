@@ -69,6 +69,10 @@ pub struct Metrics {
     pub ca_requests: IntCounterVec,
     /// Loads of the workload CA's files, by result (`ok`, `error`).
     pub ca_reloads: IntCounterVec,
+    /// When the workload CA's root certificate expires, Unix seconds.
+    pub ca_root_expiry: IntGauge,
+    /// When the workload CA's signing certificate expires, Unix seconds.
+    pub ca_chain_expiry: IntGauge,
 }
 
 /// Why an xDS stream ended (the `reason` label of `shoal_xds_streams_closed_total`).
@@ -276,6 +280,19 @@ impl Metrics {
                 &["result"],
             )
             .expect("valid metric"),
+            ca_root_expiry: IntGauge::new(
+                "shoal_ca_root_cert_expiry_timestamp",
+                "When the workload CA's root certificate (root-cert.pem) expires, Unix seconds \
+                 (Citadel's citadel_server_root_cert_expiry_timestamp).",
+            )
+            .expect("valid metric"),
+            ca_chain_expiry: IntGauge::new(
+                "shoal_ca_cert_chain_expiry_timestamp",
+                "When the workload CA's signing certificate (ca-cert.pem) expires, Unix \
+                 seconds: no certificate is issued after it (Citadel's \
+                 citadel_server_cert_chain_expiry_timestamp).",
+            )
+            .expect("valid metric"),
             token_issuers: IntGauge::new(
                 "shoal_token_issuers",
                 "Clusters whose service-account token issuer keys are loaded.",
@@ -313,6 +330,8 @@ impl Metrics {
             Box::new(m.token_issuers.clone()),
             Box::new(m.ca_requests.clone()),
             Box::new(m.ca_reloads.clone()),
+            Box::new(m.ca_root_expiry.clone()),
+            Box::new(m.ca_chain_expiry.clone()),
         ];
         shoal_common::metrics::register_all(&m.registry, collectors);
         // Create the series of every known label value, so each documented metric shows

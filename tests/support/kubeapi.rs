@@ -68,6 +68,8 @@
 //!   new resourceVersion and a `MODIFIED` event, and do not bump `metadata.generation`;
 //!   [`KubeApiServer::status_writes_for`] counts them. Without a status subresource the
 //!   path is a 404.
+//! - **Who writes**: [`KubeApiServer::writes_for`] lists every write request to an object
+//!   (create, update, patch, delete) with its `User-Agent` and answer code, as the audit log.
 //! - **Who watches**: [`KubeApiServer::watch_clients`] lists every open watch with what the
 //!   real server knows of its client and records in its audit log: the `User-Agent` header
 //!   and the source address (no user: this server authenticates nobody), and what it
@@ -144,6 +146,26 @@ struct Counters {
     /// The clients of the open watches, by watch.
     watch_clients: Mutex<BTreeMap<u64, WatchClient>>,
     next_watch: AtomicU64,
+    /// Every write request to an object (not its status), in arrival order.
+    object_writes: Mutex<Vec<ObjectWrite>>,
+}
+
+/// A write request to an object (POST, PUT, PATCH, DELETE; not to its `status`), as the
+/// real server's audit log records it, whether it succeeded or not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectWrite {
+    /// The request's `User-Agent` header.
+    pub user_agent: String,
+    /// The audit verb: `create`, `update`, `patch`, `delete`, `deletecollection`.
+    pub verb: &'static str,
+    /// The resource (named as for [`KubeApiServer::delete`]).
+    pub resource: String,
+    /// The namespace, if any.
+    pub namespace: Option<String>,
+    /// The object's name (empty for a create or a collection).
+    pub name: String,
+    /// The HTTP status of the answer.
+    pub code: u16,
 }
 
 /// Who holds an open watch: what the real API server knows of a request's client and
@@ -249,6 +271,14 @@ impl Shared {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         *writes.entry(res.qualified()).or_default() += 1;
+    }
+
+    fn record_write(&self, write: ObjectWrite) {
+        self.counters
+            .object_writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(write);
     }
 
     fn count_list(&self, res: &ResourceDef) {
@@ -698,6 +728,22 @@ impl KubeApiServer {
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         writes.get(resource).copied().unwrap_or(0)
+    }
+
+    /// The write requests received for objects of one resource (named as for
+    /// [`KubeApiServer::delete`]), failed ones included, in arrival order: who wrote what.
+    pub fn writes_for(&self, resource: &str) -> Vec<ObjectWrite> {
+        let writes = self
+            .shared
+            .counters
+            .object_writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        writes
+            .iter()
+            .filter(|w| w.resource == resource)
+            .cloned()
+            .collect()
     }
 
     /// Stops serving and closes every connection (the handle's state stays readable).

@@ -628,6 +628,18 @@ async fn the_ca_signs_only_the_callers_own_identity_with_a_chain_the_mesh_trusts
         metric(&server, "shoal_ca_reloads_total", "result=\"ok\"").await,
         2.0
     );
+    // The expiry gauges show the CA in use (the test CAs keep rcgen's default validity,
+    // to 4096-01-01).
+    for gauge in [
+        "shoal_ca_root_cert_expiry_timestamp",
+        "shoal_ca_cert_chain_expiry_timestamp",
+    ] {
+        assert_eq!(
+            metric(&server, gauge, "").await,
+            67_090_118_400.0,
+            "{gauge}"
+        );
+    }
 }
 
 /// `shoal-test-agent`, as istio-agent does, authenticates to the CA with its pod's

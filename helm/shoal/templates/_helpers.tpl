@@ -78,6 +78,21 @@ shoal-fleet: {{ . }}
 {{- default (printf "%s-xds-tls" (include "shoal.server.name" .) | trunc 63 | trimSuffix "-") .Values.server.xds.tls.secretName }}
 {{- end }}
 
+{{- /* The workload CA's Secret (Istio's cacerts layout) the pods mount: the plugged-in CA
+ca.secretName when it exists in the release namespace (lookup; ca.secretExists says so
+where lookup sees no cluster), else the one the chart generates. */ -}}
+{{- define "shoal.ca.generatedSecret" -}}
+{{- printf "%s-ca" (include "shoal.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "shoal.ca.plugged" -}}
+{{- if or .Values.ca.secretExists (lookup "v1" "Secret" .Release.Namespace .Values.ca.secretName) }}true{{- end }}
+{{- end }}
+
+{{- define "shoal.ca.secret" -}}
+{{- if include "shoal.ca.plugged" . }}{{ .Values.ca.secretName }}{{- else }}{{ include "shoal.ca.generatedSecret" . }}{{- end }}
+{{- end }}
+
 {{- define "shoal.server.serviceAccountName" -}}
 {{- default (include "shoal.server.name" .) .Values.server.serviceAccount.name }}
 {{- end }}

@@ -20,6 +20,7 @@
 //! which is then stopped. Both stores hold the same objects, so the swap writes nothing
 //! and deletes nothing.
 
+use super::ca_root::{self, RootRx};
 use super::config::ConfigSide;
 use super::issuer;
 use super::reduce;
@@ -78,6 +79,8 @@ pub struct ClusterContext {
     pub leadership: Leadership,
     /// Which fleet owns which cluster.
     pub owners: Owners,
+    /// The root certificate written into every selected namespace (`--ca-root-cert`).
+    pub ca_root: Option<RootRx>,
 }
 
 impl ClusterContext {
@@ -343,8 +346,29 @@ impl ClusterTask {
                 |node| Ok(Some(Box::new(reduce::node(node)))),
                 Update::Node,
             ),
-            issuer::spawn(client, sink),
+            issuer::spawn(client.clone(), sink),
         ];
+        // Each connection distributes the root with its own client: a rotated kubeconfig
+        // takes over with the rest of the connection.
+        let watches = match &self.ctx.ca_root {
+            Some(root) => {
+                let mut watches = watches;
+                watches.push(
+                    ca_root::Distributor {
+                        cluster: self.id.clone(),
+                        client,
+                        root: root.clone(),
+                        selectors: self.ctx.selectors.clone(),
+                        leadership: self.ctx.leadership.clone(),
+                        owners: self.ctx.owners.clone(),
+                        metrics: self.ctx.metrics.clone(),
+                    }
+                    .spawn(),
+                );
+                watches
+            }
+            None => watches,
+        };
         Connection {
             generation: self.next_generation,
             _watches: watches,
@@ -394,7 +418,7 @@ impl ClusterTask {
                     }
                 }
             }
-            Update::Secret(_) => {}
+            Update::Secret(_) | Update::RootConfigMap(_) => {}
             Update::Issuer(result) => self.issuer_read(result),
             core if generation == self.active.generation => {
                 let namespaces_changed = matches!(core, Update::Namespace(_));
@@ -727,6 +751,7 @@ fn apply(store: &mut ClusterStore, update: Update) -> Affects {
         Update::Crd(_)
         | Update::Config(..)
         | Update::Secret(_)
+        | Update::RootConfigMap(_)
         | Update::Issuer(_)
         | Update::Health { .. } => Touched::Nothing,
     };

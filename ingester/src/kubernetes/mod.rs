@@ -8,6 +8,8 @@
 //!   ([`crate::ownership`]); a cluster another live fleet owns is refused, and a cluster
 //!   that leaves this fleet is handed over or deleted ([`orphans`]).
 //! - Each cluster runs in its own task ([`cluster`]) owning the keys of its cluster ID.
+//! - With `--ca-root-cert`, the leader writes the mesh's root certificate into every
+//!   selected namespace of every cluster it publishes ([`ca_root`]), as istiod does.
 //! - A rejected Istio config object gets the reason in its `status`, written by the leader
 //!   ([`object_status`]).
 //! - Watches reduce objects to what shoal reads ([`reduce`]) and follow kube-rs relist
@@ -16,6 +18,7 @@
 //!   ([`crate::state`]) and the same [`crate::publish::Publisher`], which writes only
 //!   changed values, so a restart with an unchanged cluster writes nothing.
 
+pub mod ca_root;
 pub mod cluster;
 pub mod config;
 pub mod issuer;
@@ -82,6 +85,9 @@ pub struct KubeSourceConfig {
     pub watch_config: bool,
     /// How long a remote cluster may hold back readiness.
     pub remote_cluster_timeout: Duration,
+    /// The root certificate the leader writes into every selected namespace of every
+    /// cluster (`--ca-root-cert`), if any.
+    pub ca_root: Option<ca_root::RootRx>,
 }
 
 /// The `User-Agent` of the ingester's Kubernetes clients: the binary, its version, the
@@ -168,6 +174,7 @@ impl KubeSource {
             selectors,
             leadership,
             owners,
+            ca_root: cfg.ca_root.clone(),
         };
         KubeSource { cfg, ctx }
     }

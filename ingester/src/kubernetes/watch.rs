@@ -7,7 +7,7 @@ use crate::error::InvalidObject;
 use crate::metrics::Metrics;
 use crate::selector::Labels;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
@@ -39,6 +39,8 @@ pub enum Update {
     Config(ConfigKind, Change<Box<ConfigObject>>),
     /// A multicluster Secret.
     Secret(Change<SecretData>),
+    /// A root certificate ConfigMap (see [`super::ca_root`]).
+    RootConfigMap(Change<Box<ConfigMap>>),
     /// The cluster's token issuer was read, or could not be (see [`super::issuer`]).
     Issuer(Result<ClusterIssuer, String>),
     /// The watch of `kind` failed (it retries with backoff); `None` when it works again.

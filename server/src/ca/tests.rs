@@ -9,6 +9,7 @@ fn cacerts(dir: &Path) {
         .push(DnType::CommonName, "test root");
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    params.not_after = rcgen::date_time_ymd(2036, 1, 1);
     let key = KeyPair::generate().unwrap();
     let cert = params.self_signed(&key).unwrap();
     std::fs::write(dir.join("ca-cert.pem"), cert.pem()).unwrap();
@@ -42,6 +43,9 @@ fn signs_the_callers_identity_only_for_the_allowed_time() {
         .unwrap();
     assert_eq!(chain.len(), 2, "leaf and root: {chain:?}");
     assert_eq!(chain[1], ca.root());
+    // Expiry of the root and of the signing CA (here the same certificate), for the gauges.
+    assert_eq!(ca.root_expiry(), 2_082_758_400, "2036-01-01T00:00:00Z");
+    assert_eq!(ca.chain_expiry(), ca.root_expiry());
     let der = rustls_pki_types::CertificateDer::from_pem_slice(chain[0].as_bytes()).unwrap();
     assert_eq!(crate::auth::spiffe_identities(&der), vec![web()]);
     let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).unwrap();

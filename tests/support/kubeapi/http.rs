@@ -8,7 +8,7 @@ use super::selectors::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::store::{parse_rv, present, Filter, ObjectKey, Preconditions, ResourceDef, Store};
 use super::watch::{self, WatchRequest};
-use super::{Shared, WatchClient};
+use super::{ObjectWrite, Shared, WatchClient};
 use bytes::Bytes;
 use futures::StreamExt;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -395,26 +395,61 @@ async fn resource_request(
     rest: &[&str],
 ) -> Result<Response<Body>, ApiError> {
     let target = shared.read(|store| target(store, group, version, rest))?;
-    let ns = target.namespace.as_deref();
-    let (res, version) = (&target.res, target.version.as_str());
-    let show = |object: &Value| present_for(&req, object, res, version);
+    let res = &target.res;
     let method = req.method.clone();
     if target.status && matches!(method, Method::PUT | Method::PATCH) {
         shared.count_status_write(res);
     }
+    let verb = match (&method, target.name.is_some()) {
+        _ if target.status || target.watch_path => None,
+        (&Method::POST, false) => Some("create"),
+        (&Method::PUT, true) => Some("update"),
+        (&Method::PATCH, true) => Some("patch"),
+        (&Method::DELETE, true) => Some("delete"),
+        (&Method::DELETE, false) => Some("deletecollection"),
+        _ => None,
+    };
+    let audit = verb.map(|verb| ObjectWrite {
+        user_agent: req.user_agent.clone(),
+        verb,
+        resource: res.qualified(),
+        namespace: target.namespace.clone(),
+        name: target.name.clone().unwrap_or_default(),
+        code: 0,
+    });
+    let result = object_request(shared, req, &target).await;
+    if let Some(mut write) = audit {
+        write.code = match &result {
+            Ok(response) => response.status().as_u16(),
+            Err(error) => error.code,
+        };
+        shared.record_write(write);
+    }
+    result
+}
+
+async fn object_request(
+    shared: &Arc<Shared>,
+    req: ApiRequest,
+    target: &Target,
+) -> Result<Response<Body>, ApiError> {
+    let ns = target.namespace.as_deref();
+    let (res, version) = (&target.res, target.version.as_str());
+    let show = |object: &Value| present_for(&req, object, res, version);
+    let method = req.method.clone();
     match (&method, target.name.as_deref()) {
         (&Method::GET, None) => {
             let watching = target.watch_path || req.query.bool("watch")?.unwrap_or(false);
             let filter = filter(&req.query, res, ns, None)?;
             if watching {
-                serve_watch(shared, &req, &target, filter)
+                serve_watch(shared, &req, target, filter)
             } else {
-                serve_list(shared, &req, &target, filter).await
+                serve_list(shared, &req, target, filter).await
             }
         }
         (&Method::GET, Some(name)) if target.watch_path => {
             let filter = filter(&req.query, res, ns, Some(name))?;
-            serve_watch(shared, &req, &target, filter)
+            serve_watch(shared, &req, target, filter)
         }
         (&Method::POST, None) => {
             if res.namespaced && ns.is_none() {

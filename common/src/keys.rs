@@ -104,7 +104,7 @@ pub fn config_key(kind: ConfigKind, namespace: &str, name: &str) -> String {
 /// Parses a `shoal-config` key.
 pub fn parse_config_key(key: &str) -> Result<(ConfigKind, String, String), KeyError> {
     let [kind, ns, name] = split::<3>(key)?;
-    let kind = ConfigKind::parse(&kind).ok_or(KeyError::UnknownKind { kind })?;
+    let kind = ConfigKind::parse_key_token(&kind).ok_or(KeyError::UnknownKind { kind })?;
     Ok((kind, ns, name))
 }
 

@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod bus;
+pub mod credential;
 pub mod defaults;
 pub mod envelope;
 pub mod keys;

@@ -117,6 +117,7 @@ def everything_on() -> dict[str, Any]:
             "priorityClassName": "system-cluster-critical",
         },
         "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+        "gateways": {"credentials": {"enabled": True}},
     }
 
 
@@ -372,7 +373,12 @@ def test_render_is_deterministic(value_set):
     # cluster (`helm install`/`upgrade` find the existing Secrets with lookup and keep them;
     # GitOps renderers must set server.xds.tls.secretName and ca.secretExists, as the
     # chart's README says).
-    generated = ["shoal/templates/server/xds-tls-secret.yaml", "shoal/templates/server/ca-secret.yaml"]
+    # Likewise the generated gateway credential key.
+    generated = [
+        "shoal/templates/server/xds-tls-secret.yaml",
+        "shoal/templates/server/ca-secret.yaml",
+        "shoal/templates/credential-key-secret.yaml",
+    ]
     with helm.Chart.load(CHART) as c:
         first = c.render(VALUE_SETS[value_set](), name=RELEASE, namespace=NAMESPACE)
         second = c.render(VALUE_SETS[value_set](), name=RELEASE, namespace=NAMESPACE)
@@ -944,17 +950,21 @@ def test_rbac_least_privilege(value_set):
     sas = {s["metadata"]["name"]: s for s in of_kind(objects, "ServiceAccount")}
     assert set(sas) == {server_sa} | ingester_sas
 
-    # No ClusterRole mentions Secrets or wildcards; all are read-only but for the status
+    # No ClusterRole mentions Secrets (unless gateways.credentials.enabled: then the
+    # ingester's reads them) or wildcards; all are read-only but for the status
     # subresources of the Istio kinds.
+    credentials = merged(value_set)["gateways"]["credentials"]["enabled"]
     for role in of_kind(objects, "ClusterRole"):
         for rule in role["rules"]:
-            assert "secrets" not in rule.get("resources", []), f"ClusterRole {role['metadata']['name']} grants secrets"
+            if "secrets" in rule.get("resources", []):
+                assert credentials, f"ClusterRole {role['metadata']['name']} grants secrets"
+                assert rule == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}, rule
             assert "*" not in rule.get("resources", []) + rule.get("apiGroups", []) + rule["verbs"]
             if rule["resources"] == ["configmaps"]:
                 assert rule["apiGroups"] == [""] and set(rule["verbs"]) == CONFIG_MAP_VERBS, rule
             elif set(rule["verbs"]) - READ_VERBS:
                 assert set(rule["verbs"]) == STATUS_VERBS, rule
-                assert rule["apiGroups"] == ["networking.istio.io"], rule
+                assert rule["apiGroups"] in (["networking.istio.io"], ["security.istio.io"]), rule
                 assert all(r.endswith("/status") for r in rule["resources"]), rule
             assert not rule.get("nonResourceURLs")
 
@@ -979,7 +989,10 @@ def test_rbac_least_privilege(value_set):
             into = granted if set(rule["verbs"]) == READ_VERBS else status_granted
             for group in rule["apiGroups"]:
                 into.setdefault(group, set()).update(rule["resources"])
-        assert granted == INGESTER_CLUSTER_RULES
+        expected = {g: set(r) for g, r in INGESTER_CLUSTER_RULES.items()}
+        if credentials:
+            expected[""] = expected[""] | {"secrets"}
+        assert granted == expected
         # Exactly the six Istio kinds' status subresources: update/patch, nothing else.
         assert status_granted == INGESTER_STATUS_RULES
         assert len(INGESTER_STATUS_RULES["networking.istio.io"]) == 6
@@ -1010,6 +1023,42 @@ def test_rbac_least_privilege(value_set):
         assert pod_spec(d).get("automountServiceAccountToken") is False
     for b in of_kind(objects, "RoleBinding") + of_kind(objects, "ClusterRoleBinding"):
         assert not binds(b, server_sa), f"{b['kind']} {b['metadata']['name']} binds the server"
+
+
+def test_gateway_credentials_key_and_rbac(chart):
+    """gateways.credentials: off, no Secret is read outside the system namespace and no key
+    exists; on, a generated 32-byte key (or the given Secret) is mounted into every ingester
+    and server, and the local fleet's ClusterRole reads Secrets."""
+    import base64
+
+    def key_env(objects):
+        return {
+            (d["metadata"]["name"], c["name"]): env_of(c).get("SHOAL_CREDENTIAL_KEY_FILE")
+            for d, c in containers(objects)
+        }
+
+    off = render("default")
+    assert not [o for o in of_kind(off, "Secret") if "credential" in o["metadata"]["name"]]
+    assert set(key_env(off).values()) == {None}
+
+    on = render_values(chart, {"gateways": {"credentials": {"enabled": True}}})
+    secret = one(on, "Secret", f"{RELEASE}-credential-key")
+    key = base64.b64decode(secret["data"]["credential.key"]).decode()
+    assert len(base64.b64decode(key.strip())) == 32
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert set(key_env(on).values()) == {"/etc/shoal/credential-key/credential.key"}
+    for d, c in containers(on):
+        volumes = {v["name"]: v for v in pod_spec(d)["volumes"]}
+        assert volumes["credential-key"]["secret"]["secretName"] == f"{RELEASE}-credential-key"
+        assert {m["name"] for m in c["volumeMounts"]} >= {"credential-key"}
+    rules = [r for role in of_kind(on, "ClusterRole") for r in role["rules"]]
+    assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]} in rules
+
+    given = render_values(chart, {"gateways": {"credentials": {"enabled": True, "existingSecret": "my-key"}}})
+    assert not [o for o in of_kind(given, "Secret") if "credential" in o["metadata"]["name"]]
+    for d, _ in containers(given):
+        volumes = {v["name"]: v for v in pod_spec(d)["volumes"]}
+        assert volumes["credential-key"]["secret"]["secretName"] == "my-key"
 
 
 def test_secrets_role_follows_system_namespace(chart):

@@ -13,6 +13,7 @@ use anyhow::Context;
 use shoal_common::bus::nats::NatsBus;
 use shoal_common::bus::nats_args::NatsArgs;
 use shoal_common::bus::StateBus;
+use shoal_common::credential::CredentialKeys;
 use shoal_common::model::Duration;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -155,6 +156,13 @@ pub struct IngesterArgs {
         default_value = shoal_common::defaults::ROOT_NAMESPACE
     )]
     pub system_namespace: String,
+
+    /// Key file that seals gateway credentials (the Secrets Gateway servers name in
+    /// `tls.credentialName`) before they go on the bus: one base64-encoded 32-byte key per
+    /// line, the first seals (servers need every key in use). Without it, credentials are
+    /// not published (a referenced Secret is logged).
+    #[arg(long, env = "SHOAL_CREDENTIAL_KEY_FILE", value_name = "FILE")]
+    pub credential_key_file: Option<PathBuf>,
 
     /// MeshConfig YAML file whose `discoverySelectors` choose the namespaces to publish
     /// (all when absent). Re-read when it changes.
@@ -325,11 +333,24 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
     };
     let debug = args.debug.access();
 
+    let credential_keys = match &args.credential_key_file {
+        Some(path) => Some(Arc::new(
+            CredentialKeys::load(path).context("cannot use --credential-key-file")?,
+        )),
+        None => None,
+    };
+    if let Some(keys) = &credential_keys {
+        info!(
+            key_id = keys.sealing_key_id(),
+            "sealing gateway credentials"
+        );
+    }
     match args.source.clone() {
         SourceSpec::File(dir) => {
             let cfg = FileSourceConfig {
                 cluster_id: args.cluster_id,
                 fleet: args.fleet,
+                credential_keys: credential_keys.clone(),
                 ..FileSourceConfig::new(dir)
             };
             info!(
@@ -408,6 +429,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 watch_config: args.watch_config,
                 remote_cluster_timeout: args.remote_cluster_timeout.get(),
                 ca_root,
+                credential_keys: credential_keys.clone(),
             };
             tokio::spawn(crate::readiness::announce_synced(
                 bus.clone(),

@@ -20,6 +20,7 @@ use crate::publish::{PublishReport, Publisher};
 use crate::state::ManifestStore;
 use sha2::{Digest, Sha256};
 use shoal_common::bus::StateBus;
+use shoal_common::credential::CredentialKeys;
 use shoal_common::envelope::now_ms;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::ErrorKind;
@@ -55,6 +56,8 @@ pub struct FileSourceConfig {
     pub fleet: String,
     /// How often the directory is polled for changes.
     pub poll_interval: Duration,
+    /// Seals the gateway credentials (Secrets Gateways name); `None` publishes none.
+    pub credential_keys: Option<Arc<CredentialKeys>>,
 }
 
 impl FileSourceConfig {
@@ -66,6 +69,7 @@ impl FileSourceConfig {
             cluster_id: shoal_common::defaults::CLUSTER_ID.to_string(),
             fleet: "default".to_string(),
             poll_interval: DEFAULT_POLL_INTERVAL,
+            credential_keys: None,
         }
     }
 }
@@ -146,10 +150,12 @@ impl FileSource {
         // Listing now turns a permission problem into a startup error, not a log line.
         let _listing = tokio::fs::read_dir(&cfg.dir).await.map_err(dir_err)?;
         let publisher = Publisher::load(bus, cfg.fleet.clone(), cfg.cluster_id.clone()).await?;
+        let mut store = ManifestStore::new();
+        store.set_credential_keys(cfg.credential_keys.clone());
         Ok(FileSource {
             cfg,
             publisher,
-            store: ManifestStore::new(),
+            store,
             files: BTreeMap::new(),
             last_full_read: None,
             full_read_interval: FULL_READ_INTERVAL,

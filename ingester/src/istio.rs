@@ -67,6 +67,12 @@ fn typed_spec<'de, D: Deserializer<'de>>(
         ConfigKind::AuthorizationPolicy => {
             ConfigSpec::AuthorizationPolicy(Deserialize::deserialize(spec)?)
         }
+        // Not an Istio kind: credentials come from Secrets (`crate::credentials`).
+        ConfigKind::Credential => {
+            return Err(serde::de::Error::custom(
+                "Credential is not an Istio kind (gateway credentials come from Secrets)",
+            ))
+        }
     })
 }
 
@@ -74,6 +80,16 @@ fn typed_spec<'de, D: Deserializer<'de>>(
 pub fn config_object(meta: ObjectMeta, spec: ConfigSpec) -> Result<ConfigObject, InvalidObject> {
     validate(&spec)?;
     Ok(ConfigObject { meta, spec })
+}
+
+/// Whether a `credentialName` is a Secret name (a DNS subdomain): no namespace prefix and
+/// no `sds://`-style provider, which shoal does not serve.
+fn credential_name_ok(name: &str) -> bool {
+    name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && !name.starts_with(['-', '.'])
 }
 
 /// Checks the invariants the server relies on; the error names the offending field.
@@ -87,23 +103,48 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
         ConfigSpec::Gateway(gw) => {
             for (i, server) in gw.servers.iter().enumerate() {
                 let protocol = server.port.protocol.to_ascii_uppercase();
-                let mode = server.tls.as_ref().and_then(|t| t.mode.as_deref());
+                let tls = server.tls.as_ref();
+                let mode = tls.and_then(|t| t.mode.as_deref());
+                let credential = tls.and_then(|t| t.credential_name.as_deref());
                 let tls_port = matches!(protocol.as_str(), "TLS" | "HTTPS");
                 match mode {
-                    None | Some("PASSTHROUGH") if tls_port => {}
-                    None => {}
-                    Some(mode) => {
+                    Some("PASSTHROUGH") if tls_port => {}
+                    Some("SIMPLE" | "MUTUAL") if tls_port => match credential {
+                        None | Some("") => {
+                            return invalid(format!(
+                                "servers[{i}].tls.credentialName is required with tls.mode {} \
+                                 (certificate files on the gateway are not supported)",
+                                mode.unwrap_or_default()
+                            ))
+                        }
+                        Some(name) if !credential_name_ok(name) => {
+                            return invalid(format!(
+                                "servers[{i}].tls.credentialName {name:?} is not a Secret name \
+                                 (a Secret in the gateway's namespace; lowercase letters, \
+                                 digits, '-' and '.')"
+                            ))
+                        }
+                        Some(_) => {}
+                    },
+                    None if !tls_port => {}
+                    None => {
                         return invalid(format!(
-                            "servers[{i}].tls.mode {mode:?} is not supported yet (TLS servers \
-                             take PASSTHROUGH; terminating TLS comes with gateway credentials)"
+                            "servers[{i}].tls.mode is required on a {protocol} server \
+                             (PASSTHROUGH, SIMPLE and MUTUAL are supported)"
                         ))
                     }
-                }
-                if tls_port && mode.is_none() {
-                    return invalid(format!(
-                        "servers[{i}].tls.mode is required on a {protocol} server \
-                         (PASSTHROUGH is supported)"
-                    ));
+                    Some(mode) if tls_port => {
+                        return invalid(format!(
+                            "servers[{i}].tls.mode {mode:?} is not supported (PASSTHROUGH, \
+                             SIMPLE and MUTUAL are)"
+                        ))
+                    }
+                    Some(mode) => {
+                        return invalid(format!(
+                            "servers[{i}].tls.mode {mode:?} needs port.protocol HTTPS or TLS \
+                             (the server's protocol is {protocol})"
+                        ))
+                    }
                 }
                 if server.port.number == 0 {
                     return invalid(format!("servers[{i}].port.number is missing"));
@@ -133,7 +174,7 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
                 ) {
                     return invalid(format!(
                         "servers[{i}].port.protocol {:?} is not supported (HTTP, HTTP2, GRPC, \
-                         TCP, MONGO, MYSQL, REDIS, and TLS/HTTPS with tls.mode PASSTHROUGH are)",
+                         TCP, MONGO, MYSQL, REDIS, TLS and HTTPS are)",
                         server.port.protocol
                     ));
                 }
@@ -170,7 +211,7 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
                 }
             }
         }
-        ConfigSpec::WorkloadEntry(_) => {}
+        ConfigSpec::WorkloadEntry(_) | ConfigSpec::Credential(_) => {}
     }
     Ok(())
 }
@@ -186,6 +227,55 @@ mod tests {
 
     fn reason(kind: ConfigKind, yaml: &str) -> String {
         validate(&spec(kind, yaml)).unwrap_err().reason
+    }
+
+    #[test]
+    fn gateway_tls_termination_validation() {
+        let gw = ConfigKind::Gateway;
+        let server = |port: &str, tls: &str| {
+            format!("servers: [{{port: {{number: 443, name: https, protocol: {port}}}, hosts: ['*'], tls: {tls}}}]")
+        };
+        for ok in [
+            server("HTTPS", "{mode: SIMPLE, credentialName: web-cert}"),
+            server("HTTPS", "{mode: MUTUAL, credentialName: web-cert}"),
+            server("TLS", "{mode: SIMPLE, credentialName: db.cert}"),
+            server("TLS", "{mode: PASSTHROUGH}"),
+        ] {
+            assert!(validate(&spec(gw, &ok)).is_ok(), "{ok}");
+        }
+        for (yaml, names) in [
+            (
+                server("HTTPS", "{mode: SIMPLE}"),
+                "servers[0].tls.credentialName is required",
+            ),
+            (
+                server("HTTPS", "{mode: MUTUAL, credentialName: ''}"),
+                "servers[0].tls.credentialName is required",
+            ),
+            (
+                server("HTTPS", "{mode: SIMPLE, credentialName: other/cert}"),
+                "servers[0].tls.credentialName \"other/cert\"",
+            ),
+            (
+                server("HTTPS", "{mode: SIMPLE, credentialName: 'sds://x'}"),
+                "servers[0].tls.credentialName",
+            ),
+            (
+                server("HTTPS", "{mode: ISTIO_MUTUAL}"),
+                "servers[0].tls.mode \"ISTIO_MUTUAL\" is not supported",
+            ),
+            (
+                server("HTTPS", "{credentialName: c}"),
+                "servers[0].tls.mode is required",
+            ),
+            (
+                server("HTTP", "{mode: SIMPLE, credentialName: c}"),
+                "servers[0].tls.mode \"SIMPLE\" needs port.protocol HTTPS or TLS",
+            ),
+        ] {
+            let r = reason(gw, &yaml);
+            assert!(r.starts_with(names), "{yaml}: {r}");
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod app;
 pub mod bus_guard;
 #[cfg(test)]
 mod compat_doc;
+pub mod credentials;
 pub mod destination_rule;
 pub mod error;
 pub mod file;

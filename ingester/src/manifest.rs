@@ -9,7 +9,7 @@
 use crate::error::IngestError;
 use crate::istio;
 use crate::normalize::{self, DEFAULT_NAMESPACE};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta as KubeMeta;
 use serde::Deserialize;
@@ -31,6 +31,8 @@ pub enum ObjectKind {
     Node,
     /// discovery.k8s.io/v1 `EndpointSlice`.
     EndpointSlice,
+    /// v1 `Secret` (published only when a Gateway names it in `credentialName`).
+    Secret,
     /// An Istio config kind.
     Config(ConfigKind),
 }
@@ -44,6 +46,7 @@ impl ObjectKind {
             ObjectKind::Pod => "Pod",
             ObjectKind::Node => "Node",
             ObjectKind::EndpointSlice => "EndpointSlice",
+            ObjectKind::Secret => "Secret",
             ObjectKind::Config(k) => k.as_str(),
         }
     }
@@ -108,6 +111,8 @@ pub enum ManifestObject {
     Node(Box<Node>),
     /// An EndpointSlice.
     EndpointSlice(Box<EndpointSlice>),
+    /// A Secret.
+    Secret(Box<Secret>),
     /// Istio config.
     Config(Box<ConfigObject>),
 }
@@ -222,6 +227,7 @@ fn classify(api_version: &str, kind: &str) -> Classified {
         "Service" => Some(ObjectKind::Service),
         "Pod" => Some(ObjectKind::Pod),
         "Node" => Some(ObjectKind::Node),
+        "Secret" => Some(ObjectKind::Secret),
         _ => None,
     };
     if let Some(k) = core {
@@ -416,6 +422,11 @@ fn decode(kind: ObjectKind, id: &ObjectId, value: Value) -> Result<ManifestObjec
             namespaced(&mut svc.metadata);
             normalize::check_service(&svc).map_err(Rejected::Invalid)?;
             ManifestObject::Service(svc)
+        }
+        ObjectKind::Secret => {
+            let mut secret: Box<Secret> = from(value)?;
+            namespaced(&mut secret.metadata);
+            ManifestObject::Secret(secret)
         }
         ObjectKind::EndpointSlice => {
             let mut slice: Box<EndpointSlice> = from(value)?;

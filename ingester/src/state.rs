@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Service as KubeService;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::Serialize;
 use shoal_common::bus::Bucket;
+use shoal_common::credential::CredentialKeys;
 use shoal_common::envelope::{Envelope, EnvelopeError};
 use shoal_common::keys;
 use shoal_common::model::{ConfigObject, EndpointSet, Service};
@@ -91,10 +92,14 @@ pub fn config_entry(config: &ConfigObject) -> (StateKey, StateObject) {
 /// Computes the desired state of `cluster` from parsed objects (with the file each came
 /// from, in a stable order), keeping only objects in namespaces `selectors` select. An
 /// object defined twice is taken from its last definition.
+///
+/// Secrets become sealed gateway credentials when a Gateway in their namespace names them
+/// and `credential_keys` is given ([`crate::credentials`]).
 pub fn desired_state<'a>(
     objects: impl IntoIterator<Item = (&'a Path, &'a ParsedObject)>,
     cluster: &str,
     selectors: &DiscoverySelectors,
+    credential_keys: Option<&CredentialKeys>,
 ) -> DesiredState {
     let mut by_id: BTreeMap<&ObjectId, (&Path, &ParsedObject)> = BTreeMap::new();
     for (path, obj) in objects {
@@ -143,9 +148,10 @@ pub fn desired_state<'a>(
             ManifestObject::Config(config) => Ok(Some(config_entry(config))),
             ManifestObject::Service(svc) => service_entry(svc, cluster),
             ManifestObject::EndpointSlice(slice) => endpoints_entry(slice, cluster, &workloads),
-            ManifestObject::Namespace(_) | ManifestObject::Pod(_) | ManifestObject::Node(_) => {
-                Ok(None)
-            }
+            ManifestObject::Namespace(_)
+            | ManifestObject::Pod(_)
+            | ManifestObject::Node(_)
+            | ManifestObject::Secret(_) => Ok(None),
         };
         match entry {
             Ok(Some((key, object))) => {
@@ -161,6 +167,20 @@ pub fn desired_state<'a>(
             ),
         }
     }
+    let gateways = desired.values().filter_map(|o| match o {
+        StateObject::Config(c) => Some(c.clone()),
+        _ => None,
+    });
+    let referenced = crate::credentials::referenced(gateways);
+    let secrets = objects.iter().filter_map(|(_, o)| match &o.object {
+        ManifestObject::Secret(s) if selected(&o.id.namespace) => Some(s.as_ref()),
+        _ => None,
+    });
+    desired.extend(crate::credentials::entries(
+        secrets,
+        &referenced,
+        credential_keys,
+    ));
     desired
 }
 
@@ -172,12 +192,19 @@ pub fn desired_state<'a>(
 #[derive(Debug, Default)]
 pub struct ManifestStore {
     files: BTreeMap<PathBuf, Vec<ParsedObject>>,
+    /// Seals the gateway credentials of [`desired_state`]; without it none is published.
+    credential_keys: Option<std::sync::Arc<CredentialKeys>>,
 }
 
 impl ManifestStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Seals gateway credentials with these keys from now on.
+    pub fn set_credential_keys(&mut self, keys: Option<std::sync::Arc<CredentialKeys>>) {
+        self.credential_keys = keys;
     }
 
     /// Takes in the new parse of a file, logging what was rejected.
@@ -258,7 +285,7 @@ impl ManifestStore {
             .files
             .iter()
             .flat_map(|(path, objs)| objs.iter().map(move |o| (path.as_path(), o)));
-        desired_state(all, cluster, selectors)
+        desired_state(all, cluster, selectors, self.credential_keys.as_deref())
     }
 }
 

@@ -19,6 +19,9 @@ pub const ENDPOINT_TYPE: &str =
 pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 /// Type URL of Envoy's `RouteConfiguration`.
 pub const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+/// Type URL of Envoy's SDS `Secret`.
+pub const SECRET_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 
 /// The xDS resource types shoal serves, in the order a push sends them (CDS before EDS,
 /// LDS before RDS), as Envoy's ADS sequencing requires to avoid traffic loss.
@@ -32,15 +35,19 @@ pub enum XdsType {
     Listener,
     /// RDS.
     Route,
+    /// SDS (gateway credentials), last as in istiod: Envoy asks for secrets while it
+    /// warms the listeners that name them.
+    Secret,
 }
 
 impl XdsType {
     /// All types in push order.
-    pub const ALL: [XdsType; 4] = [
+    pub const ALL: [XdsType; 5] = [
         XdsType::Cluster,
         XdsType::Endpoint,
         XdsType::Listener,
         XdsType::Route,
+        XdsType::Secret,
     ];
 
     /// The type URL.
@@ -50,6 +57,7 @@ impl XdsType {
             XdsType::Endpoint => ENDPOINT_TYPE,
             XdsType::Listener => LISTENER_TYPE,
             XdsType::Route => ROUTE_TYPE,
+            XdsType::Secret => SECRET_TYPE,
         }
     }
 
@@ -58,13 +66,14 @@ impl XdsType {
         XdsType::ALL.into_iter().find(|t| t.type_url() == url)
     }
 
-    /// Short name (`cds`, `eds`, `lds`, `rds`) for logs and metrics.
+    /// Short name (`cds`, `eds`, `lds`, `rds`, `sds`) for logs and metrics.
     pub fn short(self) -> &'static str {
         match self {
             XdsType::Cluster => "cds",
             XdsType::Endpoint => "eds",
             XdsType::Listener => "lds",
             XdsType::Route => "rds",
+            XdsType::Secret => "sds",
         }
     }
 
@@ -109,6 +118,22 @@ pub fn parse_outbound_cluster_name(name: &str) -> Option<(u32, &str, &str)> {
 /// Istio's listener name for an address and port: `0.0.0.0_8080`.
 pub fn listener_name(bind: &str, port: u32) -> String {
     format!("{bind}_{port}")
+}
+
+/// The SDS resource name of a gateway credential: `kubernetes://<secret>` (Istio's).
+pub fn credential_resource_name(secret: &str) -> String {
+    format!("kubernetes://{secret}")
+}
+
+/// Istio's route name of a gateway HTTPS server (TLS terminated):
+/// `https.<port>.<port name>.<gateway>.<gateway namespace>`.
+pub fn gateway_https_route_name(
+    port: u32,
+    port_name: &str,
+    gateway: &str,
+    namespace: &str,
+) -> String {
+    format!("https.{port}.{port_name}.{gateway}.{namespace}")
 }
 
 /// Istio's gateway route name for a port: `http.8080`.

@@ -16,6 +16,7 @@ use clap::Parser;
 use shoal_common::bus::nats::NatsBus;
 use shoal_common::bus::nats_args::NatsArgs;
 use shoal_common::bus::StateBus;
+use shoal_common::credential::CredentialKeys;
 use shoal_common::model::Duration as ConfigDuration;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -124,6 +125,13 @@ pub struct ServerArgs {
         requires = "xds_tls_cert"
     )]
     pub xds_tls_key: Option<PathBuf>,
+
+    /// Key file that opens the gateway credentials the ingester sealed on the bus (the same
+    /// file as the ingester's `--credential-key-file`: one base64-encoded 32-byte key per
+    /// line, every key opens). Without it, gateways get no credentials over SDS. Standalone
+    /// mode needs none (its credentials never leave the process).
+    #[arg(long, env = "SHOAL_CREDENTIAL_KEY_FILE", value_name = "FILE")]
+    pub credential_key_file: Option<PathBuf>,
 
     /// CA certificates (PEM) that verify proxies' client certificates on the TLS endpoint
     /// (the mesh's root); reloaded when it changes. Without it, proxies authenticate with
@@ -296,6 +304,14 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         Some(files) => Some(TlsServer::load(files).context("cannot serve xDS over TLS")?),
         None => None,
     };
+    let credential_keys = match (&args.credential_key_file, &args.standalone) {
+        (Some(path), _) => Some(Arc::new(
+            CredentialKeys::load(path).context("cannot use --credential-key-file")?,
+        )),
+        // Standalone: the file source seals and this process opens; nothing leaves it.
+        (None, Some(_)) => Some(Arc::new(CredentialKeys::ephemeral())),
+        (None, None) => None,
+    };
     let bus: Arc<dyn StateBus> = match (&args.nats_url, &args.standalone) {
         (Some(url), _) => {
             let opts = args.nats.options(url, args.nats_replicas)?;
@@ -311,7 +327,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
                     .context("cannot use the NATS state bus")?,
             )
         }
-        (None, Some(dir)) => standalone_bus(dir, &args.cluster_id).await?,
+        (None, Some(dir)) => standalone_bus(dir, &args.cluster_id, credential_keys.clone()).await?,
         (None, None) => anyhow::bail!("one of --nats-url or --standalone is required"),
     };
 
@@ -358,6 +374,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         metrics.clone(),
         mesh_rx,
         gate,
+        credential_keys,
         tx,
     ));
 
@@ -460,6 +477,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
 async fn standalone_bus(
     dir: &std::path::Path,
     cluster_id: &str,
+    credential_keys: Option<Arc<CredentialKeys>>,
 ) -> anyhow::Result<Arc<dyn StateBus>> {
     use shoal_ingester::{FileSource, FileSourceConfig};
     let bus: Arc<dyn StateBus> = Arc::new(shoal_common::MemoryBus::new());
@@ -468,6 +486,7 @@ async fn standalone_bus(
         cluster_id: cluster_id.to_string(),
         fleet: "standalone".to_string(),
         poll_interval: std::time::Duration::from_millis(250),
+        credential_keys,
     };
     let mut source = FileSource::new(cfg, bus.clone())
         .await
@@ -490,6 +509,7 @@ async fn standalone_bus(
 async fn standalone_bus(
     _dir: &std::path::Path,
     _cluster_id: &str,
+    _credential_keys: Option<Arc<CredentialKeys>>,
 ) -> anyhow::Result<Arc<dyn StateBus>> {
     anyhow::bail!("this build has no standalone mode (built without the `standalone` feature)")
 }

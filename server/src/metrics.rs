@@ -61,6 +61,9 @@ pub struct Metrics {
     pub auth_refused: IntCounterVec,
     /// Streams on the secure port authenticated, by credential (`certificate`, `token`).
     pub auth_accepted: IntCounterVec,
+    /// Gateway credentials (SDS names) refused to a proxy, by reason (see
+    /// [`crate::generate::sds::Denial::reason`]).
+    pub sds_denied: IntCounterVec,
     /// Reloads of the xDS serving certificate, by result (`ok`, `error`).
     pub tls_reloads: IntCounterVec,
     /// Clusters whose token issuer keys are loaded.
@@ -246,6 +249,15 @@ impl Metrics {
                 &["reason"],
             )
             .expect("valid metric"),
+            sds_denied: IntCounterVec::new(
+                opts!(
+                    "shoal_sds_denied_total",
+                    "Gateway credentials (SDS resource names) a proxy asked for and may not \
+                     have, by reason."
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
             auth_accepted: IntCounterVec::new(
                 opts!(
                     "shoal_xds_auth_accepted_total",
@@ -326,6 +338,7 @@ impl Metrics {
             Box::new(m.sync_timed_out.clone()),
             Box::new(m.auth_refused.clone()),
             Box::new(m.auth_accepted.clone()),
+            Box::new(m.sds_denied.clone()),
             Box::new(m.tls_reloads.clone()),
             Box::new(m.token_issuers.clone()),
             Box::new(m.ca_requests.clone()),
@@ -336,7 +349,7 @@ impl Metrics {
         shoal_common::metrics::register_all(&m.registry, collectors);
         // Create the series of every known label value, so each documented metric shows
         // (at 0) from the first scrape: dashboards and alerts need no "absent" special case.
-        for ty in ["cds", "eds", "lds", "rds"] {
+        for ty in ["cds", "eds", "lds", "rds", "sds"] {
             for v in [
                 &m.pushes,
                 &m.push_bytes,
@@ -357,6 +370,9 @@ impl Metrics {
         }
         for reason in crate::auth::REFUSAL_REASONS {
             m.auth_refused.with_label_values(&[reason]);
+        }
+        for reason in crate::generate::sds::DENIAL_REASONS {
+            m.sds_denied.with_label_values(&[reason]);
         }
         for source in ["certificate", "token"] {
             m.auth_accepted.with_label_values(&[source]);

@@ -7,6 +7,7 @@ use crate::push_context::{MeshSettings, PushContext};
 use crate::store::{ApplyError, Change, MeshState};
 use futures::StreamExt;
 use shoal_common::bus::{Bucket, BusError, StateBus, WatchEvent};
+use shoal_common::credential::CredentialKeys;
 use shoal_common::model::ConfigKind;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -243,7 +244,16 @@ pub async fn run_with_mesh(
     mesh: watch::Receiver<Arc<MeshSettings>>,
     out: watch::Sender<Option<Published>>,
 ) {
-    run_gated(bus, debounce, metrics, mesh, FleetGate::default(), out).await
+    run_gated(
+        bus,
+        debounce,
+        metrics,
+        mesh,
+        FleetGate::default(),
+        None,
+        out,
+    )
+    .await
 }
 
 /// Which ingester fleets must have published their clusters before the first snapshot
@@ -290,6 +300,7 @@ pub async fn run_gated(
     metrics: Metrics,
     mut mesh: watch::Receiver<Arc<MeshSettings>>,
     gate: FleetGate,
+    credential_keys: Option<Arc<CredentialKeys>>,
     out: watch::Sender<Option<Published>>,
 ) {
     let (tx, mut rx) = mpsc::channel(1024);
@@ -300,6 +311,7 @@ pub async fn run_gated(
     tokio::spawn(follow_connection(bus.clone(), metrics.clone()));
 
     let mut p = Pipeline::new(mesh.borrow_and_update().clone(), debounce, metrics);
+    p.state.credential_keys = credential_keys;
     p.gate(gate);
     let mut mesh_open = true;
     loop {

@@ -406,7 +406,7 @@ fn gated(
     };
     tokio::spawn(async move {
         let _keep = _keep;
-        pipeline::run_gated(bus, DEBOUNCE, metrics, mesh, gate, tx).await
+        pipeline::run_gated(bus, DEBOUNCE, metrics, mesh, gate, None, tx).await
     });
     rx
 }

@@ -4,6 +4,7 @@
 
 use crate::destination_rule::{DestinationRuleIndex, MergedRule};
 use crate::store::MeshState;
+use shoal_common::credential::TlsCredential;
 use shoal_common::model::{
     service_fqdn, AuthorizationPolicy, ConfigSpec, DestinationRule, Gateway, ObjectMeta,
     OutboundTrafficMode, PeerAuthentication, Protocol, Resolution, ServicePort, Sidecar,
@@ -118,6 +119,8 @@ pub struct PushContext {
     pub authorization_policies: BTreeMap<String, Vec<Arc<Config<AuthorizationPolicy>>>>,
     /// Mesh-wide settings.
     pub mesh: Arc<MeshSettings>,
+    /// Gateway credentials, opened, by (namespace, Secret name).
+    pub credentials: BTreeMap<(String, String), Arc<TlsCredential>>,
 }
 
 /// The mesh-wide settings the generators read (Istio's MeshConfig subset).
@@ -348,6 +351,27 @@ impl PushContext {
                     }
                 }
                 ConfigSpec::WorkloadEntry(_) => {}
+                ConfigSpec::Credential(sealed) => {
+                    let Some(keys) = &state.credential_keys else {
+                        tracing::warn!(
+                            secret = %format!("{}/{}", meta.namespace, meta.name),
+                            "gateway credential on the bus, but no --credential-key-file to \
+                             open it: not served"
+                        );
+                        continue;
+                    };
+                    match keys.open(&meta.namespace, &meta.name, sealed) {
+                        Ok(c) => {
+                            ctx.credentials
+                                .insert((meta.namespace, meta.name), Arc::new(c));
+                        }
+                        Err(error) => tracing::warn!(
+                            secret = %format!("{}/{}", meta.namespace, meta.name),
+                            %error,
+                            "gateway credential does not open: not served"
+                        ),
+                    }
+                }
             }
         }
         let rules: Vec<_> = ctx.destination_rules.values().cloned().collect();

@@ -111,6 +111,9 @@ pub struct MeshState {
     pub fleets: FleetEpochs,
     /// Mesh-wide settings (from `--mesh-config`, not from the bus).
     pub mesh: Arc<crate::push_context::MeshSettings>,
+    /// Opens the sealed gateway credentials (`--credential-key-file`); without it they
+    /// stay sealed and are not served.
+    pub credential_keys: Option<Arc<shoal_common::credential::CredentialKeys>>,
 }
 
 impl MeshState {

@@ -462,6 +462,8 @@ struct ProxyState {
     eds: TypeState,
     lds: TypeState,
     rds: TypeState,
+    /// Gateway credentials (the simulated proxies subscribe to none).
+    sds: TypeState,
     configured: bool,
     last_observed: Option<u64>,
     /// Recording fleets: the bytes of the latest version of every resource received.
@@ -475,6 +477,7 @@ impl ProxyState {
             XdsType::Endpoint => &mut self.eds,
             XdsType::Listener => &mut self.lds,
             XdsType::Route => &mut self.rds,
+            XdsType::Secret => &mut self.sds,
         }
     }
 
@@ -500,6 +503,7 @@ impl ProxyState {
             XdsType::Endpoint => &self.eds,
             XdsType::Listener => &self.lds,
             XdsType::Route => &self.rds,
+            XdsType::Secret => &self.sds,
         }
     }
 
@@ -840,7 +844,7 @@ impl Proxy<'_> {
                 cache.insert(version.clone(), Arc::new(facts));
                 Ok(problem)
             }
-            XdsType::Endpoint => Ok(None),
+            XdsType::Endpoint | XdsType::Secret => Ok(None),
         }
     }
 
@@ -1055,7 +1059,7 @@ impl Proxy<'_> {
                 // Wildcard types: the response is the whole set.
                 XdsType::Cluster | XdsType::Listener => st.held = items.into_iter().collect(),
                 // Others may be partial: what is not mentioned is kept.
-                XdsType::Endpoint | XdsType::Route => st.held.extend(items),
+                XdsType::Endpoint | XdsType::Route | XdsType::Secret => st.held.extend(items),
             }
             st.received = true;
             st.nonce = resp.nonce.clone();

@@ -186,7 +186,7 @@ struct TypeSet {
 /// One class's resources, by type (in [`XdsType::ALL`] order).
 #[derive(Default)]
 struct ClassSet {
-    types: [TypeSet; 4],
+    types: [TypeSet; 5],
 }
 
 fn type_index(ty: XdsType) -> usize {
@@ -195,6 +195,7 @@ fn type_index(ty: XdsType) -> usize {
         XdsType::Endpoint => 1,
         XdsType::Listener => 2,
         XdsType::Route => 3,
+        XdsType::Secret => 4,
     }
 }
 

@@ -73,6 +73,48 @@ pub fn bootstrap(node: &Node, admin_port: u16, xds: &[SocketAddr]) -> String {
     bootstrap_with(node, admin_port, xds, AdsMode::Sotw)
 }
 
+/// The files of an xDS client certificate: the proxy's certificate and key, and the CA
+/// that verifies the server (`localhost`).
+#[derive(Debug, Clone)]
+pub struct XdsTlsFiles {
+    /// CA certificates (PEM) that verify the xDS server.
+    pub ca: std::path::PathBuf,
+    /// The proxy's certificate (PEM).
+    pub cert: std::path::PathBuf,
+    /// The proxy's key (PEM).
+    pub key: std::path::PathBuf,
+}
+
+/// `bootstrap` (from [`bootstrap_with`]) connecting to shoal's secure xDS port with a
+/// client certificate, as istio-agent's proxies do (mutual TLS, SNI `localhost`).
+pub fn with_xds_tls(bootstrap: &str, files: &XdsTlsFiles) -> String {
+    let path = |p: &std::path::Path| p.to_str().expect("UTF-8 path").to_string();
+    let socket = format!(
+        r#"    lb_policy: ROUND_ROBIN
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: localhost
+        common_tls_context:
+          alpn_protocols: [h2]
+          tls_certificates:
+          - certificate_chain: {{ filename: {cert} }}
+            private_key: {{ filename: {key} }}
+          validation_context:
+            trusted_ca: {{ filename: {ca} }}
+"#,
+        cert = path(&files.cert),
+        key = path(&files.key),
+        ca = path(&files.ca),
+    );
+    assert!(
+        bootstrap.contains("    lb_policy: ROUND_ROBIN\n"),
+        "a bootstrap_with bootstrap"
+    );
+    bootstrap.replacen("    lb_policy: ROUND_ROBIN\n", &socket, 1)
+}
+
 /// Which ADS variant a bootstrap asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AdsMode {

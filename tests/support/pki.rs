@@ -88,6 +88,13 @@ impl TestCa {
         self.issue(params, ExtendedKeyUsagePurpose::ServerAuth)
     }
 
+    /// A serving certificate for the DNS name `host` (its SAN and common name).
+    pub fn server_for(&self, host: &str) -> Pem {
+        let mut params = CertificateParams::new(vec![host.to_string()]).expect("server params");
+        params.distinguished_name.push(DnType::CommonName, host);
+        self.issue(params, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
     /// A client certificate with common name `cn` (no SAN).
     pub fn client(&self, cn: &str) -> Pem {
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("client params");

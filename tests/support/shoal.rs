@@ -243,16 +243,24 @@ impl ShoalIngester {
     /// An ingester publishing the manifests under `dir` to NATS at `nats_url`.
     /// Its admin port is a free one, so ingesters of parallel tests do not collide.
     pub fn for_dir(nats_url: &str, dir: &std::path::Path) -> ShoalIngester {
+        ShoalIngester::for_dir_with(nats_url, dir, &[])
+    }
+
+    /// [`Self::for_dir`] with more arguments.
+    pub fn for_dir_with(nats_url: &str, dir: &std::path::Path, extra: &[&str]) -> ShoalIngester {
         let source = format!("file:{}", dir.display());
         let admin = SocketAddr::from(([127, 0, 0, 1], crate::ports::free_port()));
-        let mut ingester = ShoalIngester::start(&[
+        let admin_arg = admin.to_string();
+        let mut args = vec![
             "--nats-url",
             nats_url,
             "--source",
             &source,
             "--admin-addr",
-            &admin.to_string(),
-        ]);
+            &admin_arg,
+        ];
+        args.extend_from_slice(extra);
+        let mut ingester = ShoalIngester::start(&args);
         ingester.admin = Some(admin);
         ingester
     }

@@ -1,14 +1,24 @@
-//! End to end: a Gateway TLS server with `tls.mode: PASSTHROUGH` routes connections by SNI
-//! (VirtualService `tls` rules) to a TLS backend the gateway never decrypts, and closes
-//! connections whose SNI no rule names. The backend and the client are OpenSSL's
-//! `s_server` / `s_client`; the gateway is a real Envoy configured by a standalone shoal.
+//! End to end, Gateway TLS servers on a real Envoy configured by shoal; the clients (and
+//! the passthrough backend) are OpenSSL's `s_client` / `s_server`:
+//!
+//! - `tls.mode: PASSTHROUGH` routes connections by SNI (VirtualService `tls` rules) to a
+//!   TLS backend the gateway never decrypts, and closes connections whose SNI no rule names;
+//! - `SIMPLE` / `MUTUAL` with `credentialName` terminate TLS with the certificate of a
+//!   Kubernetes Secret in the gateway's namespace, delivered over SDS on the gateway's
+//!   authenticated ADS stream, then route HTTP; `MUTUAL` refuses clients without a
+//!   certificate; a Secret of another namespace is never served; a rotated Secret reaches
+//!   Envoy without a restart;
+//! - over NATS, the Secret's key never appears in the bus's bytes (sealed by the ingester,
+//!   opened by the server).
 #![forbid(unsafe_code)]
 
-use shoal_tests::bootstrap::{bootstrap_with, AdsMode, Node};
-use shoal_tests::ports::{free_port, free_port_on, loopback};
+use base64::Engine as _;
+use shoal_tests::bootstrap::{bootstrap_with, with_xds_tls, AdsMode, Node, XdsTlsFiles};
+use shoal_tests::pki::{Pem, TestCa};
+use shoal_tests::ports::{free_addr, free_port, free_port_on, loopback};
 use shoal_tests::process::Process;
-use shoal_tests::{eventually, Envoy, ShoalServer};
-use std::net::Ipv4Addr;
+use shoal_tests::{eventually, Backend, Envoy, NatsServer, ShoalIngester, ShoalServer};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -183,6 +193,12 @@ async fn openssl(args: &[&str]) {
 
 /// `openssl s_client` to the gateway with `sni`, sending `GET /`; what it printed.
 async fn s_client(port: u16, sni: &str) -> String {
+    s_client_with(port, sni, &[], "GET / HTTP/1.0\r\n\r\n").await
+}
+
+/// `openssl s_client` to the gateway with `sni` and more arguments, sending `request`;
+/// what it printed.
+async fn s_client_with(port: u16, sni: &str, args: &[&str], request: &str) -> String {
     let mut child = Command::new("openssl")
         .args([
             "s_client",
@@ -192,6 +208,7 @@ async fn s_client(port: u16, sni: &str) -> String {
             sni,
             "-ign_eof",
         ])
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -199,7 +216,7 @@ async fn s_client(port: u16, sni: &str) -> String {
         .spawn()
         .expect("openssl s_client");
     if let Some(mut stdin) = child.stdin.take() {
-        let _ = stdin.write_all(b"GET / HTTP/1.0\r\n\r\n").await;
+        let _ = stdin.write_all(request.as_bytes()).await;
     }
     match tokio::time::timeout(Duration::from_secs(5), child.wait_with_output()).await {
         Ok(Ok(out)) => format!(
@@ -209,4 +226,423 @@ async fn s_client(port: u16, sni: &str) -> String {
         ),
         _ => "s_client timed out".into(),
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// TLS termination with credentialName
+
+const WEB: &str = "web.example.com";
+
+/// A Secret as Kubernetes stores it (`kubernetes.io/tls`, base64 `data`).
+fn tls_secret(ns: &str, name: &str, pem: &Pem, ca: Option<&str>) -> String {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let ca = ca
+        .map(|c| format!("  ca.crt: {}\n", b64(c)))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+         type: kubernetes.io/tls\ndata:\n  tls.crt: {}\n  tls.key: {}\n{ca}",
+        b64(&pem.cert),
+        b64(&pem.key),
+    )
+}
+
+/// The mesh of the termination tests: an HTTP backend behind `web.example.com`, a Gateway
+/// in istio-system with a SIMPLE server on `simple`, a MUTUAL one on `mutual` (both with
+/// the Secret `web-cert`), and one on `foreign` naming `shop-cert`, a Secret that exists
+/// only in namespace shop (where a Gateway names it, so it is on the bus).
+fn termination_manifests(backend: SocketAddr, simple: u16, mutual: u16, foreign: u16) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata: {{name: istio-system}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {{name: shop}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: web, namespace: shop}}
+spec:
+  hosts: [web.shop.internal]
+  ports: [{{number: 80, name: http, protocol: HTTP}}]
+  resolution: STATIC
+  endpoints: [{{address: {ip}, ports: {{http: {port}}}}}]
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {{name: public, namespace: istio-system}}
+spec:
+  selector: {{istio: ingressgateway}}
+  servers:
+  - port: {{number: {simple}, name: https, protocol: HTTPS}}
+    hosts: ["{WEB}"]
+    tls: {{mode: SIMPLE, credentialName: web-cert}}
+  - port: {{number: {mutual}, name: https-mtls, protocol: HTTPS}}
+    hosts: ["{WEB}"]
+    tls: {{mode: MUTUAL, credentialName: web-cert}}
+  - port: {{number: {foreign}, name: https-foreign, protocol: HTTPS}}
+    hosts: ["{WEB}"]
+    tls: {{mode: SIMPLE, credentialName: shop-cert}}
+---
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {{name: shop-gateway, namespace: shop}}
+spec:
+  selector: {{app: shop-gateway}}
+  servers:
+  - port: {{number: 443, name: https, protocol: HTTPS}}
+    hosts: ["{WEB}"]
+    tls: {{mode: SIMPLE, credentialName: shop-cert}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: web, namespace: shop}}
+spec:
+  hosts: [{WEB}]
+  gateways: [istio-system/public]
+  http: [{{route: [{{destination: {{host: web.shop.internal, port: {{number: 80}}}}}}]}}]
+"#,
+        ip = backend.ip(),
+        port = backend.port(),
+    )
+}
+
+/// Everything the termination tests share: certificates, manifests, the backend.
+struct Termination {
+    dir: tempfile::TempDir,
+    manifests: tempfile::TempDir,
+    xds_ca: TestCa,
+    client_ca: TestCa,
+    simple: u16,
+    mutual: u16,
+    foreign: u16,
+    _backend: Backend,
+}
+
+impl Termination {
+    async fn new() -> Termination {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let backend = Backend::start("web", free_addr()).await;
+        let [simple, mutual, foreign] =
+            std::array::from_fn(|_| free_port_on(&[Ipv4Addr::UNSPECIFIED]));
+        let t = Termination {
+            manifests: tempfile::tempdir().expect("manifest dir"),
+            xds_ca: TestCa::new("mesh-root"),
+            client_ca: TestCa::new("client-ca"),
+            simple,
+            mutual,
+            foreign,
+            _backend: backend,
+            dir,
+        };
+        let mesh = termination_manifests(t._backend.addr(), simple, mutual, foreign);
+        std::fs::write(t.manifests.path().join("mesh.yaml"), mesh).expect("manifests");
+        t.xds_ca.server("shoal").write(t.dir.path(), "server");
+        std::fs::write(t.dir.path().join("mesh-root.crt"), &t.xds_ca.cert_pem).unwrap();
+        // Another namespace's Secret, with a certificate for a name of its own.
+        let shop = TestCa::new("shop-ca").server_for("shop-only.example.com");
+        std::fs::write(
+            t.manifests.path().join("shop-secret.yaml"),
+            tls_secret("shop", "shop-cert", &shop, None),
+        )
+        .unwrap();
+        t
+    }
+
+    /// (Re)writes istio-system/web-cert with a certificate for web.example.com from a new
+    /// CA (returned, as the file clients verify against), and the client CA.
+    fn write_web_cert(&self, ca_name: &str) -> std::path::PathBuf {
+        let ca = TestCa::new(ca_name);
+        let secret = tls_secret(
+            "istio-system",
+            "web-cert",
+            &ca.server_for(WEB),
+            Some(&self.client_ca.cert_pem),
+        );
+        // Written aside and renamed in, so the file source never reads half a file.
+        let tmp = self.manifests.path().join(".web-secret.tmp");
+        std::fs::write(&tmp, secret).unwrap();
+        std::fs::rename(&tmp, self.manifests.path().join("web-secret.yaml")).unwrap();
+        let path = self.dir.path().join(format!("{ca_name}.crt"));
+        std::fs::write(&path, &ca.cert_pem).unwrap();
+        path
+    }
+
+    /// The arguments of a server with the secure xDS port at `tls` (client CA: the mesh).
+    fn tls_args(&self, tls: SocketAddr) -> Vec<String> {
+        let p = |n: &str| self.dir.path().join(n).display().to_string();
+        vec![
+            "--xds-tls-addr".into(),
+            tls.to_string(),
+            "--xds-tls-cert".into(),
+            p("server.crt"),
+            "--xds-tls-key".into(),
+            p("server.key"),
+            "--xds-client-ca".into(),
+            p("mesh-root.crt"),
+        ]
+    }
+
+    /// The ingress gateway, authenticated on the secure port as istio-system/ingress.
+    async fn gateway(&self, tls: SocketAddr, mode: AdsMode) -> Envoy {
+        let (cert, key) = self
+            .xds_ca
+            .workload("istio-system", "ingress")
+            .write(self.dir.path(), "ingress");
+        let files = XdsTlsFiles {
+            ca: self.dir.path().join("mesh-root.crt"),
+            cert,
+            key,
+        };
+        let bootstrap = bootstrap_with(&Node::gateway(), free_port(), &[tls], mode);
+        let envoy = Envoy::start(&with_xds_tls(&bootstrap, &files)).await;
+        envoy
+            .wait_listener(&format!("0.0.0.0_{}", self.simple))
+            .await;
+        envoy
+    }
+}
+
+/// `GET /` for web.example.com on `port`, verifying the server against `ca`.
+async fn https_get(port: u16, ca: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["-CAfile", path(ca), "-verify_return_error"];
+    args.extend_from_slice(extra);
+    s_client_with(
+        port,
+        WEB,
+        &args,
+        &format!("GET / HTTP/1.1\r\nHost: {WEB}\r\nConnection: close\r\n\r\n"),
+    )
+    .await
+}
+
+/// Whether the backend answered through the gateway.
+fn reached_backend(out: &str) -> bool {
+    out.contains("HTTP/1.1 200") && out.contains(r#""backend":"web""#)
+}
+
+/// Waits until `GET /` on `port`, verified against `ca`, reaches the backend.
+async fn wait_https(port: u16, ca: &Path, extra: &[&str]) -> String {
+    eventually(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let out = https_get(port, ca, extra).await;
+            if reached_backend(&out) {
+                Ok(out)
+            } else {
+                Err(out)
+            }
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simple_and_mutual_terminate_with_credential_name_and_rotate() {
+    let t = Termination::new().await;
+    let ca1 = t.write_web_cert("gateway-ca-1");
+    let tls = free_addr();
+    let mut args = vec![
+        "--standalone".to_string(),
+        t.manifests.path().display().to_string(),
+    ];
+    args.extend(t.tls_args(tls));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let shoal = ShoalServer::start(&args).await;
+    let gateway = t.gateway(tls, AdsMode::Delta).await;
+
+    // SIMPLE: the client verifies the Secret's certificate (issued by gateway-ca-1 for
+    // web.example.com) and gets the HTTP route's backend answer.
+    let out = wait_https(t.simple, &ca1, &[]).await;
+    assert!(out.contains("Verify return code: 0 (ok)"), "{out}");
+
+    // MUTUAL: a client with a certificate from the Secret's CA gets an answer; once that
+    // works (the listener is up), one without a certificate gets none.
+    let (client_cert, client_key) = t.client_ca.client("client").write(t.dir.path(), "client");
+    wait_https(
+        t.mutual,
+        &ca1,
+        &["-cert", path(&client_cert), "-key", path(&client_key)],
+    )
+    .await;
+    let anonymous = https_get(t.mutual, &ca1, &[]).await;
+    assert!(
+        !reached_backend(&anonymous),
+        "MUTUAL served a client without a certificate:\n{anonymous}"
+    );
+    // A certificate from another CA is refused too.
+    let (other_cert, other_key) = TestCa::new("other")
+        .client("client")
+        .write(t.dir.path(), "other");
+    let stranger = https_get(
+        t.mutual,
+        &ca1,
+        &["-cert", path(&other_cert), "-key", path(&other_key)],
+    )
+    .await;
+    assert!(
+        !reached_backend(&stranger),
+        "MUTUAL served an unknown client CA:\n{stranger}"
+    );
+
+    // The Secret of namespace shop is on the bus (a Gateway there names it) but never
+    // reaches this istio-system gateway: its server has no certificate to offer.
+    let certs = gateway.admin_get("/certs").await.expect("/certs");
+    assert!(certs.contains(WEB), "{certs}");
+    assert!(
+        !certs.contains("shop-only.example.com"),
+        "another namespace's Secret was served:\n{certs}"
+    );
+    let foreign = https_get(t.foreign, &ca1, &[]).await;
+    assert!(!reached_backend(&foreign), "{foreign}");
+
+    // Rotation: a new certificate in the Secret reaches the running Envoy.
+    // (The same Envoy process throughout: this test never restarts it.)
+    let rotated = std::time::Instant::now();
+    let ca2 = t.write_web_cert("gateway-ca-2");
+    let out = wait_https(t.simple, &ca2, &[]).await;
+    eprintln!(
+        "rotation: new certificate served {:?} after the Secret was written",
+        rotated.elapsed()
+    );
+    assert!(out.contains("Verify return code: 0 (ok)"), "{out}");
+    assert_eq!(gateway.stat_sum("update_rejected").await, 0);
+    drop(shoal);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_streams_get_no_credentials() {
+    // istiod's rule: credentials only to an authenticated proxy. A gateway on the
+    // plaintext port gets its listeners but no certificate.
+    let t = Termination::new().await;
+    let ca1 = t.write_web_cert("gateway-ca-1");
+    let shoal = ShoalServer::standalone(t.manifests.path()).await;
+    let gateway = Envoy::start(&bootstrap_with(
+        &Node::gateway(),
+        free_port(),
+        &[shoal.xds_addr()],
+        AdsMode::Sotw,
+    ))
+    .await;
+    let name = format!("0.0.0.0_{}", t.simple);
+    eventually(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            match gateway.admin_get("/config_dump").await {
+                Ok(d) if d.contains(&name) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let out = https_get(t.simple, &ca1, &[]).await;
+    assert!(!reached_backend(&out), "{out}");
+    let certs = gateway.admin_get("/certs").await.expect("/certs");
+    assert!(!certs.contains(WEB), "{certs}");
+    let metrics = shoal.admin_get("/metrics").await.expect("metrics").body;
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(
+        metrics.contains(r#"shoal_sds_denied_total{reason="unauthenticated"} "#)
+            && !metrics.contains(r#"shoal_sds_denied_total{reason="unauthenticated"} 0"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_cross_the_bus_sealed() {
+    let t = Termination::new().await;
+    let ca1 = t.write_web_cert("gateway-ca-1");
+    let key_file = t.dir.path().join("credential.key");
+    let key = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let key_arg = key_file.display().to_string();
+    let nats = NatsServer::start().await;
+    let _ingester = ShoalIngester::for_dir_with(
+        &nats.url(),
+        t.manifests.path(),
+        &["--credential-key-file", &key_arg],
+    );
+
+    // Every message the config bucket's stream holds, as raw bytes.
+    let client = async_nats::connect(nats.url()).await.expect("nats client");
+    let js = async_nats::jetstream::new(client);
+    let raw = eventually(
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+        || async {
+            let Ok(mut stream) = js.get_stream("KV_shoal-config").await else {
+                return Err("no config bucket yet".to_string());
+            };
+            let info = stream
+                .info()
+                .await
+                .map_err(|e| e.to_string())?
+                .state
+                .clone();
+            let mut all = Vec::new();
+            for seq in info.first_sequence..=info.last_sequence {
+                if let Ok(m) = stream.get_raw_message(seq).await {
+                    all.push((m.subject.to_string(), m.payload.to_vec()));
+                }
+            }
+            let credentials = all.iter().filter(|(s, _)| s.contains("Credential")).count();
+            if credentials >= 2 {
+                Ok(all)
+            } else {
+                Err(format!("{credentials} credentials on the bus"))
+            }
+        },
+    )
+    .await;
+    let secret = std::fs::read_to_string(t.manifests.path().join("web-secret.yaml")).unwrap();
+    let secret_key = pem_body(&tls_secret_field(&secret, "tls.key"));
+    for (subject, payload) in &raw {
+        for needle in [
+            secret_key.as_bytes(),
+            b"PRIVATE KEY".as_slice(),
+            &secret_key.as_bytes()[..24],
+        ] {
+            assert!(
+                !payload.windows(needle.len()).any(|w| w == needle),
+                "{subject} carries key material in the clear"
+            );
+        }
+    }
+
+    // A server with the key file opens them: the gateway terminates TLS with the Secret.
+    let tls = free_addr();
+    let mut args = vec![
+        "--nats-url".to_string(),
+        nats.url(),
+        "--credential-key-file".into(),
+        key_arg.clone(),
+    ];
+    args.extend(t.tls_args(tls));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _shoal = ShoalServer::start(&args).await;
+    let _gateway = t.gateway(tls, AdsMode::Sotw).await;
+    wait_https(t.simple, &ca1, &[]).await;
+}
+
+/// A base64 `data` field of a Secret manifest, decoded.
+fn tls_secret_field(manifest: &str, field: &str) -> String {
+    let line = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("{field}: ")))
+        .expect("field");
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(line)
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// The base64 body of a PEM block, on one line.
+fn pem_body(pem: &str) -> String {
+    pem.lines().filter(|l| !l.starts_with("-----")).collect()
 }

@@ -10,9 +10,9 @@
 mod harness;
 
 use harness::{
-    config_cluster, describe, eps_key, is_lease, namespace, populate, remote_secret, svc_key,
-    virtual_service, virtual_service_crd, BusRecorder, ClusterStatus, Ingester, Recorded, POLL,
-    TIMEOUT,
+    config_cluster, describe, eps_key, is_lease, istio_crd, namespace, populate, remote_secret,
+    svc_key, virtual_service, virtual_service_crd, BusRecorder, ClusterStatus, Ingester, Recorded,
+    POLL, TIMEOUT,
 };
 use serde_json::json;
 use shoal_common::bus::{Bucket, Op};
@@ -678,4 +678,95 @@ async fn check_kubeconfig_cluster() {
         "the restart deleted a live service:\n{}",
         describe(&events)
     );
+}
+
+/// Gateway credentials (`--credential-key-file`): the Secrets that Gateways of their own
+/// namespace name are published sealed (the key never in the bus's bytes), follow
+/// rotations, and go when no Gateway names them any more; other Secrets stay off the bus.
+#[tokio::test]
+async fn gateway_credentials_are_published_sealed() {
+    use base64::Engine as _;
+    let nats = NatsServer::start().await;
+    let bus = BusRecorder::start(&nats.url()).await;
+    let config = config_cluster().await;
+    config.apply(namespace("shop", json!({}))).unwrap();
+    config.create(istio_crd("Gateway", "gateways")).unwrap();
+    let gateway = json!({
+        "apiVersion": "networking.istio.io/v1", "kind": "Gateway",
+        "metadata": {"name": "public", "namespace": "istio-system"},
+        "spec": {"selector": {"istio": "ingressgateway"}, "servers": [{
+            "port": {"number": 443, "name": "https", "protocol": "HTTPS"},
+            "hosts": ["web.example.com"],
+            "tls": {"mode": "SIMPLE", "credentialName": "web-cert"}}]},
+    });
+    config.create(gateway).unwrap();
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let secret = |ns: &str, name: &str, key: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": name, "namespace": ns},
+               "type": "kubernetes.io/tls",
+               "data": {"tls.crt": b64("CERTIFICATE"), "tls.key": b64(key)}})
+    };
+    config
+        .apply(secret("istio-system", "web-cert", "PRIVATE-KEY-ONE"))
+        .unwrap();
+    config
+        .apply(secret("istio-system", "unrelated", "PRIVATE-KEY-UNRELATED"))
+        .unwrap();
+    config
+        .apply(secret("shop", "web-cert", "PRIVATE-KEY-SHOP"))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("credential.key");
+    let key = base64::engine::general_purpose::STANDARD.encode([9u8; 32]);
+    std::fs::write(&key_file, key).unwrap();
+    let key_arg = key_file.display().to_string();
+    let mut ingester = Ingester::start(
+        &nats.url(),
+        &config.kubeconfig(),
+        &["--credential-key-file", &key_arg],
+    );
+    ingester.wait_ready().await;
+    let credential = "Credential.istio-system.web-cert";
+    bus.until("the credential", |b| {
+        b.keys(Bucket::Config).iter().any(|k| k == credential)
+    })
+    .await;
+    assert_eq!(
+        bus.keys(Bucket::Config),
+        [credential, "Gateway.istio-system.public"]
+    );
+    let clear = |b: &BusRecorder| {
+        b.since(0).iter().any(|r| {
+            r.value
+                .windows(b"PRIVATE-KEY".len())
+                .any(|w| w == b"PRIVATE-KEY")
+        })
+    };
+    let first = bus.state(Bucket::Config)[credential].clone();
+
+    // Rotation: a new key in the Secret, a new sealed value.
+    config
+        .apply(secret("istio-system", "web-cert", "PRIVATE-KEY-TWO"))
+        .unwrap();
+    bus.until("the rotated credential", |b| {
+        b.state(Bucket::Config)
+            .get(credential)
+            .is_some_and(|v| *v != first)
+    })
+    .await;
+
+    // No Gateway names it any more: it leaves the bus.
+    config
+        .delete(
+            "gateways.networking.istio.io",
+            Some("istio-system"),
+            "public",
+        )
+        .unwrap();
+    bus.until("the credential deleted", |b| {
+        b.keys(Bucket::Config).is_empty()
+    })
+    .await;
+    assert!(!clear(&bus), "key material in the clear on the bus");
 }

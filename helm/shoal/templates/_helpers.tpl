@@ -211,6 +211,33 @@ where lookup sees no cluster), else the one the chart generates. */ -}}
         path: {{ .key }}
 {{- end }}
 
+{{/* The Secret holding the gateway credential key file. */}}
+{{- define "shoal.credentials.secretName" -}}
+{{- default (printf "%s-credential-key" (include "shoal.fullname" .) | trunc 63 | trimSuffix "-") .Values.gateways.credentials.existingSecret }}
+{{- end }}
+
+{{/* The gateway credential key file (gateways.credentials.enabled), for ingesters and servers. */}}
+{{- define "shoal.credentials.env" -}}
+{{- if .Values.gateways.credentials.enabled }}
+- name: SHOAL_CREDENTIAL_KEY_FILE
+  value: /etc/shoal/credential-key/credential.key
+{{- end }}
+{{- end }}
+
+{{- define "shoal.credentials.volumeMounts" -}}
+{{- if .Values.gateways.credentials.enabled }}
+- name: credential-key
+  mountPath: /etc/shoal/credential-key
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "shoal.credentials.volumes" -}}
+{{- if .Values.gateways.credentials.enabled }}
+{{ include "shoal.secretVolume" (dict "name" "credential-key" "secret" (include "shoal.credentials.secretName" .) "key" "credential.key") }}
+{{- end }}
+{{- end }}
+
 {{/* Volumes every shoal pod has: a writable /tmp (the root filesystem is read-only) and the NATS secrets. */}}
 {{- define "shoal.nats.volumes" -}}
 {{- $n := .Values.nats }}

@@ -81,6 +81,8 @@ pub struct ClusterContext {
     pub owners: Owners,
     /// The root certificate written into every selected namespace (`--ca-root-cert`).
     pub ca_root: Option<RootRx>,
+    /// Seals gateway credentials (`--credential-key-file`); `None`: Secrets are not read.
+    pub credential_keys: Option<Arc<shoal_common::credential::CredentialKeys>>,
 }
 
 impl ClusterContext {
@@ -410,7 +412,7 @@ impl ClusterTask {
                 };
                 self.schedule();
             }
-            Update::Crd(_) | Update::Config(..) => {
+            Update::Crd(_) | Update::Config(..) | Update::Credential(_) => {
                 if let Some(config) = &mut self.config {
                     config.handle(generation, update);
                     if !config.dirty.is_empty() {
@@ -752,6 +754,7 @@ fn apply(store: &mut ClusterStore, update: Update) -> Affects {
         | Update::Config(..)
         | Update::Secret(_)
         | Update::RootConfigMap(_)
+        | Update::Credential(_)
         | Update::Issuer(_)
         | Update::Health { .. } => Touched::Nothing,
     };

@@ -5,6 +5,11 @@
 //! A missing CRD never blocks anything: its kind is simply not watched until the CRD
 //! appears. When a CRD is removed, its kind's watch stops and its keys are deleted.
 //!
+//! With credential keys (`--credential-key-file`), Secrets are watched too, in every
+//! namespace (service-account tokens and Helm releases excepted, by field selector), each
+//! reduced to its credential keys; those a Gateway of their namespace names are published
+//! sealed ([`crate::credentials`]).
+//!
 //! Every object's verdict (accepted, or rejected and why) also goes to the
 //! [`StatusBook`], whose [`StatusReporter`] writes it into the object's `status` when the
 //! object was rejected (see [`super::object_status`]).
@@ -12,14 +17,17 @@
 use super::cluster::ClusterContext;
 use super::object_status::{Selection, StatusBook, StatusReporter};
 use super::reduce::{self, CrdInfo};
-use super::store::{key_config_kind, Change, ConfigStore, Dirty, KindStore, Touched};
+use super::store::{key_config_kind, selected, Change, ConfigStore, Dirty, KindStore, Touched};
 use super::watch::{self, Sink, Tagged, TaskGuard, Update};
+use crate::credentials;
 use crate::publish::{Ownership, Publisher};
 use crate::selector::{DiscoverySelectors, Labels};
+use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use kube::{Api, Client};
+use shoal_common::credential::CredentialKeys;
 use shoal_common::model::ConfigKind;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -28,6 +36,19 @@ use tracing::info;
 
 /// The kind label of the CRD watch.
 const CRD_KIND: &str = "CustomResourceDefinition";
+/// The kind label of the gateway credential Secrets watch (metrics, health): not `Secret`,
+/// which is the multicluster Secrets watch.
+const CREDENTIAL_KIND: &str = "CredentialSecret";
+/// Secrets that never hold gateway credentials, left out of the watch.
+const CREDENTIAL_FIELDS: &str =
+    "type!=kubernetes.io/service-account-token,type!=helm.sh/release.v1";
+
+/// The watch of the Secrets that may hold gateway credentials, and what it holds.
+struct CredentialWatch {
+    keys: Arc<CredentialKeys>,
+    store: KindStore<Box<KubeSecret>>,
+    _task: TaskGuard,
+}
 
 /// The readiness component of the config kinds.
 pub const READINESS: &str = "istio config";
@@ -60,6 +81,8 @@ pub struct ConfigSide {
     /// The namespaces whose objects may get a status, for the reporter.
     selection: tokio_watch::Sender<Selection>,
     _reporter: TaskGuard,
+    /// Gateway credentials, when the ingester has keys to seal them.
+    credentials: Option<CredentialWatch>,
 }
 
 impl ConfigSide {
@@ -85,6 +108,18 @@ impl ConfigSide {
             |crd| Ok(reduce::crd(crd)),
             Update::Crd,
         );
+        let credentials = ctx.credential_keys.clone().map(|keys| CredentialWatch {
+            keys,
+            store: KindStore::new(cluster, CREDENTIAL_KIND),
+            _task: watch::spawn(
+                Api::<KubeSecret>::all(client.clone()),
+                watcher::Config::default().fields(CREDENTIAL_FIELDS),
+                CREDENTIAL_KIND.into(),
+                sink.clone(),
+                |s| Ok(Some(Box::new(credentials::reduce(s)))),
+                Update::Credential,
+            ),
+        });
         let statuses = StatusBook::default();
         let (selection, selection_rx) = tokio_watch::channel(None);
         let reporter = StatusReporter::new(
@@ -110,6 +145,7 @@ impl ConfigSide {
             statuses,
             selection,
             _reporter: TaskGuard::new(tokio::spawn(reporter.run())),
+            credentials,
         }
     }
 
@@ -138,6 +174,11 @@ impl ConfigSide {
                 }
                 self.dirty.add_touched(&store.apply(change));
             }
+            Update::Credential(change) => {
+                if let Some(c) = &mut self.credentials {
+                    self.dirty.add_touched(&c.store.apply(change));
+                }
+            }
             Update::Health { kind, error } => {
                 let current = ConfigKind::parse(&kind)
                     .map(|k| self.kinds.get(&k).map(|w| w.generation) == Some(generation));
@@ -155,7 +196,9 @@ impl ConfigSide {
 
     /// Whether a watch of this kind is one of the config side's.
     pub fn watches(&self, kind: &str) -> bool {
-        kind == CRD_KIND || ConfigKind::parse(kind).is_some()
+        kind == CRD_KIND
+            || ConfigKind::parse(kind).is_some()
+            || (kind == CREDENTIAL_KIND && self.credentials.is_some())
     }
 
     /// A failing watch's error, if any.
@@ -245,6 +288,35 @@ impl ConfigSide {
         );
     }
 
+    /// The sealed credentials of the dirty, selected namespaces: the Secrets a Gateway of
+    /// their namespace names (Gateways known once their kind is listed).
+    fn credential_entries(
+        &self,
+        c: &CredentialWatch,
+        namespaces: &KindStore<Labels>,
+        selectors: &DiscoverySelectors,
+        dirty: &Dirty,
+    ) -> Vec<(crate::state::StateKey, crate::state::StateObject)> {
+        let Some(gateways) = self.store.kinds.get(&ConfigKind::Gateway) else {
+            return Vec::new();
+        };
+        if !gateways.synced() || !c.store.synced() {
+            return Vec::new();
+        }
+        let referenced = credentials::referenced(gateways.values().map(|g| (**g).clone()));
+        let secrets = dirty
+            .select(|| c.store.namespaces())
+            .into_iter()
+            .filter(|ns| selected(namespaces, selectors, ns))
+            .flat_map(|ns| {
+                c.store
+                    .in_namespace(ns)
+                    .map(Box::as_ref)
+                    .collect::<Vec<_>>()
+            });
+        credentials::entries(secrets, &referenced, Some(&c.keys))
+    }
+
     /// Whether the next round must publish everything (see [`Publisher::needs_retry`]).
     pub fn needs_retry(&self) -> bool {
         self.publisher.needs_retry()
@@ -265,7 +337,8 @@ impl ConfigSide {
     }
 
     fn mark_synced(&mut self, ctx: &ClusterContext, message: &str) {
-        let all_synced = self.store.kinds.values().all(KindStore::synced);
+        let all_synced = self.store.kinds.values().all(KindStore::synced)
+            && self.credentials.as_ref().is_none_or(|c| c.store.synced());
         if !self.synced && all_synced {
             self.synced = true;
             info!(cluster = %self.cluster, kinds = self.kinds.len(), "{message}");
@@ -304,10 +377,19 @@ impl ConfigSide {
             if retry {
                 dirty.add_all();
             }
-            let desired = self.store.desired(namespaces, selectors, &dirty);
+            let mut desired = self.store.desired(namespaces, selectors, &dirty);
+            if let Some(c) = &self.credentials {
+                desired.extend(self.credential_entries(c, namespaces, selectors, &dirty));
+            }
             let store = &self.store;
+            let credentials_known = self.credentials.as_ref().is_none_or(|c| c.store.synced());
             let in_scope = |key: &_| {
-                dirty.contains_key(key) && key_config_kind(key).is_none_or(|k| store.sweepable(k))
+                dirty.contains_key(key)
+                    && key_config_kind(key).is_none_or(|k| match k {
+                        // Known once the Secrets are listed; none wanted without keys.
+                        ConfigKind::Credential => credentials_known,
+                        k => store.sweepable(k),
+                    })
             };
             let report = self
                 .publisher

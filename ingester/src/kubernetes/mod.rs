@@ -37,6 +37,7 @@ use crate::readiness::Readiness;
 use cluster::{readiness_name, ClusterContext};
 use kube::Client;
 use shoal_common::bus::StateBus;
+use shoal_common::credential::CredentialKeys;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::info;
@@ -88,6 +89,9 @@ pub struct KubeSourceConfig {
     /// The root certificate the leader writes into every selected namespace of every
     /// cluster (`--ca-root-cert`), if any.
     pub ca_root: Option<ca_root::RootRx>,
+    /// Seals gateway credentials; with it (and `watch_config`), the config cluster's
+    /// Secrets are watched in every namespace and the ones Gateways name are published.
+    pub credential_keys: Option<Arc<CredentialKeys>>,
 }
 
 /// The `User-Agent` of the ingester's Kubernetes clients: the binary, its version, the
@@ -175,6 +179,7 @@ impl KubeSource {
             leadership,
             owners,
             ca_root: cfg.ca_root.clone(),
+            credential_keys: cfg.credential_keys.clone(),
         };
         KubeSource { cfg, ctx }
     }

@@ -398,6 +398,7 @@ status: {conditions: [{type: Ready, status: "True"}]}
             parsed.objects.iter().map(|o| (path.as_path(), o)),
             "c1",
             &Default::default(),
+            None,
         );
 
         let pods = [pod(yaml(POD))];

@@ -219,7 +219,10 @@ impl Dirty {
     }
 
     /// The namespaces to recompute: the dirty ones, or every namespace `present` returns.
-    fn select<'a>(&'a self, present: impl FnOnce() -> BTreeSet<&'a str>) -> BTreeSet<&'a str> {
+    pub(crate) fn select<'a>(
+        &'a self,
+        present: impl FnOnce() -> BTreeSet<&'a str>,
+    ) -> BTreeSet<&'a str> {
         if self.all {
             present()
         } else {

@@ -7,6 +7,7 @@ use crate::error::InvalidObject;
 use crate::metrics::Metrics;
 use crate::selector::Labels;
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher::{self, watcher, Event};
@@ -41,6 +42,8 @@ pub enum Update {
     Secret(Change<SecretData>),
     /// A root certificate ConfigMap (see [`super::ca_root`]).
     RootConfigMap(Change<Box<ConfigMap>>),
+    /// A Secret that may hold a gateway credential (reduced to its credential keys).
+    Credential(Change<Box<KubeSecret>>),
     /// The cluster's token issuer was read, or could not be (see [`super::issuer`]).
     Issuer(Result<ClusterIssuer, String>),
     /// The watch of `kind` failed (it retries with backoff); `None` when it works again.

@@ -1,16 +1,38 @@
-//! Gateway TCP and TLS-passthrough servers: listeners `0.0.0.0_<port>` (the gateway
-//! Service's targetPort, as for HTTP servers) whose filter chains come from the
-//! VirtualServices bound to the Gateway — `tcp` rules for TCP servers, `tls` rules matched
-//! by SNI for `tls.mode: PASSTHROUGH` servers, as istiod builds them. Servers no rule routes
-//! get no listener (istiod sends none either).
+//! Gateway TCP and TLS servers: listeners `0.0.0.0_<port>` (the gateway Service's
+//! targetPort, as for HTTP servers) whose filter chains come from the VirtualServices bound
+//! to the Gateway — `tcp` rules for TCP servers, `tls` rules matched by SNI for
+//! `tls.mode: PASSTHROUGH` servers, as istiod builds them. Servers no rule routes get no
+//! listener (istiod sends none either).
+//!
+//! Servers with `tls.mode: SIMPLE` or `MUTUAL` terminate TLS with the certificate of their
+//! `credentialName`, fetched over SDS (`kubernetes://<name>`; under `MUTUAL` the client CA
+//! `kubernetes://<name>-cacert`), on a chain matched by SNI = the server's hosts (none for
+//! `*`), as istiod's `buildGatewayListeners` does: an `HTTPS` server then runs the HTTP
+//! connection manager on its own route table `https.<port>.<port name>.<gateway>.<ns>`
+//! (the bound VirtualServices' `http` rules, [`super::rds`]); a `TLS` server proxies the
+//! decrypted stream by the bound `tcp` rules.
 
-use super::lds::{gateway_listener_port, ListenerKey};
-use super::outbound::{l4_applies, weighted_clusters, OutboundListenerKey, TcpChain};
+use super::lds::{
+    gateway_listener_port, hcm_filter, http_connection_manager, tcp_proxy_filter, HcmRoutes,
+    ListenerKey,
+};
+use super::outbound::{
+    l4_applies, weighted_clusters, OutboundListenerKey, TcpChain, TlsTermination,
+};
+use super::{ads_config_source, sds};
 use crate::proxy::Proxy;
 use crate::push_context::{exported_to, wildcard_covers, Config, PushContext};
 use crate::scope::ProxyScope;
 use shoal_common::model::{Gateway, GatewayServer, OutboundTrafficMode, RouteDestination};
-use shoal_proto::listener_name;
+use shoal_proto::pb::envoy::config::core::v3::{transport_socket, TransportSocket};
+use shoal_proto::pb::envoy::config::listener::v3::FilterChain;
+use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use shoal_proto::pb::envoy::extensions::transport_sockets::tls::v3::{
+    common_tls_context::ValidationContextType, CommonTlsContext, DownstreamTlsContext,
+    SdsSecretConfig,
+};
+use shoal_proto::pb::google::protobuf::BoolValue;
+use shoal_proto::{credential_resource_name, gateway_https_route_name, listener_name};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -23,20 +45,117 @@ pub enum ServerKind {
     Tcp,
     /// TLS passed through to the backend, routed by SNI: `tls` routes.
     TlsPassthrough,
+    /// `HTTPS` with `SIMPLE`/`MUTUAL`: TLS terminated, then HTTP routes.
+    TerminatedHttp,
+    /// `TLS` with `SIMPLE`/`MUTUAL`: TLS terminated, then `tcp` routes.
+    TerminatedTcp,
 }
 
 /// The kind of a server, or `None` for what shoal does not implement (ingest refuses it).
 pub fn server_kind(server: &GatewayServer) -> Option<ServerKind> {
-    let passthrough = server
-        .tls
-        .as_ref()
-        .and_then(|t| t.mode.as_deref())
-        .is_some_and(|m| m == "PASSTHROUGH");
+    let mode = server.tls.as_ref().and_then(|t| t.mode.as_deref());
+    let terminated = matches!(mode, Some("SIMPLE" | "MUTUAL"))
+        && server
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.credential_name.as_deref().is_some_and(|c| !c.is_empty()));
     match server.port.protocol.to_ascii_uppercase().as_str() {
         "HTTP" | "HTTP2" | "GRPC" => Some(ServerKind::Http),
         "TCP" | "MONGO" | "MYSQL" | "REDIS" => Some(ServerKind::Tcp),
-        "TLS" | "HTTPS" if passthrough => Some(ServerKind::TlsPassthrough),
+        "TLS" | "HTTPS" if mode == Some("PASSTHROUGH") => Some(ServerKind::TlsPassthrough),
+        "HTTPS" if terminated => Some(ServerKind::TerminatedHttp),
+        "TLS" if terminated => Some(ServerKind::TerminatedTcp),
         _ => None,
+    }
+}
+
+/// The SNI values a terminating server's chain matches: its hosts without their namespace
+/// part; none when a host is `*` (every SNI, and clients that send none).
+pub fn server_sni(server: &GatewayServer) -> Vec<String> {
+    let hosts: Vec<String> = server
+        .hosts
+        .iter()
+        .map(|h| h.split_once('/').map_or(h.as_str(), |(_, h)| h).to_string())
+        .collect();
+    if hosts.iter().any(|h| h == "*") {
+        return Vec::new();
+    }
+    let mut hosts = hosts;
+    hosts.sort();
+    hosts.dedup();
+    hosts
+}
+
+/// The termination of a `SIMPLE`/`MUTUAL` server, with the route of an HTTPS server.
+fn termination(server: &GatewayServer, gw: &Config<Gateway>) -> Option<TlsTermination> {
+    let tls = server.tls.as_ref()?;
+    let http = server_kind(server) == Some(ServerKind::TerminatedHttp);
+    Some(TlsTermination {
+        credential: tls.credential_name.clone()?,
+        mutual: tls.mode.as_deref() == Some("MUTUAL"),
+        http_route: http.then(|| {
+            gateway_https_route_name(
+                server.port.number,
+                &server.port.name,
+                &gw.meta.name,
+                &gw.meta.namespace,
+            )
+        }),
+    })
+}
+
+/// A chain that terminates TLS with a gateway credential over SDS, then runs the HTTP
+/// connection manager (HTTPS servers) or proxies to `clusters` (TLS servers).
+pub(crate) fn terminating_chain(
+    listener: &str,
+    t: &TlsTermination,
+    stat: &str,
+    clusters: &[(String, u32)],
+) -> FilterChain {
+    let sds = |name: String| SdsSecretConfig {
+        name,
+        sds_config: Some(ads_config_source()),
+    };
+    let context = DownstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            // HTTP/2 and HTTP/1.1 after termination; a TLS server's stream is opaque.
+            alpn_protocols: if t.http_route.is_some() {
+                vec!["h2".into(), "http/1.1".into()]
+            } else {
+                Vec::new()
+            },
+            tls_certificate_sds_secret_configs: vec![sds(credential_resource_name(&t.credential))],
+            validation_context_type: t.mutual.then(|| {
+                ValidationContextType::ValidationContextSdsSecretConfig(sds(
+                    credential_resource_name(&format!("{}{}", t.credential, sds::CA_SUFFIX)),
+                ))
+            }),
+            ..Default::default()
+        }),
+        require_client_certificate: Some(BoolValue { value: t.mutual }),
+        ..Default::default()
+    };
+    let filter = match &t.http_route {
+        Some(route) => {
+            let hcm = HttpConnectionManager {
+                // Gateways are the edge: trust the peer address, as Istio does.
+                use_remote_address: Some(BoolValue { value: true }),
+                ..http_connection_manager(listener, HcmRoutes::Rds(route))
+            };
+            hcm_filter(&hcm)
+        }
+        None => tcp_proxy_filter(stat, clusters),
+    };
+    FilterChain {
+        filters: vec![filter],
+        transport_socket: Some(TransportSocket {
+            name: "envoy.transport_sockets.tls".into(),
+            config_type: Some(transport_socket::ConfigType::TypedConfig(shoal_proto::pack(
+                "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext",
+                &context,
+            ))),
+        }),
+        ..Default::default()
     }
 }
 
@@ -64,13 +183,27 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
             .collect();
         for server in &gw.spec.servers {
             let kind = server_kind(server);
-            if !matches!(kind, Some(ServerKind::Tcp | ServerKind::TlsPassthrough)) {
+            if matches!(kind, None | Some(ServerKind::Http)) {
                 continue;
             }
             let port = server.port.number;
             let chains = listeners
                 .entry(gateway_listener_port(scope, port))
                 .or_default();
+            if kind == Some(ServerKind::TerminatedHttp) {
+                // One chain per server, routes or not (istiod's HTTPS server chain); a
+                // second server with the same SNI on the port cannot be told apart.
+                let sni = server_sni(server);
+                if !chains.iter().any(|c| c.sni_hosts == sni) {
+                    chains.push(TcpChain {
+                        destination_cidrs: Vec::new(),
+                        sni_hosts: sni,
+                        clusters: Vec::new(),
+                        terminate: termination(server, gw),
+                    });
+                }
+                continue;
+            }
             for vs in &bound {
                 let ns = &vs.meta.namespace;
                 let match_gateways_ok = |gws: &[String]| {
@@ -100,6 +233,34 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                                     destination_cidrs: Vec::new(),
                                     sni_hosts: Vec::new(),
                                     clusters: clusters(&rule.route, ns, port, ctx),
+                                    terminate: None,
+                                });
+                            }
+                        }
+                    }
+                    Some(ServerKind::TerminatedTcp) => {
+                        // The first applicable `tcp` rule takes the server's decrypted
+                        // connections (as the TCP server case does for plain ones).
+                        let sni = server_sni(server);
+                        for rule in &vs.spec.tcp {
+                            let applies = rule.matches.is_empty()
+                                || rule.matches.iter().any(|m| {
+                                    match_gateways_ok(&m.gateways)
+                                        && l4_applies(
+                                            proxy,
+                                            port,
+                                            m.port,
+                                            &m.source_labels,
+                                            &[],
+                                            m.source_namespace.as_deref(),
+                                        )
+                                });
+                            if applies && !chains.iter().any(|c| c.sni_hosts == sni) {
+                                chains.push(TcpChain {
+                                    destination_cidrs: Vec::new(),
+                                    sni_hosts: sni.clone(),
+                                    clusters: clusters(&rule.route, ns, port, ctx),
+                                    terminate: termination(server, gw),
                                 });
                             }
                         }
@@ -137,6 +298,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                                     destination_cidrs: Vec::new(),
                                     sni_hosts: sni,
                                     clusters: clusters(&rule.route, ns, port, ctx),
+                                    terminate: None,
                                 });
                             }
                         }

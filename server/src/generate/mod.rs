@@ -15,6 +15,7 @@ pub mod lds;
 pub mod locality;
 pub mod outbound;
 pub mod rds;
+pub mod sds;
 pub mod traffic_policy;
 
 #[cfg(test)]
@@ -134,6 +135,8 @@ pub enum Key {
     Listener(lds::ListenerKey),
     /// A route table.
     Route(rds::RouteKey),
+    /// A gateway credential.
+    Secret(sds::SecretKey),
 }
 
 /// The keys of the resources of `ty` for a proxy. `names` are the requested resource names
@@ -162,6 +165,10 @@ pub fn keys(
             .into_iter()
             .map(Key::Route)
             .collect(),
+        XdsType::Secret => sds::keys(names, proxy, &snap.ctx)
+            .into_iter()
+            .map(Key::Secret)
+            .collect(),
     }
 }
 
@@ -172,6 +179,7 @@ pub fn build(key: &Key) -> Resource {
         Key::Endpoints(k) => eds::build(k),
         Key::Listener(k) => lds::build(k),
         Key::Route(k) => rds::build(k),
+        Key::Secret(k) => sds::build(k),
     }
 }
 

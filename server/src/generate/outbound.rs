@@ -87,6 +87,20 @@ pub struct TcpChain {
     pub sni_hosts: Vec<String>,
     /// `(cluster, weight)` destinations.
     pub clusters: Vec<(String, u32)>,
+    /// A gateway server that terminates TLS on this chain (`SIMPLE`, `MUTUAL`).
+    pub terminate: Option<TlsTermination>,
+}
+
+/// TLS termination on a gateway chain: the credential (over SDS) and what follows.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TlsTermination {
+    /// The Secret named in `credentialName`.
+    pub credential: String,
+    /// `MUTUAL`: a client certificate signed by the credential's CA is required.
+    pub mutual: bool,
+    /// HTTPS servers: the RDS route of the HTTP connection manager after termination;
+    /// `None` (TLS servers): the chain's `tcp_proxy` to `clusters`.
+    pub http_route: Option<String>,
 }
 
 impl TcpChain {
@@ -295,6 +309,7 @@ fn tcp_chains(
                         continue;
                     }
                     let chain = TcpChain {
+                        terminate: None,
                         destination_cidrs: if m.destination_subnets.is_empty() {
                             cidrs.to_vec()
                         } else {
@@ -319,6 +334,7 @@ fn tcp_chains(
             let clusters = weighted_clusters(&rule.route, ns, default_port);
             if rule.matches.is_empty() {
                 out.push(TcpChain {
+                    terminate: None,
                     destination_cidrs: cidrs.to_vec(),
                     sni_hosts: Vec::new(),
                     clusters,
@@ -341,6 +357,7 @@ fn tcp_chains(
                     // A match on any destination ends the chain list: nothing after it
                     // can match.
                     out.push(TcpChain {
+                        terminate: None,
                         destination_cidrs: cidrs.to_vec(),
                         sni_hosts: Vec::new(),
                         clusters,
@@ -353,6 +370,7 @@ fn tcp_chains(
                 subnets.sort();
                 subnets.dedup();
                 out.push(TcpChain {
+                    terminate: None,
                     destination_cidrs: subnets,
                     sni_hosts: Vec::new(),
                     clusters,
@@ -366,6 +384,7 @@ fn tcp_chains(
         .any(|c| c.destination_cidrs == cidrs && c.sni_hosts.is_empty())
     {
         out.push(TcpChain {
+            terminate: None,
             destination_cidrs: cidrs.to_vec(),
             sni_hosts: Vec::new(),
             clusters: vec![(outbound_cluster_name(number, "", &svc.hostname), 1)],
@@ -500,7 +519,11 @@ pub fn listener(key: &OutboundListenerKey) -> Listener {
         });
         l.listener_filters.push(http_inspector(None));
     }
-    if key.tcp.iter().any(|c| !c.sni_hosts.is_empty()) {
+    if key
+        .tcp
+        .iter()
+        .any(|c| !c.sni_hosts.is_empty() || c.terminate.is_some())
+    {
         l.listener_filters.insert(0, tls_inspector());
     }
     for c in &key.tcp {
@@ -509,9 +532,12 @@ pub fn listener(key: &OutboundListenerKey) -> Listener {
             .first()
             .map(|(n, _)| n.as_str())
             .unwrap_or(BLACKHOLE_CLUSTER);
-        let chain = FilterChain {
-            filters: vec![tcp_proxy_filter(stat, &c.clusters)],
-            ..Default::default()
+        let chain = match &c.terminate {
+            None => FilterChain {
+                filters: vec![tcp_proxy_filter(stat, &c.clusters)],
+                ..Default::default()
+            },
+            Some(t) => super::gateway::terminating_chain(&key.name, t, stat, &c.clusters),
         };
         if c.matches_all() {
             default_chain.get_or_insert(chain);

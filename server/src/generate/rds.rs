@@ -20,7 +20,7 @@ use shoal_proto::pb::envoy::config::route::v3::{
     RouteMatch, VirtualHost,
 };
 use shoal_proto::pb::google::protobuf::BoolValue;
-use shoal_proto::{outbound_cluster_name, XdsType};
+use shoal_proto::{gateway_https_route_name, outbound_cluster_name, XdsType};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -56,6 +56,10 @@ pub struct GatewayRouteKey {
     /// The gateway workload, when a VirtualService matches on `sourceLabels` /
     /// `sourceNamespace` (else `None`, so gateways share the table).
     pub source: Option<Source>,
+    /// The table of one TLS-terminating HTTPS server (`https.<port>.<port name>.<gw>.<ns>`):
+    /// its port number and name (`gateways` is then its Gateway alone). `None`: the plain
+    /// HTTP servers on the port (`http.<port>`).
+    pub https_server: Option<(u32, String)>,
 }
 
 /// Inputs of a sidecar route table.
@@ -96,12 +100,16 @@ pub fn keys(
     names
         .iter()
         .filter_map(|name| match proxy.kind {
-            ProxyKind::Router => {
-                let port = name.strip_prefix("http.")?.parse().ok()?;
-                Some(RouteKey::Gateway(gateway_key(
-                    name, port, proxy, scope, ctx,
-                )))
-            }
+            ProxyKind::Router => match name.strip_prefix("http.") {
+                Some(port) => Some(RouteKey::Gateway(gateway_key(
+                    name,
+                    port.parse().ok()?,
+                    proxy,
+                    scope,
+                    ctx,
+                ))),
+                None => https_key(name, proxy, ctx).map(RouteKey::Gateway),
+            },
             ProxyKind::Sidecar => {
                 // `"<port>"`, or `"<host>:<port>"` for a sniffed service on its own VIP.
                 let (host, port) = match name.rsplit_once(':') {
@@ -218,7 +226,49 @@ fn gateway_key(
         hashes: destination_hashes(&virtual_services, &proxy.namespace, &proxy.labels, ctx),
         virtual_services,
         destinations,
+        https_server: None,
     }
+}
+
+/// The key of an HTTPS server's table, `https.<port>.<port name>.<gateway>.<namespace>`,
+/// if one of the proxy's Gateways has that TLS-terminating server.
+fn https_key(name: &str, proxy: &Proxy, ctx: &PushContext) -> Option<GatewayRouteKey> {
+    let gw = ctx.gateways_for(&proxy.labels).into_iter().find_map(|gw| {
+        let server = gw.spec.servers.iter().find(|s| {
+            super::gateway::server_kind(s) == Some(super::gateway::ServerKind::TerminatedHttp)
+                && gateway_https_route_name(
+                    s.port.number,
+                    &s.port.name,
+                    &gw.meta.name,
+                    &gw.meta.namespace,
+                ) == name
+        })?;
+        Some((gw.clone(), server.port.clone()))
+    });
+    let (gw, port) = gw?;
+    let virtual_services: Vec<_> = ctx
+        .virtual_services
+        .iter()
+        .filter(|vs| exported_to(&vs.spec.export_to, &vs.meta.namespace, &proxy.namespace))
+        .filter(|vs| {
+            vs.spec
+                .gateways
+                .iter()
+                .any(|r| gateway_name_matches(r, &vs.meta.namespace, &gw))
+        })
+        .cloned()
+        .collect();
+    Some(GatewayRouteKey {
+        name: name.to_string(),
+        port: port.number,
+        server_ports: vec![port.number],
+        gateways: vec![gw],
+        source: uses_source(&virtual_services).then(|| source_of(proxy)),
+        hashes: destination_hashes(&virtual_services, &proxy.namespace, &proxy.labels, ctx),
+        destinations: destination_ports(&virtual_services, ctx),
+        virtual_services,
+        https_server: Some((port.number, port.name)),
+    })
 }
 
 fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
@@ -231,7 +281,21 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
         destinations,
         source,
         hashes,
+        https_server,
     } = key;
+    // The servers this table serves: the one HTTPS server, or the port's HTTP servers.
+    let serves = |s: &shoal_common::model::GatewayServer| match https_server {
+        Some((number, name)) => {
+            s.port.number == *number
+                && &s.port.name == name
+                && super::gateway::server_kind(s)
+                    == Some(super::gateway::ServerKind::TerminatedHttp)
+        }
+        None => {
+            server_ports.contains(&s.port.number)
+                && super::gateway::server_kind(s) == Some(super::gateway::ServerKind::Http)
+        }
+    };
     // Route matches and default destination ports refer to the Gateway server port.
     let port = server_ports.first().copied().unwrap_or(key.port);
     // Virtual host → routes, merged across VirtualServices in precedence order, as Istio
@@ -253,12 +317,7 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
         }
         let mut hosts = BTreeSet::new();
         for gw in &bound {
-            for server in gw
-                .spec
-                .servers
-                .iter()
-                .filter(|s| server_ports.contains(&s.port.number))
-            {
+            for server in gw.spec.servers.iter().filter(|s| serves(s)) {
                 let redirect = server.tls.as_ref().is_some_and(|t| t.https_redirect);
                 for sh in &server.hosts {
                     for vh in &vs.spec.hosts {

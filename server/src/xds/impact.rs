@@ -35,6 +35,11 @@ pub fn affected_types(
                 out.extend([XdsType::Listener, XdsType::Route]);
             }
             (ConfigKind::Gateway, ProxyKind::Sidecar) => {}
+            // Credentials are served to gateways only; listeners name them, never embed them.
+            (ConfigKind::Credential, ProxyKind::Router) => {
+                out.insert(XdsType::Secret);
+            }
+            (ConfigKind::Credential, ProxyKind::Sidecar) => {}
             // HTTP rules shape route tables; `tcp`/`tls` rules shape listeners' filter
             // chains (sidecar outbound, gateway TCP/TLS servers): listeners only when a
             // VirtualService with such rules changed.
@@ -123,7 +128,15 @@ mod tests {
         );
         assert_eq!(
             affected_types(&config(&[ConfigKind::Sidecar]), ProxyKind::Sidecar, &s).len(),
-            4
+            XdsType::ALL.len()
+        );
+        // Credentials reach gateways' SDS only.
+        assert!(
+            affected_types(&config(&[ConfigKind::Credential]), ProxyKind::Sidecar, &s).is_empty()
+        );
+        assert_eq!(
+            affected_types(&config(&[ConfigKind::Credential]), ProxyKind::Router, &s),
+            [XdsType::Secret].into()
         );
     }
 
@@ -150,7 +163,10 @@ mod tests {
             full: true,
             ..Default::default()
         };
-        assert_eq!(affected_types(&full, ProxyKind::Sidecar, &s).len(), 4);
+        assert_eq!(
+            affected_types(&full, ProxyKind::Sidecar, &s).len(),
+            XdsType::ALL.len()
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ use super::limits::{self, WarnLimiter};
 use super::registry::{Nack, Registry};
 use crate::auth::{authorize, Caller};
 use crate::generate::cache::compare;
+use crate::generate::sds;
 use crate::generate::{Resource, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyKind};
@@ -104,21 +105,51 @@ impl Session {
         Ok(())
     }
 
-    /// The shared instance of a set of requested names (see [`View::intern`]).
+    /// The shared instance of a set of requested names (see [`View::intern`]). Called when
+    /// a proxy changes what it asks for: SDS names it may not have are logged and counted
+    /// here (and never resolved: see [`Session::output`] and `generate::sds`).
     pub fn intern(&self, ty: XdsType, names: BTreeSet<String>) -> Names {
+        if ty == XdsType::Secret {
+            self.check_secret_names(&names);
+        }
         match &self.view {
             Some(view) => view.intern(ty, names),
             None => Arc::new(names),
         }
     }
 
+    fn check_secret_names(&self, names: &BTreeSet<String>) {
+        let Some(proxy) = &self.proxy else { return };
+        for name in names {
+            let denial = match (&self.caller, sds::check(name, proxy)) {
+                (None, _) => sds::Denial::Unauthenticated,
+                (Some(_), Err(denial)) => denial,
+                (Some(_), Ok(_)) => continue,
+            };
+            self.metrics
+                .sds_denied
+                .with_label_values(&[denial.reason()])
+                .inc();
+            let name = limits::truncate(name, limits::MAX_VERSION_BYTES);
+            tracing::warn!(
+                conn = %self.id, node = %proxy.id, namespace = %proxy.namespace, secret = %name,
+                reason = denial.reason(),
+                "refusing a gateway credential (SDS): gateways get credentials of their own \
+                 namespace, on the authenticated (TLS) xDS port"
+            );
+        }
+    }
+
     /// The resources of `ty` (for `names` unless a wildcard type) in `snap`, from the
-    /// proxy's view. With the cache assert mode on, the view's output is checked against
+    /// proxy's view. Credentials (SDS) go to authenticated streams only, as istiod's. With the cache assert mode on, the view's output is checked against
     /// the resources generated for this stream's own proxy.
     pub async fn output(&self, ty: XdsType, snap: &Arc<Snapshot>, names: &Names) -> Arc<Output> {
         let (Some(proxy), Some(view)) = (&self.proxy, &self.view) else {
             return Arc::default();
         };
+        if ty == XdsType::Secret && self.caller.is_none() {
+            return Arc::default();
+        }
         let out = view.output(ty, names, snap).await;
         if self.views.generation().cache().asserting() {
             let scope = ProxyScope::compute(proxy, &snap.ctx);

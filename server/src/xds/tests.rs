@@ -545,7 +545,7 @@ async fn unsupported_types_are_ignored() {
     let mut stream = s.open().await;
     stream
         .send(DiscoveryRequest {
-            type_url: "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret".into(),
+            type_url: "type.googleapis.com/envoy.service.runtime.v3.Runtime".into(),
             ..request(XdsType::Cluster, &[])
         })
         .await;

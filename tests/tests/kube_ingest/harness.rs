@@ -393,6 +393,11 @@ pub fn populate(cluster: &KubeApiServer, ns: &str, labels: Value, region: &str) 
 /// The VirtualService CRD, like Istio's: three served versions, each with a `status`
 /// subresource.
 pub fn virtual_service_crd() -> Value {
+    istio_crd("VirtualService", "virtualservices")
+}
+
+/// The CRD of an Istio networking kind (`plural` its resource), served in every version.
+pub fn istio_crd(kind: &str, plural: &str) -> Value {
     let version = |name: &str, storage: bool| {
         json!({"name": name, "served": true, "storage": storage,
                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
@@ -400,11 +405,11 @@ pub fn virtual_service_crd() -> Value {
     };
     json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": "virtualservices.networking.istio.io"},
+        "metadata": {"name": format!("{plural}.networking.istio.io")},
         "spec": {
             "group": "networking.istio.io", "scope": "Namespaced",
-            "names": {"kind": "VirtualService", "plural": "virtualservices", "singular": "virtualservice",
-                      "listKind": "VirtualServiceList"},
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(),
+                      "listKind": format!("{kind}List")},
             "versions": [version("v1alpha3", false), version("v1beta1", false), version("v1", true)],
         },
     })

@@ -42,6 +42,11 @@ pub struct ServerTlsSettings {
     /// `OPTIONAL_MUTUAL`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
+    /// The Secret (in the gateway proxy's namespace) holding the server certificate and key
+    /// for `SIMPLE` and `MUTUAL`; its CA bundle (`ca.crt`, or the Secret
+    /// `<credentialName>-cacert`) validates client certificates under `MUTUAL`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential_name: Option<String>,
 }
 
 /// A port description (`Port` in Istio's API).

@@ -40,6 +40,9 @@ pub enum ConfigKind {
     PeerAuthentication,
     /// `AuthorizationPolicy` (`security.istio.io`).
     AuthorizationPolicy,
+    /// A Gateway TLS credential: a Kubernetes Secret a Gateway names in `credentialName`,
+    /// sealed ([`crate::credential`]). Not an Istio kind: never read from Istio manifests.
+    Credential,
 }
 
 /// The API group of Istio's networking kinds.
@@ -48,7 +51,7 @@ pub const NETWORKING_GROUP: &str = "networking.istio.io";
 pub const SECURITY_GROUP: &str = "security.istio.io";
 
 impl ConfigKind {
-    /// All kinds, in a stable order.
+    /// The Istio kinds, in a stable order (not [`ConfigKind::Credential`]).
     pub const ALL: [ConfigKind; 8] = [
         ConfigKind::Gateway,
         ConfigKind::VirtualService,
@@ -64,6 +67,8 @@ impl ConfigKind {
     pub fn group(self) -> &'static str {
         match self {
             ConfigKind::PeerAuthentication | ConfigKind::AuthorizationPolicy => SECURITY_GROUP,
+            // A Kubernetes Secret: the core group.
+            ConfigKind::Credential => "",
             _ => NETWORKING_GROUP,
         }
     }
@@ -73,6 +78,7 @@ impl ConfigKind {
     pub fn versions(self) -> &'static [&'static str] {
         match self.group() {
             SECURITY_GROUP => &["v1", "v1beta1"],
+            "" => &["v1"],
             _ => &["v1", "v1beta1", "v1alpha3"],
         }
     }
@@ -93,12 +99,19 @@ impl ConfigKind {
             ConfigKind::WorkloadEntry => "WorkloadEntry",
             ConfigKind::PeerAuthentication => "PeerAuthentication",
             ConfigKind::AuthorizationPolicy => "AuthorizationPolicy",
+            ConfigKind::Credential => "Credential",
         }
     }
 
-    /// Parses a Kubernetes `kind` string.
+    /// Parses a Kubernetes `kind` string of an Istio kind (one of [`ConfigKind::ALL`]).
     pub fn parse(kind: &str) -> Option<ConfigKind> {
         ConfigKind::ALL.into_iter().find(|k| k.as_str() == kind)
+    }
+
+    /// Parses the kind token of a `shoal-config` key: an Istio kind or `Credential`.
+    pub fn parse_key_token(kind: &str) -> Option<ConfigKind> {
+        ConfigKind::parse(kind)
+            .or((kind == ConfigKind::Credential.as_str()).then_some(ConfigKind::Credential))
     }
 }
 
@@ -129,6 +142,7 @@ impl ConfigObject {
             ConfigSpec::WorkloadEntry(_) => ConfigKind::WorkloadEntry,
             ConfigSpec::PeerAuthentication(_) => ConfigKind::PeerAuthentication,
             ConfigSpec::AuthorizationPolicy(_) => ConfigKind::AuthorizationPolicy,
+            ConfigSpec::Credential(_) => ConfigKind::Credential,
         }
     }
 }
@@ -152,4 +166,6 @@ pub enum ConfigSpec {
     PeerAuthentication(PeerAuthentication),
     /// An AuthorizationPolicy spec.
     AuthorizationPolicy(AuthorizationPolicy),
+    /// A sealed gateway TLS credential.
+    Credential(crate::credential::SealedCredential),
 }

@@ -7,6 +7,7 @@ mod delegate;
 mod destination_rule;
 mod determinism;
 mod eds;
+mod gateway_credentials;
 mod gateway_semantics;
 mod http_features;
 mod lds;

@@ -199,3 +199,60 @@ static_resources:
         namespace = node.namespace,
     )
 }
+
+/// `bootstrap_yaml` with istio-agent's `sds-grpc` cluster: HTTP/2 to the agent's SDS server
+/// on the Unix socket `socket` (Istio: `./var/run/secrets/workload-spiffe-uds/socket`). The
+/// transport sockets shoal generates name their secrets (`default`, `ROOTCA`) with this
+/// cluster as their SDS source, as istiod's do.
+pub fn with_sds(bootstrap_yaml: &str, socket: &std::path::Path) -> String {
+    let mut doc: serde_yaml::Value =
+        serde_yaml::from_str(bootstrap_yaml).expect("the bootstrap is YAML");
+    let cluster: serde_yaml::Value = serde_yaml::from_str(&format!(
+        r#"name: sds-grpc
+type: STATIC
+connect_timeout: 1s
+typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    explicit_http_config:
+      http2_protocol_options: {{}}
+load_assignment:
+  cluster_name: sds-grpc
+  endpoints:
+  - lb_endpoints:
+    - endpoint:
+        address:
+          pipe: {{ path: {path:?} }}
+"#,
+        path = socket.display().to_string()
+    ))
+    .expect("sds-grpc cluster YAML");
+    doc["static_resources"]["clusters"]
+        .as_sequence_mut()
+        .expect("the bootstrap has static clusters")
+        .push(cluster);
+    serde_yaml::to_string(&doc).expect("serializing the bootstrap")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adds_the_sds_cluster_on_the_socket() {
+        let node = Node::sidecar();
+        let yaml = with_sds(
+            &bootstrap(&node, 15000, &["127.0.0.1:15010".parse().unwrap()]),
+            std::path::Path::new("/run/agent/socket"),
+        );
+        let doc: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
+        let clusters = doc["static_resources"]["clusters"].as_sequence().unwrap();
+        let names: Vec<_> = clusters.iter().filter_map(|c| c["name"].as_str()).collect();
+        assert_eq!(names, ["xds-grpc", "sds-grpc"]);
+        let endpoint = &clusters[1]["load_assignment"]["endpoints"][0]["lb_endpoints"][0];
+        assert_eq!(
+            endpoint["endpoint"]["address"]["pipe"]["path"].as_str(),
+            Some("/run/agent/socket")
+        );
+    }
+}

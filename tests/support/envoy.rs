@@ -152,6 +152,12 @@ impl Envoy {
         serde_json::from_str(&text).expect("config_dump is JSON")
     }
 
+    /// The certificates Envoy holds (admin `/certs`), of every TLS context.
+    pub async fn certificates(&self) -> anyhow::Result<Vec<HeldCertificate>> {
+        let text = self.admin_get("/certs").await?;
+        parse_certs(&text)
+    }
+
     /// Kills Envoy (SIGKILL) and waits for it to exit.
     pub async fn kill(&mut self) {
         self.process.kill().await;
@@ -258,6 +264,44 @@ fn admin_port(bootstrap_yaml: &str) -> anyhow::Result<u16> {
         .ok_or_else(|| anyhow!("admin.address.socket_address.port_value is {port:?}"))
 }
 
+/// A certificate in Envoy's `/certs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldCertificate {
+    /// A trusted CA (`ca_cert`) rather than an own certificate (`cert_chain`).
+    pub is_ca: bool,
+    /// The serial number (hex).
+    pub serial: String,
+    /// The URI SANs (SPIFFE IDs).
+    pub uris: Vec<String>,
+}
+
+fn parse_certs(text: &str) -> anyhow::Result<Vec<HeldCertificate>> {
+    let doc: serde_json::Value = serde_json::from_str(text).context("/certs is not JSON")?;
+    let mut out = Vec::new();
+    let contexts = doc["certificates"].as_array().cloned().unwrap_or_default();
+    for context in &contexts {
+        for (field, is_ca) in [("ca_cert", true), ("cert_chain", false)] {
+            for cert in context[field].as_array().into_iter().flatten() {
+                let uris = cert["subject_alt_names"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|san| san["uri"].as_str().map(str::to_string))
+                    .collect();
+                out.push(HeldCertificate {
+                    is_ca,
+                    serial: cert["serial_number"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    uris,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn sum_stats(stats: &str, filter: &str) -> u64 {
     stats
         .lines()
@@ -304,6 +348,18 @@ mod tests {
                      listener_manager.lds.update_success: 7\n\
                      http.x.rq_time: P0(nan,1) P25(nan,2)\n";
         assert_eq!(sum_stats(stats, "update_rejected"), 3);
+    }
+
+    #[test]
+    fn reads_held_certificates() {
+        let certs = r#"{"certificates":[{"ca_cert":[{"path":"<inline>","serial_number":"01",
+            "subject_alt_names":[]}],"cert_chain":[{"path":"<inline>","serial_number":"ab",
+            "subject_alt_names":[{"uri":"spiffe://cluster.local/ns/a/sa/b"}]}]}]}"#;
+        let held = parse_certs(certs).unwrap();
+        assert_eq!(held.len(), 2);
+        assert!(held[0].is_ca && held[0].uris.is_empty());
+        assert_eq!(held[1].serial, "ab");
+        assert_eq!(held[1].uris, ["spiffe://cluster.local/ns/a/sa/b"]);
     }
 
     #[test]

@@ -20,10 +20,14 @@
 //! needs root and iptables, and its tests fail without them unless `SHOAL_SKIP_NETNS=1`. The
 //! pods run `shoal-testapp` (`tests/app/`).
 //!
+//! [`agent`] runs `shoal-test-agent` (`tests/agent/`), istio-agent's stand-in: it gets a
+//! workload certificate from shoal's CA and serves it to Envoy over SDS on a Unix socket.
+//!
 //! [`bench`](mod@bench) is the load benchmark (`tests/bench/`), shared by the `shoal-bench`
 //! binary and the smoke test `tests/bench_smoke.rs`; see docs/benchmarks.md.
 #![forbid(unsafe_code)]
 
+pub mod agent;
 pub mod backend;
 #[path = "../bench/mod.rs"]
 pub mod bench;

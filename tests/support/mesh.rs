@@ -157,11 +157,7 @@ impl TestMesh {
     }
 
     fn write(&self, file: &str, content: &str) {
-        // Write then rename: the ingester never reads a half-written file. The temporary
-        // name is hidden and not `.yaml`, so it is never read as a manifest.
-        let tmp = self.dir.path().join(format!(".{file}.tmp"));
-        std::fs::write(&tmp, content).expect("writing a manifest");
-        std::fs::rename(&tmp, self.dir.path().join(file)).expect("renaming a manifest");
+        write_manifest(self.dir.path(), file, content);
     }
 
     fn write_all(&self) {
@@ -405,6 +401,15 @@ spec:
 "#,
         switch = switch.host()
     )
+}
+
+/// Writes the manifest `file` in `dir` as a config management tool would: write then
+/// rename, so the ingester never reads a half-written file. The temporary name is hidden
+/// and not `.yaml`, so it is never read as a manifest.
+pub fn write_manifest(dir: &Path, file: &str, content: &str) {
+    let tmp = dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, content).expect("writing a manifest");
+    std::fs::rename(&tmp, dir.join(file)).expect("renaming a manifest");
 }
 
 #[cfg(test)]

@@ -161,29 +161,45 @@ impl TokenSigner {
 
 /// A TLS client configuration trusting `ca_pem`, presenting `client` if given.
 pub fn client_config(ca_pem: &str, client: Option<&Pem>) -> rustls::ClientConfig {
+    try_client_config(ca_pem, client).expect("TLS client configuration")
+}
+
+/// [`client_config`], with an error naming what is unusable instead of a panic (for
+/// programs reading the PEM from files: `shoal-test-agent`).
+pub fn try_client_config(
+    ca_pem: &str,
+    client: Option<&Pem>,
+) -> anyhow::Result<rustls::ClientConfig> {
+    use anyhow::Context;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.expect("CA PEM")).expect("CA certificate");
+        roots
+            .add(cert.context("the CA PEM")?)
+            .context("the CA certificate")?;
+    }
+    if roots.is_empty() {
+        anyhow::bail!("the CA PEM holds no certificate");
     }
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .expect("protocol versions")
+        .context("TLS protocol versions")?
         .with_root_certificates(roots);
     let mut config = match client {
         Some(pem) => {
             let chain = CertificateDer::pem_slice_iter(pem.cert.as_bytes())
                 .collect::<Result<Vec<_>, _>>()
-                .expect("client certificate PEM");
-            let key = PrivateKeyDer::from_pem_slice(pem.key.as_bytes()).expect("client key PEM");
+                .context("the client certificate PEM")?;
+            let key =
+                PrivateKeyDer::from_pem_slice(pem.key.as_bytes()).context("the client key PEM")?;
             builder
                 .with_client_auth_cert(chain, key)
-                .expect("client certificate")
+                .context("the client certificate and key")?
         }
         None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = vec![b"h2".to_vec()];
-    config
+    Ok(config)
 }
 
 /// Connects over TLS to `addr` (as `localhost`) and returns the server's leaf certificate.
@@ -191,7 +207,7 @@ pub async fn server_certificate(
     addr: SocketAddr,
     config: rustls::ClientConfig,
 ) -> anyhow::Result<CertificateDer<'static>> {
-    let stream = tls_connect(addr, config).await?;
+    let stream = tls_connect(addr, "localhost", config).await?;
     let certs = stream
         .get_ref()
         .1
@@ -202,23 +218,37 @@ pub async fn server_certificate(
 
 async fn tls_connect(
     addr: SocketAddr,
+    server_name: &str,
     config: rustls::ClientConfig,
 ) -> anyhow::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let name = ServerName::try_from("localhost")?;
+    let name = ServerName::try_from(server_name.to_string())?;
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await?)
 }
 
-/// A gRPC channel to `addr` over TLS with `config`.
+/// A gRPC channel to `addr` over TLS with `config`, verifying the server as `localhost`.
 pub async fn tls_channel(
     addr: SocketAddr,
     config: rustls::ClientConfig,
 ) -> anyhow::Result<tonic::transport::Channel> {
+    tls_channel_to(addr, "localhost", config).await
+}
+
+/// A gRPC channel to `addr` over TLS with `config`, verifying the server's certificate for
+/// `server_name`.
+pub async fn tls_channel_to(
+    addr: SocketAddr,
+    server_name: &str,
+    config: rustls::ClientConfig,
+) -> anyhow::Result<tonic::transport::Channel> {
+    // Fails early on a name rustls cannot verify, rather than at the first connection.
+    ServerName::try_from(server_name.to_string())?;
     Ok(tonic::transport::Endpoint::from_static("http://localhost")
         .connect_with_connector(TlsConnector {
             addr,
+            server_name: server_name.to_string(),
             config: Arc::new(config),
         })
         .await?)
@@ -228,6 +258,7 @@ pub async fn tls_channel(
 #[derive(Clone)]
 struct TlsConnector {
     addr: SocketAddr,
+    server_name: String,
     config: Arc<rustls::ClientConfig>,
 }
 
@@ -255,10 +286,56 @@ impl tower_service::Service<tonic::codegen::http::Uri> for TlsConnector {
 
     fn call(&mut self, _: tonic::codegen::http::Uri) -> Self::Future {
         let (addr, config) = (self.addr, (*self.config).clone());
+        let server_name = self.server_name.clone();
         Box::pin(async move {
             Ok(hyper_util::rt::TokioIo::new(
-                tls_connect(addr, config).await?,
+                tls_connect(addr, &server_name, config).await?,
             ))
         })
+    }
+}
+
+/// The key material of a shoal server with its TLS port (istiod's 15012) and its workload
+/// CA, from one root, written to a temporary directory: the serving certificate (for
+/// `localhost` and 127.0.0.1), Istio's `cacerts` layout for `--ca-dir`, and the root again
+/// as the client CA (so certificates the CA issues authenticate on the TLS port).
+pub struct ServerPki {
+    /// The root.
+    pub ca: TestCa,
+    dir: tempfile::TempDir,
+}
+
+impl ServerPki {
+    /// A new root and its files.
+    pub fn new() -> ServerPki {
+        let ca = TestCa::new("mesh root");
+        let dir = tempfile::tempdir().expect("PKI dir");
+        ca.server("shoal").write(dir.path(), "server");
+        ca.write_cacerts(&dir.path().join("cacerts"));
+        std::fs::write(dir.path().join("client-ca.crt"), &ca.cert_pem).expect("client CA");
+        ServerPki { ca, dir }
+    }
+
+    /// The `shoal-server` arguments for a TLS port on `tls` with the CA.
+    pub fn server_args(&self, tls: SocketAddr) -> Vec<String> {
+        let path = |name: &str| self.dir.path().join(name).display().to_string();
+        vec![
+            "--xds-tls-addr".into(),
+            tls.to_string(),
+            "--xds-tls-cert".into(),
+            path("server.crt"),
+            "--xds-tls-key".into(),
+            path("server.key"),
+            "--xds-client-ca".into(),
+            path("client-ca.crt"),
+            "--ca-dir".into(),
+            path("cacerts"),
+        ]
+    }
+}
+
+impl Default for ServerPki {
+    fn default() -> Self {
+        ServerPki::new()
     }
 }

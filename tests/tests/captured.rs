@@ -19,13 +19,13 @@
 
 use serde_json::Value;
 use shoal_tests::bootstrap::{bootstrap_with, AdsMode, Node};
+use shoal_tests::mesh::write_manifest;
 use shoal_tests::netns::{self, Pod};
 use shoal_tests::ports::free_port_on;
 use shoal_tests::process::Process;
 use shoal_tests::{eventually, Envoy, MeshNet, NatsServer, ShoalIngester, ShoalServer};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::Path;
 use std::time::Duration;
 use tempfile::TempDir;
 
@@ -675,7 +675,7 @@ impl CapturedMesh {
     }
 
     fn write(&self, file: &str, content: &str) {
-        write_atomically(self.dir.path(), file, content);
+        write_manifest(self.dir.path(), file, content);
     }
 
     fn remove(&self, file: &str) {
@@ -902,10 +902,4 @@ impl CapturedMesh {
             a.assert_running();
         }
     }
-}
-
-fn write_atomically(dir: &Path, file: &str, content: &str) {
-    let tmp = dir.join(format!(".{file}.tmp"));
-    std::fs::write(&tmp, content).expect("writing a manifest");
-    std::fs::rename(&tmp, dir.join(file)).expect("renaming a manifest");
 }

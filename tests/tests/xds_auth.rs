@@ -641,3 +641,54 @@ async fn the_ca_signs_only_the_callers_own_identity_with_a_chain_the_mesh_trusts
         );
     }
 }
+
+/// `shoal-test-agent`, as istio-agent does, authenticates to the CA with its pod's
+/// service-account token and gets a certificate for that identity, whatever its CSR asks for;
+/// when the CA refuses (a token checked against another cluster's keys) it exits, printing
+/// the gRPC status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_gets_a_certificate_for_its_token_identity_only() {
+    use shoal_tests::agent::{Agent, AgentConfig, Credential};
+    use shoal_tests::pki::ServerPki;
+
+    let nats = NatsServer::start().await;
+    let cluster = config_cluster().await;
+    let signer = TokenSigner::new(ISSUER, "key-1");
+    cluster.set_service_account_issuer(ISSUER, signer.jwks());
+    let mut ingester = Ingester::start(&nats.url(), &cluster.kubeconfig(), &[]);
+    ingester.wait_ready().await;
+    let pki = ServerPki::new();
+    let tls = free_addr();
+    let mut args = vec!["--nats-url".to_string(), nats.url()];
+    args.extend(pki.server_args(tls));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = ShoalServer::start(&args).await;
+    eventually::eventually(TIMEOUT, Duration::from_millis(200), || async {
+        let issuers = metric(&server, "shoal_token_issuers", "").await;
+        (issuers == 1.0)
+            .then_some(())
+            .ok_or("the issuer is not loaded yet")
+    })
+    .await;
+
+    let token = signer.token("shop", "web", "istio-ca");
+    let mut config = AgentConfig::new(tls, &pki.ca.cert_pem, Credential::Token(token));
+    config.identity = Some("spiffe://cluster.local/ns/shop/sa/admin".into());
+    let agent = Agent::start(&config).await;
+    assert_eq!(agent.issued(), ["spiffe://cluster.local/ns/shop/sa/web"]);
+
+    config.cluster_id = Some("east".into());
+    let (status, log) = Agent::run_to_exit(&config).await;
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("the CA refused the certificate request: status Unauthenticated"),
+        "{log}"
+    );
+    assert_counts(
+        &server,
+        "shoal_ca_requests_total",
+        "result",
+        &[("issued", 1.0), ("unauthenticated", 1.0)],
+    )
+    .await;
+}

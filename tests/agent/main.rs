@@ -13,14 +13,13 @@
 //! CA refuses the first request the agent prints the gRPC status and exits with 1.
 #![forbid(unsafe_code)]
 
-mod sds;
-
 use anyhow::{anyhow, bail, Context};
 use clap::Parser;
 use shoal_proto::istio_ca::{
     IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE_PATH,
 };
 use shoal_tests::pki::{self, Pem};
+use shoal_tests::sds;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

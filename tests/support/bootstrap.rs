@@ -18,6 +18,9 @@ pub struct Node {
     /// Metadata `INTERCEPTION_MODE`: `None` leaves it out, which means `REDIRECT`
     /// (iptables capture) for a sidecar, as in Istio.
     pub interception: Option<&'static str>,
+    /// The pod's service account: the identity of the workload certificate the bootstrap's
+    /// `sds-grpc` serves ([`crate::sds::workload_socket`]).
+    pub service_account: String,
 }
 
 impl Node {
@@ -30,6 +33,7 @@ impl Node {
             namespace: "istio-system".into(),
             labels: vec![("istio".into(), "ingressgateway".into())],
             interception: None,
+            service_account: "istio-ingressgateway-service-account".into(),
         }
     }
 
@@ -43,6 +47,7 @@ impl Node {
             namespace: "demo".into(),
             labels: vec![("app".into(), "client".into())],
             interception: Some("NONE"),
+            service_account: "client".into(),
         }
     }
 
@@ -57,12 +62,22 @@ impl Node {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             interception: None,
+            service_account: "default".into(),
         }
+    }
+
+    /// This node with the service account `sa`.
+    pub fn with_service_account(mut self, sa: &str) -> Node {
+        self.service_account = sa.to_string();
+        self
     }
 }
 
 /// A bootstrap for `node` with its admin on `127.0.0.1:<admin_port>`, getting everything
-/// over one SotW ADS stream from the shoal servers at `xds`.
+/// over one SotW ADS stream from the shoal servers at `xds`, and its workload certificate
+/// over SDS from istio-agent's `sds-grpc` cluster, as every Istio proxy: here the test
+/// process serves it ([`crate::sds::workload_socket`]; [`with_sds`] points it at a
+/// `shoal-test-agent` instead).
 ///
 /// The `xds-grpc` cluster is tuned for failover between replicas: round robin, so a stream
 /// re-created after its replica died goes to the next replica; a 1 s connect timeout and a
@@ -193,44 +208,59 @@ static_resources:
       cluster_name: xds-grpc
       endpoints:
       - lb_endpoints:
-{endpoints}"#,
+{endpoints}{sds}"#,
         id = node.id,
         cluster = node.cluster,
         namespace = node.namespace,
+        sds = sds_cluster(&crate::sds::workload_socket(
+            &node.namespace,
+            &node.service_account
+        )),
     )
 }
 
-/// `bootstrap_yaml` with istio-agent's `sds-grpc` cluster: HTTP/2 to the agent's SDS server
-/// on the Unix socket `socket` (Istio: `./var/run/secrets/workload-spiffe-uds/socket`). The
-/// transport sockets shoal generates name their secrets (`default`, `ROOTCA`) with this
-/// cluster as their SDS source, as istiod's do.
+/// istio-agent's `sds-grpc` cluster (a `static_resources.clusters` entry): HTTP/2 to the
+/// agent's SDS server on the Unix socket `socket`.
+fn sds_cluster(socket: &std::path::Path) -> String {
+    format!(
+        r#"  - name: sds-grpc
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http2_protocol_options: {{}}
+    load_assignment:
+      cluster_name: sds-grpc
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              pipe: {{ path: {path:?} }}
+"#,
+        path = socket.display().to_string()
+    )
+}
+
+/// `bootstrap_yaml` with istio-agent's `sds-grpc` cluster on the Unix socket `socket` (a
+/// `shoal-test-agent`'s; Istio: `./var/run/secrets/workload-spiffe-uds/socket`) instead of
+/// the test process's. The transport sockets shoal generates name their secrets (`default`,
+/// `ROOTCA`) with this cluster as their SDS source, as istiod's do.
 pub fn with_sds(bootstrap_yaml: &str, socket: &std::path::Path) -> String {
     let mut doc: serde_yaml::Value =
         serde_yaml::from_str(bootstrap_yaml).expect("the bootstrap is YAML");
-    let cluster: serde_yaml::Value = serde_yaml::from_str(&format!(
-        r#"name: sds-grpc
-type: STATIC
-connect_timeout: 1s
-typed_extension_protocol_options:
-  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-    explicit_http_config:
-      http2_protocol_options: {{}}
-load_assignment:
-  cluster_name: sds-grpc
-  endpoints:
-  - lb_endpoints:
-    - endpoint:
-        address:
-          pipe: {{ path: {path:?} }}
-"#,
-        path = socket.display().to_string()
-    ))
-    .expect("sds-grpc cluster YAML");
-    doc["static_resources"]["clusters"]
+    let clusters = doc["static_resources"]["clusters"]
         .as_sequence_mut()
-        .expect("the bootstrap has static clusters")
-        .push(cluster);
+        .expect("the bootstrap has static clusters");
+    clusters.retain(|c| c["name"].as_str() != Some("sds-grpc"));
+    let cluster: serde_yaml::Value = serde_yaml::from_str(
+        &sds_cluster(socket)
+            .replacen("  - ", "", 1)
+            .replace("\n    ", "\n"),
+    )
+    .expect("sds-grpc cluster YAML");
+    clusters.push(cluster);
     serde_yaml::to_string(&doc).expect("serializing the bootstrap")
 }
 

@@ -114,6 +114,13 @@ impl Envoy {
         sum_stats(&stats, filter)
     }
 
+    /// The counter or gauge named exactly `name` (0 when absent): e.g. the ADS stream's
+    /// `control_plane.connected_state`, apart from the SDS streams' prefixed ones.
+    pub async fn stat(&self, name: &str) -> u64 {
+        let stats = self.admin_get("/stats").await.expect("envoy /stats");
+        sum_stats_where(&stats, |n| n == name)
+    }
+
     /// The names of the active listeners.
     pub async fn listeners(&self) -> anyhow::Result<Vec<String>> {
         let text = self.admin_get("/listeners").await?;
@@ -303,10 +310,14 @@ fn parse_certs(text: &str) -> anyhow::Result<Vec<HeldCertificate>> {
 }
 
 fn sum_stats(stats: &str, filter: &str) -> u64 {
+    sum_stats_where(stats, |name| name.contains(filter))
+}
+
+fn sum_stats_where(stats: &str, matches: impl Fn(&str) -> bool) -> u64 {
     stats
         .lines()
         .filter_map(|l| l.split_once(": "))
-        .filter(|(name, _)| name.contains(filter))
+        .filter(|(name, _)| matches(name))
         .filter_map(|(_, value)| value.trim().parse::<u64>().ok())
         .sum()
 }

@@ -42,6 +42,7 @@ pub mod netns;
 pub mod pki;
 pub mod ports;
 pub mod process;
+pub mod sds;
 pub mod shoal;
 
 pub use backend::Backend;

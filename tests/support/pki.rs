@@ -66,8 +66,16 @@ impl TestCa {
         std::fs::write(dir.join("root-cert.pem"), &self.cert_pem).expect("root-cert.pem");
     }
 
-    fn issue(&self, mut params: CertificateParams, purpose: ExtendedKeyUsagePurpose) -> Pem {
-        params.extended_key_usages = vec![purpose];
+    fn issue(&self, params: CertificateParams, purpose: ExtendedKeyUsagePurpose) -> Pem {
+        self.issue_for(params, vec![purpose])
+    }
+
+    fn issue_for(
+        &self,
+        mut params: CertificateParams,
+        purposes: Vec<ExtendedKeyUsagePurpose>,
+    ) -> Pem {
+        params.extended_key_usages = purposes;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         let key = KeyPair::generate().expect("key");
         let cert = params.signed_by(&key, &self.issuer).expect("certificate");
@@ -103,12 +111,18 @@ impl TestCa {
     }
 
     /// A workload certificate for `spiffe://cluster.local/ns/<ns>/sa/<sa>`, as Istio's CA
-    /// issues them (URI SAN only).
+    /// issues them (URI SAN only; client and server use, for mutual TLS both ways).
     pub fn workload(&self, ns: &str, sa: &str) -> Pem {
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("workload params");
         let uri = format!("spiffe://cluster.local/ns/{ns}/sa/{sa}");
         params.subject_alt_names = vec![SanType::URI(uri.try_into().expect("SPIFFE URI"))];
-        self.issue(params, ExtendedKeyUsagePurpose::ClientAuth)
+        self.issue_for(
+            params,
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        )
     }
 }
 

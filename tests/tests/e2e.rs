@@ -542,6 +542,9 @@ async fn metrics_and_debug_endpoints() {
         "shoal_ingester_cluster_synced",
         "shoal_ingester_cluster_refused",
         "shoal_ingester_issuer_readable",
+        // The root certificate goes into namespaces of Kubernetes clusters.
+        "shoal_ingester_ca_root_writes_total",
+        "shoal_ingester_ca_root_reloads_total",
     ];
     for name in ingester_metrics
         .iter()

@@ -2,6 +2,11 @@
 //! (the workload certificate chain and key) and `ROOTCA` (the mesh root), over SotW
 //! (`StreamSecrets`) and delta (`DeltaSecrets`). Every stream gets the current secrets when
 //! it asks and again whenever they are renewed.
+//!
+//! `shoal-test-agent` (tests/agent/) serves what shoal's CA issued. For every other test
+//! Envoy, [`workload_socket`] stands in for the agent injection gives each Istio proxy: the
+//! test process serves a certificate of the node's identity from one test mesh root
+//! ([`mesh_root`]), so the default, mTLS-on configuration works in every test.
 
 use anyhow::{anyhow, bail, Context};
 use shoal_proto::pb::envoy::config::core::v3::{data_source::Specifier, DataSource};
@@ -14,10 +19,10 @@ use shoal_proto::pb::envoy::service::discovery::v3::{
 use shoal_proto::pb::envoy::service::secret::v3::secret_discovery_service_server::{
     SecretDiscoveryService, SecretDiscoveryServiceServer,
 };
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
@@ -151,17 +156,85 @@ pub async fn serve(
     path: &Path,
     secrets: watch::Receiver<Arc<Secrets>>,
 ) -> anyhow::Result<impl Future<Output = Result<(), tonic::transport::Error>>> {
+    let listener = tokio::net::UnixListener::from_std(bind(path)?)
+        .with_context(|| format!("serving the SDS socket {}", path.display()))?;
+    Ok(serve_on(listener, secrets))
+}
+
+/// Binds the Unix socket `path`, replacing a stale one.
+fn bind(path: &Path) -> anyhow::Result<std::os::unix::net::UnixListener> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
     }
-    let listener = tokio::net::UnixListener::bind(path)
+    let listener = std::os::unix::net::UnixListener::bind(path)
         .with_context(|| format!("binding the SDS socket {}", path.display()))?;
+    listener
+        .set_nonblocking(true)
+        .context("a non-blocking SDS socket")?;
+    Ok(listener)
+}
+
+fn serve_on(
+    listener: tokio::net::UnixListener,
+    secrets: watch::Receiver<Arc<Secrets>>,
+) -> impl Future<Output = Result<(), tonic::transport::Error>> {
     let service = SecretDiscoveryServiceServer::new(Sds { secrets });
-    Ok(tonic::transport::Server::builder()
+    tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming(UnixListenerStream::new(listener)))
+        .serve_with_incoming(UnixListenerStream::new(listener))
+}
+
+/// The test mesh's root: the CA of the certificates [`workload_socket`] serves.
+pub fn mesh_root() -> &'static crate::pki::TestCa {
+    static ROOT: OnceLock<crate::pki::TestCa> = OnceLock::new();
+    ROOT.get_or_init(|| crate::pki::TestCa::new("shoal test mesh root"))
+}
+
+/// The Unix socket on which this test process serves the workload secrets of
+/// `spiffe://cluster.local/ns/<namespace>/sa/<service_account>` (a certificate from
+/// [`mesh_root`], and that root), starting the server on first use. The servers run on a
+/// runtime of their own, so they outlive the test that started them; the socket is usable
+/// by Envoy as uid 1337 inside a pod's network namespace.
+pub fn workload_socket(namespace: &str, service_account: &str) -> PathBuf {
+    static SERVED: Mutex<BTreeMap<(String, String), PathBuf>> = Mutex::new(BTreeMap::new());
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    let mut served = SERVED.lock().unwrap_or_else(PoisonError::into_inner);
+    let key = (namespace.to_string(), service_account.to_string());
+    if let Some(path) = served.get(&key) {
+        return path.clone();
+    }
+    let dir = std::env::temp_dir().join(format!("shoal-test-sds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("the test SDS directory");
+    crate::netns::share_dir(&dir).expect("opening the test SDS directory to uid 1337");
+    let path = dir.join(format!("{namespace}.{service_account}.sock"));
+    let pem = mesh_root().workload(namespace, service_account);
+    let chain = vec![pem.cert, mesh_root().cert_pem.clone()];
+    let secrets = Secrets::from_chain(chain, pem.key, 1).expect("test workload secrets");
+    let (_keep, rx) = watch::channel(Arc::new(secrets));
+    let listener = bind(&path).expect("the test SDS socket");
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+        .expect("opening the test SDS socket to uid 1337");
+    let runtime = RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("test-sds")
+            .enable_all()
+            .build()
+            .expect("the test SDS runtime")
+    });
+    runtime.spawn(async move {
+        // The sender lives as long as the server: the secrets never change.
+        let _keep = _keep;
+        let listener =
+            tokio::net::UnixListener::from_std(listener).expect("serving the test SDS socket");
+        if let Err(error) = serve_on(listener, rx).await {
+            warn!(%error, "the test SDS server stopped");
+        }
+    });
+    served.insert(key, path.clone());
+    path
 }
 
 struct Sds {

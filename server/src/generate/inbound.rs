@@ -8,7 +8,12 @@
 //! declares pass through to `InboundPassthroughCluster` (chains `virtualInbound-catchall-http`
 //! and `virtualInbound`); connections addressed to 15006 itself are dropped
 //! (`virtualInbound-blackhole`). mTLS chains come with PeerAuthentication support.
+//!
+//! Every chain but the blackhole carries the workload's RBAC filters
+//! ([`authz`](super::authz)): before the router on HTTP chains, before `tcp_proxy` on TCP
+//! ones.
 
+use super::authz::{self, AuthzKey};
 use super::cds::{inbound_cluster_name, BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER};
 use super::http_route::default_inbound_retry_policy;
 use super::lds::{
@@ -18,6 +23,7 @@ use super::lds::{
 use super::outbound::cidr;
 use super::pb_duration;
 use crate::proxy::{Interception, Proxy};
+use crate::push_context::PushContext;
 use crate::scope::{InboundPort, ProxyScope};
 use shoal_common::model::Protocol;
 use shoal_proto::pb::envoy::config::core::v3::TrafficDirection;
@@ -44,13 +50,16 @@ pub struct InboundListenerKey {
     pub ports: Vec<InboundPort>,
     /// TPROXY interception.
     pub transparent: bool,
+    /// The AuthorizationPolicies that apply to the workload.
+    pub authz: AuthzKey,
 }
 
 /// The key of a captured sidecar's `virtualInbound`.
-pub fn listener_key(proxy: &Proxy, scope: &ProxyScope) -> InboundListenerKey {
+pub fn listener_key(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> InboundListenerKey {
     InboundListenerKey {
         ports: scope.inbound.clone(),
         transparent: proxy.interception == Interception::Tproxy,
+        authz: authz::applicable(ctx, proxy),
     }
 }
 
@@ -106,13 +115,14 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
                 &format!("{}:{}", p.hostname, p.port),
                 p.port.into(),
                 p.protocol == Protocol::Grpc,
+                &key.authz,
             )],
             ..Default::default()
         };
         let tcp = || FilterChain {
             name: name.clone(),
             filter_chain_match: Some(port_match.clone()),
-            filters: vec![tcp_proxy_filter(&cluster, &[(cluster.clone(), 1)])],
+            filters: tcp_filters(&key.authz, tcp_proxy_filter(&cluster, &[(cluster.clone(), 1)])),
             ..Default::default()
         };
         match p.protocol {
@@ -149,20 +159,34 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
             ":0/*",
             0,
             false,
+            &key.authz,
         )],
         ..Default::default()
     });
     chains.push(FilterChain {
         name: VIRTUAL_INBOUND.into(),
         filter_chain_match: Some(any),
-        filters: vec![tcp_proxy_filter(
-            INBOUND_PASSTHROUGH_CLUSTER,
-            &[(INBOUND_PASSTHROUGH_CLUSTER.into(), 1)],
-        )],
+        filters: tcp_filters(
+            &key.authz,
+            tcp_proxy_filter(
+                INBOUND_PASSTHROUGH_CLUSTER,
+                &[(INBOUND_PASSTHROUGH_CLUSTER.into(), 1)],
+            ),
+        ),
         ..Default::default()
     });
     l.filter_chains = chains;
     l
+}
+
+/// A TCP chain's filters: the RBAC filters, then `tcp_proxy`.
+fn tcp_filters(
+    authz: &AuthzKey,
+    tcp_proxy: shoal_proto::pb::envoy::config::listener::v3::Filter,
+) -> Vec<shoal_proto::pb::envoy::config::listener::v3::Filter> {
+    let mut filters = authz::network_filters(authz);
+    filters.push(tcp_proxy);
+    filters
 }
 
 fn alpns() -> Vec<String> {
@@ -198,6 +222,7 @@ fn inbound_hcm(
     operation: &str,
     port: u32,
     grpc: bool,
+    authz: &AuthzKey,
 ) -> shoal_proto::pb::envoy::config::listener::v3::Filter {
     let route = Route {
         name: "default".into(),
@@ -228,8 +253,8 @@ fn inbound_hcm(
         validate_clusters: Some(BoolValue { value: false }),
         ..Default::default()
     };
-    hcm_filter(&http_connection_manager(
-        stat_prefix,
-        HcmRoutes::Inline(Box::new(rc)),
-    ))
+    let mut hcm = http_connection_manager(stat_prefix, HcmRoutes::Inline(Box::new(rc)));
+    // istiod puts the RBAC filters first, before fault injection, CORS and the router.
+    hcm.http_filters.splice(0..0, authz::http_filters(authz));
+    hcm_filter(&hcm)
 }

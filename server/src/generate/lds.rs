@@ -87,7 +87,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
     if proxy.kind == ProxyKind::Sidecar && proxy.interception.captured() {
         out.extend(outbound::keys(proxy, scope, ctx));
         out.push(ListenerKey::VirtualInbound(inbound::listener_key(
-            proxy, scope,
+            proxy, scope, ctx,
         )));
     }
     out

@@ -157,6 +157,11 @@ pub fn service_entry(ns: &str, name: &str, yaml: &str) -> ConfigObject {
     config(ns, name, ConfigSpec::ServiceEntry(spec(yaml)))
 }
 
+/// An AuthorizationPolicy from its spec in YAML.
+pub fn authorization_policy(ns: &str, name: &str, yaml: &str) -> ConfigObject {
+    config(ns, name, ConfigSpec::AuthorizationPolicy(spec(yaml)))
+}
+
 /// A WorkloadEntry from its spec in YAML.
 pub fn workload_entry(ns: &str, name: &str, yaml: &str) -> ConfigObject {
     config(ns, name, ConfigSpec::WorkloadEntry(spec(yaml)))

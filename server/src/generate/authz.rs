@@ -29,7 +29,9 @@ use shoal_proto::pb::envoy::config::listener::v3::{filter, Filter};
 use shoal_proto::pb::envoy::config::rbac::v3::{
     permission, principal, rbac::Action as RbacAction, Permission, Policy, Principal, Rbac,
 };
-use shoal_proto::pb::envoy::config::route::v3::{header_matcher::HeaderMatchSpecifier, HeaderMatcher};
+use shoal_proto::pb::envoy::config::route::v3::{
+    header_matcher::HeaderMatchSpecifier, HeaderMatcher,
+};
 use shoal_proto::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
 use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_filter, HttpFilter,
@@ -48,8 +50,7 @@ pub const HTTP_RBAC_FILTER: &str = "envoy.filters.http.rbac";
 /// The network RBAC filter's name.
 pub const NETWORK_RBAC_FILTER: &str = "envoy.filters.network.rbac";
 const HTTP_RBAC_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC";
-const NETWORK_RBAC_TYPE: &str =
-    "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC";
+const NETWORK_RBAC_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC";
 const URI_TEMPLATE_TYPE: &str =
     "type.googleapis.com/envoy.extensions.path.match.uri_template.v3.UriTemplateMatchConfig";
 /// istiod's stat prefix of the network RBAC filter.
@@ -148,7 +149,12 @@ struct Built {
     shadow: Option<BTreeMap<String, Policy>>,
 }
 
-fn build(key: &AuthzKey, action: AuthorizationAction, rbac_action: RbacAction, tcp: bool) -> Option<Built> {
+fn build(
+    key: &AuthzKey,
+    action: AuthorizationAction,
+    rbac_action: RbacAction,
+    tcp: bool,
+) -> Option<Built> {
     let mut out = Built {
         action: rbac_action,
         rules: None,
@@ -215,7 +221,11 @@ fn match_never() -> Policy {
 fn encode_filter(built: &Built, tcp: bool) -> Vec<u8> {
     // istiod reads the shadow prefix off the shadow rules' action, which is ALLOW (0) when
     // there are none.
-    let shadow_prefix = match built.shadow.as_ref().map_or(RbacAction::Allow, |_| built.action) {
+    let shadow_prefix = match built
+        .shadow
+        .as_ref()
+        .map_or(RbacAction::Allow, |_| built.action)
+    {
         RbacAction::Allow => SHADOW_ALLOW_PREFIX,
         RbacAction::Deny => SHADOW_DENY_PREFIX,
         RbacAction::Log => "",
@@ -465,7 +475,10 @@ impl Ctx<'_> {
     /// The values of each condition ORed (and the not-values ORed and negated), all ANDed
     /// by the caller. A value that cannot be translated fails the rule of an ALLOW policy
     /// and is left out of a DENY or AUDIT one.
-    fn generate(&self, conds: &[Condition<'_>]) -> Result<Vec<(Vec<Generated>, bool)>, TranslateError> {
+    fn generate(
+        &self,
+        conds: &[Condition<'_>],
+    ) -> Result<Vec<(Vec<Generated>, bool)>, TranslateError> {
         let mut out = Vec::new();
         for c in conds {
             for (values, negated) in [(c.values, false), (c.not_values, true)] {
@@ -583,17 +596,25 @@ impl Ctx<'_> {
             })
         };
         let perm = |rule| Ok(Generated::Permission(Permission { rule: Some(rule) }));
-        let princ = |identifier| Ok(Generated::Principal(Principal {
-            identifier: Some(identifier),
-        }));
+        let princ = |identifier| {
+            Ok(Generated::Principal(Principal {
+                identifier: Some(identifier),
+            }))
+        };
         match attr {
             Attr::Host => {
                 http_only("hosts")?;
-                perm(permission::Rule::Header(header_matcher(":authority", v, true)))
+                perm(permission::Rule::Header(header_matcher(
+                    ":authority",
+                    v,
+                    true,
+                )))
             }
             Attr::Method => {
                 http_only("methods")?;
-                perm(permission::Rule::Header(header_matcher(":method", v, false)))
+                perm(permission::Rule::Header(header_matcher(
+                    ":method", v, false,
+                )))
             }
             Attr::Path => {
                 http_only("paths")?;
@@ -624,7 +645,9 @@ impl Ctx<'_> {
                     })?;
                 perm(permission::Rule::DestinationPort(port))
             }
-            Attr::DestinationIp => perm(permission::Rule::DestinationIp(address("destination.ip")?)),
+            Attr::DestinationIp => {
+                perm(permission::Rule::DestinationIp(address("destination.ip")?))
+            }
             Attr::Sni => perm(permission::Rule::RequestedServerName(string_matcher(v, ""))),
             Attr::SourceIp => princ(principal::Identifier::DirectRemoteIp(address("ipBlocks")?)),
             Attr::RemoteIp => princ(principal::Identifier::RemoteIp(address("remoteIpBlocks")?)),
@@ -657,7 +680,9 @@ impl Ctx<'_> {
             Attr::Principal => princ(authenticated(string_matcher(v, "spiffe://"))),
             Attr::Header(name) => {
                 http_only("request.headers")?;
-                princ(principal::Identifier::Header(header_matcher(name, v, false)))
+                princ(principal::Identifier::Header(header_matcher(
+                    name, v, false,
+                )))
             }
         }
     }

@@ -122,7 +122,10 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
         let tcp = || FilterChain {
             name: name.clone(),
             filter_chain_match: Some(port_match.clone()),
-            filters: tcp_filters(&key.authz, tcp_proxy_filter(&cluster, &[(cluster.clone(), 1)])),
+            filters: tcp_filters(
+                &key.authz,
+                tcp_proxy_filter(&cluster, &[(cluster.clone(), 1)]),
+            ),
             ..Default::default()
         };
         match p.protocol {

@@ -10,6 +10,9 @@
 //! (TCP echo), `ratings` (a port without protocol: sniffed), and `external`, a pod outside
 //! the mesh (no sidecar, no Service). An ingress gateway Envoy runs in the root namespace.
 //!
+//! AuthorizationPolicies are checked on the server side's virtualInbound: HTTP (`details`)
+//! by method, path and header, TCP (`mysql`) by source address.
+//!
 //! - `standalone_sotw`: one `shoal-server --standalone`, Envoys on SotW.
 //! - `through_nats_delta`: nats-server, `shoal-ingester`, `shoal-server`, Envoys on delta.
 //!
@@ -77,6 +80,7 @@ async fn scenario(plane: Plane, mode: AdsMode) {
     delegation(&mesh).await;
     passthrough_and_registry_only(&mesh).await;
     ingress_into_a_pod(&mesh).await;
+    authorization(&mesh).await;
     endpoint_added(&mut mesh).await;
 
     mesh.assert_nothing_rejected().await;
@@ -458,6 +462,109 @@ async fn ingress_into_a_pod(mesh: &CapturedMesh) {
     );
 }
 
+/// AuthorizationPolicy on the receiving sidecar (virtualInbound): `details` allows only
+/// `GET /allowed*` (403 otherwise) and denies requests with `x-block: yes`; `mysql` (TCP)
+/// allows connections from productpage's address only, so the `external` pod (no sidecar),
+/// which reached it before, is cut off. Removing the policies restores both.
+///
+/// The HTTP requests come from `external` too: each is a new connection. A changed filter
+/// chain applies to new connections; pooled ones (productpage's sidecar keeps some to
+/// details) finish on the old chain while Envoy drains them, as with istiod.
+async fn authorization(mesh: &CapturedMesh) {
+    let details = format!("{}:9080", mesh.pods["details"].ip());
+    let mysql = format!("{}:3306", mesh.pods["mysql"].ip());
+    let external = &mesh.pods["external"];
+    let from_external = || async {
+        external
+            .run(&["tcp-send", &mysql, "hi", "--timeout-ms", "2000"])
+            .await
+    };
+    let request = |method: &'static str, path: &'static str, header: Option<&'static str>| {
+        let url = format!("http://{details}{path}");
+        async move {
+            let mut args = vec!["http-get", &url, "-X", method];
+            if let Some(h) = header {
+                args.extend(["-H", h]);
+            }
+            let out = external.run(&args).await;
+            let (status, _) = out.http().expect("http-get");
+            (status, out.body_text().trim().to_string())
+        }
+    };
+    let out = from_external().await;
+    assert_eq!(out.expect_success("external to mysql").trim(), "mysql:hi");
+    assert_eq!(request("GET", "/other", None).await.0, 200);
+
+    let productpage = mesh.pods["productpage"].ip();
+    mesh.write(
+        "authz.yaml",
+        &AUTHZ_POLICIES.replace("PRODUCTPAGE_IP", &productpage.to_string()),
+    );
+    eventually(PROPAGATE, POLL, || async {
+        match request("GET", "/other", None).await {
+            (403, _) if !from_external().await.success() => Ok(()),
+            other => Err(format!("policies not in force yet: {other:?}")),
+        }
+    })
+    .await;
+    let denied_before = mesh.stat("details", "rbac.denied").await;
+    let (s, body) = request("GET", "/allowed", None).await;
+    assert_eq!(s, 200, "GET /allowed: {body}");
+    assert!(body.contains("details"), "{body}");
+    assert_eq!(request("GET", "/allowed/deeper", None).await.0, 200);
+    let denied = (403, "RBAC: access denied".to_string());
+    assert_eq!(
+        request("POST", "/allowed", None).await,
+        denied,
+        "POST /allowed"
+    );
+    assert_eq!(
+        request("GET", "/elsewhere", None).await,
+        denied,
+        "GET /elsewhere"
+    );
+    assert_eq!(
+        request("GET", "/allowed", Some("x-block:yes")).await,
+        denied,
+        "DENY on a header"
+    );
+    assert_eq!(request("GET", "/allowed", Some("x-block:no")).await.0, 200);
+    let denied_after = mesh.stat("details", "rbac.denied").await;
+    assert!(
+        denied_after >= denied_before + 3,
+        "details' RBAC filters denied {denied_before} -> {denied_after}"
+    );
+
+    // TCP: the allowed source still echoes; the other is closed by the network RBAC filter.
+    let out = mesh.pods["productpage"]
+        .run(&["tcp-send", &format!("{MYSQL_VIP}:3306"), "hello"])
+        .await;
+    assert_eq!(
+        out.expect_success("productpage to mysql").trim(),
+        "mysql:hello"
+    );
+    let tcp_denied_before = mesh.stat("mysql", "tcp.rbac.denied").await;
+    let out = from_external().await;
+    assert!(
+        !out.success(),
+        "external reached mysql under the policy: {out:?}"
+    );
+    let tcp_denied_after = mesh.stat("mysql", "tcp.rbac.denied").await;
+    assert!(
+        tcp_denied_after > tcp_denied_before,
+        "mysql's network RBAC filter denied {tcp_denied_before} -> {tcp_denied_after}"
+    );
+
+    mesh.remove("authz.yaml");
+    eventually(PROPAGATE, POLL, || async {
+        match request("GET", "/other", None).await {
+            (200, _) if from_external().await.success() => Ok(()),
+            other => Err(format!("policies still in force: {other:?}")),
+        }
+    })
+    .await;
+}
+
 /// A pod added to reviews (v1) receives traffic within seconds.
 async fn endpoint_added(mesh: &mut CapturedMesh) {
     mesh.add_pod(
@@ -524,6 +631,33 @@ spec:
   - match: [{uri: {prefix: /elsewhere}}]
     route: [{destination: {host: ratings}}]
   - route: [{destination: {host: reviews, subset: v2}}]
+"#;
+
+/// The policies of `authorization` (PRODUCTPAGE_IP is filled in).
+const AUTHZ_POLICIES: &str = r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: details-allow, namespace: shop}
+spec:
+  selector: {matchLabels: {app: details}}
+  rules:
+  - to: [{operation: {methods: [GET], paths: ["/allowed", "/allowed/*"]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: details-deny, namespace: shop}
+spec:
+  selector: {matchLabels: {app: details}}
+  action: DENY
+  rules:
+  - when: [{key: "request.headers[x-block]", values: ["yes"]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: mysql-allow, namespace: shop}
+spec:
+  selector: {matchLabels: {app: mysql}}
+  rules:
+  - from: [{source: {ipBlocks: ["PRODUCTPAGE_IP/32"]}}]
 "#;
 
 const REGISTRY_ONLY: &str = "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata:\n  \

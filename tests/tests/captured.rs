@@ -467,6 +467,9 @@ async fn ingress_into_a_pod(mesh: &CapturedMesh) {
 /// allows connections from productpage's address only, so the `external` pod (no sidecar),
 /// which reached it before, is cut off. Removing the policies restores both.
 ///
+/// The ingress gateway: a DENY on paths gives 403 for those paths; on its TCP server the rule
+/// loses its HTTP fields and denies every connection (istiod's TCP translation).
+///
 /// The HTTP requests come from `external` too: each is a new connection. A changed filter
 /// chain applies to new connections; pooled ones (productpage's sidecar keeps some to
 /// details) finish on the old chain while Envoy drains them, as with istiod.
@@ -500,9 +503,21 @@ async fn authorization(mesh: &CapturedMesh) {
         "authz.yaml",
         &AUTHZ_POLICIES.replace("PRODUCTPAGE_IP", &productpage.to_string()),
     );
+    let gw_http = SocketAddr::from((Ipv4Addr::LOCALHOST, mesh.gateway_port));
+    let via_gateway = |path: &'static str| async move {
+        shoal_tests::http::Request::get(path)
+            .host("shop.example.com")
+            .send(gw_http)
+            .await
+            .map(|r| r.status)
+            .map_err(|e| e.to_string())
+    };
     eventually(PROPAGATE, POLL, || async {
-        match request("GET", "/other", None).await {
-            (403, _) if !from_external().await.success() => Ok(()),
+        match (
+            request("GET", "/other", None).await,
+            via_gateway("/blocked").await,
+        ) {
+            ((403, _), Ok(403)) if !from_external().await.success() => Ok(()),
             other => Err(format!("policies not in force yet: {other:?}")),
         }
     })
@@ -555,14 +570,55 @@ async fn authorization(mesh: &CapturedMesh) {
         "mysql's network RBAC filter denied {tcp_denied_before} -> {tcp_denied_after}"
     );
 
+    // The gateway.
+    assert_eq!(via_gateway("/blocked/deeper").await, Ok(403));
+    assert_eq!(via_gateway("/open").await, Ok(200));
+    let gw = mesh.gateway.as_ref().expect("gateway");
+    let gw_denied_before = gw.stat_sum("tcp.rbac.denied").await;
+    let echoed = tcp_roundtrip(SocketAddr::from((
+        Ipv4Addr::LOCALHOST,
+        mesh.gateway_tcp_port,
+    )))
+    .await;
+    assert!(
+        echoed.is_empty(),
+        "the gateway's TCP server answered: {echoed:?}"
+    );
+    let gw_denied_after = gw.stat_sum("tcp.rbac.denied").await;
+    assert!(
+        gw_denied_after > gw_denied_before,
+        "the gateway's network RBAC filter denied {gw_denied_before} -> {gw_denied_after}"
+    );
+
     mesh.remove("authz.yaml");
     eventually(PROPAGATE, POLL, || async {
-        match request("GET", "/other", None).await {
-            (200, _) if from_external().await.success() => Ok(()),
+        match (
+            request("GET", "/other", None).await,
+            via_gateway("/blocked").await,
+        ) {
+            ((200, _), Ok(200)) if from_external().await.success() => Ok(()),
             other => Err(format!("policies still in force: {other:?}")),
         }
     })
     .await;
+}
+
+/// Sends a line over TCP and returns what comes back before the peer closes (empty when
+/// the connection is closed or reset without an answer).
+async fn tcp_roundtrip(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(b"hi\n").await?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await?;
+        anyhow::Ok(String::from_utf8_lossy(&out).into_owned())
+    };
+    match tokio::time::timeout(Duration::from_secs(5), exchange).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => String::new(),
+        Err(_) => "no close within 5s".into(),
+    }
 }
 
 /// A pod added to reviews (v1) receives traffic within seconds.
@@ -658,6 +714,15 @@ spec:
   selector: {matchLabels: {app: mysql}}
   rules:
   - from: [{source: {ipBlocks: ["PRODUCTPAGE_IP/32"]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: ingress-deny, namespace: istio-system}
+spec:
+  selector: {matchLabels: {istio: ingressgateway}}
+  action: DENY
+  rules:
+  - to: [{operation: {paths: ["/blocked", "/blocked/*"]}}]
 "#;
 
 const REGISTRY_ONLY: &str = "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata:\n  \

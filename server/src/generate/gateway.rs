@@ -2,7 +2,8 @@
 //! Service's targetPort, as for HTTP servers) whose filter chains come from the
 //! VirtualServices bound to the Gateway — `tcp` rules for TCP servers, `tls` rules matched
 //! by SNI for `tls.mode: PASSTHROUGH` servers, as istiod builds them. Servers no rule routes
-//! get no listener (istiod sends none either).
+//! get no listener (istiod sends none either). The gateway's AuthorizationPolicies (selected
+//! by its labels) guard every chain with network RBAC filters before `tcp_proxy`.
 
 use super::lds::{gateway_listener_port, ListenerKey};
 use super::outbound::{l4_applies, weighted_clusters, OutboundListenerKey, TcpChain};
@@ -146,6 +147,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
             }
         }
     }
+    let authz = super::authz::applicable(ctx, proxy);
     listeners
         .into_iter()
         .filter(|(_, chains)| !chains.is_empty())
@@ -159,6 +161,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                 fallthrough: OutboundTrafficMode::RegistryOnly,
                 transparent: false,
                 gateway: true,
+                authz: authz.clone(),
             })
         })
         .collect()

@@ -76,6 +76,9 @@ pub struct OutboundListenerKey {
     /// A gateway's TCP/TLS listener: it binds its port, and connections no chain matches
     /// are closed (no fallthrough chain).
     pub gateway: bool,
+    /// The AuthorizationPolicies of a gateway, checked on its TCP/TLS chains (none on
+    /// sidecars' outbound listeners).
+    pub authz: super::authz::AuthzKey,
 }
 
 /// One TCP filter chain: its match and its weighted destinations.
@@ -177,6 +180,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
             fallthrough: scope.outbound_policy,
             transparent,
             gateway: false,
+            authz: Default::default(),
         })
     }));
     out
@@ -509,8 +513,10 @@ pub fn listener(key: &OutboundListenerKey) -> Listener {
             .first()
             .map(|(n, _)| n.as_str())
             .unwrap_or(BLACKHOLE_CLUSTER);
+        let mut filters = super::authz::network_filters(&key.authz);
+        filters.push(tcp_proxy_filter(stat, &c.clusters));
         let chain = FilterChain {
-            filters: vec![tcp_proxy_filter(stat, &c.clusters)],
+            filters,
             ..Default::default()
         };
         if c.matches_all() {

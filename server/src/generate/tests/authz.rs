@@ -683,3 +683,77 @@ fn without_policies_no_rbac_filter_and_a_policy_change_changes_the_listener() {
     let after = inbound(&mesh().with_config(authorization_policy("shop", "a", "{}")));
     assert_ne!(before, after);
 }
+
+/// Gateways: policies selected by the gateway's labels guard its HTTP listeners (before the
+/// router) and its TCP/TLS chains (before tcp_proxy); sidecars' outbound listeners get none.
+#[test]
+fn gateway_listeners_carry_the_gateways_policies() {
+    let mut db = service("shop", "db", &[("tcp", 5432)]);
+    db.cluster_ips = vec!["10.96.0.30".into()];
+    let m = Mesh::new()
+        .with_service(db)
+        .with_service(service("shop", "web", &[("http", 80)]))
+        .with_config(gateway(
+            "istio-system",
+            "edge",
+            r#"
+selector: {istio: ingressgateway}
+servers:
+- port: {number: 80, name: http, protocol: HTTP}
+  hosts: ["*"]
+- port: {number: 31400, name: tcp, protocol: TCP}
+  hosts: ["*"]
+"#,
+        ))
+        .with_config(virtual_service(
+            "shop",
+            "db",
+            "hosts: [\"*\"]\ngateways: [istio-system/edge]\ntcp: [{route: [{destination: {host: db}}]}]",
+        ))
+        .with_config(authorization_policy(
+            "istio-system",
+            "edge-allow",
+            "selector: {matchLabels: {istio: ingressgateway}}\nrules: [{from: [{source: {remoteIpBlocks: [203.0.113.0/24]}}]}]",
+        ))
+        .with_config(authorization_policy(
+            "shop",
+            "sidecars",
+            "action: DENY\nrules: [{}]",
+        ));
+    let snap = m.snapshot();
+    let gw = router_proxy("istio-system", &[("istio", "ingressgateway")]);
+    let ls = listeners(&gen(XdsType::Listener, &gw, &snap, &[]));
+    let http = hcm(&ls["0.0.0.0_80"]);
+    let names: Vec<&str> = http.http_filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "envoy.filters.http.rbac",
+            "envoy.filters.http.fault",
+            "envoy.filters.http.cors",
+            "envoy.filters.http.router"
+        ]
+    );
+    let tcp_chain = &ls["0.0.0.0_31400"].filter_chains[0];
+    let names: Vec<&str> = tcp_chain.filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "envoy.filters.network.rbac",
+            "envoy.filters.network.tcp_proxy"
+        ]
+    );
+    let rules = network_rbac(&tcp_chain.filters[0]).rules.expect("rules");
+    assert_eq!(
+        render(&rules)["ns[istio-system]-policy[edge-allow]-rule[0]"].1,
+        strs(&["and(or(remote_ip(203.0.113.0/24)))"])
+    );
+
+    // A sidecar in `shop` (the DENY policy's namespace): its outbound listeners carry no
+    // RBAC filter, only its virtualInbound.
+    let p = captured_proxy("shop", POD_IP, &[("app", "client")]);
+    for (name, l) in listeners(&gen(XdsType::Listener, &p, &snap, &[])) {
+        let has_rbac = rbac_by_chain(&l).iter().any(|(_, names)| !names.is_empty());
+        assert_eq!(has_rbac, name == "virtualInbound", "{name}");
+    }
+}

@@ -467,6 +467,9 @@ async fn ingress_into_a_pod(mesh: &CapturedMesh) {
 /// allows connections from productpage's address only, so the `external` pod (no sidecar),
 /// which reached it before, is cut off. Removing the policies restores both.
 ///
+/// A dry-run DENY on details only counts (shadow rules); an AUDIT policy using every field
+/// shows Envoy takes every translation.
+///
 /// The ingress gateway: a DENY on paths gives 403 for those paths; on its TCP server the rule
 /// loses its HTTP fields and denies every connection (istiod's TCP translation).
 ///
@@ -548,6 +551,14 @@ async fn authorization(mesh: &CapturedMesh) {
     assert!(
         denied_after >= denied_before + 3,
         "details' RBAC filters denied {denied_before} -> {denied_after}"
+    );
+    // The dry-run DENY matched (Envoy's shadow rules) without denying anything; the AUDIT
+    // policy (every translation) was accepted (`assert_nothing_rejected` at the end).
+    assert!(
+        mesh.stat("details", "rbac.istio_dry_run_deny_.shadow_denied")
+            .await
+            > 0,
+        "the dry-run policy did not reach details' shadow rules"
     );
 
     // TCP: the allowed source still echoes; the other is closed by the network RBAC filter.
@@ -723,6 +734,43 @@ spec:
   action: DENY
   rules:
   - to: [{operation: {paths: ["/blocked", "/blocked/*"]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata:
+  name: details-dry-run
+  namespace: shop
+  annotations: {istio.io/dry-run: "true"}
+spec:
+  selector: {matchLabels: {app: details}}
+  action: DENY
+  rules: [{}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: details-audit-every-field, namespace: shop}
+spec:
+  selector: {matchLabels: {app: details}}
+  action: AUDIT
+  rules:
+  - from:
+    - source:
+        principals: [cluster.local/ns/shop/sa/productpage, "*/sa/x", "prefix*", "*"]
+        notNamespaces: ["kube-*"]
+        remoteIpBlocks: [10.0.0.0/8]
+        notIpBlocks: ["2001:db8::/32"]
+    to:
+    - operation:
+        hosts: ["*.example.com", "Example.org:80"]
+        notMethods: [DELETE]
+        paths: ["*.css", "/api/*"]
+        ports: ["9080"]
+    when:
+    - {key: source.serviceAccount, values: [productpage, shop/reviews]}
+    - {key: source.trustDomain, values: ["*.local", "*"]}
+    - {key: connection.sni, values: ["*.example.com"]}
+    - {key: destination.ip, notValues: [10.0.0.1]}
+    - {key: source.principal, notValues: [x/ns/y/sa/z]}
 "#;
 
 const REGISTRY_ONLY: &str = "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata:\n  \

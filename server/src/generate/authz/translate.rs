@@ -4,20 +4,16 @@
 
 use crate::generate::outbound::cidr;
 use shoal_common::model::AuthorizationRule;
-use shoal_proto::pb::envoy::config::core::v3::{CidrRange, TypedExtensionConfig};
+use shoal_proto::pb::envoy::config::core::v3::CidrRange;
 use shoal_proto::pb::envoy::config::rbac::v3::{
     permission, principal, rbac::Action as RbacAction, Permission, Policy, Principal,
 };
 use shoal_proto::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier, HeaderMatcher,
 };
-use shoal_proto::pb::envoy::extensions::path::r#match::uri_template::v3::UriTemplateMatchConfig;
 use shoal_proto::pb::envoy::r#type::matcher::v3::{
     path_matcher, string_matcher::MatchPattern, PathMatcher, RegexMatcher, StringMatcher,
 };
-
-const URI_TEMPLATE_TYPE: &str =
-    "type.googleapis.com/envoy.extensions.path.match.uri_template.v3.UriTemplateMatchConfig";
 
 /// Why a value (or, in an ALLOW policy, its whole rule) was left out.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +40,9 @@ pub enum TranslateError {
     /// A `when` key shoal does not know (refused at ingest; kept as istiod skips it).
     #[error("unknown attribute {0}")]
     UnknownKey(String),
+    /// A path template (`{*}`, `{**}`), which Envoy's RBAC filter cannot load.
+    #[error("path template {0:?} is not supported")]
+    PathTemplate(String),
     /// An attribute asked of the wrong side (a bug: attributes are sorted by side).
     #[error("{0} is not an attribute of this side of a rule")]
     Misplaced(String),
@@ -319,21 +318,15 @@ impl Ctx<'_> {
             }
             Attr::Path => {
                 self.http_only("paths")?;
+                // istiod sends templates as `uri_template`, which makes Envoy 1.40 abort
+                // (std::terminate) when it loads the filter: refused at ingest, and left
+                // out here like any value that cannot be translated.
                 if v.contains("{*}") || v.contains("{**}") {
-                    Rule::UriTemplate(TypedExtensionConfig {
-                        name: "uri-template".into(),
-                        typed_config: Some(shoal_proto::pack(
-                            URI_TEMPLATE_TYPE,
-                            &UriTemplateMatchConfig {
-                                path_template: v.to_string(),
-                            },
-                        )),
-                    })
-                } else {
-                    Rule::UrlPath(PathMatcher {
-                        rule: Some(path_matcher::Rule::Path(string_matcher(v, ""))),
-                    })
+                    return Err(TranslateError::PathTemplate(v.to_string()));
                 }
+                Rule::UrlPath(PathMatcher {
+                    rule: Some(path_matcher::Rule::Path(string_matcher(v, ""))),
+                })
             }
             Attr::Port => {
                 Rule::DestinationPort(v.parse::<u32>().ok().filter(|p| *p <= 65535).ok_or_else(

@@ -29,12 +29,13 @@ use shoal_common::model::Protocol;
 use shoal_proto::pb::envoy::config::core::v3::TrafficDirection;
 use shoal_proto::pb::envoy::config::listener::v3::{
     listener_filter_chain_match_predicate::{MatchSet, Rule},
-    FilterChain, FilterChainMatch, Listener, ListenerFilterChainMatchPredicate,
+    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilterChainMatchPredicate,
 };
 use shoal_proto::pb::envoy::config::route::v3::{
     route::Action, route_action::ClusterSpecifier, route_match::PathSpecifier, Decorator, Route,
     RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
 };
+use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpFilter;
 use shoal_proto::pb::envoy::r#type::v3::Int32Range;
 use shoal_proto::pb::google::protobuf::{BoolValue, UInt32Value};
 
@@ -84,6 +85,7 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
         // delay them (and stall server-first protocols), so it is off for them, as in istiod.
         http_inspector(declared_ports_predicate(&key.ports)),
     ];
+    let rbac = authz::RbacFilters::new(&key.authz);
     let mut chains = vec![FilterChain {
         name: "virtualInbound-blackhole".into(),
         filter_chain_match: Some(FilterChainMatch {
@@ -115,7 +117,7 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
                 &format!("{}:{}", p.hostname, p.port),
                 p.port.into(),
                 p.protocol == Protocol::Grpc,
-                &key.authz,
+                &rbac.http,
             )],
             ..Default::default()
         };
@@ -123,7 +125,7 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
             name: name.clone(),
             filter_chain_match: Some(port_match.clone()),
             filters: tcp_filters(
-                &key.authz,
+                &rbac.tcp,
                 tcp_proxy_filter(&cluster, &[(cluster.clone(), 1)]),
             ),
             ..Default::default()
@@ -162,7 +164,7 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
             ":0/*",
             0,
             false,
-            &key.authz,
+            &rbac.http,
         )],
         ..Default::default()
     });
@@ -170,7 +172,7 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
         name: VIRTUAL_INBOUND.into(),
         filter_chain_match: Some(any),
         filters: tcp_filters(
-            &key.authz,
+            &rbac.tcp,
             tcp_proxy_filter(
                 INBOUND_PASSTHROUGH_CLUSTER,
                 &[(INBOUND_PASSTHROUGH_CLUSTER.into(), 1)],
@@ -183,11 +185,8 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
 }
 
 /// A TCP chain's filters: the RBAC filters, then `tcp_proxy`.
-fn tcp_filters(
-    authz: &AuthzKey,
-    tcp_proxy: shoal_proto::pb::envoy::config::listener::v3::Filter,
-) -> Vec<shoal_proto::pb::envoy::config::listener::v3::Filter> {
-    let mut filters = authz::network_filters(authz);
+fn tcp_filters(rbac: &[Filter], tcp_proxy: Filter) -> Vec<Filter> {
+    let mut filters = rbac.to_vec();
     filters.push(tcp_proxy);
     filters
 }
@@ -225,8 +224,8 @@ fn inbound_hcm(
     operation: &str,
     port: u32,
     grpc: bool,
-    authz: &AuthzKey,
-) -> shoal_proto::pb::envoy::config::listener::v3::Filter {
+    rbac: &[HttpFilter],
+) -> Filter {
     let route = Route {
         name: "default".into(),
         r#match: Some(RouteMatch {
@@ -258,6 +257,6 @@ fn inbound_hcm(
     };
     let mut hcm = http_connection_manager(stat_prefix, HcmRoutes::Inline(Box::new(rc)));
     // istiod puts the RBAC filters first, before fault injection, CORS and the router.
-    hcm.http_filters.splice(0..0, authz::http_filters(authz));
+    hcm.http_filters.splice(0..0, rbac.iter().cloned());
     hcm_filter(&hcm)
 }

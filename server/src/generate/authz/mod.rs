@@ -91,6 +91,25 @@ pub fn applicable(ctx: &PushContext, proxy: &Proxy) -> AuthzKey {
     }
 }
 
+/// A workload's RBAC filters for both kinds of filter chain, built once per listener.
+#[derive(Debug, Clone, Default)]
+pub struct RbacFilters {
+    /// For HTTP chains, before the router.
+    pub http: Vec<HttpFilter>,
+    /// For TCP chains, before `tcp_proxy`.
+    pub tcp: Vec<Filter>,
+}
+
+impl RbacFilters {
+    /// Both sets of filters of `key`.
+    pub fn new(key: &AuthzKey) -> RbacFilters {
+        RbacFilters {
+            http: http_filters(key),
+            tcp: network_filters(key),
+        }
+    }
+}
+
 /// The HTTP filters (AUDIT, DENY, ALLOW, those that have policies) to put before the
 /// router of an HTTP chain.
 pub fn http_filters(key: &AuthzKey) -> Vec<HttpFilter> {

@@ -225,21 +225,24 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                             format!("{gns}/{gname}") == gw_ref
                         })
                 };
+                let tcp_rule_applies = |rule: &shoal_common::model::TcpRoute| {
+                    rule.matches.is_empty()
+                        || rule.matches.iter().any(|m| {
+                            match_gateways_ok(&m.gateways)
+                                && l4_applies(
+                                    proxy,
+                                    port,
+                                    m.port,
+                                    &m.source_labels,
+                                    &[],
+                                    m.source_namespace.as_deref(),
+                                )
+                        })
+                };
                 match kind {
                     Some(ServerKind::Tcp) => {
                         for rule in &vs.spec.tcp {
-                            let applies = rule.matches.is_empty()
-                                || rule.matches.iter().any(|m| {
-                                    match_gateways_ok(&m.gateways)
-                                        && l4_applies(
-                                            proxy,
-                                            port,
-                                            m.port,
-                                            &m.source_labels,
-                                            &[],
-                                            m.source_namespace.as_deref(),
-                                        )
-                                });
+                            let applies = tcp_rule_applies(rule);
                             if applies && !chains.iter().any(|c| c.sni_hosts.is_empty()) {
                                 chains.push(TcpChain {
                                     destination_cidrs: Vec::new(),
@@ -255,18 +258,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                         // connections (as the TCP server case does for plain ones).
                         let sni = server_sni(server);
                         for rule in &vs.spec.tcp {
-                            let applies = rule.matches.is_empty()
-                                || rule.matches.iter().any(|m| {
-                                    match_gateways_ok(&m.gateways)
-                                        && l4_applies(
-                                            proxy,
-                                            port,
-                                            m.port,
-                                            &m.source_labels,
-                                            &[],
-                                            m.source_namespace.as_deref(),
-                                        )
-                                });
+                            let applies = tcp_rule_applies(rule);
                             if applies && !chains.iter().any(|c| c.sni_hosts == sni) {
                                 chains.push(TcpChain {
                                     destination_cidrs: Vec::new(),

@@ -73,6 +73,21 @@ struct Condition<'a> {
     not_values: &'a [String],
 }
 
+/// The conditions of a source or an operation: its fields that are set, in the given order.
+fn present<'a, const N: usize>(
+    fields: [(Attr, &'a Vec<String>, &'a Vec<String>); N],
+) -> Vec<Condition<'a>> {
+    fields
+        .into_iter()
+        .filter(|(_, v, n)| !v.is_empty() || !n.is_empty())
+        .map(|(attr, values, not_values)| Condition {
+            attr,
+            values,
+            not_values,
+        })
+        .collect()
+}
+
 /// The RBAC policy of one rule of a policy in `policy_ns`, for an HTTP or a TCP chain.
 pub(super) fn translate_rule(
     rule: &AuthorizationRule,
@@ -107,20 +122,12 @@ pub(super) fn translate_rule(
     for from in &rule.from {
         let s = &from.source;
         // istiod's order: principals, namespaces, remote IPs, IPs, then the `when` keys.
-        let mut conds: Vec<Condition<'_>> = [
+        let mut conds = present([
             (Attr::Principal, &s.principals, &s.not_principals),
             (Attr::Namespace, &s.namespaces, &s.not_namespaces),
             (Attr::RemoteIp, &s.remote_ip_blocks, &s.not_remote_ip_blocks),
             (Attr::SourceIp, &s.ip_blocks, &s.not_ip_blocks),
-        ]
-        .into_iter()
-        .filter(|(_, v, n)| !v.is_empty() || !n.is_empty())
-        .map(|(attr, values, not_values)| Condition {
-            attr,
-            values,
-            not_values,
-        })
-        .collect();
+        ]);
         conds.extend(base_principal.iter().map(Condition::reborrow));
         principals.push(principal_and(ctx.principals(&conds)?));
     }
@@ -132,20 +139,12 @@ pub(super) fn translate_rule(
     for to in &rule.to {
         let o = &to.operation;
         // istiod's order: hosts, methods, paths, ports, then the `when` keys.
-        let mut conds: Vec<Condition<'_>> = [
+        let mut conds = present([
             (Attr::Host, &o.hosts, &o.not_hosts),
             (Attr::Method, &o.methods, &o.not_methods),
             (Attr::Path, &o.paths, &o.not_paths),
             (Attr::Port, &o.ports, &o.not_ports),
-        ]
-        .into_iter()
-        .filter(|(_, v, n)| !v.is_empty() || !n.is_empty())
-        .map(|(attr, values, not_values)| Condition {
-            attr,
-            values,
-            not_values,
-        })
-        .collect();
+        ]);
         conds.extend(base_permission.iter().map(Condition::reborrow));
         permissions.push(permission_and(ctx.permissions(&conds)?));
     }

@@ -270,6 +270,77 @@ impl Ca {
         out.push(self.root.clone());
         Ok(out)
     }
+
+    /// Issues a serving certificate for `dns_names` (istiod's own "DNS certificate",
+    /// `GenKeyCert`) with a new key, valid for `ttl` but never past the signing
+    /// certificate. The chain is the new certificate then the signing chain, without the
+    /// root (clients hold it: `istio-ca-root-cert`).
+    pub fn issue_serving(&self, dns_names: &[String], ttl: Duration) -> Result<Issued, SignError> {
+        let sans = dns_names
+            .iter()
+            .map(|name| {
+                let bad =
+                    |e: String| SignError::Signing(format!("{name:?} is not a DNS name: {e}"));
+                rustls_pki_types::DnsName::try_from(name.as_str())
+                    .map_err(|e| bad(e.to_string()))?;
+                name.clone()
+                    .try_into()
+                    .map(SanType::DnsName)
+                    .map_err(|e: rcgen::Error| bad(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let now = time::OffsetDateTime::now_utc();
+        let chain_end = time::OffsetDateTime::from_unix_timestamp(self.chain_expiry)
+            .map_err(|e| SignError::Signing(format!("signing certificate expiry: {e}")))?;
+        let not_after = (now + ttl).min(chain_end);
+        if not_after <= now {
+            return Err(SignError::Signing(
+                "the signing CA certificate has expired".into(),
+            ));
+        }
+        let mut params = rcgen::CertificateParams::default();
+        params.subject_alt_names = sans;
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        if let Some(first) = dns_names.first() {
+            params
+                .distinguished_name
+                .push(DnType::CommonName, first.as_str());
+        }
+        params.is_ca = rcgen::IsCa::ExplicitNoCa;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.not_before = now - BACKDATE;
+        params.not_after = not_after;
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate().map_err(|e| SignError::Signing(e.to_string()))?;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(|e| SignError::Signing(e.to_string()))?;
+        let mut chain = vec![cert.pem()];
+        chain.extend(self.chain.iter().cloned());
+        Ok(Issued {
+            chain,
+            key: key.serialize_pem(),
+            not_before: (now - BACKDATE).unix_timestamp(),
+            not_after: not_after.unix_timestamp(),
+        })
+    }
+}
+
+/// A certificate issued with a key of its own ([`Ca::issue_serving`]).
+#[derive(Clone)]
+pub struct Issued {
+    /// The certificate, then the signing chain up to (excluding) the root, PEM.
+    pub chain: Vec<String>,
+    /// The private key, PEM (PKCS#8).
+    pub key: String,
+    /// Start of validity, Unix seconds.
+    pub not_before: i64,
+    /// End of validity, Unix seconds.
+    pub not_after: i64,
 }
 
 #[cfg(test)]

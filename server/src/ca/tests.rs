@@ -81,6 +81,62 @@ fn unusable_cacerts_name_the_file() {
     assert!(e.contains("root-cert.pem"), "{e}");
 }
 
+#[test]
+fn serving_certificates_name_the_dns_names_and_never_outlive_the_ca() {
+    let dir = tempfile_dir();
+    cacerts(dir.path());
+    let ca = Ca::load(dir.path()).unwrap();
+    let names = vec![
+        "shoal-server.istio-system.svc".to_string(),
+        "istiod.istio-system.svc".into(),
+    ];
+    let issued = ca.issue_serving(&names, DEFAULT_TTL).unwrap();
+    // The root signs directly: the chain is the leaf alone (clients hold the root).
+    assert_eq!(issued.chain.len(), 1, "{:?}", issued.chain);
+    assert_eq!(
+        issued.not_after - issued.not_before,
+        DEFAULT_TTL.as_secs() as i64 + 120
+    );
+    let der = rustls_pki_types::CertificateDer::from_pem_slice(issued.chain[0].as_bytes()).unwrap();
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).unwrap();
+    let sans: Vec<String> = cert
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(
+        sans,
+        vec![
+            "DNSName(shoal-server.istio-system.svc)",
+            "DNSName(istiod.istio-system.svc)"
+        ]
+    );
+    assert!(!cert.is_ca());
+    assert_eq!(cert.validity().not_after.timestamp(), issued.not_after);
+    // The key is the certificate's.
+    let key = KeyPair::from_pem(&issued.key).unwrap();
+    assert_eq!(
+        key.public_key_raw(),
+        cert.public_key().subject_public_key.data.as_ref()
+    );
+
+    // A validity beyond the signing certificate ends with it.
+    let long = ca
+        .issue_serving(&names, Duration::from_secs(100 * 365 * 24 * 3600))
+        .unwrap();
+    assert_eq!(long.not_after, ca.chain_expiry());
+    // A name that is not a DNS name is refused, naming it.
+    let e = ca
+        .issue_serving(&["bad name\u{0}".to_string()], DEFAULT_TTL)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("bad name"), "{e}");
+}
+
 fn tempfile_dir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }

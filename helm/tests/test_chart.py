@@ -540,10 +540,41 @@ def test_server_service_named_shoal_with_istio_port_names():
     assert "--debug-from-anywhere" not in c["args"]
 
 
-def test_server_tls_certificate_is_generated_and_mounted_unless_given(chart):
+def test_server_tls_certificate_is_issued_from_the_workload_ca_by_default(chart):
+    objects = render("default")
+    # No second CA: the servers issue the certificate from the workload CA, and proxies
+    # verify it with istio-ca-root-cert.
+    assert not [o for o in of_kind(objects, "Secret") if o["metadata"]["name"].endswith("xds-tls")]
+    (server,) = deployments(objects, "server")
+    (c,) = pod_spec(server)["containers"]
+    assert arg_value(c, "--ca-dir") == "/etc/cacerts"
+    assert arg_value(c, "--xds-tls-cert") is None and arg_value(c, "--xds-tls-key") is None
+    assert arg_value(c, "--xds-dns-names") == ",".join([
+        "shoal", f"shoal.{NAMESPACE}", f"shoal.{NAMESPACE}.svc", f"shoal.{NAMESPACE}.svc.cluster.local",
+    ])
+    assert "xds-tls" not in {v["name"] for v in pod_spec(server)["volumes"]}
+    assert "xds-tls" not in {m["name"] for m in c["volumeMounts"]}
+
+    # Extra names (e.g. Istio's default discoveryAddress) come after the Service's, once.
+    extra = render_values(chart, {"server": {
+        "service": {"name": "istiod"},
+        "xds": {"tls": {"extraDnsNames": ["istiod.istio-system.svc", f"istiod.{NAMESPACE}.svc"]}},
+    }})
+    (server,) = deployments(extra, "server")
+    (c,) = pod_spec(server)["containers"]
+    assert arg_value(c, "--xds-dns-names") == ",".join([
+        "istiod", f"istiod.{NAMESPACE}", f"istiod.{NAMESPACE}.svc",
+        f"istiod.{NAMESPACE}.svc.cluster.local", "istiod.istio-system.svc",
+    ])
+
+
+def test_server_tls_certificate_is_generated_and_mounted_without_the_workload_ca(chart):
     import base64
 
-    objects = render("default")
+    objects = render_values(chart, {"ca": {"enabled": False}})
+    (server,) = deployments(objects, "server")
+    (c,) = pod_spec(server)["containers"]
+    assert arg_value(c, "--xds-dns-names") is None
     secret = one(objects, "Secret", "shoal-server-xds-tls")
     assert secret["type"] == "kubernetes.io/tls"
     pems = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
@@ -559,8 +590,6 @@ def test_server_tls_certificate_is_generated_and_mounted_unless_given(chart):
             capture_output=True, text=True, check=True,
         ).stdout
     assert f"DNS:shoal.{NAMESPACE}.svc" in text, text
-    (server,) = deployments(objects, "server")
-    (c,) = pod_spec(server)["containers"]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["xds-tls"]["mountPath"] == "/etc/shoal/xds-tls"
     assert "subPath" not in mounts["xds-tls"], "a subPath mount never sees a renewed certificate"
@@ -579,7 +608,11 @@ def test_server_tls_certificate_is_generated_and_mounted_unless_given(chart):
     (server,) = deployments(given, "server")
     (c,) = pod_spec(server)["containers"]
     volumes = {v["name"]: v for v in pod_spec(server)["volumes"]}
+    # A given Secret wins over the workload CA (still on by default, for proxies' certificates).
     assert volumes["xds-tls"]["secret"]["secretName"] == "xds-cert"
+    assert arg_value(c, "--xds-tls-cert") == "/etc/shoal/xds-tls/tls.crt"
+    assert arg_value(c, "--ca-dir") == "/etc/cacerts"
+    assert arg_value(c, "--xds-dns-names") is None
     assert volumes["xds-client-ca"]["secret"]["secretName"] == "mesh-root"
     assert arg_value(c, "--xds-client-ca") == "/etc/shoal/xds-client-ca/root-cert.pem"
     assert arg_value(c, "--xds-addr") == "0.0.0.0:15010"

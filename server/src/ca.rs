@@ -344,4 +344,4 @@ pub struct Issued {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

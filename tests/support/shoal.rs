@@ -284,20 +284,8 @@ impl ShoalIngester {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_node_ids_anywhere_in_syncz() {
-        let v = serde_json::json!([{"node": {"id": "router~a"}, "types": {}}]);
-        assert!(contains_string(&v, "router~a"));
-        assert!(!contains_string(&v, "sidecar~a"));
-    }
-}
-
-/// Runs the binary `name` with `args` (a start that must fail) and returns how long it took to exit
-/// and what it printed; panics when it succeeds or is still running after `limit`.
+/// Runs the binary `name` with `args` (a start that must fail) and returns how long it took
+/// to exit and what it printed; panics when it succeeds or is still running after `limit`.
 pub async fn failed_start(name: &str, args: &[&str], limit: Duration) -> (Duration, String) {
     let started = std::time::Instant::now();
     let mut cmd = Command::new(binary(name));
@@ -313,4 +301,16 @@ pub async fn failed_start(name: &str, args: &[&str], limit: Duration) -> (Durati
     );
     assert!(!out.status.success(), "{name} {args:?} succeeded: {text}");
     (started.elapsed(), text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_node_ids_anywhere_in_syncz() {
+        let v = serde_json::json!([{"node": {"id": "router~a"}, "types": {}}]);
+        assert!(contains_string(&v, "router~a"));
+        assert!(!contains_string(&v, "sidecar~a"));
+    }
 }

@@ -3,13 +3,19 @@ use rcgen::{BasicConstraints, CertificateParams, IsCa};
 
 /// Writes Istio's `cacerts` layout for a new self-signed root into `dir`.
 fn cacerts(dir: &Path) {
+    cacerts_until(dir, rcgen::date_time_ymd(2036, 1, 1));
+}
+
+/// [`cacerts`] with a root valid until `not_after`.
+pub(crate) fn cacerts_until(dir: &Path, not_after: time::OffsetDateTime) {
     let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
     params
         .distinguished_name
         .push(DnType::CommonName, "test root");
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    params.not_after = rcgen::date_time_ymd(2036, 1, 1);
+    params.not_before = not_after - time::Duration::days(3650);
+    params.not_after = not_after;
     let key = KeyPair::generate().unwrap();
     let cert = params.self_signed(&key).unwrap();
     std::fs::write(dir.join("ca-cert.pem"), cert.pem()).unwrap();

@@ -112,7 +112,8 @@ impl ServingCert {
     /// it changes, forever.
     pub async fn renew(mut self, tls: TlsServer) {
         let mut client_ca_seen = self.client_ca_contents();
-        let mut retry_after = 0;
+        // Monotonic, unlike the certificate's validity (wall clock).
+        let mut retry_after = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(crate::reload::INTERVAL).await;
             let now = time::OffsetDateTime::now_utc().unix_timestamp();
@@ -128,7 +129,7 @@ impl ServingCert {
             if reason.is_none() && client_ca_now == client_ca_seen {
                 continue;
             }
-            if now < retry_after {
+            if tokio::time::Instant::now() < retry_after {
                 continue;
             }
             let built = match reason {
@@ -162,7 +163,7 @@ impl ServingCert {
                     }
                 }
                 Err(error) => {
-                    retry_after = now + RETRY.as_secs() as i64;
+                    retry_after = tokio::time::Instant::now() + RETRY;
                     match reason {
                         Some(reason) => self
                             .metrics
@@ -226,10 +227,53 @@ mod tests {
         assert_eq!(due(start, start, end, true), Some(Renewal::CaChanged));
     }
 
-    #[test]
-    fn a_short_lived_ca_shortens_the_renewal() {
-        // The certificate never outlives the signing CA: a CA with an hour left gives a
-        // certificate renewed after half an hour.
-        assert_eq!(renew_at(0, 3600), 1800);
+    fn renewals(metrics: &Metrics, reason: &str, result: &str) -> u64 {
+        metrics
+            .xds_serving_cert_renewals
+            .with_label_values(&[reason, result])
+            .get()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reloaded_ca_renews_and_a_failed_renewal_waits_before_retrying() {
+        use crate::ca::tests::cacerts_until;
+        let dir = tempfile::tempdir().unwrap();
+        let valid = time::OffsetDateTime::now_utc() + time::Duration::days(365);
+        cacerts_until(dir.path(), valid);
+        let ca = Reloading::new(Ca::load(dir.path()).unwrap());
+        let metrics = Metrics::new();
+        let names = vec!["shoal.example".to_string()];
+        let (serving, tls) = ServingCert::start(ca.clone(), names, None, metrics.clone()).unwrap();
+        let expiry = metrics.xds_serving_cert_expiry.get();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        assert!(
+            (expiry - (now + TTL.as_secs() as i64)).abs() < 5,
+            "{expiry}"
+        );
+        tokio::spawn(serving.renew(tls));
+
+        // Nothing due: no renewal.
+        tokio::time::sleep(crate::reload::INTERVAL * 10).await;
+        assert_eq!(renewals(&metrics, "ca_changed", "ok"), 0);
+        assert_eq!(renewals(&metrics, "expiring", "ok"), 0);
+
+        // The CA reloads: renewed at the next tick.
+        cacerts_until(dir.path(), valid);
+        ca.set(Ca::load(dir.path()).unwrap());
+        tokio::time::sleep(crate::reload::INTERVAL * 2).await;
+        assert_eq!(renewals(&metrics, "ca_changed", "ok"), 1);
+
+        // An expired CA cannot issue: counted once, then retried after RETRY, not each tick.
+        let expired = time::OffsetDateTime::now_utc() - time::Duration::days(1);
+        cacerts_until(dir.path(), expired);
+        ca.set(Ca::load(dir.path()).unwrap());
+        tokio::time::sleep(crate::reload::INTERVAL * 2).await;
+        assert_eq!(renewals(&metrics, "ca_changed", "error"), 1);
+        tokio::time::sleep(RETRY / 2).await;
+        assert_eq!(renewals(&metrics, "ca_changed", "error"), 1);
+        tokio::time::sleep(RETRY).await;
+        assert_eq!(renewals(&metrics, "ca_changed", "error"), 2);
+        // The certificate in use stays the one from the last good CA.
+        assert_eq!(renewals(&metrics, "ca_changed", "ok"), 1);
     }
 }

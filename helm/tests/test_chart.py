@@ -1472,6 +1472,38 @@ def test_server_probe_paths_answer_on_a_running_server():
                 raise
 
 
+def test_server_serves_its_tls_port_with_a_certificate_from_the_generated_ca():
+    """The real server with the rendered default arguments for the TLS port (--ca-dir, the
+    chart-generated root, --xds-dns-names): a client trusting only that root (what
+    istio-ca-root-cert holds) verifies the port under the Service's name."""
+    objects = render("default")
+    (server,) = deployments(objects, "server")
+    (c,) = pod_spec(server)["containers"]
+    names = arg_value(c, "--xds-dns-names")
+    secret = one(objects, "Secret", "shoal-ca")
+    tls = free_port()
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile() as log:
+        cacerts = Path(tmp) / "cacerts"
+        cacerts.mkdir()
+        for key in secret["data"]:
+            (cacerts / key).write_text(pem_of(secret, key))
+        args = ["--ca-dir", cacerts, f"--xds-dns-names={names}", "--xds-tls-addr", f"127.0.0.1:{tls}"]
+        with running_server(log, *args) as (proc, admin):
+            try:
+                wait_for_200(f"http://127.0.0.1:{admin}/ready", proc)
+                host = f"shoal.{NAMESPACE}.svc"
+                out = subprocess.run(
+                    ["openssl", "s_client", "-connect", f"127.0.0.1:{tls}", "-servername", host,
+                     "-verify_hostname", host, "-CAfile", cacerts / "root-cert.pem",
+                     "-verify_return_error", "-alpn", "h2"],
+                    input="", capture_output=True, encoding="utf-8", errors="replace", timeout=30,
+                )
+                assert "Verify return code: 0 (ok)" in out.stdout, out.stdout + out.stderr
+            except AssertionError:
+                print_log(log)
+                raise
+
+
 def mesh_settings_logged(log, message: str) -> list[str]:
     """The `settings` field of the server's JSON log lines with this message, in order."""
     log.seek(0)

@@ -143,6 +143,79 @@ fn serving_certificates_name_the_dns_names_and_never_outlive_the_ca() {
     assert!(e.to_string().contains("bad name"), "{e}");
 }
 
+fn openssl(args: &[&str], dir: &Path) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl runs (Debian package openssl)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "openssl {args:?}: {stderr}");
+}
+
+#[test]
+fn a_pkcs1_rsa_ca_key_signs_and_a_sec1_key_is_named() {
+    // Helm's genCA (the chart's generated root) and Istio's sample cacerts hold an
+    // `RSA PRIVATE KEY` (PKCS#1).
+    let dir = tempfile_dir();
+    let d = dir.path();
+    openssl(
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "k8.pem",
+            "-out",
+            "ca-cert.pem",
+            "-days",
+            "30",
+            "-subj",
+            "/CN=rsa root",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+        d,
+    );
+    openssl(
+        &["rsa", "-traditional", "-in", "k8.pem", "-out", "ca-key.pem"],
+        d,
+    );
+    std::fs::copy(d.join("ca-cert.pem"), d.join("root-cert.pem")).unwrap();
+    let key = std::fs::read_to_string(d.join("ca-key.pem")).unwrap();
+    assert!(key.starts_with("-----BEGIN RSA PRIVATE KEY-----"), "{key}");
+    let ca = Ca::load(d).unwrap();
+    let chain = ca.sign(&csr("x://y"), &[web()], 0).unwrap();
+    assert_eq!(chain.len(), 2);
+    let issued = ca
+        .issue_serving(&["shoal.example".to_string()], DEFAULT_TTL)
+        .unwrap();
+    assert_eq!(issued.chain.len(), 1);
+
+    // An EC key in SEC1 form: the error says how to convert it.
+    openssl(
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            "ca-key.pem",
+        ],
+        d,
+    );
+    let e = Ca::load(d).err().unwrap().to_string();
+    assert!(
+        e.contains("ca-key.pem") && e.contains("openssl pkcs8"),
+        "{e}"
+    );
+}
+
 fn tempfile_dir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }

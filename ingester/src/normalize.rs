@@ -21,6 +21,9 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 /// Istio's annotation restricting which namespaces see a Service.
 pub const EXPORT_TO_ANNOTATION: &str = "networking.istio.io/exportTo";
 
+/// Istio's annotation making an AuthorizationPolicy a dry run (Envoy's shadow rules).
+pub const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
+
 /// The label of an EndpointSlice naming its Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
@@ -33,7 +36,7 @@ pub const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
 
 /// Annotations shoal reads; the rest are dropped so unrelated annotation churn (e.g.
 /// `kubectl.kubernetes.io/last-applied-configuration`) never changes a published value.
-const INTERPRETED_ANNOTATIONS: &[&str] = &[EXPORT_TO_ANNOTATION];
+const INTERPRETED_ANNOTATIONS: &[&str] = &[EXPORT_TO_ANNOTATION, DRY_RUN_ANNOTATION];
 
 /// Whether shoal reads this annotation (others never reach the bus).
 pub fn is_interpreted_annotation(key: &str) -> bool {

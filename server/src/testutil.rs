@@ -162,6 +162,11 @@ pub fn peer_authentication(ns: &str, name: &str, yaml: &str) -> ConfigObject {
     config(ns, name, ConfigSpec::PeerAuthentication(spec(yaml)))
 }
 
+/// An AuthorizationPolicy from its spec in YAML.
+pub fn authorization_policy(ns: &str, name: &str, yaml: &str) -> ConfigObject {
+    config(ns, name, ConfigSpec::AuthorizationPolicy(spec(yaml)))
+}
+
 /// A WorkloadEntry from its spec in YAML.
 pub fn workload_entry(ns: &str, name: &str, yaml: &str) -> ConfigObject {
     config(ns, name, ConfigSpec::WorkloadEntry(spec(yaml)))

@@ -10,6 +10,9 @@
 //! (TCP echo), `ratings` (a port without protocol: sniffed), and `external`, a pod outside
 //! the mesh (no sidecar, no Service). An ingress gateway Envoy runs in the root namespace.
 //!
+//! AuthorizationPolicies are checked on the server side's virtualInbound: HTTP (`details`)
+//! by method, path and header, TCP (`mysql`) by source address.
+//!
 //! - `standalone_sotw`: one `shoal-server --standalone`, Envoys on SotW.
 //! - `through_nats_delta`: nats-server, `shoal-ingester`, `shoal-server`, Envoys on delta.
 //!
@@ -77,6 +80,7 @@ async fn scenario(plane: Plane, mode: AdsMode) {
     delegation(&mesh).await;
     passthrough_and_registry_only(&mesh).await;
     ingress_into_a_pod(&mesh).await;
+    authorization(&mesh).await;
     endpoint_added(&mut mesh).await;
 
     mesh.assert_nothing_rejected().await;
@@ -458,6 +462,176 @@ async fn ingress_into_a_pod(mesh: &CapturedMesh) {
     );
 }
 
+/// AuthorizationPolicy on the receiving sidecar (virtualInbound): `details` allows only
+/// `GET /allowed*` (403 otherwise) and denies requests with `x-block: yes`; `mysql` (TCP)
+/// allows connections from productpage's address only, so the `external` pod (no sidecar),
+/// which reached it before, is cut off. Removing the policies restores both.
+///
+/// A dry-run DENY on details only counts (shadow rules); an AUDIT policy using every field
+/// shows Envoy takes every translation.
+///
+/// The ingress gateway: a DENY on paths gives 403 for those paths; on its TCP server the rule
+/// loses its HTTP fields and denies every connection (istiod's TCP translation).
+///
+/// The HTTP requests come from `external` too: each is a new connection. A changed filter
+/// chain applies to new connections; pooled ones (productpage's sidecar keeps some to
+/// details) finish on the old chain while Envoy drains them, as with istiod.
+async fn authorization(mesh: &CapturedMesh) {
+    let details = format!("{}:9080", mesh.pods["details"].ip());
+    let mysql = format!("{}:3306", mesh.pods["mysql"].ip());
+    let external = &mesh.pods["external"];
+    let from_external = || async {
+        external
+            .run(&["tcp-send", &mysql, "hi", "--timeout-ms", "2000"])
+            .await
+    };
+    let request = |method: &'static str, path: &'static str, header: Option<&'static str>| {
+        let url = format!("http://{details}{path}");
+        async move {
+            let mut args = vec!["http-get", &url, "-X", method];
+            if let Some(h) = header {
+                args.extend(["-H", h]);
+            }
+            let out = external.run(&args).await;
+            let (status, _) = out.http().expect("http-get");
+            (status, out.body_text().trim().to_string())
+        }
+    };
+    let out = from_external().await;
+    assert_eq!(out.expect_success("external to mysql").trim(), "mysql:hi");
+    assert_eq!(request("GET", "/other", None).await.0, 200);
+
+    let productpage = mesh.pods["productpage"].ip();
+    mesh.write(
+        "authz.yaml",
+        &AUTHZ_POLICIES.replace("PRODUCTPAGE_IP", &productpage.to_string()),
+    );
+    let gw_http = SocketAddr::from((Ipv4Addr::LOCALHOST, mesh.gateway_port));
+    let via_gateway = |path: &'static str| async move {
+        shoal_tests::http::Request::get(path)
+            .host("shop.example.com")
+            .send(gw_http)
+            .await
+            .map(|r| r.status)
+            .map_err(|e| e.to_string())
+    };
+    eventually(PROPAGATE, POLL, || async {
+        match (
+            request("GET", "/other", None).await,
+            via_gateway("/blocked").await,
+        ) {
+            ((403, _), Ok(403)) if !from_external().await.success() => Ok(()),
+            other => Err(format!("policies not in force yet: {other:?}")),
+        }
+    })
+    .await;
+    let denied_before = mesh.stat("details", "rbac.denied").await;
+    let (s, body) = request("GET", "/allowed", None).await;
+    assert_eq!(s, 200, "GET /allowed: {body}");
+    assert!(body.contains("details"), "{body}");
+    assert_eq!(request("GET", "/allowed/deeper", None).await.0, 200);
+    let denied = (403, "RBAC: access denied".to_string());
+    assert_eq!(
+        request("POST", "/allowed", None).await,
+        denied,
+        "POST /allowed"
+    );
+    assert_eq!(
+        request("GET", "/elsewhere", None).await,
+        denied,
+        "GET /elsewhere"
+    );
+    assert_eq!(
+        request("GET", "/allowed", Some("x-block:yes")).await,
+        denied,
+        "DENY on a header"
+    );
+    assert_eq!(request("GET", "/allowed", Some("x-block:no")).await.0, 200);
+    let denied_after = mesh.stat("details", "rbac.denied").await;
+    assert!(
+        denied_after >= denied_before + 3,
+        "details' RBAC filters denied {denied_before} -> {denied_after}"
+    );
+    // The dry-run DENY matched (Envoy's shadow rules) without denying anything; the AUDIT
+    // policy (every translation) was accepted (`assert_nothing_rejected` at the end).
+    assert!(
+        mesh.stat("details", "rbac.istio_dry_run_deny_.shadow_denied")
+            .await
+            > 0,
+        "the dry-run policy did not reach details' shadow rules"
+    );
+
+    // TCP: the allowed source still echoes; the other is closed by the network RBAC filter.
+    let out = mesh.pods["productpage"]
+        .run(&["tcp-send", &format!("{MYSQL_VIP}:3306"), "hello"])
+        .await;
+    assert_eq!(
+        out.expect_success("productpage to mysql").trim(),
+        "mysql:hello"
+    );
+    let tcp_denied_before = mesh.stat("mysql", "tcp.rbac.denied").await;
+    let out = from_external().await;
+    assert!(
+        !out.success(),
+        "external reached mysql under the policy: {out:?}"
+    );
+    let tcp_denied_after = mesh.stat("mysql", "tcp.rbac.denied").await;
+    assert!(
+        tcp_denied_after > tcp_denied_before,
+        "mysql's network RBAC filter denied {tcp_denied_before} -> {tcp_denied_after}"
+    );
+
+    // The gateway.
+    assert_eq!(via_gateway("/blocked/deeper").await, Ok(403));
+    assert_eq!(via_gateway("/open").await, Ok(200));
+    let gw = mesh.gateway.as_ref().expect("gateway");
+    let gw_denied_before = gw.stat_sum("tcp.rbac.denied").await;
+    let echoed = tcp_roundtrip(SocketAddr::from((
+        Ipv4Addr::LOCALHOST,
+        mesh.gateway_tcp_port,
+    )))
+    .await;
+    assert!(
+        echoed.is_empty(),
+        "the gateway's TCP server answered: {echoed:?}"
+    );
+    let gw_denied_after = gw.stat_sum("tcp.rbac.denied").await;
+    assert!(
+        gw_denied_after > gw_denied_before,
+        "the gateway's network RBAC filter denied {gw_denied_before} -> {gw_denied_after}"
+    );
+
+    mesh.remove("authz.yaml");
+    eventually(PROPAGATE, POLL, || async {
+        match (
+            request("GET", "/other", None).await,
+            via_gateway("/blocked").await,
+        ) {
+            ((200, _), Ok(200)) if from_external().await.success() => Ok(()),
+            other => Err(format!("policies still in force: {other:?}")),
+        }
+    })
+    .await;
+}
+
+/// Sends a line over TCP and returns what comes back before the peer closes (empty when
+/// the connection is closed or reset without an answer).
+async fn tcp_roundtrip(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        s.write_all(b"hi\n").await?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await?;
+        anyhow::Ok(String::from_utf8_lossy(&out).into_owned())
+    };
+    match tokio::time::timeout(Duration::from_secs(5), exchange).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => String::new(),
+        Err(_) => "no close within 5s".into(),
+    }
+}
+
 /// A pod added to reviews (v1) receives traffic within seconds.
 async fn endpoint_added(mesh: &mut CapturedMesh) {
     mesh.add_pod(
@@ -524,6 +698,79 @@ spec:
   - match: [{uri: {prefix: /elsewhere}}]
     route: [{destination: {host: ratings}}]
   - route: [{destination: {host: reviews, subset: v2}}]
+"#;
+
+/// The policies of `authorization` (PRODUCTPAGE_IP is filled in).
+const AUTHZ_POLICIES: &str = r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: details-allow, namespace: shop}
+spec:
+  selector: {matchLabels: {app: details}}
+  rules:
+  - to: [{operation: {methods: [GET], paths: ["/allowed", "/allowed/*"]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: details-deny, namespace: shop}
+spec:
+  selector: {matchLabels: {app: details}}
+  action: DENY
+  rules:
+  - when: [{key: "request.headers[x-block]", values: ["yes"]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: mysql-allow, namespace: shop}
+spec:
+  selector: {matchLabels: {app: mysql}}
+  rules:
+  - from: [{source: {ipBlocks: ["PRODUCTPAGE_IP/32"]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: ingress-deny, namespace: istio-system}
+spec:
+  selector: {matchLabels: {istio: ingressgateway}}
+  action: DENY
+  rules:
+  - to: [{operation: {paths: ["/blocked", "/blocked/*"]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata:
+  name: details-dry-run
+  namespace: shop
+  annotations: {istio.io/dry-run: "true"}
+spec:
+  selector: {matchLabels: {app: details}}
+  action: DENY
+  rules: [{}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: details-audit-every-field, namespace: shop}
+spec:
+  selector: {matchLabels: {app: details}}
+  action: AUDIT
+  rules:
+  - from:
+    - source:
+        principals: [cluster.local/ns/shop/sa/productpage, "*/sa/x", "prefix*", "*"]
+        notNamespaces: ["kube-*"]
+        remoteIpBlocks: [10.0.0.0/8]
+        notIpBlocks: ["2001:db8::/32"]
+    to:
+    - operation:
+        hosts: ["*.example.com", "Example.org:80"]
+        notMethods: [DELETE]
+        paths: ["*.css", "/api/*"]
+        ports: ["9080"]
+    when:
+    - {key: source.serviceAccount, values: [productpage, shop/reviews]}
+    - {key: source.trustDomain, values: ["*.local", "*"]}
+    - {key: connection.sni, values: ["*.example.com"]}
+    - {key: destination.ip, notValues: [10.0.0.1]}
+    - {key: source.principal, notValues: [x/ns/y/sa/z]}
 "#;
 
 const REGISTRY_ONLY: &str = "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata:\n  \

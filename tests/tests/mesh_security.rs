@@ -331,6 +331,24 @@ async fn authorization_by_principal(mesh: &SecureMesh) {
         ));
     }
     mesh.write("authz.yaml", &policies);
+    // Connections opened before a listener update keep the old filter chain while they
+    // drain (as with istiod), so `other`'s first connection waits for the policy to be in.
+    let principal = spiffe(NS, "sleep");
+    for server in ["httpbin", "echo"] {
+        eventually(PROPAGATE, POLL, || async {
+            let dump = mesh.meshed[server]
+                .envoy
+                .admin_get("/config_dump")
+                .await
+                .map_err(|e| e.to_string())?;
+            if dump.contains("rbac.v3.RBAC") && dump.contains(&principal) {
+                Ok(())
+            } else {
+                Err(format!("{server} has no RBAC rule for {principal} yet"))
+            }
+        })
+        .await;
+    }
     let url = format!("http://{HTTPBIN}:8000/authz");
     eventually(PROPAGATE, POLL, || async {
         match mesh.get("other", &url).await {

@@ -2,7 +2,8 @@
 //! with istiod's ISTIO_MUTUAL context) and STRICT inbound chains (the workload certificate
 //! and roots over SDS), delivered over ADS to real sidecars, are taken without a NACK.
 //!
-//! No SDS server runs here (no istio-agent), so — as with istiod — what references the SDS
+//! Here nothing serves the bootstraps' `sds-grpc` socket (no istio-agent; the other tests'
+//! Envoys get one from the test process), so — as with istiod — what references the SDS
 //! secrets waits for them: the client's clusters stay warming, the server's
 //! `virtualInbound` too. That is what the test checks besides acceptance, and why an Envoy
 //! needs an SDS server on `sds-grpc` once mTLS is on (docs/sidecars.md). Traffic over mTLS
@@ -13,7 +14,7 @@
 #![forbid(unsafe_code)]
 
 use serde_json::Value;
-use shoal_tests::bootstrap::{bootstrap, Node};
+use shoal_tests::bootstrap::{bootstrap, with_sds, Node};
 use shoal_tests::netns::{self, MeshNet};
 use shoal_tests::ports::free_port_on;
 use shoal_tests::{eventually, Envoy, ShoalServer};
@@ -91,7 +92,12 @@ async fn envoy_accepts_mtls_clusters_and_inbound_chains() {
     let sidecar = |name: &str, labels: &[(&str, &str)]| {
         let pod = net.add_pod(name);
         let node = Node::captured(&pod.ip().to_string(), name, "shop", labels);
-        let yaml = netns::admin_on(&bootstrap(&node, netns::ADMIN_PORT, &[xds]), pod.ip());
+        // An agent socket nobody serves.
+        let yaml = with_sds(
+            &bootstrap(&node, netns::ADMIN_PORT, &[xds]),
+            std::path::Path::new("/nonexistent/shoal-test/agent.sock"),
+        );
+        let yaml = netns::admin_on(&yaml, pod.ip());
         (pod, yaml)
     };
     let (client_pod, client_yaml) = sidecar("client", &[("app", "client")]);

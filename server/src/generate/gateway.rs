@@ -11,6 +11,9 @@
 //! connection manager on its own route table `https.<port>.<port name>.<gateway>.<ns>`
 //! (the bound VirtualServices' `http` rules, [`super::rds`]); a `TLS` server proxies the
 //! decrypted stream by the bound `tcp` rules.
+//!
+//! The gateway's AuthorizationPolicies (selected by its labels) guard every chain with
+//! network RBAC filters before `tcp_proxy`.
 
 use super::lds::{
     gateway_listener_port, hcm_filter, http_connection_manager, tcp_proxy_filter, HcmRoutes,
@@ -105,12 +108,15 @@ fn termination(server: &GatewayServer, gw: &Config<Gateway>) -> Option<TlsTermin
 }
 
 /// A chain that terminates TLS with a gateway credential over SDS, then runs the HTTP
-/// connection manager (HTTPS servers) or proxies to `clusters` (TLS servers).
+/// connection manager (HTTPS servers) or proxies to `clusters` (TLS servers), behind the
+/// gateway's RBAC filters (HTTP ones in the connection manager, network ones before
+/// `tcp_proxy`).
 pub(crate) fn terminating_chain(
     listener: &str,
     t: &TlsTermination,
     stat: &str,
     clusters: &[(String, u32)],
+    authz: &super::authz::AuthzKey,
 ) -> FilterChain {
     let sds = |name: String| SdsSecretConfig {
         name,
@@ -135,19 +141,25 @@ pub(crate) fn terminating_chain(
         require_client_certificate: Some(BoolValue { value: t.mutual }),
         ..Default::default()
     };
-    let filter = match &t.http_route {
+    let filters = match &t.http_route {
         Some(route) => {
-            let hcm = HttpConnectionManager {
+            let mut hcm = HttpConnectionManager {
                 // Gateways are the edge: trust the peer address, as Istio does.
                 use_remote_address: Some(BoolValue { value: true }),
                 ..http_connection_manager(listener, HcmRoutes::Rds(route))
             };
-            hcm_filter(&hcm)
+            hcm.http_filters
+                .splice(0..0, super::authz::http_filters(authz));
+            vec![hcm_filter(&hcm)]
         }
-        None => tcp_proxy_filter(stat, clusters),
+        None => {
+            let mut filters = super::authz::network_filters(authz);
+            filters.push(tcp_proxy_filter(stat, clusters));
+            filters
+        }
     };
     FilterChain {
-        filters: vec![filter],
+        filters,
         transport_socket: Some(TransportSocket {
             name: "envoy.transport_sockets.tls".into(),
             config_type: Some(transport_socket::ConfigType::TypedConfig(shoal_proto::pack(
@@ -213,21 +225,24 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                             format!("{gns}/{gname}") == gw_ref
                         })
                 };
+                let tcp_rule_applies = |rule: &shoal_common::model::TcpRoute| {
+                    rule.matches.is_empty()
+                        || rule.matches.iter().any(|m| {
+                            match_gateways_ok(&m.gateways)
+                                && l4_applies(
+                                    proxy,
+                                    port,
+                                    m.port,
+                                    &m.source_labels,
+                                    &[],
+                                    m.source_namespace.as_deref(),
+                                )
+                        })
+                };
                 match kind {
                     Some(ServerKind::Tcp) => {
                         for rule in &vs.spec.tcp {
-                            let applies = rule.matches.is_empty()
-                                || rule.matches.iter().any(|m| {
-                                    match_gateways_ok(&m.gateways)
-                                        && l4_applies(
-                                            proxy,
-                                            port,
-                                            m.port,
-                                            &m.source_labels,
-                                            &[],
-                                            m.source_namespace.as_deref(),
-                                        )
-                                });
+                            let applies = tcp_rule_applies(rule);
                             if applies && !chains.iter().any(|c| c.sni_hosts.is_empty()) {
                                 chains.push(TcpChain {
                                     destination_cidrs: Vec::new(),
@@ -243,18 +258,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                         // connections (as the TCP server case does for plain ones).
                         let sni = server_sni(server);
                         for rule in &vs.spec.tcp {
-                            let applies = rule.matches.is_empty()
-                                || rule.matches.iter().any(|m| {
-                                    match_gateways_ok(&m.gateways)
-                                        && l4_applies(
-                                            proxy,
-                                            port,
-                                            m.port,
-                                            &m.source_labels,
-                                            &[],
-                                            m.source_namespace.as_deref(),
-                                        )
-                                });
+                            let applies = tcp_rule_applies(rule);
                             if applies && !chains.iter().any(|c| c.sni_hosts == sni) {
                                 chains.push(TcpChain {
                                     destination_cidrs: Vec::new(),
@@ -308,6 +312,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
             }
         }
     }
+    let authz = super::authz::applicable(ctx, proxy);
     listeners
         .into_iter()
         .filter(|(_, chains)| !chains.is_empty())
@@ -321,6 +326,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                 fallthrough: OutboundTrafficMode::RegistryOnly,
                 transparent: false,
                 gateway: true,
+                authz: authz.clone(),
             })
         })
         .collect()

@@ -19,7 +19,12 @@
 //! set of such chains per `portLevelMtls` port no service declares; connections addressed to
 //! 15006 itself are dropped (`virtualInbound-blackhole`). The TLS and HTTP inspectors run
 //! only on the ports whose chains need them, as istiod enables them.
+//!
+//! Every chain but the blackhole carries the workload's RBAC filters
+//! ([`authz`](super::authz)): before the router on HTTP chains, before `tcp_proxy` on TCP
+//! ones.
 
+use super::authz::{self, AuthzKey, RbacFilters};
 use super::cds::{inbound_cluster_name, BLACKHOLE_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER};
 use super::http_route::default_inbound_retry_policy;
 use super::lds::{
@@ -40,6 +45,7 @@ use shoal_proto::pb::envoy::extensions::filters::listener::tls_inspector::v3::Tl
 use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::{
     ForwardClientCertDetails, SetCurrentClientCertDetails,
 };
+use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpFilter;
 use std::collections::BTreeMap;
 use shoal_proto::pb::envoy::config::listener::v3::{
     listener_filter_chain_match_predicate::{MatchSet, Rule},
@@ -74,6 +80,8 @@ pub struct InboundListenerKey {
     pub mtls: WorkloadMtls,
     /// The mesh's trust domain: mTLS chains accept client identities of it.
     pub trust_domain: String,
+    /// The AuthorizationPolicies that apply to the workload.
+    pub authz: AuthzKey,
 }
 
 /// The key of a captured sidecar's `virtualInbound`.
@@ -83,6 +91,7 @@ pub fn listener_key(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Inb
         transparent: proxy.interception == Interception::Tproxy,
         mtls: peer_authentication::for_workload(ctx, &proxy.namespace, &proxy.labels),
         trust_domain: ctx.mesh.trust_domain.clone(),
+        authz: authz::applicable(ctx, proxy),
     }
 }
 
@@ -201,18 +210,25 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
         )],
         ..Default::default()
     }];
+    let rbac = RbacFilters::new(&key.authz);
     for p in &key.ports {
         chains.extend(port_chains(
             p,
             key.mtls.for_port(p.port.into()),
             &key.trust_domain,
+            &rbac,
         ));
     }
-    chains.extend(passthrough_chains(0, key.mtls.mode, &key.trust_domain));
+    chains.extend(passthrough_chains(
+        0,
+        key.mtls.mode,
+        &key.trust_domain,
+        &rbac,
+    ));
     // `portLevelMtls` on ports no service declares: passthrough chains of their own.
     for (port, mode) in &key.mtls.ports {
         if !key.ports.iter().any(|p| u32::from(p.port) == *port) {
-            chains.extend(passthrough_chains(*port, *mode, &key.trust_domain));
+            chains.extend(passthrough_chains(*port, *mode, &key.trust_domain, &rbac));
         }
     }
     l.listener_filters = vec![listener_filter(
@@ -227,7 +243,12 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
 }
 
 /// The chains of one workload port in its mode.
-fn port_chains(p: &InboundPort, mode: MtlsMode, trust_domain: &str) -> Vec<FilterChain> {
+fn port_chains(
+    p: &InboundPort,
+    mode: MtlsMode,
+    trust_domain: &str,
+    rbac: &RbacFilters,
+) -> Vec<FilterChain> {
     let name = format!("0.0.0.0_{}", p.port);
     let cluster = inbound_cluster_name(p.port);
     chain_options(mode, ListenerProtocol::of(p.protocol))
@@ -249,9 +270,10 @@ fn port_chains(p: &InboundPort, mode: MtlsMode, trust_domain: &str) -> Vec<Filte
                     &format!("{}:{}", p.hostname, p.port),
                     p.port.into(),
                     p.protocol == Protocol::Grpc,
+                    &rbac.http,
                 )
             } else {
-                tcp_chain_filters(&cluster)
+                tcp_chain_filters(&cluster, &rbac.tcp)
             },
             transport_socket: mtls_socket(&opt, trust_domain),
             ..Default::default()
@@ -261,7 +283,12 @@ fn port_chains(p: &InboundPort, mode: MtlsMode, trust_domain: &str) -> Vec<Filte
 
 /// The passthrough chains (ports no service declares) for one mode: every such port
 /// (`port` 0), or one `portLevelMtls` port.
-fn passthrough_chains(port: u32, mode: MtlsMode, trust_domain: &str) -> Vec<FilterChain> {
+fn passthrough_chains(
+    port: u32,
+    mode: MtlsMode,
+    trust_domain: &str,
+    rbac: &RbacFilters,
+) -> Vec<FilterChain> {
     chain_options(mode, ListenerProtocol::Auto)
         .into_iter()
         .map(|opt| FilterChain {
@@ -285,9 +312,10 @@ fn passthrough_chains(port: u32, mode: MtlsMode, trust_domain: &str) -> Vec<Filt
                     ":0/*",
                     0,
                     false,
+                    &rbac.http,
                 )
             } else {
-                tcp_chain_filters(INBOUND_PASSTHROUGH_CLUSTER)
+                tcp_chain_filters(INBOUND_PASSTHROUGH_CLUSTER, &rbac.tcp)
             },
             transport_socket: mtls_socket(&opt, trust_domain),
             ..Default::default()
@@ -303,14 +331,24 @@ fn http_chain_filters(
     operation: &str,
     port: u32,
     grpc: bool,
+    rbac: &[HttpFilter],
 ) -> Vec<Filter> {
-    vec![inbound_hcm(stat_prefix, cluster, operation, port, grpc)]
+    vec![inbound_hcm(
+        stat_prefix,
+        cluster,
+        operation,
+        port,
+        grpc,
+        rbac,
+    )]
 }
 
 /// The network filters of an inbound TCP chain (every port and mode; the passthrough
 /// chain too): where per-chain network filters such as RBAC go, before the `tcp_proxy`.
-fn tcp_chain_filters(cluster: &str) -> Vec<Filter> {
-    vec![tcp_proxy_filter(cluster, &[(cluster.to_string(), 1)])]
+fn tcp_chain_filters(cluster: &str, rbac: &[Filter]) -> Vec<Filter> {
+    let mut filters = rbac.to_vec();
+    filters.push(tcp_proxy_filter(cluster, &[(cluster.to_string(), 1)]));
+    filters
 }
 
 /// The TLS and HTTP inspectors, enabled on the ports whose chains need them (istiod's
@@ -402,7 +440,8 @@ fn inbound_hcm(
     operation: &str,
     port: u32,
     grpc: bool,
-) -> shoal_proto::pb::envoy::config::listener::v3::Filter {
+    rbac: &[HttpFilter],
+) -> Filter {
     let route = Route {
         name: "default".into(),
         r#match: Some(RouteMatch {
@@ -442,5 +481,7 @@ fn inbound_hcm(
         dns: true,
         ..Default::default()
     });
+    // istiod puts the RBAC filters first, before fault injection, CORS and the router.
+    hcm.http_filters.splice(0..0, rbac.iter().cloned());
     hcm_filter(&hcm)
 }

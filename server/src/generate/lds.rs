@@ -10,6 +10,7 @@
 //!
 //! This module holds the dispatch and the filter builders the listener kinds share.
 
+use super::authz::{self, AuthzKey};
 use super::http_route::{CORS_FILTER, FAULT_FILTER};
 use super::inbound::{self, InboundListenerKey};
 use super::outbound::{self, OutboundListenerKey, VirtualOutboundKey};
@@ -73,6 +74,9 @@ pub struct BoundListenerKey {
     pub route: String,
     /// Gateway (edge) listener.
     pub gateway: bool,
+    /// The AuthorizationPolicies that apply to the gateway (none for sidecar egress
+    /// listeners: authorization is enforced where traffic arrives, as in istiod).
+    pub authz: AuthzKey,
 }
 
 /// The listeners of a proxy.
@@ -144,6 +148,10 @@ fn bound_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Bound
             }
         }
     }
+    let gateway_authz = match proxy.kind {
+        ProxyKind::Router => authz::applicable(ctx, proxy),
+        ProxyKind::Sidecar => AuthzKey::default(),
+    };
     listeners
         .into_iter()
         .map(|((bind, port), (route, gateway))| BoundListenerKey {
@@ -152,6 +160,11 @@ fn bound_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Bound
             port,
             route,
             gateway,
+            authz: if gateway {
+                gateway_authz.clone()
+            } else {
+                AuthzKey::default()
+            },
         })
         .collect()
 }
@@ -168,11 +181,14 @@ pub fn build(key: &ListenerKey) -> Resource {
 }
 
 fn bound_listener(key: &BoundListenerKey) -> Listener {
-    let hcm = HttpConnectionManager {
+    let mut hcm = HttpConnectionManager {
         // Gateways are the edge: trust the peer address, as Istio does.
         use_remote_address: Some(BoolValue { value: key.gateway }),
         ..http_connection_manager(&key.name, HcmRoutes::Rds(&key.route))
     };
+    // RBAC first, as istiod orders a gateway's HTTP filters.
+    hcm.http_filters
+        .splice(0..0, authz::http_filters(&key.authz));
     Listener {
         name: key.name.clone(),
         address: Some(socket_address(&key.bind, key.port)),

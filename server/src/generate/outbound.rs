@@ -76,6 +76,9 @@ pub struct OutboundListenerKey {
     /// A gateway's TCP/TLS listener: it binds its port, and connections no chain matches
     /// are closed (no fallthrough chain).
     pub gateway: bool,
+    /// The AuthorizationPolicies of a gateway, checked on its TCP/TLS chains (none on
+    /// sidecars' outbound listeners).
+    pub authz: super::authz::AuthzKey,
 }
 
 /// One TCP filter chain: its match and its weighted destinations.
@@ -191,6 +194,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
             fallthrough: scope.outbound_policy,
             transparent,
             gateway: false,
+            authz: Default::default(),
         })
     }));
     out
@@ -532,12 +536,19 @@ pub fn listener(key: &OutboundListenerKey) -> Listener {
             .first()
             .map(|(n, _)| n.as_str())
             .unwrap_or(BLACKHOLE_CLUSTER);
+        // The gateway's RBAC first (sidecar outbound listeners have none).
         let chain = match &c.terminate {
-            None => FilterChain {
-                filters: vec![tcp_proxy_filter(stat, &c.clusters)],
-                ..Default::default()
-            },
-            Some(t) => super::gateway::terminating_chain(&key.name, t, stat, &c.clusters),
+            None => {
+                let mut filters = super::authz::network_filters(&key.authz);
+                filters.push(tcp_proxy_filter(stat, &c.clusters));
+                FilterChain {
+                    filters,
+                    ..Default::default()
+                }
+            }
+            Some(t) => {
+                super::gateway::terminating_chain(&key.name, t, stat, &c.clusters, &key.authz)
+            }
         };
         if c.matches_all() {
             default_chain.get_or_insert(chain);

@@ -540,10 +540,41 @@ def test_server_service_named_shoal_with_istio_port_names():
     assert "--debug-from-anywhere" not in c["args"]
 
 
-def test_server_tls_certificate_is_generated_and_mounted_unless_given(chart):
+def test_server_tls_certificate_is_issued_from_the_workload_ca_by_default(chart):
+    objects = render("default")
+    # No second CA: the servers issue the certificate from the workload CA, and proxies
+    # verify it with istio-ca-root-cert.
+    assert not [o for o in of_kind(objects, "Secret") if o["metadata"]["name"].endswith("xds-tls")]
+    (server,) = deployments(objects, "server")
+    (c,) = pod_spec(server)["containers"]
+    assert arg_value(c, "--ca-dir") == "/etc/cacerts"
+    assert arg_value(c, "--xds-tls-cert") is None and arg_value(c, "--xds-tls-key") is None
+    assert arg_value(c, "--xds-dns-names") == ",".join([
+        "shoal", f"shoal.{NAMESPACE}", f"shoal.{NAMESPACE}.svc", f"shoal.{NAMESPACE}.svc.cluster.local",
+    ])
+    assert "xds-tls" not in {v["name"] for v in pod_spec(server)["volumes"]}
+    assert "xds-tls" not in {m["name"] for m in c["volumeMounts"]}
+
+    # Extra names (e.g. Istio's default discoveryAddress) come after the Service's, once.
+    extra = render_values(chart, {"server": {
+        "service": {"name": "istiod"},
+        "xds": {"tls": {"extraDnsNames": ["istiod.istio-system.svc", f"istiod.{NAMESPACE}.svc"]}},
+    }})
+    (server,) = deployments(extra, "server")
+    (c,) = pod_spec(server)["containers"]
+    assert arg_value(c, "--xds-dns-names") == ",".join([
+        "istiod", f"istiod.{NAMESPACE}", f"istiod.{NAMESPACE}.svc",
+        f"istiod.{NAMESPACE}.svc.cluster.local", "istiod.istio-system.svc",
+    ])
+
+
+def test_server_tls_certificate_is_generated_and_mounted_without_the_workload_ca(chart):
     import base64
 
-    objects = render("default")
+    objects = render_values(chart, {"ca": {"enabled": False}})
+    (server,) = deployments(objects, "server")
+    (c,) = pod_spec(server)["containers"]
+    assert arg_value(c, "--xds-dns-names") is None
     secret = one(objects, "Secret", "shoal-server-xds-tls")
     assert secret["type"] == "kubernetes.io/tls"
     pems = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
@@ -559,8 +590,6 @@ def test_server_tls_certificate_is_generated_and_mounted_unless_given(chart):
             capture_output=True, text=True, check=True,
         ).stdout
     assert f"DNS:shoal.{NAMESPACE}.svc" in text, text
-    (server,) = deployments(objects, "server")
-    (c,) = pod_spec(server)["containers"]
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["xds-tls"]["mountPath"] == "/etc/shoal/xds-tls"
     assert "subPath" not in mounts["xds-tls"], "a subPath mount never sees a renewed certificate"
@@ -579,7 +608,11 @@ def test_server_tls_certificate_is_generated_and_mounted_unless_given(chart):
     (server,) = deployments(given, "server")
     (c,) = pod_spec(server)["containers"]
     volumes = {v["name"]: v for v in pod_spec(server)["volumes"]}
+    # A given Secret wins over the workload CA (still on by default, for proxies' certificates).
     assert volumes["xds-tls"]["secret"]["secretName"] == "xds-cert"
+    assert arg_value(c, "--xds-tls-cert") == "/etc/shoal/xds-tls/tls.crt"
+    assert arg_value(c, "--ca-dir") == "/etc/cacerts"
+    assert arg_value(c, "--xds-dns-names") is None
     assert volumes["xds-client-ca"]["secret"]["secretName"] == "mesh-root"
     assert arg_value(c, "--xds-client-ca") == "/etc/shoal/xds-client-ca/root-cert.pem"
     assert arg_value(c, "--xds-addr") == "0.0.0.0:15010"
@@ -1434,6 +1467,38 @@ def test_server_probe_paths_answer_on_a_running_server():
                 assert http_get(f"http://127.0.0.1:{admin}{live_path}")[0] == 200
                 status, metrics = http_get(f"http://127.0.0.1:{admin}/metrics")
                 assert status == 200 and "shoal_ready 1" in metrics
+            except AssertionError:
+                print_log(log)
+                raise
+
+
+def test_server_serves_its_tls_port_with_a_certificate_from_the_generated_ca():
+    """The real server with the rendered default arguments for the TLS port (--ca-dir, the
+    chart-generated root, --xds-dns-names): a client trusting only that root (what
+    istio-ca-root-cert holds) verifies the port under the Service's name."""
+    objects = render("default")
+    (server,) = deployments(objects, "server")
+    (c,) = pod_spec(server)["containers"]
+    names = arg_value(c, "--xds-dns-names")
+    secret = one(objects, "Secret", "shoal-ca")
+    tls = free_port()
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile() as log:
+        cacerts = Path(tmp) / "cacerts"
+        cacerts.mkdir()
+        for key in secret["data"]:
+            (cacerts / key).write_text(pem_of(secret, key))
+        args = ["--ca-dir", cacerts, f"--xds-dns-names={names}", "--xds-tls-addr", f"127.0.0.1:{tls}"]
+        with running_server(log, *args) as (proc, admin):
+            try:
+                wait_for_200(f"http://127.0.0.1:{admin}/ready", proc)
+                host = f"shoal.{NAMESPACE}.svc"
+                out = subprocess.run(
+                    ["openssl", "s_client", "-connect", f"127.0.0.1:{tls}", "-servername", host,
+                     "-verify_hostname", host, "-CAfile", cacerts / "root-cert.pem",
+                     "-verify_return_error", "-alpn", "h2"],
+                    input="", capture_output=True, encoding="utf-8", errors="replace", timeout=30,
+                )
+                assert "Verify return code: 0 (ok)" in out.stdout, out.stdout + out.stderr
             except AssertionError:
                 print_log(log)
                 raise

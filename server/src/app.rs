@@ -2,13 +2,16 @@
 
 use crate::admin::{self, AdminState};
 use crate::auth::{self, Authenticator, Issuers};
+use crate::ca::Ca;
 use crate::generate::cache::GeneratorCache;
 use crate::mesh_config;
 use crate::metrics::Metrics;
 use crate::pipeline::{self, Debounce};
 use crate::push_context::MeshSettings;
+use crate::reload::Reloading;
 use crate::view::{Generation, Views};
 use crate::xds::listener::{self, ConnectionPolicy};
+use crate::xds::serving_cert::ServingCert;
 use crate::xds::tls::{TlsFiles, TlsServer};
 use crate::xds::{AdsService, Registry};
 use anyhow::Context;
@@ -97,7 +100,7 @@ pub struct ServerArgs {
     pub xds_addr: Option<SocketAddr>,
 
     /// Address of the TLS gRPC ADS endpoint (istiod's 15012), served when
-    /// --xds-tls-cert and --xds-tls-key are given. Its streams must authenticate with a
+    /// --xds-tls-cert and --xds-tls-key are given, or --ca-dir with --xds-dns-names. Its streams must authenticate with a
     /// client certificate (SPIFFE identity) or a Kubernetes service-account token, and get
     /// only the config of a proxy of their own namespace (and service account).
     #[arg(
@@ -109,6 +112,7 @@ pub struct ServerArgs {
     pub xds_tls_addr: SocketAddr,
 
     /// Serving certificate chain (PEM) of the TLS xDS endpoint; reloaded when it changes.
+    /// Wins over a certificate issued from --ca-dir (--xds-dns-names).
     #[arg(
         long,
         env = "SHOAL_XDS_TLS_CERT",
@@ -136,25 +140,31 @@ pub struct ServerArgs {
     /// CA certificates (PEM) that verify proxies' client certificates on the TLS endpoint
     /// (the mesh's root); reloaded when it changes. Without it, proxies authenticate with
     /// service-account tokens only.
-    #[arg(
-        long,
-        env = "SHOAL_XDS_CLIENT_CA",
-        value_name = "FILE",
-        requires = "xds_tls_cert"
-    )]
+    #[arg(long, env = "SHOAL_XDS_CLIENT_CA", value_name = "FILE")]
     pub xds_client_ca: Option<PathBuf>,
 
     /// Sign workload certificates (istio-agent's `CreateCertificate`) on the TLS endpoint
     /// with the CA in DIR, Istio's `cacerts` layout: ca-cert.pem, ca-key.pem,
     /// root-cert.pem and optionally cert-chain.pem. Callers get certificates only for
-    /// their own identity.
+    /// their own identity. Without --xds-tls-cert, the TLS endpoint also serves a
+    /// certificate issued from this CA for --xds-dns-names, so proxies verify it with the
+    /// mesh root (istio-ca-root-cert).
+    #[arg(long, env = "SHOAL_CA_DIR", value_name = "DIR")]
+    pub ca_dir: Option<PathBuf>,
+
+    /// DNS names proxies use to reach the TLS endpoint, comma-separated (e.g.
+    /// shoal-server.istio-system.svc,istiod.istio-system.svc). Required with --ca-dir when
+    /// no --xds-tls-cert is given: the endpoint then serves a certificate for these names
+    /// issued from the CA, kept in memory, renewed at half its 24 h lifetime and whenever
+    /// the CA changes. Ignored when --xds-tls-cert is given.
     #[arg(
         long,
-        env = "SHOAL_CA_DIR",
-        value_name = "DIR",
-        requires = "xds_tls_cert"
+        env = "SHOAL_XDS_DNS_NAMES",
+        value_delimiter = ',',
+        value_name = "NAME,...",
+        requires = "ca_dir"
     )]
-    pub ca_dir: Option<PathBuf>,
+    pub xds_dns_names: Vec<String>,
 
     /// Audiences a service-account token must have (comma-separated). istio-agent asks
     /// for `istio-ca` (its TOKEN_AUDIENCE).
@@ -287,23 +297,69 @@ pub struct ServerArgs {
 /// Runs the server until SIGTERM or Ctrl-C.
 pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     shoal_common::logging::init(&args.log_level, args.log_format == "json");
-    if args.xds_addr.is_none() && args.xds_tls_cert.is_none() {
-        anyhow::bail!(
-            "no xDS endpoint to serve: give --xds-tls-cert and --xds-tls-key to serve TLS on \
-             --xds-tls-addr ({}), and/or --xds-addr HOST:PORT to serve plaintext (no \
-             authentication; trusted networks only)",
-            args.xds_tls_addr
-        );
-    }
+    let metrics = Metrics::new();
+    let dns_names: Vec<String> = args
+        .xds_dns_names
+        .iter()
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .collect();
+    let ca = match &args.ca_dir {
+        Some(dir) => Some(load_ca(dir, &metrics)?),
+        None => None,
+    };
     let tls_files = args.xds_tls_cert.clone().map(|cert| TlsFiles {
         cert,
         key: args.xds_tls_key.clone().unwrap_or_default(),
         client_ca: args.xds_client_ca.clone(),
     });
-    let tls = match &tls_files {
-        Some(files) => Some(TlsServer::load(files).context("cannot serve xDS over TLS")?),
-        None => None,
+    let tls = match (&tls_files, &ca) {
+        (Some(files), _) => {
+            if !dns_names.is_empty() {
+                tracing::warn!(
+                    "--xds-tls-cert is given: it is served, and --xds-dns-names is ignored"
+                );
+            }
+            let tls = TlsServer::load(files).context("cannot serve xDS over TLS")?;
+            tokio::spawn(tls.clone().reload(files.clone(), metrics.clone()));
+            Some(tls)
+        }
+        (None, Some(ca)) => {
+            if dns_names.is_empty() {
+                anyhow::bail!(
+                    "--ca-dir without --xds-tls-cert: the TLS xDS endpoint serves a certificate \
+                     issued from the CA, and --xds-dns-names NAME,... must name what proxies \
+                     dial (e.g. shoal-server.istio-system.svc,istiod.istio-system.svc)"
+                );
+            }
+            let (serving, tls) = ServingCert::start(
+                ca.clone(),
+                dns_names,
+                args.xds_client_ca.clone(),
+                metrics.clone(),
+            )
+            .context("cannot serve xDS over TLS with a certificate from --ca-dir")?;
+            tokio::spawn(serving.renew(tls.clone()));
+            Some(tls)
+        }
+        (None, None) => {
+            if args.xds_client_ca.is_some() {
+                anyhow::bail!(
+                    "--xds-client-ca needs the TLS xDS endpoint: give --xds-tls-cert and \
+                     --xds-tls-key, or --ca-dir with --xds-dns-names"
+                );
+            }
+            None
+        }
     };
+    if args.xds_addr.is_none() && tls.is_none() {
+        anyhow::bail!(
+            "no xDS endpoint to serve: give --xds-tls-cert and --xds-tls-key (or --ca-dir with \
+             --xds-dns-names) to serve TLS on --xds-tls-addr ({}), and/or --xds-addr HOST:PORT \
+             to serve plaintext (no authentication; trusted networks only)",
+            args.xds_tls_addr
+        );
+    }
     let credential_keys = match (&args.credential_key_file, &args.standalone) {
         (Some(path), _) => Some(Arc::new(
             CredentialKeys::load(path).context("cannot use --credential-key-file")?,
@@ -331,7 +387,6 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("one of --nats-url or --standalone is required"),
     };
 
-    let metrics = Metrics::new();
     let registry = Registry::default();
     let (tx, rx) = watch::channel(None);
     let debounce = Debounce {
@@ -401,30 +456,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .with_push_concurrency(args.push_concurrency)
         .with_views(views)
         .with_auth(authenticator);
-    let ads = match &args.ca_dir {
-        Some(dir) => {
-            // Every CA in use shows its expiry (the first and each reloaded one).
-            let load = {
-                let (dir, metrics) = (dir.clone(), metrics.clone());
-                move || {
-                    crate::ca::Ca::load(&dir).inspect(|ca| {
-                        metrics.ca_root_expiry.set(ca.root_expiry());
-                        metrics.ca_chain_expiry.set(ca.chain_expiry());
-                    })
-                }
-            };
-            let ca = load()
-                .with_context(|| format!("cannot use the CA in --ca-dir {}", dir.display()))?;
-            tracing::info!(dir = %dir.display(), "signing workload certificates");
-            let ca = crate::reload::Reloading::new(ca);
-            tokio::spawn(ca.clone().follow(
-                "workload CA",
-                crate::ca::Ca::files(dir),
-                load,
-                metrics.ca_reloads.clone(),
-            ));
-            ads.with_ca(ca)
-        }
+    let ads = match ca {
+        Some(ca) => ads.with_ca(ca),
         None => ads,
     };
     let server = ads.into_server();
@@ -438,10 +471,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         drain: args.drain_duration.get(),
     };
     let mut servers = Vec::new();
-    if let (Some(tls), Some(files)) = (tls, tls_files) {
+    if let Some(tls) = tls {
         let listener = listen_backlog(args.xds_tls_addr, XDS_BACKLOG)
             .with_context(|| format!("cannot listen on xDS TLS address {}", args.xds_tls_addr))?;
-        tokio::spawn(tls.clone().reload(files, metrics.clone()));
         tracing::info!(xds_tls = %args.xds_tls_addr, "serving xDS over TLS");
         servers.push(tokio::spawn(listener::serve(
             listener,
@@ -471,6 +503,30 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     tracing::info!("shut down");
     Ok(())
+}
+
+/// Loads the workload CA in `dir` and follows its files; every CA in use shows its expiry
+/// (the first and each reloaded one).
+fn load_ca(dir: &std::path::Path, metrics: &Metrics) -> anyhow::Result<Reloading<Ca>> {
+    let load = {
+        let (dir, metrics) = (dir.to_path_buf(), metrics.clone());
+        move || {
+            Ca::load(&dir).inspect(|ca| {
+                metrics.ca_root_expiry.set(ca.root_expiry());
+                metrics.ca_chain_expiry.set(ca.chain_expiry());
+            })
+        }
+    };
+    let ca = load().with_context(|| format!("cannot use the CA in --ca-dir {}", dir.display()))?;
+    tracing::info!(dir = %dir.display(), "signing workload certificates");
+    let ca = Reloading::new(ca);
+    tokio::spawn(ca.clone().follow(
+        "workload CA",
+        Ca::files(dir),
+        load,
+        metrics.ca_reloads.clone(),
+    ));
+    Ok(ca)
 }
 
 #[cfg(feature = "standalone")]

@@ -122,6 +122,58 @@ fn read(path: &Path) -> Result<String, CaLoadError> {
     })
 }
 
+/// The CA's key from PEM: PKCS#8 (`PRIVATE KEY`), or PKCS#1 (`RSA PRIVATE KEY`, what Helm's
+/// `genCA`, `openssl genrsa -traditional` and Istio's sample `cacerts` hold), which the
+/// signer (ring) takes only wrapped in PKCS#8.
+fn signing_key(pem: &str) -> Result<KeyPair, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    let key = PrivateKeyDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| format!("no PEM private key: {e}"))?;
+    let pkcs8 =
+        match &key {
+            PrivateKeyDer::Pkcs8(_) => key,
+            PrivateKeyDer::Pkcs1(rsa) => PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+                pkcs8_of_rsa(rsa.secret_pkcs1_der()),
+            )),
+            _ => return Err(
+                "an EC PRIVATE KEY (SEC1): convert it to PKCS#8 (`openssl pkcs8 -topk8 -nocrypt`)"
+                    .into(),
+            ),
+        };
+    KeyPair::try_from(&pkcs8).map_err(|e| e.to_string())
+}
+
+/// PKCS#8 `PrivateKeyInfo` around a PKCS#1 RSA key (RFC 5208: version 0, rsaEncryption
+/// with NULL parameters, the key as an OCTET STRING).
+fn pkcs8_of_rsa(pkcs1: &[u8]) -> Vec<u8> {
+    fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+        let mut out = vec![tag];
+        let len = content.len();
+        if len < 0x80 {
+            out.push(len as u8);
+        } else {
+            let bytes: Vec<u8> = len
+                .to_be_bytes()
+                .into_iter()
+                .skip_while(|b| *b == 0)
+                .collect();
+            out.push(0x80 | bytes.len() as u8);
+            out.extend(bytes);
+        }
+        out.extend_from_slice(content);
+        out
+    }
+    // SEQUENCE { OID 1.2.840.113549.1.1.1, NULL }
+    const RSA_ALGORITHM: &[u8] = &[
+        0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01, 0x05, 0x00,
+    ];
+    let mut body = vec![0x02, 0x01, 0x00];
+    body.extend_from_slice(RSA_ALGORITHM);
+    body.extend(tlv(0x04, pkcs1));
+    tlv(0x30, &body)
+}
+
 /// Splits a PEM bundle into its certificates (each ending with a newline).
 fn certificates(pem: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -162,7 +214,7 @@ impl Ca {
             path: path.to_path_buf(),
             error,
         };
-        let key = KeyPair::from_pem(&read(&key_path)?)
+        let key = signing_key(&read(&key_path)?)
             .map_err(|e| invalid(&key_path, format!("not a usable private key: {e}")))?;
         let cert = read(&cert_path)?;
         let issuer = Issuer::from_ca_cert_pem(&cert, key)
@@ -270,7 +322,78 @@ impl Ca {
         out.push(self.root.clone());
         Ok(out)
     }
+
+    /// Issues a serving certificate for `dns_names` (istiod's own "DNS certificate",
+    /// `GenKeyCert`) with a new key, valid for `ttl` but never past the signing
+    /// certificate. The chain is the new certificate then the signing chain, without the
+    /// root (clients hold it: `istio-ca-root-cert`).
+    pub fn issue_serving(&self, dns_names: &[String], ttl: Duration) -> Result<Issued, SignError> {
+        let sans = dns_names
+            .iter()
+            .map(|name| {
+                let bad =
+                    |e: String| SignError::Signing(format!("{name:?} is not a DNS name: {e}"));
+                rustls_pki_types::DnsName::try_from(name.as_str())
+                    .map_err(|e| bad(e.to_string()))?;
+                name.clone()
+                    .try_into()
+                    .map(SanType::DnsName)
+                    .map_err(|e: rcgen::Error| bad(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let now = time::OffsetDateTime::now_utc();
+        let chain_end = time::OffsetDateTime::from_unix_timestamp(self.chain_expiry)
+            .map_err(|e| SignError::Signing(format!("signing certificate expiry: {e}")))?;
+        let not_after = (now + ttl).min(chain_end);
+        if not_after <= now {
+            return Err(SignError::Signing(
+                "the signing CA certificate has expired".into(),
+            ));
+        }
+        let mut params = rcgen::CertificateParams::default();
+        params.subject_alt_names = sans;
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        if let Some(first) = dns_names.first() {
+            params
+                .distinguished_name
+                .push(DnType::CommonName, first.as_str());
+        }
+        params.is_ca = rcgen::IsCa::ExplicitNoCa;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.not_before = now - BACKDATE;
+        params.not_after = not_after;
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate().map_err(|e| SignError::Signing(e.to_string()))?;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(|e| SignError::Signing(e.to_string()))?;
+        let mut chain = vec![cert.pem()];
+        chain.extend(self.chain.iter().cloned());
+        Ok(Issued {
+            chain,
+            key: key.serialize_pem(),
+            not_before: (now - BACKDATE).unix_timestamp(),
+            not_after: not_after.unix_timestamp(),
+        })
+    }
+}
+
+/// A certificate issued with a key of its own ([`Ca::issue_serving`]).
+#[derive(Clone)]
+pub struct Issued {
+    /// The certificate, then the signing chain up to (excluding) the root, PEM.
+    pub chain: Vec<String>,
+    /// The private key, PEM (PKCS#8).
+    pub key: String,
+    /// Start of validity, Unix seconds.
+    pub not_before: i64,
+    /// End of validity, Unix seconds.
+    pub not_after: i64,
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -76,6 +76,11 @@ pub struct Metrics {
     pub ca_root_expiry: IntGauge,
     /// When the workload CA's signing certificate expires, Unix seconds.
     pub ca_chain_expiry: IntGauge,
+    /// When the secure port's serving certificate issued from the workload CA expires,
+    /// Unix seconds.
+    pub xds_serving_cert_expiry: IntGauge,
+    /// Renewals of that certificate, by reason (`expiring`, `ca_changed`) and result.
+    pub xds_serving_cert_renewals: IntCounterVec,
 }
 
 /// Why an xDS stream ended (the `reason` label of `shoal_xds_streams_closed_total`).
@@ -305,6 +310,23 @@ impl Metrics {
                  citadel_server_cert_chain_expiry_timestamp).",
             )
             .expect("valid metric"),
+            xds_serving_cert_expiry: IntGauge::new(
+                "shoal_xds_serving_cert_expiry_timestamp",
+                "When the TLS xDS port's serving certificate issued from the workload CA \
+                 (--xds-dns-names) expires, Unix seconds; 0 when the certificate comes from \
+                 --xds-tls-cert.",
+            )
+            .expect("valid metric"),
+            xds_serving_cert_renewals: IntCounterVec::new(
+                opts!(
+                    "shoal_xds_serving_cert_renewals_total",
+                    "Renewals of the TLS xDS port's serving certificate issued from the \
+                     workload CA, by reason (expiring: half its lifetime passed; ca_changed: \
+                     the CA in --ca-dir changed) and result (ok, error)."
+                ),
+                &["reason", "result"],
+            )
+            .expect("valid metric"),
             token_issuers: IntGauge::new(
                 "shoal_token_issuers",
                 "Clusters whose service-account token issuer keys are loaded.",
@@ -345,6 +367,8 @@ impl Metrics {
             Box::new(m.ca_reloads.clone()),
             Box::new(m.ca_root_expiry.clone()),
             Box::new(m.ca_chain_expiry.clone()),
+            Box::new(m.xds_serving_cert_expiry.clone()),
+            Box::new(m.xds_serving_cert_renewals.clone()),
         ];
         shoal_common::metrics::register_all(&m.registry, collectors);
         // Create the series of every known label value, so each documented metric shows
@@ -391,6 +415,10 @@ impl Metrics {
         for result in ["ok", "error"] {
             m.ca_reloads.with_label_values(&[result]);
             m.tls_reloads.with_label_values(&[result]);
+            for reason in ["expiring", "ca_changed"] {
+                m.xds_serving_cert_renewals
+                    .with_label_values(&[reason, result]);
+            }
         }
         for bucket in ["shoal-config", "shoal-services", "shoal-endpoints"] {
             for result in ["applied", "unchanged", "invalid"] {

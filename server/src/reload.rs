@@ -38,6 +38,11 @@ impl<T: Send + Sync + 'static> Reloading<T> {
         self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Replaces the value (for values renewed by their owner rather than from files).
+    pub fn set(&self, value: T) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(value);
+    }
+
     /// Rebuilds the value with `build` whenever the contents of `paths` change, forever.
     /// `results` counts each build by `result` (`ok`, also for the first, and `error`).
     pub async fn follow<E: std::fmt::Display>(
@@ -58,7 +63,7 @@ impl<T: Send + Sync + 'static> Reloading<T> {
             seen = now;
             match build() {
                 Ok(value) => {
-                    *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(value);
+                    self.set(value);
                     results.with_label_values(&["ok"]).inc();
                     tracing::info!(what, "reloaded from its changed files");
                 }

@@ -50,7 +50,7 @@ pub struct AgentConfig {
 
 impl AgentConfig {
     /// An agent authenticating with `credential` to the CA at `ca`, whose serving certificate
-    /// (issued for `localhost`, as [`crate::pki::TestCa::server`] does) chains to `ca_cert_pem`.
+    /// (issued for `localhost`: [`crate::pki::ServerPki`]) chains to `ca_cert_pem`.
     pub fn new(ca: SocketAddr, ca_cert_pem: &str, credential: Credential) -> AgentConfig {
         AgentConfig {
             ca,

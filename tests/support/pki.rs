@@ -310,9 +310,11 @@ impl tower_service::Service<tonic::codegen::http::Uri> for TlsConnector {
 }
 
 /// The key material of a shoal server with its TLS port (istiod's 15012) and its workload
-/// CA, from one root, written to a temporary directory: the serving certificate (for
-/// `localhost` and 127.0.0.1), Istio's `cacerts` layout for `--ca-dir`, and the root again
-/// as the client CA (so certificates the CA issues authenticate on the TLS port).
+/// CA, from one root, written to a temporary directory: Istio's `cacerts` layout for
+/// `--ca-dir` (the server issues its TLS port's certificate from it for `localhost`, as the
+/// chart has it do for the Service's names), and the root again as the client CA (so
+/// certificates the CA issues authenticate on the TLS port). Clients trust the root alone,
+/// as istio-agent with `istio-ca-root-cert`.
 pub struct ServerPki {
     /// The root.
     pub ca: TestCa,
@@ -324,7 +326,6 @@ impl ServerPki {
     pub fn new() -> ServerPki {
         let ca = TestCa::new("mesh root");
         let dir = tempfile::tempdir().expect("PKI dir");
-        ca.server("shoal").write(dir.path(), "server");
         ca.write_cacerts(&dir.path().join("cacerts"));
         std::fs::write(dir.path().join("client-ca.crt"), &ca.cert_pem).expect("client CA");
         ServerPki { ca, dir }
@@ -336,10 +337,8 @@ impl ServerPki {
         vec![
             "--xds-tls-addr".into(),
             tls.to_string(),
-            "--xds-tls-cert".into(),
-            path("server.crt"),
-            "--xds-tls-key".into(),
-            path("server.key"),
+            "--xds-dns-names".into(),
+            "localhost".into(),
             "--xds-client-ca".into(),
             path("client-ca.crt"),
             "--ca-dir".into(),

@@ -284,6 +284,25 @@ impl ShoalIngester {
     }
 }
 
+/// Runs the binary `name` with `args` (a start that must fail) and returns how long it took
+/// to exit and what it printed; panics when it succeeds or is still running after `limit`.
+pub async fn failed_start(name: &str, args: &[&str], limit: Duration) -> (Duration, String) {
+    let started = std::time::Instant::now();
+    let mut cmd = Command::new(binary(name));
+    cmd.args(args).env("NO_COLOR", "1").kill_on_drop(true);
+    let out = tokio::time::timeout(limit, cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("{name} {args:?} still running after {limit:?}"))
+        .expect("running the binary");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{name} {args:?} succeeded: {text}");
+    (started.elapsed(), text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

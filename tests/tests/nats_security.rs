@@ -9,10 +9,10 @@
 //! 127.0.0.1, a client certificate, and a second CA that signed nothing shoal sees.
 
 use shoal_tests::pki::{Pem, TestCa};
-use shoal_tests::shoal::binary;
+use shoal_tests::shoal::failed_start;
 use shoal_tests::{eventually, NatsServer, ShoalIngester, ShoalServer};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The bound on a failed start: the connect timeout is 5 s and a retried unreachable
 /// server takes 30 s, so anything under this proves the failure was not retried.
@@ -109,25 +109,6 @@ async fn publish_and_serve(nats_url: &str, security: &[&str]) {
     ingester.process().assert_running();
 }
 
-/// Runs `binary args` (a start that must fail) and returns how long it took to exit and
-/// what it printed; panics when it is still running after [`FAIL_FAST`].
-async fn failed_start(name: &str, args: &[&str]) -> (Duration, String) {
-    let started = Instant::now();
-    let mut cmd = tokio::process::Command::new(binary(name));
-    cmd.args(args).env("NO_COLOR", "1").kill_on_drop(true);
-    let out = tokio::time::timeout(FAIL_FAST, cmd.output())
-        .await
-        .unwrap_or_else(|_| panic!("{name} {args:?} still running after {FAIL_FAST:?}"))
-        .expect("running the binary");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!out.status.success(), "{name} {args:?} succeeded: {text}");
-    (started.elapsed(), text)
-}
-
 /// Both binaries' failing starts against `nats_url` with `security`: each exits within
 /// [`FAIL_FAST`] printing `expected`, and never prints `secret`.
 async fn both_fail_fast(nats_url: &str, security: &[&str], expected: &str, secret: &str) {
@@ -155,7 +136,7 @@ async fn both_fail_fast(nats_url: &str, security: &[&str], expected: &str, secre
     ];
     server.extend(security);
     for (name, args) in [("shoal-ingester", ingester), ("shoal-server", server)] {
-        let (took, text) = failed_start(name, &args).await;
+        let (took, text) = failed_start(name, &args, FAIL_FAST).await;
         eprintln!("{name} exited after {took:?}: {text}");
         assert!(
             text.contains(expected),

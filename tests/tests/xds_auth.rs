@@ -692,3 +692,103 @@ async fn the_agent_gets_a_certificate_for_its_token_identity_only() {
     )
     .await;
 }
+
+/// Without --xds-tls-cert, the TLS port serves a certificate issued from the workload CA
+/// for --xds-dns-names (istiod's own "DNS certificate"): a proxy trusting only the mesh
+/// root (istio-agent with `istio-ca-root-cert`) connects and gets its config, and a new CA
+/// in --ca-dir serves a certificate of its own to new connections without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tls_port_serves_a_certificate_from_the_workload_ca_and_follows_its_rotation() {
+    use shoal_tests::ports::free_port;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("mesh root");
+    let cacerts = dir.path().join("cacerts");
+    ca.write_cacerts(&cacerts);
+    // Client certificates are verified with a file of their own (the first root), as
+    // with --xds-tls-cert.
+    let client_ca = dir.path().join("client-ca.crt");
+    std::fs::write(&client_ca, &ca.cert_pem).unwrap();
+    let mesh = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples/mesh");
+    let addr = free_addr();
+    let tls = addr.to_string();
+    let cacerts_arg = cacerts.to_str().unwrap();
+    let mut args = vec![
+        "--standalone",
+        mesh,
+        "--ca-dir",
+        cacerts_arg,
+        "--xds-tls-addr",
+        &tls,
+    ];
+
+    // Without names, the server refuses to start, naming the flag.
+    let admin = format!("127.0.0.1:{}", free_port());
+    let mut no_names = args.clone();
+    no_names.extend(["--admin-addr", &admin]);
+    let (_, text) =
+        shoal_tests::shoal::failed_start("shoal-server", &no_names, Duration::from_secs(10)).await;
+    assert!(text.contains("--xds-dns-names"), "{text}");
+
+    let client_ca_arg = client_ca.to_str().unwrap();
+    args.extend([
+        "--xds-dns-names",
+        "localhost,shoal-server.istio-system.svc",
+        "--xds-client-ca",
+        client_ca_arg,
+    ]);
+    let server = ShoalServer::start(&args).await;
+    let trusting = |root: &str| pki::client_config(root, Some(&ca.workload("demo", "web")));
+
+    // Each name verifies; a name not given does not.
+    for name in ["localhost", "shoal-server.istio-system.svc"] {
+        let channel = pki::tls_channel_to(addr, name, trusting(&ca.cert_pem))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let ask = Ask {
+            namespace: "demo",
+            service_account: Some("web"),
+            ..Ask::default()
+        };
+        let clusters = ask_clusters(channel, ask).await.expect("config over TLS");
+        assert!(clusters > 0, "a sidecar gets clusters");
+    }
+    let other = pki::tls_channel_to(addr, "istiod.istio-system.svc", trusting(&ca.cert_pem)).await;
+    assert!(other.is_err(), "a name not in --xds-dns-names verified");
+    let first = pki::server_certificate(addr, trusting(&ca.cert_pem))
+        .await
+        .expect("TLS handshake");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as f64;
+    let expiry = metric(&server, "shoal_xds_serving_cert_expiry_timestamp", "").await;
+    assert!(
+        (expiry - (now + 24.0 * 3600.0)).abs() < 300.0,
+        "the serving certificate lives 24 h: expires {expiry}, now {now}"
+    );
+
+    // A new CA: new connections get a certificate from it, without a restart.
+    let next = TestCa::new("next root");
+    next.write_cacerts(&cacerts);
+    let rotated = eventually::try_eventually(TIMEOUT, Duration::from_millis(200), || async {
+        pki::server_certificate(addr, trusting(&next.cert_pem))
+            .await
+            .map_err(|e| format!("{e:#}"))
+    })
+    .await;
+    let rotated = rotated.expect("a certificate from the new CA");
+    assert_ne!(rotated, first);
+    assert!(
+        pki::server_certificate(addr, trusting(&ca.cert_pem))
+            .await
+            .is_err(),
+        "the old root still verifies the port"
+    );
+    for (labels, n) in [
+        ("reason=\"ca_changed\",result=\"ok\"", 1.0),
+        ("reason=\"expiring\",result=\"ok\"", 0.0),
+    ] {
+        let renewals = metric(&server, "shoal_xds_serving_cert_renewals_total", labels).await;
+        assert_eq!(renewals, n, "{labels}");
+    }
+}

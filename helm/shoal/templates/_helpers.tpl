@@ -74,6 +74,23 @@ shoal-fleet: {{ . }}
 {{- default (include "shoal.fullname" .) .Values.server.service.name }}
 {{- end }}
 
+{{- /* Whether the TLS xDS port serves a certificate from a Secret (server.xds.tls.secretName,
+or one the chart generates when there is no workload CA). Otherwise the servers issue it
+from the workload CA for shoal.server.xdsDnsNames, and proxies verify it with the mesh root
+(istio-ca-root-cert), as istiod's own certificate. */ -}}
+{{- define "shoal.server.xdsTlsFromSecret" -}}
+{{- if or .Values.server.xds.tls.secretName (not .Values.ca.enabled) }}true{{- end }}
+{{- end }}
+
+{{- /* The names proxies dial the TLS xDS port by: the Service's, then
+server.xds.tls.extraDnsNames. */ -}}
+{{- define "shoal.server.xdsDnsNames" -}}
+{{- $svc := include "shoal.server.serviceName" . }}
+{{- $ns := .Release.Namespace }}
+{{- $names := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) }}
+{{- concat $names .Values.server.xds.tls.extraDnsNames | uniq | join "," }}
+{{- end }}
+
 {{- define "shoal.server.xdsTlsSecret" -}}
 {{- default (printf "%s-xds-tls" (include "shoal.server.name" .) | trunc 63 | trimSuffix "-") .Values.server.xds.tls.secretName }}
 {{- end }}

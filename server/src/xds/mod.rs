@@ -9,6 +9,7 @@ mod impact;
 pub mod limits;
 pub mod listener;
 pub mod registry;
+pub mod serving_cert;
 mod session;
 mod sotw;
 #[cfg(test)]

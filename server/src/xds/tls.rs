@@ -1,6 +1,7 @@
 //! TLS of the secure xDS port (istiod's 15012): the serving certificate chain and key, and
 //! the CA that verifies client certificates, read from PEM files and reloaded when they
-//! change, without a restart.
+//! change, without a restart — or, without files, a serving certificate issued from the
+//! workload CA ([`crate::xds::serving_cert`]).
 //!
 //! Reloaded as [`crate::reload`] describes: a changed set serves every connection accepted
 //! from then on (open connections keep theirs); `shoal_xds_tls_reloads_total` counts the
@@ -66,6 +67,16 @@ impl TlsServer {
         Ok(TlsServer(Reloading::new(build(files)?)))
     }
 
+    /// Serves `config` (built by [`config_from_pem`]).
+    pub fn new(config: ServerConfig) -> TlsServer {
+        TlsServer(Reloading::new(config))
+    }
+
+    /// Serves `config` to every connection accepted from now on.
+    pub fn set(&self, config: ServerConfig) {
+        self.0.set(config)
+    }
+
     /// An acceptor with the current configuration.
     pub fn acceptor(&self) -> TlsAcceptor {
         TlsAcceptor::from(self.0.get())
@@ -113,14 +124,39 @@ fn build(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
             path: files.key.clone(),
             error: format!("no usable PEM private key: {e}"),
         })?;
+    config(chain, key, files.client_ca.as_deref())
+}
+
+/// A configuration serving `chain` (PEM certificates, leaf first) with `key` (PEM), and
+/// verifying client certificates with the CA file `client_ca` if given.
+pub fn config_from_pem(
+    chain: &[String],
+    key: &str,
+    client_ca: Option<&Path>,
+) -> Result<ServerConfig, TlsError> {
+    let chain = chain
+        .iter()
+        .map(|pem| CertificateDer::from_pem_slice(pem.as_bytes()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Config(format!("the issued certificate is not PEM: {e}")))?;
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes())
+        .map_err(|e| TlsError::Config(format!("the issued key is not PEM: {e}")))?;
+    config(chain, key, client_ca)
+}
+
+fn config(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_ca: Option<&Path>,
+) -> Result<ServerConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier = match &files.client_ca {
+    let verifier = match client_ca {
         Some(path) => {
             let mut roots = rustls::RootCertStore::empty();
             for cert in certificates("client CA", path)? {
                 roots.add(cert).map_err(|e| TlsError::Pem {
                     what: "client CA",
-                    path: path.clone(),
+                    path: path.to_path_buf(),
                     error: e.to_string(),
                 })?;
             }

@@ -50,6 +50,9 @@ impl HostIdentities {
 pub struct EndpointIndex {
     hosts: BTreeMap<String, Arc<HostShards>>,
     identities: BTreeMap<String, Arc<HostIdentities>>,
+    /// Counts changes of `identities`: two indexes of one lineage with the same count
+    /// have the same identities (what clusters depend on).
+    identities_epoch: u64,
 }
 
 impl EndpointIndex {
@@ -71,12 +74,20 @@ impl EndpointIndex {
                 let ids = HostIdentities::of(shards);
                 if self.identities.get(host).is_none_or(|old| **old != ids) {
                     self.identities.insert(host.to_string(), Arc::new(ids));
+                    self.identities_epoch += 1;
                 }
             }
             None => {
-                self.identities.remove(host);
+                if self.identities.remove(host).is_some() {
+                    self.identities_epoch += 1;
+                }
             }
         }
+    }
+
+    /// Changes with the workload identities behind any host (see the field).
+    pub fn identities_epoch(&self) -> u64 {
+        self.identities_epoch
     }
 
     /// The workload identities behind a hostname (none without endpoints).

@@ -7,7 +7,8 @@
 //!
 //! - the proxy scope (per PushContext);
 //! - each type's resources, encoded and shared by `Arc` (an [`Output`]): clusters,
-//!   listeners and routes per PushContext (endpoint-only snapshots reuse them), load
+//!   listeners and routes per PushContext (endpoint-only snapshots reuse them, but for
+//!   clusters only while the workload identities behind the hosts stay the same), load
 //!   assignments per snapshot — and as long as the PushContext is the same, only the
 //!   assignments of services whose endpoint shards changed since the view's previous
 //!   output are rebuilt (shards are shared by `Arc` until they change);
@@ -368,9 +369,18 @@ struct Slot {
 }
 
 impl Slot {
+    /// Whether this output is still the one for `snap`: same PushContext, and for load
+    /// assignments the same endpoints, for clusters the same workload identities behind
+    /// the hosts (auto mTLS's SANs and sidecar checks).
     fn valid_for(&self, ty: XdsType, snap: &Snapshot) -> bool {
         Arc::ptr_eq(&self.ctx, &snap.ctx)
-            && (ty != XdsType::Endpoint || Arc::ptr_eq(&self.endpoints, &snap.endpoints))
+            && match ty {
+                XdsType::Endpoint => Arc::ptr_eq(&self.endpoints, &snap.endpoints),
+                XdsType::Cluster => {
+                    self.endpoints.identities_epoch() == snap.endpoints.identities_epoch()
+                }
+                _ => true,
+            }
     }
 }
 
@@ -660,6 +670,50 @@ mod tests {
             &names.iter().cloned().collect::<Vec<_>>(),
         ));
         assert_eq!(full.version(), eds2.version());
+    }
+
+    /// Clusters depend on the workload identities behind their hosts (auto mTLS's SANs):
+    /// an endpoint-only snapshot that changes them must not reuse the view's clusters.
+    #[tokio::test]
+    async fn clusters_follow_the_identities_behind_their_hosts() {
+        let metrics = Metrics::new();
+        let cache = GeneratorCache::new(64 << 20, true, metrics);
+        let views = Views::new(Generation::new(cache, 1));
+        let proxy = sidecar_proxy("a", &[("app", "client")]);
+        let view = views.view_for(&proxy);
+        let mut m = mesh();
+        let snap1 = Arc::new(Snapshot {
+            number: 1,
+            ..m.snapshot()
+        });
+        let none = Names::default();
+        let cds1 = view.output(XdsType::Cluster, &none, &snap1).await;
+
+        // web gets a pod with a sidecar and a service account; the PushContext is kept.
+        let mut with_identity = endpoint("10.0.0.2", &[("security.istio.io/tlsMode", "istio")]);
+        with_identity.service_account = "web".into();
+        m.add_slice(slice(
+            "a",
+            "web",
+            "web-1",
+            &[("http", 8080)],
+            vec![with_identity],
+        ));
+        let snap2 = Arc::new(Snapshot {
+            ctx: snap1.ctx.clone(),
+            endpoints: m.snapshot().endpoints,
+            number: 2,
+        });
+        let cds2 = view.output(XdsType::Cluster, &none, &snap2).await;
+        assert_ne!(cds1.version(), cds2.version(), "the SANs changed");
+        let fresh = Output::new(view.generation.cache.generate(
+            XdsType::Cluster,
+            &proxy,
+            &view.scope(&snap2.ctx),
+            &snap2,
+            &[],
+        ));
+        assert_eq!(fresh.version(), cds2.version());
     }
 
     fn res(name: &str, version: &str) -> Arc<Resource> {

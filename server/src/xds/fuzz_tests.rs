@@ -497,6 +497,13 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Counter {
     }
 }
 
+/// Recomputes every callsite's interest with this thread's scoped subscriber in place: a
+/// test running at the same time on a thread without one can leave a callsite cached as
+/// uninteresting, and its warnings would then never reach the counting layer.
+fn settle_interest() {
+    tracing::callsite::rebuild_interest_cache();
+}
+
 /// A proxy NACKing and asking for unknown types in a loop is logged once per kind (then
 /// at most once per `WARN_INTERVAL`), not once per request.
 #[test]
@@ -520,8 +527,10 @@ fn warnings_of_a_looping_proxy_are_rate_limited() {
             ..sotw(None, XdsType::Cluster, vec![])
         });
     }
-    let outcome =
-        tracing::subscriber::with_default(subscriber, || run(Mode::Sotw, reqs, SotwStream::new));
+    let outcome = tracing::subscriber::with_default(subscriber, || {
+        settle_interest();
+        run(Mode::Sotw, reqs, SotwStream::new)
+    });
     assert!(!outcome.ended);
     let warnings = counter.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
     assert_eq!(
@@ -540,6 +549,7 @@ fn refused_streams_of_a_reconnect_loop_are_logged_rate_limited() {
     let subscriber = tracing_subscriber::registry().with(counter.clone());
     let refusals = SharedWarnLimiter::default();
     tracing::subscriber::with_default(subscriber, || {
+        settle_interest();
         for _ in 0..50 {
             let outcome = run_with(
                 Mode::Sotw,

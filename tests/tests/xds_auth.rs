@@ -394,41 +394,10 @@ async fn service_account_tokens_are_verified_offline_against_the_published_issue
     assert!(result.is_ok(), "{result:?}");
 }
 
-/// `bootstrap` with its `xds-grpc` cluster over TLS: the server verified against `ca`, the
-/// proxy presenting `client` (files in `dir`), as istio-agent's Envoy reaches istiod's 15012.
-fn tls_bootstrap(bootstrap: &str, dir: &Path, ca: &TestCa, client: &Pem, name: &str) -> String {
-    let (cert, key) = client.write(dir, name);
-    let ca_path = dir.join("envoy-ca.crt");
-    std::fs::write(&ca_path, &ca.cert_pem).unwrap();
-    let socket = format!(
-        r#"    transport_socket:
-      name: envoy.transport_sockets.tls
-      typed_config:
-        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
-        sni: localhost
-        common_tls_context:
-          alpn_protocols: [h2]
-          tls_certificates:
-          - certificate_chain: {{ filename: {cert} }}
-            private_key: {{ filename: {key} }}
-          validation_context:
-            trusted_ca: {{ filename: {ca} }}
-            match_typed_subject_alt_names:
-            - san_type: DNS
-              matcher: {{ exact: localhost }}
-    upstream_connection_options:"#,
-        cert = cert.display(),
-        key = key.display(),
-        ca = ca_path.display(),
-    );
-    let out = bootstrap.replacen("    upstream_connection_options:", &socket, 1);
-    assert_ne!(out, bootstrap, "the bootstrap has an xds-grpc cluster");
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_gets_its_config_over_tls_with_its_workload_certificate_and_no_other() {
-    use shoal_tests::bootstrap::{bootstrap, bootstrap_with, AdsMode, Node};
+    use shoal_tests::bootstrap::{bootstrap, bootstrap_with, with_xds_tls};
+    use shoal_tests::bootstrap::{AdsMode, Node, XdsTlsFiles};
     use shoal_tests::envoy::Envoy;
     use shoal_tests::ports::free_port;
 
@@ -440,21 +409,28 @@ async fn envoy_gets_its_config_over_tls_with_its_workload_certificate_and_no_oth
     let mesh = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples/mesh");
     let (server, addr) = tls_server(&["--standalone", mesh], dir.path(), Some(&ca_path)).await;
 
+    // The xds-grpc cluster over TLS: the server verified against the mesh root, the proxy
+    // presenting `client`, as istio-agent's Envoy reaches istiod's 15012.
+    let over_tls = |bootstrap: String, client: Pem, name: &str| {
+        let (cert, key) = client.write(dir.path(), name);
+        let files = XdsTlsFiles {
+            ca: ca_path.clone(),
+            cert,
+            key,
+        };
+        with_xds_tls(&bootstrap, &files)
+    };
     // The examples' sidecar (demo/client-1) with the certificate of its own identity.
-    let own = tls_bootstrap(
-        &bootstrap(&Node::sidecar(), free_port(), &[addr]),
-        dir.path(),
-        &ca,
-        &ca.workload("demo", "client"),
+    let own = over_tls(
+        bootstrap(&Node::sidecar(), free_port(), &[addr]),
+        ca.workload("demo", "client"),
         "client",
     );
     // The gateway's node id (istio-system) with demo's certificate, on a delta stream:
     // refused.
-    let other = tls_bootstrap(
-        &bootstrap_with(&Node::gateway(), free_port(), &[addr], AdsMode::Delta),
-        dir.path(),
-        &ca,
-        &ca.workload("demo", "intruder"),
+    let other = over_tls(
+        bootstrap_with(&Node::gateway(), free_port(), &[addr], AdsMode::Delta),
+        ca.workload("demo", "intruder"),
         "intruder",
     );
     let (envoy, intruder) = tokio::join!(Envoy::start(&own), Envoy::start(&other));

@@ -19,6 +19,7 @@ use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use shoal_proto::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
+use shoal_tests::kubeapi::KubeApiServer;
 use shoal_tests::pki::{self, Pem, TestCa, TokenSigner};
 use shoal_tests::ports::free_addr;
 use shoal_tests::shoal::ShoalServer;
@@ -90,6 +91,29 @@ async fn ask_clusters(
         .ok_or_else(|| tonic::Status::unknown("stream ended without a response"))?;
     drop(tx);
     Ok(first.resources.len())
+}
+
+/// A NATS server and a Kubernetes API server whose service-account issuer signs with
+/// the returned signer, read by a ready ingester.
+async fn token_issuer_mesh() -> (NatsServer, KubeApiServer, TokenSigner, Ingester) {
+    let nats = NatsServer::start().await;
+    let cluster = config_cluster().await;
+    let signer = TokenSigner::new(ISSUER, "key-1");
+    cluster.set_service_account_issuer(ISSUER, signer.jwks());
+    let mut ingester = Ingester::start(&nats.url(), &cluster.kubeconfig(), &[]);
+    ingester.wait_ready().await;
+    (nats, cluster, signer, ingester)
+}
+
+/// Waits until `server` has loaded the (one) issuer the ingester published.
+async fn wait_issuer_loaded(server: &ShoalServer) {
+    eventually::eventually(TIMEOUT, Duration::from_millis(200), || async {
+        let issuers = metric(server, "shoal_token_issuers", "").await;
+        (issuers == 1.0)
+            .then_some(())
+            .ok_or("the issuer is not loaded yet")
+    })
+    .await;
 }
 
 /// `name{label="value"} N` from the server's /metrics (0 when absent).
@@ -291,24 +315,13 @@ async fn the_serving_certificate_is_reloaded_without_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_account_tokens_are_verified_offline_against_the_published_issuer() {
-    let nats = NatsServer::start().await;
-    let cluster = config_cluster().await;
-    let signer = TokenSigner::new(ISSUER, "key-1");
-    cluster.set_service_account_issuer(ISSUER, signer.jwks());
-    let mut ingester = Ingester::start(&nats.url(), &cluster.kubeconfig(), &[]);
-    ingester.wait_ready().await;
+    let (nats, cluster, signer, ingester) = token_issuer_mesh().await;
 
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("mesh root");
     ca.server("shoal").write(dir.path(), "server");
     let (server, addr) = tls_server(&["--nats-url", &nats.url()], dir.path(), None).await;
-    eventually::eventually(TIMEOUT, Duration::from_millis(200), || async {
-        let issuers = metric(&server, "shoal_token_issuers", "").await;
-        (issuers == 1.0)
-            .then_some(())
-            .ok_or("the issuer is not loaded yet")
-    })
-    .await;
+    wait_issuer_loaded(&server).await;
 
     let channel = || pki::tls_channel(addr, pki::client_config(&ca.cert_pem, None));
     let token = signer.token("shop", "web", "istio-ca");
@@ -627,25 +640,14 @@ async fn the_agent_gets_a_certificate_for_its_token_identity_only() {
     use shoal_tests::agent::{Agent, AgentConfig, Credential};
     use shoal_tests::pki::ServerPki;
 
-    let nats = NatsServer::start().await;
-    let cluster = config_cluster().await;
-    let signer = TokenSigner::new(ISSUER, "key-1");
-    cluster.set_service_account_issuer(ISSUER, signer.jwks());
-    let mut ingester = Ingester::start(&nats.url(), &cluster.kubeconfig(), &[]);
-    ingester.wait_ready().await;
+    let (nats, _cluster, signer, _ingester) = token_issuer_mesh().await;
     let pki = ServerPki::new();
     let tls = free_addr();
     let mut args = vec!["--nats-url".to_string(), nats.url()];
     args.extend(pki.server_args(tls));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let server = ShoalServer::start(&args).await;
-    eventually::eventually(TIMEOUT, Duration::from_millis(200), || async {
-        let issuers = metric(&server, "shoal_token_issuers", "").await;
-        (issuers == 1.0)
-            .then_some(())
-            .ok_or("the issuer is not loaded yet")
-    })
-    .await;
+    wait_issuer_loaded(&server).await;
 
     let token = signer.token("shop", "web", "istio-ca");
     let mut config = AgentConfig::new(tls, &pki.ca.cert_pem, Credential::Token(token));

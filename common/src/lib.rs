@@ -17,6 +17,7 @@ pub mod model;
 pub mod ownership;
 pub mod secret;
 pub mod synced;
+pub mod time;
 
 pub use bus::{
     memory::MemoryBus, nats::NatsBus, Bucket, BusError, Entry, Op, StateBus, WatchEvent,

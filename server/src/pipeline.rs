@@ -9,6 +9,7 @@ use futures::StreamExt;
 use shoal_common::bus::{Bucket, BusError, StateBus, WatchEvent};
 use shoal_common::credential::CredentialKeys;
 use shoal_common::model::ConfigKind;
+use shoal_common::time::sleep_until;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -685,12 +686,5 @@ impl Pipeline {
             changes,
             published_at_ms: shoal_common::envelope::now_ms(),
         })
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }

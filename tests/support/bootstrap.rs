@@ -101,7 +101,8 @@ pub struct XdsTlsFiles {
 }
 
 /// `bootstrap` (from [`bootstrap_with`]) connecting to shoal's secure xDS port with a
-/// client certificate, as istio-agent's proxies do (mutual TLS, SNI `localhost`).
+/// client certificate, as istio-agent's proxies do (mutual TLS, SNI `localhost`, the
+/// server's certificate verified against `files.ca` and for the name `localhost`).
 pub fn with_xds_tls(bootstrap: &str, files: &XdsTlsFiles) -> String {
     let path = |p: &std::path::Path| p.to_str().expect("UTF-8 path").to_string();
     let socket = format!(
@@ -118,6 +119,9 @@ pub fn with_xds_tls(bootstrap: &str, files: &XdsTlsFiles) -> String {
             private_key: {{ filename: {key} }}
           validation_context:
             trusted_ca: {{ filename: {ca} }}
+            match_typed_subject_alt_names:
+            - san_type: DNS
+              matcher: {{ exact: localhost }}
 "#,
         cert = path(&files.cert),
         key = path(&files.key),

@@ -124,18 +124,9 @@ spec:
         AdsMode::Sotw,
     ))
     .await;
-    let name = format!("0.0.0.0_{gateway_port}");
-    eventually(
-        Duration::from_secs(20),
-        Duration::from_millis(100),
-        || async {
-            match gateway.admin_get("/listeners").await {
-                Ok(l) if l.contains(&name) => Ok(()),
-                other => Err(format!("gateway listeners: {other:?}")),
-            }
-        },
-    )
-    .await;
+    gateway
+        .wait_listener(&format!("0.0.0.0_{gateway_port}"))
+        .await;
 
     // The SNI a rule names: the backend's own TLS session answers (end to end TLS).
     let page = eventually(

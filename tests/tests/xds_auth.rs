@@ -19,6 +19,7 @@ use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use shoal_proto::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
+use shoal_tests::kubeapi::KubeApiServer;
 use shoal_tests::pki::{self, Pem, TestCa, TokenSigner};
 use shoal_tests::ports::free_addr;
 use shoal_tests::shoal::ShoalServer;
@@ -90,6 +91,29 @@ async fn ask_clusters(
         .ok_or_else(|| tonic::Status::unknown("stream ended without a response"))?;
     drop(tx);
     Ok(first.resources.len())
+}
+
+/// A NATS server and a Kubernetes API server whose service-account issuer signs with
+/// the returned signer, read by a ready ingester.
+async fn token_issuer_mesh() -> (NatsServer, KubeApiServer, TokenSigner, Ingester) {
+    let nats = NatsServer::start().await;
+    let cluster = config_cluster().await;
+    let signer = TokenSigner::new(ISSUER, "key-1");
+    cluster.set_service_account_issuer(ISSUER, signer.jwks());
+    let mut ingester = Ingester::start(&nats.url(), &cluster.kubeconfig(), &[]);
+    ingester.wait_ready().await;
+    (nats, cluster, signer, ingester)
+}
+
+/// Waits until `server` has loaded the (one) issuer the ingester published.
+async fn wait_issuer_loaded(server: &ShoalServer) {
+    eventually::eventually(TIMEOUT, Duration::from_millis(200), || async {
+        let issuers = metric(server, "shoal_token_issuers", "").await;
+        (issuers == 1.0)
+            .then_some(())
+            .ok_or("the issuer is not loaded yet")
+    })
+    .await;
 }
 
 /// `name{label="value"} N` from the server's /metrics (0 when absent).
@@ -291,24 +315,13 @@ async fn the_serving_certificate_is_reloaded_without_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_account_tokens_are_verified_offline_against_the_published_issuer() {
-    let nats = NatsServer::start().await;
-    let cluster = config_cluster().await;
-    let signer = TokenSigner::new(ISSUER, "key-1");
-    cluster.set_service_account_issuer(ISSUER, signer.jwks());
-    let mut ingester = Ingester::start(&nats.url(), &cluster.kubeconfig(), &[]);
-    ingester.wait_ready().await;
+    let (nats, cluster, signer, ingester) = token_issuer_mesh().await;
 
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("mesh root");
     ca.server("shoal").write(dir.path(), "server");
     let (server, addr) = tls_server(&["--nats-url", &nats.url()], dir.path(), None).await;
-    eventually::eventually(TIMEOUT, Duration::from_millis(200), || async {
-        let issuers = metric(&server, "shoal_token_issuers", "").await;
-        (issuers == 1.0)
-            .then_some(())
-            .ok_or("the issuer is not loaded yet")
-    })
-    .await;
+    wait_issuer_loaded(&server).await;
 
     let channel = || pki::tls_channel(addr, pki::client_config(&ca.cert_pem, None));
     let token = signer.token("shop", "web", "istio-ca");
@@ -394,41 +407,10 @@ async fn service_account_tokens_are_verified_offline_against_the_published_issue
     assert!(result.is_ok(), "{result:?}");
 }
 
-/// `bootstrap` with its `xds-grpc` cluster over TLS: the server verified against `ca`, the
-/// proxy presenting `client` (files in `dir`), as istio-agent's Envoy reaches istiod's 15012.
-fn tls_bootstrap(bootstrap: &str, dir: &Path, ca: &TestCa, client: &Pem, name: &str) -> String {
-    let (cert, key) = client.write(dir, name);
-    let ca_path = dir.join("envoy-ca.crt");
-    std::fs::write(&ca_path, &ca.cert_pem).unwrap();
-    let socket = format!(
-        r#"    transport_socket:
-      name: envoy.transport_sockets.tls
-      typed_config:
-        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
-        sni: localhost
-        common_tls_context:
-          alpn_protocols: [h2]
-          tls_certificates:
-          - certificate_chain: {{ filename: {cert} }}
-            private_key: {{ filename: {key} }}
-          validation_context:
-            trusted_ca: {{ filename: {ca} }}
-            match_typed_subject_alt_names:
-            - san_type: DNS
-              matcher: {{ exact: localhost }}
-    upstream_connection_options:"#,
-        cert = cert.display(),
-        key = key.display(),
-        ca = ca_path.display(),
-    );
-    let out = bootstrap.replacen("    upstream_connection_options:", &socket, 1);
-    assert_ne!(out, bootstrap, "the bootstrap has an xds-grpc cluster");
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_gets_its_config_over_tls_with_its_workload_certificate_and_no_other() {
-    use shoal_tests::bootstrap::{bootstrap, bootstrap_with, AdsMode, Node};
+    use shoal_tests::bootstrap::{bootstrap, bootstrap_with, with_xds_tls};
+    use shoal_tests::bootstrap::{AdsMode, Node, XdsTlsFiles};
     use shoal_tests::envoy::Envoy;
     use shoal_tests::ports::free_port;
 
@@ -440,21 +422,28 @@ async fn envoy_gets_its_config_over_tls_with_its_workload_certificate_and_no_oth
     let mesh = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples/mesh");
     let (server, addr) = tls_server(&["--standalone", mesh], dir.path(), Some(&ca_path)).await;
 
+    // The xds-grpc cluster over TLS: the server verified against the mesh root, the proxy
+    // presenting `client`, as istio-agent's Envoy reaches istiod's 15012.
+    let over_tls = |bootstrap: String, client: Pem, name: &str| {
+        let (cert, key) = client.write(dir.path(), name);
+        let files = XdsTlsFiles {
+            ca: ca_path.clone(),
+            cert,
+            key,
+        };
+        with_xds_tls(&bootstrap, &files)
+    };
     // The examples' sidecar (demo/client-1) with the certificate of its own identity.
-    let own = tls_bootstrap(
-        &bootstrap(&Node::sidecar(), free_port(), &[addr]),
-        dir.path(),
-        &ca,
-        &ca.workload("demo", "client"),
+    let own = over_tls(
+        bootstrap(&Node::sidecar(), free_port(), &[addr]),
+        ca.workload("demo", "client"),
         "client",
     );
     // The gateway's node id (istio-system) with demo's certificate, on a delta stream:
     // refused.
-    let other = tls_bootstrap(
-        &bootstrap_with(&Node::gateway(), free_port(), &[addr], AdsMode::Delta),
-        dir.path(),
-        &ca,
-        &ca.workload("demo", "intruder"),
+    let other = over_tls(
+        bootstrap_with(&Node::gateway(), free_port(), &[addr], AdsMode::Delta),
+        ca.workload("demo", "intruder"),
         "intruder",
     );
     let (envoy, intruder) = tokio::join!(Envoy::start(&own), Envoy::start(&other));
@@ -651,25 +640,14 @@ async fn the_agent_gets_a_certificate_for_its_token_identity_only() {
     use shoal_tests::agent::{Agent, AgentConfig, Credential};
     use shoal_tests::pki::ServerPki;
 
-    let nats = NatsServer::start().await;
-    let cluster = config_cluster().await;
-    let signer = TokenSigner::new(ISSUER, "key-1");
-    cluster.set_service_account_issuer(ISSUER, signer.jwks());
-    let mut ingester = Ingester::start(&nats.url(), &cluster.kubeconfig(), &[]);
-    ingester.wait_ready().await;
+    let (nats, _cluster, signer, _ingester) = token_issuer_mesh().await;
     let pki = ServerPki::new();
     let tls = free_addr();
     let mut args = vec!["--nats-url".to_string(), nats.url()];
     args.extend(pki.server_args(tls));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let server = ShoalServer::start(&args).await;
-    eventually::eventually(TIMEOUT, Duration::from_millis(200), || async {
-        let issuers = metric(&server, "shoal_token_issuers", "").await;
-        (issuers == 1.0)
-            .then_some(())
-            .ok_or("the issuer is not loaded yet")
-    })
-    .await;
+    wait_issuer_loaded(&server).await;
 
     let token = signer.token("shop", "web", "istio-ca");
     let mut config = AgentConfig::new(tls, &pki.ca.cert_pem, Credential::Token(token));

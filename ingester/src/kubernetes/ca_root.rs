@@ -32,6 +32,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::PostParams;
 use kube::runtime::watcher;
 use kube::{Api, Client};
+use shoal_common::time::sleep_until;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -420,13 +421,6 @@ impl State {
             _ => Touched::Nothing,
         };
         touched != Touched::Nothing
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -40,6 +40,7 @@ use kube::{Api, Client};
 use shoal_common::bus::StateBus;
 use shoal_common::envelope::now_ms;
 use shoal_common::model::ClusterIssuer;
+use shoal_common::time::sleep_until;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -720,13 +721,6 @@ impl ClusterTask {
 async fn config_bus_changed(config: &mut Option<ConfigSide>) {
     match config {
         Some(config) => config.bus_changed().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }

@@ -25,6 +25,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use sha2::{Digest, Sha256};
+use shoal_common::time::sleep_until;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -502,13 +503,6 @@ impl SecretController {
     async fn status(&self, id: &str) -> StatusWriter {
         let ctx = &self.ctx;
         StatusWriter::load(ctx.bus.clone(), &ctx.fleet, id, ctx.leadership.clone()).await
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

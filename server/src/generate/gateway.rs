@@ -26,7 +26,9 @@ use super::{ads_config_source, sds};
 use crate::proxy::Proxy;
 use crate::push_context::{exported_to, wildcard_covers, Config, PushContext};
 use crate::scope::ProxyScope;
-use shoal_common::model::{Gateway, GatewayServer, OutboundTrafficMode, RouteDestination};
+use shoal_common::model::{
+    Gateway, GatewayServer, OutboundTrafficMode, RouteDestination, VirtualService,
+};
 use shoal_proto::pb::envoy::config::core::v3::{transport_socket, TransportSocket};
 use shoal_proto::pb::envoy::config::listener::v3::FilterChain;
 use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
@@ -171,9 +173,27 @@ pub(crate) fn terminating_chain(
     }
 }
 
-fn gateway_name_matches(reference: &str, vs_ns: &str, gw: &Config<Gateway>) -> bool {
-    let (ns, name) = reference.split_once('/').unwrap_or((vs_ns, reference));
-    ns == gw.meta.namespace && name == gw.meta.name
+/// Whether `vs` names `gw` in its `gateways` (`name`, in the VirtualService's namespace, or
+/// `namespace/name`).
+pub(crate) fn binds(vs: &Config<VirtualService>, gw: &Config<Gateway>) -> bool {
+    vs.spec.gateways.iter().any(|reference| {
+        let (ns, name) = reference
+            .split_once('/')
+            .unwrap_or((vs.meta.namespace.as_str(), reference));
+        ns == gw.meta.namespace && name == gw.meta.name
+    })
+}
+
+/// The VirtualServices exported to `proxy`'s namespace that are bound to `gw`.
+pub(crate) fn bound_virtual_services<'a>(
+    proxy: &'a Proxy,
+    ctx: &'a PushContext,
+    gw: &'a Config<Gateway>,
+) -> impl Iterator<Item = &'a Arc<Config<VirtualService>>> + 'a {
+    ctx.virtual_services
+        .iter()
+        .filter(|vs| exported_to(&vs.spec.export_to, &vs.meta.namespace, &proxy.namespace))
+        .filter(move |vs| binds(vs, gw))
 }
 
 /// The TCP/TLS listeners of a gateway proxy.
@@ -182,17 +202,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
     let mut listeners: BTreeMap<u32, Vec<TcpChain>> = BTreeMap::new();
     for gw in ctx.gateways_for(&proxy.labels) {
         let gw_ref = format!("{}/{}", gw.meta.namespace, gw.meta.name);
-        let bound: Vec<&Arc<Config<shoal_common::model::VirtualService>>> = ctx
-            .virtual_services
-            .iter()
-            .filter(|vs| exported_to(&vs.spec.export_to, &vs.meta.namespace, &proxy.namespace))
-            .filter(|vs| {
-                vs.spec
-                    .gateways
-                    .iter()
-                    .any(|r| gateway_name_matches(r, &vs.meta.namespace, gw))
-            })
-            .collect();
+        let bound: Vec<_> = bound_virtual_services(proxy, ctx, gw).collect();
         for server in &gw.spec.servers {
             let kind = server_kind(server);
             if matches!(kind, None | Some(ServerKind::Http)) {

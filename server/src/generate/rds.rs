@@ -2,6 +2,7 @@
 //! built from VirtualServices with Istio's semantics, and a default route for every visible
 //! service that no VirtualService covers (sidecars).
 
+use super::gateway::{binds, bound_virtual_services};
 use super::http_route::{
     catch_all_match, default_retry_policy, destination_hosts, uses_source, vs_routes, RouteEnv,
     Source,
@@ -149,11 +150,6 @@ fn destination_ports(vss: &[Arc<Config<VirtualService>>], ctx: &PushContext) -> 
 // ---------------------------------------------------------------------------------------
 // Gateways
 
-fn gateway_name_matches(reference: &str, vs_ns: &str, gw: &Config<Gateway>) -> bool {
-    let (ns, name) = reference.split_once('/').unwrap_or((vs_ns, reference));
-    ns == gw.meta.namespace && name == gw.meta.name
-}
-
 /// Whether a VirtualService host is admitted by a gateway server host (`ns/host` or `host`,
 /// with `*` wildcards). Returns the host the virtual host is built for: the more specific.
 fn gateway_host_match(
@@ -206,14 +202,7 @@ fn gateway_key(
         .virtual_services
         .iter()
         .filter(|vs| exported_to(&vs.spec.export_to, &vs.meta.namespace, &proxy.namespace))
-        .filter(|vs| {
-            gateways.iter().any(|gw| {
-                vs.spec
-                    .gateways
-                    .iter()
-                    .any(|r| gateway_name_matches(r, &vs.meta.namespace, gw))
-            })
-        })
+        .filter(|vs| gateways.iter().any(|gw| binds(vs, gw)))
         .cloned()
         .collect();
     let destinations = destination_ports(&virtual_services, ctx);
@@ -246,18 +235,7 @@ fn https_key(name: &str, proxy: &Proxy, ctx: &PushContext) -> Option<GatewayRout
         Some((gw.clone(), server.port.clone()))
     });
     let (gw, port) = gw?;
-    let virtual_services: Vec<_> = ctx
-        .virtual_services
-        .iter()
-        .filter(|vs| exported_to(&vs.spec.export_to, &vs.meta.namespace, &proxy.namespace))
-        .filter(|vs| {
-            vs.spec
-                .gateways
-                .iter()
-                .any(|r| gateway_name_matches(r, &vs.meta.namespace, &gw))
-        })
-        .cloned()
-        .collect();
+    let virtual_services: Vec<_> = bound_virtual_services(proxy, ctx, &gw).cloned().collect();
     Some(GatewayRouteKey {
         name: name.to_string(),
         port: port.number,
@@ -303,15 +281,7 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
     let mut vhosts: BTreeMap<String, Vec<Route>> = BTreeMap::new();
     let mut https_redirect: BTreeSet<String> = BTreeSet::new();
     for vs in virtual_services {
-        let bound: Vec<_> = gateways
-            .iter()
-            .filter(|gw| {
-                vs.spec
-                    .gateways
-                    .iter()
-                    .any(|r| gateway_name_matches(r, &vs.meta.namespace, gw))
-            })
-            .collect();
+        let bound: Vec<_> = gateways.iter().filter(|gw| binds(vs, gw)).collect();
         if bound.is_empty() {
             continue;
         }

@@ -14,6 +14,7 @@
 
 use super::tls::TlsServer;
 use crate::auth::TlsPeer;
+use shoal_common::time::sleep_until;
 use std::hash::BuildHasher;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -224,13 +225,6 @@ impl Conn {
 async fn became_true(rx: &mut watch::Receiver<bool>) {
     if rx.wait_for(|v| *v).await.is_err() {
         std::future::pending::<()>().await;
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -10,6 +10,7 @@ use super::{Shared, WatchClient};
 use bytes::Bytes;
 use futures::Stream;
 use serde_json::{json, Value};
+use shoal_common::time::sleep_until;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,13 +116,6 @@ pub(crate) fn open(
         let line = w.next().await?;
         Some((line, w))
     }))
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
 }
 
 impl Watcher {

@@ -75,7 +75,7 @@ pub enum IngestError {
         /// The document's `kind`.
         kind: String,
         /// The apiVersions shoal reads for this kind.
-        supported: &'static str,
+        supported: String,
     },
     /// A document of a known kind does not decode into that kind's type.
     #[error("{} document {document}: {id}: {source}", path.display())]

@@ -218,7 +218,7 @@ fn json_documents(path: &Path, text: &str) -> Result<Vec<Value>, IngestError> {
 enum Classified {
     Read(ObjectKind),
     Ignored,
-    UnsupportedVersion(ObjectKind, &'static str),
+    UnsupportedVersion(ObjectKind, String),
 }
 
 fn classify(api_version: &str, kind: &str) -> Classified {
@@ -240,7 +240,10 @@ fn classify(api_version: &str, kind: &str) -> Classified {
     match (group, kind) {
         ("discovery.k8s.io", "EndpointSlice") => match version {
             "v1" => Classified::Read(ObjectKind::EndpointSlice),
-            _ => Classified::UnsupportedVersion(ObjectKind::EndpointSlice, "discovery.k8s.io/v1"),
+            _ => Classified::UnsupportedVersion(
+                ObjectKind::EndpointSlice,
+                "discovery.k8s.io/v1".into(),
+            ),
         },
         (group, _) if istio::GROUPS.contains(&group) => match ConfigKind::parse_in(group, kind) {
             Some(k) if k.versions().contains(&version) => Classified::Read(ObjectKind::Config(k)),
@@ -252,11 +255,8 @@ fn classify(api_version: &str, kind: &str) -> Classified {
 }
 
 /// The API versions shoal reads for an Istio kind, for errors (`security.istio.io/v1, v1beta1`).
-fn versions_text(kind: ConfigKind) -> &'static str {
-    match kind.group() {
-        shoal_common::model::SECURITY_GROUP => "security.istio.io/v1, v1beta1",
-        _ => "networking.istio.io/v1, v1beta1, v1alpha3",
-    }
+fn versions_text(kind: ConfigKind) -> String {
+    format!("{}/{}", kind.group(), kind.versions().join(", "))
 }
 
 fn str_field<'a>(map: &'a Value, key: &str) -> Option<&'a str> {

@@ -258,13 +258,10 @@ pub fn with_sds(bootstrap_yaml: &str, socket: &std::path::Path) -> String {
         .as_sequence_mut()
         .expect("the bootstrap has static clusters");
     clusters.retain(|c| c["name"].as_str() != Some("sds-grpc"));
-    let cluster: serde_yaml::Value = serde_yaml::from_str(
-        &sds_cluster(socket)
-            .replacen("  - ", "", 1)
-            .replace("\n    ", "\n"),
-    )
-    .expect("sds-grpc cluster YAML");
-    clusters.push(cluster);
+    // `sds_cluster` is a one-entry list, as it stands in the bootstrap's `clusters`.
+    let cluster: Vec<serde_yaml::Value> =
+        serde_yaml::from_str(&sds_cluster(socket)).expect("sds-grpc cluster YAML");
+    clusters.extend(cluster);
     serde_yaml::to_string(&doc).expect("serializing the bootstrap")
 }
 

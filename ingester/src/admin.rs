@@ -26,10 +26,10 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// Serves the admin endpoints on a bound listener until the task is dropped.
 pub async fn serve(
     listener: TcpListener,
-    debug: shoal_common::admin::DebugAccess,
+    policy: shoal_common::admin::AdminPolicy,
     state: AdminState,
 ) {
-    shoal_common::admin::serve(listener, debug, move |req| route(&state, &req)).await
+    shoal_common::admin::serve(listener, policy, move |req| route(&state, &req)).await
 }
 
 fn text(status: StatusCode, content_type: &str, body: String) -> Response<Body> {

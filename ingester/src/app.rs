@@ -331,7 +331,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
         readiness: readiness.clone(),
         metrics: metrics.clone(),
     };
-    let debug = args.debug.access();
+    let debug = args.debug.policy();
 
     let credential_keys = match &args.credential_key_file {
         Some(path) => Some(Arc::new(

@@ -30,10 +30,10 @@ pub struct AdminState {
 /// Serves the admin endpoints on an already-bound listener until the task is dropped.
 pub async fn serve(
     listener: TcpListener,
-    debug: shoal_common::admin::DebugAccess,
+    policy: shoal_common::admin::AdminPolicy,
     state: AdminState,
 ) {
-    shoal_common::admin::serve(listener, debug, move |req| route(&state, req)).await
+    shoal_common::admin::serve(listener, policy, move |req| route(&state, req)).await
 }
 
 fn metrics_response(metrics: &Metrics) -> Response<Body> {

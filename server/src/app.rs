@@ -10,7 +10,8 @@ use crate::pipeline::{self, Debounce};
 use crate::push_context::MeshSettings;
 use crate::reload::Reloading;
 use crate::view::{Generation, Views};
-use crate::xds::listener::{self, ConnectionPolicy};
+use crate::xds::limits::{self, Breach, BufferBudget};
+use crate::xds::listener::{self, ConnectionLimits, ConnectionPolicy};
 use crate::xds::serving_cert::ServingCert;
 use crate::xds::tls::{TlsFiles, TlsServer};
 use crate::xds::{AdsService, Registry};
@@ -251,6 +252,87 @@ pub struct ServerArgs {
     )]
     pub drain_duration: ConfigDuration,
 
+    /// Most xDS connections open at once, both ports together; one more is closed as soon
+    /// as it is accepted. Default: three quarters of the open-file limit (ulimit -n), at
+    /// most 20000.
+    #[arg(long, env = "SHOAL_XDS_MAX_CONNECTIONS", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub xds_max_connections: Option<u32>,
+
+    /// Most concurrent streams per xDS connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(
+        long,
+        env = "SHOAL_XDS_MAX_STREAMS_PER_CONNECTION",
+        default_value_t = limits::DEFAULT_MAX_STREAMS_PER_CONNECTION,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub xds_max_streams_per_connection: u32,
+
+    /// Most streams one authenticated identity (SPIFFE ID) may have open on this server;
+    /// one more is refused with RESOURCE_EXHAUSTED.
+    #[arg(
+        long,
+        env = "SHOAL_XDS_MAX_STREAMS_PER_IDENTITY",
+        default_value_t = limits::DEFAULT_MAX_STREAMS_PER_IDENTITY as u32,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub xds_max_streams_per_identity: u32,
+
+    /// Budget of xDS request bytes being received (messages not yet complete) for the
+    /// whole server, in MiB; a stream that would pass it ends with RESOURCE_EXHAUSTED.
+    /// Unauthenticated (plaintext-port) connections together get a quarter of it.
+    #[arg(
+        long,
+        env = "SHOAL_XDS_REQUEST_BUFFER",
+        default_value_t = (limits::DEFAULT_REQUEST_BUFFER_BYTES >> 20) as u32,
+        value_name = "MIB",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub xds_request_buffer: u32,
+
+    /// Budget of request bytes being received on one TLS xDS connection, in MiB.
+    #[arg(
+        long,
+        env = "SHOAL_XDS_CONNECTION_BUFFER",
+        default_value_t = (limits::DEFAULT_CONNECTION_BUFFER_BYTES >> 20) as u32,
+        value_name = "MIB",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub xds_connection_buffer: u32,
+
+    /// Budget of request bytes being received on one plaintext (unauthenticated) xDS
+    /// connection, in MiB.
+    #[arg(
+        long,
+        env = "SHOAL_XDS_UNAUTHENTICATED_BUFFER",
+        default_value_t = (limits::DEFAULT_UNAUTHENTICATED_BUFFER_BYTES >> 20) as u32,
+        value_name = "MIB",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub xds_unauthenticated_buffer: u32,
+
+    /// Time a started xDS request message has to arrive completely; then the stream ends
+    /// with DEADLINE_EXCEEDED. "0s" disables it.
+    #[arg(
+        long,
+        env = "SHOAL_XDS_MESSAGE_TIMEOUT",
+        default_value = "30s",
+        value_name = "DURATION"
+    )]
+    pub xds_message_timeout: ConfigDuration,
+
+    /// Time an xDS connection may stay open without a stream (e.g. silent after its TLS
+    /// handshake); then it is closed. "0s" disables it.
+    #[arg(
+        long,
+        env = "SHOAL_XDS_IDLE_TIMEOUT",
+        default_value = "60s",
+        value_name = "DURATION"
+    )]
+    pub xds_idle_timeout: ConfigDuration,
+
     /// How many proxy streams may generate a push at the same time (like PILOT_PUSH_THROTTLE).
     #[arg(
         long,
@@ -441,7 +523,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on admin address {}", args.admin_addr))?;
     tokio::spawn(admin::serve(
         admin_listener,
-        args.debug.access(),
+        args.debug.policy(),
         AdminState {
             snapshots: rx.clone(),
             registry: registry.clone(),
@@ -452,10 +534,15 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         },
     ));
 
+    let nonzero = |d: std::time::Duration| (!d.is_zero()).then_some(d);
     let ads = AdsService::new(rx, registry, metrics.clone())
         .with_push_concurrency(args.push_concurrency)
         .with_views(views)
-        .with_auth(authenticator);
+        .with_auth(authenticator)
+        .with_stream_limits(
+            nonzero(args.xds_message_timeout.get()),
+            args.xds_max_streams_per_identity as usize,
+        );
     let ads = match ca {
         Some(ca) => ads.with_ca(ca),
         None => ads,
@@ -470,6 +557,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         grace: std::time::Duration::from_secs(5),
         drain: args.drain_duration.get(),
     };
+    let (tls_limits, plaintext_limits) = connection_limits(&args, &metrics);
     let mut servers = Vec::new();
     if let Some(tls) = tls {
         let listener = listen_backlog(args.xds_tls_addr, XDS_BACKLOG)
@@ -479,6 +567,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             listener,
             routes.clone(),
             policy,
+            tls_limits,
             drain_rx.clone(),
             Some(tls),
         )));
@@ -488,7 +577,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on xDS address {addr}"))?;
         tracing::info!(xds = %addr, "serving plaintext xDS (no authentication)");
         servers.push(tokio::spawn(listener::serve(
-            listener, routes, policy, drain_rx, None,
+            listener,
+            routes,
+            policy,
+            plaintext_limits,
+            drain_rx,
+            None,
         )));
     }
     tracing::info!(admin = %args.admin_addr, "serving");
@@ -503,6 +597,48 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     tracing::info!("shut down");
     Ok(())
+}
+
+/// The bounds of the TLS port's connections and of the plaintext port's: one process-wide
+/// budget of request bytes being received and one cap on connections for both; the
+/// plaintext port's callers are not authenticated, so their connections get the smaller
+/// budget, inside a pool of a quarter of the process's.
+fn connection_limits(args: &ServerArgs, metrics: &Metrics) -> (ConnectionLimits, ConnectionLimits) {
+    let mib = |n: u32| (n as usize) << 20;
+    let process = BufferBudget::process(
+        mib(args.xds_request_buffer),
+        Some(metrics.request_buffer_bytes.clone()),
+    );
+    let unauthenticated = BufferBudget::within(
+        &process,
+        mib(args.xds_request_buffer) / limits::UNAUTHENTICATED_SHARE,
+        Breach::UnauthenticatedBuffer,
+    );
+    let open_files = limits::open_file_limit();
+    let max_connections = match args.xds_max_connections {
+        Some(n) => n as usize,
+        None => limits::default_max_connections(open_files),
+    };
+    tracing::info!(
+        max_connections,
+        open_files = ?open_files,
+        "xDS connection limit (--xds-max-connections; raise the open-file limit for more)"
+    );
+    let idle = args.xds_idle_timeout.get();
+    let tls = ConnectionLimits {
+        max_streams: args.xds_max_streams_per_connection,
+        connection_buffer: mib(args.xds_connection_buffer),
+        shared_buffer: process,
+        idle_timeout: (!idle.is_zero()).then_some(idle),
+        slots: Arc::new(tokio::sync::Semaphore::new(max_connections)),
+        metrics: metrics.clone(),
+    };
+    let plaintext = ConnectionLimits {
+        connection_buffer: mib(args.xds_unauthenticated_buffer),
+        shared_buffer: unauthenticated,
+        ..tls.clone()
+    };
+    (tls, plaintext)
 }
 
 /// Loads the workload CA in `dir` and follows its files; every CA in use shows its expiry

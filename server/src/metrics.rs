@@ -81,6 +81,12 @@ pub struct Metrics {
     pub xds_serving_cert_expiry: IntGauge,
     /// Renewals of that certificate, by reason (`expiring`, `ca_changed`) and result.
     pub xds_serving_cert_renewals: IntCounterVec,
+    /// Callers that hit a bound, by reason (see [`crate::xds::limits::Breach`]).
+    pub limits_exceeded: IntCounterVec,
+    /// Open xDS connections (both ports, proxies or not).
+    pub open_connections: IntGauge,
+    /// Bytes of xDS request messages being received (not yet complete).
+    pub request_buffer_bytes: IntGauge,
 }
 
 /// Why an xDS stream ended (the `reason` label of `shoal_xds_streams_closed_total`).
@@ -332,6 +338,28 @@ impl Metrics {
                 "Clusters whose service-account token issuer keys are loaded.",
             )
             .expect("valid metric"),
+            limits_exceeded: IntCounterVec::new(
+                opts!(
+                    "shoal_xds_limits_exceeded_total",
+                    "xDS callers that hit a bound, by reason: message_size, connection_buffer, \
+                     unauthenticated_buffer, process_buffer, message_timeout, identity_streams \
+                     (each ends a stream), connections, idle_connection (each closes a \
+                     connection)."
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
+            open_connections: IntGauge::new(
+                "shoal_xds_open_connections",
+                "Open xDS connections, both ports (capped by --xds-max-connections).",
+            )
+            .expect("valid metric"),
+            request_buffer_bytes: IntGauge::new(
+                "shoal_xds_request_buffer_bytes",
+                "Bytes of xDS request messages being received, not yet complete (capped by \
+                 --xds-request-buffer).",
+            )
+            .expect("valid metric"),
             registry,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -369,6 +397,9 @@ impl Metrics {
             Box::new(m.ca_chain_expiry.clone()),
             Box::new(m.xds_serving_cert_expiry.clone()),
             Box::new(m.xds_serving_cert_renewals.clone()),
+            Box::new(m.limits_exceeded.clone()),
+            Box::new(m.open_connections.clone()),
+            Box::new(m.request_buffer_bytes.clone()),
         ];
         shoal_common::metrics::register_all(&m.registry, collectors);
         // Create the series of every known label value, so each documented metric shows
@@ -391,6 +422,9 @@ impl Metrics {
         }
         for reason in CLOSE_REASONS {
             m.streams_closed.with_label_values(&[reason]);
+        }
+        for breach in crate::xds::limits::Breach::ALL {
+            m.limits_exceeded.with_label_values(&[breach.label()]);
         }
         for reason in crate::auth::REFUSAL_REASONS {
             m.auth_refused.with_label_values(&[reason]);

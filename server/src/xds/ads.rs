@@ -1,8 +1,8 @@
 //! The ADS gRPC service: State-of-the-World and delta streams on one port.
 
 use super::delta::DeltaStream;
-use super::limits::{self, SharedWarnLimiter};
-use super::listener::ConnectionClose;
+use super::limits::{self, Breach, IdentityStreams, SharedWarnLimiter};
+use super::listener::{ConnectionBudget, ConnectionClose};
 use super::registry::Registry;
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
@@ -41,6 +41,10 @@ pub struct AdsService {
     refusals: SharedWarnLimiter,
     /// The workload CA, when this server signs certificates.
     ca: Option<Reloading<Ca>>,
+    /// Time a started request message has to arrive completely.
+    message_timeout: Option<std::time::Duration>,
+    /// Open streams per authenticated identity.
+    identity_streams: IdentityStreams,
 }
 
 /// Default size bound of the generator cache.
@@ -74,7 +78,62 @@ impl AdsService {
             ),
             refusals: SharedWarnLimiter::default(),
             ca: None,
+            message_timeout: Some(limits::DEFAULT_MESSAGE_TIMEOUT),
+            identity_streams: IdentityStreams::default(),
         }
+    }
+
+    /// Ends a stream whose request message is not complete `message_timeout` after its
+    /// first byte (None: never), and lets one authenticated identity open at most
+    /// `max_streams_per_identity` streams.
+    pub fn with_stream_limits(
+        mut self,
+        message_timeout: Option<std::time::Duration>,
+        max_streams_per_identity: usize,
+    ) -> Self {
+        self.message_timeout = message_timeout;
+        self.identity_streams = IdentityStreams::new(max_streams_per_identity);
+        self
+    }
+
+    /// A slot for one more stream of `caller`'s identity, or the response refusing it.
+    fn identity_slot(
+        &self,
+        caller: &auth::Caller,
+    ) -> Result<limits::IdentityStream, http::Response<tonic::body::Body>> {
+        let identity = caller
+            .identities
+            .first()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        self.identity_streams.open(&identity).ok_or_else(|| {
+            self.metrics
+                .limits_exceeded
+                .with_label_values(&[Breach::IdentityStreams.label()])
+                .inc();
+            if let Some(suppressed) = limits::check_shared(&self.refusals) {
+                tracing::warn!(%identity, max = self.identity_streams.max(), suppressed, "refusing xDS stream: too many streams of one identity");
+            }
+            Status::resource_exhausted(format!(
+                "{identity} has {} streams open on this server, the most allowed",
+                self.identity_streams.max()
+            ))
+            .into_http()
+        })
+    }
+
+    /// Request messages of `body`: at most `max` bytes each, counted against the
+    /// connection's budget while they arrive, each complete in time.
+    fn requests<M>(
+        &self,
+        body: tonic::body::Body,
+        max: usize,
+        budget: Option<ConnectionBudget>,
+    ) -> RequestStream<M> {
+        RequestStream::new(body, max)
+            .with_budget(budget.map(|b| b.0))
+            .with_message_timeout(self.message_timeout)
+            .counting(self.metrics.limits_exceeded.clone())
     }
 
     /// Signs workload certificates with `ca` (`CreateCertificate`, see [`crate::ca`]).
@@ -148,6 +207,11 @@ impl AdsService {
                 }
             },
         };
+        let slot = match caller.as_ref().map(|c| self.identity_slot(c)) {
+            Some(Err(refusal)) => return refusal,
+            Some(Ok(slot)) => Some(slot),
+            None => None,
+        };
         let session = Session::new(
             id,
             mode,
@@ -162,9 +226,15 @@ impl AdsService {
             push_limit: self.push_limit.clone(),
             refusals: self.refusals.clone(),
         };
-        let requests = RequestStream::<Req>::new(request.into_body(), MAX_REQUEST_BYTES);
+        let budget = extensions.get::<ConnectionBudget>().cloned();
+        let requests = self.requests::<Req>(request.into_body(), MAX_REQUEST_BYTES, budget);
         let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(drive(handler(session, tx), requests, ctx));
+        let stream = drive(handler(session, tx), requests, ctx);
+        tokio::spawn(async move {
+            // The identity's slot is held for as long as the stream runs.
+            let _slot = slot;
+            stream.await
+        });
         wire::response(rx)
     }
 }
@@ -193,11 +263,17 @@ impl AdsService {
                     .into_http();
             }
         };
+        let slot = match self.identity_slot(&caller) {
+            Ok(slot) => slot,
+            Err(refusal) => return refusal,
+        };
         let metrics = self.metrics.clone();
+        let budget = request.extensions().get::<ConnectionBudget>().cloned();
         let mut requests =
-            RequestStream::<IstioCertificateRequest>::new(request.into_body(), MAX_CSR_BYTES);
+            self.requests::<IstioCertificateRequest>(request.into_body(), MAX_CSR_BYTES, budget);
         let (tx, rx) = mpsc::channel(1);
         tokio::spawn(async move {
+            let _slot = slot;
             let outcome = match requests.next().await {
                 Some(Ok(req)) => sign(&ca, &caller, &req),
                 Some(Err(status)) => Err(("bad_request", status)),
@@ -246,8 +322,8 @@ fn sign(
 const MAX_CSR_BYTES: usize = 64 << 10;
 
 /// Largest request message accepted (a delta request subscribing to many names is big).
-/// Checked against the gRPC length prefix before the message is buffered
-/// ([`RequestStream`]).
+/// Checked against the gRPC length prefix as soon as it arrives; the message's bytes are
+/// buffered only as they arrive ([`RequestStream`]).
 pub const MAX_REQUEST_BYTES: usize = 16 << 20;
 
 const DELTA_PATH: &str =
@@ -372,10 +448,15 @@ where
         tokio::select! {
             req = requests.next() => match req {
                 None => break ("proxy_closed", None),
-                Some(Err(status)) => {
+                // The request body failed (a reset, a broken connection): nobody to
+                // answer.
+                Some(Err(status)) if status.code() == tonic::Code::Cancelled => {
                     tracing::debug!(conn = %handler.session().id, %status, "stream error");
                     break ("stream_error", None);
                 }
+                // A request refused as it was read (too big, undecodable, a budget or
+                // deadline passed): the proxy is told why, in the stream's status.
+                Some(Err(status)) => break ("refused", Some(status)),
                 Some(Ok(req)) => {
                     let Some(snap) = current.clone() else { continue };
                     if let Err(status) = handler.on_request(req, &snap).await {

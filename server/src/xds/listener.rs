@@ -9,18 +9,32 @@
 //! - **Drain**: on shutdown, each connection closes at a random moment within the drain
 //!   period rather than all at once, so the surviving replicas take over gradually.
 //!
+//! - **Bounds** ([`ConnectionLimits`]): connections are capped for the whole process (both
+//!   ports): one over the cap is closed as soon as it is accepted, so file descriptors never
+//!   run out under a connection flood; an accept that fails anyway (`EMFILE`) is retried
+//!   with a growing backoff instead of in a spin. Each connection has a budget of request
+//!   bytes being received ([`ConnectionBudget`], see [`super::wire::RequestStream`]), at
+//!   most `max_streams` concurrent streams (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`), and
+//!   is closed once it has had no stream for the idle timeout (a client that completed a
+//!   TLS handshake and went silent holds nothing for long).
+//!
 //! tonic's built-in `max_connection_age` has no per-connection jitter and cannot end a
 //! long-lived ADS stream before its grace period, hence this module.
 
+use super::limits::{Breach, BufferBudget, WarnLimiter};
 use super::tls::TlsServer;
 use crate::auth::TlsPeer;
+use crate::metrics::Metrics;
+use bytes::Bytes;
 use shoal_common::time::sleep_until;
 use std::hash::BuildHasher;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// How connections are aged and drained.
@@ -38,6 +52,59 @@ pub struct ConnectionPolicy {
 /// true the handler ends its stream cleanly.
 #[derive(Clone, Debug)]
 pub struct ConnectionClose(pub watch::Receiver<bool>);
+
+/// The connection's budget of request bytes being received, handed to request handlers as
+/// a request extension.
+#[derive(Clone, Debug)]
+pub struct ConnectionBudget(pub Arc<BufferBudget>);
+
+/// What bounds the connections of a port.
+#[derive(Clone)]
+pub struct ConnectionLimits {
+    /// HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` of each connection.
+    pub max_streams: u32,
+    /// Bytes of request messages being received that one connection may hold.
+    pub connection_buffer: usize,
+    /// The budget every connection's is part of: the process's, or for callers that are
+    /// not authenticated (the plaintext port) their pool within it.
+    pub shared_buffer: Arc<BufferBudget>,
+    /// A connection without a stream for this long is closed (None: never).
+    pub idle_timeout: Option<Duration>,
+    /// Connection slots of the whole process (every port takes from the same ones).
+    pub slots: Arc<Semaphore>,
+    /// `shoal_xds_limits_exceeded_total` and `shoal_xds_open_connections`.
+    pub metrics: Metrics,
+}
+
+/// Shortest and longest wait after a failed accept.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// Time an idle connection gets to close after its GOAWAY (it has no stream to finish).
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// A connection's slot among the process's; given back (and the gauge lowered) when the
+/// connection ends.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    open: prometheus::IntGauge,
+}
+
+impl Slot {
+    fn new(permit: OwnedSemaphorePermit, open: prometheus::IntGauge) -> Slot {
+        open.inc();
+        Slot {
+            _permit: permit,
+            open,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
 
 /// A random fraction in [0, 1), without a dependency on a RNG crate.
 fn random_unit(seed: u64) -> f64 {
@@ -60,22 +127,48 @@ pub async fn serve(
     listener: TcpListener,
     routes: tonic::service::Routes,
     policy: ConnectionPolicy,
+    limits: ConnectionLimits,
     shutdown: watch::Receiver<bool>,
     tls: Option<TlsServer>,
 ) {
     let mut tasks = tokio::task::JoinSet::new();
     let mut seq = 0u64;
     let mut stop = shutdown.clone();
+    let mut backoff = Duration::ZERO;
+    let mut warn_accept = WarnLimiter::default();
+    let mut warn_full = WarnLimiter::default();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
-                    Ok(a) => a,
+                    Ok(a) => {
+                        backoff = Duration::ZERO;
+                        a
+                    }
                     Err(error) => {
-                        tracing::warn!(%error, "xDS accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        // Out of file descriptors (EMFILE, ENFILE) and the like: the
+                        // connection stays queued and the next accept fails at once, so
+                        // wait, longer each time, rather than spin.
+                        backoff = (backoff * 2).clamp(ACCEPT_BACKOFF_MIN, ACCEPT_BACKOFF_MAX);
+                        if let Some(suppressed) = warn_accept.check() {
+                            tracing::warn!(%error, ?backoff, suppressed, "xDS accept failed");
+                        }
+                        tokio::time::sleep(backoff).await;
                         continue;
                     }
+                };
+                let Ok(permit) = limits.slots.clone().try_acquire_owned() else {
+                    // Over the cap: closed at once, so it costs its descriptor only now.
+                    limits
+                        .metrics
+                        .limits_exceeded
+                        .with_label_values(&[Breach::Connections.label()])
+                        .inc();
+                    if let Some(suppressed) = warn_full.check() {
+                        tracing::warn!(%peer, suppressed, "refusing xDS connection: the server has its maximum of connections (--xds-max-connections)");
+                    }
+                    drop(stream);
+                    continue;
                 };
                 seq += 1;
                 let _ = stream.set_nodelay(true);
@@ -86,6 +179,15 @@ pub async fn serve(
                     policy,
                     shutdown: shutdown.clone(),
                     seq,
+                    budget: BufferBudget::within(
+                        &limits.shared_buffer,
+                        limits.connection_buffer,
+                        Breach::ConnectionBuffer,
+                    ),
+                    max_streams: limits.max_streams,
+                    idle_timeout: limits.idle_timeout,
+                    metrics: limits.metrics.clone(),
+                    _slot: Slot::new(permit, limits.metrics.open_connections.clone()),
                 };
                 match &tls {
                     None => tasks.spawn(conn.serve(stream, None)),
@@ -121,6 +223,13 @@ struct Conn {
     policy: ConnectionPolicy,
     shutdown: watch::Receiver<bool>,
     seq: u64,
+    /// Its budget of request bytes being received.
+    budget: Arc<BufferBudget>,
+    max_streams: u32,
+    idle_timeout: Option<Duration>,
+    metrics: Metrics,
+    /// Held for the connection's life.
+    _slot: Slot,
 }
 
 impl Conn {
@@ -158,11 +267,20 @@ impl Conn {
             policy,
             mut shutdown,
             seq,
+            budget,
+            max_streams,
+            idle_timeout,
+            metrics,
+            _slot,
         } = self;
         use tower_service::Service;
         let (close_tx, close_rx) = watch::channel(false);
-        let svc =
+        let (streams_tx, mut streams_rx) = watch::channel(0usize);
+        let streams_tx = Arc::new(streams_tx);
+        let svc = {
+            let streams_tx = streams_tx.clone();
             hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                let open = OpenStream::new(streams_tx.clone());
                 req.extensions_mut()
                     .insert(tonic::transport::server::TcpConnectInfo {
                         local_addr: local,
@@ -170,18 +288,28 @@ impl Conn {
                     });
                 req.extensions_mut()
                     .insert(ConnectionClose(close_rx.clone()));
+                req.extensions_mut()
+                    .insert(ConnectionBudget(budget.clone()));
                 if let Some(tls) = &tls {
                     req.extensions_mut().insert(tls.clone());
                 }
                 let mut routes = routes.clone();
-                async move { routes.call(req.map(tonic::body::Body::new)).await }
-            });
+                async move {
+                    let response = routes.call(req.map(tonic::body::Body::new)).await;
+                    // The stream counts as open until its response body is done or dropped.
+                    response.map(|r| {
+                        r.map(|body| tonic::body::Body::new(Counted { body, _open: open }))
+                    })
+                }
+            })
+        };
         let builder = {
             let mut b =
                 hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
             b.timer(hyper_util::rt::TokioTimer::new())
                 .keep_alive_interval(Some(Duration::from_secs(30)))
-                .keep_alive_timeout(Duration::from_secs(10));
+                .keep_alive_timeout(Duration::from_secs(10))
+                .max_concurrent_streams(max_streams);
             b
         };
         let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc);
@@ -189,11 +317,12 @@ impl Conn {
 
         let age_deadline = policy.max_age.map(|a| Instant::now() + jittered(a, seq));
         let mut drain_at: Option<Instant> = None;
+        let mut idle_at = idle_timeout.map(|t| Instant::now() + t);
         let reason = loop {
-            let next = match (age_deadline, drain_at) {
-                (Some(a), Some(d)) => Some(a.min(d)),
-                (a, d) => a.or(d),
-            };
+            let next = [age_deadline, drain_at, idle_at]
+                .into_iter()
+                .flatten()
+                .min();
             tokio::select! {
                 result = conn.as_mut() => {
                     if let Err(error) = result {
@@ -202,22 +331,85 @@ impl Conn {
                     return;
                 }
                 _ = sleep_until(next) => {
-                    break if drain_at.is_some_and(|d| d <= Instant::now()) { "drain" } else { "max connection age" };
+                    let now = Instant::now();
+                    if drain_at.is_some_and(|d| d <= now) {
+                        break "drain";
+                    }
+                    if age_deadline.is_some_and(|a| a <= now) {
+                        break "max connection age";
+                    }
+                    if idle_at.is_some_and(|i| i <= now) {
+                        metrics
+                            .limits_exceeded
+                            .with_label_values(&[Breach::IdleConnection.label()])
+                            .inc();
+                        break "idle";
+                    }
                 }
                 _ = became_true(&mut shutdown), if drain_at.is_none() => {
                     drain_at = Some(Instant::now() + policy.drain.mul_f64(random_unit(seq)));
+                }
+                Ok(()) = streams_rx.changed() => {
+                    let open = *streams_rx.borrow_and_update();
+                    idle_at = idle_timeout.filter(|_| open == 0).map(|t| Instant::now() + t);
                 }
             }
         };
         tracing::debug!(%peer, reason, "closing xDS connection gracefully");
         let _ = close_tx.send(true);
         conn.as_mut().graceful_shutdown();
-        if tokio::time::timeout(policy.grace, conn.as_mut())
-            .await
-            .is_err()
-        {
+        // An idle connection has no stream to finish; one that never completed its HTTP/2
+        // handshake would wait for it.
+        let grace = if reason == "idle" {
+            IDLE_CLOSE_GRACE
+        } else {
+            policy.grace
+        };
+        if tokio::time::timeout(grace, conn.as_mut()).await.is_err() {
             tracing::debug!(%peer, "xDS connection did not close within the grace period; dropping it");
         }
+    }
+}
+
+/// One open stream of a connection, counted in the connection's watch while it lives.
+struct OpenStream(Arc<watch::Sender<usize>>);
+
+impl OpenStream {
+    fn new(streams: Arc<watch::Sender<usize>>) -> OpenStream {
+        streams.send_modify(|n| *n += 1);
+        OpenStream(streams)
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// A response body that keeps its stream counted as open.
+struct Counted {
+    body: tonic::body::Body,
+    _open: OpenStream,
+}
+
+impl hyper::body::Body for Counted {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, tonic::Status>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -13,14 +13,18 @@
 //! Requests are read from gRPC frames here too ([`RequestStream`]), so that a stream keeps
 //! no buffer of its largest request either.
 
+use super::limits::{Breach, BufferBudget, Exhausted};
 use crate::generate::Resource;
 use bytes::{BufMut, Bytes, BytesMut};
 use hyper::body::Body as _;
 use hyper::body::Frame;
+use prometheus::IntCounterVec;
 use std::collections::VecDeque;
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::codegen::http;
 use tonic::Status;
@@ -214,10 +218,26 @@ pub fn response(rx: mpsc::Receiver<Outgoing>) -> http::Response<tonic::body::Bod
 /// the bytes of the message being received: once a message is decoded and nothing else is
 /// pending, the buffer is released, so a proxy's large subscription request (a flat mesh's
 /// EDS request names a thousand clusters) does not stay resident for the stream's life.
+///
+/// The buffer grows with the bytes that arrive, never with the length a prefix declares,
+/// and those bytes count against the connection's [`BufferBudget`] until their message is
+/// decoded; a started message must be complete within the message timeout. A breach ends
+/// the stream with its status (`OutOfRange`, `ResourceExhausted`, `DeadlineExceeded`),
+/// counted in `shoal_xds_limits_exceeded_total`. A failure of the request body itself (a
+/// reset, a broken connection) is reported as `Cancelled`: there is nobody to answer.
 pub struct RequestStream<M> {
     body: tonic::body::Body,
     buf: BytesMut,
     max: usize,
+    /// Time a started message has to arrive completely (none: no deadline).
+    message_timeout: Option<Duration>,
+    /// When the message being received must be complete; set by its first byte.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The budget the buffered bytes count against, and how many are taken from it.
+    budget: Option<Arc<BufferBudget>>,
+    held: usize,
+    /// `shoal_xds_limits_exceeded_total`, when counted.
+    breaches: Option<IntCounterVec>,
     done: bool,
     _message: std::marker::PhantomData<fn() -> M>,
 }
@@ -229,9 +249,70 @@ impl<M> RequestStream<M> {
             body,
             buf: BytesMut::new(),
             max,
+            message_timeout: None,
+            deadline: None,
+            budget: None,
+            held: 0,
+            breaches: None,
             done: false,
             _message: std::marker::PhantomData,
         }
+    }
+
+    /// Counts the bytes being received against `budget` (a connection's).
+    pub fn with_budget(mut self, budget: Option<Arc<BufferBudget>>) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// Ends the stream when a started message is not complete within `timeout`.
+    pub fn with_message_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.message_timeout = timeout;
+        self
+    }
+
+    /// Counts breaches in `breaches` (by [`Breach::label`]).
+    pub fn counting(mut self, breaches: IntCounterVec) -> Self {
+        self.breaches = Some(breaches);
+        self
+    }
+
+    /// Makes the budget hold exactly `want` bytes: more is taken (or refused, taking
+    /// nothing), less is given back.
+    fn hold(&mut self, want: usize) -> Result<(), Exhausted> {
+        let Some(budget) = &self.budget else {
+            return Ok(());
+        };
+        if want > self.held {
+            budget.take(want - self.held)?;
+        } else {
+            budget.give(self.held - want);
+        }
+        self.held = want;
+        Ok(())
+    }
+
+    /// Ends the stream for `breach` with `status`, releasing what it buffered.
+    fn refuse(&mut self, breach: Breach, status: Status) -> Status {
+        if let Some(breaches) = &self.breaches {
+            breaches.with_label_values(&[breach.label()]).inc();
+        }
+        self.end();
+        status
+    }
+
+    /// Ends the stream, releasing what it buffered.
+    fn end(&mut self) {
+        self.done = true;
+        self.buf = BytesMut::new();
+        self.deadline = None;
+        let _ = self.hold(0);
+    }
+}
+
+impl<M> Drop for RequestStream<M> {
+    fn drop(&mut self) {
+        let _ = self.hold(0);
     }
 }
 
@@ -242,33 +323,50 @@ impl<M: prost::Message + Default> RequestStream<M> {
             return None;
         }
         if self.buf[0] != 0 {
-            self.done = true;
-            self.buf = BytesMut::new();
+            self.end();
             return Some(Err(Status::unimplemented(
                 "compressed requests are not supported (grpc-encoding)",
             )));
         }
         let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
         if len > self.max {
-            self.done = true;
-            self.buf = BytesMut::new();
-            return Some(Err(Status::out_of_range(format!(
+            let status = Status::out_of_range(format!(
                 "request message of {len} bytes is over the limit of {} bytes",
                 self.max
-            ))));
+            ));
+            return Some(Err(self.refuse(Breach::MessageSize, status)));
         }
+        // Not complete: wait for more, without reserving what the prefix declares (a
+        // caller declaring 16 MiB and sending nothing more must cost nothing).
         if self.buf.len() < 5 + len {
-            self.buf.reserve(5 + len - self.buf.len());
             return None;
         }
         let frame = self.buf.split_to(5 + len);
+        // The next message (if any bytes of it are here) gets its own deadline.
+        self.deadline = None;
         if self.buf.is_empty() {
             self.buf = BytesMut::new();
         }
+        let _ = self.hold(self.buf.len());
         Some(
             M::decode(&frame[5..])
                 .map_err(|e| Status::invalid_argument(format!("cannot decode the request: {e}"))),
         )
+    }
+
+    /// The status of a message not complete in time.
+    fn timed_out(&mut self) -> Status {
+        let declared = if self.buf.len() >= 5 {
+            u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]).to_string()
+        } else {
+            "?".to_string()
+        };
+        let status = Status::deadline_exceeded(format!(
+            "request message of {declared} bytes not complete within {:?} ({} bytes received)",
+            self.message_timeout.unwrap_or_default(),
+            self.buf.len()
+        ));
+        self.refuse(Breach::MessageTimeout, status)
     }
 }
 
@@ -284,22 +382,47 @@ impl<M: prost::Message + Default> futures::Stream for RequestStream<M> {
                 return Poll::Ready(if self.buf.is_empty() {
                     None
                 } else {
-                    self.buf = BytesMut::new();
+                    self.end();
                     Some(Err(Status::invalid_argument(
                         "request stream ended inside a message",
                     )))
                 });
             }
+            // A message has started: it must be complete in time.
+            if !self.buf.is_empty() && self.deadline.is_none() {
+                if let Some(timeout) = self.message_timeout {
+                    self.deadline = Some(Box::pin(tokio::time::sleep(timeout)));
+                }
+            }
+            if self.deadline.as_ref().is_some_and(|d| d.is_elapsed()) {
+                return Poll::Ready(Some(Err(self.timed_out())));
+            }
             match Pin::new(&mut self.body).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
+                Poll::Pending => {
+                    let expired = self
+                        .deadline
+                        .as_mut()
+                        .is_some_and(|d| d.as_mut().poll(cx).is_ready());
+                    if expired {
+                        return Poll::Ready(Some(Err(self.timed_out())));
+                    }
+                    return Poll::Pending;
+                }
                 Poll::Ready(None) => self.done = true,
                 Poll::Ready(Some(Err(status))) => {
-                    self.done = true;
-                    self.buf = BytesMut::new();
-                    return Poll::Ready(Some(Err(status)));
+                    self.end();
+                    return Poll::Ready(Some(Err(Status::cancelled(format!(
+                        "the request stream failed: {}",
+                        status.message()
+                    )))));
                 }
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
+                        let want = self.buf.len() + data.len();
+                        if let Err(exhausted) = self.hold(want) {
+                            let status = exhausted.status();
+                            return Poll::Ready(Some(Err(self.refuse(exhausted.breach, status))));
+                        }
                         self.buf.extend_from_slice(&data);
                     }
                 }
@@ -395,6 +518,109 @@ mod tests {
         assert_eq!(err.code(), tonic::Code::OutOfRange);
         assert!(err.message().contains("16777216"), "{}", err.message());
         assert_eq!(s.buf.capacity(), 0, "nothing buffered");
+    }
+
+    /// A body that sends `chunks` and then stays open, sending nothing more.
+    fn stalled(chunks: Vec<Vec<u8>>) -> tonic::body::Body {
+        use futures::StreamExt;
+        let frames = futures::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| Ok::<_, Status>(Frame::data(Bytes::from(c)))),
+        )
+        .chain(futures::stream::pending());
+        tonic::body::Body::new(http_body_util::StreamBody::new(frames))
+    }
+
+    fn prefix(len: u32) -> Vec<u8> {
+        let mut p = vec![0u8];
+        p.extend(len.to_be_bytes());
+        p
+    }
+
+    /// A prefix declaring the largest message, and a few bytes of it: the buffer holds what
+    /// arrived (not the 16 MiB declared), the bytes count against the budget, and the
+    /// stream ends with `DeadlineExceeded` when the message is not complete in time.
+    #[tokio::test(start_paused = true)]
+    async fn a_started_message_buffers_what_arrived_and_has_a_deadline() {
+        use futures::StreamExt;
+        let max = crate::xds::ads::MAX_REQUEST_BYTES;
+        let budget = BufferBudget::process(1 << 20, None);
+        let breaches = prometheus::IntCounterVec::new(prometheus::opts!("t", "t"), &["reason"])
+            .expect("metric");
+        let mut first = prefix(max as u32);
+        first.extend([7u8; 100]);
+        let mut s = RequestStream::<DiscoveryRequest>::new(stalled(vec![first]), max)
+            .with_budget(Some(budget.clone()))
+            .with_message_timeout(Some(std::time::Duration::from_secs(5)))
+            .counting(breaches.clone());
+        let waiting = tokio::time::timeout(std::time::Duration::from_secs(4), s.next()).await;
+        assert!(waiting.is_err(), "still receiving before the deadline");
+        assert!(s.buf.capacity() < 4096, "capacity {}", s.buf.capacity());
+        assert_eq!(budget.used(), 105, "the bytes received are held");
+        let err = s.next().await.expect("an item").expect_err("timed out");
+        assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+        assert!(err.message().contains("16777216"), "{}", err.message());
+        assert_eq!(budget.used(), 0, "released");
+        assert_eq!(s.buf.capacity(), 0);
+        assert_eq!(breaches.with_label_values(&["message_timeout"]).get(), 1);
+        assert!(s.next().await.is_none(), "the stream ends");
+    }
+
+    /// Bytes over the connection's budget end the stream with `ResourceExhausted`, naming
+    /// the budget; what it held is given back.
+    #[tokio::test]
+    async fn bytes_over_the_budget_end_the_stream() {
+        use futures::StreamExt;
+        let process = BufferBudget::process(1 << 20, None);
+        let conn = BufferBudget::within(&process, 1000, Breach::ConnectionBuffer);
+        let breaches = prometheus::IntCounterVec::new(prometheus::opts!("t", "t"), &["reason"])
+            .expect("metric");
+        let mut body = prefix(5000);
+        body.extend([1u8; 600]);
+        let mut s =
+            RequestStream::<DiscoveryRequest>::new(stalled(vec![body, vec![2u8; 600]]), 1 << 20)
+                .with_budget(Some(conn.clone()))
+                .counting(breaches.clone());
+        let err = s.next().await.expect("an item").expect_err("over budget");
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
+        assert!(err.message().contains("1000 bytes"), "{}", err.message());
+        assert_eq!((conn.used(), process.used()), (0, 0));
+        assert_eq!(breaches.with_label_values(&["connection_buffer"]).get(), 1);
+        assert!(s.next().await.is_none());
+
+        // Complete messages give their bytes back: many small ones pass a small budget.
+        let small = DiscoveryRequest {
+            type_url: "t".repeat(300),
+            ..Default::default()
+        };
+        let many: Vec<DiscoveryRequest> = (0..20).map(|_| small.clone()).collect();
+        let s = RequestStream::<DiscoveryRequest>::new(body_of(&many, 500), 1 << 20)
+            .with_budget(Some(conn.clone()));
+        let items: Vec<_> = s.collect().await;
+        assert_eq!(items.len(), 20);
+        assert!(items.iter().all(|i| i.is_ok()));
+        assert_eq!(conn.used(), 0);
+    }
+
+    /// A failing request body (the client reset the stream) ends the stream as `Cancelled`,
+    /// which the stream loop treats as "nobody to answer".
+    #[tokio::test]
+    async fn a_failed_body_is_cancelled() {
+        use futures::StreamExt;
+        let frames = futures::stream::iter(vec![
+            Ok::<_, Status>(Frame::data(Bytes::from(prefix(10)))),
+            Err(Status::internal("h2 reset")),
+        ]);
+        let budget = BufferBudget::process(100, None);
+        let mut s = RequestStream::<DiscoveryRequest>::new(
+            tonic::body::Body::new(http_body_util::StreamBody::new(frames)),
+            1 << 20,
+        )
+        .with_budget(Some(budget.clone()));
+        let err = s.next().await.expect("an item").expect_err("failed");
+        assert_eq!(err.code(), tonic::Code::Cancelled);
+        assert_eq!(budget.used(), 0);
     }
 
     fn frames_of(wire: Vec<u8>, sizes: Vec<usize>) -> tonic::body::Body {

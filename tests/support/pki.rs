@@ -230,7 +230,8 @@ pub async fn server_certificate(
     Ok(certs[0].clone().into_owned())
 }
 
-async fn tls_connect(
+/// A TLS connection to `addr`, verifying the server as `server_name`.
+pub async fn tls_connect(
     addr: SocketAddr,
     server_name: &str,
     config: rustls::ClientConfig,

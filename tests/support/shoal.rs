@@ -101,6 +101,16 @@ impl ShoalServer {
 
     /// Starts the server with its xDS endpoint on `xds`, without waiting for readiness.
     pub fn spawn_with_xds(args: &[&str], xds: SocketAddr) -> ShoalServer {
+        ShoalServer::spawn_limited(args, xds, None)
+    }
+
+    /// Starts the server under an open-file limit of `limit` (`ulimit -n`, through `sh`),
+    /// without waiting for readiness.
+    pub fn spawn_with_open_files(args: &[&str], limit: u32) -> ShoalServer {
+        ShoalServer::spawn_limited(args, free_addr(), Some(limit))
+    }
+
+    fn spawn_limited(args: &[&str], xds: SocketAddr, open_files: Option<u32>) -> ShoalServer {
         let admin = free_addr();
         let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         all.extend([
@@ -109,10 +119,26 @@ impl ShoalServer {
             "--admin-addr".into(),
             admin.to_string(),
         ]);
+        let mut cmd = command("shoal-server", &all);
+        if let Some(limit) = open_files {
+            // `exec` keeps the process id: the handle kills the server itself.
+            let mut wrapped = Command::new("sh");
+            wrapped
+                .arg("-c")
+                .arg(format!("ulimit -n {limit} && exec \"$0\" \"$@\""))
+                .arg(binary("shoal-server"))
+                .args(&all);
+            for (key, value) in cmd.as_std().get_envs() {
+                if let Some(value) = value {
+                    wrapped.env(key, value);
+                }
+            }
+            cmd = wrapped;
+        }
         let dir = tempfile::tempdir().expect("server temp dir");
         let process = Process::spawn(
             &format!("shoal-server-{}", xds.port()),
-            command("shoal-server", &all),
+            cmd,
             dir,
             "run `cargo build --workspace --bins` first",
         );

@@ -96,11 +96,8 @@ impl AdsService {
         self
     }
 
-    /// A slot for one more stream of `caller`'s identity, or the response refusing it.
-    fn identity_slot(
-        &self,
-        caller: &auth::Caller,
-    ) -> Result<limits::IdentityStream, http::Response<tonic::body::Body>> {
+    /// A slot for one more stream of `caller`'s identity, or the status refusing it.
+    fn identity_slot(&self, caller: &auth::Caller) -> Result<limits::IdentityStream, Box<Status>> {
         let identity = caller
             .identities
             .first()
@@ -114,11 +111,10 @@ impl AdsService {
             if let Some(suppressed) = limits::check_shared(&self.refusals) {
                 tracing::warn!(%identity, max = self.identity_streams.max(), suppressed, "refusing xDS stream: too many streams of one identity");
             }
-            Status::resource_exhausted(format!(
+            Box::new(Status::resource_exhausted(format!(
                 "{identity} has {} streams open on this server, the most allowed",
                 self.identity_streams.max()
-            ))
-            .into_http()
+            )))
         })
     }
 
@@ -208,7 +204,7 @@ impl AdsService {
             },
         };
         let slot = match caller.as_ref().map(|c| self.identity_slot(c)) {
-            Some(Err(refusal)) => return refusal,
+            Some(Err(refusal)) => return refusal.into_http(),
             Some(Ok(slot)) => Some(slot),
             None => None,
         };
@@ -265,7 +261,7 @@ impl AdsService {
         };
         let slot = match self.identity_slot(&caller) {
             Ok(slot) => slot,
-            Err(refusal) => return refusal,
+            Err(refusal) => return refusal.into_http(),
         };
         let metrics = self.metrics.clone();
         let budget = request.extensions().get::<ConnectionBudget>().cloned();

@@ -614,7 +614,7 @@ fn connection_limits(args: &ServerArgs, metrics: &Metrics) -> (ConnectionLimits,
         mib(args.xds_request_buffer) / limits::UNAUTHENTICATED_SHARE,
         Breach::UnauthenticatedBuffer,
     );
-    let open_files = limits::open_file_limit();
+    let open_files = limits::raise_open_file_limit();
     let max_connections = match args.xds_max_connections {
         Some(n) => n as usize,
         None => limits::default_max_connections(open_files),

@@ -359,20 +359,38 @@ impl Drop for IdentityStream {
     }
 }
 
-/// The soft open-file limit of this process (`RLIMIT_NOFILE`), from /proc/self/limits;
-/// `None` where it cannot be read (not Linux) or is unlimited.
-pub fn open_file_limit() -> Option<usize> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-    parse_open_file_limit(&limits)
+/// Raises this process's soft open-file limit (`RLIMIT_NOFILE`) to its hard limit, as Go
+/// programs (istiod included) do when they start: containerd 2 gives containers a soft
+/// limit of 1024 under a hard one of 524288, which would cap a replica at 768 connections.
+/// Returns the soft limit in force afterwards; `None` when unlimited or unknown.
+#[cfg(unix)]
+pub fn raise_open_file_limit() -> Option<usize> {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    // `None` is unlimited.
+    let below_hard = match (limit.current, limit.maximum) {
+        (Some(soft), Some(hard)) => soft < hard,
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    if below_hard {
+        let raised = Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(error) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(%error, soft = ?limit.current, hard = ?limit.maximum, "cannot raise the open-file limit");
+        }
+    }
+    getrlimit(Resource::Nofile)
+        .current
+        .and_then(|n| usize::try_from(n).ok())
 }
 
-fn parse_open_file_limit(limits: &str) -> Option<usize> {
-    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    let soft = line
-        .trim_start_matches("Max open files")
-        .split_whitespace()
-        .next()?;
-    soft.parse().ok()
+/// Without `setrlimit`: the limit is unknown.
+#[cfg(not(unix))]
+pub fn raise_open_file_limit() -> Option<usize> {
+    None
 }
 
 /// The default cap on xDS connections for an open-file limit: three quarters of it (the
@@ -467,17 +485,8 @@ mod tests {
 
     #[test]
     fn the_default_connection_cap_follows_the_open_file_limit() {
-        let limits = "Limit                     Soft Limit           Hard Limit           Units\n\
-                      Max processes             63704                63704                processes\n\
-                      Max open files            4096                 524288               files\n";
-        assert_eq!(parse_open_file_limit(limits), Some(4096));
-        assert_eq!(
-            parse_open_file_limit(
-                "Max open files            unlimited            unlimited            files"
-            ),
-            None
-        );
         assert_eq!(default_max_connections(Some(4096)), 3072);
+        assert_eq!(default_max_connections(Some(1024)), 768);
         assert_eq!(
             default_max_connections(Some(1 << 20)),
             MAX_CONNECTIONS_CEILING

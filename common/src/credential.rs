@@ -3,8 +3,9 @@
 //!
 //! A credential never travels in the clear: the ingester seals it with AES-256-GCM under a
 //! key both tiers read from a key file ([`CredentialKeys`]), and servers open it in memory.
-//! The associated data is the Secret's `namespace/name`, so a sealed value copied to
-//! another key on the bus does not open. The nonce is derived from the key, the associated
+//! The associated data is the Secret's cluster, namespace and name, so a sealed value copied
+//! to another key on the bus (another Secret, or the same Secret name of another cluster)
+//! does not open. The nonce is derived from the key, the associated
 //! data and the plaintext (HMAC-SHA256, SIV-style): sealing the same Secret twice gives
 //! the same bytes, so an unchanged Secret is never rewritten (the ingester compares
 //! content), and a nonce repeats only for identical messages.
@@ -83,10 +84,14 @@ impl std::fmt::Debug for TlsCredential {
     }
 }
 
-/// A sealed [`TlsCredential`]: what `shoal-config` holds under `Credential.<ns>.<name>`.
+/// A sealed [`TlsCredential`]: what `shoal-config` holds under
+/// `Credential.<cluster>.<ns>.<name>` ([`crate::keys::credential_key`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct SealedCredential {
+    /// The cluster whose Secret it is (bound into the sealed value: it opens for this
+    /// cluster only).
+    pub cluster: String,
     /// Which key sealed it ([`CredentialKeys`] key id).
     pub key_id: String,
     /// Base64 of nonce ‖ AES-256-GCM ciphertext ‖ tag.
@@ -167,15 +172,16 @@ impl CredentialKeys {
         &self.keys[0].id
     }
 
-    /// Seals a credential for the Secret `namespace/name`.
+    /// Seals a credential for the Secret `namespace/name` of `cluster`.
     pub fn seal(
         &self,
+        cluster: &str,
         namespace: &str,
         name: &str,
         credential: &TlsCredential,
     ) -> SealedCredential {
         let key = &self.keys[0];
-        let aad = aad(namespace, name);
+        let aad = aad(cluster, namespace, name);
         let mut data = rmp_serde::to_vec_named(credential).expect("a credential always encodes");
         let mut mac_input = Vec::with_capacity(aad.len() + data.len() + 1);
         mac_input.extend_from_slice(aad.as_bytes());
@@ -194,14 +200,16 @@ impl CredentialKeys {
         let mut out = nonce.to_vec();
         out.extend_from_slice(&data);
         SealedCredential {
+            cluster: cluster.to_string(),
             key_id: key.id.clone(),
             sealed: base64::engine::general_purpose::STANDARD.encode(out),
         }
     }
 
-    /// Opens a credential sealed for the Secret `namespace/name`.
+    /// Opens a credential sealed for the Secret `namespace/name` of `cluster`.
     pub fn open(
         &self,
+        cluster: &str,
         namespace: &str,
         name: &str,
         sealed: &SealedCredential,
@@ -221,7 +229,7 @@ impl CredentialKeys {
         }
         let mut ciphertext = bytes.split_off(NONCE_LEN);
         let nonce = Nonce::try_assume_unique_for_key(&bytes).map_err(|_| CredentialError::Open)?;
-        let aad = aad(namespace, name);
+        let aad = aad(cluster, namespace, name);
         let plain = key
             .aead
             .open_in_place(nonce, Aad::from(aad.as_bytes()), &mut ciphertext)
@@ -251,8 +259,11 @@ impl CredentialKey {
     }
 }
 
-fn aad(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
+/// The associated data of a Secret's sealed value. NUL never occurs in a cluster ID, a
+/// namespace or a name, so no two Secrets share it, and no value sealed before clusters
+/// were bound (`<namespace>/<name>`) opens.
+fn aad(cluster: &str, namespace: &str, name: &str) -> String {
+    format!("{cluster}\0{namespace}\0{name}")
 }
 
 #[cfg(test)]
@@ -273,10 +284,10 @@ mod tests {
     #[test]
     fn seals_deterministically_and_opens() {
         let keys = CredentialKeys::parse(KEY_A, "test").unwrap();
-        let a = keys.seal("ns", "cert", &cred());
+        let a = keys.seal("c1", "ns", "cert", &cred());
         assert_eq!(
             a,
-            keys.seal("ns", "cert", &cred()),
+            keys.seal("c1", "ns", "cert", &cred()),
             "same input, same bytes"
         );
         assert!(!a.sealed.contains("TOPSECRET"));
@@ -284,30 +295,36 @@ mod tests {
             .decode(&a.sealed)
             .unwrap();
         assert!(!raw.windows(9).any(|w| w == b"TOPSECRET"));
-        assert_eq!(keys.open("ns", "cert", &a).unwrap(), cred());
+        assert_eq!(keys.open("c1", "ns", "cert", &a).unwrap(), cred());
         let mut other = cred();
         other.private_key = Some("other".into());
-        assert_ne!(keys.seal("ns", "cert", &other), a);
+        assert_ne!(keys.seal("c1", "ns", "cert", &other), a);
     }
 
     #[test]
     fn refuses_moved_tampered_and_unknown() {
         let keys = CredentialKeys::parse(KEY_A, "test").unwrap();
-        let a = keys.seal("ns", "cert", &cred());
+        let a = keys.seal("c1", "ns", "cert", &cred());
         assert!(matches!(
-            keys.open("other", "cert", &a),
+            keys.open("c1", "other", "cert", &a),
+            Err(CredentialError::Open)
+        ));
+        // The same Secret name of another cluster is another Secret.
+        assert_eq!(a.cluster, "c1");
+        assert!(matches!(
+            keys.open("c2", "ns", "cert", &a),
             Err(CredentialError::Open)
         ));
         let mut t = a.clone();
         t.sealed
             .replace_range(20..21, if &t.sealed[20..21] == "A" { "B" } else { "A" });
         assert!(matches!(
-            keys.open("ns", "cert", &t),
+            keys.open("c1", "ns", "cert", &t),
             Err(CredentialError::Open)
         ));
         let b = CredentialKeys::parse(KEY_B, "test").unwrap();
         assert!(matches!(
-            b.open("ns", "cert", &a),
+            b.open("c1", "ns", "cert", &a),
             Err(CredentialError::UnknownKey { .. })
         ));
     }
@@ -317,10 +334,13 @@ mod tests {
         let old = CredentialKeys::parse(KEY_A, "t").unwrap();
         let both =
             CredentialKeys::parse(&format!("# new first\n{KEY_B}\n\n{KEY_A}\n"), "t").unwrap();
-        let sealed_old = old.seal("ns", "c", &cred());
-        assert_eq!(both.open("ns", "c", &sealed_old).unwrap(), cred());
+        let sealed_old = old.seal("c1", "ns", "c", &cred());
+        assert_eq!(both.open("c1", "ns", "c", &sealed_old).unwrap(), cred());
         assert_ne!(both.sealing_key_id(), old.sealing_key_id());
-        assert_eq!(both.seal("ns", "c", &cred()).key_id, both.sealing_key_id());
+        assert_eq!(
+            both.seal("c1", "ns", "c", &cred()).key_id,
+            both.sealing_key_id()
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! `_` and `=`) becomes `=HH` with two uppercase hex digits. Escaped tokens use only
 //! `[-_=a-zA-Z0-9]`, never `.`, so keys split back into tokens unambiguously.
 
-use crate::model::ConfigKind;
+use crate::model::{ConfigKind, ConfigObject, ConfigSpec};
 
 /// A key that could not be parsed back into its parts.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -96,16 +96,79 @@ fn split<const N: usize>(key: &str) -> Result<[String; N], KeyError> {
     Ok(out)
 }
 
-/// Key of an Istio config object in `shoal-config`: `<kind>.<namespace>.<name>`.
+/// Key of an Istio config object in `shoal-config`: `<kind>.<namespace>.<name>`. Gateway
+/// credentials have keys of their own ([`credential_key`]).
 pub fn config_key(kind: ConfigKind, namespace: &str, name: &str) -> String {
     join(&[kind.as_str(), namespace, name])
 }
 
-/// Parses a `shoal-config` key.
-pub fn parse_config_key(key: &str) -> Result<(ConfigKind, String, String), KeyError> {
-    let [kind, ns, name] = split::<3>(key)?;
+/// Key of a gateway credential in `shoal-config`: `Credential.<cluster>.<namespace>.<name>`.
+/// Istio config is cluster-independent, but a Secret is one cluster's: the same
+/// `namespace/name` in two clusters are two credentials, served to gateways of their own
+/// cluster only.
+pub fn credential_key(cluster: &str, namespace: &str, name: &str) -> String {
+    join(&[ConfigKind::Credential.as_str(), cluster, namespace, name])
+}
+
+/// The identity of an object in `shoal-config`: what its key says.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConfigId {
+    /// The kind.
+    pub kind: ConfigKind,
+    /// The cluster of a gateway credential; `None` for Istio config (cluster-independent).
+    pub cluster: Option<String>,
+    /// The namespace.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+}
+
+impl ConfigId {
+    /// The identity of an object: a credential's cluster is the one it is sealed for.
+    pub fn of(obj: &ConfigObject) -> ConfigId {
+        ConfigId {
+            kind: obj.kind(),
+            cluster: match &obj.spec {
+                ConfigSpec::Credential(sealed) => Some(sealed.cluster.clone()),
+                _ => None,
+            },
+            namespace: obj.meta.namespace.clone(),
+            name: obj.meta.name.clone(),
+        }
+    }
+
+    /// The object's key ([`config_key`] or [`credential_key`]).
+    pub fn key(&self) -> String {
+        match &self.cluster {
+            Some(cluster) => credential_key(cluster, &self.namespace, &self.name),
+            None => config_key(self.kind, &self.namespace, &self.name),
+        }
+    }
+}
+
+/// Parses a `shoal-config` key. A credential key without its cluster (written before
+/// credentials were keyed by cluster) is an error: the ingester that publishes the new key
+/// deletes it.
+pub fn parse_config_key(key: &str) -> Result<ConfigId, KeyError> {
+    let token = key.split('.').next().unwrap_or_default();
+    let kind = unescape(token)?;
     let kind = ConfigKind::parse_key_token(&kind).ok_or(KeyError::UnknownKind { kind })?;
-    Ok((kind, ns, name))
+    if kind == ConfigKind::Credential {
+        let [_, cluster, namespace, name] = split::<4>(key)?;
+        return Ok(ConfigId {
+            kind,
+            cluster: Some(cluster),
+            namespace,
+            name,
+        });
+    }
+    let [_, namespace, name] = split::<3>(key)?;
+    Ok(ConfigId {
+        kind,
+        cluster: None,
+        namespace,
+        name,
+    })
 }
 
 /// Key of a service in `shoal-services`: `<cluster>.<namespace>.<name>`.
@@ -212,12 +275,26 @@ mod tests {
         assert_eq!(k, "VirtualService.default.reviews_v1");
         assert_eq!(
             parse_config_key(&k).unwrap(),
-            (
-                ConfigKind::VirtualService,
-                "default".into(),
-                "reviews.v1".into()
-            )
+            ConfigId {
+                kind: ConfigKind::VirtualService,
+                cluster: None,
+                namespace: "default".into(),
+                name: "reviews.v1".into()
+            }
         );
+        let k = credential_key("east.1", "istio-system", "web-cert");
+        assert_eq!(k, "Credential.east_1.istio-system.web-cert");
+        let id = parse_config_key(&k).unwrap();
+        assert_eq!(
+            (id.kind, id.cluster.as_deref(), id.namespace.as_str()),
+            (ConfigKind::Credential, Some("east.1"), "istio-system")
+        );
+        assert_eq!(id.key(), k);
+        // A credential key without its cluster (the layout before clusters) is refused.
+        assert!(matches!(
+            parse_config_key("Credential.istio-system.web-cert"),
+            Err(KeyError::TokenCount { expected: 4, .. })
+        ));
         let k = endpoints_key("c1", "ns", "svc", "svc-abc.1");
         assert_eq!(
             parse_endpoints_key(&k).unwrap(),
@@ -295,10 +372,15 @@ mod tests {
             c in any::<String>(),
             d in any::<String>(),
         ) {
-            prop_assert_eq!(
-                parse_config_key(&config_key(kind, &a, &b)).expect("parses"),
-                (kind, a.clone(), b.clone())
-            );
+            let id = ConfigId { kind, cluster: None, namespace: a.clone(), name: b.clone() };
+            prop_assert_eq!(parse_config_key(&id.key()).expect("parses"), id);
+            let id = ConfigId {
+                kind: ConfigKind::Credential,
+                cluster: Some(c.clone()),
+                namespace: a.clone(),
+                name: b.clone(),
+            };
+            prop_assert_eq!(parse_config_key(&id.key()).expect("parses"), id);
             prop_assert_eq!(
                 parse_service_key(&service_key(&a, &b, &c)).expect("parses"),
                 (a.clone(), b.clone(), c.clone())

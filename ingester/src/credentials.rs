@@ -88,10 +88,12 @@ pub fn credential(secret: &KubeSecret) -> Result<TlsCredential, InvalidObject> {
     }
 }
 
-/// The bus entries of the referenced Secrets, sealed; Secrets that hold no credential are
-/// logged and skipped. Without keys nothing is published (credentials never go on the bus
-/// in the clear) and each referenced Secret is logged.
+/// The bus entries of the referenced Secrets of `cluster`, sealed for that cluster and keyed
+/// by it ([`keys::credential_key`]); Secrets that hold no credential are logged and
+/// skipped. Without keys nothing is published (credentials never go on the bus in the
+/// clear) and each referenced Secret is logged.
 pub fn entries<'a>(
+    cluster: &str,
     secrets: impl IntoIterator<Item = &'a KubeSecret>,
     referenced: &BTreeSet<(String, String)>,
     keys: Option<&CredentialKeys>,
@@ -118,7 +120,7 @@ pub fn entries<'a>(
                 continue;
             }
         };
-        let sealed = keys.seal(&ns, &name, &cred);
+        let sealed = keys.seal(cluster, &ns, &name, &cred);
         let obj = ConfigObject {
             meta: ObjectMeta {
                 name: name.clone(),
@@ -127,7 +129,7 @@ pub fn entries<'a>(
             },
             spec: ConfigSpec::Credential(sealed),
         };
-        let key = keys::config_key(obj.kind(), &ns, &name);
+        let key = keys::credential_key(cluster, &ns, &name);
         out.push(((Bucket::Config, key), StateObject::Config(obj)));
     }
     out
@@ -187,21 +189,31 @@ mod tests {
                 &[("tls.crt", "CERT"), ("tls.key", "PRIVATEKEY")],
             ),
         ];
-        let out = entries(&secrets, &referenced, Some(&keys));
+        let out = entries("c1", &secrets, &referenced, Some(&keys));
         assert_eq!(out.len(), 1);
         let ((bucket, key), StateObject::Config(obj)) = &out[0] else {
             panic!("a config entry")
         };
-        assert_eq!((*bucket, key.as_str()), (Bucket::Config, "Credential.gw.c"));
+        assert_eq!(
+            (*bucket, key.as_str()),
+            (Bucket::Config, "Credential.c1.gw.c")
+        );
         let body = StateObject::Config(obj.clone()).encode_body().unwrap();
         assert!(!body.windows(10).any(|w| w == b"PRIVATEKEY"));
         let ConfigSpec::Credential(sealed) = &obj.spec else {
             panic!("a credential")
         };
         assert_eq!(
-            keys.open("gw", "c", sealed).unwrap().private_key.as_deref(),
+            keys.open("c1", "gw", "c", sealed)
+                .unwrap()
+                .private_key
+                .as_deref(),
             Some("PRIVATEKEY")
         );
-        assert!(entries(&secrets, &referenced, None).is_empty());
+        assert!(
+            keys.open("c2", "gw", "c", sealed).is_err(),
+            "another cluster's"
+        );
+        assert!(entries("c1", &secrets, &referenced, None).is_empty());
     }
 }

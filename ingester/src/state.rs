@@ -177,6 +177,7 @@ pub fn desired_state<'a>(
         _ => None,
     });
     desired.extend(crate::credentials::entries(
+        cluster,
         secrets,
         &referenced,
         credential_keys,

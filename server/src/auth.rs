@@ -24,7 +24,7 @@
 //! enabled, authenticates nothing (istiod's 15010): it is for trusted networks only.
 
 use crate::metrics::Metrics;
-use crate::proxy::Proxy;
+use crate::proxy::{ProvenCluster, Proxy, VerifiedIdentity};
 use futures::StreamExt;
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
@@ -87,6 +87,17 @@ pub struct Caller {
     pub identities: Vec<Identity>,
     /// `certificate` or `token`.
     pub source: &'static str,
+    /// The cluster its credential proves: a token's is the one cluster whose issuer keys
+    /// verify it; a certificate names none.
+    pub cluster: ProvenCluster,
+}
+
+impl Caller {
+    /// The caller's identities, for logs.
+    pub fn describe(&self) -> String {
+        let ids: Vec<String> = self.identities.iter().map(Identity::to_string).collect();
+        ids.join(", ")
+    }
 }
 
 /// What a stream presented: set by the TLS listener (the peer's certificates) and read
@@ -400,6 +411,7 @@ impl Authenticator {
                 return Ok(Caller {
                     identities,
                     source: "certificate",
+                    cluster: ProvenCluster::Certificate,
                 });
             }
             if creds.token.is_none() {
@@ -412,11 +424,16 @@ impl Authenticator {
         }
     }
 
+    /// Verifies a token against the issuer keys of `cluster` (the `clusterid` header), else
+    /// of every cluster. Every cluster is tried even after one verifies the token, so that a
+    /// token several clusters' keys verify (clusters sharing a signing key) proves no
+    /// cluster ([`ProvenCluster::Ambiguous`]).
     fn verify_token(&self, token: &str, cluster: Option<&str>) -> Result<Caller, AuthError> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|e| AuthError::MalformedToken(e.to_string()))?;
         let issuers = self.issuers.read();
         let mut failure: Option<AuthError> = None;
+        let mut verified: Vec<(&String, Claims)> = Vec::new();
         for (id, issuer) in issuers.iter() {
             if cluster.is_some_and(|c| c != id) {
                 continue;
@@ -432,18 +449,8 @@ impl Authenticator {
                 validation.set_required_spec_claims(&["exp", "iss", "aud"]);
                 match jsonwebtoken::decode::<Claims>(token, &key.key, &validation) {
                     Ok(data) => {
-                        let (namespace, service_account) = data
-                            .claims
-                            .service_account()
-                            .ok_or(AuthError::NoServiceAccount)?;
-                        return Ok(Caller {
-                            identities: vec![Identity {
-                                trust_domain: self.trust_domain.to_string(),
-                                namespace,
-                                service_account,
-                            }],
-                            source: "token",
-                        });
+                        verified.push((id, data.claims));
+                        break; // this cluster verified it; on to the others
                     }
                     Err(e) => {
                         use jsonwebtoken::errors::ErrorKind;
@@ -463,10 +470,28 @@ impl Authenticator {
                 }
             }
         }
-        Err(failure.unwrap_or_else(|| AuthError::UnknownIssuer {
-            cluster: cluster.map(str::to_string),
-            known: format!("{:?}", issuers.keys().collect::<Vec<_>>()),
-        }))
+        let Some((first, claims)) = verified.first() else {
+            return Err(failure.unwrap_or_else(|| AuthError::UnknownIssuer {
+                cluster: cluster.map(str::to_string),
+                known: format!("{:?}", issuers.keys().collect::<Vec<_>>()),
+            }));
+        };
+        let (namespace, service_account) = claims
+            .service_account()
+            .ok_or(AuthError::NoServiceAccount)?;
+        let cluster = match verified.as_slice() {
+            [_] => ProvenCluster::Token(first.to_string()),
+            _ => ProvenCluster::Ambiguous,
+        };
+        Ok(Caller {
+            identities: vec![Identity {
+                trust_domain: self.trust_domain.to_string(),
+                namespace,
+                service_account,
+            }],
+            source: "token",
+            cluster,
+        })
     }
 }
 
@@ -514,6 +539,21 @@ pub fn authorize(proxy: &Proxy, caller: &Caller) -> Result<Identity, AuthError> 
                 .collect::<Vec<_>>()
                 .join(", "),
         })
+}
+
+/// What an authorized caller proves for `proxy` ([`authorize`] accepted it): the service
+/// accounts of its identities in the proxy's namespace, and its cluster. Only this, never
+/// the node's metadata, decides who gets gateway credentials ([`crate::generate::sds`]).
+pub fn verified_identity(proxy: &Proxy, caller: &Caller) -> VerifiedIdentity {
+    VerifiedIdentity {
+        service_accounts: caller
+            .identities
+            .iter()
+            .filter(|id| id.namespace == proxy.namespace)
+            .map(|id| id.service_account.clone())
+            .collect(),
+        cluster: caller.cluster.clone(),
+    }
 }
 
 /// Follows the issuer records in `shoal-meta` into `issuers`, forever. A broken watch is

@@ -45,6 +45,12 @@ impl HostIdentities {
     }
 }
 
+/// The workloads of one namespace of one cluster, as gateway credential authorization
+/// reads them (`generate::sds`): each distinct (pod labels, service account) among the
+/// endpoints, with how many endpoints carry it (so that removing one knows whether it was
+/// the last). Endpoints without a service account are left out.
+pub type NamespaceWorkloads = BTreeMap<(BTreeMap<String, String>, String), usize>;
+
 /// All endpoint shards. Cloning is cheap (the maps hold `Arc`s).
 #[derive(Debug, Default, Clone)]
 pub struct EndpointIndex {
@@ -53,6 +59,12 @@ pub struct EndpointIndex {
     /// Counts changes of `identities`: two indexes of one lineage with the same count
     /// have the same identities (what clusters depend on).
     identities_epoch: u64,
+    /// By (cluster, namespace).
+    workloads: BTreeMap<(String, String), Arc<NamespaceWorkloads>>,
+    /// Counts changes of the set of (labels, service account) of any namespace: two
+    /// indexes of one lineage with the same count have the same workloads (what gateway
+    /// credentials depend on).
+    workloads_epoch: u64,
 }
 
 impl EndpointIndex {
@@ -63,9 +75,61 @@ impl EndpointIndex {
         if shards.get(&id).is_some_and(|old| **old == set) {
             return false;
         }
-        Arc::make_mut(shards).insert(id, Arc::new(set));
+        let set = Arc::new(set);
+        let old = Arc::make_mut(shards).insert(id, set.clone());
         self.refresh_identities(host);
+        self.count_workloads(old.as_deref(), Some(&set));
         true
+    }
+
+    /// Moves the workload counts from `old` to `new` (slices of one service: the same
+    /// cluster and namespace), bumping the epoch if a (labels, service account) appeared
+    /// or disappeared.
+    fn count_workloads(&mut self, old: Option<&EndpointSet>, new: Option<&EndpointSet>) {
+        let Some(any) = new.or(old) else { return };
+        let mut delta: BTreeMap<(&BTreeMap<String, String>, &str), isize> = BTreeMap::new();
+        for (set, sign) in [(old, -1), (new, 1)] {
+            for ep in set.iter().flat_map(|s| &s.endpoints) {
+                if !ep.service_account.is_empty() {
+                    *delta
+                        .entry((&ep.labels, ep.service_account.as_str()))
+                        .or_default() += sign;
+                }
+            }
+        }
+        delta.retain(|_, d| *d != 0);
+        if delta.is_empty() {
+            return;
+        }
+        let id = (any.cluster.clone(), any.namespace.clone());
+        let workloads = Arc::make_mut(self.workloads.entry(id.clone()).or_default());
+        let mut changed = false;
+        for ((labels, account), d) in delta {
+            let key = (labels.clone(), account.to_string());
+            let count = workloads.get(&key).copied().unwrap_or(0) as isize + d;
+            if count > 0 {
+                changed |= workloads.insert(key, count as usize).is_none();
+            } else {
+                changed |= workloads.remove(&key).is_some();
+            }
+        }
+        if workloads.is_empty() {
+            self.workloads.remove(&id);
+        }
+        if changed {
+            self.workloads_epoch += 1;
+        }
+    }
+
+    /// The workloads of a namespace of a cluster (none without endpoints).
+    pub fn workloads(&self, cluster: &str, namespace: &str) -> Option<&Arc<NamespaceWorkloads>> {
+        self.workloads
+            .get(&(cluster.to_string(), namespace.to_string()))
+    }
+
+    /// Changes with the workloads of any namespace (see the field).
+    pub fn workloads_epoch(&self) -> u64 {
+        self.workloads_epoch
     }
 
     fn refresh_identities(&mut self, host: &str) {
@@ -100,16 +164,15 @@ impl EndpointIndex {
         let Some(shards) = self.hosts.get_mut(host) else {
             return false;
         };
-        let removed = Arc::make_mut(shards)
-            .remove(&(cluster.to_string(), slice.to_string()))
-            .is_some();
+        let removed = Arc::make_mut(shards).remove(&(cluster.to_string(), slice.to_string()));
         if shards.is_empty() {
             self.hosts.remove(host);
         }
-        if removed {
+        if let Some(old) = &removed {
             self.refresh_identities(host);
+            self.count_workloads(Some(old), None);
         }
-        removed
+        removed.is_some()
     }
 
     /// The shards of one hostname.
@@ -129,5 +192,91 @@ impl EndpointIndex {
             .flat_map(|s| s.values())
             .map(|s| keys::endpoints_key(&s.cluster, &s.namespace, &s.service, &s.slice))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{endpoint, slice};
+
+    fn pod(ip: &str, sa: &str, labels: &[(&str, &str)]) -> shoal_common::model::Endpoint {
+        let mut ep = endpoint(ip, labels);
+        ep.service_account = sa.into();
+        ep
+    }
+
+    #[test]
+    fn workloads_are_counted_per_namespace_and_cluster() {
+        let mut index = EndpointIndex::default();
+        let gw = [("istio", "ingressgateway")];
+        let two = slice(
+            "istio-system",
+            "gw",
+            "gw-1",
+            &[],
+            vec![
+                pod("10.0.0.1", "ingress", &gw),
+                pod("10.0.0.2", "ingress", &gw),
+            ],
+        );
+        assert!(index.upsert("gw.istio-system.svc.cluster.local", two));
+        let epoch = index.workloads_epoch();
+        let workloads = index.workloads("Kubernetes", "istio-system").unwrap();
+        assert_eq!(workloads.len(), 1, "one distinct (labels, account)");
+        assert_eq!(workloads.values().next(), Some(&2));
+        assert!(index.workloads("east", "istio-system").is_none());
+
+        // One of two pods goes: the workload is still there, nothing changed for SDS.
+        let one = slice(
+            "istio-system",
+            "gw",
+            "gw-1",
+            &[],
+            vec![pod("10.0.0.1", "ingress", &gw)],
+        );
+        assert!(index.upsert("gw.istio-system.svc.cluster.local", one.clone()));
+        assert_eq!(index.workloads_epoch(), epoch);
+        // The same pod behind a second service counts twice; removing one keeps it.
+        let mut other = one.clone();
+        other.service = "gw-admin".into();
+        index.upsert("gw-admin.istio-system.svc.cluster.local", other);
+        assert!(index.remove("gw.istio-system.svc.cluster.local", "Kubernetes", "gw-1"));
+        assert_eq!(index.workloads_epoch(), epoch);
+        // Relabelled: a new (labels, account), the old one gone.
+        let mut relabelled = one.clone();
+        relabelled.service = "gw-admin".into();
+        relabelled.endpoints = vec![pod("10.0.0.1", "ingress", &[("app", "x")])];
+        index.upsert("gw-admin.istio-system.svc.cluster.local", relabelled);
+        assert!(index.workloads_epoch() > epoch);
+        let workloads = index.workloads("Kubernetes", "istio-system").unwrap();
+        assert_eq!(
+            workloads
+                .keys()
+                .next()
+                .unwrap()
+                .0
+                .get("app")
+                .map(String::as_str),
+            Some("x")
+        );
+        assert_eq!(workloads.len(), 1);
+        // Gone entirely.
+        let epoch = index.workloads_epoch();
+        index.remove(
+            "gw-admin.istio-system.svc.cluster.local",
+            "Kubernetes",
+            "gw-1",
+        );
+        assert!(index.workloads("Kubernetes", "istio-system").is_none());
+        assert!(index.workloads_epoch() > epoch);
+        // Endpoints without a service account carry no identity: not counted.
+        let epoch = index.workloads_epoch();
+        index.upsert(
+            "x.ns.svc.cluster.local",
+            slice("ns", "x", "x-1", &[], vec![endpoint("10.0.0.9", &gw)]),
+        );
+        assert_eq!(index.workloads_epoch(), epoch);
+        assert!(index.workloads("Kubernetes", "ns").is_none());
     }
 }

@@ -128,6 +128,12 @@ pub struct ChangeSet {
     /// Of those, the hostnames whose workload identities changed (see
     /// `endpoints::HostIdentities`): their clusters change too.
     pub identities: BTreeSet<String>,
+    /// The service accounts and labels of some namespace's workloads changed (see
+    /// `endpoints::NamespaceWorkloads`): who may have gateway credentials.
+    pub workloads: bool,
+    /// The set of clusters with a published token issuer changed: which gateway
+    /// credentials a client certificate may have (see `generate::sds`).
+    pub token_issuers: bool,
 }
 
 impl ChangeSet {
@@ -149,12 +155,13 @@ impl ChangeSet {
                 self.endpoints.insert(host.clone());
                 self.identities.insert(host.clone());
             }
+            Change::TokenIssuers => self.token_issuers = true,
         }
     }
 
     /// Whether the PushContext depends on anything that changed.
     fn needs_context(&self) -> bool {
-        self.full || self.services || !self.config.is_empty()
+        self.full || self.services || self.token_issuers || !self.config.is_empty()
     }
 
     /// Whether only endpoints changed (a snapshot can keep the PushContext).
@@ -531,8 +538,12 @@ impl Pipeline {
                 revision: 0,
                 op: shoal_common::bus::Op::Delete,
             };
+            let workloads = self.state.endpoints.workloads_epoch();
             if let Ok((change, _)) = self.state.apply(bucket, &tombstone) {
                 self.record(&change, None);
+            }
+            if self.state.endpoints.workloads_epoch() != workloads {
+                self.changes.workloads = true;
             }
         }
         count
@@ -570,11 +581,15 @@ impl Pipeline {
                 self.fleet_synced(&fleet);
             }
         }
+        let workloads = self.state.endpoints.workloads_epoch();
         let applied = if self.live.contains(&bucket) {
             self.state.apply_live(bucket, entry)
         } else {
             self.state.apply(bucket, entry)
         };
+        if self.state.endpoints.workloads_epoch() != workloads {
+            self.changes.workloads = true;
+        }
         let result = match applied {
             Ok((Change::None, _)) => "unchanged",
             Ok((change, observed)) => {

@@ -3,7 +3,7 @@
 use shoal_common::model::Locality;
 use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Whether a proxy is a sidecar or a gateway (`router`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -61,6 +61,45 @@ pub struct Proxy {
     /// The workload's service account (metadata `SERVICE_ACCOUNT`), checked against the
     /// caller's identity on the secure port ([`crate::auth::authorize`]).
     pub service_account: Option<String>,
+    /// What the stream's authentication proved (istiod's `Proxy.VerifiedIdentity`): set by
+    /// the stream once the caller is authorized for this node, never from the node itself;
+    /// `None` on the plaintext port. Gateway credentials go by it alone
+    /// ([`crate::generate::sds`]).
+    pub verified: Option<VerifiedIdentity>,
+}
+
+/// What a stream's credential proved about its proxy: the service accounts and the
+/// cluster gateway credentials are authorized for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct VerifiedIdentity {
+    /// The service accounts of the caller's identities in the proxy's namespace (the
+    /// namespace authorization already tied to the caller).
+    pub service_accounts: BTreeSet<String>,
+    /// The cluster the credential proves the caller is in.
+    pub cluster: ProvenCluster,
+}
+
+/// The cluster a caller's credential proves it runs in.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ProvenCluster {
+    /// A service-account token that only this cluster's issuer keys verify.
+    Token(String),
+    /// A client certificate: a SPIFFE identity names no cluster (see
+    /// [`crate::generate::sds`] for what that allows).
+    Certificate,
+    /// A token that the keys of several clusters verify (clusters sharing a signing key, and
+    /// no `clusterid` header): it proves no cluster.
+    Ambiguous,
+}
+
+impl std::fmt::Display for ProvenCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProvenCluster::Token(c) => write!(f, "{c} (token)"),
+            ProvenCluster::Certificate => f.write_str("none proven (certificate)"),
+            ProvenCluster::Ambiguous => f.write_str("none proven (token of several clusters)"),
+        }
+    }
 }
 
 /// A node that does not identify a proxy.
@@ -144,6 +183,7 @@ impl Proxy {
             pod_ports,
             locality,
             service_account,
+            verified: None,
         })
     }
 }

@@ -10,7 +10,7 @@ use shoal_common::model::{
     OutboundTrafficMode, PeerAuthentication, Protocol, Resolution, ServicePort, Sidecar,
     VirtualService, WorkloadEntry,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// Where a service comes from.
@@ -123,8 +123,13 @@ pub struct PushContext {
     pub authorization_policies: BTreeMap<String, Vec<Arc<Config<AuthorizationPolicy>>>>,
     /// Mesh-wide settings.
     pub mesh: Arc<MeshSettings>,
-    /// Gateway credentials, opened, by (namespace, Secret name).
-    pub credentials: BTreeMap<(String, String), Arc<TlsCredential>>,
+    /// Gateway credentials, opened, by (namespace, Secret name), then by the cluster the
+    /// Secret is in.
+    pub credentials: BTreeMap<(String, String), BTreeMap<String, Arc<TlsCredential>>>,
+    /// The clusters with a published token issuer: the clusters whose tokens are accepted,
+    /// so whose workloads the CA may have issued a client certificate to (see
+    /// `generate::sds`).
+    pub token_issuers: BTreeSet<String>,
 }
 
 /// The mesh-wide settings the generators read (Istio's MeshConfig subset).
@@ -199,6 +204,7 @@ impl PushContext {
     pub fn build(state: &MeshState) -> PushContext {
         let mut ctx = PushContext {
             mesh: state.mesh.clone(),
+            token_issuers: state.token_issuers.clone(),
             ..PushContext::default()
         };
         // Kubernetes services: merge clusters by hostname. The (cluster, ns, name) order makes
@@ -362,22 +368,24 @@ impl PushContext {
                 }
                 ConfigSpec::WorkloadEntry(_) => {}
                 ConfigSpec::Credential(sealed) => {
+                    let secret = format!("{}/{}", meta.namespace, meta.name);
                     let Some(keys) = &state.credential_keys else {
                         tracing::warn!(
-                            secret = %format!("{}/{}", meta.namespace, meta.name),
+                            %secret, cluster = %sealed.cluster,
                             "gateway credential on the bus, but no --credential-key-file to \
                              open it: not served"
                         );
                         continue;
                     };
-                    match keys.open(&meta.namespace, &meta.name, sealed) {
+                    match keys.open(&sealed.cluster, &meta.namespace, &meta.name, sealed) {
                         Ok(c) => {
                             ctx.credentials
-                                .insert((meta.namespace, meta.name), Arc::new(c));
+                                .entry((meta.namespace, meta.name))
+                                .or_default()
+                                .insert(sealed.cluster.clone(), Arc::new(c));
                         }
                         Err(error) => tracing::warn!(
-                            secret = %format!("{}/{}", meta.namespace, meta.name),
-                            %error,
+                            %secret, cluster = %sealed.cluster, %error,
                             "gateway credential does not open: not served"
                         ),
                     }

@@ -4,11 +4,11 @@
 
 use crate::endpoints::EndpointIndex;
 use shoal_common::bus::{Bucket, Entry, Op};
-use shoal_common::keys;
+use shoal_common::keys::{self, ConfigId};
 use shoal_common::lease::{FleetEpochs, LeaseError};
 use shoal_common::model::{ConfigKind, ConfigObject, EndpointSet, Service};
 use shoal_common::{Envelope, EnvelopeError};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// An entry from the bus that could not be applied. The previous value (if any) stays.
@@ -99,13 +99,16 @@ pub enum Change {
     /// Endpoints of this service hostname, and with them its workload identities (service
     /// accounts, sidecars): clusters change too (mutual TLS).
     EndpointIdentities(String),
+    /// The set of clusters with a published token issuer (what a client certificate may
+    /// have been issued for: gateway credentials, see `generate::sds`).
+    TokenIssuers,
 }
 
 /// Everything a server knows, as last read from the bus.
 #[derive(Debug, Default, Clone)]
 pub struct MeshState {
-    /// Istio config by (kind, namespace, name).
-    pub config: BTreeMap<(ConfigKind, String, String), Arc<ConfigObject>>,
+    /// Istio config and gateway credentials by their key's identity.
+    pub config: BTreeMap<ConfigId, Arc<ConfigObject>>,
     /// Services by (cluster, namespace, name).
     pub services: BTreeMap<(String, String, String), Arc<Service>>,
     /// EDS shards.
@@ -117,6 +120,10 @@ pub struct MeshState {
     /// Opens the sealed gateway credentials (`--credential-key-file`); without it they
     /// stay sealed and are not served.
     pub credential_keys: Option<Arc<shoal_common::credential::CredentialKeys>>,
+    /// The clusters whose token issuer is published (`issuer.<cluster>` in `shoal-meta`):
+    /// the clusters whose tokens the servers accept, and so whose workloads the CA may have
+    /// certified.
+    pub token_issuers: BTreeSet<String>,
 }
 
 impl MeshState {
@@ -189,8 +196,8 @@ impl MeshState {
         };
         match bucket {
             Bucket::Config => {
-                let (kind, ns, name) = keys::parse_config_key(&entry.key).map_err(key_err)?;
-                let id = (kind, ns, name);
+                let id = keys::parse_config_key(&entry.key).map_err(key_err)?;
+                let kind = id.kind;
                 if entry.op == Op::Delete {
                     let removed = self.config.remove(&id);
                     return Ok((
@@ -207,12 +214,17 @@ impl MeshState {
                     self.check_fence(bucket, entry, &env.fleet, env.epoch)?;
                 }
                 let obj = env.body;
-                if obj.kind() != kind || obj.meta.namespace != id.1 || obj.meta.name != id.2 {
+                let found = ConfigId::of(&obj);
+                if found != id {
                     return Err(mismatch(format!(
-                        "{} {}/{}",
-                        obj.kind(),
-                        obj.meta.namespace,
-                        obj.meta.name
+                        "{} {}/{}{}",
+                        found.kind,
+                        found.namespace,
+                        found.name,
+                        found
+                            .cluster
+                            .map(|c| format!(" of cluster {c}"))
+                            .unwrap_or_default()
                     )));
                 }
                 if self.config.get(&id).is_some_and(|old| **old == obj) {
@@ -306,7 +318,9 @@ impl MeshState {
                     Some(env.observed_at_ms),
                 ))
             }
-            // Cluster statuses change nothing here; leases set the fleets' epochs.
+            // Cluster statuses change nothing here; leases set the fleets' epochs; issuer
+            // keys say which clusters' tokens are accepted (their values are the
+            // authenticator's, `crate::auth::follow_issuers`).
             Bucket::Meta => {
                 self.fleets
                     .apply(entry)
@@ -315,7 +329,21 @@ impl MeshState {
                         key: entry.key.clone(),
                         source,
                     })?;
-                Ok((Change::None, None))
+                let Some(cluster) = keys::parse_issuer_key(&entry.key) else {
+                    return Ok((Change::None, None));
+                };
+                let changed = match entry.op {
+                    Op::Put => self.token_issuers.insert(cluster),
+                    Op::Delete => self.token_issuers.remove(&cluster),
+                };
+                Ok((
+                    if changed {
+                        Change::TokenIssuers
+                    } else {
+                        Change::None
+                    },
+                    None,
+                ))
             }
         }
     }
@@ -323,18 +351,18 @@ impl MeshState {
     /// Keys currently held for a bucket, in the bus's key format (for resyncs).
     pub fn keys(&self, bucket: Bucket) -> Vec<String> {
         match bucket {
-            Bucket::Config => self
-                .config
-                .keys()
-                .map(|(k, ns, n)| keys::config_key(*k, ns, n))
-                .collect(),
+            Bucket::Config => self.config.keys().map(ConfigId::key).collect(),
             Bucket::Services => self
                 .services
                 .keys()
                 .map(|(c, ns, n)| keys::service_key(c, ns, n))
                 .collect(),
             Bucket::Endpoints => self.endpoints.bus_keys(),
-            Bucket::Meta => self.fleets.keys(),
+            Bucket::Meta => {
+                let mut all = self.fleets.keys();
+                all.extend(self.token_issuers.iter().map(|c| keys::issuer_key(c)));
+                all
+            }
         }
     }
 }

@@ -77,11 +77,12 @@ fn good_state() -> MeshState {
 
 /// What the good keys hold, comparable.
 fn good_values(state: &MeshState) -> (String, String, String) {
-    let vs = &state.config[&(
-        ConfigKind::VirtualService,
-        "default".to_string(),
-        "reviews".to_string(),
-    )];
+    let vs = &state.config[&keys::ConfigId {
+        kind: ConfigKind::VirtualService,
+        cluster: None,
+        namespace: "default".to_string(),
+        name: "reviews".to_string(),
+    }];
     let svc = &state.services[&(
         CLUSTER.to_string(),
         "default".to_string(),

@@ -6,7 +6,7 @@ use crate::testutil::*;
 use bytes::Bytes;
 use shoal_common::bus::{Bucket, Entry, Op};
 use shoal_common::keys;
-use shoal_common::model::{ConfigKind, ConfigObject, Endpoint, EndpointSet, Service};
+use shoal_common::model::{ConfigKind, ConfigObject, ConfigSpec, Endpoint, EndpointSet, Service};
 use shoal_common::{Envelope, SCHEMA_VERSION};
 
 fn vs_obj(ns: &str, name: &str, host: &str) -> ConfigObject {
@@ -18,7 +18,12 @@ fn vs_obj(ns: &str, name: &str, host: &str) -> ConfigObject {
 }
 
 fn config_of<'a>(state: &'a MeshState, kind: ConfigKind, ns: &str, name: &str) -> &'a ConfigObject {
-    &state.config[&(kind, ns.to_string(), name.to_string())]
+    &state.config[&shoal_common::keys::ConfigId {
+        kind,
+        cluster: None,
+        namespace: ns.to_string(),
+        name: name.to_string(),
+    }]
 }
 
 fn svc_of<'a>(state: &'a MeshState, ns: &str, name: &str) -> &'a Service {
@@ -276,6 +281,71 @@ fn meta_entries_change_nothing() {
         state.apply(Bucket::Meta, &entry).unwrap(),
         (Change::None, None)
     );
+}
+
+#[test]
+fn issuer_keys_are_the_clusters_whose_tokens_are_accepted() {
+    let mut state = MeshState::default();
+    let entry = |key: &str, op| Entry {
+        key: key.into(),
+        value: Bytes::from_static(b"record"),
+        revision: 1,
+        op,
+    };
+    let put = entry(&keys::issuer_key("east"), Op::Put);
+    assert_eq!(
+        state.apply(Bucket::Meta, &put).unwrap(),
+        (Change::TokenIssuers, None)
+    );
+    assert_eq!(
+        state.apply(Bucket::Meta, &put).unwrap(),
+        (Change::None, None)
+    );
+    assert_eq!(state.token_issuers.iter().collect::<Vec<_>>(), ["east"]);
+    assert!(state.keys(Bucket::Meta).contains(&keys::issuer_key("east")));
+    let delete = entry(&keys::issuer_key("east"), Op::Delete);
+    assert_eq!(
+        state.apply(Bucket::Meta, &delete).unwrap(),
+        (Change::TokenIssuers, None)
+    );
+    assert!(state.token_issuers.is_empty());
+}
+
+#[test]
+fn credentials_are_keyed_by_cluster() {
+    use shoal_common::credential::{CredentialKeys, TlsCredential};
+    let keys_ = CredentialKeys::ephemeral();
+    let sealed = |cluster: &str| {
+        ConfigSpec::Credential(keys_.seal(
+            cluster,
+            "istio-system",
+            "web-cert",
+            &TlsCredential::default(),
+        ))
+    };
+    let mut state = MeshState::default();
+    let west = config("istio-system", "web-cert", sealed("west"));
+    let east = config("istio-system", "web-cert", sealed("east"));
+    let put = config_put(&west);
+    assert_eq!(put.key, "Credential.west.istio-system.web-cert");
+    state.apply(Bucket::Config, &put).unwrap();
+    state.apply(Bucket::Config, &config_put(&east)).unwrap();
+    assert_eq!(state.config.len(), 2, "one Secret name, two clusters");
+    // A cluster's sealed value under another cluster's key is refused.
+    let moved = Entry {
+        key: keys::credential_key("west", "istio-system", "web-cert"),
+        ..config_put(&east)
+    };
+    let err = state.apply(Bucket::Config, &moved).unwrap_err();
+    assert!(matches!(err, ApplyError::Mismatch { .. }), "{err}");
+    assert!(err.to_string().contains("of cluster east"), "{err}");
+    // The layout before clusters is refused by its key.
+    let legacy = Entry {
+        key: keys::config_key(ConfigKind::Credential, "istio-system", "web-cert"),
+        ..config_put(&east)
+    };
+    let err = state.apply(Bucket::Config, &legacy).unwrap_err();
+    assert!(matches!(err, ApplyError::Key { .. }), "{err}");
 }
 
 /// A state holding one of each, and the entries that put them.

@@ -2,7 +2,7 @@
 //! state that turns into a [`Snapshot`], bus entries, and decoders for generated resources.
 
 use crate::generate::{self, Resource, Snapshot};
-use crate::proxy::{Interception, Proxy, ProxyKind};
+use crate::proxy::{Interception, ProvenCluster, Proxy, ProxyKind, VerifiedIdentity};
 use crate::push_context::PushContext;
 use crate::scope::ProxyScope;
 use crate::store::MeshState;
@@ -190,6 +190,7 @@ pub fn sidecar_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         pod_ports: BTreeMap::new(),
         locality: Locality::default(),
         service_account: None,
+        verified: None,
     }
 }
 
@@ -217,7 +218,18 @@ pub fn router_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         pod_ports: BTreeMap::new(),
         locality: Locality::default(),
         service_account: None,
+        verified: None,
     }
+}
+
+/// `proxy` as the secure port leaves it once its caller is authorized: verified as the
+/// service accounts `accounts` (of its namespace), of `cluster`.
+pub fn verified_as(mut proxy: Proxy, accounts: &[&str], cluster: ProvenCluster) -> Proxy {
+    proxy.verified = Some(VerifiedIdentity {
+        service_accounts: accounts.iter().map(|a| a.to_string()).collect(),
+        cluster,
+    });
+    proxy
 }
 
 // ---------------------------------------------------------------------------------------
@@ -272,11 +284,7 @@ impl Mesh {
 
     /// Adds (or replaces) a config object.
     pub fn add_config(&mut self, obj: ConfigObject) {
-        let id = (
-            obj.kind(),
-            obj.meta.namespace.clone(),
-            obj.meta.name.clone(),
-        );
+        let id = shoal_common::keys::ConfigId::of(&obj);
         self.state.config.insert(id, Arc::new(obj));
     }
 
@@ -406,10 +414,7 @@ pub fn delete(key: String) -> Entry {
 
 /// The bus put of a config object.
 pub fn config_put(obj: &ConfigObject) -> Entry {
-    put(
-        keys::config_key(obj.kind(), &obj.meta.namespace, &obj.meta.name),
-        obj,
-    )
+    put(keys::ConfigId::of(obj).key(), obj)
 }
 
 /// The bus put of a service.

@@ -2,7 +2,8 @@
 //!
 //! What the generators produce for a proxy depends on the snapshot and on a few fields of
 //! the proxy — its [`ViewKey`]: kind, namespace, labels, cluster, interception mode, pod
-//! ports and locality; never its id, IP or pod name. Every stream whose proxy has the same
+//! ports and locality, and for gateways the identity the stream verified (gateway
+//! credentials go by it); never its id, IP or pod name. Every stream whose proxy has the same
 //! key shares one [`View`], which computes once per snapshot and subscription:
 //!
 //! - the proxy scope (per PushContext);
@@ -24,7 +25,7 @@
 
 use crate::generate::cache::GeneratorCache;
 use crate::generate::{Resource, Snapshot};
-use crate::proxy::{Interception, Proxy, ProxyKind};
+use crate::proxy::{Interception, Proxy, ProxyKind, VerifiedIdentity};
 use crate::push_context::PushContext;
 use crate::scope::ProxyScope;
 use crate::xds::wire::Gathered;
@@ -44,6 +45,10 @@ pub struct ViewKey {
     interception: Interception,
     pod_ports: BTreeMap<String, u16>,
     locality: Locality,
+    /// Gateways only: SDS authorizes credentials by it, so streams of different verified
+    /// identities never share an SDS output. Sidecars get no credentials, and no other
+    /// generator reads it: leaving it out keeps their views shared.
+    verified: Option<VerifiedIdentity>,
 }
 
 impl ViewKey {
@@ -57,6 +62,7 @@ impl ViewKey {
             pod: _,
             // Checked when the stream is authorized; no generator reads it.
             service_account: _,
+            verified,
             kind,
             namespace,
             labels,
@@ -73,6 +79,10 @@ impl ViewKey {
             interception: *interception,
             pod_ports: pod_ports.clone(),
             locality: locality.clone(),
+            verified: match kind {
+                ProxyKind::Router => verified.clone(),
+                ProxyKind::Sidecar => None,
+            },
         }
     }
 }
@@ -371,13 +381,17 @@ struct Slot {
 impl Slot {
     /// Whether this output is still the one for `snap`: same PushContext, and for load
     /// assignments the same endpoints, for clusters the same workload identities behind
-    /// the hosts (auto mTLS's SANs and sidecar checks).
+    /// the hosts (auto mTLS's SANs and sidecar checks), for gateway credentials the same
+    /// workloads (who serves a Secret).
     fn valid_for(&self, ty: XdsType, snap: &Snapshot) -> bool {
         Arc::ptr_eq(&self.ctx, &snap.ctx)
             && match ty {
                 XdsType::Endpoint => Arc::ptr_eq(&self.endpoints, &snap.endpoints),
                 XdsType::Cluster => {
                     self.endpoints.identities_epoch() == snap.endpoints.identities_epoch()
+                }
+                XdsType::Secret => {
+                    self.endpoints.workloads_epoch() == snap.endpoints.workloads_epoch()
                 }
                 _ => true,
             }
@@ -766,5 +780,102 @@ mod tests {
         // Subscribing to `a` again sends it again.
         let d = Diff::between(&held, &out);
         assert_eq!(d.changed.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn gateway_credentials_are_per_verified_identity_and_follow_the_workloads() {
+        use crate::proxy::ProvenCluster;
+        use crate::testutil::{config, gateway, router_proxy, verified_as, CLUSTER};
+        use shoal_common::credential::{CredentialKeys, TlsCredential};
+        use shoal_common::model::ConfigSpec;
+
+        let keys = CredentialKeys::ephemeral();
+        let cred = TlsCredential {
+            cert_chain: Some("CERT".into()),
+            private_key: Some("KEY".into()),
+            ca_cert: None,
+        };
+        let gateway_pod = |labels: &[(&str, &str)]| {
+            let mut ep = endpoint("10.0.0.1", labels);
+            ep.service_account = "ingress".into();
+            slice(
+                "istio-system",
+                "ingress",
+                "ingress-1",
+                &[("https", 8443)],
+                vec![ep],
+            )
+        };
+        let mut m = Mesh::new()
+            .with_config(config(
+                "istio-system",
+                "web-cert",
+                ConfigSpec::Credential(keys.seal(CLUSTER, "istio-system", "web-cert", &cred)),
+            ))
+            .with_config(gateway(
+                "istio-system",
+                "public",
+                "selector: {istio: ingressgateway}\nservers: [{port: {number: 443, name: https, protocol: HTTPS}, hosts: [\"*\"], tls: {mode: SIMPLE, credentialName: web-cert}}]",
+            ))
+            .with_slice(gateway_pod(&[("istio", "ingressgateway")]));
+        m.state.credential_keys = Some(Arc::new(keys));
+
+        let metrics = Metrics::new();
+        let cache = GeneratorCache::new(64 << 20, true, metrics.clone());
+        let views = Views::new(Generation::new(cache, 1));
+        let node = router_proxy("istio-system", &[("istio", "ingressgateway")]);
+        let token = || ProvenCluster::Token(CLUSTER.into());
+        let gw = verified_as(node.clone(), &["ingress"], token());
+        let intruder = verified_as(node.clone(), &["default"], token());
+        let (v_gw, v_intruder) = (views.view_for(&gw), views.view_for(&intruder));
+        assert!(
+            !Arc::ptr_eq(&v_gw, &v_intruder),
+            "gateways of different verified identities never share a view"
+        );
+        assert!(Arc::ptr_eq(
+            &v_gw,
+            &views.view_for(&verified_as(node, &["ingress"], token()))
+        ));
+        // Sidecars get no credentials: their views ignore the identity.
+        let sidecar = sidecar_proxy("a", &[]);
+        assert!(Arc::ptr_eq(
+            &views.view_for(&sidecar),
+            &views.view_for(&verified_as(sidecar.clone(), &["web"], token()))
+        ));
+
+        let snap1 = Arc::new(m.snapshot());
+        let names = v_gw.intern(
+            XdsType::Secret,
+            ["kubernetes://web-cert".to_string()].into(),
+        );
+        let out = v_gw.output(XdsType::Secret, &names, &snap1).await;
+        assert_eq!(out.resources().len(), 1);
+        let names_i = v_intruder.intern(
+            XdsType::Secret,
+            ["kubernetes://web-cert".to_string()].into(),
+        );
+        assert!(v_intruder
+            .output(XdsType::Secret, &names_i, &snap1)
+            .await
+            .resources()
+            .is_empty());
+
+        // An endpoint-only snapshot (same PushContext) in which the gateway pod lost the
+        // label the Gateway selects: the output is rebuilt, without the credential.
+        m.add_slice(gateway_pod(&[("istio", "other")]));
+        let snap2 = Arc::new(Snapshot {
+            ctx: snap1.ctx.clone(),
+            endpoints: m.state.endpoints.clone(),
+            number: 2,
+        });
+        assert_ne!(
+            snap1.endpoints.workloads_epoch(),
+            snap2.endpoints.workloads_epoch()
+        );
+        assert!(v_gw
+            .output(XdsType::Secret, &names, &snap2)
+            .await
+            .resources()
+            .is_empty());
     }
 }

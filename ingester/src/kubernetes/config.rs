@@ -314,7 +314,7 @@ impl ConfigSide {
                     .map(Box::as_ref)
                     .collect::<Vec<_>>()
             });
-        credentials::entries(secrets, &referenced, Some(&c.keys))
+        credentials::entries(&self.cluster, secrets, &referenced, Some(&c.keys))
     }
 
     /// Whether the next round must publish everything (see [`Publisher::needs_retry`]).

@@ -234,7 +234,7 @@ impl Dirty {
 /// The namespace of a bus key.
 pub fn key_namespace((bucket, key): &StateKey) -> Option<String> {
     match bucket {
-        Bucket::Config => keys::parse_config_key(key).ok().map(|(_, ns, _)| ns),
+        Bucket::Config => keys::parse_config_key(key).ok().map(|id| id.namespace),
         Bucket::Services => keys::parse_service_key(key).ok().map(|(_, ns, _)| ns),
         Bucket::Endpoints => keys::parse_endpoints_key(key).ok().map(|(_, ns, _, _)| ns),
         Bucket::Meta => None,
@@ -244,7 +244,7 @@ pub fn key_namespace((bucket, key): &StateKey) -> Option<String> {
 /// The config kind of a `shoal-config` key.
 pub fn key_config_kind((bucket, key): &StateKey) -> Option<ConfigKind> {
     match bucket {
-        Bucket::Config => keys::parse_config_key(key).ok().map(|(kind, _, _)| kind),
+        Bucket::Config => keys::parse_config_key(key).ok().map(|id| id.kind),
         _ => None,
     }
 }

@@ -115,9 +115,14 @@ fn a_valid_token_of_a_known_cluster_is_its_service_account() {
         .unwrap();
     assert_eq!(caller.source, "token");
     assert_eq!(caller.identities, vec![identity("shop", "web")]);
+    // The cluster whose keys verified it, not the one a header or node names.
+    assert_eq!(caller.cluster, ProvenCluster::Token("west".into()));
     // With istio-agent's clusterid header, only that cluster's keys count.
     let named = with_token(west.token(claims("shop", "web")), Some("west"));
-    assert!(auth.authenticate(&named).is_ok());
+    assert_eq!(
+        auth.authenticate(&named).unwrap().cluster,
+        ProvenCluster::Token("west".into())
+    );
     let wrong = with_token(west.token(claims("shop", "web")), Some("east"));
     assert_eq!(
         auth.authenticate(&wrong).unwrap_err().reason(),
@@ -202,6 +207,7 @@ fn a_client_certificate_is_its_spiffe_identities() {
     };
     let caller = auth.authenticate(&creds).unwrap();
     assert_eq!(caller.source, "certificate");
+    assert_eq!(caller.cluster, ProvenCluster::Certificate);
     assert_eq!(caller.identities, vec![identity("shop", "web")]);
 
     let plain = Credentials {
@@ -219,6 +225,7 @@ fn a_proxy_gets_config_only_for_its_own_namespace_and_service_account() {
     let caller = Caller {
         identities: vec![identity("shop", "web")],
         source: "token",
+        cluster: ProvenCluster::Token("east".into()),
     };
     let mut proxy = sidecar_proxy("shop", &[]);
     assert_eq!(authorize(&proxy, &caller), Ok(identity("shop", "web")));
@@ -253,4 +260,42 @@ fn unusable_key_sets_are_errors_naming_the_cluster() {
         .unwrap_err();
     assert!(matches!(e, IssuerError::NoKeys { .. }), "{e}");
     assert!(issuers.clusters().is_empty());
+}
+
+#[test]
+fn a_token_two_clusters_keys_verify_proves_no_cluster() {
+    // Two clusters built with the same signing key: without the clusterid header the token
+    // could be either's, so it proves neither (gateway credentials need a proven cluster).
+    let shared = Signer::new("shared");
+    let auth = authenticator(&[("east", &shared), ("west", &shared)]);
+    let token = shared.token(claims("istio-system", "ingress"));
+    let caller = auth.authenticate(&with_token(token.clone(), None)).unwrap();
+    assert_eq!(caller.identities, vec![identity("istio-system", "ingress")]);
+    assert_eq!(caller.cluster, ProvenCluster::Ambiguous);
+    // The header restricts the check to one cluster's keys: that one is proven.
+    let named = auth.authenticate(&with_token(token, Some("east"))).unwrap();
+    assert_eq!(named.cluster, ProvenCluster::Token("east".into()));
+}
+
+#[test]
+fn the_verified_identity_is_the_callers_service_accounts_in_the_proxys_namespace() {
+    let caller = Caller {
+        identities: vec![
+            identity("istio-system", "ingress"),
+            identity("shop", "web"),
+            identity("istio-system", "backup"),
+        ],
+        source: "certificate",
+        cluster: ProvenCluster::Certificate,
+    };
+    let mut proxy = crate::testutil::router_proxy("istio-system", &[]);
+    // What the node claims plays no part.
+    proxy.service_account = Some("ingress".into());
+    proxy.cluster_id = "elsewhere".into();
+    let v = verified_identity(&proxy, &caller);
+    assert_eq!(
+        v.service_accounts.into_iter().collect::<Vec<_>>(),
+        ["backup", "ingress"]
+    );
+    assert_eq!(v.cluster, ProvenCluster::Certificate);
 }

@@ -167,7 +167,7 @@ pub fn keys(
             .into_iter()
             .map(Key::Route)
             .collect(),
-        XdsType::Secret => sds::keys(names, proxy, &snap.ctx)
+        XdsType::Secret => sds::keys(names, proxy, snap)
             .into_iter()
             .map(Key::Secret)
             .collect(),

@@ -80,6 +80,11 @@ pub fn affected_types(
     if in_scope(&changes.identities) {
         out.insert(XdsType::Cluster);
     }
+    // Who serves a Secret (workloads) and what a client certificate proves (token issuers)
+    // decide which credentials a gateway gets.
+    if kind == ProxyKind::Router && (changes.workloads || changes.token_issuers) {
+        out.insert(XdsType::Secret);
+    }
     out
 }
 
@@ -120,6 +125,27 @@ mod tests {
         ChangeSet {
             config: kinds.iter().copied().collect(),
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn workloads_and_token_issuers_affect_gateway_credentials_only() {
+        let s = scope(&[]);
+        for changes in [
+            ChangeSet {
+                workloads: true,
+                ..Default::default()
+            },
+            ChangeSet {
+                token_issuers: true,
+                ..Default::default()
+            },
+        ] {
+            assert_eq!(
+                affected_types(&changes, ProxyKind::Router, &s),
+                [XdsType::Secret].into()
+            );
+            assert!(affected_types(&changes, ProxyKind::Sidecar, &s).is_empty());
         }
     }
 

@@ -4,7 +4,7 @@
 
 use super::limits::{self, WarnLimiter};
 use super::registry::{Nack, Registry};
-use crate::auth::{authorize, Caller};
+use crate::auth::{authorize, verified_identity, Caller};
 use crate::generate::cache::compare;
 use crate::generate::sds;
 use crate::generate::{Resource, Snapshot};
@@ -14,7 +14,7 @@ use crate::scope::ProxyScope;
 use crate::view::{Diff, Held, Names, Output, View, Views};
 use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::XdsType;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tonic::Status;
 
@@ -46,6 +46,10 @@ pub(crate) struct Session {
     /// Rate limits of this stream's per-request warnings (see [`limits::WarnLimiter`]).
     warn_nack: WarnLimiter,
     warn_unsupported: WarnLimiter,
+    warn_sds: WarnLimiter,
+    /// The requested gateway credentials refused, and why: a refusal is counted and logged
+    /// when it starts (or its reason changes), not on every push.
+    sds_denied: BTreeMap<String, sds::Denial>,
 }
 
 impl Session {
@@ -69,6 +73,8 @@ impl Session {
             close_reason: "aborted",
             warn_nack: WarnLimiter::default(),
             warn_unsupported: WarnLimiter::default(),
+            warn_sds: WarnLimiter::default(),
+            sds_denied: BTreeMap::new(),
         }
     }
 
@@ -82,7 +88,8 @@ impl Session {
         if self.proxy.is_some() {
             return Ok(());
         }
-        let proxy = Proxy::from_node(node).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let mut proxy =
+            Proxy::from_node(node).map_err(|e| Status::invalid_argument(e.to_string()))?;
         if let Some(caller) = &self.caller {
             if let Err(error) = authorize(&proxy, caller) {
                 self.metrics
@@ -93,6 +100,7 @@ impl Session {
                 tracing::debug!(conn = %self.id, %error, "refusing xDS stream");
                 return Err(error.status());
             }
+            proxy.verified = Some(verified_identity(&proxy, caller));
         }
         tracing::info!(conn = %self.id, node = %proxy.id, kind = ?proxy.kind, mode = ?self.mode, "proxy connected");
         self.registry.add(&self.id, &proxy, self.mode);
@@ -105,45 +113,74 @@ impl Session {
         Ok(())
     }
 
-    /// The shared instance of a set of requested names (see [`View::intern`]). Called when
-    /// a proxy changes what it asks for: SDS names it may not have are logged and counted
-    /// here (and never resolved: see [`Session::output`] and `generate::sds`).
+    /// The shared instance of a set of requested names (see [`View::intern`]).
     pub fn intern(&self, ty: XdsType, names: BTreeSet<String>) -> Names {
-        if ty == XdsType::Secret {
-            self.check_secret_names(&names);
-        }
         match &self.view {
             Some(view) => view.intern(ty, names),
             None => Arc::new(names),
         }
     }
 
-    fn check_secret_names(&self, names: &BTreeSet<String>) {
+    /// Counts and logs the requested gateway credentials `snap` refuses this stream
+    /// (`generate::sds` leaves them out of the output), each when its refusal starts or its
+    /// reason changes. A name that merely names nothing (`not_found`: the Secret may not
+    /// exist yet) is not a refusal. Logs name the caller and the Secret, never key material.
+    fn note_secret_denials(&mut self, names: &Names, snap: &Snapshot) {
         let Some(proxy) = &self.proxy else { return };
-        for name in names {
-            let denial = match (&self.caller, sds::check(name, proxy)) {
-                (None, _) => sds::Denial::Unauthenticated,
-                (Some(_), Err(denial)) => denial,
-                (Some(_), Ok(_)) => continue,
-            };
+        let mut denied = BTreeMap::new();
+        for name in names.iter() {
+            match sds::authorize(name, proxy, snap) {
+                Ok(_) | Err(sds::Denial::NotFound) => {}
+                Err(denial) => {
+                    denied.insert(name.clone(), denial);
+                }
+            }
+        }
+        for (name, denial) in &denied {
+            if self.sds_denied.get(name) == Some(denial) {
+                continue;
+            }
             self.metrics
                 .sds_denied
                 .with_label_values(&[denial.reason()])
                 .inc();
-            let name = limits::truncate(name, limits::MAX_VERSION_BYTES);
-            tracing::warn!(
-                conn = %self.id, node = %proxy.id, namespace = %proxy.namespace, secret = %name,
-                reason = denial.reason(),
-                "refusing a gateway credential (SDS): gateways get credentials of their own \
-                 namespace, on the authenticated (TLS) xDS port"
-            );
+            if let Some(suppressed) = self.warn_sds.check() {
+                let caller = match &self.caller {
+                    Some(c) => format!("{} ({})", c.describe(), c.source),
+                    None => "unauthenticated (plaintext port)".to_string(),
+                };
+                let cluster = proxy
+                    .verified
+                    .as_ref()
+                    .map(|v| v.cluster.to_string())
+                    .unwrap_or_default();
+                let secret = limits::truncate(name, limits::MAX_VERSION_BYTES);
+                tracing::warn!(
+                    conn = %self.id, node = %proxy.id, namespace = %proxy.namespace, %caller,
+                    %cluster, %secret, reason = denial.reason(), suppressed,
+                    "refusing a gateway credential (SDS): only to an authenticated gateway \
+                     whose service account runs a workload serving the Secret, in the \
+                     Secret's namespace and cluster"
+                );
+            }
         }
+        self.sds_denied = denied;
     }
 
     /// The resources of `ty` (for `names` unless a wildcard type) in `snap`, from the
-    /// proxy's view. Credentials (SDS) go to authenticated streams only, as istiod's. With the cache assert mode on, the view's output is checked against
+    /// proxy's view. Credentials (SDS) go to authenticated streams only, as istiod's, and
+    /// only those `generate::sds` authorizes for the stream's verified identity (refusals
+    /// counted here). With the cache assert mode on, the view's output is checked against
     /// the resources generated for this stream's own proxy.
-    pub async fn output(&self, ty: XdsType, snap: &Arc<Snapshot>, names: &Names) -> Arc<Output> {
+    pub async fn output(
+        &mut self,
+        ty: XdsType,
+        snap: &Arc<Snapshot>,
+        names: &Names,
+    ) -> Arc<Output> {
+        if ty == XdsType::Secret {
+            self.note_secret_denials(names, snap);
+        }
         let (Some(proxy), Some(view)) = (&self.proxy, &self.view) else {
             return Arc::default();
         };

@@ -253,8 +253,8 @@ pub struct ServerArgs {
     pub drain_duration: ConfigDuration,
 
     /// Most xDS connections open at once, both ports together; one more is closed as soon
-    /// as it is accepted. Default: three quarters of the open-file limit (ulimit -n), at
-    /// most 20000.
+    /// as it is accepted. Default: three quarters of the open-file limit (the soft limit is
+    /// raised to the hard one at start), at most 20000.
     #[arg(long, env = "SHOAL_XDS_MAX_CONNECTIONS", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub xds_max_connections: Option<u32>,

@@ -49,6 +49,9 @@ pub struct Metrics {
     pub lease_epoch: IntGauge,
     /// Times this replica started or stopped leading.
     pub lease_transitions: IntCounter,
+    /// Leases refused because their epoch jumped implausibly
+    /// ([`shoal_common::lease::epoch_jump`]).
+    pub lease_epoch_refused: IntCounter,
     /// 1 for a cluster this fleet is assigned but does not publish because another live
     /// fleet owns it, by cluster and owner.
     pub cluster_refused: IntGaugeVec,
@@ -161,6 +164,12 @@ impl Metrics {
                 "Times this replica started or stopped leading its fleet.",
             )
             .expect("valid metric"),
+            lease_epoch_refused: IntCounter::new(
+                "shoal_ingester_lease_epoch_refused_total",
+                "Leases of this fleet refused because their epoch jumped implausibly above \
+                 the last one seen (forged or corrupt); the holder writes its own lease back.",
+            )
+            .expect("valid metric"),
             cluster_refused: IntGaugeVec::new(
                 opts!(
                     "shoal_ingester_cluster_refused",
@@ -217,6 +226,7 @@ impl Metrics {
             Box::new(m.leader.clone()),
             Box::new(m.lease_epoch.clone()),
             Box::new(m.lease_transitions.clone()),
+            Box::new(m.lease_epoch_refused.clone()),
             Box::new(m.cluster_refused.clone()),
             Box::new(m.object_status_writes.clone()),
             Box::new(m.bus_heals.clone()),

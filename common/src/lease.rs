@@ -34,6 +34,13 @@ pub struct LeaseBody {
     pub renewed_at_ms: u64,
     /// How long after a renewal the lease stays valid; 0 means released.
     pub ttl_ms: u64,
+    /// The revision the lease key had when this term took it (the compare-and-set
+    /// expectation of the acquisition; 0: the key was absent). Everything written in this
+    /// term to `shoal-meta`, the lease's own bucket, has a higher revision, so a record
+    /// there with a lower revision and an older epoch is an earlier leader's, and one with
+    /// a higher revision must carry this epoch. 0 in leases of older builds.
+    #[serde(default)]
+    pub since_revision: u64,
 }
 
 impl LeaseBody {
@@ -121,7 +128,8 @@ pub enum LeaseError {
 /// The current lease epoch of every fleet, from the `lease.*` keys of `shoal-meta`.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct FleetEpochs {
-    epochs: BTreeMap<String, u64>,
+    /// By fleet: the lease's epoch and [`LeaseBody::since_revision`].
+    epochs: BTreeMap<String, (u64, u64)>,
 }
 
 impl FleetEpochs {
@@ -154,13 +162,20 @@ impl FleetEpochs {
                 found: env.body.epoch,
             });
         }
-        self.epochs.insert(fleet, env.body.epoch);
+        self.epochs
+            .insert(fleet, (env.body.epoch, env.body.since_revision));
         Ok(true)
     }
 
     /// The current epoch of a fleet, `None` when it has no lease.
     pub fn epoch(&self, fleet: &str) -> Option<u64> {
-        self.epochs.get(fleet).copied()
+        self.epochs.get(fleet).map(|(epoch, _)| *epoch)
+    }
+
+    /// The `shoal-meta` revision the fleet's current term started after
+    /// ([`LeaseBody::since_revision`]), `None` when it has no lease.
+    pub fn term_start(&self, fleet: &str) -> Option<u64> {
+        self.epochs.get(fleet).map(|(_, since)| *since)
     }
 
     /// Whether a write of `fleet` stamped `epoch` must be refused ([`fenced`]).
@@ -184,6 +199,7 @@ mod tests {
             epoch,
             renewed_at_ms: 10_000,
             ttl_ms: 10_000,
+            since_revision: 0,
         }
     }
 

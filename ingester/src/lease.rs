@@ -174,6 +174,8 @@ pub fn default_instance_id() -> String {
 #[derive(Debug, Clone, Copy)]
 struct Held {
     epoch: u64,
+    /// The lease's revision when this term took it ([`LeaseBody::since_revision`]).
+    since_revision: u64,
     /// The revision of the lease key this replica last wrote.
     revision: u64,
     /// Writes are allowed until then.
@@ -273,12 +275,13 @@ impl Elector {
         }
     }
 
-    fn body(&self, epoch: u64, ttl: Duration) -> LeaseBody {
+    fn body(&self, epoch: u64, since_revision: u64, ttl: Duration) -> LeaseBody {
         LeaseBody {
             holder: self.cfg.instance_id.clone(),
             epoch,
             renewed_at_ms: now_ms(),
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            since_revision,
         }
     }
 
@@ -313,7 +316,7 @@ impl Elector {
         if sent >= held.until {
             return self.step_down(held.epoch, "the lease could not be renewed in time");
         }
-        let body = self.body(held.epoch, self.cfg.ttl);
+        let body = self.body(held.epoch, held.since_revision, self.cfg.ttl);
         match self.write(&body, held.revision, held.until - sent).await {
             Ok(revision) => {
                 let until = sent + self.cfg.ttl - self.cfg.safety_margin();
@@ -377,7 +380,7 @@ impl Elector {
         if sent >= held.until {
             return false;
         }
-        let body = self.body(held.epoch, self.cfg.ttl);
+        let body = self.body(held.epoch, held.since_revision, self.cfg.ttl);
         match self.write(&body, entry.revision, held.until - sent).await {
             Ok(revision) => {
                 let until = sent + self.cfg.ttl - self.cfg.safety_margin();
@@ -547,13 +550,14 @@ impl Elector {
 
     async fn acquire(&mut self, expected: u64, epoch: u64, previous: Option<(String, &str)>) {
         let sent = Instant::now();
-        let body = self.body(epoch, self.cfg.ttl);
+        let body = self.body(epoch, expected, self.cfg.ttl);
         let limit = self.cfg.ttl - self.cfg.safety_margin();
         match self.write(&body, expected, limit).await {
             Ok(revision) => {
                 let until = sent + self.cfg.ttl - self.cfg.safety_margin();
                 self.held = Some(Held {
                     epoch,
+                    since_revision: expected,
                     revision,
                     until,
                 });
@@ -600,7 +604,7 @@ impl Elector {
         };
         self.term.send_replace(Term::standby());
         self.metrics.leader.set(0);
-        let body = self.body(held.epoch, Duration::ZERO);
+        let body = self.body(held.epoch, held.since_revision, Duration::ZERO);
         match self.write(&body, held.revision, RELEASE_TIMEOUT).await {
             Ok(_) => {
                 info!(fleet = %self.cfg.fleet, epoch = held.epoch, holder = %self.cfg.instance_id, "released the lease")
@@ -676,6 +680,7 @@ mod tests {
             (lease.holder.as_str(), lease.epoch, lease.ttl_ms),
             ("a", 1, 10_000)
         );
+        assert_eq!(lease.since_revision, 0, "taken while absent");
 
         // A renews every ttl/3; b never takes over, however long.
         for _ in 0..30 {
@@ -723,6 +728,16 @@ mod tests {
         assert_eq!(lb.current(), Some(2));
         let lease = lease_on_bus(&bus).await;
         assert_eq!((lease.holder.as_str(), lease.epoch), ("b", 2));
+        // Compare-and-set over a's last renewal: b's term starts after that revision, and
+        // keeps saying so when renewed.
+        assert!(lease.since_revision > 0);
+        b.step().await;
+        tokio::time::sleep(b.next_wait()).await;
+        b.step().await;
+        assert_eq!(
+            lease_on_bus(&bus).await.since_revision,
+            lease.since_revision
+        );
         assert!(b
             .metrics
             .render()
@@ -771,6 +786,7 @@ mod tests {
             epoch: 7,
             renewed_at_ms: now_ms(),
             ttl_ms: 10_000,
+            since_revision: 0,
         };
         bus.inner
             .put(
@@ -802,6 +818,7 @@ mod tests {
             epoch,
             renewed_at_ms: now_ms(),
             ttl_ms: 10_000,
+            since_revision: 0,
         };
         bus.inner
             .put(
@@ -896,6 +913,7 @@ mod tests {
             epoch: 4,
             renewed_at_ms: now_ms() - 60_000,
             ttl_ms: 10_000,
+            since_revision: 0,
         };
         bus.inner
             .put(

@@ -462,6 +462,7 @@ fn lease_put(epoch: u64) -> Entry {
         epoch,
         renewed_at_ms: 1_000,
         ttl_ms: 10_000,
+        since_revision: 0,
     };
     Entry {
         key: keys::lease_key("test"),
@@ -576,6 +577,7 @@ fn a_key_rewritten_by_another_fleet_is_fenced_by_that_fleets_epoch() {
         holder: "edge-1".into(),
         epoch: 2,
         renewed_at_ms: 1_000,
+        since_revision: 0,
         ttl_ms: 10_000,
     };
     let edge_lease = Entry {

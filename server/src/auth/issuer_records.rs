@@ -11,8 +11,12 @@
 //!   before the records written in it: an older epoch is a deposed leader's (or a replay of
 //!   one), a newer one a lease this server never saw (or refused as an
 //!   [`shoal_common::lease::epoch_jump`]).
-//! - **Replayed** (a watch's initial values), a record may be older than the lease (an
-//!   earlier leader wrote it and nobody changed it since), never newer.
+//! - **Replayed** (a watch's initial values), a record may carry an older epoch only if
+//!   it was written before the current term started (an earlier leader wrote it and
+//!   nobody changed it since): its revision is below the lease's `since_revision`
+//!   ([`shoal_common::lease::LeaseBody::since_revision`]). One written during the term
+//!   with an older epoch is a deposed leader's or forged, and a newer epoch is never
+//!   current.
 //! - Its fleet must have a lease at all: only `kube` ingesters publish issuers, and they
 //!   always run under one.
 //!
@@ -78,6 +82,8 @@ impl IssuerRefusal {
 struct Record {
     fleet: String,
     epoch: u64,
+    /// Its revision in `shoal-meta`.
+    revision: u64,
     keys: Arc<IssuerKeys>,
 }
 
@@ -125,7 +131,7 @@ impl IssuerRecords {
         };
         let record = match entry.op {
             Op::Delete => None,
-            Op::Put => match decode(&cluster, &entry.value) {
+            Op::Put => match decode(&cluster, entry) {
                 Ok(record) => Some(record),
                 Err(error) => return Step::Refused(cluster, error.into()),
             },
@@ -173,9 +179,14 @@ impl IssuerRecords {
         let mut admitted = BTreeMap::new();
         let mut refused = Vec::new();
         for (cluster, record) in replay {
-            match self.fleets.epoch(&record.fleet) {
-                // An earlier leader's record, unchanged since, is current.
-                Some(lease) if record.epoch <= lease => {
+            let lease = self.fleets.epoch(&record.fleet);
+            let term_start = self.fleets.term_start(&record.fleet).unwrap_or(0);
+            match lease {
+                Some(lease) if record.epoch == lease => {
+                    admitted.insert(cluster, record.keys);
+                }
+                // An earlier leader's record, unchanged since the term started, is current.
+                Some(lease) if record.epoch < lease && record.revision < term_start => {
                     admitted.insert(cluster, record.keys);
                 }
                 Some(lease) => refused.push((
@@ -199,9 +210,9 @@ impl IssuerRecords {
     }
 }
 
-fn decode(cluster: &str, value: &[u8]) -> Result<Record, IssuerError> {
-    let env =
-        Envelope::<ClusterIssuer>::decode(value).map_err(|e| IssuerError::Decode(e.to_string()))?;
+fn decode(cluster: &str, entry: &Entry) -> Result<Record, IssuerError> {
+    let env = Envelope::<ClusterIssuer>::decode(&entry.value)
+        .map_err(|e| IssuerError::Decode(e.to_string()))?;
     if env.body.cluster != cluster {
         return Err(IssuerError::Decode(format!(
             "the record is cluster {:?}'s, not {cluster:?}'s",
@@ -212,6 +223,7 @@ fn decode(cluster: &str, value: &[u8]) -> Result<Record, IssuerError> {
         keys: Arc::new(IssuerKeys::parse(&env.body)?),
         fleet: env.fleet,
         epoch: env.epoch,
+        revision: entry.revision,
     })
 }
 
@@ -297,6 +309,10 @@ mod tests {
     }
 
     fn issuer(cluster: &str, fleet: &str, epoch: u64) -> Entry {
+        issuer_at(cluster, fleet, epoch, 1)
+    }
+
+    fn issuer_at(cluster: &str, fleet: &str, epoch: u64, revision: u64) -> Entry {
         let record = ClusterIssuer {
             cluster: cluster.into(),
             issuer: "https://kubernetes.default.svc".into(),
@@ -308,17 +324,23 @@ mod tests {
                 .encode()
                 .unwrap()
                 .into(),
-            revision: 1,
+            revision,
             op: Op::Put,
         }
     }
 
     fn lease(fleet: &str, epoch: u64) -> Entry {
+        lease_since(fleet, epoch, 0)
+    }
+
+    /// A lease whose term started after revision `since`.
+    fn lease_since(fleet: &str, epoch: u64, since: u64) -> Entry {
         let body = LeaseBody {
             holder: "ingester-0".into(),
             epoch,
             renewed_at_ms: 1,
             ttl_ms: 10_000,
+            since_revision: since,
         };
         Entry {
             key: keys::lease_key(fleet),
@@ -341,13 +363,15 @@ mod tests {
     fn a_replay_admits_records_up_to_their_fleets_lease() {
         let mut records = IssuerRecords::default();
         records.restart();
-        // Records come before the lease in a replay (the lease is renewed last).
+        // Records come before the lease in a replay (the lease is renewed last). The term
+        // of epoch 3 started after revision 10.
         for entry in [
-            issuer("old", "f", 2),
-            issuer("current", "f", 3),
-            issuer("ahead", "f", 4),
-            issuer("orphan", "nobody", 1),
-            lease("f", 3),
+            issuer_at("old", "f", 2, 5),
+            issuer_at("stale", "f", 2, 12),
+            issuer_at("current", "f", 3, 11),
+            issuer_at("ahead", "f", 4, 13),
+            issuer_at("orphan", "nobody", 1, 14),
+            lease_since("f", 3, 10),
         ] {
             assert_eq!(reason(records.entry(&entry)), "none");
         }
@@ -355,13 +379,21 @@ mod tests {
         assert_eq!(
             admitted.keys().collect::<Vec<_>>(),
             ["current", "old"],
-            "an earlier leader's record, unchanged since, is current"
+            "an earlier leader's record, unchanged since the term started, is current"
         );
         let refused: Vec<_> = refused
             .iter()
             .map(|(c, r)| (c.as_str(), r.reason()))
             .collect();
-        assert_eq!(refused, [("ahead", "fenced"), ("orphan", "unleased")]);
+        assert_eq!(
+            refused,
+            [
+                ("ahead", "fenced"),
+                ("orphan", "unleased"),
+                ("stale", "fenced")
+            ],
+            "an older epoch written during the term is a deposed leader's or forged"
+        );
         assert!(records.initial_done().is_none());
     }
 

@@ -12,9 +12,9 @@
 //! creation time changed), so the watcher replays from scratch; and a writer calls
 //! [`NatsBus::check_buckets`] periodically, which also finds a stream whose last sequence
 //! went below a revision this handle wrote (a store restored from an older copy) or whose
-//! message count went down (a purge: in a bucket whose deletes are markers, the count never
-//! drops otherwise) and re-creates missing buckets, counting each loss in
-//! [`StateBus::data_losses`].
+//! message count went down or to zero after this handle wrote (a purge: in a bucket whose
+//! deletes are markers, the count never drops otherwise) and re-creates missing buckets,
+//! counting each loss in [`StateBus::data_losses`].
 //!
 //! **Writers and readers.** [`NatsBus::connect`] is the ingesters' handle: it creates
 //! missing buckets. [`NatsBus::connect_reader`] is the servers': it never creates, writes
@@ -518,9 +518,13 @@ impl NatsBus {
                     let created = created_of(info);
                     let replaced = recreated(entry.created, created);
                     let regressed = info.state.last_sequence < written;
-                    let purged = info.state.messages < entry.messages;
+                    // Deletes leave markers, so the count never drops, and a bucket this
+                    // handle wrote to is never empty, unless purged (the second test
+                    // catches a purge before any check saw the count rise).
+                    let purged = info.state.messages < entry.messages
+                        || (info.state.messages == 0 && written > 0);
                     entry.created = created.or(entry.created);
-                    if replaced || regressed {
+                    if replaced || regressed || purged {
                         entry.written = 0;
                     }
                     // The count starts over from what the stream holds after any loss.

@@ -58,8 +58,8 @@ pub struct Metrics {
     /// Status writes to rejected (and then fixed) Istio config objects, by result
     /// (`written`, `gone`: the object was deleted meanwhile, `error`).
     pub object_status_writes: IntCounterVec,
-    /// Buckets found to have lost their data (gone, re-created, or behind what this
-    /// ingester wrote) and healed: re-created and published again, by bucket.
+    /// Buckets found to have lost their data (gone, re-created, behind what this ingester
+    /// wrote, or purged) and healed: re-created and published again, by bucket.
     pub bus_heals: IntCounterVec,
     /// 1 when the cluster's token issuer keys were last read successfully, 0 when not.
     pub issuer_readable: IntGaugeVec,
@@ -192,8 +192,9 @@ impl Metrics {
                 opts!(
                     "shoal_ingester_bus_heals_total",
                     "Buckets found to have lost their data (gone, re-created by another \
-                     writer, or with a sequence below what this ingester wrote), after which \
-                     the ingester re-created them and published everything again, by bucket."
+                     writer, with a sequence below what this ingester wrote, or purged), \
+                     after which the ingester re-created them and published everything again, \
+                     by bucket."
                 ),
                 &["bucket"],
             )

@@ -7,6 +7,15 @@
 //! writes, so a reader that knows a fleet's current epoch can refuse the writes of a deposed
 //! leader: [`fenced`]. [`FleetEpochs`] tracks the current epoch of every fleet from the
 //! lease keys, for the servers and the ingester alike.
+//!
+//! **Epoch jumps.** A legitimate lease only ever goes up by one per acquisition: a replica
+//! takes the lease with one more than the highest epoch it has seen, with compare-and-set
+//! over the lease it read. A reader that follows the lease therefore sees +1 steps, or a
+//! few at once when it missed some (a watch that was down across several takeovers). An
+//! epoch far above the last one seen ([`epoch_jump`], more than [`MAX_EPOCH_STEP`]) is not
+//! a takeover but a forged or corrupt lease: obeyed, it would fence every real write from
+//! then on (an epoch of 2^62 is never reached again by +1 steps). Readers refuse it and
+//! keep the epoch they knew.
 
 use crate::bus::{Entry, Op};
 use crate::envelope::{Envelope, EnvelopeError};
@@ -25,6 +34,13 @@ pub struct LeaseBody {
     pub renewed_at_ms: u64,
     /// How long after a renewal the lease stays valid; 0 means released.
     pub ttl_ms: u64,
+    /// The revision the lease key had when this term took it (the compare-and-set
+    /// expectation of the acquisition; 0: the key was absent). Everything written in this
+    /// term to `shoal-meta`, the lease's own bucket, has a higher revision, so a record
+    /// there with a lower revision and an older epoch is an earlier leader's, and one with
+    /// a higher revision must carry this epoch. 0 in leases of older builds.
+    #[serde(default)]
+    pub since_revision: u64,
 }
 
 impl LeaseBody {
@@ -61,6 +77,19 @@ pub fn fenced(entry_epoch: u64, fleet_epoch: Option<u64>) -> bool {
     fleet_epoch.is_some_and(|current| entry_epoch < current)
 }
 
+/// The largest rise of a fleet's lease epoch between two observations that readers accept
+/// (see the module docs). Each takeover adds one, so a thousand takeovers between two looks
+/// at the lease — a watch down for hours while the fleet's replicas crash-looped — stay
+/// within it, and a forged epoch (2^62) does not.
+pub const MAX_EPOCH_STEP: u64 = 1000;
+
+/// Whether a lease epoch of `seen` is an implausible jump from the epoch `known` last seen
+/// (`None`: nothing seen yet, so nothing to compare with). A lower epoch is no jump: a
+/// lease re-created after a data loss starts again from 1.
+pub fn epoch_jump(known: Option<u64>, seen: u64) -> bool {
+    known.is_some_and(|known| seen > known.saturating_add(MAX_EPOCH_STEP))
+}
+
 /// A lease key whose value cannot be used; the previously known epoch stays.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
@@ -81,17 +110,32 @@ pub enum LeaseError {
         /// The fleet in the envelope.
         found: String,
     },
+    /// The lease's epoch is an implausible jump from the one known ([`epoch_jump`]).
+    #[error(
+        "lease {key}: epoch {found} is more than {MAX_EPOCH_STEP} above the known epoch \
+         {known} (forged or corrupt; refused, epoch {known} stays)"
+    )]
+    EpochJump {
+        /// The key.
+        key: String,
+        /// The epoch known before.
+        known: u64,
+        /// The epoch in the lease.
+        found: u64,
+    },
 }
 
 /// The current lease epoch of every fleet, from the `lease.*` keys of `shoal-meta`.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct FleetEpochs {
-    epochs: BTreeMap<String, u64>,
+    /// By fleet: the lease's epoch and [`LeaseBody::since_revision`].
+    epochs: BTreeMap<String, (u64, u64)>,
 }
 
 impl FleetEpochs {
-    /// Applies a `shoal-meta` entry: a lease put records its fleet's epoch, a lease delete
-    /// forgets the fleet. Returns whether the key is a lease key (other keys are ignored).
+    /// Applies a `shoal-meta` entry: a lease put records its fleet's epoch (unless it is an
+    /// [`epoch_jump`] from the known one), a lease delete forgets the fleet. Returns whether
+    /// the key is a lease key (other keys are ignored).
     pub fn apply(&mut self, entry: &Entry) -> Result<bool, LeaseError> {
         let Some(fleet) = keys::parse_lease_key(&entry.key) else {
             return Ok(false);
@@ -110,13 +154,28 @@ impl FleetEpochs {
                 found: env.fleet,
             });
         }
-        self.epochs.insert(fleet, env.body.epoch);
+        let known = self.epoch(&fleet);
+        if epoch_jump(known, env.body.epoch) {
+            return Err(LeaseError::EpochJump {
+                key: entry.key.clone(),
+                known: known.unwrap_or_default(),
+                found: env.body.epoch,
+            });
+        }
+        self.epochs
+            .insert(fleet, (env.body.epoch, env.body.since_revision));
         Ok(true)
     }
 
     /// The current epoch of a fleet, `None` when it has no lease.
     pub fn epoch(&self, fleet: &str) -> Option<u64> {
-        self.epochs.get(fleet).copied()
+        self.epochs.get(fleet).map(|(epoch, _)| *epoch)
+    }
+
+    /// The `shoal-meta` revision the fleet's current term started after
+    /// ([`LeaseBody::since_revision`]), `None` when it has no lease.
+    pub fn term_start(&self, fleet: &str) -> Option<u64> {
+        self.epochs.get(fleet).map(|(_, since)| *since)
     }
 
     /// Whether a write of `fleet` stamped `epoch` must be refused ([`fenced`]).
@@ -140,6 +199,7 @@ mod tests {
             epoch,
             renewed_at_ms: 10_000,
             ttl_ms: 10_000,
+            since_revision: 0,
         }
     }
 
@@ -162,6 +222,37 @@ mod tests {
         assert!(fenced(2, Some(3)));
         assert!(!fenced(3, Some(3)));
         assert!(!fenced(4, Some(3)));
+    }
+
+    #[test]
+    fn epoch_jumps() {
+        assert!(
+            !epoch_jump(None, u64::MAX),
+            "nothing known: nothing to compare"
+        );
+        assert!(!epoch_jump(Some(5), 6));
+        assert!(!epoch_jump(Some(5), 5 + MAX_EPOCH_STEP));
+        assert!(epoch_jump(Some(5), 6 + MAX_EPOCH_STEP));
+        assert!(epoch_jump(Some(5), 1 << 62));
+        assert!(!epoch_jump(Some(5), 1), "a lease re-created after a loss");
+        assert!(!epoch_jump(Some(u64::MAX), u64::MAX));
+    }
+
+    #[test]
+    fn a_forged_epoch_jump_is_refused_and_the_known_epoch_stays() {
+        let mut epochs = FleetEpochs::default();
+        let key = keys::lease_key("f");
+        // The first lease seen is the baseline, whatever its epoch.
+        epochs.apply(&put(&key, "f", &body(7))).unwrap();
+        assert!(matches!(
+            epochs.apply(&put(&key, "f", &body(1 << 62))),
+            Err(LeaseError::EpochJump { known: 7, found, .. }) if found == 1 << 62
+        ));
+        assert_eq!(epochs.epoch("f"), Some(7));
+        // The real holder renews: fine; the next takeover: fine.
+        epochs.apply(&put(&key, "f", &body(7))).unwrap();
+        epochs.apply(&put(&key, "f", &body(8))).unwrap();
+        assert_eq!(epochs.epoch("f"), Some(8));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Healing a bus that lost its data: a nats-server that came back without its store (or
-//! with an older copy of it). Every [`CHECK_INTERVAL`] the guard asks the bus to check its
+//! with an older copy of it), or a bucket purged by someone with the rights to. Every [`CHECK_INTERVAL`] the guard asks the bus to check its
 //! buckets ([`NatsBus::check_buckets`]), which re-creates missing ones and bumps the bus's
 //! loss count; every publisher sees that count change, reads the bus again (now empty, or
 //! behind) and publishes everything it wants there. Servers replay the re-created buckets

@@ -23,6 +23,14 @@
 //! An instance restarted with the same `--instance-id` (a container restart in the same
 //! pod) takes its own lease back at once; the new term still gets a new epoch.
 //!
+//! **Implausible epochs.** A takeover writes one more than the highest epoch its replica
+//! saw, so a lease whose epoch jumps far above the last one seen
+//! ([`lease::epoch_jump`]) was not written by a replica: it is forged or corrupt, and
+//! obeyed it would leave every real write fenced (servers refuse it too). The holder that
+//! finds such a lease over its own writes its own lease back over it (compare-and-set on
+//! what it read) and keeps leading; a standby does not adopt the epoch. Both log it and
+//! count it in `shoal_ingester_lease_epoch_refused_total`.
+//!
 //! The term is published on a watch channel that [`Leadership`] reads: leading or not,
 //! the epoch, and the write deadline, which [`Leadership::current`] checks on every write.
 
@@ -166,6 +174,8 @@ pub fn default_instance_id() -> String {
 #[derive(Debug, Clone, Copy)]
 struct Held {
     epoch: u64,
+    /// The lease's revision when this term took it ([`LeaseBody::since_revision`]).
+    since_revision: u64,
     /// The revision of the lease key this replica last wrote.
     revision: u64,
     /// Writes are allowed until then.
@@ -191,6 +201,8 @@ pub struct Elector {
     last_holder: Option<String>,
     /// When the last renewal attempt failed without ending the term, to retry sooner.
     renewal_failed: bool,
+    /// The revision of the last lease refused for its epoch jump (reported once).
+    refused_jump: Option<u64>,
 }
 
 impl Elector {
@@ -215,6 +227,7 @@ impl Elector {
             ever_held: false,
             last_holder: None,
             renewal_failed: false,
+            refused_jump: None,
         };
         (elector, Leadership::from_watch(rx))
     }
@@ -262,12 +275,13 @@ impl Elector {
         }
     }
 
-    fn body(&self, epoch: u64, ttl: Duration) -> LeaseBody {
+    fn body(&self, epoch: u64, since_revision: u64, ttl: Duration) -> LeaseBody {
         LeaseBody {
             holder: self.cfg.instance_id.clone(),
             epoch,
             renewed_at_ms: now_ms(),
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            since_revision,
         }
     }
 
@@ -302,7 +316,7 @@ impl Elector {
         if sent >= held.until {
             return self.step_down(held.epoch, "the lease could not be renewed in time");
         }
-        let body = self.body(held.epoch, self.cfg.ttl);
+        let body = self.body(held.epoch, held.since_revision, self.cfg.ttl);
         match self.write(&body, held.revision, held.until - sent).await {
             Ok(revision) => {
                 let until = sent + self.cfg.ttl - self.cfg.safety_margin();
@@ -321,6 +335,9 @@ impl Elector {
                 debug!(fleet = %self.cfg.fleet, epoch = held.epoch, revision, "renewed the lease");
             }
             Err(WriteError::Taken) => {
+                if self.write_back_over_a_jump(held).await {
+                    return;
+                }
                 let holder = self.current_holder().await;
                 self.step_down(
                     held.epoch,
@@ -341,6 +358,76 @@ impl Elector {
                 self.renewal_failed = true;
             }
         }
+    }
+
+    /// The lease changed under this holder: when its epoch is an implausible jump from
+    /// this term's (see the module docs), it is refused, and this term's lease is written
+    /// back over it, compare-and-set on what was read. Returns whether the term goes on.
+    async fn write_back_over_a_jump(&mut self, held: Held) -> bool {
+        let limit = held.until.saturating_duration_since(Instant::now());
+        let entry = match timeout(limit, self.bus.get(Bucket::Meta, &self.key)).await {
+            Ok(Ok(Some(entry))) => entry,
+            _ => return false,
+        };
+        let Ok(found) = lease::decode(&entry.value) else {
+            return false;
+        };
+        if !lease::epoch_jump(Some(held.epoch), found.body.epoch) {
+            return false;
+        }
+        self.report_jump(entry.revision, &found.body);
+        let sent = Instant::now();
+        if sent >= held.until {
+            return false;
+        }
+        let body = self.body(held.epoch, held.since_revision, self.cfg.ttl);
+        match self.write(&body, entry.revision, held.until - sent).await {
+            Ok(revision) => {
+                let until = sent + self.cfg.ttl - self.cfg.safety_margin();
+                self.held = Some(Held {
+                    revision,
+                    until,
+                    ..held
+                });
+                self.last_written = Some(revision);
+                self.renewal_failed = false;
+                self.term.send_if_modified(|term| {
+                    term.until = Some(until);
+                    false
+                });
+                warn!(
+                    fleet = %self.cfg.fleet,
+                    epoch = held.epoch,
+                    revision,
+                    "wrote this term's lease back over the refused one; still leading"
+                );
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Logs and counts a lease refused for its epoch jump, once per revision.
+    fn report_jump(&mut self, revision: u64, found: &LeaseBody) {
+        if self.refused_jump == Some(revision) {
+            return;
+        }
+        self.refused_jump = Some(revision);
+        self.metrics.lease_epoch_refused.inc();
+        warn!(
+            fleet = %self.cfg.fleet,
+            epoch = found.epoch,
+            holder = %found.holder,
+            known_epoch = self.highest_epoch,
+            max_step = lease::MAX_EPOCH_STEP,
+            "refusing a lease whose epoch jumps implausibly (forged or corrupt: a takeover \
+             adds one); its epoch is not adopted"
+        );
+    }
+
+    /// The epoch of this replica's next acquisition.
+    fn next_epoch(&self) -> u64 {
+        self.highest_epoch.saturating_add(1)
     }
 
     /// Who holds the lease now, for logs.
@@ -384,7 +471,7 @@ impl Elector {
             }
         };
         let Some(entry) = entry else {
-            let epoch = self.highest_epoch + 1;
+            let epoch = self.next_epoch();
             return self.acquire(0, epoch, None).await;
         };
         match lease::decode(&entry.value) {
@@ -393,7 +480,7 @@ impl Elector {
             Err(error) => {
                 if self.expired_by_observation(entry.revision, self.cfg.ttl) {
                     warn!(fleet = %self.cfg.fleet, %error, "the lease does not decode and has not changed for a ttl; taking it over");
-                    let epoch = self.highest_epoch + 1;
+                    let epoch = self.next_epoch();
                     self.acquire(entry.revision, epoch, None).await;
                 } else {
                     debug!(fleet = %self.cfg.fleet, %error, "the lease does not decode; waiting for it to expire");
@@ -405,10 +492,16 @@ impl Elector {
     /// A standby's view of a readable lease: take it if it is released, expired or this
     /// instance's own.
     async fn consider(&mut self, entry: &Entry, body: LeaseBody) {
-        self.highest_epoch = self.highest_epoch.max(body.epoch);
-        self.metrics
-            .lease_epoch
-            .set(i64::try_from(body.epoch).unwrap_or(i64::MAX));
+        let known = (self.highest_epoch > 0).then_some(self.highest_epoch);
+        if lease::epoch_jump(known, body.epoch) {
+            // Not adopted: a takeover goes on from the last plausible epoch.
+            self.report_jump(entry.revision, &body);
+        } else {
+            self.highest_epoch = self.highest_epoch.max(body.epoch);
+            self.metrics
+                .lease_epoch
+                .set(i64::try_from(body.epoch).unwrap_or(i64::MAX));
+        }
         if self.last_holder.as_deref() != Some(body.holder.as_str()) {
             info!(
                 fleet = %self.cfg.fleet,
@@ -436,7 +529,7 @@ impl Elector {
         };
         if let Some(reason) = reason {
             debug!(fleet = %self.cfg.fleet, previous = %body.holder, reason, "taking the lease");
-            let epoch = self.highest_epoch + 1;
+            let epoch = self.next_epoch();
             self.acquire(entry.revision, epoch, Some((body.holder, reason)))
                 .await;
         }
@@ -457,13 +550,14 @@ impl Elector {
 
     async fn acquire(&mut self, expected: u64, epoch: u64, previous: Option<(String, &str)>) {
         let sent = Instant::now();
-        let body = self.body(epoch, self.cfg.ttl);
+        let body = self.body(epoch, expected, self.cfg.ttl);
         let limit = self.cfg.ttl - self.cfg.safety_margin();
         match self.write(&body, expected, limit).await {
             Ok(revision) => {
                 let until = sent + self.cfg.ttl - self.cfg.safety_margin();
                 self.held = Some(Held {
                     epoch,
+                    since_revision: expected,
                     revision,
                     until,
                 });
@@ -510,7 +604,7 @@ impl Elector {
         };
         self.term.send_replace(Term::standby());
         self.metrics.leader.set(0);
-        let body = self.body(held.epoch, Duration::ZERO);
+        let body = self.body(held.epoch, held.since_revision, Duration::ZERO);
         match self.write(&body, held.revision, RELEASE_TIMEOUT).await {
             Ok(_) => {
                 info!(fleet = %self.cfg.fleet, epoch = held.epoch, holder = %self.cfg.instance_id, "released the lease")
@@ -586,6 +680,7 @@ mod tests {
             (lease.holder.as_str(), lease.epoch, lease.ttl_ms),
             ("a", 1, 10_000)
         );
+        assert_eq!(lease.since_revision, 0, "taken while absent");
 
         // A renews every ttl/3; b never takes over, however long.
         for _ in 0..30 {
@@ -633,6 +728,16 @@ mod tests {
         assert_eq!(lb.current(), Some(2));
         let lease = lease_on_bus(&bus).await;
         assert_eq!((lease.holder.as_str(), lease.epoch), ("b", 2));
+        // Compare-and-set over a's last renewal: b's term starts after that revision, and
+        // keeps saying so when renewed.
+        assert!(lease.since_revision > 0);
+        b.step().await;
+        tokio::time::sleep(b.next_wait()).await;
+        b.step().await;
+        assert_eq!(
+            lease_on_bus(&bus).await.since_revision,
+            lease.since_revision
+        );
         assert!(b
             .metrics
             .render()
@@ -681,6 +786,7 @@ mod tests {
             epoch: 7,
             renewed_at_ms: now_ms(),
             ttl_ms: 10_000,
+            since_revision: 0,
         };
         bus.inner
             .put(
@@ -704,6 +810,73 @@ mod tests {
         run_for(&mut a, TTL).await;
         assert!(a.is_leader());
         assert_eq!(la.current(), Some(8));
+    }
+
+    async fn forge(bus: &CountingBus, epoch: u64) {
+        let forged = LeaseBody {
+            holder: "x".into(),
+            epoch,
+            renewed_at_ms: now_ms(),
+            ttl_ms: 10_000,
+            since_revision: 0,
+        };
+        bus.inner
+            .put(
+                Bucket::Meta,
+                &keys::lease_key("f"),
+                lease::encode("f", &forged).unwrap().into(),
+            )
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_holder_writes_its_lease_back_over_an_implausible_epoch() {
+        let bus = CountingBus::default();
+        let (mut a, la) = elector(&bus, "a");
+        a.step().await;
+        assert_eq!(la.current(), Some(1));
+        forge(&bus, 1 << 62).await;
+        tokio::time::sleep(a.next_wait()).await;
+        a.step().await;
+        assert!(a.is_leader());
+        assert_eq!(la.current(), Some(1), "the term goes on");
+        let lease = lease_on_bus(&bus).await;
+        assert_eq!((lease.holder.as_str(), lease.epoch), ("a", 1));
+        let text = a.metrics.render();
+        assert!(
+            text.contains("shoal_ingester_lease_epoch_refused_total 1"),
+            "{text}"
+        );
+        assert!(text.contains("shoal_ingester_lease_epoch 1"), "{text}");
+        // It renews normally afterwards.
+        run_for(&mut a, TTL).await;
+        assert_eq!(la.current(), Some(1));
+
+        // A plausible epoch is a takeover: it stands down.
+        forge(&bus, 1 + lease::MAX_EPOCH_STEP).await;
+        tokio::time::sleep(a.next_wait()).await;
+        a.step().await;
+        assert_eq!(la.current(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_does_not_adopt_an_implausible_epoch() {
+        let bus = CountingBus::default();
+        let (mut a, _la) = elector(&bus, "a");
+        let (mut b, lb) = elector(&bus, "b");
+        a.step().await;
+        b.step().await;
+        // `a` dies and a forged lease appears; nobody renews it.
+        forge(&bus, 1 << 62).await;
+        run_for(&mut b, TTL + TTL / 2).await;
+        assert_eq!(lb.current(), Some(2), "the takeover goes on from epoch 1");
+        let text = b.metrics.render();
+        assert!(
+            text.contains("shoal_ingester_lease_epoch_refused_total 1"),
+            "{text}"
+        );
+        assert_eq!(lease_on_bus(&bus).await.epoch, 2);
     }
 
     #[tokio::test(start_paused = true)]
@@ -740,6 +913,7 @@ mod tests {
             epoch: 4,
             renewed_at_ms: now_ms() - 60_000,
             ttl_ms: 10_000,
+            since_revision: 0,
         };
         bus.inner
             .put(

@@ -49,14 +49,17 @@ pub struct Metrics {
     pub lease_epoch: IntGauge,
     /// Times this replica started or stopped leading.
     pub lease_transitions: IntCounter,
+    /// Leases refused because their epoch jumped implausibly
+    /// ([`shoal_common::lease::epoch_jump`]).
+    pub lease_epoch_refused: IntCounter,
     /// 1 for a cluster this fleet is assigned but does not publish because another live
     /// fleet owns it, by cluster and owner.
     pub cluster_refused: IntGaugeVec,
     /// Status writes to rejected (and then fixed) Istio config objects, by result
     /// (`written`, `gone`: the object was deleted meanwhile, `error`).
     pub object_status_writes: IntCounterVec,
-    /// Buckets found to have lost their data (gone, re-created, or behind what this
-    /// ingester wrote) and healed: re-created and published again, by bucket.
+    /// Buckets found to have lost their data (gone, re-created, behind what this ingester
+    /// wrote, or purged) and healed: re-created and published again, by bucket.
     pub bus_heals: IntCounterVec,
     /// 1 when the cluster's token issuer keys were last read successfully, 0 when not.
     pub issuer_readable: IntGaugeVec,
@@ -161,6 +164,12 @@ impl Metrics {
                 "Times this replica started or stopped leading its fleet.",
             )
             .expect("valid metric"),
+            lease_epoch_refused: IntCounter::new(
+                "shoal_ingester_lease_epoch_refused_total",
+                "Leases of this fleet refused because their epoch jumped implausibly above \
+                 the last one seen (forged or corrupt); the holder writes its own lease back.",
+            )
+            .expect("valid metric"),
             cluster_refused: IntGaugeVec::new(
                 opts!(
                     "shoal_ingester_cluster_refused",
@@ -183,8 +192,9 @@ impl Metrics {
                 opts!(
                     "shoal_ingester_bus_heals_total",
                     "Buckets found to have lost their data (gone, re-created by another \
-                     writer, or with a sequence below what this ingester wrote), after which \
-                     the ingester re-created them and published everything again, by bucket."
+                     writer, with a sequence below what this ingester wrote, or purged), \
+                     after which the ingester re-created them and published everything again, \
+                     by bucket."
                 ),
                 &["bucket"],
             )
@@ -217,6 +227,7 @@ impl Metrics {
             Box::new(m.leader.clone()),
             Box::new(m.lease_epoch.clone()),
             Box::new(m.lease_transitions.clone()),
+            Box::new(m.lease_epoch_refused.clone()),
             Box::new(m.cluster_refused.clone()),
             Box::new(m.object_status_writes.clone()),
             Box::new(m.bus_heals.clone()),

@@ -629,6 +629,7 @@ mod tests {
             epoch: 1,
             renewed_at_ms: now_ms(),
             ttl_ms,
+            since_revision: 0,
         };
         bus.put(
             Bucket::Meta,

@@ -1034,6 +1034,24 @@ mod tests {
         assert_eq!(on_bus(&bus, "a").await.0.epoch, 3);
     }
 
+    #[tokio::test]
+    async fn an_implausible_epoch_on_an_owned_key_is_put_right_not_obeyed() {
+        let bus = CountingBus::default();
+        let (_tx, leadership) = elected(Some(2));
+        let mut p = elected_publisher(&bus, leadership);
+        let state = desired(&[("a", 80)]);
+        p.publish(&state, 1).await;
+        // Forged: no leader writes with an epoch 2^62 above the lease.
+        intrude(&bus, "a", 9999, 1 << 62).await;
+        tokio::time::timeout(std::time::Duration::from_secs(5), p.bus_changed())
+            .await
+            .expect("the live watch sees the write");
+        let r = p.publish(&state, 2).await;
+        assert_eq!(r.writes, 1, "still writing in this term");
+        let (a, _) = on_bus(&bus, "a").await;
+        assert_eq!((a.epoch, a.body.ports[0].port), (2, 80));
+    }
+
     /// A bus whose writes take 400 ms.
     #[derive(Clone, Default)]
     struct SlowBus(CountingBus);

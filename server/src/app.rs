@@ -38,8 +38,8 @@ pub struct ServerArgs {
     #[arg(long, env = "SHOAL_NATS_URL", value_name = "URL")]
     pub nats_url: Option<String>,
 
-    /// Bucket replicas to use when this server has to create the KV buckets
-    /// (1 for a single NATS server, 3 for a JetStream cluster).
+    /// Accepted for compatibility and unused: servers never create the KV buckets (the
+    /// ingesters do, with their own --nats-replicas).
     #[arg(
         long,
         env = "SHOAL_NATS_REPLICAS",
@@ -459,8 +459,10 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
                 tls = opts.tls.is_required(),
                 "connecting to NATS"
             );
+            // Servers only read the bus: they create no bucket (the ingesters do) and
+            // need no write permission on NATS.
             Arc::new(
-                NatsBus::connect(&opts)
+                NatsBus::connect_reader(&opts)
                     .await
                     .context("cannot use the NATS state bus")?,
             )

@@ -23,20 +23,14 @@
 //! status message and in `shoal_xds_auth_refused_total{reason}`. The plaintext port, when
 //! enabled, authenticates nothing (istiod's 15010): it is for trusted networks only.
 
-use crate::metrics::Metrics;
 use crate::proxy::{ProvenCluster, Proxy, VerifiedIdentity};
-use futures::StreamExt;
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use rustls_pki_types::CertificateDer;
-use shoal_common::bus::{Bucket, Op, StateBus, WatchEvent};
-use shoal_common::envelope::Envelope;
-use shoal_common::keys;
 use shoal_common::model::ClusterIssuer;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 /// The audience istio-agent requests for the token it sends to istiod (`istio-ca`).
 pub const DEFAULT_AUDIENCE: &str = "istio-ca";
@@ -556,79 +550,8 @@ pub fn verified_identity(proxy: &Proxy, caller: &Caller) -> VerifiedIdentity {
     }
 }
 
-/// Follows the issuer records in `shoal-meta` into `issuers`, forever. A broken watch is
-/// re-created; its replay replaces the set only once complete, so issuers never vanish
-/// during a reconnect. Unusable records are logged and skipped (the cluster's previous
-/// keys, if any, stay).
-pub async fn follow_issuers(bus: Arc<dyn StateBus>, issuers: Issuers, metrics: Metrics) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match bus.watch(Bucket::Meta).await {
-            Ok(mut stream) => {
-                let mut replay: Option<BTreeMap<String, Arc<IssuerKeys>>> = Some(BTreeMap::new());
-                while let Some(item) = stream.next().await {
-                    let entry = match item {
-                        Ok(WatchEvent::InitialDone) => {
-                            if let Some(all) = replay.take() {
-                                issuers.replace(all);
-                                metrics.token_issuers.set(issuers.clusters().len() as i64);
-                            }
-                            continue;
-                        }
-                        Ok(WatchEvent::Entry(entry)) => entry,
-                        Err(error) => {
-                            tracing::warn!(%error, "issuer watch broke; re-watching");
-                            break;
-                        }
-                    };
-                    backoff = Duration::from_millis(100);
-                    let Some(cluster) = keys::parse_issuer_key(&entry.key) else {
-                        continue;
-                    };
-                    let parsed = match entry.op {
-                        Op::Delete => None,
-                        Op::Put => match decode_issuer(&entry.value) {
-                            Ok(keys) => Some(Arc::new(keys)),
-                            Err(error) => {
-                                tracing::warn!(%cluster, %error, "ignoring unusable token issuer");
-                                continue;
-                            }
-                        },
-                    };
-                    match (&mut replay, parsed) {
-                        (Some(all), Some(keys)) => {
-                            all.insert(cluster, keys);
-                        }
-                        (Some(all), None) => {
-                            all.remove(&cluster);
-                        }
-                        (None, Some(keys)) => {
-                            tracing::info!(%cluster, issuer = %keys.issuer, keys = keys.keys.len(), "token issuer keys loaded");
-                            issuers.write().insert(cluster, keys);
-                        }
-                        (None, None) => {
-                            tracing::info!(%cluster, "token issuer removed");
-                            issuers.remove(&cluster);
-                        }
-                    }
-                    if replay.is_none() {
-                        metrics.token_issuers.set(issuers.clusters().len() as i64);
-                    }
-                }
-            }
-            Err(error) => tracing::warn!(%error, "cannot watch token issuers; retrying"),
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    }
-}
-
-fn decode_issuer(value: &[u8]) -> Result<IssuerKeys, IssuerError> {
-    let record = Envelope::<ClusterIssuer>::decode(value)
-        .map_err(|e| IssuerError::Decode(e.to_string()))?
-        .body;
-    IssuerKeys::parse(&record)
-}
+mod issuer_records;
+pub use issuer_records::{follow_issuers, IssuerRefusal, ISSUER_REFUSAL_REASONS};
 
 #[cfg(test)]
 mod tests;

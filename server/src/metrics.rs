@@ -24,7 +24,8 @@ pub struct Metrics {
     pub resources_resumed: IntCounterVec,
     /// NACKs received by xDS type.
     pub nacks: IntCounterVec,
-    /// Bus entries applied, by bucket and result (`applied`, `unchanged`, `invalid`, `fenced`).
+    /// Bus entries applied, by bucket and result (`applied`, `unchanged`, `invalid`, `fenced`,
+    /// `epoch_jump`).
     pub bus_entries: IntCounterVec,
     /// PushContext builds.
     pub push_context_builds: IntCounter,
@@ -68,6 +69,8 @@ pub struct Metrics {
     pub tls_reloads: IntCounterVec,
     /// Clusters whose token issuer keys are loaded.
     pub token_issuers: IntGauge,
+    /// Token issuer records refused, by reason (see [`crate::auth::IssuerRefusal::reason`]).
+    pub token_issuers_refused: IntCounterVec,
     /// Certificate requests (`CreateCertificate`), by result.
     pub ca_requests: IntCounterVec,
     /// Loads of the workload CA's files, by result (`ok`, `error`).
@@ -360,6 +363,16 @@ impl Metrics {
                  --xds-request-buffer).",
             )
             .expect("valid metric"),
+            token_issuers_refused: IntCounterVec::new(
+                opts!(
+                    "shoal_token_issuers_refused_total",
+                    "Token issuer records refused, by reason (fenced: not written under its \
+                     fleet's current lease epoch; unleased: its fleet has no lease; invalid: \
+                     unusable keys)."
+                ),
+                &["reason"],
+            )
+            .expect("valid metric"),
             registry,
         };
         let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
@@ -391,6 +404,7 @@ impl Metrics {
             Box::new(m.sds_denied.clone()),
             Box::new(m.tls_reloads.clone()),
             Box::new(m.token_issuers.clone()),
+            Box::new(m.token_issuers_refused.clone()),
             Box::new(m.ca_requests.clone()),
             Box::new(m.ca_reloads.clone()),
             Box::new(m.ca_root_expiry.clone()),
@@ -431,6 +445,9 @@ impl Metrics {
         }
         for reason in crate::generate::sds::DENIAL_REASONS {
             m.sds_denied.with_label_values(&[reason]);
+        }
+        for reason in crate::auth::ISSUER_REFUSAL_REASONS {
+            m.token_issuers_refused.with_label_values(&[reason]);
         }
         for source in ["certificate", "token"] {
             m.auth_accepted.with_label_values(&[source]);

@@ -8,6 +8,7 @@ use crate::store::{ApplyError, Change, MeshState};
 use futures::StreamExt;
 use shoal_common::bus::{Bucket, BusError, StateBus, WatchEvent};
 use shoal_common::credential::CredentialKeys;
+use shoal_common::lease::LeaseError;
 use shoal_common::model::ConfigKind;
 use shoal_common::time::sleep_until;
 use std::collections::{BTreeMap, BTreeSet};
@@ -613,6 +614,20 @@ impl Pipeline {
                      than the fleet's lease); previous value kept"
                 );
                 "fenced"
+            }
+            Err(
+                error @ (ApplyError::EpochJump { .. }
+                | ApplyError::Lease {
+                    source: LeaseError::EpochJump { .. },
+                    ..
+                }),
+            ) => {
+                tracing::warn!(
+                    %error,
+                    "refusing an implausible lease epoch (a forged or corrupt write; no \
+                     takeover raises the epoch that much); previous value kept"
+                );
+                "epoch_jump"
             }
             Err(error) => {
                 tracing::warn!(%error, "skipping invalid bus entry; previous value kept");

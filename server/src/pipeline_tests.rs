@@ -330,6 +330,7 @@ fn lease(epoch: u64) -> Entry {
         epoch,
         renewed_at_ms: 1_000,
         ttl_ms: 10_000,
+        since_revision: 0,
     };
     Entry {
         key: shoal_common::keys::lease_key("test"),

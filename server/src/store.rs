@@ -64,6 +64,24 @@ pub enum ApplyError {
         /// The fleet's current lease epoch.
         fleet_epoch: u64,
     },
+    /// A write stamped with an epoch implausibly far above its fleet's lease
+    /// ([`shoal_common::lease::epoch_jump`]): forged, not a newer leader's.
+    #[error(
+        "{bucket}/{key}: written by fleet {fleet:?} at epoch {epoch}, implausibly far above \
+         the fleet's lease epoch {fleet_epoch} (forged or corrupt; refused)"
+    )]
+    EpochJump {
+        /// Bucket.
+        bucket: Bucket,
+        /// Key.
+        key: String,
+        /// The fleet in the envelope.
+        fleet: String,
+        /// The epoch in the envelope.
+        epoch: u64,
+        /// The fleet's current lease epoch.
+        fleet_epoch: u64,
+    },
     /// The value's identity does not match its key.
     #[error("{bucket}/{key}: payload is for {found}, not for this key")]
     Mismatch {
@@ -143,7 +161,9 @@ impl MeshState {
 
     /// Applies a live change: like [`MeshState::apply`], but a put stamped with an epoch
     /// older than its fleet's lease epoch is refused ([`ApplyError::Fenced`]): it comes
-    /// from an ingester that was deposed and has not noticed yet.
+    /// from an ingester that was deposed and has not noticed yet. So is one stamped
+    /// implausibly far above it ([`ApplyError::EpochJump`]): no leader writes with an
+    /// epoch its lease never had.
     pub fn apply_live(
         &mut self,
         bucket: Bucket,
@@ -162,6 +182,15 @@ impl MeshState {
         match self.fleets.epoch(fleet) {
             Some(fleet_epoch) if shoal_common::lease::fenced(epoch, Some(fleet_epoch)) => {
                 Err(ApplyError::Fenced {
+                    bucket,
+                    key: entry.key.clone(),
+                    fleet: fleet.to_string(),
+                    epoch,
+                    fleet_epoch,
+                })
+            }
+            Some(fleet_epoch) if shoal_common::lease::epoch_jump(Some(fleet_epoch), epoch) => {
+                Err(ApplyError::EpochJump {
                     bucket,
                     key: entry.key.clone(),
                     fleet: fleet.to_string(),

@@ -6,6 +6,7 @@ use crate::testutil::*;
 use bytes::Bytes;
 use shoal_common::bus::{Bucket, Entry, Op};
 use shoal_common::keys;
+use shoal_common::lease::LeaseError;
 use shoal_common::model::{ConfigKind, ConfigObject, ConfigSpec, Endpoint, EndpointSet, Service};
 use shoal_common::{Envelope, SCHEMA_VERSION};
 
@@ -531,6 +532,7 @@ fn lease_put(epoch: u64) -> Entry {
         epoch,
         renewed_at_ms: 1_000,
         ttl_ms: 10_000,
+        since_revision: 0,
     };
     Entry {
         key: keys::lease_key("test"),
@@ -645,6 +647,7 @@ fn a_key_rewritten_by_another_fleet_is_fenced_by_that_fleets_epoch() {
         holder: "edge-1".into(),
         epoch: 2,
         renewed_at_ms: 1_000,
+        since_revision: 0,
         ttl_ms: 10_000,
     };
     let edge_lease = Entry {
@@ -676,4 +679,43 @@ fn a_key_rewritten_by_another_fleet_is_fenced_by_that_fleets_epoch() {
         matches!(err, ApplyError::Fenced { fleet_epoch: 2, .. }),
         "{err}"
     );
+}
+
+#[test]
+fn implausible_epochs_are_refused_in_leases_and_live_writes() {
+    let mut state = MeshState::default();
+    let svc = service("default", "reviews", &[("http", 9080)]);
+    state.apply(Bucket::Meta, &lease_put(2)).unwrap();
+    state.apply(Bucket::Services, &service_put(&svc)).unwrap();
+
+    // A forged lease 2^62 ahead is refused (replayed or live); epoch 2 stays.
+    let err = state.apply(Bucket::Meta, &lease_put(1 << 62)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ApplyError::Lease {
+                source: LeaseError::EpochJump { known: 2, .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(state.fleets.epoch("test"), Some(2));
+
+    // So the real leader's writes at epoch 2 still apply, and a forged write far ahead
+    // does not.
+    let mut changed = svc.clone();
+    changed.ports[0].port = 1;
+    let err = state
+        .apply_live(Bucket::Services, &service_put_at(&changed, 1 << 62))
+        .unwrap_err();
+    assert!(
+        matches!(err, ApplyError::EpochJump { fleet_epoch: 2, .. }),
+        "{err}"
+    );
+    assert_eq!(svc_of(&state, "default", "reviews").ports[0].port, 9080);
+    state
+        .apply_live(Bucket::Services, &service_put_at(&changed, 2))
+        .unwrap();
+    assert_eq!(svc_of(&state, "default", "reviews").ports[0].port, 1);
 }

@@ -54,3 +54,48 @@ async fn nats_options_take_a_comma_separated_server_list() {
         .unwrap_or_else(|e| panic!("connecting to {url}: {e}"));
     shoal_common::bus::conformance::get_and_keys(Arc::new(bus)).await;
 }
+
+#[tokio::test]
+async fn check_buckets_finds_a_purged_bucket() {
+    use shoal_common::bus::nats::Loss;
+    use shoal_common::bus::Bucket;
+    let server = NatsServer::start().await;
+    let bus = NatsBus::connect(&NatsOptions::new(server.url()))
+        .await
+        .expect("bus");
+    bus.put(Bucket::Endpoints, "a", "1".into()).await.unwrap();
+    bus.put(Bucket::Endpoints, "b", "1".into()).await.unwrap();
+    bus.delete(Bucket::Endpoints, "b").await.unwrap();
+    bus.put(Bucket::Endpoints, "a", "2".into()).await.unwrap();
+    // Overwrites and deletes (markers) never lower the count.
+    assert!(bus.check_buckets().await.unwrap().is_empty());
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let stream = js.get_stream("KV_shoal-endpoints").await.unwrap();
+    stream.purge().await.unwrap();
+    let losses = bus.data_losses().unwrap();
+    assert_eq!(
+        bus.check_buckets().await.unwrap(),
+        vec![(Bucket::Endpoints, Loss::Purged)]
+    );
+    assert_eq!(*losses.borrow(), 1);
+    // Reported once; what is written again counts from there.
+    assert!(bus.check_buckets().await.unwrap().is_empty());
+    bus.put(Bucket::Endpoints, "a", "3".into()).await.unwrap();
+    assert!(bus.check_buckets().await.unwrap().is_empty());
+
+    // Purged right after a write, before any check saw the count rise: the bucket this
+    // handle wrote to is empty.
+    bus.put(Bucket::Services, "s", "1".into()).await.unwrap();
+    js.get_stream("KV_shoal-services")
+        .await
+        .unwrap()
+        .purge()
+        .await
+        .unwrap();
+    assert_eq!(
+        bus.check_buckets().await.unwrap(),
+        vec![(Bucket::Services, Loss::Purged)]
+    );
+    assert_eq!(*losses.borrow(), 2);
+}

@@ -471,3 +471,67 @@ async fn nats_back_without_its_data_heals_under_a_lease() {
         "{metrics}"
     );
 }
+
+/// Whether `server` serves the endpoint of `web` that `harness::populate` creates.
+async fn serves_web_endpoint(server: &ShoalServer) -> bool {
+    match server.admin_get("/debug/endpointz").await {
+        Ok(r) => r.text().contains("10.1.0.1"),
+        Err(_) => false,
+    }
+}
+
+/// `KV_shoal-endpoints` purged by someone with full rights on NATS (a stray admin
+/// command, or the server identity of issue 18 before servers were read-only): the stream
+/// stays, so no watch notices, and a replica started afterwards would replay an empty
+/// bucket. The ingester's bus guard sees the stream's message count drop, counts a heal
+/// and publishes everything again; a replica started right after the purge serves the
+/// endpoints within a few seconds, and the replica that was up never stops serving them.
+#[tokio::test]
+async fn a_purged_bucket_is_published_again() {
+    use serde_json::json;
+    let nats = NatsServer::start().await;
+    let config = harness::config_cluster().await;
+    harness::populate(&config, "shop", json!({}), "r1");
+    let mut ingester = harness::Ingester::start(&nats.url(), &config.kubeconfig(), &[]);
+    ingester.wait_leader().await;
+    let server = ShoalServer::with_nats(&nats.url()).await;
+    eventually(Duration::from_secs(30), POLL, || async {
+        serves_web_endpoint(&server)
+            .await
+            .then_some(())
+            .ok_or("the endpoint is not served yet")
+    })
+    .await;
+
+    let client = async_nats::connect(nats.url()).await.expect("nats client");
+    let js = async_nats::jetstream::new(client);
+    let stream = js
+        .get_stream("KV_shoal-endpoints")
+        .await
+        .expect("endpoints stream");
+    let purged = stream.purge().await.expect("purge");
+    let purged_at = Instant::now();
+    assert_eq!(purged.purged, 1, "{purged:?}");
+
+    let fresh = ShoalServer::with_nats(&nats.url()).await;
+    eventually(HEALED, POLL, || async {
+        match (
+            serves_web_endpoint(&fresh).await,
+            serves_web_endpoint(&server).await,
+        ) {
+            (true, true) => Ok(()),
+            (fresh, up) => Err(format!(
+                "the endpoint served by the new replica: {fresh}, by the one that was up: {up}"
+            )),
+        }
+    })
+    .await;
+    let healed = purged_at.elapsed();
+    println!("healed {healed:?} after KV_shoal-endpoints was purged (a replica started after the purge serves the endpoints)");
+    assert!(healed < HEALED, "healed after {healed:?}");
+    let metrics = ingester.metrics().await;
+    assert!(
+        metrics.contains("shoal_ingester_bus_heals_total{bucket=\"shoal-endpoints\"} 1"),
+        "{metrics}"
+    );
+}

@@ -11,8 +11,16 @@
 //! and ends with [`BusError::Lost`] when the stream is gone or was re-created (its
 //! creation time changed), so the watcher replays from scratch; and a writer calls
 //! [`NatsBus::check_buckets`] periodically, which also finds a stream whose last sequence
-//! went below a revision this handle wrote (a store restored from an older copy) and
-//! re-creates missing buckets, counting each loss in [`StateBus::data_losses`].
+//! went below a revision this handle wrote (a store restored from an older copy) or whose
+//! message count went down or to zero after this handle wrote (a purge: in a bucket whose
+//! deletes are markers, the count never drops otherwise) and re-creates missing buckets,
+//! counting each loss in [`StateBus::data_losses`].
+//!
+//! **Writers and readers.** [`NatsBus::connect`] is the ingesters' handle: it creates
+//! missing buckets. [`NatsBus::connect_reader`] is the servers': it never creates, writes
+//! or purges anything, so a server's NATS identity needs no write permission (see
+//! docs/operations.md, "Securing NATS"); a watch of a bucket that does not exist yet waits
+//! until an ingester creates it, logging while it waits.
 
 use super::{check_size, Bucket, BusError, Entry, Op, StateBus, WatchEvent, WatchStream};
 use crate::secret::Secret;
@@ -128,13 +136,25 @@ pub struct NatsBus {
 struct Inner {
     js: jetstream::Context,
     replicas: usize,
-    stores: HashMap<Bucket, kv::Store>,
+    role: Role,
+    /// Each bucket's store, once opened (a reader's missing bucket is opened when it
+    /// appears).
+    stores: HashMap<Bucket, tokio::sync::OnceCell<kv::Store>>,
     /// True while the client is connected (set by the client's connection events).
     connected: tokio::sync::watch::Receiver<bool>,
     /// Per bucket: the stream seen and the highest revision this handle wrote.
     known: Mutex<HashMap<Bucket, Known>>,
     /// Losses found by [`NatsBus::check_buckets`].
     losses: tokio::sync::watch::Sender<u64>,
+}
+
+/// Whether a handle creates missing buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Creates missing buckets (ingesters).
+    Writer,
+    /// Only opens and watches (servers).
+    Reader,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -144,6 +164,8 @@ struct Known {
     /// The stream's creation time as the last watch started on it saw it.
     watched: Option<async_nats::datetime::DateTime>,
     written: u64,
+    /// The highest message count [`NatsBus::check_buckets`] saw on the stream.
+    messages: u64,
 }
 
 /// How a bucket was found to have lost its data.
@@ -155,6 +177,8 @@ pub enum Loss {
     Replaced,
     /// Its last sequence is below a revision this handle wrote.
     Regressed,
+    /// Its message count went down: it was purged (all of it, or some subjects).
+    Purged,
 }
 
 impl Loss {
@@ -164,6 +188,7 @@ impl Loss {
             Loss::Missing => "missing",
             Loss::Replaced => "replaced",
             Loss::Regressed => "regressed",
+            Loss::Purged => "purged",
         }
     }
 }
@@ -230,12 +255,48 @@ fn boxed<E: std::error::Error + Send + Sync + 'static>(
 /// still be starting). Authentication and TLS failures end the wait at once.
 const FIRST_CONNECT: Duration = Duration::from_secs(30);
 
+/// How often a reader looks for a bucket that does not exist yet.
+const BUCKET_POLL: Duration = Duration::from_millis(250);
+
+/// How often a reader still waiting for a bucket says so again.
+const BUCKET_WAIT_LOG: Duration = Duration::from_secs(30);
+
+/// Opens a bucket; `None` when its stream does not exist.
+async fn open_bucket(
+    js: &jetstream::Context,
+    bucket: Bucket,
+) -> Result<Option<kv::Store>, BusError> {
+    let bucket_err =
+        |e: Box<dyn std::error::Error + Send + Sync>| BusError::Bucket { bucket, source: e };
+    match js.get_stream(stream_name(bucket)).await {
+        Ok(_) => {}
+        Err(error) if not_found(&error) => return Ok(None),
+        Err(error) => return Err(bucket_err(boxed(error))),
+    }
+    js.get_key_value(bucket.name())
+        .await
+        .map(Some)
+        .map_err(|e| bucket_err(boxed(e)))
+}
+
 impl NatsBus {
-    /// Connects and opens (creating when missing) every bucket.
+    /// Connects and opens (creating when missing) every bucket: the handle of a writer.
     ///
     /// An unreachable server is retried for 30 s; a rejected authentication or a failed
     /// TLS handshake is an error at once (retrying cannot fix it).
     pub async fn connect(opts: &NatsOptions) -> Result<NatsBus, BusError> {
+        NatsBus::connect_as(opts, Role::Writer).await
+    }
+
+    /// Connects and opens the buckets that exist, creating nothing: the handle of a
+    /// reader (a server), whose NATS identity may only read. A watch of a bucket that does
+    /// not exist yet waits until an ingester creates it; other operations on it fail.
+    /// Connection errors as for [`NatsBus::connect`].
+    pub async fn connect_reader(opts: &NatsOptions) -> Result<NatsBus, BusError> {
+        NatsBus::connect_as(opts, Role::Reader).await
+    }
+
+    async fn connect_as(opts: &NatsOptions, role: Role) -> Result<NatsBus, BusError> {
         let connect_err = |source| BusError::Connect {
             url: opts.url.clone(),
             source,
@@ -295,24 +356,30 @@ impl NatsBus {
         let mut stores = HashMap::new();
         let mut known = HashMap::new();
         for bucket in Bucket::ALL {
-            let store = match js.get_key_value(bucket.name()).await {
-                Ok(store) => store,
-                Err(_) => create_bucket(&js, bucket, opts.replicas).await?,
+            let store = match (open_bucket(&js, bucket).await, role) {
+                (Ok(Some(store)), _) => Some(store),
+                (_, Role::Writer) => Some(create_bucket(&js, bucket, opts.replicas).await?),
+                // Opened when it appears (see `store_when_created`).
+                (Ok(None), Role::Reader) => None,
+                (Err(error), Role::Reader) => return Err(error),
             };
-            let created = created_of(store.stream.cached_info());
+            let info = store.as_ref().map(|s| s.stream.cached_info());
+            let created = info.and_then(created_of);
             known.insert(
                 bucket,
                 Known {
                     created,
                     watched: created,
                     written: 0,
+                    messages: info.map_or(0, |i| i.state.messages),
                 },
             );
-            stores.insert(bucket, store);
+            stores.insert(bucket, tokio::sync::OnceCell::new_with(store));
         }
         let inner = Inner {
             js,
             replicas: opts.replicas,
+            role,
             stores,
             connected,
             known: Mutex::new(known),
@@ -323,10 +390,66 @@ impl NatsBus {
         })
     }
 
-    fn store(&self, bucket: Bucket) -> &kv::Store {
-        // Every bucket is opened in `connect`; a store addresses its stream by name, so it
-        // keeps working on a re-created stream.
+    /// The bucket's store. A writer opened every bucket in `connect`; a reader opens a
+    /// bucket that did not exist then on first use, and fails while it still does not. A
+    /// store addresses its stream by name, so it keeps working on a re-created stream.
+    async fn store(&self, bucket: Bucket) -> Result<&kv::Store, BusError> {
+        let cell = self.cell(bucket);
+        if let Some(store) = cell.get() {
+            return Ok(store);
+        }
+        cell.get_or_try_init(|| async {
+            open_bucket(&self.inner.js, bucket)
+                .await?
+                .ok_or_else(|| BusError::Bucket {
+                    bucket,
+                    source: "the bucket does not exist yet (an ingester creates it)".into(),
+                })
+        })
+        .await
+    }
+
+    fn cell(&self, bucket: Bucket) -> &tokio::sync::OnceCell<kv::Store> {
+        // Every bucket has a cell from `connect_as`.
         &self.inner.stores[&bucket]
+    }
+
+    /// The bucket's store, waiting (and saying so in the log) until the bucket exists: a
+    /// reader never creates one, an ingester does.
+    async fn store_when_created(&self, bucket: Bucket) -> Result<&kv::Store, BusError> {
+        let started = tokio::time::Instant::now();
+        let mut next_log = started;
+        loop {
+            if let Some(store) = self.cell(bucket).get() {
+                return Ok(store);
+            }
+            match open_bucket(&self.inner.js, bucket).await? {
+                Some(store) => {
+                    if next_log > started {
+                        tracing::info!(
+                            %bucket,
+                            waited_ms = started.elapsed().as_millis() as u64,
+                            "the bucket exists now"
+                        );
+                    }
+                    // Another task may have opened it meanwhile: either store is the same.
+                    let _ = self.cell(bucket).set(store);
+                }
+                None => {
+                    let now = tokio::time::Instant::now();
+                    if now >= next_log {
+                        tracing::info!(
+                            %bucket,
+                            waited_s = started.elapsed().as_secs(),
+                            "waiting for an ingester to create the bucket (this process only \
+                             reads the bus and never creates buckets)"
+                        );
+                        next_log = now + BUCKET_WAIT_LOG;
+                    }
+                    tokio::time::sleep(BUCKET_POLL).await;
+                }
+            }
+        }
     }
 
     fn known(&self) -> std::sync::MutexGuard<'_, HashMap<Bucket, Known>> {
@@ -379,6 +502,8 @@ impl NatsBus {
     /// bucket, and reports each bucket found missing, re-created by someone else, or with
     /// a sequence below what this handle wrote. Any loss increments
     /// [`StateBus::data_losses`]. An unreachable server is an error, not a loss.
+    ///
+    /// For writers: a reader's handle reports a missing bucket without creating it.
     pub async fn check_buckets(&self) -> Result<Vec<(Bucket, Loss)>, BusError> {
         let mut losses = Vec::new();
         for bucket in Bucket::ALL {
@@ -393,15 +518,30 @@ impl NatsBus {
                     let created = created_of(info);
                     let replaced = recreated(entry.created, created);
                     let regressed = info.state.last_sequence < written;
+                    // Deletes leave markers, so the count never drops, and a bucket this
+                    // handle wrote to is never empty, unless purged (the second test
+                    // catches a purge before any check saw the count rise).
+                    let purged = info.state.messages < entry.messages
+                        || (info.state.messages == 0 && written > 0);
                     entry.created = created.or(entry.created);
-                    if replaced || regressed {
+                    if replaced || regressed || purged {
                         entry.written = 0;
                     }
-                    match (replaced, regressed) {
-                        (true, _) => Some(Loss::Replaced),
-                        (false, true) => Some(Loss::Regressed),
+                    // The count starts over from what the stream holds after any loss.
+                    entry.messages = if replaced || regressed || purged {
+                        info.state.messages
+                    } else {
+                        entry.messages.max(info.state.messages)
+                    };
+                    match (replaced, regressed, purged) {
+                        (true, _, _) => Some(Loss::Replaced),
+                        (false, true, _) => Some(Loss::Regressed),
+                        (false, false, true) => Some(Loss::Purged),
                         _ => None,
                     }
+                }
+                Err(error) if not_found(&error) && self.inner.role == Role::Reader => {
+                    Some(Loss::Missing)
                 }
                 Err(error) if not_found(&error) => {
                     let store = create_bucket(&self.inner.js, bucket, self.inner.replicas).await?;
@@ -412,6 +552,7 @@ impl NatsBus {
                     entry.created = created_of(store.stream.cached_info());
                     entry.watched = entry.created;
                     entry.written = 0;
+                    entry.messages = 0;
                     Some(Loss::Missing)
                 }
                 Err(error) => {
@@ -570,6 +711,7 @@ impl StateBus for NatsBus {
     async fn get(&self, bucket: Bucket, key: &str) -> Result<Option<Entry>, BusError> {
         let entry = self
             .store(bucket)
+            .await?
             .entry(key)
             .await
             .map_err(op_err("get", bucket, key))?;
@@ -580,6 +722,7 @@ impl StateBus for NatsBus {
         check_size(bucket, key, &value)?;
         let revision = self
             .store(bucket)
+            .await?
             .put(key, value)
             .await
             .map_err(op_err("put", bucket, key))?;
@@ -600,7 +743,7 @@ impl StateBus for NatsBus {
             key: key.to_string(),
             expected,
         };
-        let store = self.store(bucket);
+        let store = self.store(bucket).await?;
         let revision = if expected == 0 {
             // `create` also succeeds over a delete marker, matching "absent or deleted".
             store.create(key, value).await.map_err(|e| match e.kind() {
@@ -626,17 +769,19 @@ impl StateBus for NatsBus {
             return Ok(());
         }
         self.store(bucket)
+            .await?
             .delete(key)
             .await
             .map_err(op_err("delete", bucket, key))
     }
 
     async fn keys(&self, bucket: Bucket) -> Result<Vec<String>, BusError> {
-        let keys = self
-            .store(bucket)
-            .keys()
-            .await
-            .map_err(op_err("list keys", bucket, ""))?;
+        let keys =
+            self.store(bucket)
+                .await?
+                .keys()
+                .await
+                .map_err(op_err("list keys", bucket, ""))?;
         let mut keys: Vec<String> =
             keys.try_collect()
                 .await
@@ -646,8 +791,8 @@ impl StateBus for NatsBus {
     }
 
     async fn watch(&self, bucket: Bucket) -> Result<WatchStream, BusError> {
+        let store = self.store_when_created(bucket).await?.clone();
         self.check_same_stream(bucket).await?;
-        let store = self.store(bucket).clone();
         let watch = store
             .watch_with_history(">")
             .await

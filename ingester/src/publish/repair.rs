@@ -10,7 +10,7 @@ use futures::{FutureExt, StreamExt};
 use serde::de::IgnoredAny;
 use shoal_common::bus::{Bucket, BusError, Entry, Op, WatchEvent};
 use shoal_common::envelope::Envelope;
-use shoal_common::lease::fenced;
+use shoal_common::lease::{epoch_jump, fenced};
 use std::collections::{BTreeMap, BTreeSet};
 use tracing::warn;
 
@@ -241,6 +241,23 @@ impl Repair {
                     epoch = written,
                     leader_epoch = epoch,
                     "an owned key was written by a deposed leader; publishing this leader's value again"
+                );
+                OnBus {
+                    hash: None,
+                    revision,
+                }
+            }
+            // No replica leads with an epoch that far ahead: forged or corrupt, replaced
+            // like a deposed leader's write (servers refuse it too).
+            Some((fleet, written)) if elected && epoch_jump(Some(epoch), written) => {
+                warn!(
+                    %bucket,
+                    key,
+                    %fleet,
+                    epoch = written,
+                    leader_epoch = epoch,
+                    "an owned key carries an implausible epoch (forged or corrupt); \
+                     publishing this leader's value again"
                 );
                 OnBus {
                     hash: None,

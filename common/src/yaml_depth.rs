@@ -490,7 +490,10 @@ h: [\"]]]\", '[[[', \"a\":\"[[\"]
             "{a: ".repeat(100_000),
             "- ".repeat(100_000),
             format!("a: &x !t {}", "[".repeat(100_000)),
-            (0..150).map(|i| format!("{}a:", " ".repeat(i))).collect::<Vec<_>>().join("\r"),
+            (0..150)
+                .map(|i| format!("{}a:", " ".repeat(i)))
+                .collect::<Vec<_>>()
+                .join("\r"),
         ] {
             let started = std::time::Instant::now();
             let result = check(&text, MAX_DEPTH);

@@ -748,7 +748,11 @@ mod tests {
                 .await
                 .unwrap()
                 .unwrap();
-            Envelope::<Service>::decode(&entry.value).unwrap().body.ports[0].port
+            Envelope::<Service>::decode(&entry.value)
+                .unwrap()
+                .body
+                .ports[0]
+                .port
         };
 
         // The DestinationRule replaced by 100 000 nested `[`; ratings changes meanwhile.
@@ -758,7 +762,11 @@ mod tests {
         let started = std::time::Instant::now();
         let r = src.sync_once().await.unwrap();
         println!("100 000 nested `[`: refused in {:?}", started.elapsed());
-        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
         assert_eq!((r.writes, r.deletes), (1, 0));
         assert_eq!(ratings_port().await, 9090);
         assert!(f.service().await.is_some());
@@ -766,7 +774,17 @@ mod tests {
         let path = f.dir.path().join("all.yaml");
         let err = manifest::parse_file(&path, &deep).unwrap_err();
         let text = err.to_string();
-        assert!(matches!(err, IngestError::TooDeep { document: 1, line: 7, .. }), "{text}");
+        assert!(
+            matches!(
+                err,
+                IngestError::TooDeep {
+                    document: 1,
+                    line: 7,
+                    ..
+                }
+            ),
+            "{text}"
+        );
         assert!(text.contains(&path.display().to_string()), "{text}");
 
         // Over the size limit (a valid file that would drop the DestinationRule): not read.
@@ -786,8 +804,14 @@ mod tests {
             })
             .collect();
         assert_eq!(refused.len(), 1, "{refused:?}");
-        assert!(refused[0].contains(&path.display().to_string()), "{refused:?}");
-        assert!(refused[0].contains("over the 65536-byte limit"), "{refused:?}");
+        assert!(
+            refused[0].contains(&path.display().to_string()),
+            "{refused:?}"
+        );
+        assert!(
+            refused[0].contains("over the 65536-byte limit"),
+            "{refused:?}"
+        );
 
         // Back under the limit: read again, and the DestinationRule goes.
         f.write("all.yaml", SVC);

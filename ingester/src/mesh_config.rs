@@ -73,11 +73,9 @@ struct MeshConfig {
 /// Parses MeshConfig YAML into its discovery selectors; an empty document has none.
 pub fn parse(path: &Path, text: &str) -> Result<DiscoverySelectors, MeshConfigError> {
     use shoal_common::yaml_depth;
-    yaml_depth::check(text, yaml_depth::MAX_DEPTH).map_err(|source| {
-        MeshConfigError::TooDeep {
-            path: path.to_path_buf(),
-            source,
-        }
+    yaml_depth::check(text, yaml_depth::MAX_DEPTH).map_err(|source| MeshConfigError::TooDeep {
+        path: path.to_path_buf(),
+        source,
     })?;
     let config: Option<MeshConfig> =
         serde_yaml::from_str(text).map_err(|source| MeshConfigError::Yaml {

@@ -124,7 +124,12 @@ impl EndpointIndex {
         }
         let from = usize::try_from(older.revision + 1 - first).ok()?;
         let to = usize::try_from(self.revision + 1 - first).ok()?;
-        Some(log.entries.range(from..to.min(log.entries.len())).map(|(_, host)| host.clone()).collect())
+        Some(
+            log.entries
+                .range(from..to.min(log.entries.len()))
+                .map(|(_, host)| host.clone())
+                .collect(),
+        )
     }
 
     fn refresh_identities(&mut self, host: &str) {

@@ -136,7 +136,10 @@ impl Output {
     /// An output of these resources.
     pub fn new(resources: Vec<Arc<Resource>>) -> Output {
         let resources = crate::generate::finish(resources);
-        let runs = resources.chunks(RUN).map(|c| Run::new(c.to_vec())).collect();
+        let runs = resources
+            .chunks(RUN)
+            .map(|c| Run::new(c.to_vec()))
+            .collect();
         Output {
             runs,
             len: resources.len(),
@@ -316,7 +319,11 @@ impl<'a> Cursor<'a> {
 
     fn advance(&mut self) {
         self.at += 1;
-        if self.runs.get(self.run).is_some_and(|r| self.at >= r.resources.len()) {
+        if self
+            .runs
+            .get(self.run)
+            .is_some_and(|r| self.at >= r.resources.len())
+        {
             self.run += 1;
             self.at = 0;
         }
@@ -388,11 +395,7 @@ impl Diff {
                         diff.changed.push(r.clone());
                     }
                 }
-                diff.removed = map
-                    .keys()
-                    .filter(|n| !cur.contains(n))
-                    .cloned()
-                    .collect();
+                diff.removed = map.keys().filter(|n| !cur.contains(n)).cloned().collect();
             }
         }
         diff
@@ -697,7 +700,8 @@ impl View {
             .run(move || {
                 let generate =
                     |names: &[String]| cache.generate(ty, &view.proxy, &scope, &snap, names);
-                let all = || -> Vec<String> { names.iter().flat_map(|n| n.iter().cloned()).collect() };
+                let all =
+                    || -> Vec<String> { names.iter().flat_map(|n| n.iter().cloned()).collect() };
                 let reusable = prev
                     .as_ref()
                     .filter(|p| ty == XdsType::Endpoint && Arc::ptr_eq(&p.ctx, &snap.ctx));

@@ -540,7 +540,10 @@ mod tests {
             .expect("refused")
             .to_string();
         assert!(started.elapsed() < std::time::Duration::from_secs(2));
-        assert!(error.contains("east") && error.contains("nested deeper"), "{error}");
+        assert!(
+            error.contains("east") && error.contains("nested deeper"),
+            "{error}"
+        );
     }
 
     fn secret(name: &str) -> ObjKey {

@@ -284,10 +284,14 @@ fn a_token_not_valid_yet_is_refused() {
     // Within the leeway `exp` has (60 s): a signer's clock a little ahead.
     let mut soon = claims("shop", "web");
     soon["nbf"] = (now() + 30).into();
-    assert!(auth.authenticate(&with_token(east.token(soon), None)).is_ok());
+    assert!(auth
+        .authenticate(&with_token(east.token(soon), None))
+        .is_ok());
     let mut past = claims("shop", "web");
     past["nbf"] = (now() - 60).into();
-    assert!(auth.authenticate(&with_token(east.token(past), None)).is_ok());
+    assert!(auth
+        .authenticate(&with_token(east.token(past), None))
+        .is_ok());
 }
 
 /// A made-up RSA public key (never verifies anything here; only its type matters).

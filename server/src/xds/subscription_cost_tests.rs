@@ -13,8 +13,8 @@
 //! `cargo test -p shoal-server --lib xds::subscription_cost_tests -- --nocapture` prints
 //! the milliseconds per change.
 
-use super::delta::DeltaStream;
 use super::ads::StreamHandler;
+use super::delta::DeltaStream;
 use super::registry::Registry;
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
@@ -66,7 +66,14 @@ fn session(mode: Mode) -> Session {
         GeneratorCache::new(512 << 20, false, metrics.clone()),
         1,
     ));
-    Session::new("cost-1".into(), mode, Registry::default(), metrics, views, None)
+    Session::new(
+        "cost-1".into(),
+        mode,
+        Registry::default(),
+        metrics,
+        views,
+        None,
+    )
 }
 
 /// Drains responses, keeping the last one.
@@ -135,7 +142,11 @@ async fn delta_change_cost(n: usize) -> Duration {
         .await
         .expect("subscribed");
     let first: DeltaDiscoveryResponse = last(&mut rx).expect("first response").decode();
-    assert_eq!(first.resources.len(), n, "every well-formed name is a resource");
+    assert_eq!(
+        first.resources.len(),
+        n,
+        "every well-formed name is a resource"
+    );
     let mut fastest = Duration::MAX;
     for _ in 0..ROUNDS {
         let snap = changes.next();
@@ -182,7 +193,10 @@ async fn sotw_change_cost(n: usize) -> Duration {
         fastest = fastest.min(started.elapsed());
         let pushed: DiscoveryResponse = last(&mut rx).expect("a push").decode();
         assert_eq!(pushed.resources.len(), 1, "only the changed assignment");
-        assert!(versions.insert(pushed.version_info), "a new version per change");
+        assert!(
+            versions.insert(pushed.version_info),
+            "a new version per change"
+        );
     }
     fastest
 }

@@ -86,6 +86,16 @@ pub struct IngesterArgs {
     #[arg(long, env = "SHOAL_SOURCE", value_name = "SOURCE")]
     pub source: SourceSpec,
 
+    /// Largest manifest file the `file:DIR` source reads, in bytes (8 MiB by default). A
+    /// larger file is not read: logged, and the objects it had stay published.
+    #[arg(
+        long,
+        env = "SHOAL_MAX_MANIFEST_BYTES",
+        value_name = "BYTES",
+        default_value_t = crate::file::DEFAULT_MAX_FILE_BYTES
+    )]
+    pub max_manifest_bytes: u64,
+
     /// Cluster ID that the local (config) cluster's services and endpoints are published
     /// under (Istio's default is `Kubernetes`).
     #[arg(
@@ -351,6 +361,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 cluster_id: args.cluster_id,
                 fleet: args.fleet,
                 credential_keys: credential_keys.clone(),
+                max_file_bytes: args.max_manifest_bytes,
                 ..FileSourceConfig::new(dir)
             };
             info!(

@@ -27,6 +27,38 @@ pub enum IngestError {
         #[source]
         source: std::io::Error,
     },
+    /// A manifest file is larger than `--max-manifest-bytes`; it is not read, and the
+    /// objects it had stay.
+    #[error(
+        "{}: {size} bytes, over the {limit}-byte limit on manifest files \
+         (--max-manifest-bytes); not read, its previous objects kept",
+        path.display()
+    )]
+    FileTooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A manifest nests deeper than any object does (checked in one pass before parsing,
+    /// whose time grows with the square of the depth); the whole file is set aside.
+    #[error(
+        "{} document {document} line {line}: nested deeper than {limit} levels; \
+         not parsed",
+        path.display()
+    )]
+    TooDeep {
+        /// The file.
+        path: PathBuf,
+        /// Index (from 0) of the document.
+        document: usize,
+        /// Line (from 1) where the limit was passed.
+        line: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// A YAML file is not valid YAML; the whole file is set aside.
     #[error("{} document {document}: not valid YAML: {source}", path.display())]
     Yaml {

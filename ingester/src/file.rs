@@ -45,6 +45,13 @@ const RACY_WINDOW: Duration = Duration::from_secs(2);
 /// objects applies.
 pub const DROP_SETTLE: Duration = Duration::from_secs(2);
 
+/// The largest manifest file read unless configured otherwise (`--max-manifest-bytes`):
+/// 8 MiB. Parsing takes about 17 times a file's size in memory (a 60 MB manifest took the
+/// ingester past its chart's 1 GiB limit), so 8 MiB stays near 150 MB, while a file of
+/// thousands of objects fits: Kubernetes keeps one object under 1.5 MiB and a ConfigMap
+/// (a common way to mount manifests) under 1 MiB.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 8 << 20;
+
 /// Configuration of a [`FileSource`].
 #[derive(Debug, Clone)]
 pub struct FileSourceConfig {
@@ -58,11 +65,13 @@ pub struct FileSourceConfig {
     pub poll_interval: Duration,
     /// Seals the gateway credentials (Secrets Gateways name); `None` publishes none.
     pub credential_keys: Option<Arc<CredentialKeys>>,
+    /// Larger files are not read (their objects stay as they were).
+    pub max_file_bytes: u64,
 }
 
 impl FileSourceConfig {
     /// A configuration for `dir` with the defaults: cluster `Kubernetes` (Istio's default
-    /// cluster ID), fleet `default`, a 250 ms poll.
+    /// cluster ID), fleet `default`, a 250 ms poll, files up to 8 MiB.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         FileSourceConfig {
             dir: dir.into(),
@@ -70,6 +79,7 @@ impl FileSourceConfig {
             fleet: "default".to_string(),
             poll_interval: DEFAULT_POLL_INTERVAL,
             credential_keys: None,
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
         }
     }
 }
@@ -190,8 +200,9 @@ impl FileSource {
             .is_none_or(|t| t.elapsed() >= self.full_read_interval);
         let dir = self.cfg.dir.clone();
         let known = self.files.clone();
+        let max_bytes = self.cfg.max_file_bytes;
         // Walking, reading and parsing block; keep them off the async workers.
-        let changes = tokio::task::spawn_blocking(move || scan(&dir, &known, full))
+        let changes = tokio::task::spawn_blocking(move || scan(&dir, &known, full, max_bytes))
             .await
             .map_err(|source| IngestError::Task {
                 action: "scanning manifests",
@@ -345,11 +356,12 @@ fn stamp_of(meta: &std::fs::Metadata) -> (FileStamp, Option<SystemTime>) {
 }
 
 /// Finds what changed in `dir` relative to `known`. With `full`, every file is read and
-/// compared by content.
+/// compared by content. Files over `max_bytes` are not read: they are unreadable.
 fn scan(
     dir: &Path,
     known: &BTreeMap<PathBuf, FileState>,
     full: bool,
+    max_bytes: u64,
 ) -> Result<Vec<Change>, IngestError> {
     let mut found = BTreeMap::new();
     let mut uncertain = Vec::new();
@@ -369,8 +381,33 @@ fn scan(
             present.insert(path);
             continue;
         }
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
+        if stamp.len > max_bytes {
+            present.insert(path.clone());
+            // Refused at this stamp already: nothing new to say.
+            if previous.is_none_or(|p| p.stamp != stamp) {
+                let error = IngestError::FileTooLarge {
+                    path: path.clone(),
+                    size: stamp.len,
+                    limit: max_bytes,
+                };
+                changes.push(Change::Unreadable { path, stamp, error });
+            }
+            continue;
+        }
+        let bytes = match read_at_most(&path, max_bytes) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => {
+                present.insert(path.clone());
+                // It grew since it was listed.
+                let size = std::fs::metadata(&path).map_or(max_bytes + 1, |m| m.len());
+                let error = IngestError::FileTooLarge {
+                    path: path.clone(),
+                    size,
+                    limit: max_bytes,
+                };
+                changes.push(Change::Unreadable { path, stamp, error });
+                continue;
+            }
             // Vanished between listing and reading: it is removed.
             Err(e) if e.kind() == ErrorKind::NotFound => continue,
             Err(source) => {
@@ -416,6 +453,17 @@ fn scan(
         }
     }
     Ok(changes)
+}
+
+/// Reads a file of at most `max_bytes`; `None` if it is larger (it may have grown since it
+/// was listed: never more than that is read).
+fn read_at_most(path: &Path, max_bytes: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= max_bytes).then_some(bytes))
 }
 
 /// Collects the manifest files under `dir`, following symlinks. Paths that cannot be
@@ -678,6 +726,98 @@ mod tests {
         let r = src.sync_once().await.unwrap();
         assert_eq!(r.deletes, 1);
         assert_eq!(f.dr_host().await, None);
+    }
+
+    /// A file nested 100 000 `[` deep (195 KiB; 25 s of parser time before the depth
+    /// check) and a file over the size limit are refused, quickly and naming the file;
+    /// their objects stay, and the rest of the directory applies.
+    #[tokio::test]
+    async fn deeply_nested_and_oversized_files_are_refused_keeping_their_objects() {
+        const RATINGS: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: ratings, namespace: bookinfo}\nspec: {ports: [{name: http, port: 9080}]}\n";
+        let f = Fixture::new();
+        f.write("all.yaml", &format!("{SVC}---\n{DR}"));
+        f.write("ratings.yaml", RATINGS);
+        let mut src = f.source().await;
+        src.cfg.max_file_bytes = 64 << 10;
+        assert_eq!(src.sync_once().await.unwrap().writes, 3);
+        let ratings_port = || async {
+            let entry = f
+                .bus
+                .inner
+                .get(Bucket::Services, "c1.bookinfo.ratings")
+                .await
+                .unwrap()
+                .unwrap();
+            Envelope::<Service>::decode(&entry.value)
+                .unwrap()
+                .body
+                .ports[0]
+                .port
+        };
+
+        // The DestinationRule replaced by 100 000 nested `[`; ratings changes meanwhile.
+        let deep = format!("{SVC}---\nx:\n  {}\n", "[".repeat(100_000));
+        f.write("all.yaml", &deep);
+        f.write("ratings.yaml", &RATINGS.replace("9080", "9090"));
+        let started = std::time::Instant::now();
+        let r = src.sync_once().await.unwrap();
+        println!("100 000 nested `[`: refused in {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!((r.writes, r.deletes), (1, 0));
+        assert_eq!(ratings_port().await, 9090);
+        assert!(f.service().await.is_some());
+        assert_eq!(f.dr_host().await.as_deref(), Some("reviews"));
+        let path = f.dir.path().join("all.yaml");
+        let err = manifest::parse_file(&path, &deep).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(
+                err,
+                IngestError::TooDeep {
+                    document: 1,
+                    line: 7,
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        assert!(text.contains(&path.display().to_string()), "{text}");
+
+        // Over the size limit (a valid file that would drop the DestinationRule): not read.
+        let big = format!("{SVC}# {}\n", "x".repeat(70 << 10));
+        f.write("all.yaml", &big);
+        f.write("ratings.yaml", &RATINGS.replace("9080", "9191"));
+        let r = src.sync_once().await.unwrap();
+        assert_eq!((r.writes, r.deletes), (1, 0));
+        assert_eq!(ratings_port().await, 9191);
+        assert_eq!(f.dr_host().await.as_deref(), Some("reviews"));
+        let changes = scan(f.dir.path(), &BTreeMap::new(), true, 64 << 10).unwrap();
+        let refused: Vec<String> = changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::Unreadable { error, .. } => Some(error.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(
+            refused[0].contains(&path.display().to_string()),
+            "{refused:?}"
+        );
+        assert!(
+            refused[0].contains("over the 65536-byte limit"),
+            "{refused:?}"
+        );
+
+        // Back under the limit: read again, and the DestinationRule goes.
+        f.write("all.yaml", SVC);
+        assert_eq!(src.sync_once().await.unwrap().deletes, 1);
+        assert_eq!(f.dr_host().await, None);
+        assert_eq!(FileSourceConfig::new("d").max_file_bytes, 8 << 20);
     }
 
     #[tokio::test]

@@ -41,6 +41,16 @@ pub enum MeshConfigError {
         #[source]
         source: serde_yaml::Error,
     },
+    /// The file nests deeper than MeshConfig does (checked before parsing: see
+    /// `shoal_common::yaml_depth`).
+    #[error("mesh config {}: {source}; not parsed", path.display())]
+    TooDeep {
+        /// The file.
+        path: PathBuf,
+        /// Where.
+        #[source]
+        source: shoal_common::yaml_depth::TooDeep,
+    },
     /// A discovery selector is invalid.
     #[error("mesh config {}: {source}", path.display())]
     Selector {
@@ -62,6 +72,11 @@ struct MeshConfig {
 
 /// Parses MeshConfig YAML into its discovery selectors; an empty document has none.
 pub fn parse(path: &Path, text: &str) -> Result<DiscoverySelectors, MeshConfigError> {
+    use shoal_common::yaml_depth;
+    yaml_depth::check(text, yaml_depth::MAX_DEPTH).map_err(|source| MeshConfigError::TooDeep {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let config: Option<MeshConfig> =
         serde_yaml::from_str(text).map_err(|source| MeshConfigError::Yaml {
             path: path.to_path_buf(),
@@ -175,6 +190,14 @@ mod tests {
 
     fn labels(k: &str, v: &str) -> Labels {
         [(k.to_string(), v.to_string())].into()
+    }
+
+    #[test]
+    fn a_deeply_nested_file_is_refused_before_parsing() {
+        let text = format!("discoverySelectors: {}\n", "[".repeat(100_000));
+        let err = parse(Path::new("/mesh"), &text).unwrap_err();
+        assert!(matches!(err, MeshConfigError::TooDeep { .. }), "{err}");
+        assert!(err.to_string().contains("/mesh"), "{err}");
     }
 
     #[test]

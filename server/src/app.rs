@@ -679,8 +679,9 @@ async fn standalone_bus(
         dir: dir.to_path_buf(),
         cluster_id: cluster_id.to_string(),
         fleet: "standalone".to_string(),
-        poll_interval: std::time::Duration::from_millis(250),
         credential_keys,
+        poll_interval: std::time::Duration::from_millis(250),
+        max_file_bytes: shoal_ingester::file::DEFAULT_MAX_FILE_BYTES,
     };
     let mut source = FileSource::new(cfg, bus.clone())
         .await

@@ -8,7 +8,9 @@
 //!   (`authorization: Bearer <jwt>`, what istio-agent sends). Tokens are verified
 //!   **offline**: against the issuer keys the ingester read from each cluster's API server
 //!   and published in `shoal-meta` ([`ClusterIssuer`]), with the audience istio-agent asks
-//!   for (`istio-ca` by default) and the expiry checked. The `clusterid` header, when
+//!   for (`istio-ca` by default), the expiry and `nbf` checked (60 s leeway), and a token
+//!   without `kid` checked against a few keys of its algorithm only
+//!   ([`MAX_KEYS_WITHOUT_KID`]). The `clusterid` header, when
 //!   present, restricts the check to that cluster's keys, as istiod's `clusterid` does. No
 //!   server needs Kubernetes access and the API servers see no request per connection.
 //!   Unlike istiod's TokenReview, a token stays valid until it expires even if its pod is
@@ -427,39 +429,32 @@ impl Authenticator {
             .map_err(|e| AuthError::MalformedToken(e.to_string()))?;
         let issuers = self.issuers.read();
         let mut failure: Option<AuthError> = None;
-        let mut verified: Vec<(&String, Claims)> = Vec::new();
-        for (id, issuer) in issuers.iter() {
-            if cluster.is_some_and(|c| c != id) {
-                continue;
+        let mut verified: Vec<(&str, Claims)> = Vec::new();
+        for (id, issuer, key) in candidate_keys(&issuers, &header, cluster) {
+            if verified.last().is_some_and(|(done, _)| *done == id) {
+                continue; // this cluster verified it; on to the others
             }
-            let candidates = issuer.keys.iter().filter(|k| {
-                k.algorithm == header.alg
-                    && (header.kid.is_none() || k.kid.is_none() || k.kid == header.kid)
-            });
-            for key in candidates {
-                let mut validation = Validation::new(key.algorithm);
-                validation.set_audience(&self.audiences);
-                validation.set_issuer(&[issuer.issuer.as_str()]);
-                validation.set_required_spec_claims(&["exp", "iss", "aud"]);
-                match jsonwebtoken::decode::<Claims>(token, &key.key, &validation) {
-                    Ok(data) => {
-                        verified.push((id, data.claims));
-                        break; // this cluster verified it; on to the others
-                    }
-                    Err(e) => {
-                        use jsonwebtoken::errors::ErrorKind;
-                        // Another cluster may share the key id or the issuer name: only a
-                        // verified signature with a wrong claim is this cluster's verdict.
-                        let verdict = !matches!(
-                            e.kind(),
-                            ErrorKind::InvalidIssuer | ErrorKind::InvalidSignature
-                        );
-                        if verdict && failure.is_none() {
-                            failure = Some(AuthError::InvalidToken {
-                                cluster: id.clone(),
-                                reason: e.to_string(),
-                            });
-                        }
+            let mut validation = Validation::new(key.algorithm);
+            validation.set_audience(&self.audiences);
+            validation.set_issuer(&[issuer.issuer.as_str()]);
+            validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+            // `nbf`, when present, with the leeway `exp` has (60 s).
+            validation.validate_nbf = true;
+            match jsonwebtoken::decode::<Claims>(token, &key.key, &validation) {
+                Ok(data) => verified.push((id, data.claims)),
+                Err(e) => {
+                    use jsonwebtoken::errors::ErrorKind;
+                    // Another cluster may share the key id or the issuer name: only a
+                    // verified signature with a wrong claim is this cluster's verdict.
+                    let verdict = !matches!(
+                        e.kind(),
+                        ErrorKind::InvalidIssuer | ErrorKind::InvalidSignature
+                    );
+                    if verdict && failure.is_none() {
+                        failure = Some(AuthError::InvalidToken {
+                            cluster: id.to_string(),
+                            reason: e.to_string(),
+                        });
                     }
                 }
             }
@@ -487,6 +482,41 @@ impl Authenticator {
             cluster,
         })
     }
+}
+
+/// Most keys a token is checked against without a key id to match: a token without `kid`
+/// (or a key published without one) is a guess, and each guess is a signature check. The
+/// Kubernetes API server sets `kid` on every service-account token it signs, so guesses
+/// are for legacy tokens; an unauthenticated caller gets at most this many checks per
+/// stream, however many keys the issuers publish.
+pub const MAX_KEYS_WITHOUT_KID: usize = 4;
+
+/// The keys a token is checked against, in order (clusters by name, keys as published):
+/// only keys of the token's algorithm (a key's `alg`, else its type's: RS256 for RSA,
+/// ES256/ES384 by curve, EdDSA), of the `clusterid` cluster when given; every key whose
+/// `kid` is the token's, and at most [`MAX_KEYS_WITHOUT_KID`] where either has no `kid`.
+fn candidate_keys<'a>(
+    issuers: &'a BTreeMap<String, Arc<IssuerKeys>>,
+    header: &jsonwebtoken::Header,
+    cluster: Option<&str>,
+) -> Vec<(&'a str, &'a IssuerKeys, &'a Key)> {
+    let mut out = Vec::new();
+    let mut guesses = 0;
+    for (id, issuer) in issuers {
+        if cluster.is_some_and(|c| c != id) {
+            continue;
+        }
+        for key in issuer.keys.iter().filter(|k| k.algorithm == header.alg) {
+            match (&header.kid, &key.kid) {
+                (Some(token), Some(key)) if token != key => continue,
+                (Some(_), Some(_)) => {}
+                _ if guesses == MAX_KEYS_WITHOUT_KID => continue,
+                _ => guesses += 1,
+            }
+            out.push((id.as_str(), issuer.as_ref(), key));
+        }
+    }
+    out
 }
 
 /// The SPIFFE identities among a certificate's URI SANs (none if it does not parse).

@@ -5,8 +5,13 @@
 
 use shoal_common::keys;
 use shoal_common::model::EndpointSet;
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// How many recent host changes an index lineage remembers (see
+/// [`EndpointIndex::changed_since`]): more than a debounced batch of endpoint changes
+/// usually holds; a view further behind rebuilds its assignments from scratch.
+const CHANGE_LOG: usize = 4096;
 
 /// The endpoint sets of one service hostname, by (cluster, slice).
 pub type HostShards = BTreeMap<(String, String), Arc<EndpointSet>>;
@@ -65,6 +70,20 @@ pub struct EndpointIndex {
     /// indexes of one lineage with the same count have the same workloads (what gateway
     /// credentials depend on).
     workloads_epoch: u64,
+    /// Counts changes of `hosts` in this index's lineage.
+    revision: u64,
+    /// The hosts recent revisions changed, shared by the copies of one lineage (the
+    /// snapshots), so a view can rebuild only what changed since the copy it last used.
+    log: Arc<Mutex<ChangeLog>>,
+}
+
+/// The hosts changed by the last [`CHANGE_LOG`] revisions of a lineage.
+#[derive(Debug, Default)]
+struct ChangeLog {
+    /// The revision of the newest entry: only the copy at this revision may append.
+    head: u64,
+    /// (revision, host), consecutive revisions in order.
+    entries: VecDeque<(u64, String)>,
 }
 
 impl EndpointIndex {
@@ -79,7 +98,52 @@ impl EndpointIndex {
         let old = Arc::make_mut(shards).insert(id, set.clone());
         self.refresh_identities(host);
         self.count_workloads(old.as_deref(), Some(&set));
+        self.record(host);
         true
+    }
+
+    /// Logs a change of `host`'s shards.
+    fn record(&mut self, host: &str) {
+        if lock(&self.log).head != self.revision {
+            // Another copy of this index changed first (snapshots never do): this copy
+            // starts a lineage of its own, with no history.
+            self.log = Arc::new(Mutex::new(ChangeLog {
+                head: self.revision,
+                entries: VecDeque::new(),
+            }));
+        }
+        self.revision += 1;
+        let mut log = lock(&self.log);
+        log.head = self.revision;
+        log.entries.push_back((self.revision, host.to_string()));
+        if log.entries.len() > CHANGE_LOG {
+            log.entries.pop_front();
+        }
+    }
+
+    /// The hosts whose shards changed between `older` (an earlier copy of this index) and
+    /// this index, in time proportional to their number; `None` when that is not known
+    /// (another lineage, or too far back).
+    pub fn changed_since(&self, older: &EndpointIndex) -> Option<BTreeSet<String>> {
+        if !Arc::ptr_eq(&self.log, &older.log) || older.revision > self.revision {
+            return None;
+        }
+        if older.revision == self.revision {
+            return Some(BTreeSet::new());
+        }
+        let log = lock(&self.log);
+        let first = log.entries.front()?.0;
+        if first > older.revision + 1 {
+            return None;
+        }
+        let from = usize::try_from(older.revision + 1 - first).ok()?;
+        let to = usize::try_from(self.revision + 1 - first).ok()?;
+        Some(
+            log.entries
+                .range(from..to.min(log.entries.len()))
+                .map(|(_, host)| host.clone())
+                .collect(),
+        )
     }
 
     /// Moves the workload counts from `old` to `new` (slices of one service: the same
@@ -171,6 +235,7 @@ impl EndpointIndex {
         if let Some(old) = &removed {
             self.refresh_identities(host);
             self.count_workloads(Some(old), None);
+            self.record(host);
         }
         removed.is_some()
     }
@@ -193,6 +258,10 @@ impl EndpointIndex {
             .map(|s| keys::endpoints_key(&s.cluster, &s.namespace, &s.service, &s.slice))
             .collect()
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]

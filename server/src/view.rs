@@ -91,10 +91,52 @@ impl ViewKey {
 /// requested the same names (see [`View::intern`]).
 pub type Names = Arc<BTreeSet<String>>;
 
+/// Resources per run of an [`Output`]: a derived output copies the runs it changes and
+/// shares the others, and a diff skips the runs two outputs share, so a change to a few
+/// of a huge subscription's resources costs about `len / RUN` pointer compares plus a run
+/// per changed resource, not a pass over every resource.
+const RUN: usize = 128;
+
+/// A run of an output's resources (ordered by name), shared by the outputs derived from
+/// each other that did not change it.
+#[derive(Debug)]
+struct Run {
+    resources: Vec<Arc<Resource>>,
+    /// Hash of the names and versions, for the output's version.
+    digest: OnceLock<String>,
+}
+
+impl Run {
+    fn new(resources: Vec<Arc<Resource>>) -> Arc<Run> {
+        Arc::new(Run {
+            resources,
+            digest: OnceLock::new(),
+        })
+    }
+
+    fn digest(&self) -> &str {
+        self.digest.get_or_init(|| {
+            let mut buf = Vec::new();
+            for r in &self.resources {
+                buf.extend_from_slice(r.name.as_bytes());
+                buf.push(0);
+                buf.extend_from_slice(r.version.as_bytes());
+                buf.push(0);
+            }
+            content_version(&buf)
+        })
+    }
+}
+
 /// One type's resources for a view, ordered by name.
 #[derive(Debug, Default)]
 pub struct Output {
-    resources: Vec<Arc<Resource>>,
+    /// The resources, cut into runs of [`RUN`] by position: the same resources always
+    /// make the same runs, whatever the output was derived from.
+    runs: Vec<Arc<Run>>,
+    len: usize,
+    /// The resources as one list, made on first use (State of the World sends them all).
+    flat: OnceLock<Vec<Arc<Resource>>>,
     version: OnceLock<String>,
     /// The resources' response entries, gathered once for every stream.
     pub gathered: Gathered,
@@ -103,8 +145,15 @@ pub struct Output {
 impl Output {
     /// An output of these resources.
     pub fn new(resources: Vec<Arc<Resource>>) -> Output {
+        let resources = crate::generate::finish(resources);
+        let runs = resources
+            .chunks(RUN)
+            .map(|c| Run::new(c.to_vec()))
+            .collect();
         Output {
-            resources: crate::generate::finish(resources),
+            runs,
+            len: resources.len(),
+            flat: OnceLock::from(resources),
             version: OnceLock::new(),
             gathered: Gathered::default(),
         }
@@ -112,18 +161,80 @@ impl Output {
 
     /// The resources, ordered by name.
     pub fn resources(&self) -> &[Arc<Resource>] {
-        &self.resources
+        self.flat.get_or_init(|| {
+            self.runs
+                .iter()
+                .flat_map(|r| r.resources.iter().cloned())
+                .collect()
+        })
+    }
+
+    /// How many resources there are.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Where `name` is: (run, index in the run), or the run it would go in.
+    fn find(&self, name: &str) -> Result<(usize, usize), ()> {
+        // The last run whose first name is not after `name`.
+        let run = self
+            .runs
+            .partition_point(|r| r.resources.first().is_some_and(|f| f.name.as_str() <= name));
+        let run = run.checked_sub(1).ok_or(())?;
+        self.runs[run]
+            .resources
+            .binary_search_by(|r| r.name.as_str().cmp(name))
+            .map(|i| (run, i))
+            .map_err(|_| ())
+    }
+
+    /// Whether a resource is named `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.find(name).is_ok()
+    }
+
+    /// This output with `changed` resources put in place of those of the same names,
+    /// sharing every run none of them is in; `None` if a name is not here (the output
+    /// must then be built afresh). Cost: a binary search per change, a copy of each run
+    /// touched, and one pointer per run.
+    pub fn replaced(&self, changed: Vec<Arc<Resource>>) -> Option<Output> {
+        let mut runs = self.runs.clone();
+        let mut copied: BTreeMap<usize, Vec<Arc<Resource>>> = BTreeMap::new();
+        for r in changed {
+            let (run, i) = self.find(&r.name).ok()?;
+            let old = &self.runs[run].resources[i];
+            if Arc::ptr_eq(old, &r) || old.version == r.version {
+                continue;
+            }
+            copied
+                .entry(run)
+                .or_insert_with(|| self.runs[run].resources.clone())[i] = r;
+        }
+        for (run, resources) in copied {
+            runs[run] = Run::new(resources);
+        }
+        Some(Output {
+            runs,
+            len: self.len,
+            flat: OnceLock::new(),
+            version: OnceLock::new(),
+            gathered: Gathered::default(),
+        })
     }
 
     /// The State-of-the-World version of the whole set: a hash over names and content
-    /// versions, identical on every replica for the same content.
+    /// versions (by run, each run's hash computed once), identical on every replica for
+    /// the same content.
     pub fn version(&self) -> &str {
         self.version.get_or_init(|| {
-            let mut buf = Vec::new();
-            for r in &self.resources {
-                buf.extend_from_slice(r.name.as_bytes());
-                buf.push(0);
-                buf.extend_from_slice(r.version.as_bytes());
+            let mut buf = Vec::with_capacity(self.runs.len() * 17);
+            for run in &self.runs {
+                buf.extend_from_slice(run.digest().as_bytes());
                 buf.push(0);
             }
             content_version(&buf)
@@ -152,7 +263,7 @@ impl Held {
     /// How many resources are held.
     pub fn len(&self) -> usize {
         match self {
-            Held::Shared(o) => o.resources.len(),
+            Held::Shared(o) => o.len(),
             Held::Own(m) => m.len(),
         }
     }
@@ -166,11 +277,11 @@ impl Held {
     /// again.
     pub fn forget(&mut self, name: &str) {
         if let Held::Shared(o) = self {
-            if o.resources.iter().all(|r| r.name != name) {
+            if !o.contains(name) {
                 return;
             }
             *self = Held::Own(
-                o.resources
+                o.resources()
                     .iter()
                     .map(|r| (r.name.clone(), r.version.clone()))
                     .collect(),
@@ -196,6 +307,44 @@ pub struct Diff {
     pub gathered: Gathered,
 }
 
+/// A position in an output's resources.
+struct Cursor<'a> {
+    runs: &'a [Arc<Run>],
+    run: usize,
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(output: &'a Output) -> Self {
+        Cursor {
+            runs: &output.runs,
+            run: 0,
+            at: 0,
+        }
+    }
+
+    fn peek(&self) -> Option<&'a Arc<Resource>> {
+        self.runs.get(self.run)?.resources.get(self.at)
+    }
+
+    fn advance(&mut self) {
+        self.at += 1;
+        if self
+            .runs
+            .get(self.run)
+            .is_some_and(|r| self.at >= r.resources.len())
+        {
+            self.run += 1;
+            self.at = 0;
+        }
+    }
+
+    /// The run starting here, if the cursor is at the start of one.
+    fn whole_run(&self) -> Option<&'a Arc<Run>> {
+        (self.at == 0).then(|| self.runs.get(self.run)).flatten()
+    }
+}
+
 impl Diff {
     /// Whether nothing changed.
     pub fn is_empty(&self) -> bool {
@@ -207,39 +356,56 @@ impl Diff {
         let mut diff = Diff::default();
         match held {
             Held::Shared(prev) if std::ptr::eq(prev.as_ref(), cur) => {
-                diff.unchanged = cur.resources.len();
+                diff.unchanged = cur.len();
             }
             Held::Shared(prev) => {
-                // Both ordered by name: one merge pass.
-                let (mut a, mut b) = (prev.resources.iter().peekable(), cur.resources.iter());
-                for r in b.by_ref() {
-                    while let Some(p) = a.next_if(|p| p.name < r.name) {
-                        diff.removed.push(p.name.clone());
-                    }
-                    match a.next_if(|p| p.name == r.name) {
-                        Some(p) if Arc::ptr_eq(p, r) || p.version == r.version => {
-                            diff.unchanged += 1
+                // Both ordered by name: one merge pass, skipping the runs both share
+                // (an output derived from the other shares all it did not change).
+                let (mut a, mut b) = (Cursor::new(prev), Cursor::new(cur));
+                loop {
+                    if let (Some(x), Some(y)) = (a.whole_run(), b.whole_run()) {
+                        if Arc::ptr_eq(x, y) {
+                            diff.unchanged += x.resources.len();
+                            a.run += 1;
+                            b.run += 1;
+                            continue;
                         }
-                        _ => diff.changed.push(r.clone()),
+                    }
+                    match (a.peek(), b.peek()) {
+                        (None, None) => break,
+                        (Some(p), None) => {
+                            diff.removed.push(p.name.clone());
+                            a.advance();
+                        }
+                        (Some(p), Some(r)) if p.name < r.name => {
+                            diff.removed.push(p.name.clone());
+                            a.advance();
+                        }
+                        (Some(p), Some(r)) if p.name == r.name => {
+                            if Arc::ptr_eq(p, r) || p.version == r.version {
+                                diff.unchanged += 1;
+                            } else {
+                                diff.changed.push(r.clone());
+                            }
+                            a.advance();
+                            b.advance();
+                        }
+                        (_, Some(r)) => {
+                            diff.changed.push(r.clone());
+                            b.advance();
+                        }
                     }
                 }
-                diff.removed.extend(a.map(|p| p.name.clone()));
             }
             Held::Own(map) => {
-                for r in &cur.resources {
+                for r in cur.resources() {
                     if map.get(&r.name) == Some(&r.version) {
                         diff.unchanged += 1;
                     } else {
                         diff.changed.push(r.clone());
                     }
                 }
-                let current: BTreeSet<&str> =
-                    cur.resources.iter().map(|r| r.name.as_str()).collect();
-                diff.removed = map
-                    .keys()
-                    .filter(|n| !current.contains(n.as_str()))
-                    .cloned()
-                    .collect();
+                diff.removed = map.keys().filter(|n| !cur.contains(n)).cloned().collect();
             }
         }
         diff
@@ -376,6 +542,23 @@ struct Slot {
     endpoints: Arc<crate::endpoints::EndpointIndex>,
     number: u64,
     cell: Arc<OnceCell<Arc<Output>>>,
+    /// The requested names by service hostname, made when first needed and kept while
+    /// the names are the same (see [`View::build`]).
+    hosts: Arc<OnceLock<HostNames>>,
+}
+
+/// Requested EDS names by the service hostname they name (well-formed names only: the
+/// others have no resource).
+type HostNames = HashMap<String, Vec<String>>;
+
+fn host_names(names: &BTreeSet<String>) -> HostNames {
+    let mut out = HostNames::new();
+    for name in names {
+        if let Some((_, _, host)) = parse_outbound_cluster_name(name) {
+            out.entry(host.to_string()).or_default().push(name.clone());
+        }
+    }
+    out
 }
 
 impl Slot {
@@ -403,6 +586,7 @@ struct Prev {
     output: Arc<Output>,
     ctx: Arc<PushContext>,
     endpoints: Arc<crate::endpoints::EndpointIndex>,
+    hosts: Arc<OnceLock<HostNames>>,
 }
 
 impl View {
@@ -460,11 +644,14 @@ impl View {
                 // A stream behind the newest snapshot: generate for it alone.
                 Some(slot) if slot.number > snap.number => (Arc::new(OnceCell::new()), None),
                 slot => {
+                    // Same key, same names: the names' index by host carries over.
+                    let hosts = slot.as_ref().map(|s| s.hosts.clone()).unwrap_or_default();
                     let prev = slot.and_then(|s| {
                         Some(Prev {
                             output: s.cell.get()?.clone(),
                             ctx: s.ctx.clone(),
                             endpoints: s.endpoints.clone(),
+                            hosts: s.hosts.clone(),
                         })
                     });
                     let cell = Arc::new(OnceCell::new());
@@ -474,6 +661,7 @@ impl View {
                         endpoints: snap.endpoints.clone(),
                         number: snap.number,
                         cell: cell.clone(),
+                        hosts,
                     };
                     if inner.slots.insert(key, fresh).is_none() {
                         // A new set of names: drop the slots of names nobody requests.
@@ -524,14 +712,15 @@ impl View {
         let cache = self.generation.cache.clone();
         self.generation
             .run(move || {
-                let names: Vec<String> = names.iter().flat_map(|n| n.iter().cloned()).collect();
                 let generate =
                     |names: &[String]| cache.generate(ty, &view.proxy, &scope, &snap, names);
+                let all =
+                    || -> Vec<String> { names.iter().flat_map(|n| n.iter().cloned()).collect() };
                 let reusable = prev
                     .as_ref()
                     .filter(|p| ty == XdsType::Endpoint && Arc::ptr_eq(&p.ctx, &snap.ctx));
                 let Some(prev) = reusable else {
-                    return Arc::new(Output::new(generate(&names)));
+                    return Arc::new(Output::new(generate(&all())));
                 };
                 // Same PushContext: an assignment depends only on its service's endpoint
                 // shards, which the index shares by `Arc` until they change. Rebuild the
@@ -541,11 +730,35 @@ impl View {
                         !same_shards(prev.endpoints.host(host), snap.endpoints.host(host))
                     })
                 };
-                let rebuild: Vec<String> = names.iter().filter(|n| stale(n)).cloned().collect();
+                // The hosts changed since the previous output, looked up in the names'
+                // index by host: the cost follows the change, not the subscription.
+                if let (Some(hosts), Some(requested)) =
+                    (snap.endpoints.changed_since(&prev.endpoints), &names)
+                {
+                    let by_host = prev.hosts.get_or_init(|| host_names(requested));
+                    let rebuild: Vec<String> = hosts
+                        .iter()
+                        .filter_map(|host| by_host.get(host))
+                        .flatten()
+                        .filter(|name| stale(name))
+                        .cloned()
+                        .collect();
+                    if rebuild.is_empty() {
+                        return prev.output.clone();
+                    }
+                    let fresh = generate(&rebuild);
+                    // Every name keeps its resource (else the output is built afresh).
+                    if fresh.len() == rebuild.len() {
+                        if let Some(out) = prev.output.replaced(fresh) {
+                            return Arc::new(out);
+                        }
+                    }
+                }
+                let rebuild: Vec<String> = all().into_iter().filter(|n| stale(n)).collect();
                 let mut resources = generate(&rebuild);
                 resources.extend(
                     prev.output
-                        .resources
+                        .resources()
                         .iter()
                         .filter(|r| !stale(&r.name))
                         .cloned(),

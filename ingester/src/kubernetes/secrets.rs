@@ -175,6 +175,10 @@ pub async fn client_from_kubeconfig(
         reason: super::redact_config_error(&reason),
     };
     let text = std::str::from_utf8(kubeconfig).map_err(|e| invalid(format!("not UTF-8: {e}")))?;
+    // A Secret is at most 1 MiB, but nesting costs the YAML parser time quadratic in
+    // depth: refused in one pass first (see `shoal_common::yaml_depth`).
+    shoal_common::yaml_depth::check(text, shoal_common::yaml_depth::MAX_DEPTH)
+        .map_err(|e| invalid(format!("kubeconfig {e}")))?;
     let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| invalid(e.to_string()))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
@@ -524,6 +528,22 @@ mod tests {
             .to_string();
         assert!(!error.contains("secret-token"), "{error}");
         assert!(error.contains("east"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_deeply_nested_kubeconfig_is_refused_before_parsing() {
+        let kubeconfig = format!("apiVersion: v1\nclusters: {}\n", "[".repeat(100_000));
+        let started = std::time::Instant::now();
+        let error = client_from_kubeconfig("east", kubeconfig.as_bytes(), "ua")
+            .await
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        assert!(
+            error.contains("east") && error.contains("nested deeper"),
+            "{error}"
+        );
     }
 
     fn secret(name: &str) -> ObjKey {

@@ -20,21 +20,36 @@ impl Signer {
     }
 
     fn jwks(&self) -> String {
+        serde_json::json!({"keys": [self.jwk(Some(self.kid))]}).to_string()
+    }
+
+    /// The public key as a JWK, with this key id or none.
+    fn jwk(&self, kid: Option<&str>) -> serde_json::Value {
         let raw = self.key.public_key_raw();
-        let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
-        serde_json::json!({"keys": [{
-            "kty": "EC", "crv": "P-256", "use": "sig", "alg": "ES256", "kid": self.kid,
+        let mut jwk = serde_json::json!({
+            "kty": "EC", "crv": "P-256", "use": "sig", "alg": "ES256",
             "x": b64(&raw[1..33]), "y": b64(&raw[33..65]),
-        }]})
-        .to_string()
+        });
+        if let Some(kid) = kid {
+            jwk["kid"] = kid.into();
+        }
+        jwk
     }
 
     fn token(&self, claims: serde_json::Value) -> String {
+        self.token_with_kid(Some(self.kid), claims)
+    }
+
+    fn token_with_kid(&self, kid: Option<&str>, claims: serde_json::Value) -> String {
         let mut header = Header::new(Algorithm::ES256);
-        header.kid = Some(self.kid.into());
+        header.kid = kid.map(str::to_string);
         let key = EncodingKey::from_ec_der(&self.key.serialize_der());
         jsonwebtoken::encode(&header, &claims, &key).unwrap()
     }
+}
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
 }
 
 fn now() -> u64 {
@@ -298,4 +313,102 @@ fn the_verified_identity_is_the_callers_service_accounts_in_the_proxys_namespace
         ["backup", "ingress"]
     );
     assert_eq!(v.cluster, ProvenCluster::Certificate);
+}
+
+#[test]
+fn a_token_not_valid_yet_is_refused() {
+    let east = Signer::new("k");
+    let auth = authenticator(&[("east", &east)]);
+    let mut future = claims("shop", "web");
+    future["nbf"] = (now() + 3600).into();
+    let e = auth
+        .authenticate(&with_token(east.token(future), None))
+        .unwrap_err();
+    assert_eq!(e.reason(), "invalid_token", "{e}");
+    assert!(e.to_string().contains("ImmatureSignature"), "{e}");
+    // Within the leeway `exp` has (60 s): a signer's clock a little ahead.
+    let mut soon = claims("shop", "web");
+    soon["nbf"] = (now() + 30).into();
+    assert!(auth
+        .authenticate(&with_token(east.token(soon), None))
+        .is_ok());
+    let mut past = claims("shop", "web");
+    past["nbf"] = (now() - 60).into();
+    assert!(auth
+        .authenticate(&with_token(east.token(past), None))
+        .is_ok());
+}
+
+/// A made-up RSA public key (never verifies anything here; only its type matters).
+fn rsa_jwk() -> serde_json::Value {
+    serde_json::json!({"kty": "RSA", "alg": "RS256", "n": b64(&[0xc3; 256]), "e": "AQAB"})
+}
+
+#[test]
+fn a_token_without_kid_is_checked_against_a_few_fitting_keys_only() {
+    // East publishes two RSA keys and six EC keys, none with a key id; west six EC keys
+    // with key ids.
+    let east: Vec<Signer> = (0..6).map(|_| Signer::new("unused")).collect();
+    let west: Vec<Signer> = (0..6).map(|_| Signer::new("unused")).collect();
+    let mut east_keys = vec![rsa_jwk(), rsa_jwk()];
+    east_keys.extend(east.iter().map(|s| s.jwk(None)));
+    let west_keys: Vec<_> = west
+        .iter()
+        .enumerate()
+        .map(|(i, s)| s.jwk(Some(&format!("w{i}"))))
+        .collect();
+    let issuers = Issuers::default();
+    for (cluster, keys) in [("east", east_keys), ("west", west_keys)] {
+        issuers
+            .set(&ClusterIssuer {
+                cluster: cluster.into(),
+                issuer: ISSUER.into(),
+                jwks: serde_json::json!({ "keys": keys }).to_string(),
+            })
+            .unwrap();
+    }
+    let auth = Authenticator::new(
+        issuers.clone(),
+        vec![DEFAULT_AUDIENCE.into()],
+        "cluster.local",
+    );
+    let chosen = |alg, kid: Option<&str>, cluster: Option<&str>| {
+        let mut header = Header::new(alg);
+        header.kid = kid.map(str::to_string);
+        candidate_keys(&issuers.read(), &header, cluster)
+            .iter()
+            .map(|(id, _, key)| (id.to_string(), key.algorithm, key.kid.clone()))
+            .collect::<Vec<_>>()
+    };
+
+    // A kid-less ES256 token: the first four EC keys, never an RSA key.
+    let es = chosen(Algorithm::ES256, None, None);
+    assert_eq!(es.len(), MAX_KEYS_WITHOUT_KID, "{es:?}");
+    assert!(es
+        .iter()
+        .all(|(id, alg, _)| id == "east" && *alg == Algorithm::ES256));
+    // A kid-less RS256 token: the RSA keys only.
+    let rs = chosen(Algorithm::RS256, None, None);
+    assert_eq!(rs.len(), 2, "{rs:?}");
+    assert!(rs.iter().all(|(_, alg, _)| *alg == Algorithm::RS256));
+    // A token with a key id: the key of that id (wherever it is), and guesses among the
+    // keys published without one, bounded as well.
+    let w5 = chosen(Algorithm::ES256, Some("w5"), None);
+    assert_eq!(w5.len(), MAX_KEYS_WITHOUT_KID + 1, "{w5:?}");
+    assert!(w5.contains(&("west".into(), Algorithm::ES256, Some("w5".into()))));
+    assert_eq!(chosen(Algorithm::ES256, Some("w5"), Some("west")).len(), 1);
+
+    // What that means for tokens: the fourth kid-less key verifies, the fifth is never
+    // tried; a key id finds its key however many keys there are.
+    let sa = || claims("shop", "web");
+    assert!(auth
+        .authenticate(&with_token(east[3].token_with_kid(None, sa()), None))
+        .is_ok());
+    let e = auth
+        .authenticate(&with_token(east[4].token_with_kid(None, sa()), None))
+        .unwrap_err();
+    assert_eq!(e.reason(), "unknown_issuer", "{e}");
+    assert!(auth
+        .authenticate(&with_token(west[5].token_with_kid(Some("w5"), sa()), None))
+        .is_ok());
 }

@@ -465,9 +465,9 @@ where
                     break ("server_closed", None);
                 }
                 let published = snapshots.borrow_and_update().clone();
-                let Some(p) = published else { continue };
+                let Some(mut p) = published else { continue };
                 current = Some(p.snapshot.clone());
-                let types = if handler.session().identified() {
+                let mut types = if handler.session().identified() {
                     handler.session().affected(&p, last)
                 } else {
                     BTreeSet::new()
@@ -479,6 +479,20 @@ where
                 let Ok(_permit) = push_limit.acquire().await else {
                     break ("server_closed", None);
                 };
+                // Snapshots published while this stream waited for its turn: push the
+                // newest (its changes join these). The views have moved on to it, and
+                // generating a superseded snapshot for this stream alone would cost a
+                // whole output, however little changed.
+                if snapshots.has_changed().unwrap_or(false) {
+                    if let Some(newer) = snapshots.borrow_and_update().clone() {
+                        if handler.session().identified() {
+                            types.extend(handler.session().affected(&newer, last));
+                        }
+                        last = newer.snapshot.number;
+                        current = Some(newer.snapshot.clone());
+                        p = newer;
+                    }
+                }
                 let mut failed = None;
                 for ty in handler.watched_types().into_iter().filter(|t| types.contains(t)) {
                     if let Err(status) = handler.push(ty, &p.snapshot, p.observed_at_ms).await {
@@ -679,6 +693,63 @@ mod merge_tests {
             pushes(),
             vec![(2, XdsType::Cluster), (5, XdsType::Cluster)],
             "3 and 4 merged into the push of 5"
+        );
+        task.abort();
+    }
+
+    /// A stream that waits for a push permit while newer snapshots arrive pushes the newest
+    /// (with the changes of the ones it skipped), never a superseded one.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_waiting_for_its_turn_pushes_the_newest_snapshot() {
+        let metrics = Metrics::new();
+        let cache = GeneratorCache::new(1 << 20, false, metrics.clone());
+        let views = Views::new(Generation::new(cache, 1));
+        let mut session = Session::new(
+            "t".into(),
+            Mode::Sotw,
+            Registry::default(),
+            metrics,
+            views,
+            None,
+        );
+        let node =
+            crate::proxy::tests::node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", "ns", &[]);
+        session.identify(Some(&node)).expect("valid node");
+        let pushed = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new(Notify::new());
+        let handler = Recorder {
+            session,
+            pushed: pushed.clone(),
+            gate: gate.clone(),
+        };
+        let (tx, rx) = watch::channel(published(1));
+        let push_limit = Arc::new(Semaphore::new(1));
+        // Another stream holds the only permit.
+        let busy = push_limit.clone().acquire_owned().await.expect("permit");
+        let ctx = DriveContext {
+            snapshots: rx,
+            close: None,
+            push_limit,
+            refusals: SharedWarnLimiter::default(),
+        };
+        let task = tokio::spawn(drive(
+            handler,
+            futures::stream::pending::<Result<(), Status>>(),
+            ctx,
+        ));
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        tx.send(published(2)).expect("stream alive");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        tx.send(published(3)).expect("stream alive");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        drop(busy);
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        gate.notify_one();
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        assert_eq!(
+            pushed.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            vec![(3, XdsType::Cluster)],
+            "snapshot 2 was superseded while the stream waited"
         );
         task.abort();
     }

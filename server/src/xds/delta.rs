@@ -84,6 +84,9 @@ impl DeltaStream {
                 .pushes_unchanged
                 .with_label_values(&[ty.short()])
                 .inc();
+            // The proxy holds exactly this output: share it, so the next diff is against
+            // the view's output (skipping what both share), not a pass over an own copy.
+            sub.held = Held::Shared(output);
             return Ok(diff.unchanged);
         }
         sub.held = Held::Shared(output.clone());
@@ -96,7 +99,7 @@ impl DeltaStream {
             &version,
             &nonce,
             &diff.changed,
-            output.resources().len(),
+            output.len(),
             observed_at_ms,
         );
         let head = DeltaDiscoveryResponse {
@@ -106,7 +109,7 @@ impl DeltaStream {
             nonce,
             ..Default::default()
         };
-        let entries = if diff.changed.len() == output.resources().len() {
+        let entries = if diff.changed.len() == output.len() {
             output.gathered.delta(output.resources())
         } else {
             diff.gathered.delta(&diff.changed)

@@ -13,6 +13,8 @@ pub mod serving_cert;
 mod session;
 mod sotw;
 #[cfg(test)]
+mod subscription_cost_tests;
+#[cfg(test)]
 mod tests;
 pub mod tls;
 pub mod wire;

@@ -75,7 +75,7 @@ impl SotwStream {
                 .inc();
             return Ok(());
         }
-        let total = output.resources().len();
+        let total = output.len();
         let partial;
         let (to_send, entries): (&[Arc<Resource>], _) = if !force && ty == XdsType::Endpoint {
             partial = self.session.diff(ty, &names, &w.sent, &output);

@@ -906,10 +906,10 @@ impl Bench<'_> {
         let mut receipts: HashMap<usize, u64> = HashMap::new();
         let key_matches = |w: &BusWrite| {
             w.bucket == Bucket::Config
-                && shoal_common::keys::parse_config_key(&w.key).is_ok_and(|(kind, ns, name)| {
-                    kind == ConfigKind::VirtualService
-                        && ns == manifests::SYSTEM_NS
-                        && name == manifests::SHARED_VS
+                && shoal_common::keys::parse_config_key(&w.key).is_ok_and(|id| {
+                    id.kind == ConfigKind::VirtualService
+                        && id.namespace == manifests::SYSTEM_NS
+                        && id.name == manifests::SHARED_VS
                 })
         };
         while tally.done < n || observed_at.is_none() || receipts.len() < n {
@@ -1042,8 +1042,8 @@ impl Bench<'_> {
         };
         let key_matches = move |w: &BusWrite| {
             w.bucket == Bucket::Config
-                && shoal_common::keys::parse_config_key(&w.key).is_ok_and(|(kind, n, m)| {
-                    kind == ConfigKind::VirtualService && n == ns && m == name
+                && shoal_common::keys::parse_config_key(&w.key).is_ok_and(|id| {
+                    id.kind == ConfigKind::VirtualService && id.namespace == ns && id.name == name
                 })
         };
         self.change(

@@ -7,7 +7,9 @@
 //!   Kubernetes Secret in the gateway's namespace, delivered over SDS on the gateway's
 //!   authenticated ADS stream, then route HTTP; `MUTUAL` refuses clients without a
 //!   certificate; a Secret of another namespace is never served; a rotated Secret reaches
-//!   Envoy without a restart;
+//!   Envoy without a restart; the gateway authenticates as its pods' service account
+//!   (`istio-system/ingress`, the pods the Gateway's selector selects), which is what SDS
+//!   authorizes (refusals of other identities: tests/tests/xds_auth.rs);
 //! - over NATS, the Secret's key never appears in the bus's bytes (sealed by the ingester,
 //!   opened by the server).
 #![forbid(unsafe_code)]
@@ -241,7 +243,9 @@ fn tls_secret(ns: &str, name: &str, pem: &Pem, ca: Option<&str>) -> String {
 /// The mesh of the termination tests: an HTTP backend behind `web.example.com`, a Gateway
 /// in istio-system with a SIMPLE server on `simple`, a MUTUAL one on `mutual` (both with
 /// the Secret `web-cert`), and one on `foreign` naming `shop-cert`, a Secret that exists
-/// only in namespace shop (where a Gateway names it, so it is on the bus).
+/// only in namespace shop (where a Gateway names it, so it is on the bus). The gateway's
+/// pod runs as `istio-system/ingress` behind its Service: the identity the gateway Envoy
+/// authenticates with, and the one SDS serves `web-cert` to.
 fn termination_manifests(backend: SocketAddr, simple: u16, mutual: u16, foreign: u16) -> String {
     format!(
         r#"apiVersion: v1
@@ -260,6 +264,29 @@ spec:
   ports: [{{number: 80, name: http, protocol: HTTP}}]
   resolution: STATIC
   endpoints: [{{address: {ip}, ports: {{http: {port}}}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: istio-ingressgateway-1, namespace: istio-system, labels: {{istio: ingressgateway}}}}
+spec: {{serviceAccountName: ingress, containers: [{{name: istio-proxy, image: envoy}}]}}
+status: {{phase: Running, podIP: 10.2.0.1, podIPs: [{{ip: 10.2.0.1}}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: istio-ingressgateway, namespace: istio-system}}
+spec:
+  selector: {{istio: ingressgateway}}
+  ports: [{{name: https, port: {simple}, targetPort: {simple}}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: istio-ingressgateway-1, namespace: istio-system, labels: {{kubernetes.io/service-name: istio-ingressgateway}}}}
+addressType: IPv4
+ports: [{{name: https, port: {simple}}}]
+endpoints:
+- addresses: ["10.2.0.1"]
+  conditions: {{ready: true}}
+  targetRef: {{kind: Pod, name: istio-ingressgateway-1, namespace: istio-system}}
 ---
 apiVersion: networking.istio.io/v1
 kind: Gateway

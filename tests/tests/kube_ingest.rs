@@ -681,8 +681,9 @@ async fn check_kubeconfig_cluster() {
 }
 
 /// Gateway credentials (`--credential-key-file`): the Secrets that Gateways of their own
-/// namespace name are published sealed (the key never in the bus's bytes), follow
-/// rotations, and go when no Gateway names them any more; other Secrets stay off the bus.
+/// namespace name are published sealed (the key never in the bus's bytes), keyed by their
+/// cluster, follow rotations, and go when no Gateway names them any more; other Secrets
+/// stay off the bus, and a credential key of the layout before clusters is swept.
 #[tokio::test]
 async fn gateway_credentials_are_published_sealed() {
     use base64::Engine as _;
@@ -721,13 +722,38 @@ async fn gateway_credentials_are_published_sealed() {
     let key = base64::engine::general_purpose::STANDARD.encode([9u8; 32]);
     std::fs::write(&key_file, key).unwrap();
     let key_arg = key_file.display().to_string();
+    // What an ingester of the layout before clusters left on the bus.
+    let legacy = "Credential.istio-system.web-cert";
+    {
+        use shoal_common::bus::nats::{NatsBus, NatsOptions};
+        use shoal_common::bus::StateBus;
+        let raw = NatsBus::connect(&NatsOptions::new(nats.url()))
+            .await
+            .expect("bus");
+        let old = shoal_common::Envelope::new(
+            "default",
+            0,
+            shoal_common::envelope::now_ms(),
+            ConfigObject {
+                meta: shoal_common::model::ObjectMeta {
+                    name: "web-cert".into(),
+                    namespace: "istio-system".into(),
+                    ..Default::default()
+                },
+                spec: shoal_common::model::ConfigSpec::Credential(Default::default()),
+            },
+        );
+        raw.put(Bucket::Config, legacy, old.encode().unwrap().into())
+            .await
+            .expect("the legacy key");
+    }
     let mut ingester = Ingester::start(
         &nats.url(),
         &config.kubeconfig(),
         &["--credential-key-file", &key_arg],
     );
     ingester.wait_ready().await;
-    let credential = "Credential.istio-system.web-cert";
+    let credential = "Credential.Kubernetes.istio-system.web-cert";
     bus.until("the credential", |b| {
         b.keys(Bucket::Config).iter().any(|k| k == credential)
     })

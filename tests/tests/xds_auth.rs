@@ -1,7 +1,9 @@
 //! The secure xDS port (istiod's 15012): TLS with a certificate reloaded from files, proxy
 //! authentication by SPIFFE client certificate or by Kubernetes service-account token
 //! (verified offline against the issuer keys the ingester reads from the cluster and
-//! publishes on the bus), and authorization of the node id against the identity.
+//! publishes on the bus), authorization of the node id against the identity, and gateway
+//! credentials (SDS) only to the verified identity of the gateway's own pods, in the
+//! Secret's cluster.
 //!
 //! Real processes: `shoal-server` (standalone, or reading a real nats-server),
 //! `shoal-ingester` against the Kubernetes API test server serving issuer discovery, and a
@@ -14,9 +16,14 @@
 #[allow(dead_code)] // shared with kube_ingest.rs
 mod harness;
 
-use harness::{config_cluster, Ingester};
+use harness::{config_cluster, istio_crd, remote_secret, Ingester};
+use prost::Message;
+use serde_json::json;
+use shoal_proto::pb::envoy::config::core::v3::data_source::Specifier;
 use shoal_proto::pb::envoy::config::core::v3::Node;
+use shoal_proto::pb::envoy::extensions::transport_sockets::tls::v3::{secret, Secret};
 use shoal_proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use shoal_proto::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use shoal_proto::pb::envoy::service::discovery::v3::DiscoveryRequest;
 use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
 use shoal_tests::kubeapi::KubeApiServer;
@@ -33,7 +40,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
 /// What a proxy presents besides its TLS client certificate.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Ask<'a> {
     /// The node's namespace.
     namespace: &'a str,
@@ -768,5 +775,499 @@ async fn the_tls_port_serves_a_certificate_from_the_workload_ca_and_follows_its_
     ] {
         let renewals = metric(&server, "shoal_xds_serving_cert_renewals_total", labels).await;
         assert_eq!(renewals, n, "{labels}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Gateway credentials (SDS) on the ADS stream
+
+/// The gateway credential every test below asks for.
+const WEB_CERT: &str = "kubernetes://web-cert";
+/// Its private key, as the Secret holds it.
+const WEB_KEY: &str = "-----BEGIN PRIVATE KEY-----\nWEB-CERT-KEY\n-----END PRIVATE KEY-----\n";
+
+/// SotW or delta.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    Sotw,
+    Delta,
+}
+
+/// Opens an ADS stream as the ingress gateway of `ask.namespace` (node id
+/// `router~...`, labels `istio: ingressgateway`, the ids a real gateway pod's would be) and
+/// asks for [`WEB_CERT`] over `mode`: the private keys of the first response's secrets (an
+/// empty list when nothing was served), or the status the stream ended with.
+async fn ask_gateway_key(
+    channel: tonic::transport::Channel,
+    ask: &Ask<'_>,
+    mode: Mode,
+) -> Result<Vec<String>, tonic::Status> {
+    let ns = ask.namespace;
+    let string = |s: &str| Value {
+        kind: Some(Kind::StringValue(s.to_string())),
+    };
+    let mut fields = std::collections::HashMap::new();
+    fields.insert("NAMESPACE".to_string(), string(ns));
+    let labels = Struct {
+        fields: [("istio".to_string(), string("ingressgateway"))].into(),
+    };
+    fields.insert(
+        "LABELS".to_string(),
+        Value {
+            kind: Some(Kind::StructValue(labels)),
+        },
+    );
+    if let Some(sa) = ask.service_account {
+        fields.insert("SERVICE_ACCOUNT".to_string(), string(sa));
+    }
+    let node = Node {
+        id: format!("router~10.1.0.5~istio-ingressgateway-1.{ns}~{ns}.svc.cluster.local"),
+        metadata: Some(Struct { fields }),
+        ..Node::default()
+    };
+    let authenticate = |grpc: &mut tonic::metadata::MetadataMap| {
+        if let Some(token) = &ask.token {
+            grpc.insert(
+                "authorization",
+                format!("Bearer {token}").parse().expect("header value"),
+            );
+        }
+        if let Some(cluster) = ask.cluster_id {
+            grpc.insert("clusterid", cluster.parse().expect("header value"));
+        }
+    };
+    let timeout = |e: tokio::time::error::Elapsed| tonic::Status::deadline_exceeded(e.to_string());
+    let mut client = AggregatedDiscoveryServiceClient::new(channel);
+    let anys = match mode {
+        Mode::Sotw => {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tx.send(DiscoveryRequest {
+                node: Some(node),
+                type_url: shoal_proto::SECRET_TYPE.to_string(),
+                resource_names: vec![WEB_CERT.to_string()],
+                ..DiscoveryRequest::default()
+            })
+            .await
+            .expect("queueing the request");
+            let mut grpc = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+            authenticate(grpc.metadata_mut());
+            let mut responses = client.stream_aggregated_resources(grpc).await?.into_inner();
+            let first = tokio::time::timeout(TIMEOUT, responses.message())
+                .await
+                .map_err(timeout)??
+                .ok_or_else(|| tonic::Status::unknown("stream ended without a response"))?;
+            drop(tx);
+            first.resources
+        }
+        Mode::Delta => {
+            let (tx, rx) = tokio::sync::mpsc::channel(1);
+            tx.send(DeltaDiscoveryRequest {
+                node: Some(node),
+                type_url: shoal_proto::SECRET_TYPE.to_string(),
+                resource_names_subscribe: vec![WEB_CERT.to_string()],
+                ..DeltaDiscoveryRequest::default()
+            })
+            .await
+            .expect("queueing the request");
+            let mut grpc = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+            authenticate(grpc.metadata_mut());
+            let mut responses = client.delta_aggregated_resources(grpc).await?.into_inner();
+            let first = tokio::time::timeout(TIMEOUT, responses.message())
+                .await
+                .map_err(timeout)??
+                .ok_or_else(|| tonic::Status::unknown("stream ended without a response"))?;
+            drop(tx);
+            first
+                .resources
+                .into_iter()
+                .filter_map(|r| r.resource)
+                .collect()
+        }
+    };
+    let mut keys = Vec::new();
+    for any in anys {
+        let s = Secret::decode(any.value.as_slice()).expect("a Secret");
+        let Some(secret::Type::TlsCertificate(tc)) = s.r#type else {
+            continue;
+        };
+        if let Some(Specifier::InlineBytes(key)) = tc.private_key.and_then(|d| d.specifier) {
+            keys.push(String::from_utf8_lossy(&key).into_owned());
+        }
+    }
+    Ok(keys)
+}
+
+/// Asserts that `ask` gets no key over SotW nor delta (the stream itself is accepted: the
+/// caller is a valid identity of the namespace), with and without its SERVICE_ACCOUNT.
+async fn assert_no_key<F, Fut>(channel: F, ask: Ask<'_>, who: &str)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = tonic::transport::Channel>,
+{
+    let without_sa = Ask {
+        service_account: None,
+        ..ask.clone()
+    };
+    for ask in [&ask, &without_sa] {
+        for mode in [Mode::Sotw, Mode::Delta] {
+            let keys = ask_gateway_key(channel().await, ask, mode)
+                .await
+                .unwrap_or_else(|e| panic!("{who} ({mode:?}): the stream was refused: {e:?}"));
+            assert!(
+                keys.is_empty(),
+                "{who} ({mode:?}, SERVICE_ACCOUNT {:?}) got the gateway's private key",
+                ask.service_account
+            );
+        }
+    }
+}
+
+/// Waits until `ask` gets the gateway's key over both modes.
+async fn wait_key<F, Fut>(channel: F, ask: &Ask<'_>)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = tonic::transport::Channel>,
+{
+    for mode in [Mode::Sotw, Mode::Delta] {
+        let got = eventually::try_eventually(TIMEOUT, Duration::from_millis(200), || async {
+            let keys = ask_gateway_key(channel().await, ask, mode)
+                .await
+                .map_err(|e| format!("{e:?}"))?;
+            (keys == [WEB_KEY])
+                .then_some(())
+                .ok_or_else(|| format!("keys {keys:?}"))
+        })
+        .await;
+        assert!(
+            got.is_ok(),
+            "the gateway's own identity ({mode:?}): {got:?}"
+        );
+    }
+}
+
+/// The gateway of `istio-system` as a cluster runs it: its pod (service account
+/// `ingress`, label `istio: ingressgateway`) behind its Service; beside it prometheus,
+/// running as `prometheus`.
+fn run_gateway_pods(cluster: &KubeApiServer, ip_prefix: &str) {
+    let pod = |name: &str, sa: &str, labels: serde_json::Value, ip: &str| {
+        cluster
+            .apply(json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "istio-system", "labels": labels},
+                "spec": {"serviceAccountName": sa, "containers": [{"name": "c", "image": "i"}]},
+                "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
+            }))
+            .unwrap();
+    };
+    let service = |name: &str, selector: serde_json::Value, pod: &str, ip: &str| {
+        cluster
+            .apply(json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": name, "namespace": "istio-system"},
+                "spec": {"selector": selector,
+                         "ports": [{"name": "https", "port": 443, "targetPort": 8443}]},
+            }))
+            .unwrap();
+        cluster
+            .apply(json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": format!("{name}-1"), "namespace": "istio-system",
+                             "labels": {"kubernetes.io/service-name": name}},
+                "addressType": "IPv4",
+                "ports": [{"name": "https", "port": 8443}],
+                "endpoints": [{"addresses": [ip], "conditions": {"ready": true},
+                               "targetRef": {"kind": "Pod", "name": pod, "namespace": "istio-system"}}],
+            }))
+            .unwrap();
+    };
+    let gw_ip = format!("{ip_prefix}.1");
+    let prom_ip = format!("{ip_prefix}.2");
+    pod(
+        "istio-ingressgateway-1",
+        "ingress",
+        json!({"istio": "ingressgateway"}),
+        &gw_ip,
+    );
+    service(
+        "istio-ingressgateway",
+        json!({"istio": "ingressgateway"}),
+        "istio-ingressgateway-1",
+        &gw_ip,
+    );
+    pod(
+        "prometheus-1",
+        "prometheus",
+        json!({"app": "prometheus"}),
+        &prom_ip,
+    );
+    service(
+        "prometheus",
+        json!({"app": "prometheus"}),
+        "prometheus-1",
+        &prom_ip,
+    );
+}
+
+/// Two clusters whose tokens the servers verify: the config cluster, holding the Gateway,
+/// its Secret and its pods, and a remote cluster `east` running a gateway pod with the same
+/// namespace and service account. Only the config cluster's gateway identity gets the key:
+/// other service accounts of its namespace (with the gateway's node id, labels and
+/// SERVICE_ACCOUNT or none), east's identical identity (whatever `clusterid` it sends),
+/// and — while two clusters' tokens are accepted — a client certificate of the gateway's
+/// identity (the CA could have issued it to east) get none, over SotW and delta; every
+/// refusal is counted by reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_credentials_go_to_the_gateways_own_token_identity_and_cluster_only() {
+    use base64::Engine as _;
+    let nats = NatsServer::start().await;
+    let config = config_cluster().await;
+    let config_signer = TokenSigner::new(ISSUER, "config-key");
+    config.set_service_account_issuer(ISSUER, config_signer.jwks());
+    let east = KubeApiServer::builder().name("east").start().await;
+    let east_signer = TokenSigner::new(ISSUER, "east-key");
+    east.set_service_account_issuer(ISSUER, east_signer.jwks());
+    east.apply(harness::namespace("istio-system", json!({})))
+        .unwrap();
+    run_gateway_pods(&config, "10.2.0");
+    run_gateway_pods(&east, "10.3.0");
+    config.create(istio_crd("Gateway", "gateways")).unwrap();
+    config
+        .create(json!({
+            "apiVersion": "networking.istio.io/v1", "kind": "Gateway",
+            "metadata": {"name": "public", "namespace": "istio-system"},
+            "spec": {"selector": {"istio": "ingressgateway"}, "servers": [{
+                "port": {"number": 443, "name": "https", "protocol": "HTTPS"},
+                "hosts": ["web.example.com"],
+                "tls": {"mode": "SIMPLE", "credentialName": "web-cert"}}]},
+        }))
+        .unwrap();
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    config
+        .apply(json!({"apiVersion": "v1", "kind": "Secret",
+                      "metadata": {"name": "web-cert", "namespace": "istio-system"},
+                      "type": "kubernetes.io/tls",
+                      "data": {"tls.crt": b64("-----BEGIN CERTIFICATE-----\nWEB\n-----END CERTIFICATE-----\n"),
+                               "tls.key": b64(WEB_KEY)}}))
+        .unwrap();
+    config
+        .create(remote_secret("remote-east", &[("east", east.kubeconfig())]))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("credential.key");
+    std::fs::write(
+        &key_file,
+        base64::engine::general_purpose::STANDARD.encode([3u8; 32]),
+    )
+    .unwrap();
+    let key_arg = key_file.to_str().unwrap();
+    let mut ingester = Ingester::start(
+        &nats.url(),
+        &config.kubeconfig(),
+        &["--credential-key-file", key_arg],
+    );
+    ingester.wait_ready().await;
+
+    let ca = TestCa::new("mesh root");
+    ca.server("shoal").write(dir.path(), "server");
+    let ca_path = dir.path().join("ca.crt");
+    std::fs::write(&ca_path, &ca.cert_pem).unwrap();
+    let nats_url = nats.url();
+    let (server, addr) = tls_server(
+        &["--nats-url", &nats_url, "--credential-key-file", key_arg],
+        dir.path(),
+        Some(&ca_path),
+    )
+    .await;
+    eventually::eventually(TIMEOUT, Duration::from_millis(200), || async {
+        let issuers = metric(&server, "shoal_token_issuers", "").await;
+        (issuers == 2.0)
+            .then_some(())
+            .ok_or("both clusters' issuers are not loaded yet")
+    })
+    .await;
+    let channel = |client: Option<Pem>| {
+        let config = pki::client_config(&ca.cert_pem, client.as_ref());
+        move || {
+            let config = config.clone();
+            async move { pki::tls_channel(addr, config).await.expect("TLS channel") }
+        }
+    };
+    let token_of = |signer: &TokenSigner, sa: &'static str, cluster_id| Ask {
+        namespace: "istio-system",
+        service_account: Some(sa),
+        token: Some(signer.token("istio-system", sa, "istio-ca")),
+        cluster_id,
+    };
+
+    // The gateway's own token: its key, over SotW and delta, with or without its
+    // SERVICE_ACCOUNT (once the bus has the Secret, the Gateway and the pods).
+    let gateway = token_of(&config_signer, "ingress", Some("Kubernetes"));
+    wait_key(channel(None), &gateway).await;
+    wait_key(
+        channel(None),
+        &Ask {
+            service_account: None,
+            cluster_id: None,
+            ..token_of(&config_signer, "ingress", None)
+        },
+    )
+    .await;
+
+    let before = denials(&server).await;
+    // Other service accounts of the gateway's namespace, on the gateway's node id.
+    for sa in ["default", "prometheus", "some-app"] {
+        let ask = token_of(&config_signer, sa, Some("Kubernetes"));
+        assert_no_key(channel(None), ask, &format!("istio-system/{sa}")).await;
+    }
+    // East's gateway: the same namespace and service account, another cluster.
+    for cluster_id in [Some("east"), None] {
+        let ask = token_of(&east_signer, "ingress", cluster_id);
+        assert_no_key(channel(None), ask, "east's istio-system/ingress").await;
+    }
+    // A certificate of the gateway's identity names no cluster; with two clusters' tokens
+    // accepted, it proves none.
+    let certificate = Ask {
+        namespace: "istio-system",
+        service_account: Some("ingress"),
+        ..Ask::default()
+    };
+    assert_no_key(
+        channel(Some(ca.workload("istio-system", "ingress"))),
+        certificate,
+        "a certificate of istio-system/ingress",
+    )
+    .await;
+
+    // Each refused stream counted once, by reason: 3 accounts x 2 modes x 2 metadata
+    // variants; east's token 2 headers x 4; the certificate 4.
+    assert_denials(
+        &server,
+        &before,
+        &[
+            ("not_gateway_identity", 12.0),
+            ("other_cluster", 8.0),
+            ("unproven_cluster", 4.0),
+            ("unauthenticated", 0.0),
+        ],
+    )
+    .await;
+    assert_eq!(
+        metric(
+            &server,
+            "shoal_xds_auth_refused_total",
+            "reason=\"forbidden\""
+        )
+        .await,
+        0.0,
+        "the streams themselves are authorized"
+    );
+    drop(ingester);
+}
+
+/// The same with client certificates, in standalone mode (no token accepted, so a
+/// certificate is the one cluster's): only the certificate of the gateway's pods' service
+/// account gets the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_credentials_go_to_the_gateways_own_certificate_identity_only() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().unwrap();
+    let mesh = tempfile::tempdir().unwrap();
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let pod = |name: &str, sa: &str, labels: &str, ip: &str, svc: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: istio-system, labels: {labels}}}\n\
+             spec: {{serviceAccountName: {sa}, containers: [{{name: c, image: i}}]}}\n\
+             status: {{phase: Running, podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n---\n\
+             apiVersion: v1\nkind: Service\nmetadata: {{name: {svc}, namespace: istio-system}}\n\
+             spec: {{selector: {labels}, ports: [{{name: https, port: 443, targetPort: 8443}}]}}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: {svc}-1, namespace: istio-system, labels: {{kubernetes.io/service-name: {svc}}}}}\n\
+             addressType: IPv4\nports: [{{name: https, port: 8443}}]\n\
+             endpoints: [{{addresses: [\"{ip}\"], conditions: {{ready: true}}, targetRef: {{kind: Pod, name: {name}, namespace: istio-system}}}}]\n---\n"
+        )
+    };
+    let manifests = format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: istio-system}}\n---\n\
+         apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata: {{name: public, namespace: istio-system}}\n\
+         spec: {{selector: {{istio: ingressgateway}}, servers: [{{port: {{number: 443, name: https, protocol: HTTPS}}, \
+         hosts: [web.example.com], tls: {{mode: SIMPLE, credentialName: web-cert}}}}]}}\n---\n\
+         apiVersion: v1\nkind: Secret\nmetadata: {{name: web-cert, namespace: istio-system}}\n\
+         type: kubernetes.io/tls\ndata: {{tls.crt: {crt}, tls.key: {key}}}\n---\n{gw}{prom}",
+        crt = b64("-----BEGIN CERTIFICATE-----\nWEB\n-----END CERTIFICATE-----\n"),
+        key = b64(WEB_KEY),
+        gw = pod("istio-ingressgateway-1", "ingress", "{istio: ingressgateway}", "10.2.0.1", "istio-ingressgateway"),
+        prom = pod("prometheus-1", "prometheus", "{app: prometheus}", "10.2.0.2", "prometheus"),
+    );
+    std::fs::write(mesh.path().join("gateway.yaml"), manifests).unwrap();
+    let ca = TestCa::new("mesh root");
+    ca.server("shoal").write(dir.path(), "server");
+    let ca_path = dir.path().join("ca.crt");
+    std::fs::write(&ca_path, &ca.cert_pem).unwrap();
+    let mesh_arg = mesh.path().to_str().unwrap();
+    let (server, addr) = tls_server(&["--standalone", mesh_arg], dir.path(), Some(&ca_path)).await;
+    let channel = |ns: &str, sa: &str| {
+        let config = pki::client_config(&ca.cert_pem, Some(&ca.workload(ns, sa)));
+        move || {
+            let config = config.clone();
+            async move { pki::tls_channel(addr, config).await.expect("TLS channel") }
+        }
+    };
+    let ask = |sa| Ask {
+        namespace: "istio-system",
+        service_account: Some(sa),
+        ..Ask::default()
+    };
+    wait_key(channel("istio-system", "ingress"), &ask("ingress")).await;
+    let before = denials(&server).await;
+    for sa in ["default", "prometheus", "some-app"] {
+        assert_no_key(
+            channel("istio-system", sa),
+            ask(sa),
+            &format!("istio-system/{sa}"),
+        )
+        .await;
+    }
+    assert_denials(
+        &server,
+        &before,
+        &[("not_gateway_identity", 12.0), ("unproven_cluster", 0.0)],
+    )
+    .await;
+}
+
+/// Every `shoal_sds_denied_total` series, by reason.
+async fn denials(server: &ShoalServer) -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for reason in [
+        "unauthenticated",
+        "not_gateway",
+        "unknown_name",
+        "other_namespace",
+        "unproven_cluster",
+        "other_cluster",
+        "not_gateway_identity",
+    ] {
+        let series = format!("reason=\"{reason}\"");
+        out.insert(
+            reason.to_string(),
+            metric(server, "shoal_sds_denied_total", &series).await,
+        );
+    }
+    out
+}
+
+/// Asserts how much each `shoal_sds_denied_total{reason}` grew since `before`.
+async fn assert_denials(
+    server: &ShoalServer,
+    before: &std::collections::BTreeMap<String, f64>,
+    grew: &[(&str, f64)],
+) {
+    let now = denials(server).await;
+    for (reason, n) in grew {
+        assert_eq!(
+            now[*reason] - before[*reason],
+            *n,
+            "shoal_sds_denied_total{{reason=\"{reason}\"}}: {before:?} -> {now:?}"
+        );
     }
 }

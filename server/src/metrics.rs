@@ -57,7 +57,7 @@ pub struct Metrics {
     pub fleets_waiting: IntGauge,
     /// 1 when the server became ready at `--sync-timeout` without every expected fleet.
     pub sync_timed_out: IntGauge,
-    /// Streams on the secure port refused, by reason (see [`crate::auth::AuthError::reason`]).
+    /// Streams on the secure port refused, by reason (see [`crate::security::auth::AuthError::reason`]).
     pub auth_refused: IntCounterVec,
     /// Streams on the secure port authenticated, by credential (`certificate`, `token`).
     pub auth_accepted: IntCounterVec,
@@ -392,7 +392,7 @@ impl Metrics {
         for reason in CLOSE_REASONS {
             m.streams_closed.with_label_values(&[reason]);
         }
-        for reason in crate::auth::REFUSAL_REASONS {
+        for reason in crate::security::auth::REFUSAL_REASONS {
             m.auth_refused.with_label_values(&[reason]);
         }
         for reason in crate::generate::sds::DENIAL_REASONS {

@@ -12,8 +12,8 @@
 //! resource; [`authorize`] says why, for the logs and `shoal_sds_denied_total`.
 
 use super::Resource;
-use crate::proxy::{Proxy, ProxyKind};
-use crate::push_context::PushContext;
+use crate::index::proxy::{Proxy, ProxyKind};
+use crate::index::push_context::PushContext;
 use shoal_common::credential::TlsCredential;
 use shoal_proto::pb::envoy::config::core::v3::{data_source::Specifier, DataSource};
 use shoal_proto::pb::envoy::extensions::transport_sockets::tls::v3::{

@@ -23,8 +23,8 @@
 //! status message and in `shoal_xds_auth_refused_total{reason}`. The plaintext port, when
 //! enabled, authenticates nothing (istiod's 15010): it is for trusted networks only.
 
+use crate::index::proxy::Proxy;
 use crate::metrics::Metrics;
-use crate::proxy::Proxy;
 use futures::StreamExt;
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};

@@ -7,13 +7,13 @@ use super::registry::Registry;
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
 use super::wire::{self, RequestStream, Responses};
-use crate::auth::{self, Authenticator, Credentials, Issuers};
-use crate::ca::Ca;
 use crate::generate::cache::GeneratorCache;
 use crate::metrics::Metrics;
-use crate::pipeline::Published;
-use crate::reload::Reloading;
-use crate::view::{Generation, Views};
+use crate::push::pipeline::Published;
+use crate::push::view::{Generation, Views};
+use crate::security::auth::{self, Authenticator, Credentials, Issuers};
+use crate::security::ca::Ca;
+use crate::security::reload::Reloading;
 use futures::StreamExt;
 use shoal_proto::istio_ca::{
     IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE_PATH,
@@ -77,13 +77,13 @@ impl AdsService {
         }
     }
 
-    /// Signs workload certificates with `ca` (`CreateCertificate`, see [`crate::ca`]).
+    /// Signs workload certificates with `ca` (`CreateCertificate`, see [`crate::security::ca`]).
     pub fn with_ca(mut self, ca: Reloading<Ca>) -> Self {
         self.ca = Some(ca);
         self
     }
 
-    /// Authenticates streams of TLS connections with `auth` (see [`crate::auth`]).
+    /// Authenticates streams of TLS connections with `auth` (see [`crate::security::auth`]).
     pub fn with_auth(mut self, auth: Authenticator) -> Self {
         self.auth = auth;
         self
@@ -171,7 +171,7 @@ impl AdsService {
 
 impl AdsService {
     /// `CreateCertificate`: authenticates the caller as a stream would be, then signs its
-    /// CSR for its own identity (see [`crate::ca`]).
+    /// CSR for its own identity (see [`crate::security::ca`]).
     fn create_certificate(
         &self,
         request: http::Request<tonic::body::Body>,
@@ -206,7 +206,10 @@ impl AdsService {
             let reply = match outcome {
                 Ok(response) => {
                     metrics.ca_requests.with_label_values(&["issued"]).inc();
-                    Ok(wire::Encoded::new(&response, &wire::Chunks::default()))
+                    Ok(wire::Encoded::new(
+                        &response,
+                        &crate::push::chunks::Chunks::default(),
+                    ))
                 }
                 Err((result, status)) => {
                     metrics.ca_requests.with_label_values(&[result]).inc();
@@ -486,7 +489,7 @@ mod merge_tests {
     //! one push of the newest.
     use super::*;
     use crate::generate::Snapshot;
-    use crate::pipeline::ChangeSet;
+    use crate::push::pipeline::ChangeSet;
     use shoal_proto::XdsType;
     use std::sync::Mutex;
     use tokio::sync::Notify;
@@ -557,8 +560,11 @@ mod merge_tests {
             views,
             None,
         );
-        let node =
-            crate::proxy::tests::node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", "ns", &[]);
+        let node = crate::index::proxy::tests::node(
+            "sidecar~10.0.0.1~a.ns~ns.svc.cluster.local",
+            "ns",
+            &[],
+        );
         session.identify(Some(&node)).expect("valid node");
         let pushed = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new(Notify::new());

@@ -12,8 +12,8 @@
 //! tonic's built-in `max_connection_age` has no per-connection jitter and cannot end a
 //! long-lived ADS stream before its grace period, hence this module.
 
-use super::tls::TlsServer;
-use crate::auth::TlsPeer;
+use crate::security::auth::TlsPeer;
+use crate::security::tls::TlsServer;
 use shoal_common::time::sleep_until;
 use std::hash::BuildHasher;
 use std::net::SocketAddr;

@@ -198,7 +198,7 @@ fn tls_servers_terminate_then_route_tcp() {
     );
 }
 
-fn secret_of(m: &Mesh, proxy: &crate::proxy::Proxy, name: &str) -> Option<Secret> {
+fn secret_of(m: &Mesh, proxy: &crate::index::proxy::Proxy, name: &str) -> Option<Secret> {
     gen(XdsType::Secret, proxy, &m.snapshot(), &[name])
         .into_iter()
         .find(|r| r.name == name)

@@ -1,7 +1,7 @@
 //! The admin HTTP server: readiness, health, metrics and debug endpoints.
 
 use crate::metrics::Metrics;
-use crate::pipeline::Published;
+use crate::push::pipeline::Published;
 use crate::xds::Registry;
 use bytes::Bytes;
 use hyper::{body::Incoming, Method, Request, Response, StatusCode};
@@ -24,7 +24,7 @@ pub struct AdminState {
     /// The generator cache.
     pub cache: crate::generate::cache::GeneratorCache,
     /// The proxies' views.
-    pub views: crate::view::Views,
+    pub views: crate::push::view::Views,
 }
 
 /// Serves the admin endpoints on an already-bound listener until the task is dropped.
@@ -137,7 +137,7 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
                 "services": ctx.services.values().map(|s| json!({
                     "hostname": s.hostname, "namespace": s.namespace,
                     "ports": s.ports.iter().map(|p| json!({"name": p.name, "port": p.port, "protocol": format!("{:?}", p.protocol)})).collect::<Vec<_>>(),
-                    "source": match &s.source { crate::push_context::ServiceSource::Kubernetes => "Kubernetes", _ => "ServiceEntry" },
+                    "source": match &s.source { crate::index::service::ServiceSource::Kubernetes => "Kubernetes", _ => "ServiceEntry" },
                 })).collect::<Vec<_>>(),
                 "virtualServices": ctx.virtual_services.iter().map(|c| json!({"namespace": c.meta.namespace, "name": c.meta.name, "spec": c.spec})).collect::<Vec<_>>(),
                 "destinationRules": ctx.destination_rules.values().map(|c| json!({"namespace": c.meta.namespace, "name": c.meta.name, "spec": c.spec})).collect::<Vec<_>>(),

@@ -1,19 +1,19 @@
 //! Command line and wiring of the server binary.
 
 use crate::admin::{self, AdminState};
-use crate::auth::{self, Authenticator, Issuers};
-use crate::ca::Ca;
+use crate::security::auth::{self, Authenticator, Issuers};
+use crate::security::ca::Ca;
 use crate::generate::cache::GeneratorCache;
-use crate::mesh_config;
+use crate::index::mesh_config;
 use crate::metrics::Metrics;
-use crate::pipeline::{self, Debounce};
-use crate::push_context::MeshSettings;
-use crate::reload::Reloading;
-use crate::view::{Generation, Views};
+use crate::push::pipeline::{self, Debounce};
+use crate::index::mesh_config::MeshSettings;
+use crate::security::reload::Reloading;
+use crate::push::view::{Generation, Views};
 use crate::xds::limits::{self, Breach, BufferBudget};
 use crate::xds::listener::{self, ConnectionLimits, ConnectionPolicy};
-use crate::xds::serving_cert::ServingCert;
-use crate::xds::tls::{TlsFiles, TlsServer};
+use crate::security::serving_cert::ServingCert;
+use crate::security::tls::{TlsFiles, TlsServer};
 use crate::xds::{AdsService, Registry};
 use anyhow::Context;
 use clap::Parser;
@@ -172,7 +172,7 @@ pub struct ServerArgs {
     #[arg(
         long,
         env = "SHOAL_TOKEN_AUDIENCES",
-        default_value = crate::auth::DEFAULT_AUDIENCE,
+        default_value = crate::security::auth::DEFAULT_AUDIENCE,
         value_delimiter = ',',
         value_name = "AUDIENCE,..."
     )]

@@ -1,8 +1,8 @@
 //! Debug views for the admin server: `/debug/push_status` and `/debug/config_dump`.
 
 use crate::generate::{generate, Resource, Snapshot};
-use crate::pipeline::Published;
-use crate::scope::ProxyScope;
+use crate::index::scope::ProxyScope;
+use crate::push::pipeline::Published;
 use crate::xds::Registry;
 use prost::Message;
 use serde_json::{json, Value};
@@ -52,8 +52,8 @@ pub fn push_status(published: &Published, registry: &Registry) -> Value {
         },
         "proxies": {
             "connected": connections.len(),
-            "sidecars": connections.iter().filter(|c| c.proxy_type == crate::proxy::ProxyKind::Sidecar).count(),
-            "routers": connections.iter().filter(|c| c.proxy_type == crate::proxy::ProxyKind::Router).count(),
+            "sidecars": connections.iter().filter(|c| c.proxy_type == crate::index::proxy::ProxyKind::Sidecar).count(),
+            "routers": connections.iter().filter(|c| c.proxy_type == crate::index::proxy::ProxyKind::Router).count(),
         },
         "rejections": nacks,
     })

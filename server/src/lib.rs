@@ -4,30 +4,13 @@
 
 pub mod admin;
 pub mod app;
-pub mod auth;
-pub mod ca;
 pub mod debug;
-pub mod delegation;
-pub mod destination_rule;
-pub mod endpoints;
 pub mod generate;
-pub mod mesh_config;
+pub mod index;
 pub mod metrics;
-pub mod peer_authentication;
-pub mod pipeline;
-pub mod proxy;
-pub mod push_context;
-pub mod reload;
-pub mod scope;
-pub mod store;
-pub mod view;
+pub mod push;
+pub mod security;
 pub mod xds;
 
-#[cfg(test)]
-mod pipeline_tests;
-#[cfg(test)]
-mod store_prop_tests;
-#[cfg(test)]
-mod store_tests;
 #[cfg(test)]
 mod testutil;

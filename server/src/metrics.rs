@@ -58,7 +58,7 @@ pub struct Metrics {
     pub fleets_waiting: IntGauge,
     /// 1 when the server became ready at `--sync-timeout` without every expected fleet.
     pub sync_timed_out: IntGauge,
-    /// Streams on the secure port refused, by reason (see [`crate::auth::AuthError::reason`]).
+    /// Streams on the secure port refused, by reason (see [`crate::security::auth::AuthError::reason`]).
     pub auth_refused: IntCounterVec,
     /// Streams on the secure port authenticated, by credential (`certificate`, `token`).
     pub auth_accepted: IntCounterVec,
@@ -69,7 +69,7 @@ pub struct Metrics {
     pub tls_reloads: IntCounterVec,
     /// Clusters whose token issuer keys are loaded.
     pub token_issuers: IntGauge,
-    /// Token issuer records refused, by reason (see [`crate::auth::IssuerRefusal::reason`]).
+    /// Token issuer records refused, by reason (see [`crate::security::auth::IssuerRefusal::reason`]).
     pub token_issuers_refused: IntCounterVec,
     /// Certificate requests (`CreateCertificate`), by result.
     pub ca_requests: IntCounterVec,
@@ -440,13 +440,13 @@ impl Metrics {
         for breach in crate::xds::limits::Breach::ALL {
             m.limits_exceeded.with_label_values(&[breach.label()]);
         }
-        for reason in crate::auth::REFUSAL_REASONS {
+        for reason in crate::security::auth::REFUSAL_REASONS {
             m.auth_refused.with_label_values(&[reason]);
         }
         for reason in crate::generate::sds::DENIAL_REASONS {
             m.sds_denied.with_label_values(&[reason]);
         }
-        for reason in crate::auth::ISSUER_REFUSAL_REASONS {
+        for reason in crate::security::auth::ISSUER_REFUSAL_REASONS {
             m.token_issuers_refused.with_label_values(&[reason]);
         }
         for source in ["certificate", "token"] {

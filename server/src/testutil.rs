@@ -2,10 +2,10 @@
 //! state that turns into a [`Snapshot`], bus entries, and decoders for generated resources.
 
 use crate::generate::{self, Resource, Snapshot};
-use crate::proxy::{Interception, ProvenCluster, Proxy, ProxyKind, VerifiedIdentity};
-use crate::push_context::PushContext;
-use crate::scope::ProxyScope;
-use crate::store::MeshState;
+use crate::index::proxy::{Interception, ProvenCluster, Proxy, ProxyKind, VerifiedIdentity};
+use crate::index::push_context::PushContext;
+use crate::index::scope::ProxyScope;
+use crate::index::store::MeshState;
 use bytes::Bytes;
 use prost::Message;
 use serde::de::DeserializeOwned;

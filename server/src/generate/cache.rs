@@ -11,9 +11,9 @@
 //! [`Mismatch`], so it is unit-tested without aborting.
 
 use super::{build, finish, keys, Key, Resource, Snapshot};
+use crate::index::proxy::Proxy;
+use crate::index::scope::ProxyScope;
 use crate::metrics::Metrics;
-use crate::proxy::Proxy;
-use crate::scope::ProxyScope;
 use shoal_proto::{content_version, XdsType};
 use std::sync::Arc;
 use std::time::Duration;

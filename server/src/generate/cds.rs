@@ -5,12 +5,14 @@
 use super::mtls::{self, IstioMutual};
 use super::traffic_policy::{self, default_circuit_breakers};
 use super::{ads_config_source, pb_duration, socket_address, Resource};
-use crate::destination_rule::effective_policy;
-use crate::endpoints::EndpointIndex;
-use crate::peer_authentication::{self, MtlsMode};
-use crate::proxy::{Proxy, ProxyKind};
-use crate::push_context::{PushContext, ServiceSource, ServiceView};
-use crate::scope::ProxyScope;
+use crate::index::destination_rule::effective_policy;
+use crate::index::endpoints::EndpointIndex;
+use crate::index::peer_authentication::{self, MtlsMode};
+use crate::index::proxy::{Proxy, ProxyKind};
+use crate::index::push_context::PushContext;
+use crate::index::scope::ProxyScope;
+use crate::index::service::{ServiceSource, ServiceView};
+use crate::index::tls_mode;
 use shoal_common::model::{
     ClientTlsMode, Protocol, Resolution, ServicePort, SimpleLb, TrafficPolicy, WorkloadEntry,
 };
@@ -259,7 +261,7 @@ impl<'a> Destination<'a> {
                     .filter_map(|e| e.service_account.as_deref().filter(|sa| !sa.is_empty()))
                     .map(|sa| mtls::spiffe_id(td, &svc.namespace, sa))
                     .collect(),
-                !endpoints.is_empty() && endpoints.iter().all(mtls::workload_entry_has_sidecar),
+                !endpoints.is_empty() && endpoints.iter().all(tls_mode::workload_entry_has_sidecar),
             ),
         };
         let mut sans: Vec<String> = accounts;

@@ -5,11 +5,13 @@
 
 use super::locality::{self, LocalityLb};
 use super::{cds::entry_port, mtls, socket_address, Resource};
-use crate::destination_rule::effective_policy;
-use crate::endpoints::{EndpointIndex, HostShards};
-use crate::proxy::{parse_locality, Proxy};
-use crate::push_context::{PushContext, ServiceSource, ServiceView};
-use crate::scope::ProxyScope;
+use crate::index::destination_rule::effective_policy;
+use crate::index::endpoints::{EndpointIndex, HostShards};
+use crate::index::proxy::{parse_locality, Proxy};
+use crate::index::push_context::PushContext;
+use crate::index::scope::ProxyScope;
+use crate::index::service::{ServiceSource, ServiceView};
+use crate::index::tls_mode;
 use shoal_common::model::{Locality, Resolution, ServicePort};
 use shoal_proto::pb::envoy::config::core::v3::{HealthStatus, Locality as PbLocality, Metadata};
 use shoal_proto::pb::envoy::config::endpoint::v3::{
@@ -165,7 +167,7 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                                     &ep.locality,
                                     Some(&set.cluster),
                                 ),
-                                istio_tls: mtls::pod_has_sidecar(&ep.labels),
+                                istio_tls: tls_mode::pod_has_sidecar(&ep.labels),
                             });
                     }
                 }
@@ -184,7 +186,7 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                             port: entry_port(svc, svc_port, &we.ports),
                             weight: we.weight,
                             label_priority,
-                            istio_tls: mtls::workload_entry_has_sidecar(we),
+                            istio_tls: tls_mode::workload_entry_has_sidecar(we),
                         });
                     }
                 }
@@ -240,7 +242,7 @@ fn tls_mode_metadata() -> Metadata {
         fields: std::iter::once((
             mtls::TLS_MODE_KEY.to_string(),
             Value {
-                kind: Some(value::Kind::StringValue(mtls::TLS_MODE_ISTIO.into())),
+                kind: Some(value::Kind::StringValue(tls_mode::TLS_MODE_ISTIO.into())),
             },
         ))
         .collect(),

@@ -23,9 +23,13 @@ use super::outbound::{
     l4_applies, weighted_clusters, OutboundListenerKey, TcpChain, TlsTermination,
 };
 use super::{ads_config_source, sds};
-use crate::proxy::Proxy;
-use crate::push_context::{exported_to, wildcard_covers, Config, PushContext};
-use crate::scope::ProxyScope;
+use crate::index::config::Config;
+use crate::index::hosts::{
+    exported_to, namespace_admits, split_namespaced_host, split_reference, wildcard_covers,
+};
+use crate::index::proxy::Proxy;
+use crate::index::push_context::PushContext;
+use crate::index::scope::ProxyScope;
 use shoal_common::model::{
     Gateway, GatewayServer, OutboundTrafficMode, RouteDestination, VirtualService,
 };
@@ -177,9 +181,7 @@ pub(crate) fn terminating_chain(
 /// `namespace/name`).
 pub(crate) fn binds(vs: &Config<VirtualService>, gw: &Config<Gateway>) -> bool {
     vs.spec.gateways.iter().any(|reference| {
-        let (ns, name) = reference
-            .split_once('/')
-            .unwrap_or((vs.meta.namespace.as_str(), reference));
+        let (ns, name) = split_reference(reference, &vs.meta.namespace);
         ns == gw.meta.namespace && name == gw.meta.name
     })
 }
@@ -231,7 +233,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                 let match_gateways_ok = |gws: &[String]| {
                     gws.is_empty()
                         || gws.iter().any(|g| {
-                            let (gns, gname) = g.split_once('/').unwrap_or((ns, g));
+                            let (gns, gname) = split_reference(g, ns);
                             format!("{gns}/{gname}") == gw_ref
                         })
                 };
@@ -294,11 +296,8 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                                     .iter()
                                     .filter(|h| {
                                         server.hosts.iter().any(|sh| {
-                                            let (sns, shost) =
-                                                sh.split_once('/').unwrap_or(("*", sh));
-                                            (sns == "*"
-                                                || sns == ns
-                                                || (sns == "." && ns == &gw.meta.namespace))
+                                            let (sns, shost) = split_namespaced_host(sh);
+                                            namespace_admits(sns, &gw.meta.namespace, ns)
                                                 && (wildcard_covers(shost, h)
                                                     || wildcard_covers(h, shost))
                                         })

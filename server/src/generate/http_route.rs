@@ -5,7 +5,8 @@
 //! CORS.
 
 use super::{ordered_map, pb_duration};
-use crate::push_context::{resolve_host, Config};
+use crate::index::config::Config;
+use crate::index::hosts::resolve_host;
 use shoal_common::model::{
     CorsPolicy, Destination, HeaderMatch, HeaderOperations, HttpFaultInjection, HttpMatchRequest,
     HttpRetry, HttpRoute, HttpRouteDestination, Percent, StringMatch, VirtualService,
@@ -80,7 +81,7 @@ pub struct RouteEnv<'a> {
     /// The calling workload (set when a VirtualService in the key matches on the source).
     pub source: Option<&'a Source>,
     /// Consistent hashes of destinations (DestinationRule `consistentHash`).
-    pub hashes: &'a crate::destination_rule::DestinationHashes,
+    pub hashes: &'a crate::index::push_context::DestinationHashes,
 }
 
 /// Whether any VirtualService has a match on the calling workload: only then do route

@@ -6,7 +6,7 @@
 //! `inbound|<port>||` to the cluster `inbound|<port>||`; TCP ports a `tcp_proxy` to it;
 //! ports of unknown protocol both, told apart by ALPN (the HTTP inspector's, or the client's
 //! over mTLS). Which chains a port gets depends on its PeerAuthentication mode
-//! ([`crate::peer_authentication`]):
+//! ([`crate::index::peer_authentication`]):
 //!
 //! - PERMISSIVE: Istio mTLS chains (`transport_protocol: tls`, Istio's ALPN values, the
 //!   workload certificate, a client certificate required) and plaintext chains; TCP ports
@@ -34,10 +34,10 @@ use super::lds::{
 use super::mtls::{self, InboundProtocol, ALL_ISTIO_MTLS_ALPNS, MTLS_HTTP_ALPNS, MTLS_TCP_ALPNS};
 use super::outbound::cidr;
 use super::pb_duration;
-use crate::peer_authentication::{self, MtlsMode, WorkloadMtls};
-use crate::proxy::{Interception, Proxy};
-use crate::push_context::PushContext;
-use crate::scope::{InboundPort, ProxyScope};
+use crate::index::peer_authentication::{self, MtlsMode, WorkloadMtls};
+use crate::index::proxy::{Interception, Proxy};
+use crate::index::push_context::PushContext;
+use crate::index::scope::{InboundPort, ProxyScope};
 use shoal_common::model::Protocol;
 use shoal_proto::pb::envoy::config::core::v3::TrafficDirection;
 use shoal_proto::pb::envoy::config::listener::v3::Filter;

@@ -15,9 +15,9 @@ use super::http_route::{CORS_FILTER, FAULT_FILTER};
 use super::inbound::{self, InboundListenerKey};
 use super::outbound::{self, OutboundListenerKey, VirtualOutboundKey};
 use super::{ads_config_source, pb_duration, socket_address, Resource};
-use crate::proxy::{Proxy, ProxyKind};
-use crate::push_context::PushContext;
-use crate::scope::ProxyScope;
+use crate::index::proxy::{Proxy, ProxyKind};
+use crate::index::push_context::PushContext;
+use crate::index::scope::ProxyScope;
 use shoal_common::model::Protocol;
 use shoal_proto::pb::envoy::config::core::v3::TrafficDirection;
 use shoal_proto::pb::envoy::config::listener::v3::{

@@ -15,7 +15,7 @@
 //! locality; with failover, the proxy's locality (and its `failover` target region) only
 //! when region failover applies, and the proxy's value of each `failoverPriority` label.
 
-use crate::proxy::{Proxy, LABEL_REGION, LABEL_SUBZONE, LABEL_ZONE};
+use crate::index::proxy::{Proxy, LABEL_REGION, LABEL_SUBZONE, LABEL_ZONE};
 use shoal_common::model::{Locality, LocalityLbSetting, TrafficPolicy};
 use shoal_proto::pb::envoy::config::endpoint::v3::LocalityLbEndpoints;
 use shoal_proto::pb::google::protobuf::UInt32Value;

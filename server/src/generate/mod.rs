@@ -23,10 +23,10 @@ pub mod traffic_policy;
 #[cfg(test)]
 mod tests;
 
-use crate::endpoints::EndpointIndex;
-use crate::proxy::Proxy;
-use crate::push_context::PushContext;
-use crate::scope::ProxyScope;
+use crate::index::endpoints::EndpointIndex;
+use crate::index::proxy::Proxy;
+use crate::index::push_context::PushContext;
+use crate::index::scope::ProxyScope;
 use bytes::Bytes;
 use prost::Message as _;
 use shoal_proto::pb::envoy::config::core::v3::{

@@ -24,11 +24,12 @@ use super::lds::{
     captured_listener, hcm_filter, http_connection_manager, http_inspector, tcp_proxy_filter,
     tls_inspector, HcmRoutes, ListenerKey, PLAINTEXT_HTTP_ALPNS,
 };
-use crate::proxy::{Interception, Proxy};
-use crate::push_context::{
-    exported_to, labels_match, resolve_host, wildcard_covers, Config, PushContext, ServiceView,
-};
-use crate::scope::{host_entry_matches, ProxyScope};
+use crate::index::config::Config;
+use crate::index::hosts::{exported_to, labels_match, resolve_host, wildcard_covers};
+use crate::index::proxy::{Interception, Proxy};
+use crate::index::push_context::PushContext;
+use crate::index::scope::{host_entry_matches, ProxyScope};
+use crate::index::service::ServiceView;
 use shoal_common::model::{
     OutboundTrafficMode, Protocol, RouteDestination, ServicePort, VirtualService,
 };

@@ -8,12 +8,15 @@ use super::http_route::{
     Source,
 };
 use super::{pb_duration, Resource};
-use crate::proxy::{Proxy, ProxyKind};
-use crate::push_context::{
-    exported_to, most_specific, resolve_host, wildcard_covers, Config, PushContext, ServiceSource,
-    ServiceView,
+use crate::index::config::Config;
+use crate::index::hosts::{
+    exported_to, most_specific, namespace_admits, resolve_host, split_namespaced_host,
+    split_reference, wildcard_covers,
 };
-use crate::scope::{host_entry_matches, ProxyScope};
+use crate::index::proxy::{Proxy, ProxyKind};
+use crate::index::push_context::PushContext;
+use crate::index::scope::{host_entry_matches, ProxyScope};
+use crate::index::service::{ServiceSource, ServiceView};
 use shoal_common::model::{Gateway, OutboundTrafficMode, VirtualService};
 use shoal_proto::pb::envoy::config::route::v3::{
     route::Action, route_action::ClusterSpecifier, route_match::PathSpecifier,
@@ -89,7 +92,7 @@ pub struct SidecarRouteKey {
 }
 
 pub use super::http_route::DestinationPorts;
-use crate::destination_rule::{destination_hashes, DestinationHashes};
+use crate::index::push_context::{destination_hashes, DestinationHashes};
 
 /// The route tables requested, for this proxy.
 pub fn keys(
@@ -158,13 +161,8 @@ fn gateway_host_match(
     vs_ns: &str,
     gw_ns: &str,
 ) -> Option<String> {
-    let (ns, host) = server_host.split_once('/').unwrap_or(("*", server_host));
-    let ns_ok = match ns {
-        "*" => true,
-        "." => vs_ns == gw_ns,
-        other => other == vs_ns,
-    };
-    if !ns_ok {
+    let (ns, host) = split_namespaced_host(server_host);
+    if !namespace_admits(ns, gw_ns, vs_ns) {
         return None;
     }
     if wildcard_covers(host, vs_host) {
@@ -323,7 +321,7 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
             m.gateways.is_empty()
                 || m.gateways.iter().any(|g| {
                     gateway_names.iter().any(|n| {
-                        let (ns, name) = g.split_once('/').unwrap_or((&vs.meta.namespace, g));
+                        let (ns, name) = split_reference(g, &vs.meta.namespace);
                         n == &format!("{ns}/{name}")
                     })
                 })

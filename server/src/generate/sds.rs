@@ -37,12 +37,13 @@
 //!
 //! A name refused or naming nothing yields no resource. All of this reads the proxy's
 //! verified identity, the PushContext and the endpoint index's workloads: the view key
-//! carries the verified identity (`crate::view::ViewKey`), and a view's SDS output is
+//! carries the verified identity (`crate::push::view::ViewKey`), and a view's SDS output is
 //! rebuilt when the PushContext or the workloads change.
 
 use super::{Resource, Snapshot};
-use crate::proxy::{ProvenCluster, Proxy, ProxyKind, VerifiedIdentity};
-use crate::push_context::{labels_match, PushContext};
+use crate::index::proxy::{ProvenCluster, Proxy, ProxyKind, VerifiedIdentity};
+use crate::index::push_context::PushContext;
+use crate::index::hosts::labels_match;
 use shoal_common::credential::TlsCredential;
 use shoal_proto::pb::envoy::config::core::v3::{data_source::Specifier, DataSource};
 use shoal_proto::pb::envoy::extensions::transport_sockets::tls::v3::{

@@ -8,6 +8,7 @@
 
 use super::mtls::{self, IstioMutual};
 use super::pb_duration;
+use crate::index::tls_mode;
 use shoal_common::model::{
     ClientTlsMode, ClientTlsSettings, ConsistentHashLb, H2UpgradePolicy, OutlierDetection,
     Protocol, SimpleLb, TrafficPolicy,
@@ -375,12 +376,12 @@ fn istio_mutual_tls(c: &mut Cluster, m: &IstioMutual, h2: bool) {
     if m.auto_detected && !is_original_dst(c) {
         c.transport_socket_matches = vec![
             TransportSocketMatch {
-                name: format!("tlsMode-{}", mtls::TLS_MODE_ISTIO),
+                name: format!("tlsMode-{}", tls_mode::TLS_MODE_ISTIO),
                 r#match: Some(Struct {
                     fields: std::iter::once((
                         mtls::TLS_MODE_KEY.to_string(),
                         Value {
-                            kind: Some(value::Kind::StringValue(mtls::TLS_MODE_ISTIO.into())),
+                            kind: Some(value::Kind::StringValue(tls_mode::TLS_MODE_ISTIO.into())),
                         },
                     ))
                     .collect(),

@@ -7,13 +7,13 @@ use super::registry::Registry;
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
 use super::wire::{self, RequestStream, Responses};
-use crate::auth::{self, Authenticator, Credentials, Issuers};
-use crate::ca::Ca;
+use crate::security::auth::{self, Authenticator, Credentials, Issuers};
+use crate::security::ca::Ca;
 use crate::generate::cache::GeneratorCache;
 use crate::metrics::Metrics;
-use crate::pipeline::Published;
-use crate::reload::Reloading;
-use crate::view::{Generation, Views};
+use crate::push::pipeline::Published;
+use crate::security::reload::Reloading;
+use crate::push::view::{Generation, Views};
 use futures::StreamExt;
 use shoal_proto::istio_ca::{
     IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE_PATH,
@@ -132,13 +132,13 @@ impl AdsService {
             .counting(self.metrics.limits_exceeded.clone())
     }
 
-    /// Signs workload certificates with `ca` (`CreateCertificate`, see [`crate::ca`]).
+    /// Signs workload certificates with `ca` (`CreateCertificate`, see [`crate::security::ca`]).
     pub fn with_ca(mut self, ca: Reloading<Ca>) -> Self {
         self.ca = Some(ca);
         self
     }
 
-    /// Authenticates streams of TLS connections with `auth` (see [`crate::auth`]).
+    /// Authenticates streams of TLS connections with `auth` (see [`crate::security::auth`]).
     pub fn with_auth(mut self, auth: Authenticator) -> Self {
         self.auth = auth;
         self
@@ -237,7 +237,7 @@ impl AdsService {
 
 impl AdsService {
     /// `CreateCertificate`: authenticates the caller as a stream would be, then signs its
-    /// CSR for its own identity (see [`crate::ca`]).
+    /// CSR for its own identity (see [`crate::security::ca`]).
     fn create_certificate(
         &self,
         request: http::Request<tonic::body::Body>,
@@ -278,7 +278,7 @@ impl AdsService {
             let reply = match outcome {
                 Ok(response) => {
                     metrics.ca_requests.with_label_values(&["issued"]).inc();
-                    Ok(wire::Encoded::new(&response, &wire::Chunks::default()))
+                    Ok(wire::Encoded::new(&response, &crate::push::chunks::Chunks::default()))
                 }
                 Err((result, status)) => {
                     metrics.ca_requests.with_label_values(&[result]).inc();
@@ -577,7 +577,7 @@ mod merge_tests {
     //! one push of the newest.
     use super::*;
     use crate::generate::Snapshot;
-    use crate::pipeline::ChangeSet;
+    use crate::push::pipeline::ChangeSet;
     use shoal_proto::XdsType;
     use std::sync::Mutex;
     use tokio::sync::Notify;
@@ -649,7 +649,7 @@ mod merge_tests {
             None,
         );
         let node =
-            crate::proxy::tests::node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", "ns", &[]);
+            crate::index::proxy::tests::node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", "ns", &[]);
         session.identify(Some(&node)).expect("valid node");
         let pushed = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new(Notify::new());
@@ -713,7 +713,7 @@ mod merge_tests {
             None,
         );
         let node =
-            crate::proxy::tests::node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", "ns", &[]);
+            crate::index::proxy::tests::node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", "ns", &[]);
         session.identify(Some(&node)).expect("valid node");
         let pushed = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new(Notify::new());

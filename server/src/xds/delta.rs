@@ -12,7 +12,7 @@ use super::session::Session;
 use super::sotw::too_many_names;
 use super::wire::{Encoded, Responses};
 use crate::generate::Snapshot;
-use crate::view::{Held, Names};
+use crate::push::view::{Held, Names};
 use shoal_proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };

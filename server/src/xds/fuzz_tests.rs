@@ -14,11 +14,11 @@ use super::session::{Mode, Session};
 use super::sotw::SotwStream;
 use super::wire::Outgoing;
 use crate::generate::cache::GeneratorCache;
+use crate::index::proxy::tests::node;
 use crate::metrics::Metrics;
-use crate::pipeline::{ChangeSet, Published};
-use crate::proxy::tests::node;
+use crate::push::pipeline::{ChangeSet, Published};
+use crate::push::view::{Generation, Views};
 use crate::testutil::*;
-use crate::view::{Generation, Views};
 use proptest::prelude::*;
 use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::pb::envoy::service::discovery::v3::{

@@ -22,8 +22,8 @@
 //! long-lived ADS stream before its grace period, hence this module.
 
 use super::limits::{Breach, BufferBudget, WarnLimiter};
-use super::tls::TlsServer;
-use crate::auth::TlsPeer;
+use crate::security::tls::TlsServer;
+use crate::security::auth::TlsPeer;
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use shoal_common::time::sleep_until;

@@ -5,18 +5,15 @@ pub mod ads;
 mod delta;
 #[cfg(test)]
 mod fuzz_tests;
-mod impact;
 pub mod limits;
 pub mod listener;
 pub mod registry;
-pub mod serving_cert;
 mod session;
 mod sotw;
 #[cfg(test)]
 mod subscription_cost_tests;
 #[cfg(test)]
 mod tests;
-pub mod tls;
 pub mod wire;
 
 pub use ads::{AdsServer, AdsService};

@@ -1,6 +1,6 @@
 //! The registry of connected proxies and their per-type sync state (`/debug/syncz`).
 
-use crate::proxy::{Proxy, ProxyKind};
+use crate::index::proxy::{Proxy, ProxyKind};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -4,14 +4,14 @@
 
 use super::limits::{self, WarnLimiter};
 use super::registry::{Nack, Registry};
-use crate::auth::{authorize, verified_identity, Caller};
+use crate::security::auth::{authorize, verified_identity, Caller};
 use crate::generate::cache::compare;
 use crate::generate::sds;
 use crate::generate::{Resource, Snapshot};
 use crate::metrics::Metrics;
-use crate::proxy::{Proxy, ProxyKind};
-use crate::scope::ProxyScope;
-use crate::view::{Diff, Held, Names, Output, View, Views};
+use crate::index::proxy::{Proxy, ProxyKind};
+use crate::index::scope::ProxyScope;
+use crate::push::view::{Diff, Held, Names, Output, View, Views};
 use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::XdsType;
 use std::collections::{BTreeMap, BTreeSet};
@@ -241,7 +241,7 @@ impl Session {
     /// number this stream last saw: if it missed one, everything may have changed.
     pub fn affected(
         &self,
-        published: &crate::pipeline::Published,
+        published: &crate::push::pipeline::Published,
         last: u64,
     ) -> std::collections::BTreeSet<XdsType> {
         let snap = &published.snapshot;
@@ -252,7 +252,7 @@ impl Session {
             return XdsType::ALL.into_iter().collect();
         }
         let scope = view.scope(&snap.ctx);
-        super::impact::affected_types(&published.changes, proxy.kind, &scope)
+        crate::push::impact::affected_types(&published.changes, proxy.kind, &scope)
     }
 
     /// Records a NACK: counted always, logged rate-limited, its message kept truncated to

@@ -11,7 +11,7 @@ use super::limits::MAX_NAMES_PER_SUBSCRIPTION;
 use super::session::Session;
 use super::wire::{Encoded, Responses};
 use crate::generate::{Resource, Snapshot};
-use crate::view::{Held, Names};
+use crate::push::view::{Held, Names};
 use shoal_proto::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use shoal_proto::XdsType;
 use std::collections::{BTreeMap, BTreeSet};

@@ -22,9 +22,9 @@ use super::wire::{Outgoing, Responses};
 use crate::generate::cache::GeneratorCache;
 use crate::generate::Snapshot;
 use crate::metrics::Metrics;
-use crate::proxy::tests::node;
+use crate::index::proxy::tests::node;
 use crate::testutil::*;
-use crate::view::{Generation, Views};
+use crate::push::view::{Generation, Views};
 use shoal_proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };

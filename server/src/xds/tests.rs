@@ -8,7 +8,7 @@
 use super::{AdsService, Registry, TypeStatus};
 use crate::generate::Snapshot;
 use crate::metrics::Metrics;
-use crate::pipeline::{ChangeSet, Published};
+use crate::push::pipeline::{ChangeSet, Published};
 use crate::testutil::*;
 use prost::Message;
 use shoal_proto::pb::envoy::config::cluster::v3::Cluster;
@@ -35,7 +35,7 @@ fn node(
     labels: &[(&str, &str)],
 ) -> shoal_proto::pb::envoy::config::core::v3::Node {
     use shoal_proto::pb::google::protobuf::{value::Kind, Value};
-    let mut n = crate::proxy::tests::node(id, ns, labels);
+    let mut n = crate::index::proxy::tests::node(id, ns, labels);
     if let Some(m) = n.metadata.as_mut() {
         m.fields.insert(
             "INTERCEPTION_MODE".into(),
@@ -246,7 +246,7 @@ async fn first_request_gets_a_versioned_response() {
         &numbered(&mesh(&["10.0.0.1"]), 1),
         &[],
     );
-    let expected = crate::view::Output::new(expected.into_iter().map(Arc::new).collect());
+    let expected = crate::push::view::Output::new(expected.into_iter().map(Arc::new).collect());
     assert_eq!(r.version_info, expected.version());
 
     let conns = s.registry.snapshot();

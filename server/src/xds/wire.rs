@@ -1,8 +1,7 @@
 //! ADS on the wire: responses written as shared, pre-encoded bytes.
 //!
-//! A view's resources are encoded once each ([`Resource::delta_entry`],
-//! [`Resource::sotw_entry`]) and gathered once per output or shared diff ([`Gathered`]);
-//! a response is a small per-stream head (type URL, nonce, versions, removed names)
+//! A view's resources are encoded and gathered once per output or shared diff
+//! ([`crate::push::chunks`]); a response is a small per-stream head (type URL, nonce, versions, removed names)
 //! followed by those chunks. Protobuf allows the fields of a
 //! message in any order and repeated fields in pieces, so the concatenation is the encoded
 //! response. The response body hands the chunks to HTTP/2 as `Bytes` sharing the view's
@@ -14,7 +13,7 @@
 //! no buffer of its largest request either.
 
 use super::limits::{Breach, BufferBudget, Exhausted};
-use crate::generate::Resource;
+use crate::push::chunks::Chunks;
 use bytes::{BufMut, Bytes, BytesMut};
 use hyper::body::Body as _;
 use hyper::body::Frame;
@@ -22,77 +21,12 @@ use prometheus::IntCounterVec;
 use std::collections::VecDeque;
 use std::future::Future as _;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic::codegen::http;
 use tonic::Status;
-
-/// Entries smaller than this are gathered into one chunk with their neighbours; larger
-/// ones are sent as the shared bytes they are.
-const GATHER_BELOW: usize = 4096;
-
-/// Gathered chunks grow up to about this size.
-const CHUNK: usize = 64 << 10;
-
-/// Resource entries of a response body, gathered into few shared chunks.
-#[derive(Debug, Default)]
-pub struct Chunks {
-    chunks: Vec<Bytes>,
-    len: usize,
-}
-
-impl Chunks {
-    fn gather<'a>(entries: impl Iterator<Item = &'a Bytes>) -> Chunks {
-        let mut out = Chunks::default();
-        let mut gather = BytesMut::new();
-        for entry in entries {
-            out.len += entry.len();
-            if entry.len() >= GATHER_BELOW {
-                if !gather.is_empty() {
-                    out.chunks.push(gather.split().freeze());
-                }
-                out.chunks.push(entry.clone());
-                continue;
-            }
-            if gather.is_empty() {
-                gather.reserve(CHUNK);
-            }
-            gather.extend_from_slice(entry);
-            if gather.len() >= CHUNK {
-                out.chunks.push(gather.split().freeze());
-            }
-        }
-        if !gather.is_empty() {
-            out.chunks.push(gather.freeze());
-        }
-        out
-    }
-}
-
-/// The response entries of a list of resources (a view's output, or a diff shared by the
-/// streams of a view), gathered once per protocol and then shared by every stream that
-/// sends them.
-#[derive(Debug, Default)]
-pub struct Gathered {
-    delta: OnceLock<Chunks>,
-    sotw: OnceLock<Chunks>,
-}
-
-impl Gathered {
-    /// The delta entries of `resources` (the list this value belongs to).
-    pub fn delta(&self, resources: &[Arc<Resource>]) -> &Chunks {
-        self.delta
-            .get_or_init(|| Chunks::gather(resources.iter().map(|r| r.delta_entry())))
-    }
-
-    /// The State-of-the-World entries of `resources`.
-    pub fn sotw(&self, resources: &[Arc<Resource>]) -> &Chunks {
-        self.sotw
-            .get_or_init(|| Chunks::gather(resources.iter().map(|r| r.sotw_entry())))
-    }
-}
 
 /// One encoded gRPC message (with its 5-byte length prefix), in chunks.
 #[derive(Debug, Default)]
@@ -434,6 +368,7 @@ impl<M: prost::Message + Default> futures::Stream for RequestStream<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generate::Resource;
     use prost::Message as _;
     use shoal_proto::pb::envoy::service::discovery::v3::{
         DeltaDiscoveryResponse, DiscoveryRequest, Resource as PbResource,
@@ -702,7 +637,7 @@ mod tests {
             removed_resources: vec!["gone".into()],
             ..Default::default()
         };
-        let gathered = Gathered::default();
+        let gathered = crate::push::chunks::Gathered::default();
         let encoded = Encoded::new(&head, gathered.delta(&resources));
         let expected = DeltaDiscoveryResponse {
             resources: resources

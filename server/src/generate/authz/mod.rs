@@ -22,8 +22,10 @@ mod translate;
 
 pub use translate::TranslateError;
 
-use crate::proxy::Proxy;
-use crate::push_context::{labels_match, Config, PushContext};
+use crate::index::config::Config;
+use crate::index::hosts::labels_match;
+use crate::index::proxy::Proxy;
+use crate::index::push_context::PushContext;
 use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message as _;
 use shoal_common::model::{AuthorizationAction, AuthorizationPolicy};

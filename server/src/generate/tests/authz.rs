@@ -3,7 +3,7 @@
 //! filters go on `virtualInbound`.
 
 use crate::generate::authz::{self, AuthzKey};
-use crate::push_context::Config;
+use crate::index::config::Config;
 use crate::testutil::*;
 use prost::Message;
 use shoal_common::model::{AuthorizationPolicy, ObjectMeta};

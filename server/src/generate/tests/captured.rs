@@ -2,7 +2,7 @@
 //! names and the fields traffic depends on.
 
 use super::rds_gateway::{rds, vhost_names};
-use crate::proxy::Proxy;
+use crate::index::proxy::Proxy;
 use crate::testutil::*;
 use prost::Message;
 use shoal_common::model::TargetPort;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 const HTTP2_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 
-fn cds(mesh: &Mesh, proxy: &crate::proxy::Proxy) -> BTreeMap<String, Cluster> {
+fn cds(mesh: &Mesh, proxy: &crate::index::proxy::Proxy) -> BTreeMap<String, Cluster> {
     clusters(&gen(XdsType::Cluster, proxy, &mesh.snapshot(), &[]))
 }
 

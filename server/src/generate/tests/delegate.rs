@@ -5,8 +5,8 @@
 
 use super::rds_gateway::{cluster_of, rds, route_action, vhost};
 use crate::generate::cache::GeneratorCache;
+use crate::index::scope::ProxyScope;
 use crate::metrics::Metrics;
-use crate::scope::ProxyScope;
 use crate::testutil::*;
 use shoal_proto::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier, route_match::PathSpecifier, Route, RouteMatch,
@@ -79,7 +79,7 @@ fn gateway_mesh(child: &str) -> Mesh {
         .with_config(virtual_service("team", "v2", child))
 }
 
-fn ingress() -> crate::proxy::Proxy {
+fn ingress() -> crate::index::proxy::Proxy {
     router_proxy("istio-system", &[("istio", "ingressgateway")])
 }
 

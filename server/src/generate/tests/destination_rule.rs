@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 const HOST: &str = "reviews.default.svc.cluster.local";
 
-fn cds(mesh: &Mesh, proxy: &crate::proxy::Proxy) -> BTreeMap<String, Cluster> {
+fn cds(mesh: &Mesh, proxy: &crate::index::proxy::Proxy) -> BTreeMap<String, Cluster> {
     clusters(&gen(XdsType::Cluster, proxy, &mesh.snapshot(), &[]))
 }
 
@@ -382,7 +382,7 @@ fn service_entry_resolution_none_is_eds_at_gateways() {
 // ---------------------------------------------------------------------------------------
 // Which rule applies
 
-fn lb_of(mesh: &Mesh, proxy: &crate::proxy::Proxy) -> LbPolicy {
+fn lb_of(mesh: &Mesh, proxy: &crate::index::proxy::Proxy) -> LbPolicy {
     lb(&cds(mesh, proxy)[&name("")])
 }
 

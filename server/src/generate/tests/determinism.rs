@@ -1,8 +1,8 @@
 //! The same state, however it arrived, yields byte-identical resources and equal versions.
 
 use crate::generate::Resource;
-use crate::proxy::Proxy;
-use crate::store::MeshState;
+use crate::index::proxy::Proxy;
+use crate::index::store::MeshState;
 use crate::testutil::*;
 use shoal_common::bus::{Bucket, Entry};
 use shoal_common::model::ConfigObject;

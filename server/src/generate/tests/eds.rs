@@ -11,7 +11,7 @@ const REVIEWS: &str = "reviews.default.svc.cluster.local";
 
 fn eds(
     mesh: &Mesh,
-    proxy: &crate::proxy::Proxy,
+    proxy: &crate::index::proxy::Proxy,
     names: &[&str],
 ) -> BTreeMap<String, ClusterLoadAssignment> {
     load_assignments(&gen(XdsType::Endpoint, proxy, &mesh.snapshot(), names))

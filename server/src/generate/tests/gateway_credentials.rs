@@ -4,7 +4,7 @@
 
 use super::rds_gateway::{cluster_of, ingress, rds, vhost};
 use crate::generate::sds::{authorize, Denial};
-use crate::proxy::{ProvenCluster, Proxy};
+use crate::index::proxy::{ProvenCluster, Proxy};
 use crate::testutil::*;
 use prost::Message;
 use shoal_common::credential::{CredentialKeys, TlsCredential};
@@ -262,7 +262,7 @@ fn tls_servers_terminate_then_route_tcp() {
     );
 }
 
-fn secret_of(m: &Mesh, proxy: &crate::proxy::Proxy, name: &str) -> Option<Secret> {
+fn secret_of(m: &Mesh, proxy: &crate::index::proxy::Proxy, name: &str) -> Option<Secret> {
     gen(XdsType::Secret, proxy, &m.snapshot(), &[name])
         .into_iter()
         .find(|r| r.name == name)

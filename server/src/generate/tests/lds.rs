@@ -6,7 +6,7 @@ use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manage
 use shoal_proto::XdsType;
 use std::collections::BTreeMap;
 
-fn lds(mesh: &Mesh, proxy: &crate::proxy::Proxy) -> BTreeMap<String, Listener> {
+fn lds(mesh: &Mesh, proxy: &crate::index::proxy::Proxy) -> BTreeMap<String, Listener> {
     listeners(&gen(XdsType::Listener, proxy, &mesh.snapshot(), &[]))
 }
 
@@ -20,7 +20,7 @@ fn rds_name(l: &Listener) -> String {
     }
 }
 
-fn ingress() -> crate::proxy::Proxy {
+fn ingress() -> crate::index::proxy::Proxy {
     router_proxy(
         "istio-system",
         &[("istio", "ingressgateway"), ("app", "gw")],

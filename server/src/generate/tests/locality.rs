@@ -3,8 +3,8 @@
 //! proxy locality only when a setting is in effect.
 
 use crate::generate::{self, eds::EndpointsKey, Key};
-use crate::proxy::Proxy;
-use crate::scope::ProxyScope;
+use crate::index::proxy::Proxy;
+use crate::index::scope::ProxyScope;
 use crate::testutil::*;
 use shoal_common::model::{Endpoint, Locality};
 use shoal_proto::pb::envoy::config::cluster::v3::cluster::common_lb_config::LocalityConfigSpecifier;
@@ -14,7 +14,7 @@ use shoal_proto::XdsType;
 const CLUSTER_NAME: &str = "outbound|9080||reviews.default.svc.cluster.local";
 
 fn loc(s: &str) -> Locality {
-    crate::proxy::parse_locality(s)
+    crate::index::proxy::parse_locality(s)
 }
 
 fn ep(address: &str, locality: &str, labels_: &[(&str, &str)]) -> Endpoint {

@@ -3,8 +3,8 @@
 //! checked against what istiod generates for the same config.
 
 use crate::generate::mtls::sds_secret;
-use crate::proxy::Proxy;
-use crate::push_context::MeshSettings;
+use crate::index::mesh_config::MeshSettings;
+use crate::index::proxy::Proxy;
 use crate::testutil::*;
 use prost::Message;
 use shoal_proto::pb::envoy::config::cluster::v3::Cluster;

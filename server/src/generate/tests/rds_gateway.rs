@@ -13,12 +13,16 @@ use shoal_proto::pb::envoy::config::route::v3::{
 use shoal_proto::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
 use shoal_proto::XdsType;
 
-pub(super) fn ingress() -> crate::proxy::Proxy {
+pub(super) fn ingress() -> crate::index::proxy::Proxy {
     router_proxy("istio-system", &[("istio", "ingressgateway")])
 }
 
 /// The route table `name` generated for `proxy`.
-pub(super) fn rds(mesh: &Mesh, proxy: &crate::proxy::Proxy, name: &str) -> RouteConfiguration {
+pub(super) fn rds(
+    mesh: &Mesh,
+    proxy: &crate::index::proxy::Proxy,
+    name: &str,
+) -> RouteConfiguration {
     let mut m = route_configs(&gen(XdsType::Route, proxy, &mesh.snapshot(), &[name]));
     let rc = m.remove(name).expect("requested route table");
     assert_eq!(rc.name, name);

@@ -29,7 +29,7 @@ resolution: DNS
         ))
 }
 
-fn proxy() -> crate::proxy::Proxy {
+fn proxy() -> crate::index::proxy::Proxy {
     sidecar_proxy("default", &[("app", "productpage")])
 }
 
@@ -319,7 +319,7 @@ egress:
 #[test]
 fn route_names_follow_the_proxy_kind() {
     let snap = sidecar_mesh().snapshot();
-    let names = |proxy: &crate::proxy::Proxy, names: &[&str]| -> Vec<String> {
+    let names = |proxy: &crate::index::proxy::Proxy, names: &[&str]| -> Vec<String> {
         gen(XdsType::Route, proxy, &snap, names)
             .into_iter()
             .map(|r| r.name)

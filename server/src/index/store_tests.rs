@@ -1,7 +1,7 @@
 //! `MeshState::apply`: puts and deletes per bucket, what each reports, and entries that must
 //! be rejected without touching the previous value.
 
-use crate::store::{ApplyError, Change, MeshState};
+use crate::index::store::{ApplyError, Change, MeshState};
 use crate::testutil::*;
 use bytes::Bytes;
 use shoal_common::bus::{Bucket, Entry, Op};

@@ -3,13 +3,41 @@
 //! selectors). The file is polled; a change applies as a full push, and a file that stops
 //! parsing keeps the last good settings.
 
-use crate::push_context::MeshSettings;
 use serde::Deserialize;
+use shoal_common::model::OutboundTrafficMode;
 use shoal_common::model::OutboundTrafficPolicy;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// The mesh-wide settings the generators read (Istio's MeshConfig subset).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MeshSettings {
+    /// Where sidecars send traffic for destinations outside the registry, unless their
+    /// Sidecar says otherwise (`outboundTrafficPolicy.mode`).
+    pub outbound_traffic_policy: OutboundTrafficMode,
+    /// The namespace whose selector-less Sidecar applies mesh-wide (`rootNamespace`).
+    pub root_namespace: String,
+    /// The mesh's trust domain (`trustDomain`): the trust domain of the identities read
+    /// from service-account tokens on the secure xDS port (read at startup), and of the
+    /// SPIFFE identities mutual TLS verifies.
+    pub trust_domain: String,
+    /// Sidecars originate Istio mutual TLS to in-mesh destinations that a DestinationRule
+    /// leaves without TLS settings (`enableAutoMtls`, default true).
+    pub enable_auto_mtls: bool,
+}
+
+impl Default for MeshSettings {
+    fn default() -> Self {
+        MeshSettings {
+            outbound_traffic_policy: OutboundTrafficMode::AllowAny,
+            root_namespace: shoal_common::defaults::ROOT_NAMESPACE.into(),
+            trust_domain: shoal_common::defaults::TRUST_DOMAIN.into(),
+            enable_auto_mtls: true,
+        }
+    }
+}
 
 /// How often the file is checked for changes.
 const POLL: Duration = Duration::from_secs(2);

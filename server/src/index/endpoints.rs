@@ -38,7 +38,7 @@ impl HostIdentities {
         for set in shards.values() {
             for ep in &set.endpoints {
                 any = true;
-                out.all_sidecars &= crate::generate::mtls::pod_has_sidecar(&ep.labels);
+                out.all_sidecars &= crate::index::tls_mode::pod_has_sidecar(&ep.labels);
                 if !ep.service_account.is_empty() {
                     out.accounts
                         .insert((set.namespace.clone(), ep.service_account.clone()));

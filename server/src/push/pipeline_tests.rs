@@ -3,7 +3,7 @@
 //! tokio's paused clock: sleeps advance it instantly and deterministically.
 
 use crate::metrics::Metrics;
-use crate::pipeline::{self, Debounce, Published};
+use crate::push::pipeline::{self, Debounce, Published};
 use crate::testutil::*;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -400,7 +400,8 @@ fn gated(
     metrics: Metrics,
 ) -> watch::Receiver<Option<Published>> {
     let (tx, rx) = watch::channel(None);
-    let (_keep, mesh) = watch::channel(Arc::new(crate::push_context::MeshSettings::default()));
+    let (_keep, mesh) =
+        watch::channel(Arc::new(crate::index::mesh_config::MeshSettings::default()));
     let gate = pipeline::FleetGate {
         expect: expect.iter().map(|f| f.to_string()).collect(),
         timeout,

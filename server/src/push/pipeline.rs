@@ -2,9 +2,10 @@
 //! and publish immutable snapshots. Endpoint-only changes reuse the current PushContext.
 
 use crate::generate::Snapshot;
+use crate::index::mesh_config::MeshSettings;
+use crate::index::push_context::PushContext;
+use crate::index::store::{ApplyError, Change, MeshState};
 use crate::metrics::Metrics;
-use crate::push_context::{MeshSettings, PushContext};
-use crate::store::{ApplyError, Change, MeshState};
 use futures::StreamExt;
 use shoal_common::bus::{Bucket, BusError, StateBus, WatchEvent};
 use shoal_common::credential::CredentialKeys;

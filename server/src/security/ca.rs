@@ -1,7 +1,7 @@
 //! The workload certificate authority: istiod's `CreateCertificate`
 //! (`security/pkg/server/ca/server.go`), on the TLS xDS port.
 //!
-//! The caller is authenticated as on xDS streams ([`crate::auth`]: SPIFFE client
+//! The caller is authenticated as on xDS streams ([`crate::security::auth`]: SPIFFE client
 //! certificate or service-account token, verified offline), so any server replica can sign.
 //! The certificate's only SAN is the caller's own identity; the CSR contributes its public
 //! key and nothing else (its SANs and subject are ignored, as istiod does). Impersonation
@@ -10,13 +10,13 @@
 //! [`MAX_TTL`] (Istio's `MAX_WORKLOAD_CERT_TTL`) the request is refused.
 //!
 //! Key material is Istio's `cacerts` layout, read from a directory and reloaded when it
-//! changes ([`crate::reload`]; a plugged-in intermediate rotates without a restart): `ca-cert.pem` and
+//! changes ([`crate::security::reload`]; a plugged-in intermediate rotates without a restart): `ca-cert.pem` and
 //! `ca-key.pem` (the signing CA, an intermediate or the root), `root-cert.pem`, and
 //! optionally `cert-chain.pem` (the signing CA up to the root). The response is the new
 //! certificate, then the chain, then the root, one PEM certificate per entry, as istiod
 //! returns it.
 
-use crate::auth::Identity;
+use crate::security::auth::Identity;
 use rcgen::{
     CertificateSigningRequestParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair,
     KeyUsagePurpose, SanType,

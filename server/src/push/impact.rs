@@ -4,9 +4,9 @@
 //! snapshot (snapshots coalesce) treats the next one as a full change, and every response
 //! is still compared by version before it is sent.
 
-use crate::pipeline::ChangeSet;
-use crate::proxy::ProxyKind;
-use crate::scope::ProxyScope;
+use crate::index::proxy::ProxyKind;
+use crate::index::scope::ProxyScope;
+use crate::push::pipeline::ChangeSet;
 use shoal_common::model::ConfigKind;
 use shoal_proto::XdsType;
 use std::collections::BTreeSet;
@@ -91,7 +91,7 @@ pub fn affected_types(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::push_context::{ServiceSource, ServiceView};
+    use crate::index::service::{ServiceSource, ServiceView};
     use std::sync::Arc;
 
     fn scope(hosts: &[&str]) -> ProxyScope {

@@ -1,14 +1,14 @@
 //! TLS of the secure xDS port (istiod's 15012): the serving certificate chain and key, and
 //! the CA that verifies client certificates, read from PEM files and reloaded when they
 //! change, without a restart — or, without files, a serving certificate issued from the
-//! workload CA ([`crate::xds::serving_cert`]).
+//! workload CA ([`crate::security::serving_cert`]).
 //!
-//! Reloaded as [`crate::reload`] describes: a changed set serves every connection accepted
+//! Reloaded as [`crate::security::reload`] describes: a changed set serves every connection accepted
 //! from then on (open connections keep theirs); `shoal_xds_tls_reloads_total` counts the
 //! loads.
 
 use crate::metrics::Metrics;
-use crate::reload::Reloading;
+use crate::security::reload::Reloading;
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;

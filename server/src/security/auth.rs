@@ -25,7 +25,7 @@
 //! status message and in `shoal_xds_auth_refused_total{reason}`. The plaintext port, when
 //! enabled, authenticates nothing (istiod's 15010): it is for trusted networks only.
 
-use crate::proxy::{ProvenCluster, Proxy, VerifiedIdentity};
+use crate::index::proxy::{ProvenCluster, Proxy, VerifiedIdentity};
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use rustls_pki_types::CertificateDer;

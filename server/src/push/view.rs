@@ -25,10 +25,10 @@
 
 use crate::generate::cache::GeneratorCache;
 use crate::generate::{Resource, Snapshot};
-use crate::proxy::{Interception, Proxy, ProxyKind, VerifiedIdentity};
-use crate::push_context::PushContext;
-use crate::scope::ProxyScope;
-use crate::xds::wire::Gathered;
+use crate::index::proxy::{Interception, Proxy, ProxyKind, VerifiedIdentity};
+use crate::index::push_context::PushContext;
+use crate::index::scope::ProxyScope;
+use crate::push::chunks::Gathered;
 use shoal_common::model::Locality;
 use shoal_proto::{content_version, parse_outbound_cluster_name, XdsType};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -539,7 +539,7 @@ struct Slot {
     /// Keeps the names (and so the key's pointer) alive.
     names: Option<Names>,
     ctx: Arc<PushContext>,
-    endpoints: Arc<crate::endpoints::EndpointIndex>,
+    endpoints: Arc<crate::index::endpoints::EndpointIndex>,
     number: u64,
     cell: Arc<OnceCell<Arc<Output>>>,
     /// The requested names by service hostname, made when first needed and kept while
@@ -585,7 +585,7 @@ impl Slot {
 struct Prev {
     output: Arc<Output>,
     ctx: Arc<PushContext>,
-    endpoints: Arc<crate::endpoints::EndpointIndex>,
+    endpoints: Arc<crate::index::endpoints::EndpointIndex>,
     hosts: Arc<OnceLock<HostNames>>,
 }
 
@@ -773,8 +773,8 @@ impl View {
 /// are copied on write, and the older index is held by the slot, so the same pointer means
 /// the same content).
 fn same_shards(
-    a: Option<&Arc<crate::endpoints::HostShards>>,
-    b: Option<&Arc<crate::endpoints::HostShards>>,
+    a: Option<&Arc<crate::index::endpoints::HostShards>>,
+    b: Option<&Arc<crate::index::endpoints::HostShards>>,
 ) -> bool {
     match (a, b) {
         (None, None) => true,
@@ -997,7 +997,7 @@ mod tests {
 
     #[tokio::test]
     async fn gateway_credentials_are_per_verified_identity_and_follow_the_workloads() {
-        use crate::proxy::ProvenCluster;
+        use crate::index::proxy::ProvenCluster;
         use crate::testutil::{config, gateway, router_proxy, verified_as, CLUSTER};
         use shoal_common::credential::{CredentialKeys, TlsCredential};
         use shoal_common::model::ConfigSpec;

@@ -3,7 +3,7 @@
 //! schemas) never panic; every one that does not apply is an error (which the pipeline
 //! counts as `invalid` and skips), and the state of the good keys is unchanged.
 
-use crate::store::MeshState;
+use crate::index::store::MeshState;
 use crate::testutil::*;
 use bytes::Bytes;
 use proptest::prelude::*;

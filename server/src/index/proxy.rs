@@ -59,7 +59,7 @@ pub struct Proxy {
     /// Where the proxy runs, for locality load balancing (see [`proxy_locality`]).
     pub locality: Locality,
     /// The workload's service account (metadata `SERVICE_ACCOUNT`), checked against the
-    /// caller's identity on the secure port ([`crate::auth::authorize`]).
+    /// caller's identity on the secure port ([`crate::security::auth::authorize`]).
     pub service_account: Option<String>,
     /// What the stream's authentication proved (istiod's `Proxy.VerifiedIdentity`): set by
     /// the stream once the caller is authorized for this node, never from the node itself;

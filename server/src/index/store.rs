@@ -2,7 +2,7 @@
 //! as on the bus. Applying an entry reports what kind of state it changed, so the push
 //! pipeline knows whether the PushContext must be rebuilt or only EDS shards changed.
 
-use crate::endpoints::EndpointIndex;
+use crate::index::endpoints::EndpointIndex;
 use shoal_common::bus::{Bucket, Entry, Op};
 use shoal_common::keys::{self, ConfigId};
 use shoal_common::lease::{FleetEpochs, LeaseError};
@@ -134,7 +134,7 @@ pub struct MeshState {
     /// The lease epoch of each ingester fleet, for fencing ([`MeshState::apply_live`]).
     pub fleets: FleetEpochs,
     /// Mesh-wide settings (from `--mesh-config`, not from the bus).
-    pub mesh: Arc<crate::push_context::MeshSettings>,
+    pub mesh: Arc<crate::index::mesh_config::MeshSettings>,
     /// Opens the sealed gateway credentials (`--credential-key-file`); without it they
     /// stay sealed and are not served.
     pub credential_keys: Option<Arc<shoal_common::credential::CredentialKeys>>,
@@ -349,7 +349,7 @@ impl MeshState {
             }
             // Cluster statuses change nothing here; leases set the fleets' epochs; issuer
             // keys say which clusters' tokens are accepted (their values are the
-            // authenticator's, `crate::auth::follow_issuers`).
+            // authenticator's, `crate::security::auth::follow_issuers`).
             Bucket::Meta => {
                 self.fleets
                     .apply(entry)

@@ -11,17 +11,17 @@
 //! [`RETRY`]. Connections accepted after a renewal get the new certificate; open ones keep
 //! theirs.
 
-use crate::ca::{Ca, Issued};
 use crate::metrics::Metrics;
-use crate::reload::Reloading;
-use crate::xds::tls::{config_from_pem, TlsError, TlsServer};
+use crate::security::ca::{Ca, Issued};
+use crate::security::reload::Reloading;
+use crate::security::tls::{config_from_pem, TlsError, TlsServer};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Validity of each serving certificate (Istio's default workload certificate TTL; istiod
 /// gives its own ten years, shoal renews in memory instead).
-pub const TTL: Duration = crate::ca::DEFAULT_TTL;
+pub const TTL: Duration = crate::security::ca::DEFAULT_TTL;
 
 /// Wait before retrying a renewal that failed.
 pub const RETRY: Duration = Duration::from_secs(30);
@@ -115,7 +115,7 @@ impl ServingCert {
         // Monotonic, unlike the certificate's validity (wall clock).
         let mut retry_after = tokio::time::Instant::now();
         loop {
-            tokio::time::sleep(crate::reload::INTERVAL).await;
+            tokio::time::sleep(crate::security::reload::INTERVAL).await;
             let now = time::OffsetDateTime::now_utc().unix_timestamp();
             let ca = self.ca.get();
             let ca_changed = !Arc::ptr_eq(&ca, &self.signer);
@@ -236,7 +236,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_reloaded_ca_renews_and_a_failed_renewal_waits_before_retrying() {
-        use crate::ca::tests::cacerts_until;
+        use crate::security::ca::tests::cacerts_until;
         let dir = tempfile::tempdir().unwrap();
         let valid = time::OffsetDateTime::now_utc() + time::Duration::days(365);
         cacerts_until(dir.path(), valid);
@@ -253,21 +253,21 @@ mod tests {
         tokio::spawn(serving.renew(tls));
 
         // Nothing due: no renewal.
-        tokio::time::sleep(crate::reload::INTERVAL * 10).await;
+        tokio::time::sleep(crate::security::reload::INTERVAL * 10).await;
         assert_eq!(renewals(&metrics, "ca_changed", "ok"), 0);
         assert_eq!(renewals(&metrics, "expiring", "ok"), 0);
 
         // The CA reloads: renewed at the next tick.
         cacerts_until(dir.path(), valid);
         ca.set(Ca::load(dir.path()).unwrap());
-        tokio::time::sleep(crate::reload::INTERVAL * 2).await;
+        tokio::time::sleep(crate::security::reload::INTERVAL * 2).await;
         assert_eq!(renewals(&metrics, "ca_changed", "ok"), 1);
 
         // An expired CA cannot issue: counted once, then retried after RETRY, not each tick.
         let expired = time::OffsetDateTime::now_utc() - time::Duration::days(1);
         cacerts_until(dir.path(), expired);
         ca.set(Ca::load(dir.path()).unwrap());
-        tokio::time::sleep(crate::reload::INTERVAL * 2).await;
+        tokio::time::sleep(crate::security::reload::INTERVAL * 2).await;
         assert_eq!(renewals(&metrics, "ca_changed", "error"), 1);
         tokio::time::sleep(RETRY / 2).await;
         assert_eq!(renewals(&metrics, "ca_changed", "error"), 1);

@@ -1,7 +1,10 @@
 //! What a proxy can see: Istio's Sidecar egress `hosts` and `exportTo` rules.
 
-use crate::proxy::{Proxy, ProxyKind};
-use crate::push_context::{labels_match, Config, PushContext, ServiceSource, ServiceView};
+use crate::index::config::Config;
+use crate::index::hosts::{labels_match, namespace_admits, split_namespaced_host};
+use crate::index::proxy::{Proxy, ProxyKind};
+use crate::index::push_context::PushContext;
+use crate::index::service::{ServiceSource, ServiceView};
 use shoal_common::model::{OutboundTrafficMode, Protocol, Sidecar, TargetPort};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,14 +13,8 @@ use std::sync::Arc;
 /// `sidecar_ns`. `.` is the Sidecar's namespace, `*` any namespace, `~` none; the host part
 /// is `*`, `*.suffix`, or a hostname (short name or FQDN).
 pub fn host_entry_matches(entry: &str, sidecar_ns: &str, svc: &ServiceView) -> bool {
-    let (ns, host) = entry.split_once('/').unwrap_or(("*", entry));
-    let ns_ok = match ns {
-        "*" => true,
-        "~" => false,
-        "." => svc.namespace == sidecar_ns,
-        other => svc.namespace == other,
-    };
-    ns_ok && hostname_matches(host, svc)
+    let (ns, host) = split_namespaced_host(entry);
+    namespace_admits(ns, sidecar_ns, &svc.namespace) && hostname_matches(host, svc)
 }
 
 fn hostname_matches(pattern: &str, svc: &ServiceView) -> bool {

@@ -1,6 +1,6 @@
 //! Values built from files and rebuilt when the files' contents change, without a
-//! restart: the TLS port's certificate ([`crate::xds::tls`]) and the workload CA
-//! ([`crate::ca`]).
+//! restart: the TLS port's certificate ([`crate::security::tls`]) and the workload CA
+//! ([`crate::security::ca`]).
 //!
 //! The files are read every [`INTERVAL`]; when their contents differ from the last read,
 //! the value is rebuilt and used from then on. A set that does not build (a certificate

@@ -7,7 +7,8 @@
 //! VirtualServices: a route table's key holds the root with its children's rules inside,
 //! and a change of a child changes the key of every table its root shapes.
 
-use crate::push_context::{exported_to, resolve_host, Config};
+use crate::index::config::Config;
+use crate::index::hosts::{exported_to, resolve_host};
 use shoal_common::model::{HeaderMatch, HttpMatchRequest, HttpRoute, StringMatch, VirtualService};
 use std::collections::BTreeMap;
 use std::sync::Arc;

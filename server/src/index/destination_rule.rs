@@ -15,7 +15,9 @@
 //! - Of the rules found, the first whose `workloadSelector` matches the proxy (a rule in
 //!   the proxy's namespace) applies, else the last one without a selector.
 
-use crate::push_context::{labels_match, most_specific, resolve_host, Config, ServiceView};
+use crate::index::config::Config;
+use crate::index::hosts::{labels_match, most_specific, resolve_host};
+use crate::index::service::ServiceView;
 use shoal_common::model::{
     ConsistentHashLb, DestinationRule, ObjectMeta, PortTrafficPolicy, TrafficPolicy,
 };
@@ -319,39 +321,4 @@ pub fn destination_hash(
         .or_else(|| hash(sub))
         .or_else(|| pls_hash(top))
         .or_else(|| hash(top))
-}
-
-/// The consistent hash of each HTTP route destination of some VirtualServices, for one
-/// proxy: `(host, subset, port)` → hash. Route tables depend on it (it goes into their
-/// generator key), as istiod's `hashForVirtualService`.
-pub type DestinationHashes = BTreeMap<(String, String, Option<u32>), ConsistentHashLb>;
-
-/// The consistent hashes of the HTTP route destinations of `vss`, as the DestinationRules
-/// that apply to the proxy define them.
-pub fn destination_hashes(
-    vss: &[Arc<Config<shoal_common::model::VirtualService>>],
-    proxy_ns: &str,
-    proxy_labels: &BTreeMap<String, String>,
-    ctx: &crate::push_context::PushContext,
-) -> DestinationHashes {
-    let mut out = DestinationHashes::new();
-    for vs in vss {
-        for d in vs.spec.http.iter().flat_map(|r| r.route.iter()) {
-            let d = &d.destination;
-            let host = resolve_host(&d.host, &vs.meta.namespace);
-            let Some(svc) = ctx.services.get(&host) else {
-                continue;
-            };
-            let Some(rule) = ctx.destination_rule(proxy_ns, proxy_labels, svc) else {
-                continue;
-            };
-            let subset = d.subset.clone().unwrap_or_default();
-            if let Some(h) =
-                destination_hash(&rule.spec, &subset, d.port.as_ref().map(|p| p.number))
-            {
-                out.insert((host, subset, d.port.as_ref().map(|p| p.number)), h);
-            }
-        }
-    }
-    out
 }

@@ -53,7 +53,7 @@ fn signs_the_callers_identity_only_for_the_allowed_time() {
     assert_eq!(ca.root_expiry(), 2_082_758_400, "2036-01-01T00:00:00Z");
     assert_eq!(ca.chain_expiry(), ca.root_expiry());
     let der = rustls_pki_types::CertificateDer::from_pem_slice(chain[0].as_bytes()).unwrap();
-    assert_eq!(crate::auth::spiffe_identities(&der), vec![web()]);
+    assert_eq!(crate::security::auth::spiffe_identities(&der), vec![web()]);
     let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).unwrap();
     let validity = cert.validity().time_to_expiration().unwrap();
     assert!(

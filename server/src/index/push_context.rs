@@ -2,99 +2,19 @@
 //! generators read. Rebuilt (off the hot path) only when config or services change; readers
 //! hold an `Arc` and never lock.
 
-use crate::destination_rule::{DestinationRuleIndex, MergedRule};
-use crate::store::MeshState;
+use crate::index::config::Config;
+use crate::index::destination_rule::{destination_hash, DestinationRuleIndex, MergedRule};
+use crate::index::hosts::{labels_match, resolve_host};
+use crate::index::mesh_config::MeshSettings;
+use crate::index::service::{ServiceSource, ServiceView};
+use crate::index::store::MeshState;
 use shoal_common::credential::TlsCredential;
 use shoal_common::model::{
-    service_fqdn, AuthorizationPolicy, ConfigSpec, DestinationRule, Gateway, ObjectMeta,
-    OutboundTrafficMode, PeerAuthentication, Protocol, Resolution, ServicePort, Sidecar,
-    VirtualService, WorkloadEntry,
+    AuthorizationPolicy, ConfigSpec, ConsistentHashLb, DestinationRule, Gateway,
+    PeerAuthentication, Protocol, Resolution, ServicePort, Sidecar, VirtualService, WorkloadEntry,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-
-/// Where a service comes from.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum ServiceSource {
-    /// A Kubernetes Service; endpoints come from the EDS shards.
-    Kubernetes,
-    /// A ServiceEntry host; endpoints come from the entry (and selected WorkloadEntries).
-    ServiceEntry {
-        /// How endpoints resolve.
-        resolution: Resolution,
-        /// The endpoints, sorted.
-        endpoints: Vec<WorkloadEntry>,
-        /// `location: MESH_INTERNAL`: the endpoints are mesh workloads (auto mTLS applies);
-        /// `MESH_EXTERNAL`, the default, means they are not.
-        mesh_internal: bool,
-    },
-}
-
-/// A service as the generators see it: merged across clusters, keyed by hostname.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ServiceView {
-    /// The hostname (FQDN for Kubernetes services, the host for ServiceEntries).
-    pub hostname: String,
-    /// Short name (Kubernetes) or the host (ServiceEntry).
-    pub name: String,
-    /// Namespace of the Service / ServiceEntry.
-    pub namespace: String,
-    /// Ports, sorted by number.
-    pub ports: Vec<ServicePort>,
-    /// Workload port per service port, where it differs (ServiceEntry `targetPort`).
-    pub target_ports: BTreeMap<u16, u16>,
-    /// Virtual IPs across clusters.
-    pub vips: Vec<String>,
-    /// Virtual IPs by cluster ID (Kubernetes services): a proxy listens on its own
-    /// cluster's ClusterIP, as istiod's `GetAddressForProxy`.
-    pub cluster_vips: BTreeMap<String, Vec<String>>,
-    /// Namespaces the service is exported to (empty = all).
-    pub export_to: Vec<String>,
-    /// Kubernetes or ServiceEntry.
-    pub source: ServiceSource,
-    /// The labels of the workloads behind the service (a Kubernetes Service's `selector`,
-    /// a ServiceEntry's `workloadSelector`); empty = selects nothing.
-    pub selector: BTreeMap<String, String>,
-}
-
-impl ServiceView {
-    /// The port with this number.
-    pub fn port(&self, number: u32) -> Option<&ServicePort> {
-        self.ports.iter().find(|p| u32::from(p.port) == number)
-    }
-
-    /// The address a proxy in `cluster` reaches this service at: its cluster's ClusterIP,
-    /// else the first VIP (other clusters', a ServiceEntry's), else none.
-    pub fn vip_for(&self, cluster: &str) -> Option<&str> {
-        self.cluster_vips
-            .get(cluster)
-            .and_then(|v| v.first())
-            .or_else(|| self.vips.first())
-            .map(String::as_str)
-    }
-
-    /// Whether a proxy in `namespace` may see this service.
-    pub fn visible_to(&self, namespace: &str) -> bool {
-        exported_to(&self.export_to, &self.namespace, namespace)
-    }
-}
-
-/// Istio `exportTo` semantics: empty or `*` = everywhere, `.` = own namespace, `~` = nowhere.
-pub fn exported_to(export_to: &[String], own_ns: &str, viewer_ns: &str) -> bool {
-    export_to.is_empty()
-        || export_to
-            .iter()
-            .any(|e| e == "*" || (e == "." && own_ns == viewer_ns) || e == viewer_ns)
-}
-
-/// A config object with its metadata, typed by spec.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Config<T> {
-    /// Name, namespace, labels.
-    pub meta: ObjectMeta,
-    /// The spec.
-    pub spec: T,
-}
 
 /// The indexed snapshot.
 #[derive(Debug, Default)]
@@ -106,7 +26,7 @@ pub struct PushContext {
     pub shadowed: BTreeMap<String, Vec<Arc<ServiceView>>>,
     /// VirtualServices in istiod's precedence order: creation time, then name, then
     /// namespace (see `ObjectMeta::precedence`). Roots come merged with their delegates
-    /// (`crate::delegation`).
+    /// (`crate::index::delegation`).
     pub virtual_services: Vec<Arc<Config<VirtualService>>>,
     /// Every DestinationRule, by `namespace/name`.
     pub destination_rules: BTreeMap<String, Arc<Config<DestinationRule>>>,
@@ -117,7 +37,7 @@ pub struct PushContext {
     /// Sidecars by namespace, in name order.
     pub sidecars: BTreeMap<String, Vec<Arc<Config<Sidecar>>>>,
     /// PeerAuthentications by namespace, oldest first (istiod's order: creation time, then
-    /// name; see `crate::peer_authentication`).
+    /// name; see `crate::index::peer_authentication`).
     pub peer_authentications: BTreeMap<String, Vec<Arc<Config<PeerAuthentication>>>>,
     /// AuthorizationPolicies by namespace, in name order.
     pub authorization_policies: BTreeMap<String, Vec<Arc<Config<AuthorizationPolicy>>>>,
@@ -130,73 +50,6 @@ pub struct PushContext {
     /// so whose workloads the CA may have issued a client certificate to (see
     /// `generate::sds`).
     pub token_issuers: BTreeSet<String>,
-}
-
-/// The mesh-wide settings the generators read (Istio's MeshConfig subset).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct MeshSettings {
-    /// Where sidecars send traffic for destinations outside the registry, unless their
-    /// Sidecar says otherwise (`outboundTrafficPolicy.mode`).
-    pub outbound_traffic_policy: OutboundTrafficMode,
-    /// The namespace whose selector-less Sidecar applies mesh-wide (`rootNamespace`).
-    pub root_namespace: String,
-    /// The mesh's trust domain (`trustDomain`): the trust domain of the identities read
-    /// from service-account tokens on the secure xDS port (read at startup), and of the
-    /// SPIFFE identities mutual TLS verifies.
-    pub trust_domain: String,
-    /// Sidecars originate Istio mutual TLS to in-mesh destinations that a DestinationRule
-    /// leaves without TLS settings (`enableAutoMtls`, default true).
-    pub enable_auto_mtls: bool,
-}
-
-impl Default for MeshSettings {
-    fn default() -> Self {
-        MeshSettings {
-            outbound_traffic_policy: OutboundTrafficMode::AllowAny,
-            root_namespace: shoal_common::defaults::ROOT_NAMESPACE.into(),
-            trust_domain: shoal_common::defaults::TRUST_DOMAIN.into(),
-            enable_auto_mtls: true,
-        }
-    }
-}
-
-/// Resolves a host as written in config in `namespace` to a hostname: a short name
-/// (no dots) becomes the FQDN of that service in the namespace.
-pub fn resolve_host(host: &str, namespace: &str) -> String {
-    if host.contains('.') || host.contains('*') {
-        host.to_string()
-    } else {
-        service_fqdn(host, namespace)
-    }
-}
-
-/// Whether a host pattern (`*`, `*.suffix`, or a hostname) covers `host`, as Istio's
-/// `SubsetOf`: a wildcard also covers the narrower wildcards under it (`*.com` covers
-/// `*.a.com`).
-pub fn wildcard_covers(pattern: &str, host: &str) -> bool {
-    match pattern.strip_prefix('*') {
-        Some(suffix) => host.strip_prefix('*').unwrap_or(host).ends_with(suffix),
-        None => pattern == host,
-    }
-}
-
-/// The entry of `map` for `host`: the exact key, else the most specific wildcard key that
-/// covers it (Istio's `MostSpecificHostMatch`).
-pub fn most_specific<'a, V>(map: &'a BTreeMap<String, V>, host: &str) -> Option<&'a V> {
-    map.get(host).or_else(|| {
-        map.iter()
-            .filter(|(k, _)| k.starts_with('*') && wildcard_covers(k, host))
-            .max_by_key(|(k, _)| k.len())
-            .map(|(_, v)| v)
-    })
-}
-
-/// Whether every label of `selector` is in `labels` (an empty selector matches all).
-pub fn labels_match(
-    selector: &BTreeMap<String, String>,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
 impl PushContext {
@@ -399,7 +252,7 @@ impl PushContext {
         for policies in ctx.peer_authentications.values_mut() {
             policies.sort_by(|a, b| a.meta.precedence().cmp(&b.meta.precedence()));
         }
-        ctx.virtual_services = crate::delegation::merge_delegates(&ctx.virtual_services);
+        ctx.virtual_services = crate::index::delegation::merge_delegates(&ctx.virtual_services);
         ctx
     }
 
@@ -454,4 +307,39 @@ impl PushContext {
             .filter(|g| labels_match(&g.spec.selector, labels))
             .collect()
     }
+}
+
+/// The consistent hash of each HTTP route destination of some VirtualServices, for one
+/// proxy: `(host, subset, port)` → hash. Route tables depend on it (it goes into their
+/// generator key), as istiod's `hashForVirtualService`.
+pub type DestinationHashes = BTreeMap<(String, String, Option<u32>), ConsistentHashLb>;
+
+/// The consistent hashes of the HTTP route destinations of `vss`, as the DestinationRules
+/// that apply to the proxy define them.
+pub fn destination_hashes(
+    vss: &[Arc<Config<VirtualService>>],
+    proxy_ns: &str,
+    proxy_labels: &BTreeMap<String, String>,
+    ctx: &PushContext,
+) -> DestinationHashes {
+    let mut out = DestinationHashes::new();
+    for vs in vss {
+        for d in vs.spec.http.iter().flat_map(|r| r.route.iter()) {
+            let d = &d.destination;
+            let host = resolve_host(&d.host, &vs.meta.namespace);
+            let Some(svc) = ctx.services.get(&host) else {
+                continue;
+            };
+            let Some(rule) = ctx.destination_rule(proxy_ns, proxy_labels, svc) else {
+                continue;
+            };
+            let subset = d.subset.clone().unwrap_or_default();
+            if let Some(h) =
+                destination_hash(&rule.spec, &subset, d.port.as_ref().map(|p| p.number))
+            {
+                out.insert((host, subset, d.port.as_ref().map(|p| p.number)), h);
+            }
+        }
+    }
+    out
 }

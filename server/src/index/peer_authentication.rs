@@ -13,7 +13,9 @@
 //! For auto mTLS (a client deciding whether to originate mTLS) istiod looks only at the
 //! destination's namespace and mesh policies ([`namespace_mode`]).
 
-use crate::push_context::{labels_match, Config, PushContext};
+use crate::index::config::Config;
+use crate::index::hosts::labels_match;
+use crate::index::push_context::PushContext;
 use shoal_common::model::{MtlsMode as PolicyMode, PeerAuthentication};
 use std::collections::BTreeMap;
 

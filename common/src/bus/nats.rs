@@ -164,7 +164,8 @@ struct Known {
     /// The stream's creation time as the last watch started on it saw it.
     watched: Option<async_nats::datetime::DateTime>,
     written: u64,
-    /// The highest message count [`NatsBus::check_buckets`] saw on the stream.
+    /// The highest message count seen on the stream (at connect and by
+    /// [`NatsBus::check_buckets`]).
     messages: u64,
 }
 
@@ -177,7 +178,8 @@ pub enum Loss {
     Replaced,
     /// Its last sequence is below a revision this handle wrote.
     Regressed,
-    /// Its message count went down: it was purged (all of it, or some subjects).
+    /// Its message count went down, or to zero after this handle wrote to it: it was
+    /// purged (all of it, or some subjects).
     Purged,
 }
 

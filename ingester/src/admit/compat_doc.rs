@@ -2,10 +2,10 @@
 //! (decode with unmodelled fields refused, then validation). A supported or accepted field
 //! must be taken; a rejected one refused with an error naming it.
 
-use crate::istio::{config_spec, validate};
+use crate::admit::istio::{config_spec, validate};
 use shoal_common::model::ConfigKind;
 
-const DOC: &str = include_str!("../../docs/istio-compatibility.md");
+const DOC: &str = include_str!("../../../docs/istio-compatibility.md");
 
 /// One table row: kind, field path (`http[].fault`), status, example (YAML).
 struct Row {

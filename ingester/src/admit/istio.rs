@@ -1,6 +1,10 @@
 //! Istio config (`networking.istio.io` and `security.istio.io`) into typed
 //! [`ConfigObject`]s, validated for what the server relies on.
 
+pub mod destination_rule;
+pub mod security;
+pub mod virtual_service;
+
 use crate::error::InvalidObject;
 use serde::{Deserialize, Deserializer};
 use shoal_common::model::{ConfigKind, ConfigObject, ConfigSpec, ObjectMeta};
@@ -67,7 +71,7 @@ fn typed_spec<'de, D: Deserializer<'de>>(
         ConfigKind::AuthorizationPolicy => {
             ConfigSpec::AuthorizationPolicy(Deserialize::deserialize(spec)?)
         }
-        // Not an Istio kind: credentials come from Secrets (`crate::credentials`).
+        // Not an Istio kind: credentials come from Secrets (`crate::desired::credentials`).
         ConfigKind::Credential => {
             return Err(serde::de::Error::custom(
                 "Credential is not an Istio kind (gateway credentials come from Secrets)",
@@ -96,10 +100,10 @@ fn credential_name_ok(name: &str) -> bool {
 pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
     let invalid = |reason: String| Err(InvalidObject::new(reason));
     match spec {
-        ConfigSpec::VirtualService(vs) => crate::virtual_service::validate(vs)?,
-        ConfigSpec::DestinationRule(dr) => crate::destination_rule::validate(dr)?,
-        ConfigSpec::PeerAuthentication(pa) => crate::security::validate_peer_authentication(pa)?,
-        ConfigSpec::AuthorizationPolicy(ap) => crate::security::validate_authorization_policy(ap)?,
+        ConfigSpec::VirtualService(vs) => virtual_service::validate(vs)?,
+        ConfigSpec::DestinationRule(dr) => destination_rule::validate(dr)?,
+        ConfigSpec::PeerAuthentication(pa) => security::validate_peer_authentication(pa)?,
+        ConfigSpec::AuthorizationPolicy(ap) => security::validate_authorization_policy(ap)?,
         ConfigSpec::Gateway(gw) => {
             for (i, server) in gw.servers.iter().enumerate() {
                 let protocol = server.port.protocol.to_ascii_uppercase();

@@ -5,7 +5,7 @@
 //! behind) and publishes everything it wants there. Servers replay the re-created buckets
 //! without taking the empty bucket for mass deletes (see the server's pipeline).
 
-use crate::metrics::Metrics;
+use crate::coordination::metrics::CoordinationMetrics;
 use shoal_common::bus::nats::NatsBus;
 use std::time::Duration;
 use tracing::{debug, warn};
@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 pub const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Checks the buckets forever.
-pub async fn run(bus: NatsBus, metrics: Metrics) {
+pub async fn run(bus: NatsBus, metrics: CoordinationMetrics) {
     loop {
         tokio::time::sleep(CHECK_INTERVAL).await;
         match bus.check_buckets().await {

@@ -26,7 +26,7 @@
 //! The term is published on a watch channel that [`Leadership`] reads: leading or not,
 //! the epoch, and the write deadline, which [`Leadership::current`] checks on every write.
 
-use crate::metrics::Metrics;
+use crate::coordination::metrics::CoordinationMetrics;
 use shoal_common::bus::{Bucket, BusError, Entry, StateBus};
 use shoal_common::envelope::now_ms;
 use shoal_common::keys;
@@ -177,7 +177,7 @@ pub struct Elector {
     bus: Arc<dyn StateBus>,
     cfg: LeaseConfig,
     key: String,
-    metrics: Metrics,
+    metrics: CoordinationMetrics,
     term: watch::Sender<Term>,
     held: Option<Held>,
     /// The lease revision a standby last saw and when it first saw it (its own clock).
@@ -198,7 +198,7 @@ impl Elector {
     pub fn new(
         bus: Arc<dyn StateBus>,
         cfg: LeaseConfig,
-        metrics: Metrics,
+        metrics: CoordinationMetrics,
     ) -> (Elector, Leadership) {
         let (term, rx) = watch::channel(Term::standby());
         metrics.leader.set(0);
@@ -549,7 +549,11 @@ mod tests {
             instance_id: id.into(),
             ttl: TTL,
         };
-        Elector::new(Arc::new(bus.clone()), cfg, Metrics::new())
+        Elector::new(
+            Arc::new(bus.clone()),
+            cfg,
+            CoordinationMetrics::register(&prometheus::Registry::new()),
+        )
     }
 
     async fn lease_on_bus(bus: &CountingBus) -> LeaseBody {

@@ -22,8 +22,8 @@
 //! standby needs to take over), and its last renewal is less than two ttls old by the
 //! wall clock.
 
-use crate::kubernetes::watch::TaskGuard;
-use crate::lease::Leadership;
+use crate::coordination::lease::Leadership;
+use crate::task::TaskGuard;
 use futures::StreamExt;
 use shoal_common::bus::{Bucket, BusError, StateBus, WatchEvent};
 use shoal_common::envelope::now_ms;
@@ -608,7 +608,7 @@ async fn follow(inner: std::sync::Weak<Inner>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::Term;
+    use crate::coordination::lease::Term;
     use shoal_common::bus::Op;
     use shoal_common::MemoryBus;
 

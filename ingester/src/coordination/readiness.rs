@@ -4,8 +4,8 @@
 //! timeout`). Once ready it stays ready: a cluster added later, or a watch that restarts,
 //! does not flap readiness.
 
-use crate::lease::Leadership;
-use crate::metrics::Metrics;
+use crate::coordination::lease::Leadership;
+use crate::coordination::metrics::CoordinationMetrics;
 use shoal_common::bus::{Bucket, StateBus};
 use shoal_common::keys;
 use shoal_common::synced::{self, SyncedBody};
@@ -31,12 +31,12 @@ struct State {
 #[derive(Clone)]
 pub struct Readiness {
     state: Arc<Mutex<State>>,
-    metrics: Metrics,
+    metrics: CoordinationMetrics,
 }
 
 impl Readiness {
     /// No components yet: register the required ones before serving `/ready`.
-    pub fn new(metrics: Metrics) -> Readiness {
+    pub fn new(metrics: CoordinationMetrics) -> Readiness {
         Readiness {
             state: Arc::default(),
             metrics,
@@ -165,10 +165,11 @@ pub async fn announce_synced(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus::Registry;
 
     #[tokio::test(start_paused = true)]
     async fn ready_when_required_synced_and_remote_synced_or_timed_out() {
-        let r = Readiness::new(Metrics::new());
+        let r = Readiness::new(CoordinationMetrics::register(&Registry::new()));
         r.require("cluster Kubernetes");
         r.require("config");
         r.require_within("cluster remote", Duration::from_secs(30));
@@ -187,7 +188,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn forgotten_component_no_longer_blocks() {
-        let r = Readiness::new(Metrics::new());
+        let r = Readiness::new(CoordinationMetrics::register(&Registry::new()));
         r.require("a");
         r.require("b");
         r.synced("a");
@@ -199,7 +200,7 @@ mod tests {
     #[tokio::test]
     async fn the_sync_marker_is_written_once_ready() {
         let bus: Arc<dyn StateBus> = Arc::new(shoal_common::MemoryBus::new());
-        let r = Readiness::new(Metrics::new());
+        let r = Readiness::new(CoordinationMetrics::register(&Registry::new()));
         r.require("a");
         let task = tokio::spawn(announce_synced(
             bus.clone(),

@@ -6,8 +6,8 @@
 //! client CA of `MUTUAL` servers, `<credentialName>-cacert`. Key names follow Istio:
 //! `tls.crt`/`tls.key`/`ca.crt` (`kubernetes.io/tls`), else `cert`/`key`/`cacert`.
 
+use crate::desired::{StateKey, StateObject};
 use crate::error::InvalidObject;
-use crate::state::{StateKey, StateObject};
 use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use shoal_common::bus::Bucket;
 use shoal_common::credential::{CredentialKeys, TlsCredential};

@@ -384,7 +384,7 @@ fn outlier_detection(od: &OutlierDetection, at: &str) -> Result {
 
 #[cfg(test)]
 mod tests {
-    use crate::istio::{config_spec, validate};
+    use crate::admit::istio::{config_spec, validate};
     use shoal_common::model::{ConfigKind, ConfigSpec};
 
     fn spec(yaml: &str) -> Result<ConfigSpec, String> {

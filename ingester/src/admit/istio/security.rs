@@ -269,7 +269,7 @@ fn wildcards(at: &str, values: &[String]) -> Result<(), InvalidObject> {
 
 #[cfg(test)]
 mod tests {
-    use crate::istio::{config_spec, validate};
+    use crate::admit::istio::{config_spec, validate};
     use shoal_common::model::{ConfigKind, ConfigSpec, MtlsMode};
 
     fn spec(kind: ConfigKind, yaml: &str) -> Result<ConfigSpec, String> {

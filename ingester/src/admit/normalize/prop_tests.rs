@@ -3,7 +3,7 @@
 //! are refused with an error, never panic.
 
 use super::*;
-use crate::istio::prop_tests::{apply, edit, Edit};
+use crate::admit::istio::prop_tests::{apply, edit, Edit};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 

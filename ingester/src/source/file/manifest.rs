@@ -6,9 +6,10 @@
 //! whole file is set aside. Then each document is decoded into its kind's type: a failure
 //! there concerns that document only, and the caller keeps the object's last good version.
 
+use crate::admit::istio;
+use crate::admit::normalize::{self, DEFAULT_NAMESPACE};
 use crate::error::IngestError;
-use crate::istio;
-use crate::normalize::{self, DEFAULT_NAMESPACE};
+use crate::object::{DocRef, ObjectId, ObjectKind};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta as KubeMeta;
@@ -17,85 +18,6 @@ use serde_yaml::Value;
 use shoal_common::model::{ConfigKind, ConfigObject};
 use std::path::Path;
 use tracing::debug;
-
-/// The kinds of object the ingester reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ObjectKind {
-    /// v1 `Namespace`.
-    Namespace,
-    /// v1 `Service`.
-    Service,
-    /// v1 `Pod`.
-    Pod,
-    /// v1 `Node`.
-    Node,
-    /// discovery.k8s.io/v1 `EndpointSlice`.
-    EndpointSlice,
-    /// v1 `Secret` (published only when a Gateway names it in `credentialName`).
-    Secret,
-    /// An Istio config kind.
-    Config(ConfigKind),
-}
-
-impl ObjectKind {
-    /// The Kubernetes `kind` string.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ObjectKind::Namespace => "Namespace",
-            ObjectKind::Service => "Service",
-            ObjectKind::Pod => "Pod",
-            ObjectKind::Node => "Node",
-            ObjectKind::EndpointSlice => "EndpointSlice",
-            ObjectKind::Secret => "Secret",
-            ObjectKind::Config(k) => k.as_str(),
-        }
-    }
-
-    /// Whether objects of this kind live in a namespace.
-    pub fn is_namespaced(self) -> bool {
-        !matches!(self, ObjectKind::Namespace | ObjectKind::Node)
-    }
-}
-
-/// The identity of an object: kind, namespace (empty for cluster-scoped kinds) and name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ObjectId {
-    /// The kind.
-    pub kind: ObjectKind,
-    /// The namespace, or empty.
-    pub namespace: String,
-    /// The name.
-    pub name: String,
-}
-
-impl std::fmt::Display for ObjectId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.namespace.is_empty() {
-            write!(f, "{} {}", self.kind.as_str(), self.name)
-        } else {
-            write!(f, "{} {}/{}", self.kind.as_str(), self.namespace, self.name)
-        }
-    }
-}
-
-/// Where in a file a document is: its index among the file's documents (from 0) and, for
-/// items of a `kind: List`, the item's index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DocRef {
-    /// Index of the document in the file, from 0.
-    pub index: usize,
-    /// Index in the List's `items`, when the document is a List.
-    pub item: Option<usize>,
-}
-
-impl std::fmt::Display for DocRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.item {
-            Some(item) => write!(f, "{} item {item}", self.index),
-            None => write!(f, "{}", self.index),
-        }
-    }
-}
 
 /// A decoded object of a kind the ingester reads. Kubernetes objects stay k8s-openapi
 /// objects (they are joined later); Istio config is already typed and validated.

@@ -12,12 +12,14 @@
 //! once. Editors' companion files (`.swp` and other dot files, `~` backups, vim's `4913`
 //! probe) are not manifests: only `.yaml`, `.yml` and `.json` files are read.
 
+pub mod manifest;
+pub mod store;
+
 use crate::error::IngestError;
-use crate::manifest::{self, ParsedFile};
-use crate::mesh_config::{self, SelectorsRx};
-use crate::metrics::Metrics;
+use crate::publish::metrics::PublishMetrics;
 use crate::publish::{PublishReport, Publisher};
-use crate::state::ManifestStore;
+use crate::source::mesh_config::{self, SelectorsRx};
+use manifest::ParsedFile;
 use sha2::{Digest, Sha256};
 use shoal_common::bus::StateBus;
 use shoal_common::credential::CredentialKeys;
@@ -27,6 +29,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use store::ManifestStore;
 use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{debug, info, warn};
 
@@ -126,7 +129,7 @@ pub struct FileSource {
     drop_settle: Duration,
     /// The namespaces to publish (discovery selectors).
     selectors: SelectorsRx,
-    metrics: Option<Metrics>,
+    metrics: Option<PublishMetrics>,
 }
 
 impl FileSource {
@@ -177,7 +180,7 @@ impl FileSource {
     }
 
     /// Counts publish results in these metrics.
-    pub fn set_metrics(&mut self, metrics: Metrics) {
+    pub fn set_metrics(&mut self, metrics: PublishMetrics) {
         self.metrics = Some(metrics);
     }
 

@@ -21,13 +21,14 @@
 //! retried from the newer object the watch brings. Watches: Namespaces, and ConfigMaps of
 //! that one name (field selector), cluster-wide.
 
+use super::metrics::{KubeMetrics, RootReload, RootWrite, WatchKind};
 use super::reduce;
 use super::store::{Change, KindStore};
-use super::watch::{self, Sink, Tagged, TaskGuard, Update};
-use crate::lease::Leadership;
-use crate::mesh_config::SelectorsRx;
-use crate::metrics::Metrics;
-use crate::ownership::{Owners, Standing};
+use super::watch::{self, Sink, Tagged, Update};
+use crate::coordination::lease::Leadership;
+use crate::coordination::ownership::{Owners, Standing};
+use crate::source::mesh_config::SelectorsRx;
+use crate::task::TaskGuard;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::PostParams;
 use kube::runtime::watcher;
@@ -49,12 +50,6 @@ pub const KEY: &str = "root-cert.pem";
 
 /// Namespaces never written (Istio's `inject.IgnoredNamespaces` minus `kube-system`).
 const IGNORED: [&str; 3] = ["kube-public", "kube-node-lease", "local-path-storage"];
-
-/// The `kind` label of this module's Namespace watch events (apart from the cluster's own).
-pub const NAMESPACE_KIND: &str = "Namespace (root certificate)";
-
-/// The `kind` label of the ConfigMap watch events.
-pub const CONFIG_MAP_KIND: &str = "ConfigMap (root certificate)";
 
 /// How often the root certificate file is checked for changes.
 pub const FILE_INTERVAL: Duration = Duration::from_secs(2);
@@ -111,9 +106,9 @@ pub fn load(path: &Path) -> Result<String, RootCertError> {
 /// Loads the root certificate file and follows it: the receiver has the current root, and
 /// a changed file that is still a certificate replaces it. A file that becomes unreadable or
 /// is not a certificate is logged and counted (`result="error"`); the previous root stays.
-pub fn follow(path: PathBuf, metrics: Metrics) -> Result<RootRx, RootCertError> {
+pub fn follow(path: PathBuf, metrics: KubeMetrics) -> Result<RootRx, RootCertError> {
     let root = load(&path)?;
-    metrics.ca_root_reloads.with_label_values(&["ok"]).inc();
+    metrics.ca_root_reloaded(RootReload::Ok);
     info!(path = %path.display(), "distributing the root certificate to every selected namespace");
     let (tx, rx) = tokio::sync::watch::channel(Arc::<str>::from(root.as_str()));
     tokio::spawn(async move {
@@ -126,7 +121,7 @@ pub fn follow(path: PathBuf, metrics: Metrics) -> Result<RootRx, RootCertError> 
             }
             match &read {
                 Ok(root) => {
-                    metrics.ca_root_reloads.with_label_values(&["ok"]).inc();
+                    metrics.ca_root_reloaded(RootReload::Ok);
                     info!(path = %path.display(), "root certificate changed; writing it everywhere");
                     tx.send_if_modified(|current| {
                         let changed = **current != **root;
@@ -137,7 +132,7 @@ pub fn follow(path: PathBuf, metrics: Metrics) -> Result<RootRx, RootCertError> 
                     });
                 }
                 Err(error) => {
-                    metrics.ca_root_reloads.with_label_values(&["error"]).inc();
+                    metrics.ca_root_reloaded(RootReload::Error);
                     warn!(%error, "root certificate file unusable; still distributing the previous one");
                 }
             }
@@ -165,7 +160,7 @@ pub struct Distributor {
     /// Whether this fleet owns the cluster.
     pub owners: Owners,
     /// Metrics.
-    pub metrics: Metrics,
+    pub metrics: KubeMetrics,
 }
 
 /// A ConfigMap as kept: the object without its managed fields.
@@ -192,7 +187,7 @@ impl Distributor {
             watch::spawn(
                 Api::<Namespace>::all(self.client.clone()),
                 watcher::Config::default(),
-                NAMESPACE_KIND.into(),
+                WatchKind::RootNamespace,
                 sink.clone(),
                 |ns| Ok(Some(reduce::namespace(ns))),
                 Update::Namespace,
@@ -200,7 +195,7 @@ impl Distributor {
             watch::spawn(
                 Api::<ConfigMap>::all(self.client.clone()),
                 watcher::Config::default().fields(&format!("metadata.name={CONFIG_MAP}")),
-                CONFIG_MAP_KIND.into(),
+                WatchKind::RootConfigMap,
                 sink,
                 |cm| Ok(Some(Box::new(reduce_config_map(cm)))),
                 Update::RootConfigMap,
@@ -301,7 +296,7 @@ impl Distributor {
             }
             match self.write(&ns, current.cloned(), &root).await {
                 Written::Done(cm) => {
-                    self.count("written");
+                    self.count(RootWrite::Written);
                     state
                         .config_maps
                         .apply(Change::Apply(key, Ok(Box::new(reduce_config_map(*cm)))));
@@ -309,7 +304,7 @@ impl Distributor {
                 Written::Skipped => {}
                 Written::Retry => ok = false,
                 Written::Failed => {
-                    self.count("failed");
+                    self.count(RootWrite::Failed);
                     ok = false;
                 }
             }
@@ -317,11 +312,8 @@ impl Distributor {
         ok
     }
 
-    fn count(&self, result: &str) {
-        self.metrics
-            .ca_root_writes
-            .with_label_values(&[&self.cluster, result])
-            .inc();
+    fn count(&self, result: RootWrite) {
+        self.metrics.ca_root_written(&self.cluster, result);
     }
 
     /// Creates the ConfigMap in `ns`, or updates `current`'s root.

@@ -15,34 +15,34 @@
 //! written, the state says `refused`) until that fleet releases it or its lease lapses. A
 //! cluster taken over by another fleet stops being written at once.
 //!
+//! [`Owners`]: crate::coordination::ownership::Owners
+//!
 //! A new kubeconfig ([`ClusterHandle::rotate`]) starts a second connection with its own
 //! store; only when every one of its watches has synced does it replace the first one,
 //! which is then stopped. Both stores hold the same objects, so the swap writes nothing
 //! and deletes nothing.
 
-use super::ca_root::{self, RootRx};
+use super::ca_root;
+use super::cluster_status::{MetaWriter, StatusWriter};
 use super::config::ConfigSide;
+use super::context::ClusterContext;
 use super::issuer;
+use super::metrics::{ClusterState, WatchKind};
 use super::reduce;
 use super::store::{ClusterStore, Dirty, Touched};
-use super::watch::{self, Sink, Tagged, TaskGuard, Update};
-use crate::lease::Leadership;
-use crate::mesh_config::SelectorsRx;
-use crate::metrics::{ClusterState, Metrics};
-use crate::ownership::{ClaimError, OwnerEvents, Owners, Standing};
+use super::watch::{self, Sink, Tagged, Update};
+use crate::coordination::lease::Leadership;
+use crate::coordination::ownership::{ClaimError, OwnerEvents, Standing};
 use crate::publish::{Ownership, Publisher};
-use crate::readiness::Readiness;
-use crate::status::{MetaWriter, StatusWriter};
+use crate::task::TaskGuard;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use shoal_common::bus::StateBus;
 use shoal_common::envelope::now_ms;
 use shoal_common::model::ClusterIssuer;
 use shoal_common::time::sleep_until;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -62,43 +62,6 @@ const RETRY: Duration = Duration::from_secs(1);
 
 /// Capacity of a cluster task's update channel (watches wait when it is full).
 const CHANNEL: usize = 1024;
-
-/// What every cluster task shares.
-#[derive(Clone)]
-pub struct ClusterContext {
-    /// The state bus.
-    pub bus: Arc<dyn StateBus>,
-    /// The fleet written into every envelope.
-    pub fleet: String,
-    /// Metrics.
-    pub metrics: Metrics,
-    /// Readiness.
-    pub readiness: Readiness,
-    /// The discovery selectors.
-    pub selectors: SelectorsRx,
-    /// Whether this ingester may write.
-    pub leadership: Leadership,
-    /// Which fleet owns which cluster.
-    pub owners: Owners,
-    /// The root certificate written into every selected namespace (`--ca-root-cert`).
-    pub ca_root: Option<RootRx>,
-    /// Seals gateway credentials (`--credential-key-file`); `None`: Secrets are not read.
-    pub credential_keys: Option<Arc<shoal_common::credential::CredentialKeys>>,
-}
-
-impl ClusterContext {
-    /// A publisher of `ownership` under this ingester's leadership. It reads the bus when
-    /// it first leads (and at the start of every term); a failed read is retried by the
-    /// next round.
-    pub fn publisher(&self, ownership: Ownership) -> Publisher {
-        Publisher::new(
-            self.bus.clone(),
-            &self.fleet,
-            ownership,
-            self.leadership.clone(),
-        )
-    }
-}
 
 /// The readiness component of a cluster.
 pub fn readiness_name(cluster: &str) -> String {
@@ -312,7 +275,7 @@ impl ClusterTask {
             watch::spawn(
                 Api::<Namespace>::all(client.clone()),
                 cfg(),
-                "Namespace".into(),
+                WatchKind::Namespace,
                 sink.clone(),
                 |ns| Ok(Some(reduce::namespace(ns))),
                 Update::Namespace,
@@ -320,7 +283,7 @@ impl ClusterTask {
             watch::spawn(
                 Api::<Service>::all(client.clone()),
                 cfg(),
-                "Service".into(),
+                WatchKind::Service,
                 sink.clone(),
                 |svc| reduce::service(svc).map(|s| Some(Box::new(s))),
                 Update::Service,
@@ -328,7 +291,7 @@ impl ClusterTask {
             watch::spawn(
                 Api::<EndpointSlice>::all(client.clone()),
                 cfg(),
-                "EndpointSlice".into(),
+                WatchKind::EndpointSlice,
                 sink.clone(),
                 |slice| reduce::endpoint_slice(slice).map(|s| Some(Box::new(s))),
                 Update::Slice,
@@ -336,7 +299,7 @@ impl ClusterTask {
             watch::spawn(
                 Api::<Pod>::all(client.clone()),
                 cfg(),
-                "Pod".into(),
+                WatchKind::Pod,
                 sink.clone(),
                 |pod| Ok(Some(Box::new(reduce::pod(pod)))),
                 Update::Pod,
@@ -344,7 +307,7 @@ impl ClusterTask {
             watch::spawn(
                 Api::<Node>::all(client.clone()),
                 cfg(),
-                "Node".into(),
+                WatchKind::Node,
                 sink.clone(),
                 |node| Ok(Some(Box::new(reduce::node(node)))),
                 Update::Node,
@@ -660,7 +623,7 @@ impl ClusterTask {
                 .publisher
                 .publish_scoped(&desired, observed_at_ms, &|k| dirty.contains_key(k))
                 .await;
-            self.ctx.metrics.published(&report);
+            self.ctx.publish_metrics.published(&report);
             if !self.synced {
                 self.synced = true;
                 info!(cluster = %self.id, services = self.store.services.values().count(), "cluster synced");

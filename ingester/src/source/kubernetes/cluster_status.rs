@@ -8,7 +8,7 @@
 //! writes nothing here either. Only the leader writes, stamping its lease epoch; at the
 //! start of each term the record is read again.
 
-use crate::lease::Leadership;
+use crate::coordination::lease::Leadership;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use shoal_common::bus::{Bucket, StateBus};

@@ -8,20 +8,22 @@
 //! With credential keys (`--credential-key-file`), Secrets are watched too, in every
 //! namespace (service-account tokens and Helm releases excepted, by field selector), each
 //! reduced to its credential keys; those a Gateway of their namespace names are published
-//! sealed ([`crate::credentials`]).
+//! sealed ([`crate::desired::credentials`]).
 //!
 //! Every object's verdict (accepted, or rejected and why) also goes to the
 //! [`StatusBook`], whose [`StatusReporter`] writes it into the object's `status` when the
 //! object was rejected (see [`super::object_status`]).
 
-use super::cluster::ClusterContext;
+use super::context::ClusterContext;
+use super::metrics::WatchKind;
 use super::object_status::{Selection, StatusBook, StatusReporter};
 use super::reduce::{self, CrdInfo};
 use super::store::{key_config_kind, selected, Change, ConfigStore, Dirty, KindStore, Touched};
-use super::watch::{self, Sink, Tagged, TaskGuard, Update};
-use crate::credentials;
+use super::watch::{self, Sink, Tagged, Update};
+use crate::desired::{credentials, StateKey, StateObject};
 use crate::publish::{Ownership, Publisher};
 use crate::selector::{DiscoverySelectors, Labels};
+use crate::task::TaskGuard;
 use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
@@ -34,11 +36,6 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch as tokio_watch};
 use tracing::info;
 
-/// The kind label of the CRD watch.
-const CRD_KIND: &str = "CustomResourceDefinition";
-/// The kind label of the gateway credential Secrets watch (metrics, health): not `Secret`,
-/// which is the multicluster Secrets watch.
-const CREDENTIAL_KIND: &str = "CredentialSecret";
 /// Secrets that never hold gateway credentials, left out of the watch.
 const CREDENTIAL_FIELDS: &str =
     "type!=kubernetes.io/service-account-token,type!=helm.sh/release.v1";
@@ -103,18 +100,18 @@ impl ConfigSide {
         let crd_watch = watch::spawn(
             Api::<CustomResourceDefinition>::all(client.clone()),
             watcher::Config::default(),
-            CRD_KIND.into(),
+            WatchKind::Crd,
             sink.clone(),
             |crd| Ok(reduce::crd(crd)),
             Update::Crd,
         );
         let credentials = ctx.credential_keys.clone().map(|keys| CredentialWatch {
             keys,
-            store: KindStore::new(cluster, CREDENTIAL_KIND),
+            store: KindStore::new(cluster, WatchKind::CredentialSecret.as_str()),
             _task: watch::spawn(
                 Api::<KubeSecret>::all(client.clone()),
                 watcher::Config::default().fields(CREDENTIAL_FIELDS),
-                CREDENTIAL_KIND.into(),
+                WatchKind::CredentialSecret,
                 sink.clone(),
                 |s| Ok(Some(Box::new(credentials::reduce(s)))),
                 Update::Credential,
@@ -196,9 +193,9 @@ impl ConfigSide {
 
     /// Whether a watch of this kind is one of the config side's.
     pub fn watches(&self, kind: &str) -> bool {
-        kind == CRD_KIND
+        kind == WatchKind::Crd.as_str()
             || ConfigKind::parse(kind).is_some()
-            || (kind == CREDENTIAL_KIND && self.credentials.is_some())
+            || (kind == WatchKind::CredentialSecret.as_str() && self.credentials.is_some())
     }
 
     /// A failing watch's error, if any.
@@ -259,7 +256,7 @@ impl ConfigSide {
         let task = watch::spawn(
             api,
             watcher::Config::default(),
-            kind.as_str().to_string(),
+            WatchKind::Config(kind),
             sink,
             move |mut obj: DynamicObject| {
                 let key = reduce::key_of(&obj.metadata);
@@ -296,7 +293,7 @@ impl ConfigSide {
         namespaces: &KindStore<Labels>,
         selectors: &DiscoverySelectors,
         dirty: &Dirty,
-    ) -> Vec<(crate::state::StateKey, crate::state::StateObject)> {
+    ) -> Vec<(StateKey, StateObject)> {
         let Some(gateways) = self.store.kinds.get(&ConfigKind::Gateway) else {
             return Vec::new();
         };
@@ -395,7 +392,7 @@ impl ConfigSide {
                 .publisher
                 .publish_scoped(&desired, observed_at_ms, &in_scope)
                 .await;
-            ctx.metrics.published(&report);
+            ctx.publish_metrics.published(&report);
         }
         self.mark_synced(ctx, "Istio config synced");
     }

@@ -9,7 +9,8 @@
 //! tokens signed with it are valid); a failure is retried after [`RETRY`] and changes
 //! nothing on the bus (servers keep the keys they have).
 
-use super::watch::{Sink, Tagged, TaskGuard, Update};
+use super::watch::{Sink, Tagged, Update};
+use crate::task::TaskGuard;
 use shoal_common::model::ClusterIssuer;
 use std::time::Duration;
 

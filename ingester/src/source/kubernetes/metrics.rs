@@ -1,70 +1,234 @@
-//! Prometheus metrics of the ingester (`shoal_ingester_*`), served on `/metrics`.
+//! Metrics of the Kubernetes source (`shoal_ingester_*`): watch events, the assigned
+//! clusters' states, token issuers, status writes and the root certificate's distribution.
+//! Label values that form a fixed set are the enums below, each written once.
 
-use crate::publish::PublishReport;
-use prometheus::{opts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+use prometheus::core::Collector;
+use prometheus::{opts, IntCounterVec, IntGaugeVec, Registry};
+use shoal_common::model::ConfigKind;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// The `event` label values of `shoal_ingester_events_total`.
-pub const EVENTS: [&str; 6] = [
-    "init",
-    "init_apply",
-    "init_done",
-    "apply",
-    "delete",
-    "error",
-];
+/// The `event` label of `shoal_ingester_events_total`: what a watch delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// A relist starts.
+    Init,
+    /// An object of a relist.
+    InitApply,
+    /// A relist is complete.
+    InitDone,
+    /// An object was added or changed.
+    Apply,
+    /// An object was deleted.
+    Delete,
+    /// The watch failed (it retries with backoff).
+    Error,
+}
 
-/// The kinds watched in every cluster (the `kind` label of a remote cluster's events).
-pub const CLUSTER_KINDS: [&str; 7] = [
-    "Namespace",
-    "Service",
-    "EndpointSlice",
-    "Pod",
-    "Node",
-    // The root certificate distribution's own watches (--ca-root-cert).
-    crate::kubernetes::ca_root::NAMESPACE_KIND,
-    crate::kubernetes::ca_root::CONFIG_MAP_KIND,
-];
+impl WatchEvent {
+    /// Every value.
+    pub const ALL: [WatchEvent; 6] = [
+        WatchEvent::Init,
+        WatchEvent::InitApply,
+        WatchEvent::InitDone,
+        WatchEvent::Apply,
+        WatchEvent::Delete,
+        WatchEvent::Error,
+    ];
 
-/// The ingester's metrics, registered in their own registry. Cheap to clone.
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchEvent::Init => "init",
+            WatchEvent::InitApply => "init_apply",
+            WatchEvent::InitDone => "init_done",
+            WatchEvent::Apply => "apply",
+            WatchEvent::Delete => "delete",
+            WatchEvent::Error => "error",
+        }
+    }
+}
+
+/// What a watch watches: the `kind` label of `shoal_ingester_events_total`, also the name
+/// of the watch in logs and in a cluster's `last_error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchKind {
+    /// Namespaces (their labels), in every cluster.
+    Namespace,
+    /// Services, in every cluster.
+    Service,
+    /// EndpointSlices, in every cluster.
+    EndpointSlice,
+    /// Pods, in every cluster.
+    Pod,
+    /// Nodes, in every cluster.
+    Node,
+    /// Namespaces, for the root certificate's distribution (`--ca-root-cert`).
+    RootNamespace,
+    /// The root certificate ConfigMaps (`--ca-root-cert`).
+    RootConfigMap,
+    /// The multicluster Secrets of the config cluster.
+    MulticlusterSecret,
+    /// The Istio CustomResourceDefinitions of the config cluster.
+    Crd,
+    /// The Secrets that may hold gateway credentials: not `Secret`, which is the
+    /// multicluster Secrets watch.
+    CredentialSecret,
+    /// An Istio config kind of the config cluster.
+    Config(ConfigKind),
+}
+
+impl WatchKind {
+    /// The kinds watched in every cluster: the series a removed cluster leaves behind.
+    pub const CLUSTER: [WatchKind; 7] = [
+        WatchKind::Namespace,
+        WatchKind::Service,
+        WatchKind::EndpointSlice,
+        WatchKind::Pod,
+        WatchKind::Node,
+        WatchKind::RootNamespace,
+        WatchKind::RootConfigMap,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchKind::Namespace => "Namespace",
+            WatchKind::Service => "Service",
+            WatchKind::EndpointSlice => "EndpointSlice",
+            WatchKind::Pod => "Pod",
+            WatchKind::Node => "Node",
+            WatchKind::RootNamespace => "Namespace (root certificate)",
+            WatchKind::RootConfigMap => "ConfigMap (root certificate)",
+            WatchKind::MulticlusterSecret => "Secret",
+            WatchKind::Crd => "CustomResourceDefinition",
+            WatchKind::CredentialSecret => "CredentialSecret",
+            WatchKind::Config(kind) => kind.as_str(),
+        }
+    }
+}
+
+impl std::fmt::Display for WatchKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `state` label of `shoal_ingester_clusters`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateLabel {
+    /// [`ClusterState::Synced`].
+    Synced,
+    /// [`ClusterState::Syncing`].
+    Syncing,
+    /// [`ClusterState::Refused`].
+    Refused,
+}
+
+impl StateLabel {
+    /// Every value.
+    pub const ALL: [StateLabel; 3] = [StateLabel::Synced, StateLabel::Syncing, StateLabel::Refused];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StateLabel::Synced => "synced",
+            StateLabel::Syncing => "syncing",
+            StateLabel::Refused => "refused",
+        }
+    }
+}
+
+/// The `result` label of `shoal_ingester_object_status_writes_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusWrite {
+    /// The status was written.
+    Written,
+    /// The object was deleted meanwhile.
+    Gone,
+    /// The write failed (retried later).
+    Error,
+}
+
+impl StatusWrite {
+    /// Every value.
+    pub const ALL: [StatusWrite; 3] = [StatusWrite::Written, StatusWrite::Gone, StatusWrite::Error];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StatusWrite::Written => "written",
+            StatusWrite::Gone => "gone",
+            StatusWrite::Error => "error",
+        }
+    }
+}
+
+/// The `result` label of `shoal_ingester_ca_root_writes_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootWrite {
+    /// The ConfigMap was created or updated.
+    Written,
+    /// The write failed.
+    Failed,
+}
+
+impl RootWrite {
+    /// Every value.
+    pub const ALL: [RootWrite; 2] = [RootWrite::Written, RootWrite::Failed];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RootWrite::Written => "written",
+            RootWrite::Failed => "failed",
+        }
+    }
+}
+
+/// The `result` label of `shoal_ingester_ca_root_reloads_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootReload {
+    /// The file holds a certificate.
+    Ok,
+    /// The file is unreadable or not a certificate.
+    Error,
+}
+
+impl RootReload {
+    /// Every value.
+    pub const ALL: [RootReload; 2] = [RootReload::Ok, RootReload::Error];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RootReload::Ok => "ok",
+            RootReload::Error => "error",
+        }
+    }
+}
+
+/// The Kubernetes source's metrics. Cheap to clone.
 #[derive(Clone)]
-pub struct Metrics {
-    registry: Registry,
-    /// Watch events by cluster, kind and event (`init`, `init_apply`, `init_done`, `apply`,
-    /// `delete`, `error`).
-    pub events: IntCounterVec,
-    /// Bus operations of the publishers by result (`written`, `unchanged`, `deleted`,
-    /// `error`).
-    pub bus_writes: IntCounterVec,
-    /// Managed clusters by sync state (`synced`, `syncing`).
-    pub clusters: IntGaugeVec,
+pub struct KubeMetrics {
+    /// Watch events by cluster, kind and event.
+    events: IntCounterVec,
+    /// Managed clusters by sync state.
+    clusters: IntGaugeVec,
     /// 1 when a cluster has synced, 0 while it syncs, by cluster.
-    pub cluster_synced: IntGaugeVec,
-    /// 1 once the ingester is ready.
-    pub ready: IntGauge,
-    /// 1 while this replica holds its fleet's lease (and writes), 0 otherwise.
-    pub leader: IntGauge,
-    /// The fleet's lease epoch, as last read or written by this replica.
-    pub lease_epoch: IntGauge,
-    /// Times this replica started or stopped leading.
-    pub lease_transitions: IntCounter,
+    cluster_synced: IntGaugeVec,
     /// 1 for a cluster this fleet is assigned but does not publish because another live
     /// fleet owns it, by cluster and owner.
-    pub cluster_refused: IntGaugeVec,
-    /// Status writes to rejected (and then fixed) Istio config objects, by result
-    /// (`written`, `gone`: the object was deleted meanwhile, `error`).
-    pub object_status_writes: IntCounterVec,
-    /// Buckets found to have lost their data (gone, re-created, or behind what this
-    /// ingester wrote) and healed: re-created and published again, by bucket.
-    pub bus_heals: IntCounterVec,
+    cluster_refused: IntGaugeVec,
+    /// Status writes to rejected (and then fixed) Istio config objects, by result.
+    object_status_writes: IntCounterVec,
     /// 1 when the cluster's token issuer keys were last read successfully, 0 when not.
-    pub issuer_readable: IntGaugeVec,
+    issuer_readable: IntGaugeVec,
     /// Writes of the root-certificate ConfigMap (istio-ca-root-cert), by cluster and
-    /// result (`written`: created or updated, `failed`).
-    pub ca_root_writes: IntCounterVec,
-    /// Loads of the root certificate file (--ca-root-cert), by result (`ok`, `error`).
-    pub ca_root_reloads: IntCounterVec,
+    /// result.
+    ca_root_writes: IntCounterVec,
+    /// Loads of the root certificate file (--ca-root-cert), by result.
+    ca_root_reloads: IntCounterVec,
     /// State per cluster, from which the `clusters` gauge is computed.
     cluster_states: Arc<Mutex<BTreeMap<String, ClusterState>>>,
 }
@@ -86,35 +250,26 @@ pub enum ClusterState {
 }
 
 impl ClusterState {
-    fn label(&self) -> &'static str {
+    fn label(&self) -> StateLabel {
         match self {
-            ClusterState::Syncing => "syncing",
-            ClusterState::Synced => "synced",
-            ClusterState::Refused { .. } => "refused",
+            ClusterState::Syncing => StateLabel::Syncing,
+            ClusterState::Synced => StateLabel::Synced,
+            ClusterState::Refused { .. } => StateLabel::Refused,
         }
     }
 }
 
-impl Metrics {
-    /// Creates and registers every metric.
-    pub fn new() -> Metrics {
-        let m = Metrics {
-            registry: Registry::new(),
+impl KubeMetrics {
+    /// Creates the metrics and registers them in `registry`; the series of fixed label
+    /// sets start at 0.
+    pub fn register(registry: &Registry) -> KubeMetrics {
+        let m = KubeMetrics {
             events: IntCounterVec::new(
                 opts!(
                     "shoal_ingester_events_total",
                     "Kubernetes watch events, by cluster, kind and event."
                 ),
                 &["cluster", "kind", "event"],
-            )
-            .expect("valid metric"),
-            bus_writes: IntCounterVec::new(
-                opts!(
-                    "shoal_ingester_bus_writes_total",
-                    "Keys the ingester published, by result: written, unchanged (skipped), \
-                     deleted, error."
-                ),
-                &["result"],
             )
             .expect("valid metric"),
             clusters: IntGaugeVec::new(
@@ -143,24 +298,6 @@ impl Metrics {
                 &["cluster"],
             )
             .expect("valid metric"),
-            ready: IntGauge::new("shoal_ingester_ready", "1 once the ingester is ready.")
-                .expect("valid metric"),
-            leader: IntGauge::new(
-                "shoal_ingester_leader",
-                "1 while this replica holds its fleet's lease and writes, 0 on standby. \
-                 Always 1 for the file source, which runs without a lease.",
-            )
-            .expect("valid metric"),
-            lease_epoch: IntGauge::new(
-                "shoal_ingester_lease_epoch",
-                "The fleet's lease epoch as last read or written by this replica.",
-            )
-            .expect("valid metric"),
-            lease_transitions: IntCounter::new(
-                "shoal_ingester_lease_transitions_total",
-                "Times this replica started or stopped leading its fleet.",
-            )
-            .expect("valid metric"),
             cluster_refused: IntGaugeVec::new(
                 opts!(
                     "shoal_ingester_cluster_refused",
@@ -177,16 +314,6 @@ impl Metrics {
                      written, gone (deleted meanwhile), error."
                 ),
                 &["result"],
-            )
-            .expect("valid metric"),
-            bus_heals: IntCounterVec::new(
-                opts!(
-                    "shoal_ingester_bus_heals_total",
-                    "Buckets found to have lost their data (gone, re-created by another \
-                     writer, or with a sequence below what this ingester wrote), after which \
-                     the ingester re-created them and published everything again, by bucket."
-                ),
-                &["bucket"],
             )
             .expect("valid metric"),
             ca_root_writes: IntCounterVec::new(
@@ -208,53 +335,58 @@ impl Metrics {
             .expect("valid metric"),
             cluster_states: Arc::default(),
         };
-        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
-            Box::new(m.events.clone()),
-            Box::new(m.bus_writes.clone()),
-            Box::new(m.clusters.clone()),
-            Box::new(m.cluster_synced.clone()),
-            Box::new(m.ready.clone()),
-            Box::new(m.leader.clone()),
-            Box::new(m.lease_epoch.clone()),
-            Box::new(m.lease_transitions.clone()),
-            Box::new(m.cluster_refused.clone()),
-            Box::new(m.object_status_writes.clone()),
-            Box::new(m.bus_heals.clone()),
-            Box::new(m.issuer_readable.clone()),
-            Box::new(m.ca_root_writes.clone()),
-            Box::new(m.ca_root_reloads.clone()),
-        ];
-        shoal_common::metrics::register_all(&m.registry, collectors);
-        for state in ["synced", "syncing", "refused"] {
-            m.clusters.with_label_values(&[state]).set(0);
+        shoal_common::metrics::register_all(registry, m.collectors());
+        for state in StateLabel::ALL {
+            m.clusters.with_label_values(&[state.as_str()]).set(0);
         }
-        for result in ["written", "unchanged", "deleted", "error"] {
-            m.bus_writes.with_label_values(&[result]);
+        for result in StatusWrite::ALL {
+            m.object_status_writes.with_label_values(&[result.as_str()]);
         }
-        for result in ["written", "gone", "error"] {
-            m.object_status_writes.with_label_values(&[result]);
-        }
-        for result in ["ok", "error"] {
-            m.ca_root_reloads.with_label_values(&[result]);
-        }
-        for bucket in shoal_common::bus::Bucket::ALL {
-            m.bus_heals.with_label_values(&[bucket.name()]);
+        for result in RootReload::ALL {
+            m.ca_root_reloads.with_label_values(&[result.as_str()]);
         }
         m
     }
 
-    /// Counts one watch event.
-    pub fn event(&self, cluster: &str, kind: &str, event: &str) {
-        self.events.with_label_values(&[cluster, kind, event]).inc();
+    fn collectors(&self) -> Vec<Box<dyn Collector>> {
+        vec![
+            Box::new(self.events.clone()),
+            Box::new(self.clusters.clone()),
+            Box::new(self.cluster_synced.clone()),
+            Box::new(self.cluster_refused.clone()),
+            Box::new(self.object_status_writes.clone()),
+            Box::new(self.issuer_readable.clone()),
+            Box::new(self.ca_root_writes.clone()),
+            Box::new(self.ca_root_reloads.clone()),
+        ]
     }
 
-    /// Counts what a publish round did.
-    pub fn published(&self, report: &PublishReport) {
-        let w = &self.bus_writes;
-        w.with_label_values(&["written"]).inc_by(report.writes);
-        w.with_label_values(&["unchanged"]).inc_by(report.unchanged);
-        w.with_label_values(&["deleted"]).inc_by(report.deletes);
-        w.with_label_values(&["error"]).inc_by(report.errors);
+    /// Counts one watch event.
+    pub fn event(&self, cluster: &str, kind: WatchKind, event: WatchEvent) {
+        self.events
+            .with_label_values(&[cluster, kind.as_str(), event.as_str()])
+            .inc();
+    }
+
+    /// Counts one status write to an Istio config object.
+    pub fn object_status_written(&self, result: StatusWrite) {
+        self.object_status_writes
+            .with_label_values(&[result.as_str()])
+            .inc();
+    }
+
+    /// Counts one write of the root certificate ConfigMap into a namespace of `cluster`.
+    pub fn ca_root_written(&self, cluster: &str, result: RootWrite) {
+        self.ca_root_writes
+            .with_label_values(&[cluster, result.as_str()])
+            .inc();
+    }
+
+    /// Counts one load of the root certificate file.
+    pub fn ca_root_reloaded(&self, result: RootReload) {
+        self.ca_root_reloads
+            .with_label_values(&[result.as_str()])
+            .inc();
     }
 
     /// Records a managed cluster's sync state.
@@ -325,45 +457,48 @@ impl Metrics {
         }
         let _ = self.cluster_synced.remove_label_values(&[cluster]);
         let _ = self.issuer_readable.remove_label_values(&[cluster]);
-        for result in ["written", "failed"] {
-            let _ = self.ca_root_writes.remove_label_values(&[cluster, result]);
+        for result in RootWrite::ALL {
+            let _ = self
+                .ca_root_writes
+                .remove_label_values(&[cluster, result.as_str()]);
         }
         // Series of removed clusters would otherwise accumulate with cluster churn.
-        for kind in CLUSTER_KINDS {
-            for event in EVENTS {
-                let _ = self.events.remove_label_values(&[cluster, kind, event]);
+        for kind in WatchKind::CLUSTER {
+            for event in WatchEvent::ALL {
+                let _ = self
+                    .events
+                    .remove_label_values(&[cluster, kind.as_str(), event.as_str()]);
             }
         }
         self.count_states(&states);
     }
 
     fn count_states(&self, states: &BTreeMap<String, ClusterState>) {
-        for label in ["synced", "syncing", "refused"] {
+        for label in StateLabel::ALL {
             let n = states.values().filter(|s| s.label() == label).count();
             let n = i64::try_from(n).unwrap_or(i64::MAX);
-            self.clusters.with_label_values(&[label]).set(n);
+            self.clusters.with_label_values(&[label.as_str()]).set(n);
         }
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The text exposition of these metrics alone, for tests.
+    #[cfg(test)]
     pub fn render(&self) -> String {
-        shoal_common::metrics::render(&self.registry)
-    }
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
+        let registry = Registry::new();
+        shoal_common::metrics::register_all(&registry, self.collectors());
+        shoal_common::metrics::render(&registry)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::publish::metrics::PublishMetrics;
+    use crate::publish::PublishReport;
 
     #[test]
     fn cluster_gauges_follow_states() {
-        let m = Metrics::new();
+        let m = KubeMetrics::register(&Registry::new());
         m.cluster_state("a", false);
         m.cluster_state("b", true);
         m.cluster_state("a", true);
@@ -396,7 +531,7 @@ mod tests {
         m.cluster_refused("d", "edge");
         m.cluster_removed("d");
         assert!(!m.render().contains("cluster=\"d\""));
-        m.event("c", "Pod", "apply");
+        m.event("c", WatchKind::Pod, WatchEvent::Apply);
         m.cluster_removed("c");
         let text = m.render();
         assert!(
@@ -408,15 +543,17 @@ mod tests {
 
     #[test]
     fn publish_reports_are_counted_by_result() {
-        let m = Metrics::new();
-        m.published(&PublishReport {
+        let registry = Registry::new();
+        let publish = PublishMetrics::register(&registry);
+        let m = KubeMetrics::register(&registry);
+        publish.published(&PublishReport {
             writes: 2,
             unchanged: 5,
             deletes: 1,
             errors: 0,
         });
-        m.event("c1", "Service", "apply");
-        let text = m.render();
+        m.event("c1", WatchKind::Service, WatchEvent::Apply);
+        let text = shoal_common::metrics::render(&registry);
         assert!(text.contains("shoal_ingester_bus_writes_total{result=\"written\"} 2"));
         assert!(text.contains("shoal_ingester_bus_writes_total{result=\"unchanged\"} 5"));
         assert!(text.contains("shoal_ingester_bus_writes_total{result=\"error\"} 0"));

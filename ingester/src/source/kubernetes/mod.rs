@@ -5,9 +5,11 @@
 //!   and also for Istio config ([`config`]); in its system namespace, for the multicluster
 //!   Secrets of this fleet ([`secrets`]).
 //! - Each cluster ID is published by one fleet, its owner on the bus
-//!   ([`crate::ownership`]); a cluster another live fleet owns is refused, and a cluster
-//!   that leaves this fleet is handed over or deleted ([`orphans`]).
-//! - Each cluster runs in its own task ([`cluster`]) owning the keys of its cluster ID.
+//!   ([`crate::coordination::ownership`]); a cluster another live fleet owns is refused,
+//!   and a cluster that leaves this fleet is handed over or deleted ([`orphans`]).
+//! - Each cluster runs in its own task ([`cluster`]) owning the keys of its cluster ID, and
+//!   keeps its sync status and token issuer in `shoal-meta` ([`cluster_status`], read
+//!   with [`issuer`]).
 //! - With `--ca-root-cert`, the leader writes the mesh's root certificate into every
 //!   selected namespace of every cluster it publishes ([`ca_root`]), as istiod does.
 //! - A rejected Istio config object gets the reason in its `status`, written by the leader
@@ -15,13 +17,18 @@
 //! - Watches reduce objects to what shoal reads ([`reduce`]) and follow kube-rs relist
 //!   semantics ([`store`]): a relist is a reset, never a series of guessed deletes.
 //! - What is published goes through the same normalization as the file source
-//!   ([`crate::state`]) and the same [`crate::publish::Publisher`], which writes only
-//!   changed values, so a restart with an unchanged cluster writes nothing.
+//!   ([`crate::admit`], [`crate::desired`]) and the same [`crate::publish::Publisher`],
+//!   which writes only changed values, so a restart with an unchanged cluster writes
+//!   nothing.
+//! - [`metrics`]: what the source counts (watch events, cluster states, status writes).
 
 pub mod ca_root;
 pub mod cluster;
+pub mod cluster_status;
 pub mod config;
+pub mod context;
 pub mod issuer;
+pub mod metrics;
 pub mod object_status;
 pub mod orphans;
 pub mod reduce;
@@ -29,13 +36,15 @@ pub mod secrets;
 pub mod store;
 pub mod watch;
 
-use crate::lease::Leadership;
-use crate::mesh_config::SelectorsRx;
-use crate::metrics::Metrics;
-use crate::ownership::Owners;
-use crate::readiness::Readiness;
-use cluster::{readiness_name, ClusterContext};
+use crate::coordination::lease::Leadership;
+use crate::coordination::ownership::Owners;
+use crate::coordination::readiness::Readiness;
+use crate::publish::metrics::PublishMetrics;
+use crate::source::mesh_config::SelectorsRx;
+use cluster::readiness_name;
+use context::ClusterContext;
 use kube::Client;
+use metrics::KubeMetrics;
 use shoal_common::bus::StateBus;
 use shoal_common::credential::CredentialKeys;
 use std::sync::Arc;
@@ -92,6 +101,8 @@ pub struct KubeSourceConfig {
     /// Seals gateway credentials; with it (and `watch_config`), the config cluster's
     /// Secrets are watched in every namespace and the ones Gateways name are published.
     pub credential_keys: Option<Arc<CredentialKeys>>,
+    /// The discovery selectors, followed.
+    pub selectors: SelectorsRx,
 }
 
 /// The `User-Agent` of the ingester's Kubernetes clients: the binary, its version, the
@@ -157,9 +168,9 @@ impl KubeSource {
     pub fn new(
         cfg: KubeSourceConfig,
         bus: Arc<dyn StateBus>,
-        metrics: Metrics,
+        metrics: KubeMetrics,
+        publish_metrics: PublishMetrics,
         readiness: Readiness,
-        selectors: SelectorsRx,
         leadership: Leadership,
         owners: Owners,
     ) -> KubeSource {
@@ -174,8 +185,9 @@ impl KubeSource {
             bus,
             fleet: cfg.fleet.clone(),
             metrics,
+            publish_metrics,
             readiness,
-            selectors,
+            selectors: cfg.selectors.clone(),
             leadership,
             owners,
             ca_root: cfg.ca_root.clone(),

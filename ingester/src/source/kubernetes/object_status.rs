@@ -16,10 +16,10 @@
 //!   merge patch to the `/status` subresource, from its own task: a failed write is logged
 //!   and retried later, and never holds up ingestion.
 
+use super::metrics::{KubeMetrics, StatusWrite};
 use super::reduce::ObjKey;
+use crate::coordination::lease::Leadership;
 use crate::error::InvalidObject;
-use crate::lease::Leadership;
-use crate::metrics::Metrics;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{json, Value};
@@ -187,7 +187,7 @@ pub struct StatusReporter {
     book: StatusBook,
     leadership: Leadership,
     selection: watch::Receiver<Selection>,
-    metrics: Metrics,
+    metrics: KubeMetrics,
     cluster: String,
 }
 
@@ -199,7 +199,7 @@ impl StatusReporter {
         book: StatusBook,
         leadership: Leadership,
         selection: watch::Receiver<Selection>,
-        metrics: Metrics,
+        metrics: KubeMetrics,
         cluster: &str,
     ) -> StatusReporter {
         StatusReporter {
@@ -264,34 +264,29 @@ impl StatusReporter {
             .is_some_and(|c| {
                 find_condition(c).and_then(|c| c.get("status")) == Some(&json!("False"))
             });
-        let count = |result: &str| {
-            self.metrics
-                .object_status_writes
-                .with_label_values(&[result])
-                .inc()
-        };
+        let count = |result| self.metrics.object_status_written(result);
         match result {
             Ok(Ok(_)) => {
                 info!(cluster = %self.cluster, %kind, %namespace, %name, rejected, "object status written");
-                count("written");
+                count(StatusWrite::Written);
                 self.book.done(key, pending.seq);
                 true
             }
             Ok(Err(kube::Error::Api(status))) if status.code == 404 => {
                 debug!(cluster = %self.cluster, %kind, %namespace, %name, "object gone; its status is moot");
-                count("gone");
+                count(StatusWrite::Gone);
                 self.book.done(key, pending.seq);
                 true
             }
             Ok(Err(error)) => {
                 warn!(cluster = %self.cluster, %kind, %namespace, %name, %error, "cannot write object status; retrying later");
-                count("error");
+                count(StatusWrite::Error);
                 self.book.defer(key, pending.seq);
                 false
             }
             Err(_) => {
                 warn!(cluster = %self.cluster, %kind, %namespace, %name, "object status write timed out; retrying later");
-                count("error");
+                count(StatusWrite::Error);
                 self.book.defer(key, pending.seq);
                 false
             }

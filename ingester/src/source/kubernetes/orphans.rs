@@ -14,11 +14,11 @@
 //! does not manage and whose owner record names this fleet (without a record, whose values
 //! this fleet wrote). Values and records of other fleets are never touched.
 
-use super::cluster::ClusterContext;
-use crate::ownership::Released;
+use super::cluster_status::{ClusterStatus, MetaRecord, MetaWriter};
+use super::context::ClusterContext;
+use crate::coordination::ownership::Released;
+use crate::desired::DesiredState;
 use crate::publish::Ownership;
-use crate::state::DesiredState;
-use crate::status::{ClusterStatus, MetaRecord, MetaWriter};
 use serde::de::IgnoredAny;
 use shoal_common::bus::Bucket;
 use shoal_common::envelope::{now_ms, Envelope};
@@ -164,7 +164,7 @@ pub async fn retire(ctx: ClusterContext, cluster: String, handover_timeout: Dura
     let mut publisher = ctx.publisher(Ownership::cluster(cluster.as_str()));
     for attempt in 1..=ATTEMPTS {
         let report = publisher.publish(&DesiredState::new(), now_ms()).await;
-        ctx.metrics.published(&report);
+        ctx.publish_metrics.published(&report);
         if !publisher.needs_retry() {
             info!(%cluster, deleted = report.deletes, "cluster is in no multicluster secret of any fleet; its keys are deleted");
             break;

@@ -1,15 +1,15 @@
 //! Reducing watched Kubernetes objects to the fields shoal reads, as they arrive.
 //!
 //! The reduced objects are still k8s-openapi objects, so the normalization the file source
-//! uses ([`crate::normalize`], [`crate::state`]) applies unchanged and both sources publish
-//! identical state for identical objects. Everything else (managedFields, container specs,
+//! uses ([`crate::admit::normalize`], [`crate::desired`]) applies unchanged and both sources
+//! publish identical state for identical objects. Everything else (managedFields, container specs,
 //! status conditions, unrelated annotations) is dropped before storing: that bounds memory,
 //! and a change to a dropped field compares equal to the stored object, so it causes no
 //! recomputation at all (a Node's heartbeat status, a Pod's container statuses).
 
+use crate::admit::istio;
+use crate::admit::normalize::{self, REGION_LABEL, SERVICE_NAME_LABEL, SUBZONE_LABEL, ZONE_LABEL};
 use crate::error::InvalidObject;
-use crate::istio;
-use crate::normalize::{self, REGION_LABEL, SERVICE_NAME_LABEL, SUBZONE_LABEL, ZONE_LABEL};
 use crate::selector::Labels;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::{
@@ -248,9 +248,10 @@ pub fn config(kind: ConfigKind, obj: DynamicObject) -> Result<ConfigObject, Inva
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::{parse_file, test_path, ManifestObject};
-    use crate::normalize::Workloads;
-    use crate::state;
+    use crate::admit::normalize::Workloads;
+    use crate::desired;
+    use crate::source::file::manifest::{parse_file, test_path, ManifestObject};
+    use crate::source::file::store;
 
     fn yaml<T: serde::de::DeserializeOwned>(s: &str) -> T {
         serde_yaml::from_str(s).expect("test manifest parses")
@@ -394,7 +395,7 @@ status: {conditions: [{type: Ready, status: "True"}]}
         let path = test_path("all.yaml");
         let parsed = parse_file(&path, &text).unwrap();
         assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
-        let from_files = state::desired_state(
+        let from_files = store::desired_state(
             parsed.objects.iter().map(|o| (path.as_path(), o)),
             "c1",
             &Default::default(),
@@ -404,13 +405,13 @@ status: {conditions: [{type: Ready, status: "True"}]}
         let pods = [pod(yaml(POD))];
         let nodes = [node(yaml(NODE))];
         let workloads = Workloads::new(&pods, &nodes);
-        let mut from_kube = state::DesiredState::new();
-        let (k, v) = state::service_entry(&service(yaml(SERVICE)).unwrap(), "c1")
+        let mut from_kube = desired::DesiredState::new();
+        let (k, v) = desired::service_entry(&service(yaml(SERVICE)).unwrap(), "c1")
             .unwrap()
             .unwrap();
         from_kube.insert(k, v);
         let slice = endpoint_slice(yaml(SLICE)).unwrap();
-        let (k, v) = state::endpoints_entry(&slice, "c1", &workloads)
+        let (k, v) = desired::endpoints_entry(&slice, "c1", &workloads)
             .unwrap()
             .unwrap();
         from_kube.insert(k, v);

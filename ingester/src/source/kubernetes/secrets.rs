@@ -9,17 +9,21 @@
 //! [`plan`] is the pure part: from the secrets and the clusters running now, which
 //! clusters to add, update (a changed kubeconfig, by sha256) and remove, and which IDs
 //! conflict. The [`SecretController`] carries the plan out with cluster tasks, for the
-//! clusters no other live fleet owns ([`crate::ownership`]); a cluster that leaves the
-//! fleet is retired ([`orphans::retire`]): handed over without a delete, or deleted.
+//! clusters no other live fleet owns ([`crate::coordination::ownership`]); a cluster that
+//! leaves the fleet is retired ([`orphans::retire`]): handed over without a delete, or
+//! deleted.
 
-use super::cluster::{self, readiness_name, ClusterContext, ClusterHandle};
+use super::cluster::{self, readiness_name, ClusterHandle};
+use super::cluster_status::StatusWriter;
+use super::context::ClusterContext;
+use super::metrics::WatchKind;
 use super::orphans;
 use super::reduce::{self, ObjKey, SecretData};
 use super::store::{KindStore, Touched};
-use super::watch::{self, Sink, Tagged, TaskGuard, Update};
+use super::watch::{self, Sink, Tagged, Update};
 use super::{with_user_agent, KubeSourceError};
-use crate::ownership::{OwnerEvents, Standing};
-use crate::status::StatusWriter;
+use crate::coordination::ownership::{OwnerEvents, Standing};
+use crate::task::TaskGuard;
 use k8s_openapi::api::core::v1::Secret;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
@@ -240,7 +244,7 @@ impl SecretController {
             watches.push(watch::spawn(
                 Api::<Secret>::namespaced(client.clone(), &cfg.namespace),
                 watcher::Config::default().labels(&selector),
-                "Secret".into(),
+                WatchKind::MulticlusterSecret,
                 sink,
                 |secret| Ok(Some(reduce::secret(secret))),
                 Update::Secret,

@@ -6,10 +6,10 @@
 //! never lacks an object that still exists, not even while a relist is under way.
 
 use super::reduce::{CrdInfo, ObjKey};
+use crate::admit::normalize::Workloads;
+use crate::desired::{self, DesiredState, StateKey};
 use crate::error::InvalidObject;
-use crate::normalize::Workloads;
 use crate::selector::{DiscoverySelectors, Labels};
-use crate::state::{self, DesiredState, StateKey};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use shoal_common::bus::Bucket;
@@ -19,6 +19,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use tracing::warn;
 
 /// One change from a watch, with the object already reduced (or rejected).
+///
+/// The same steps as kube-runtime's `watcher::Event<K>`, which it is built from
+/// ([`super::watch`]), but not that type: an object arrives keyed and reduced, or rejected
+/// with its key (the store then keeps that key's previous version), and a delete carries
+/// the key alone, whatever the deleted object would reduce to now. `Event<K>` would carry
+/// whole objects in every step, deletes included.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change<V> {
     /// A relist starts.
@@ -314,13 +320,13 @@ impl ClusterStore {
             for svc in self.services.in_namespace(ns) {
                 insert(
                     &mut desired,
-                    state::service_entry(svc, cluster),
+                    desired::service_entry(svc, cluster),
                     cluster,
                     ns,
                 );
             }
             for slice in self.slices.in_namespace(ns) {
-                let entry = state::endpoints_entry(slice, cluster, &workloads);
+                let entry = desired::endpoints_entry(slice, cluster, &workloads);
                 insert(&mut desired, entry, cluster, ns);
             }
         }
@@ -330,7 +336,7 @@ impl ClusterStore {
 
 fn insert(
     desired: &mut DesiredState,
-    entry: Result<Option<(StateKey, state::StateObject)>, InvalidObject>,
+    entry: Result<Option<(StateKey, desired::StateObject)>, InvalidObject>,
     cluster: &str,
     namespace: &str,
 ) {
@@ -377,7 +383,7 @@ impl ConfigStore {
                     continue;
                 }
                 for config in store.in_namespace(ns) {
-                    let (key, object) = state::config_entry(config);
+                    let (key, object) = desired::config_entry(config);
                     desired.insert(key, object);
                 }
             }
@@ -549,7 +555,7 @@ mod tests {
             keys_of(store.desired("c1", &everything, &all)),
             vec!["c1.a.web", "c1.b.web"]
         );
-        let selectors = crate::mesh_config::parse(
+        let selectors = crate::source::mesh_config::parse(
             std::path::Path::new("mesh"),
             "discoverySelectors: [{matchLabels: {mesh: 'on'}}]",
         )

@@ -1,11 +1,12 @@
 //! Watches: one task per watched kind, running a kube-rs `watcher` with the default
 //! backoff, reducing each object as it arrives and sending the change to its cluster task.
 
+use super::metrics::{KubeMetrics, WatchEvent, WatchKind};
 use super::reduce::{self, CrdInfo, ObjKey, SecretData};
 use super::store::Change;
 use crate::error::InvalidObject;
-use crate::metrics::Metrics;
 use crate::selector::Labels;
+use crate::task::TaskGuard;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret as KubeSecret;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Service};
@@ -18,7 +19,6 @@ use shoal_common::model::ClusterIssuer;
 use shoal_common::model::{ConfigKind, ConfigObject};
 use std::fmt::Debug;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 /// A change of some watched kind.
@@ -65,28 +65,6 @@ pub struct Tagged {
     pub update: Update,
 }
 
-/// A spawned task, aborted when dropped (a stopped watch stops at once).
-#[derive(Debug)]
-pub struct TaskGuard(JoinHandle<()>);
-
-impl TaskGuard {
-    /// Guards a spawned task.
-    pub fn new(handle: JoinHandle<()>) -> Self {
-        TaskGuard(handle)
-    }
-
-    /// Whether the task has ended.
-    pub fn is_finished(&self) -> bool {
-        self.0.is_finished()
-    }
-}
-
-impl Drop for TaskGuard {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Where a watch sends its updates, and how it labels its metrics and logs.
 #[derive(Clone)]
 pub struct Sink {
@@ -97,7 +75,7 @@ pub struct Sink {
     /// The cluster, for metrics and logs.
     pub cluster: String,
     /// Metrics.
-    pub metrics: Metrics,
+    pub metrics: KubeMetrics,
 }
 
 /// Starts a watch of `api`: every event becomes a [`Change`] built with `reduce`
@@ -105,7 +83,7 @@ pub struct Sink {
 pub fn spawn<K, V>(
     api: Api<K>,
     config: watcher::Config,
-    kind: String,
+    kind: WatchKind,
     sink: Sink,
     reduce: impl Fn(K) -> Result<Option<V>, InvalidObject> + Send + 'static,
     wrap: impl Fn(Change<V>) -> Update + Send + 'static,
@@ -119,14 +97,14 @@ where
         let mut failing = false;
         while let Some(item) = stream.next().await {
             let event = event_name(&item);
-            sink.metrics.event(&sink.cluster, &kind, event);
+            sink.metrics.event(&sink.cluster, kind, event);
             let update = match item {
                 Ok(event) => {
                     if failing {
                         failing = false;
                         debug!(cluster = %sink.cluster, %kind, "watch works again");
                         let health = Update::Health {
-                            kind: kind.clone(),
+                            kind: kind.to_string(),
                             error: None,
                         };
                         if !send(&sink, health).await {
@@ -147,7 +125,7 @@ where
                     warn!(cluster = %sink.cluster, %kind, %error, "watch failed; retrying with backoff");
                     failing = true;
                     Update::Health {
-                        kind: kind.clone(),
+                        kind: kind.to_string(),
                         error: Some(error.to_string()),
                     }
                 }
@@ -169,14 +147,14 @@ async fn send(sink: &Sink, update: Update) -> bool {
     sink.tx.send(tagged).await.is_ok()
 }
 
-fn event_name<K>(item: &Result<Event<K>, watcher::Error>) -> &'static str {
+fn event_name<K>(item: &Result<Event<K>, watcher::Error>) -> WatchEvent {
     match item {
-        Ok(Event::Init) => "init",
-        Ok(Event::InitApply(_)) => "init_apply",
-        Ok(Event::InitDone) => "init_done",
-        Ok(Event::Apply(_)) => "apply",
-        Ok(Event::Delete(_)) => "delete",
-        Err(_) => "error",
+        Ok(Event::Init) => WatchEvent::Init,
+        Ok(Event::InitApply(_)) => WatchEvent::InitApply,
+        Ok(Event::InitDone) => WatchEvent::InitDone,
+        Ok(Event::Apply(_)) => WatchEvent::Apply,
+        Ok(Event::Delete(_)) => WatchEvent::Delete,
+        Err(_) => WatchEvent::Error,
     }
 }
 

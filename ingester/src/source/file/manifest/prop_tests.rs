@@ -5,14 +5,14 @@ use super::*;
 use proptest::prelude::*;
 
 const SEEDS: &[&str] = &[
-    include_str!("../../../docs/examples/mesh/00-namespaces.yaml"),
-    include_str!("../../../docs/examples/mesh/10-services.yaml"),
-    include_str!("../../../docs/examples/mesh/20-workloads.yaml"),
-    include_str!("../../../docs/examples/mesh/30-gateway.yaml"),
-    include_str!("../../../docs/examples/mesh/40-virtualservice.yaml"),
-    include_str!("../../../docs/examples/mesh/50-destinationrule.yaml"),
-    include_str!("../../../docs/examples/mesh/60-sidecar.yaml"),
-    include_str!("../../../docs/examples/mesh/70-serviceentry.yaml"),
+    include_str!("../../../../../docs/examples/mesh/00-namespaces.yaml"),
+    include_str!("../../../../../docs/examples/mesh/10-services.yaml"),
+    include_str!("../../../../../docs/examples/mesh/20-workloads.yaml"),
+    include_str!("../../../../../docs/examples/mesh/30-gateway.yaml"),
+    include_str!("../../../../../docs/examples/mesh/40-virtualservice.yaml"),
+    include_str!("../../../../../docs/examples/mesh/50-destinationrule.yaml"),
+    include_str!("../../../../../docs/examples/mesh/60-sidecar.yaml"),
+    include_str!("../../../../../docs/examples/mesh/70-serviceentry.yaml"),
 ];
 
 /// Pieces of YAML and JSON syntax, field names and values the parser cares about.
@@ -218,7 +218,7 @@ proptest! {
         which in 0..SEEDS.len(),
         mutations in prop::collection::vec(mutation(), 1..6),
     ) {
-        use crate::state::ManifestStore;
+        use crate::source::file::store::ManifestStore;
         let mut store = ManifestStore::new();
         for (i, seed) in SEEDS.iter().enumerate() {
             let path = test_path(&format!("{i}.yaml"));

@@ -2,8 +2,8 @@
 //! computes its desired bus state ([`crate::desired`]) in the namespaces the discovery
 //! selectors select, and publishes it ([`crate::publish`]).
 //!
-//! - [`file`]: a directory of YAML/JSON manifests, polled (`--source file:DIR`, and the
-//!   server's standalone mode).
+//! - [`file`](mod@file): a directory of YAML/JSON manifests, polled (`--source file:DIR`,
+//!   and the server's standalone mode).
 //! - [`kubernetes`]: Kubernetes clusters, watched (`--source kube`): the config cluster,
 //!   the remote clusters of the fleet's multicluster Secrets, Istio CRDs.
 //! - [`mesh_config`]: the MeshConfig file whose `discoverySelectors` both sources follow.

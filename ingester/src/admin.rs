@@ -1,8 +1,8 @@
 //! The admin HTTP server (`--admin-addr`): `/ready`, `/healthz`, `/metrics`,
 //! `/debug/clusters`.
 
-use crate::metrics::Metrics;
-use crate::readiness::Readiness;
+use crate::coordination::readiness::Readiness;
+use crate::source::kubernetes::metrics::KubeMetrics;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use shoal_common::admin::{response, Body};
@@ -14,8 +14,10 @@ use tokio::net::TcpListener;
 pub struct AdminState {
     /// Readiness.
     pub readiness: Readiness,
-    /// Metrics.
-    pub metrics: Metrics,
+    /// Every metric, for `/metrics`.
+    pub registry: prometheus::Registry,
+    /// The assigned clusters' states, for `/debug/clusters` (none for the file source).
+    pub clusters: KubeMetrics,
 }
 
 /// Binds the admin address.
@@ -62,13 +64,13 @@ fn route(state: &AdminState, req: &Request<Incoming>) -> Response<Body> {
             text(
                 StatusCode::OK,
                 "text/plain; version=0.0.4",
-                state.metrics.render(),
+                shoal_common::metrics::render(&state.registry),
             )
         }
         // Every cluster this fleet is assigned and what it does with it: syncing, synced,
         // or refused (with the fleet that owns it).
         "/debug/clusters" => {
-            let states = state.metrics.cluster_states();
+            let states = state.clusters.cluster_states();
             match serde_json::to_string_pretty(&states) {
                 Ok(body) => text(StatusCode::OK, "application/json", body + "\n"),
                 Err(error) => text(

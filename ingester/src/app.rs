@@ -1,14 +1,17 @@
 //! Command line and process wiring of the `shoal-ingester` binary.
 
 use crate::admin::{self, AdminState};
+use crate::coordination::bus_guard;
+use crate::coordination::lease::{self, Elector, LeaseConfig};
+use crate::coordination::metrics::CoordinationMetrics;
+use crate::coordination::ownership::Owners;
+use crate::coordination::readiness::{announce_synced, Readiness};
 use crate::error::IngestError;
-use crate::file::{FileSource, FileSourceConfig};
-use crate::kubernetes::{self, KubeSource, KubeSourceConfig};
-use crate::lease::{self, Elector, LeaseConfig};
-use crate::mesh_config::{self, MeshConfigWatch};
-use crate::metrics::Metrics;
-use crate::ownership::Owners;
-use crate::readiness::Readiness;
+use crate::publish::metrics::PublishMetrics;
+use crate::source::file::{FileSource, FileSourceConfig};
+use crate::source::kubernetes::metrics::KubeMetrics;
+use crate::source::kubernetes::{self, KubeSource, KubeSourceConfig};
+use crate::source::mesh_config::{self, MeshConfigWatch};
 use anyhow::Context;
 use shoal_common::bus::nats::NatsBus;
 use shoal_common::bus::nats_args::NatsArgs;
@@ -92,7 +95,7 @@ pub struct IngesterArgs {
         long,
         env = "SHOAL_MAX_MANIFEST_BYTES",
         value_name = "BYTES",
-        default_value_t = crate::file::DEFAULT_MAX_FILE_BYTES
+        default_value_t = crate::source::file::DEFAULT_MAX_FILE_BYTES
     )]
     pub max_manifest_bytes: u64,
 
@@ -311,8 +314,13 @@ const FILE_READINESS: &str = "manifest directory";
 /// objects, then keeps them in sync.
 pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
     shoal_common::logging::init(&args.log_level, args.log_format == LogFormat::Json);
-    let metrics = Metrics::new();
-    let readiness = Readiness::new(metrics.clone());
+    // Every subsystem's metrics are registered whatever the source, so /metrics always
+    // lists the same series.
+    let registry = prometheus::Registry::new();
+    let coordination_metrics = CoordinationMetrics::register(&registry);
+    let publish_metrics = PublishMetrics::register(&registry);
+    let kube_metrics = KubeMetrics::register(&registry);
+    let readiness = Readiness::new(coordination_metrics.clone());
     let selectors = match &args.mesh_config {
         Some(path) => {
             let (watch, rx) = MeshConfigWatch::load(path)?;
@@ -332,14 +340,15 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("connecting to the state bus at {}", args.nats_url))?;
     // Only writers heal a bus that lost its data: they know what belongs there.
-    tokio::spawn(crate::bus_guard::run(bus.clone(), metrics.clone()));
+    tokio::spawn(bus_guard::run(bus.clone(), coordination_metrics.clone()));
     let bus: Arc<dyn StateBus> = Arc::new(bus);
     let listener = admin::bind(args.admin_addr)
         .await
         .with_context(|| format!("binding the admin address {}", args.admin_addr))?;
     let admin_state = AdminState {
         readiness: readiness.clone(),
-        metrics: metrics.clone(),
+        registry,
+        clusters: kube_metrics.clone(),
     };
     let debug = args.debug.policy();
 
@@ -372,17 +381,17 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
             );
             readiness.require(FILE_READINESS);
             // No lease: the file source always writes, with epoch 0.
-            metrics.leader.set(1);
+            coordination_metrics.leader.set(1);
             tokio::spawn(admin::serve(listener, debug, admin_state));
-            tokio::spawn(crate::readiness::announce_synced(
+            tokio::spawn(announce_synced(
                 bus.clone(),
                 cfg.fleet.clone(),
                 readiness.clone(),
-                crate::lease::Leadership::always(),
+                lease::Leadership::always(),
             ));
             let mut source = FileSource::new(cfg, bus).await?;
             source.set_discovery_selectors(selectors);
-            source.set_metrics(metrics);
+            source.set_metrics(publish_metrics);
             let report = source.sync_once().await?;
             info!(
                 writes = report.writes,
@@ -406,7 +415,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
             }
             let unlabelled_secrets = args.takes_unlabelled_secrets();
             let ca_root = match args.ca_root_cert.clone() {
-                Some(path) => Some(kubernetes::ca_root::follow(path, metrics.clone())?),
+                Some(path) => Some(kubernetes::ca_root::follow(path, kube_metrics.clone())?),
                 None => None,
             };
             let instance_id = args
@@ -420,7 +429,8 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 instance_id,
                 ttl: args.lease_ttl.get(),
             };
-            let (elector, leadership) = Elector::new(bus.clone(), lease_cfg, metrics.clone());
+            let (elector, leadership) =
+                Elector::new(bus.clone(), lease_cfg, coordination_metrics.clone());
             let owners = Owners::start(
                 bus.clone(),
                 &args.fleet,
@@ -441,15 +451,23 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 remote_cluster_timeout: args.remote_cluster_timeout.get(),
                 ca_root,
                 credential_keys: credential_keys.clone(),
+                selectors,
             };
-            tokio::spawn(crate::readiness::announce_synced(
+            tokio::spawn(announce_synced(
                 bus.clone(),
                 cfg.fleet.clone(),
                 readiness.clone(),
                 leadership.clone(),
             ));
-            let source =
-                KubeSource::new(cfg, bus, metrics, readiness, selectors, leadership, owners);
+            let source = KubeSource::new(
+                cfg,
+                bus,
+                kube_metrics,
+                publish_metrics,
+                readiness,
+                leadership,
+                owners,
+            );
             tokio::spawn(admin::serve(listener, debug, admin_state));
             let result = tokio::select! {
                 result = source.run(client) => result.map_err(anyhow::Error::from),

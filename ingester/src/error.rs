@@ -1,7 +1,7 @@
 //! The ingester's error type. Every variant names what it concerns (file and document, or
 //! bucket and key), so a log line alone tells an operator what to fix.
 
-use crate::manifest::{DocRef, ObjectId};
+use crate::object::{DocRef, ObjectId};
 use shoal_common::bus::{Bucket, BusError};
 use shoal_common::envelope::EnvelopeError;
 use std::path::PathBuf;

@@ -10,17 +10,19 @@
 //! not decode (another schema, garbage) gets no hash and is simply overwritten.
 //!
 //! Writes depend on [`Leadership`]: the file source always leads (epoch 0, no lease); the
-//! Kubernetes source leads while it holds its fleet's lease ([`crate::lease`]), stamps the
-//! lease epoch into every envelope, and checks before every write that its term has not
-//! ended. Readers refuse live writes of older epochs ([`shoal_common::lease::fenced`]), and
-//! so does the publisher: a deposed leader's write to an owned key is put right at once.
+//! Kubernetes source leads while it holds its fleet's lease
+//! ([`crate::coordination::lease`]), stamps the lease epoch into every envelope, and checks
+//! before every write that its term has not ended. Readers refuse live writes of older
+//! epochs ([`shoal_common::lease::fenced`]), and so does the publisher: a deposed leader's
+//! write to an owned key is put right at once.
 
+pub mod metrics;
 pub mod plan;
 mod repair;
 
+use crate::coordination::lease::Leadership;
+use crate::desired::{DesiredState, StateKey};
 use crate::error::IngestError;
-use crate::lease::Leadership;
-use crate::state::{DesiredState, StateKey};
 use futures::StreamExt;
 use plan::{body_hash, OnBus, PlannedWrite, Stamp};
 use repair::{Live, OnBusMap, Repair};
@@ -622,8 +624,8 @@ impl Publisher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::Term;
-    use crate::state::StateObject;
+    use crate::coordination::lease::Term;
+    use crate::desired::StateObject;
     use crate::testing::{desired, service, CountingBus, Counts};
     use shoal_common::bus::{Entry, MAX_VALUE_BYTES};
     use shoal_common::model::Service;

@@ -1,6 +1,6 @@
 //! Test helpers shared by the unit tests of several modules.
 
-use crate::state::{DesiredState, StateKey, StateObject};
+use crate::desired::{DesiredState, StateKey, StateObject};
 use async_trait::async_trait;
 use bytes::Bytes;
 use shoal_common::bus::{Bucket, BusError, Entry, StateBus, WatchStream};

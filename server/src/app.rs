@@ -681,7 +681,7 @@ async fn standalone_bus(
         fleet: "standalone".to_string(),
         credential_keys,
         poll_interval: std::time::Duration::from_millis(250),
-        max_file_bytes: shoal_ingester::file::DEFAULT_MAX_FILE_BYTES,
+        max_file_bytes: shoal_ingester::source::file::DEFAULT_MAX_FILE_BYTES,
     };
     let mut source = FileSource::new(cfg, bus.clone())
         .await

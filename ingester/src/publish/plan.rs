@@ -2,8 +2,8 @@
 //! publisher knows is on the bus, and the term's stamp. No bus is needed to compute or
 //! test it; the publisher carries it out key by key while its term lasts.
 
+use crate::desired::{DesiredState, StateKey, StateObject};
 use crate::error::IngestError;
-use crate::state::{DesiredState, StateKey, StateObject};
 use sha2::{Digest, Sha256};
 use shoal_common::bus::{Bucket, MAX_VALUE_BYTES};
 use shoal_common::envelope::Envelope;

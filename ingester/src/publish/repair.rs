@@ -4,7 +4,7 @@
 
 use super::plan::{body_hash, OnBus};
 use super::Ownership;
-use crate::state::StateKey;
+use crate::desired::StateKey;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use serde::de::IgnoredAny;

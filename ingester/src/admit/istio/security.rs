@@ -1,0 +1,416 @@
+//! Validation of Istio's security kinds (PeerAuthentication, AuthorizationPolicy): what
+//! the server relies on, with errors naming the field.
+
+use crate::error::InvalidObject;
+use shoal_common::model::{
+    AuthorizationAction, AuthorizationPolicy, Condition, PeerAuthentication,
+};
+use std::net::IpAddr;
+
+/// Checks a PeerAuthentication as istiod's validation does.
+pub fn validate_peer_authentication(pa: &PeerAuthentication) -> Result<(), InvalidObject> {
+    let selects = pa
+        .selector
+        .as_ref()
+        .is_some_and(|s| !s.match_labels.is_empty());
+    if !pa.port_level_mtls.is_empty() && !selects {
+        return Err(InvalidObject::new(
+            "portLevelMtls needs a selector with matchLabels (a mesh or namespace policy \
+             cannot set port modes, as in istiod)"
+                .to_string(),
+        ));
+    }
+    for port in pa.port_level_mtls.keys() {
+        if !(1..=65535).contains(port) {
+            return Err(InvalidObject::new(format!(
+                "portLevelMtls key {port} is not a port in 1-65535"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks an AuthorizationPolicy as istiod's validation does (`ValidateAuthorizationPolicy`,
+/// `security.ValidateAttribute`), plus what shoal does not implement (CUSTOM, JWT
+/// attributes, Envoy metadata), refused by name.
+pub fn validate_authorization_policy(ap: &AuthorizationPolicy) -> Result<(), InvalidObject> {
+    let fail = |reason: String| Err(InvalidObject::new(reason));
+    if ap.action == AuthorizationAction::Custom {
+        return fail("action CUSTOM (an external authorizer) is not supported".to_string());
+    }
+    if ap.action == AuthorizationAction::Deny && ap.rules.is_empty() {
+        return fail(
+            "action DENY without rules never matches; add an empty rule `{}` to deny every \
+             request (as istiod's validation)"
+                .to_string(),
+        );
+    }
+    for (i, rule) in ap.rules.iter().enumerate() {
+        for (j, from) in rule.from.iter().enumerate() {
+            let at = format!("rules[{i}].from[{j}].source");
+            let s = &from.source;
+            for (field, values) in [
+                ("requestPrincipals", &s.request_principals),
+                ("notRequestPrincipals", &s.not_request_principals),
+            ] {
+                if !values.is_empty() {
+                    return fail(format!(
+                        "{at}.{field} needs RequestAuthentication (JWT), which shoal does not \
+                         implement"
+                    ));
+                }
+            }
+            let lists = [
+                ("principals", &s.principals),
+                ("notPrincipals", &s.not_principals),
+                ("namespaces", &s.namespaces),
+                ("notNamespaces", &s.not_namespaces),
+                ("ipBlocks", &s.ip_blocks),
+                ("notIpBlocks", &s.not_ip_blocks),
+                ("remoteIpBlocks", &s.remote_ip_blocks),
+                ("notRemoteIpBlocks", &s.not_remote_ip_blocks),
+            ];
+            if lists.iter().all(|(_, v)| v.is_empty()) {
+                return fail(format!("{at} must not be empty"));
+            }
+            for (field, values) in lists {
+                non_empty(&format!("{at}.{field}"), values)?;
+                if field.ends_with("IpBlocks") || field.ends_with("ipBlocks") {
+                    ip_blocks(&format!("{at}.{field}"), values)?;
+                }
+            }
+        }
+        for (j, to) in rule.to.iter().enumerate() {
+            let at = format!("rules[{i}].to[{j}].operation");
+            let o = &to.operation;
+            let lists = [
+                ("hosts", &o.hosts),
+                ("notHosts", &o.not_hosts),
+                ("ports", &o.ports),
+                ("notPorts", &o.not_ports),
+                ("methods", &o.methods),
+                ("notMethods", &o.not_methods),
+                ("paths", &o.paths),
+                ("notPaths", &o.not_paths),
+            ];
+            if lists.iter().all(|(_, v)| v.is_empty()) {
+                return fail(format!("{at} must not be empty"));
+            }
+            for (field, values) in lists {
+                let at = format!("{at}.{field}");
+                non_empty(&at, values)?;
+                match field {
+                    "ports" | "notPorts" => ports(&at, values)?,
+                    "paths" | "notPaths" => no_path_templates(&at, values)?,
+                    _ => {}
+                }
+            }
+        }
+        for (j, when) in rule.when.iter().enumerate() {
+            condition(&format!("rules[{i}].when[{j}]"), when)?;
+        }
+    }
+    Ok(())
+}
+
+/// The `when` keys shoal translates, as istiod names them.
+const WHEN_KEYS: &[&str] = &[
+    "source.ip",
+    "remote.ip",
+    "source.namespace",
+    "source.principal",
+    "source.serviceAccount",
+    "source.trustDomain",
+    "destination.ip",
+    "destination.port",
+    "connection.sni",
+];
+
+fn condition(at: &str, when: &Condition) -> Result<(), InvalidObject> {
+    let key = when.key.as_str();
+    let fail = |reason: String| Err(InvalidObject::new(format!("{at}.key {key:?}: {reason}")));
+    if key.is_empty() {
+        return Err(InvalidObject::new(format!("{at}.key must not be empty")));
+    }
+    if when.values.is_empty() && when.not_values.is_empty() {
+        return Err(InvalidObject::new(format!(
+            "{at}: at least one of values or notValues must be set for key {key:?}"
+        )));
+    }
+    if key.starts_with("request.auth.") {
+        return fail(
+            "JWT attributes need RequestAuthentication, which shoal does not implement".into(),
+        );
+    }
+    if key.starts_with("experimental.envoy.filters.") {
+        return fail("Envoy metadata conditions are not supported".into());
+    }
+    match key {
+        "destination.namespace" => return fail("replaced by the policy's namespace".into()),
+        "destination.name" | "destination.user" => {
+            return fail("deprecated: only supported in v1alpha1".into())
+        }
+        _ if key.starts_with("destination.labels") => {
+            return fail("replaced by the workload selector".into())
+        }
+        _ if key.starts_with("request.headers") => {
+            let name = key
+                .strip_prefix("request.headers[")
+                .and_then(|k| k.strip_suffix(']'));
+            if name.is_none_or(|n| n.is_empty() || n.contains(['[', ']'])) {
+                return fail("should have the format request.headers[<name>]".into());
+            }
+        }
+        _ if WHEN_KEYS.contains(&key) => {}
+        _ => return fail("unknown attribute".into()),
+    }
+    for (field, values) in [("values", &when.values), ("notValues", &when.not_values)] {
+        let at = format!("{at}.{field}");
+        non_empty(&at, values)?;
+        match key {
+            "source.ip" | "remote.ip" | "destination.ip" => ip_blocks(&at, values)?,
+            "destination.port" => ports(&at, values)?,
+            "source.serviceAccount" => service_accounts(&at, values)?,
+            "source.trustDomain" => wildcards(&at, values)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn non_empty(at: &str, values: &[String]) -> Result<(), InvalidObject> {
+    match values.iter().position(String::is_empty) {
+        Some(k) => Err(InvalidObject::new(format!("{at}[{k}] must not be empty"))),
+        None => Ok(()),
+    }
+}
+
+/// IP addresses or CIDR ranges.
+fn ip_blocks(at: &str, values: &[String]) -> Result<(), InvalidObject> {
+    for (k, v) in values.iter().enumerate() {
+        let ok = match v.split_once('/') {
+            Some((addr, len)) if !len.is_empty() && len.bytes().all(|b| b.is_ascii_digit()) => {
+                match (addr.parse::<IpAddr>(), len.parse::<u8>()) {
+                    (Ok(IpAddr::V4(_)), Ok(len)) => len <= 32,
+                    (Ok(IpAddr::V6(_)), Ok(len)) => len <= 128,
+                    _ => false,
+                }
+            }
+            Some(_) => false,
+            None => v.parse::<IpAddr>().is_ok(),
+        };
+        if !ok {
+            return Err(InvalidObject::new(format!(
+                "{at}[{k}] {v:?} is not an IP address or CIDR range"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn ports(at: &str, values: &[String]) -> Result<(), InvalidObject> {
+    for (k, v) in values.iter().enumerate() {
+        if v.parse::<u32>().ok().is_none_or(|p| p > 65535) {
+            return Err(InvalidObject::new(format!(
+                "{at}[{k}] {v:?} is not a port in 0-65535"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Path templates (`{*}`, `{**}`) are refused: istiod sends them to Envoy as RBAC
+/// `uri_template`, which makes Envoy 1.40 abort (std::terminate) when it loads the filter,
+/// taking every selected proxy down. Other braces are invalid, as in istiod.
+fn no_path_templates(at: &str, values: &[String]) -> Result<(), InvalidObject> {
+    for (k, v) in values.iter().enumerate() {
+        if v.contains(['{', '}']) {
+            return Err(InvalidObject::new(format!(
+                "{at}[{k}] {v:?}: path templates ({{*}}, {{**}}) are not supported (Envoy's \
+                 RBAC filter aborts on uri_template), and other braces are invalid"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `<sa>` or `<namespace>/<sa>`.
+fn service_accounts(at: &str, values: &[String]) -> Result<(), InvalidObject> {
+    for (k, v) in values.iter().enumerate() {
+        let ok = v.len() <= 320
+            && match v.split_once('/') {
+                Some((ns, sa)) => !ns.is_empty() && !sa.is_empty() && !sa.contains('/'),
+                None => true,
+            };
+        if !ok {
+            return Err(InvalidObject::new(format!(
+                "{at}[{k}] {v:?}: expected 'serviceAccount' or 'namespace/serviceAccount'"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A wildcard only at the start or the end.
+fn wildcards(at: &str, values: &[String]) -> Result<(), InvalidObject> {
+    for (k, v) in values.iter().enumerate() {
+        let inner = v
+            .strip_prefix('*')
+            .or_else(|| v.strip_suffix('*'))
+            .unwrap_or(v);
+        if v != "*" && inner.contains('*') {
+            return Err(InvalidObject::new(format!(
+                "{at}[{k}] {v:?}: a wildcard is allowed only at the start or the end"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::admit::istio::{config_spec, validate};
+    use shoal_common::model::{ConfigKind, ConfigSpec, MtlsMode};
+
+    fn spec(kind: ConfigKind, yaml: &str) -> Result<ConfigSpec, String> {
+        let value: serde_json::Value = serde_yaml::from_str(yaml).expect("yaml");
+        let spec = config_spec(kind, value).map_err(|e| e.to_string())?;
+        validate(&spec).map_err(|e| e.to_string())?;
+        Ok(spec)
+    }
+
+    #[test]
+    fn peer_authentication_modes_and_port_levels() {
+        let s = spec(
+            ConfigKind::PeerAuthentication,
+            "selector: {matchLabels: {app: r}}\nmtls: {mode: STRICT}\nportLevelMtls: {8080: {mode: DISABLE}}",
+        )
+        .expect("valid");
+        let ConfigSpec::PeerAuthentication(pa) = s else {
+            panic!("kind")
+        };
+        assert_eq!(pa.mtls.map(|m| m.mode), Some(MtlsMode::Strict));
+        assert_eq!(pa.port_level_mtls[&8080].mode, MtlsMode::Disable);
+
+        let e = spec(
+            ConfigKind::PeerAuthentication,
+            "portLevelMtls: {8080: {mode: DISABLE}}",
+        )
+        .unwrap_err();
+        assert!(e.contains("portLevelMtls needs a selector"), "{e}");
+        let e = spec(ConfigKind::PeerAuthentication, "mtls: {mode: LOOSE}").unwrap_err();
+        assert!(e.contains("LOOSE"), "{e}");
+    }
+
+    #[test]
+    fn authorization_policy_unmodelled_fields_and_custom_are_refused() {
+        spec(
+            ConfigKind::AuthorizationPolicy,
+            "action: DENY\nrules: [{from: [{source: {namespaces: [x]}}], to: [{operation: {methods: [GET]}}]}]",
+        )
+        .expect("valid");
+        let e = spec(ConfigKind::AuthorizationPolicy, "action: CUSTOM").unwrap_err();
+        assert!(e.contains("CUSTOM"), "{e}");
+        let e = spec(
+            ConfigKind::AuthorizationPolicy,
+            "action: CUSTOM\nprovider: {name: ext}",
+        )
+        .unwrap_err();
+        assert!(e.contains("spec.provider"), "{e}");
+        let e = spec(
+            ConfigKind::AuthorizationPolicy,
+            "targetRefs: [{kind: Gateway}]",
+        )
+        .unwrap_err();
+        assert!(e.contains("spec.targetRefs"), "{e}");
+    }
+
+    #[test]
+    fn authorization_policy_values_are_checked_with_the_field_named() {
+        let ok = |yaml: &str| {
+            spec(ConfigKind::AuthorizationPolicy, yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
+        };
+        let err = |yaml: &str, want: &str| {
+            let e = spec(ConfigKind::AuthorizationPolicy, yaml).expect_err(yaml);
+            assert!(e.contains(want), "{yaml}: {e}");
+        };
+        ok("{}");
+        ok("action: DENY\nrules: [{}]");
+        ok(
+            r#"rules: [{from: [{source: {ipBlocks: [10.0.0.0/8, 10.1.2.3, "2001:db8::/32"]}}], to: [{operation: {ports: ["0", "65535"], paths: ["/a/*"]}}]}]"#,
+        );
+        ok(
+            r#"rules: [{when: [{key: "request.headers[x-a]", values: [b]}, {key: source.serviceAccount, values: [a, ns/b]}, {key: source.trustDomain, values: ["*.corp"]}, {key: destination.port, notValues: ["80"]}, {key: connection.sni, values: [a]}]}]"#,
+        );
+
+        err("action: DENY", "action DENY without rules");
+        err(
+            "rules: [{from: [{source: {}}]}]",
+            "rules[0].from[0].source must not be empty",
+        );
+        err(
+            "rules: [{to: [{operation: {}}]}]",
+            "rules[0].to[0].operation must not be empty",
+        );
+        err(
+            "rules: [{}, {from: [{source: {notIpBlocks: [10.0.0.0/33]}}]}]",
+            "rules[1].from[0].source.notIpBlocks[0] \"10.0.0.0/33\"",
+        );
+        err(
+            "rules: [{from: [{source: {remoteIpBlocks: [1.2.3.4, x]}}]}]",
+            "rules[0].from[0].source.remoteIpBlocks[1]",
+        );
+        err(
+            "rules: [{from: [{source: {principals: [\"\"]}}]}]",
+            "rules[0].from[0].source.principals[0] must not be empty",
+        );
+        err(
+            r#"rules: [{to: [{operation: {ports: ["65536"]}}]}]"#,
+            "rules[0].to[0].operation.ports[0] \"65536\" is not a port",
+        );
+        err(
+            r#"rules: [{to: [{operation: {notPaths: ["/x", "/a/{*}"]}}]}]"#,
+            "rules[0].to[0].operation.notPaths[1] \"/a/{*}\": path templates",
+        );
+        err(
+            "rules: [{when: [{key: source.ip}]}]",
+            "rules[0].when[0]: at least one of values or notValues",
+        );
+        err(
+            "rules: [{when: [{key: \"request.headers[]\", values: [a]}]}]",
+            "rules[0].when[0].key \"request.headers[]\"",
+        );
+        err(
+            "rules: [{when: [{key: \"request.auth.claims[iss]\", values: [a]}]}]",
+            "RequestAuthentication",
+        );
+        err(
+            "rules: [{when: [{key: \"experimental.envoy.filters.a[b]\", values: [a]}]}]",
+            "Envoy metadata",
+        );
+        err(
+            "rules: [{when: [{key: \"destination.labels[app]\", values: [a]}]}]",
+            "workload selector",
+        );
+        err(
+            "rules: [{when: [{key: source.user, values: [a]}]}]",
+            "unknown attribute",
+        );
+        err(
+            "rules: [{when: [{key: remote.ip, notValues: [1.2.3]}]}]",
+            "rules[0].when[0].notValues[0]",
+        );
+        err(
+            "rules: [{when: [{key: destination.port, values: [http]}]}]",
+            "rules[0].when[0].values[0]",
+        );
+        err(
+            "rules: [{when: [{key: source.serviceAccount, values: [a/b/c]}]}]",
+            "namespace/serviceAccount",
+        );
+        err(
+            "rules: [{when: [{key: source.trustDomain, values: [a*b]}]}]",
+            "wildcard",
+        );
+    }
+}

@@ -1,0 +1,1023 @@
+//! The file source: a directory tree of manifests, polled for changes and published.
+//!
+//! Polling instead of inotify: it needs no platform dependency, works on every filesystem
+//! (network mounts, Kubernetes ConfigMap volumes), and a 250 ms poll of (mtime, size) per
+//! file is cheap for any realistic manifest directory.
+//!
+//! Files written in place are read half-written now and then: truncated to nothing, or
+//! cut mid-document, which often still parses (as fewer objects). A change that would
+//! drop objects a file has (fewer objects, or the file gone: an editor that renames the
+//! old file away before writing the new one) therefore waits until the file has not
+//! changed for [`DROP_SETTLE`]; a change that only adds or modifies objects applies at
+//! once. Editors' companion files (`.swp` and other dot files, `~` backups, vim's `4913`
+//! probe) are not manifests: only `.yaml`, `.yml` and `.json` files are read.
+
+pub mod manifest;
+pub mod store;
+
+use crate::error::IngestError;
+use crate::publish::metrics::PublishMetrics;
+use crate::publish::{PublishReport, Publisher};
+use crate::source::mesh_config::{self, SelectorsRx};
+use manifest::ParsedFile;
+use sha2::{Digest, Sha256};
+use shoal_common::bus::StateBus;
+use shoal_common::credential::CredentialKeys;
+use shoal_common::envelope::now_ms;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use store::ManifestStore;
+use tokio::time::{Instant, MissedTickBehavior};
+use tracing::{debug, info, warn};
+
+/// How often the directory is polled unless configured otherwise.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Every file is re-read this often, whatever its mtime says: a safety net for changes
+/// that keep size and mtime (coarse timestamps, tools that restore mtimes).
+const FULL_READ_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A file modified this recently is re-read on every poll: another write within the
+/// filesystem's timestamp granularity could keep its (mtime, size) unchanged.
+const RACY_WINDOW: Duration = Duration::from_secs(2);
+
+/// How long a file must stay unchanged (or absent) before a change that drops some of its
+/// objects applies.
+pub const DROP_SETTLE: Duration = Duration::from_secs(2);
+
+/// The largest manifest file read unless configured otherwise (`--max-manifest-bytes`):
+/// 8 MiB. Parsing takes about 17 times a file's size in memory (a 60 MB manifest took the
+/// ingester past its chart's 1 GiB limit), so 8 MiB stays near 150 MB, while a file of
+/// thousands of objects fits: Kubernetes keeps one object under 1.5 MiB and a ConfigMap
+/// (a common way to mount manifests) under 1 MiB.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 8 << 20;
+
+/// Configuration of a [`FileSource`].
+#[derive(Debug, Clone)]
+pub struct FileSourceConfig {
+    /// The manifest directory (read recursively).
+    pub dir: PathBuf,
+    /// The cluster ID services and endpoints are published under.
+    pub cluster_id: String,
+    /// The fleet written into every envelope.
+    pub fleet: String,
+    /// How often the directory is polled for changes.
+    pub poll_interval: Duration,
+    /// Seals the gateway credentials (Secrets Gateways name); `None` publishes none.
+    pub credential_keys: Option<Arc<CredentialKeys>>,
+    /// Larger files are not read (their objects stay as they were).
+    pub max_file_bytes: u64,
+}
+
+impl FileSourceConfig {
+    /// A configuration for `dir` with the defaults: cluster `Kubernetes` (Istio's default
+    /// cluster ID), fleet `default`, a 250 ms poll, files up to 8 MiB.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        FileSourceConfig {
+            dir: dir.into(),
+            cluster_id: shoal_common::defaults::CLUSTER_ID.to_string(),
+            fleet: "default".to_string(),
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            credential_keys: None,
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+        }
+    }
+}
+
+/// What identifies a file version cheaply: modification time (ns) and size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    mtime_ns: u128,
+    len: u64,
+}
+
+/// What the source knows about a file it has seen.
+#[derive(Debug, Clone)]
+struct FileState {
+    stamp: FileStamp,
+    /// sha256 of the content last read; `None` when it could not be read.
+    hash: Option<[u8; 32]>,
+}
+
+/// A difference found by a scan.
+enum Change {
+    /// New or changed content, parsed.
+    Parsed {
+        path: PathBuf,
+        state: FileState,
+        parsed: Result<ParsedFile, IngestError>,
+    },
+    /// Same content, new stamp.
+    Touched { path: PathBuf, stamp: FileStamp },
+    /// The file exists but could not be read; its objects stay.
+    Unreadable {
+        path: PathBuf,
+        stamp: FileStamp,
+        error: IngestError,
+    },
+    /// The file is gone.
+    Removed(PathBuf),
+}
+
+/// Publishes the manifests of a directory to the bus and keeps them in sync.
+pub struct FileSource {
+    cfg: FileSourceConfig,
+    publisher: Publisher,
+    store: ManifestStore,
+    files: BTreeMap<PathBuf, FileState>,
+    last_full_read: Option<Instant>,
+    full_read_interval: Duration,
+    /// The store changed since the last publish.
+    stale: bool,
+    /// Changes that would drop objects, waiting for their file to settle: the content's
+    /// hash (`None`: the file is gone) and when it was first seen.
+    held: BTreeMap<PathBuf, (Option<[u8; 32]>, Instant)>,
+    /// [`DROP_SETTLE`] (zero in tests of what a change does, not when).
+    drop_settle: Duration,
+    /// The namespaces to publish (discovery selectors).
+    selectors: SelectorsRx,
+    metrics: Option<PublishMetrics>,
+}
+
+impl FileSource {
+    /// Checks the directory and reads what this source owns on the bus. Nothing is
+    /// published until [`FileSource::sync_once`].
+    pub async fn new(
+        cfg: FileSourceConfig,
+        bus: Arc<dyn StateBus>,
+    ) -> Result<FileSource, IngestError> {
+        let dir_err = |source| IngestError::SourceDir {
+            path: cfg.dir.clone(),
+            source,
+        };
+        let meta = tokio::fs::metadata(&cfg.dir).await.map_err(dir_err)?;
+        if !meta.is_dir() {
+            return Err(dir_err(std::io::Error::new(
+                ErrorKind::NotADirectory,
+                "not a directory",
+            )));
+        }
+        // Listing now turns a permission problem into a startup error, not a log line.
+        let _listing = tokio::fs::read_dir(&cfg.dir).await.map_err(dir_err)?;
+        let publisher = Publisher::load(bus, cfg.fleet.clone(), cfg.cluster_id.clone()).await?;
+        let mut store = ManifestStore::new();
+        store.set_credential_keys(cfg.credential_keys.clone());
+        Ok(FileSource {
+            cfg,
+            publisher,
+            store,
+            files: BTreeMap::new(),
+            last_full_read: None,
+            full_read_interval: FULL_READ_INTERVAL,
+            // The first round publishes even for an empty directory, so keys left on the
+            // bus by an earlier run are swept.
+            stale: true,
+            held: BTreeMap::new(),
+            drop_settle: DROP_SETTLE,
+            selectors: mesh_config::select_all(),
+            metrics: None,
+        })
+    }
+
+    /// Publishes only objects in the namespaces these discovery selectors select (the
+    /// default: every namespace), following their changes.
+    pub fn set_discovery_selectors(&mut self, selectors: SelectorsRx) {
+        self.selectors = selectors;
+        self.stale = true;
+    }
+
+    /// Counts publish results in these metrics.
+    pub fn set_metrics(&mut self, metrics: PublishMetrics) {
+        self.metrics = Some(metrics);
+    }
+
+    /// Scans the directory, parses new and changed files, and publishes the result.
+    /// Returns an empty report when nothing changed. `Err` only when the directory
+    /// cannot be scanned; the published state is then left as it was.
+    pub async fn sync_once(&mut self) -> Result<PublishReport, IngestError> {
+        let full = self
+            .last_full_read
+            .is_none_or(|t| t.elapsed() >= self.full_read_interval);
+        let dir = self.cfg.dir.clone();
+        let known = self.files.clone();
+        let max_bytes = self.cfg.max_file_bytes;
+        // Walking, reading and parsing block; keep them off the async workers.
+        let changes = tokio::task::spawn_blocking(move || scan(&dir, &known, full, max_bytes))
+            .await
+            .map_err(|source| IngestError::Task {
+                action: "scanning manifests",
+                source,
+            })??;
+        let observed_at_ms = now_ms();
+        if full {
+            self.last_full_read = Some(Instant::now());
+        }
+        let mut holding = BTreeSet::new();
+        for change in changes {
+            if let Some(path) = self.hold(&change) {
+                holding.insert(path);
+                continue;
+            }
+            self.apply(change);
+        }
+        self.held.retain(|path, _| holding.contains(path));
+        if self.selectors.has_changed().unwrap_or(false) {
+            self.stale = true;
+        }
+        if !self.stale && !self.publisher.needs_retry() {
+            return Ok(PublishReport::default());
+        }
+        let selectors = self.selectors.borrow_and_update().clone();
+        let desired = self
+            .store
+            .desired_state_selected(&self.cfg.cluster_id, &selectors);
+        self.stale = false;
+        let report = self.publisher.publish(&desired, observed_at_ms).await;
+        if let Some(metrics) = &self.metrics {
+            metrics.published(&report);
+        }
+        Ok(report)
+    }
+
+    /// Whether a change must wait for its file to settle (see the module docs); returns
+    /// its path if so.
+    fn hold(&mut self, change: &Change) -> Option<PathBuf> {
+        if self.drop_settle.is_zero() {
+            return None;
+        }
+        let (path, version) = match change {
+            Change::Parsed {
+                path,
+                state,
+                parsed,
+            } if self.store.would_drop(path, parsed) => (path, state.hash),
+            Change::Removed(path) if self.store.objects(path).is_some_and(|o| !o.is_empty()) => {
+                (path, None)
+            }
+            _ => return None,
+        };
+        let now = Instant::now();
+        match self.held.get(path) {
+            Some((held, since)) if *held == version => {
+                if now.duration_since(*since) >= self.drop_settle {
+                    self.held.remove(path);
+                    return None;
+                }
+            }
+            _ => {
+                debug!(
+                    file = %path.display(),
+                    settle_ms = self.drop_settle.as_millis() as u64,
+                    "a change drops objects; waiting for the file to settle",
+                );
+                self.held.insert(path.clone(), (version, now));
+            }
+        }
+        Some(path.clone())
+    }
+
+    fn apply(&mut self, change: Change) {
+        match change {
+            Change::Parsed {
+                path,
+                state,
+                parsed,
+            } => {
+                debug!(file = %path.display(), "manifest file changed");
+                self.store.apply(&path, parsed);
+                self.files.insert(path, state);
+                self.stale = true;
+            }
+            Change::Touched { path, stamp } => {
+                if let Some(f) = self.files.get_mut(&path) {
+                    f.stamp = stamp;
+                }
+            }
+            Change::Unreadable { path, stamp, error } => {
+                warn!(
+                    file = %path.display(),
+                    %error,
+                    "cannot read file; keeping its previously published objects",
+                );
+                // Remember the stamp so the file is retried on change or full re-read,
+                // not logged on every poll.
+                let hash = self.files.get(&path).and_then(|f| f.hash);
+                self.files.insert(path, FileState { stamp, hash });
+            }
+            Change::Removed(path) => {
+                info!(file = %path.display(), "manifest file removed; dropping its objects");
+                self.files.remove(&path);
+                self.store.remove(&path);
+                self.stale = true;
+            }
+        }
+    }
+
+    /// Runs forever: [`FileSource::sync_once`] every poll interval. Scan errors are
+    /// logged and retried; they never remove published state.
+    pub async fn run(mut self) -> Result<(), IngestError> {
+        // `interval` panics on a zero period.
+        let period = self.cfg.poll_interval.max(Duration::from_millis(1));
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // Warn when scanning starts failing and when it recovers, not on every poll.
+        let mut failing = false;
+        loop {
+            tick.tick().await;
+            match self.sync_once().await {
+                Ok(_) if failing => {
+                    info!(dir = %self.cfg.dir.display(), "manifest scan works again");
+                    failing = false;
+                }
+                Ok(_) => {}
+                Err(error) if failing => debug!(%error, "manifest scan still failing"),
+                Err(error) => {
+                    warn!(
+                        %error,
+                        "manifest scan failed; published state unchanged until it works again",
+                    );
+                    failing = true;
+                }
+            }
+        }
+    }
+}
+
+fn stamp_of(meta: &std::fs::Metadata) -> (FileStamp, Option<SystemTime>) {
+    let mtime = meta.modified().ok();
+    let mtime_ns = mtime
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let stamp = FileStamp {
+        mtime_ns,
+        len: meta.len(),
+    };
+    (stamp, mtime)
+}
+
+/// Finds what changed in `dir` relative to `known`. With `full`, every file is read and
+/// compared by content. Files over `max_bytes` are not read: they are unreadable.
+fn scan(
+    dir: &Path,
+    known: &BTreeMap<PathBuf, FileState>,
+    full: bool,
+    max_bytes: u64,
+) -> Result<Vec<Change>, IngestError> {
+    let mut found = BTreeMap::new();
+    let mut uncertain = Vec::new();
+    let mut visited = BTreeSet::new();
+    walk(dir, true, &mut found, &mut uncertain, &mut visited)?;
+    let now = SystemTime::now();
+    let mut changes = Vec::new();
+    let mut present = BTreeSet::new();
+    for (path, meta) in found {
+        let (stamp, mtime) = stamp_of(&meta);
+        let previous = known.get(&path);
+        // A missing or future mtime counts as recent: read rather than trust it.
+        let racy = mtime
+            .and_then(|t| now.duration_since(t).ok())
+            .is_none_or(|age| age < RACY_WINDOW);
+        if !full && !racy && previous.is_some_and(|p| p.stamp == stamp) {
+            present.insert(path);
+            continue;
+        }
+        if stamp.len > max_bytes {
+            present.insert(path.clone());
+            // Refused at this stamp already: nothing new to say.
+            if previous.is_none_or(|p| p.stamp != stamp) {
+                let error = IngestError::FileTooLarge {
+                    path: path.clone(),
+                    size: stamp.len,
+                    limit: max_bytes,
+                };
+                changes.push(Change::Unreadable { path, stamp, error });
+            }
+            continue;
+        }
+        let bytes = match read_at_most(&path, max_bytes) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => {
+                present.insert(path.clone());
+                // It grew since it was listed.
+                let size = std::fs::metadata(&path).map_or(max_bytes + 1, |m| m.len());
+                let error = IngestError::FileTooLarge {
+                    path: path.clone(),
+                    size,
+                    limit: max_bytes,
+                };
+                changes.push(Change::Unreadable { path, stamp, error });
+                continue;
+            }
+            // Vanished between listing and reading: it is removed.
+            Err(e) if e.kind() == ErrorKind::NotFound => continue,
+            Err(source) => {
+                present.insert(path.clone());
+                let error = IngestError::ReadFile {
+                    path: path.clone(),
+                    source,
+                };
+                changes.push(Change::Unreadable { path, stamp, error });
+                continue;
+            }
+        };
+        present.insert(path.clone());
+        let hash: [u8; 32] = Sha256::digest(&bytes).into();
+        if let Some(p) = previous.filter(|p| p.hash == Some(hash)) {
+            if p.stamp != stamp {
+                changes.push(Change::Touched { path, stamp });
+            }
+            continue;
+        }
+        let parsed = match String::from_utf8(bytes) {
+            Ok(text) => manifest::parse_file(&path, &text),
+            Err(e) => Err(IngestError::ReadFile {
+                path: path.clone(),
+                source: std::io::Error::new(ErrorKind::InvalidData, e.utf8_error()),
+            }),
+        };
+        let state = FileState {
+            stamp,
+            hash: Some(hash),
+        };
+        changes.push(Change::Parsed {
+            path,
+            state,
+            parsed,
+        });
+    }
+    for path in known.keys() {
+        // Files under a path that cannot be examined right now are kept, not removed.
+        let hidden = uncertain.iter().any(|d: &PathBuf| path.starts_with(d));
+        if !present.contains(path) && !hidden {
+            changes.push(Change::Removed(path.clone()));
+        }
+    }
+    Ok(changes)
+}
+
+/// Reads a file of at most `max_bytes`; `None` if it is larger (it may have grown since it
+/// was listed: never more than that is read).
+fn read_at_most(path: &Path, max_bytes: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= max_bytes).then_some(bytes))
+}
+
+/// Collects the manifest files under `dir`, following symlinks. Paths that cannot be
+/// examined (unlistable directories, unstattable entries) go to `uncertain`.
+///
+/// Entries whose name starts with `.` are skipped: editors' temporary files, and the
+/// `..data`/`..<timestamp>` directories of Kubernetes ConfigMap volumes, whose files are
+/// also reachable through the top-level symlinks and would otherwise be read twice.
+fn walk(
+    dir: &Path,
+    root: bool,
+    found: &mut BTreeMap<PathBuf, std::fs::Metadata>,
+    uncertain: &mut Vec<PathBuf>,
+    visited: &mut BTreeSet<PathBuf>,
+) -> Result<(), IngestError> {
+    // A symlink cycle would otherwise recurse forever.
+    if let Ok(canonical) = dir.canonicalize() {
+        if !visited.insert(canonical) {
+            return Ok(());
+        }
+    }
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(source) if root => {
+            return Err(IngestError::SourceDir {
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(error) => {
+            warn!(
+                dir = %dir.display(),
+                %error,
+                "cannot list directory; keeping its files' objects",
+            );
+            uncertain.push(dir.to_path_buf());
+            return Ok(());
+        }
+    };
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(error) => {
+                warn!(
+                    dir = %dir.display(),
+                    %error,
+                    "cannot list directory; keeping its files' objects",
+                );
+                uncertain.push(dir.to_path_buf());
+                return Ok(());
+            }
+        };
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        // `fs::metadata` follows symlinks; a dangling one is like a vanished file.
+        let meta = match std::fs::metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == ErrorKind::NotFound => continue,
+            Err(error) => {
+                warn!(file = %path.display(), %error, "cannot stat; skipping");
+                uncertain.push(path);
+                continue;
+            }
+        };
+        if meta.is_dir() {
+            walk(&path, false, found, uncertain, visited)?;
+        } else if meta.is_file() && manifest::is_manifest_path(&path) {
+            found.insert(path, meta);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::CountingBus;
+    use shoal_common::bus::Bucket;
+    use shoal_common::envelope::Envelope;
+    use shoal_common::model::{ConfigObject, ConfigSpec, EndpointSet, Service};
+
+    const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: reviews, namespace: bookinfo}\nspec: {ports: [{name: http, port: 9080}]}\n";
+    const DR: &str = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: reviews, namespace: bookinfo}\nspec: {host: reviews}\n";
+
+    struct Fixture {
+        dir: tempfile::TempDir,
+        bus: CountingBus,
+    }
+
+    impl Fixture {
+        fn new() -> Self {
+            Fixture {
+                dir: tempfile::tempdir().expect("tempdir"),
+                bus: CountingBus::default(),
+            }
+        }
+
+        fn write(&self, name: &str, text: &str) {
+            let path = self.dir.path().join(name);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).unwrap();
+            }
+            std::fs::write(path, text).unwrap();
+        }
+
+        /// A source that applies every change at once (no settling).
+        async fn source(&self) -> FileSource {
+            let mut source = self.settling_source().await;
+            source.drop_settle = Duration::ZERO;
+            source
+        }
+
+        async fn settling_source(&self) -> FileSource {
+            let cfg = FileSourceConfig {
+                cluster_id: "c1".into(),
+                ..FileSourceConfig::new(self.dir.path())
+            };
+            FileSource::new(cfg, Arc::new(self.bus.clone()))
+                .await
+                .expect("source")
+        }
+
+        async fn keys(&self, bucket: Bucket) -> Vec<String> {
+            self.bus.inner.keys(bucket).await.unwrap()
+        }
+
+        async fn service(&self) -> Option<Service> {
+            let entry = self
+                .bus
+                .inner
+                .get(Bucket::Services, "c1.bookinfo.reviews")
+                .await
+                .unwrap()?;
+            Some(Envelope::<Service>::decode(&entry.value).unwrap().body)
+        }
+
+        async fn dr_host(&self) -> Option<String> {
+            let key = "DestinationRule.bookinfo.reviews";
+            let entry = self.bus.inner.get(Bucket::Config, key).await.unwrap()?;
+            match Envelope::<ConfigObject>::decode(&entry.value)
+                .unwrap()
+                .body
+                .spec
+            {
+                ConfigSpec::DestinationRule(dr) => Some(dr.host),
+                _ => None,
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn publishes_then_detects_edit_add_and_remove() {
+        let f = Fixture::new();
+        f.write("svc.yaml", SVC);
+        f.write("nested/deeper/dr.yml", DR);
+        f.write("notes.txt", "not a manifest: [");
+        f.write(".hidden.yaml", "kind: [");
+        let mut src = f.source().await;
+        let r = src.sync_once().await.unwrap();
+        assert_eq!((r.writes, r.errors), (2, 0));
+        assert_eq!(
+            f.keys(Bucket::Config).await,
+            vec!["DestinationRule.bookinfo.reviews"]
+        );
+
+        // Nothing changed: nothing published.
+        assert_eq!(src.sync_once().await.unwrap(), PublishReport::default());
+
+        // Same-size edit right after the write: caught by content, not (mtime, size).
+        f.write("svc.yaml", &SVC.replace("9080", "9081"));
+        let r = src.sync_once().await.unwrap();
+        assert_eq!((r.writes, r.unchanged), (1, 1));
+        assert_eq!(f.service().await.unwrap().ports[0].port, 9081);
+
+        f.write(
+            "more.json",
+            r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"ratings"}}"#,
+        );
+        assert_eq!(src.sync_once().await.unwrap().writes, 1);
+        assert_eq!(
+            f.keys(Bucket::Services).await,
+            vec!["c1.bookinfo.reviews", "c1.default.ratings"]
+        );
+
+        std::fs::remove_file(f.dir.path().join("nested/deeper/dr.yml")).unwrap();
+        let r = src.sync_once().await.unwrap();
+        assert_eq!((r.writes, r.deletes), (0, 1));
+        assert!(f.keys(Bucket::Config).await.is_empty());
+    }
+
+    /// The layout of a Kubernetes ConfigMap volume: files are symlinks through `..data`,
+    /// which kubelet swaps atomically to a new timestamped directory on update.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn configmap_volume_swap_and_symlink_loops() {
+        use std::os::unix::fs::symlink;
+        let f = Fixture::new();
+        let root = f.dir.path();
+        f.write("..2024_01/svc.yaml", SVC);
+        symlink("..2024_01", root.join("..data")).unwrap();
+        symlink("..data/svc.yaml", root.join("svc.yaml")).unwrap();
+        symlink(".", root.join("loop")).unwrap();
+        let mut src = f.source().await;
+        assert_eq!(
+            src.sync_once().await.unwrap().writes,
+            1,
+            "read once, not per path"
+        );
+
+        f.write("..2024_02/svc.yaml", &SVC.replace("9080", "9090"));
+        symlink("..2024_02", root.join("..data_tmp")).unwrap();
+        std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+        std::fs::remove_dir_all(root.join("..2024_01")).unwrap();
+        assert_eq!(src.sync_once().await.unwrap().writes, 1);
+        assert_eq!(f.service().await.unwrap().ports[0].port, 9090);
+    }
+
+    #[tokio::test]
+    async fn restart_with_unchanged_files_writes_nothing() {
+        let f = Fixture::new();
+        f.write("all.yaml", &format!("{SVC}---\n{DR}"));
+        f.source().await.sync_once().await.unwrap();
+        let before = f.bus.counts();
+        let r = f.source().await.sync_once().await.unwrap();
+        assert_eq!((r.writes, r.deletes, r.unchanged), (0, 0, 2));
+        assert_eq!(f.bus.counts(), before);
+    }
+
+    #[tokio::test]
+    async fn first_sync_of_an_emptied_directory_sweeps_old_keys() {
+        let f = Fixture::new();
+        f.write("svc.yaml", SVC);
+        f.source().await.sync_once().await.unwrap();
+        std::fs::remove_file(f.dir.path().join("svc.yaml")).unwrap();
+        let r = f.source().await.sync_once().await.unwrap();
+        assert_eq!(r.deletes, 1);
+        assert!(f.keys(Bucket::Services).await.is_empty());
+    }
+
+    #[tokio::test]
+    async fn bad_yaml_keeps_old_objects_until_fixed() {
+        let f = Fixture::new();
+        f.write("all.yaml", &format!("{SVC}---\n{DR}"));
+        let mut src = f.source().await;
+        src.sync_once().await.unwrap();
+        f.write(
+            "all.yaml",
+            "apiVersion: v1\nkind: Service\nmetadata: {name: [unclosed\n",
+        );
+        let r = src.sync_once().await.unwrap();
+        assert!(!r.changed());
+        assert!(f.service().await.is_some());
+        assert_eq!(f.dr_host().await.as_deref(), Some("reviews"));
+
+        // Fixed, with the DestinationRule gone: now it is deleted.
+        f.write("all.yaml", SVC);
+        let r = src.sync_once().await.unwrap();
+        assert_eq!(r.deletes, 1);
+        assert_eq!(f.dr_host().await, None);
+    }
+
+    /// A file nested 100 000 `[` deep (195 KiB; 25 s of parser time before the depth
+    /// check) and a file over the size limit are refused, quickly and naming the file;
+    /// their objects stay, and the rest of the directory applies.
+    #[tokio::test]
+    async fn deeply_nested_and_oversized_files_are_refused_keeping_their_objects() {
+        const RATINGS: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: ratings, namespace: bookinfo}\nspec: {ports: [{name: http, port: 9080}]}\n";
+        let f = Fixture::new();
+        f.write("all.yaml", &format!("{SVC}---\n{DR}"));
+        f.write("ratings.yaml", RATINGS);
+        let mut src = f.source().await;
+        src.cfg.max_file_bytes = 64 << 10;
+        assert_eq!(src.sync_once().await.unwrap().writes, 3);
+        let ratings_port = || async {
+            let entry = f
+                .bus
+                .inner
+                .get(Bucket::Services, "c1.bookinfo.ratings")
+                .await
+                .unwrap()
+                .unwrap();
+            Envelope::<Service>::decode(&entry.value)
+                .unwrap()
+                .body
+                .ports[0]
+                .port
+        };
+
+        // The DestinationRule replaced by 100 000 nested `[`; ratings changes meanwhile.
+        let deep = format!("{SVC}---\nx:\n  {}\n", "[".repeat(100_000));
+        f.write("all.yaml", &deep);
+        f.write("ratings.yaml", &RATINGS.replace("9080", "9090"));
+        let started = std::time::Instant::now();
+        let r = src.sync_once().await.unwrap();
+        println!("100 000 nested `[`: refused in {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!((r.writes, r.deletes), (1, 0));
+        assert_eq!(ratings_port().await, 9090);
+        assert!(f.service().await.is_some());
+        assert_eq!(f.dr_host().await.as_deref(), Some("reviews"));
+        let path = f.dir.path().join("all.yaml");
+        let err = manifest::parse_file(&path, &deep).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(
+                err,
+                IngestError::TooDeep {
+                    document: 1,
+                    line: 7,
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        assert!(text.contains(&path.display().to_string()), "{text}");
+
+        // Over the size limit (a valid file that would drop the DestinationRule): not read.
+        let big = format!("{SVC}# {}\n", "x".repeat(70 << 10));
+        f.write("all.yaml", &big);
+        f.write("ratings.yaml", &RATINGS.replace("9080", "9191"));
+        let r = src.sync_once().await.unwrap();
+        assert_eq!((r.writes, r.deletes), (1, 0));
+        assert_eq!(ratings_port().await, 9191);
+        assert_eq!(f.dr_host().await.as_deref(), Some("reviews"));
+        let changes = scan(f.dir.path(), &BTreeMap::new(), true, 64 << 10).unwrap();
+        let refused: Vec<String> = changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::Unreadable { error, .. } => Some(error.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(
+            refused[0].contains(&path.display().to_string()),
+            "{refused:?}"
+        );
+        assert!(
+            refused[0].contains("over the 65536-byte limit"),
+            "{refused:?}"
+        );
+
+        // Back under the limit: read again, and the DestinationRule goes.
+        f.write("all.yaml", SVC);
+        assert_eq!(src.sync_once().await.unwrap().deletes, 1);
+        assert_eq!(f.dr_host().await, None);
+        assert_eq!(FileSourceConfig::new("d").max_file_bytes, 8 << 20);
+    }
+
+    #[tokio::test]
+    async fn bad_document_keeps_previous_version_while_others_update() {
+        let f = Fixture::new();
+        f.write("all.yaml", &format!("{SVC}---\n{DR}"));
+        let mut src = f.source().await;
+        src.sync_once().await.unwrap();
+        let bad_dr = DR.replace("spec: {host: reviews}", "spec: {host: ''}");
+        f.write(
+            "all.yaml",
+            &format!("{}---\n{bad_dr}", SVC.replace("9080", "9090")),
+        );
+        let r = src.sync_once().await.unwrap();
+        assert_eq!((r.writes, r.deletes), (1, 0));
+        assert_eq!(f.service().await.unwrap().ports[0].port, 9090);
+        assert_eq!(f.dr_host().await.as_deref(), Some("reviews"));
+    }
+
+    #[tokio::test]
+    async fn pod_change_updates_endpoints_from_another_file() {
+        let f = Fixture::new();
+        let slice = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: reviews-1, namespace: bookinfo, labels: {kubernetes.io/service-name: reviews}}\naddressType: IPv4\nendpoints: [{addresses: [10.1.0.1]}]\n";
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: reviews-v1, namespace: bookinfo, labels: {version: v1}}\nspec: {containers: []}\nstatus: {podIP: 10.1.0.1}\n";
+        f.write("slice.yaml", slice);
+        f.write("pod.yaml", pod);
+        let mut src = f.source().await;
+        src.sync_once().await.unwrap();
+        f.write("pod.yaml", &pod.replace("version: v1", "version: v2"));
+        assert_eq!(src.sync_once().await.unwrap().writes, 1);
+        let entry = f
+            .bus
+            .inner
+            .get(Bucket::Endpoints, "c1.bookinfo.reviews.reviews-1")
+            .await
+            .unwrap()
+            .unwrap();
+        let set = Envelope::<EndpointSet>::decode(&entry.value).unwrap().body;
+        assert_eq!(set.endpoints[0].labels["version"], "v2");
+    }
+
+    #[tokio::test]
+    async fn full_reread_catches_edits_that_keep_mtime_and_size() {
+        let f = Fixture::new();
+        f.write("svc.yaml", SVC);
+        let path = f.dir.path().join("svc.yaml");
+        let old = SystemTime::now() - Duration::from_secs(3600);
+        let set_mtime = || {
+            let file = std::fs::File::options().write(true).open(&path).unwrap();
+            file.set_modified(old).unwrap();
+        };
+        set_mtime();
+        let mut src = f.source().await;
+        src.sync_once().await.unwrap();
+        f.write("svc.yaml", &SVC.replace("9080", "9081"));
+        set_mtime();
+        assert!(
+            !src.sync_once().await.unwrap().changed(),
+            "stamp unchanged, not re-read yet"
+        );
+        src.full_read_interval = Duration::ZERO;
+        assert_eq!(src.sync_once().await.unwrap().writes, 1);
+        assert_eq!(f.service().await.unwrap().ports[0].port, 9081);
+    }
+
+    #[tokio::test]
+    async fn bus_failure_is_retried_without_file_changes() {
+        let f = Fixture::new();
+        f.write("svc.yaml", SVC);
+        let mut src = f.source().await;
+        f.bus.set_failing(true);
+        assert_eq!(src.sync_once().await.unwrap().errors, 1);
+        f.bus.set_failing(false);
+        assert_eq!(src.sync_once().await.unwrap().writes, 1);
+    }
+
+    #[tokio::test]
+    async fn missing_directory_is_a_clear_error() {
+        let f = Fixture::new();
+        let missing = f.dir.path().join("nope");
+        let cfg = FileSourceConfig::new(&missing);
+        let err = FileSource::new(cfg, Arc::new(f.bus.clone()))
+            .await
+            .err()
+            .expect("error");
+        let msg = err.to_string();
+        assert!(msg.contains(&missing.display().to_string()), "{msg}");
+        assert!(matches!(err, IngestError::SourceDir { .. }));
+
+        f.write("file.yaml", SVC);
+        let cfg = FileSourceConfig::new(f.dir.path().join("file.yaml"));
+        let err = FileSource::new(cfg, Arc::new(f.bus.clone()))
+            .await
+            .err()
+            .expect("error");
+        assert!(err.to_string().contains("not a directory"), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn changes_that_drop_objects_wait_for_the_file_to_settle() {
+        let f = Fixture::new();
+        let two = format!("{SVC}---\n{DR}");
+        f.write("all.yaml", &two);
+        let mut src = f.settling_source().await;
+        src.sync_once().await.unwrap();
+        assert!(f.service().await.is_some());
+        // Truncated, then half-written: nothing is dropped while the file keeps changing.
+        for content in ["", &two[..SVC.len() / 2], ""] {
+            f.write("all.yaml", content);
+            for _ in 0..3 {
+                let r = src.sync_once().await.unwrap();
+                assert_eq!(r.deletes, 0, "{content:?}");
+                tokio::time::advance(Duration::from_millis(500)).await;
+            }
+        }
+        // The complete new content (an edit that drops nothing) applies at once.
+        f.write("all.yaml", &two.replace("9080", "9999"));
+        src.sync_once().await.unwrap();
+        assert_eq!(f.service().await.map(|s| s.ports[0].port), Some(9999));
+        // A removal that lasts applies once the file stayed away for DROP_SETTLE.
+        std::fs::remove_file(f.dir.path().join("all.yaml")).unwrap();
+        let r = src.sync_once().await.unwrap();
+        assert_eq!(r.deletes, 0);
+        tokio::time::advance(DROP_SETTLE).await;
+        let r = src.sync_once().await.unwrap();
+        assert_eq!(r.deletes, 2);
+        assert!(f.service().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn run_publishes_changes_within_a_second() {
+        let f = Fixture::new();
+        f.write("svc.yaml", SVC);
+        let mut src = f.source().await;
+        src.sync_once().await.unwrap();
+        let task = tokio::spawn(src.run());
+        for (action, want) in [("edit", Some(9999)), ("remove", None)] {
+            match action {
+                "edit" => f.write("svc.yaml", &SVC.replace("9080", "9999")),
+                _ => std::fs::remove_file(f.dir.path().join("svc.yaml")).unwrap(),
+            }
+            let deadline = Instant::now() + Duration::from_secs(1);
+            loop {
+                let got = f.service().await.map(|s| s.ports[0].port);
+                if got == want {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{action} not published within 1 s"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn discovery_selectors_filter_namespaces_and_follow_changes() {
+        let f = Fixture::new();
+        let ns = |labels: &str| {
+            format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata: {{name: bookinfo, labels: {labels}}}\n"
+            )
+        };
+        f.write("ns.yaml", &ns("{mesh: 'on'}"));
+        f.write("all.yaml", &format!("{SVC}---\n{DR}"));
+        f.write(
+            "other.yaml",
+            "apiVersion: v1\nkind: Service\nmetadata: {name: x, namespace: other}\n",
+        );
+        let selected = mesh_config::parse(
+            Path::new("mesh"),
+            "discoverySelectors: [{matchLabels: {mesh: 'on'}}]",
+        )
+        .unwrap();
+        let (tx, rx) = tokio::sync::watch::channel(Arc::new(selected));
+        let mut src = f.source().await;
+        src.set_discovery_selectors(rx);
+        src.sync_once().await.unwrap();
+        assert_eq!(f.keys(Bucket::Services).await, vec!["c1.bookinfo.reviews"]);
+        assert_eq!(f.dr_host().await.as_deref(), Some("reviews"));
+
+        // Relabelled out: its service and config go; back in: they return.
+        f.write("ns.yaml", &ns("{mesh: 'off'}"));
+        assert_eq!(src.sync_once().await.unwrap().deletes, 2);
+        assert!(f.keys(Bucket::Services).await.is_empty());
+        assert_eq!(f.dr_host().await, None);
+        f.write("ns.yaml", &ns("{mesh: 'on'}"));
+        assert_eq!(src.sync_once().await.unwrap().writes, 2);
+
+        // A selector change applies without any file change.
+        tx.send_replace(Arc::new(crate::selector::DiscoverySelectors::all()));
+        assert_eq!(src.sync_once().await.unwrap().writes, 1);
+        assert_eq!(
+            f.keys(Bucket::Services).await,
+            vec!["c1.bookinfo.reviews", "c1.other.x"]
+        );
+    }
+}

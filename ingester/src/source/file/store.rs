@@ -1,0 +1,367 @@
+//! The file source's objects: the last good objects of every manifest file, and the desired
+//! state computed from all of them whenever anything changes (so a Pod's new labels reach
+//! every endpoint set that references the Pod, without tracking who references whom).
+
+use super::manifest::{ManifestObject, ParsedFile, ParsedObject};
+use crate::admit::normalize::Workloads;
+use crate::desired::{
+    config_entry, credentials, endpoints_entry, service_entry, DesiredState, StateObject,
+};
+use crate::error::IngestError;
+use crate::object::ObjectId;
+use crate::selector::{DiscoverySelectors, Labels};
+use shoal_common::credential::CredentialKeys;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use tracing::warn;
+
+/// Computes the desired state of `cluster` from parsed objects (with the file each came
+/// from, in a stable order), keeping only objects in namespaces `selectors` select. An
+/// object defined twice is taken from its last definition.
+///
+/// Secrets become sealed gateway credentials when a Gateway in their namespace names them
+/// and `credential_keys` is given ([`credentials`]).
+pub fn desired_state<'a>(
+    objects: impl IntoIterator<Item = (&'a Path, &'a ParsedObject)>,
+    cluster: &str,
+    selectors: &DiscoverySelectors,
+    credential_keys: Option<&CredentialKeys>,
+) -> DesiredState {
+    let mut by_id: BTreeMap<&ObjectId, (&Path, &ParsedObject)> = BTreeMap::new();
+    for (path, obj) in objects {
+        if let Some((first, _)) = by_id.insert(&obj.id, (path, obj)) {
+            warn!(
+                file = %path.display(),
+                document = %obj.document,
+                object = %obj.id,
+                first_file = %first.display(),
+                "object is defined more than once; the later definition wins"
+            );
+        }
+    }
+    let objects: Vec<(&Path, &ParsedObject)> = by_id.into_values().collect();
+
+    let pods = objects.iter().filter_map(|(_, o)| match &o.object {
+        ManifestObject::Pod(p) => Some(p.as_ref()),
+        _ => None,
+    });
+    let nodes = objects.iter().filter_map(|(_, o)| match &o.object {
+        ManifestObject::Node(n) => Some(n.as_ref()),
+        _ => None,
+    });
+    let workloads = Workloads::new(pods, nodes);
+    let namespaces: BTreeMap<&str, Labels> = objects
+        .iter()
+        .filter_map(|(_, o)| match &o.object {
+            ManifestObject::Namespace(ns) => Some((
+                o.id.name.as_str(),
+                ns.metadata.labels.clone().unwrap_or_default(),
+            )),
+            _ => None,
+        })
+        .collect();
+    let selected =
+        |namespace: &str| selectors.selects_namespace(namespace, namespaces.get(namespace));
+
+    let mut desired = DesiredState::new();
+    for (path, obj) in &objects {
+        if obj.id.kind.is_namespaced() && !selected(&obj.id.namespace) {
+            continue;
+        }
+        // Parsing validated these objects, so normalization errors are not expected; they
+        // are logged rather than trusted away.
+        let entry = match &obj.object {
+            ManifestObject::Config(config) => Ok(Some(config_entry(config))),
+            ManifestObject::Service(svc) => service_entry(svc, cluster),
+            ManifestObject::EndpointSlice(slice) => endpoints_entry(slice, cluster, &workloads),
+            ManifestObject::Namespace(_)
+            | ManifestObject::Pod(_)
+            | ManifestObject::Node(_)
+            | ManifestObject::Secret(_) => Ok(None),
+        };
+        match entry {
+            Ok(Some((key, object))) => {
+                desired.insert(key, object);
+            }
+            Ok(None) => {}
+            Err(error) => warn!(
+                file = %path.display(),
+                document = %obj.document,
+                object = %obj.id,
+                %error,
+                "skipping object",
+            ),
+        }
+    }
+    let gateways = desired.values().filter_map(|o| match o {
+        StateObject::Config(c) => Some(c.clone()),
+        _ => None,
+    });
+    let referenced = credentials::referenced(gateways);
+    let secrets = objects.iter().filter_map(|(_, o)| match &o.object {
+        ManifestObject::Secret(s) if selected(&o.id.namespace) => Some(s.as_ref()),
+        _ => None,
+    });
+    desired.extend(credentials::entries(
+        cluster,
+        secrets,
+        &referenced,
+        credential_keys,
+    ));
+    desired
+}
+
+/// The last good objects of every manifest file.
+///
+/// Bad input never loses good state: a file that does not parse keeps its previous
+/// objects, and a rejected document whose identity is known keeps that object's previous
+/// version; either lasts until the input is fixed (or the file removed).
+#[derive(Debug, Default)]
+pub struct ManifestStore {
+    files: BTreeMap<PathBuf, Vec<ParsedObject>>,
+    /// Seals the gateway credentials of [`desired_state`]; without it none is published.
+    credential_keys: Option<std::sync::Arc<CredentialKeys>>,
+}
+
+impl ManifestStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Seals gateway credentials with these keys from now on.
+    pub fn set_credential_keys(&mut self, keys: Option<std::sync::Arc<CredentialKeys>>) {
+        self.credential_keys = keys;
+    }
+
+    /// Takes in the new parse of a file, logging what was rejected.
+    pub fn apply(&mut self, path: &Path, parsed: Result<ParsedFile, IngestError>) {
+        let file = path.display();
+        let parsed = match parsed {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                let kept = self.files.get(path).map_or(0, Vec::len);
+                warn!(
+                    %file,
+                    %error,
+                    kept,
+                    "file does not parse; keeping its previously published objects",
+                );
+                return;
+            }
+        };
+        let previous = self.files.remove(path).unwrap_or_default();
+        let mut objects = parsed.objects;
+        for rejected in parsed.errors {
+            let kept = rejected.id.as_ref().and_then(|id| {
+                // The file may now define the object validly elsewhere; that one wins.
+                if objects.iter().any(|o| &o.id == id) {
+                    return None;
+                }
+                previous.iter().find(|o| &o.id == id)
+            });
+            warn!(
+                %file,
+                document = %rejected.document,
+                error = %rejected.error,
+                kept_previous = kept.is_some(),
+                "skipping invalid document"
+            );
+            if let Some(old) = kept {
+                objects.push(old.clone());
+            }
+        }
+        self.files.insert(path.to_path_buf(), objects);
+    }
+
+    /// Whether taking in this parse of a file would drop objects the file has now (a
+    /// parse that fails keeps them all, as does a rejected document of known identity).
+    pub fn would_drop(&self, path: &Path, parsed: &Result<ParsedFile, IngestError>) -> bool {
+        let (Some(previous), Ok(parsed)) = (self.files.get(path), parsed) else {
+            return false;
+        };
+        previous.iter().any(|old| {
+            !parsed.objects.iter().any(|o| o.id == old.id)
+                && !parsed.errors.iter().any(|e| e.id.as_ref() == Some(&old.id))
+        })
+    }
+
+    /// Forgets a removed file; true when it was known.
+    pub fn remove(&mut self, path: &Path) -> bool {
+        self.files.remove(path).is_some()
+    }
+
+    /// The current objects of a file.
+    pub fn objects(&self, path: &Path) -> Option<&[ParsedObject]> {
+        self.files.get(path).map(Vec::as_slice)
+    }
+
+    /// The desired state of `cluster` from every file's objects, in every namespace.
+    pub fn desired_state(&self, cluster: &str) -> DesiredState {
+        self.desired_state_selected(cluster, &DiscoverySelectors::all())
+    }
+
+    /// The desired state of `cluster` from every file's objects in the namespaces that
+    /// `selectors` select.
+    pub fn desired_state_selected(
+        &self,
+        cluster: &str,
+        selectors: &DiscoverySelectors,
+    ) -> DesiredState {
+        let all = self
+            .files
+            .iter()
+            .flat_map(|(path, objs)| objs.iter().map(move |o| (path.as_path(), o)));
+        desired_state(all, cluster, selectors, self.credential_keys.as_deref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::file::manifest::{parse_file, test_path};
+    use shoal_common::bus::Bucket;
+    use shoal_common::envelope::Envelope;
+    use shoal_common::keys;
+    use shoal_common::model::{ConfigSpec, EndpointSet, Protocol};
+
+    const BOOKINFO: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: reviews, namespace: bookinfo}
+spec: {clusterIP: 10.0.0.5, ports: [{name: http, port: 9080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: reviews-1, namespace: bookinfo, labels: {kubernetes.io/service-name: reviews}}
+addressType: IPv4
+ports: [{name: http, port: 9080}]
+endpoints:
+  - addresses: [10.1.0.1]
+    targetRef: {kind: Pod, name: reviews-v1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: reviews-v1, namespace: bookinfo, labels: {version: v1}}
+spec: {containers: [], serviceAccountName: bookinfo-reviews}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: bookinfo}
+spec: {host: reviews, subsets: [{name: v1, labels: {version: v1}}]}
+"#;
+
+    fn store_with(files: &[(&str, &str)]) -> ManifestStore {
+        let mut store = ManifestStore::new();
+        for (name, text) in files {
+            let path = test_path(name);
+            store.apply(&path, parse_file(&path, text));
+        }
+        store
+    }
+
+    fn endpoints(state: &DesiredState) -> &EndpointSet {
+        let key = (
+            Bucket::Endpoints,
+            keys::endpoints_key("c1", "bookinfo", "reviews", "reviews-1"),
+        );
+        match state.get(&key) {
+            Some(StateObject::Endpoints(set)) => set,
+            other => panic!("no endpoint set: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn builds_keys_for_every_bucket() {
+        let state = store_with(&[("bookinfo.yaml", BOOKINFO)]).desired_state("c1");
+        let keys: Vec<(Bucket, &str)> = state.keys().map(|(b, k)| (*b, k.as_str())).collect();
+        assert_eq!(
+            keys,
+            vec![
+                (Bucket::Config, "DestinationRule.bookinfo.reviews"),
+                (Bucket::Services, "c1.bookinfo.reviews"),
+                (Bucket::Endpoints, "c1.bookinfo.reviews.reviews-1"),
+            ]
+        );
+        let Some(StateObject::Service(svc)) = state.values().nth(1) else {
+            panic!("no service")
+        };
+        assert_eq!(svc.cluster, "c1");
+        assert_eq!(svc.ports[0].protocol, Protocol::Http);
+        let set = endpoints(&state);
+        assert_eq!(set.cluster, "c1");
+        assert_eq!(set.endpoints[0].service_account, "bookinfo-reviews");
+    }
+
+    #[test]
+    fn pod_label_change_in_another_file_changes_the_endpoint_set() {
+        let (svc, pod) = BOOKINFO
+            .split_once("---\napiVersion: v1\nkind: Pod")
+            .unwrap();
+        let pod = format!("apiVersion: v1\nkind: Pod{pod}");
+        let mut store = store_with(&[("svc.yaml", svc), ("pod.yaml", &pod)]);
+        let before = store.desired_state("c1");
+        assert_eq!(endpoints(&before).endpoints[0].labels["version"], "v1");
+
+        let path = test_path("pod.yaml");
+        let pod = pod.replace("version: v1}", "version: v2}");
+        store.apply(&path, parse_file(&path, &pod));
+        let after = store.desired_state("c1");
+        assert_eq!(endpoints(&after).endpoints[0].labels["version"], "v2");
+    }
+
+    #[test]
+    fn unparseable_file_keeps_its_objects() {
+        let mut store = store_with(&[("bookinfo.yaml", BOOKINFO)]);
+        let before = store.desired_state("c1");
+        let path = test_path("bookinfo.yaml");
+        store.apply(&path, parse_file(&path, "kind: [half-written"));
+        assert_eq!(store.desired_state("c1"), before);
+        assert!(store.remove(&path));
+        assert!(store.desired_state("c1").is_empty());
+    }
+
+    #[test]
+    fn bad_document_keeps_previous_version_while_others_update() {
+        let mut store = store_with(&[("bookinfo.yaml", BOOKINFO)]);
+        let path = test_path("bookinfo.yaml");
+        // The DestinationRule loses its host (invalid), the Service changes its port.
+        let edited = BOOKINFO
+            .replace("spec: {host: reviews, ", "spec: {")
+            .replace(
+                "ports: [{name: http, port: 9080}]}",
+                "ports: [{name: grpc, port: 9090}]}",
+            );
+        store.apply(&path, parse_file(&path, &edited));
+        let state = store.desired_state("c1");
+        let dr = &state[&(
+            Bucket::Config,
+            "DestinationRule.bookinfo.reviews".to_string(),
+        )];
+        assert!(
+            matches!(dr, StateObject::Config(c) if matches!(&c.spec, ConfigSpec::DestinationRule(d) if d.host == "reviews"))
+        );
+        let svc = &state[&(Bucket::Services, "c1.bookinfo.reviews".to_string())];
+        assert!(matches!(svc, StateObject::Service(s) if s.ports[0].port == 9090));
+
+        // A bad document with no previous version is simply absent.
+        let fresh = test_path("fresh.yaml");
+        let bad = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: x}\nspec: {}\n";
+        store.apply(&fresh, parse_file(&fresh, bad));
+        assert_eq!(store.objects(&fresh).map(<[_]>::len), Some(0));
+    }
+
+    #[test]
+    fn body_round_trips_through_the_envelope() {
+        let state = store_with(&[("bookinfo.yaml", BOOKINFO)]).desired_state("c1");
+        for ((bucket, _), object) in &state {
+            let bytes = Envelope::new("f", 0, 1, object).encode().unwrap();
+            let decoded = StateObject::decode(*bucket, &bytes).unwrap().unwrap();
+            assert_eq!(&decoded, object);
+            assert_eq!(
+                decoded.encode_body().unwrap(),
+                object.encode_body().unwrap()
+            );
+        }
+    }
+}

@@ -11,6 +11,7 @@
 //! a cap is closed as soon as it is accepted; an accept that fails (out of file
 //! descriptors) is retried with a growing backoff, never in a spin.
 
+use crate::time as shoal_time;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -41,7 +42,7 @@ pub struct DebugArgs {
     pub debug_from_anywhere: bool,
 
     /// Time an admin client has to send a request's headers; also the longest a kept-alive
-    /// admin connection waits for its next request.
+    /// admin connection waits for its next request. "0s" disables it.
     #[arg(
         long,
         env = "SHOAL_ADMIN_HEADER_TIMEOUT",
@@ -51,7 +52,7 @@ pub struct DebugArgs {
     pub admin_header_timeout: crate::model::Duration,
 
     /// Longest an admin connection stays open, whatever it is doing (a client that stops
-    /// reading its response is cut off).
+    /// reading its response is cut off). "0s" disables it.
     #[arg(
         long,
         env = "SHOAL_ADMIN_CONNECTION_TIMEOUT",
@@ -96,17 +97,19 @@ impl DebugArgs {
     }
 }
 
-fn nonzero(d: Duration) -> Duration {
-    d.max(Duration::from_millis(1))
+/// `None` for a zero duration (a bound turned off).
+fn nonzero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
 }
 
 /// Bounds on the admin port's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AdminLimits {
-    /// Time to send a request's headers, and a kept-alive connection's wait for the next.
-    pub header_timeout: Duration,
-    /// Longest a connection stays open.
-    pub connection_timeout: Duration,
+    /// Time to send a request's headers, and a kept-alive connection's wait for the next
+    /// (None: unbounded).
+    pub header_timeout: Option<Duration>,
+    /// Longest a connection stays open (None: unbounded).
+    pub connection_timeout: Option<Duration>,
     /// Most connections open at once; a quarter of them (at least one) per client address.
     pub max_connections: usize,
 }
@@ -114,8 +117,8 @@ pub struct AdminLimits {
 impl Default for AdminLimits {
     fn default() -> Self {
         AdminLimits {
-            header_timeout: Duration::from_secs(10),
-            connection_timeout: Duration::from_secs(60),
+            header_timeout: Some(Duration::from_secs(10)),
+            connection_timeout: Some(Duration::from_secs(60)),
             max_connections: 64,
         }
     }
@@ -292,7 +295,16 @@ where
                 .header_read_timeout(limits.header_timeout)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
-            match tokio::time::timeout(limits.connection_timeout, conn.as_mut()).await {
+            let lifetime = shoal_time::sleep_until(
+                limits
+                    .connection_timeout
+                    .map(|t| tokio::time::Instant::now() + t),
+            );
+            let outcome = tokio::select! {
+                result = conn.as_mut() => Ok(result),
+                () = lifetime => Err(()),
+            };
+            match outcome {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => {
                     tracing::debug!(%error, %peer, "admin connection ended with an error");

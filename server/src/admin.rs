@@ -69,16 +69,16 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
             // Ready on the last state while the bus is unreachable (degraded), like istiod
             // serving from its informer caches while the API server is down: proxies keep
             // working config, and an unready replica would be taken out of the Service.
-            Some(_) if state.metrics.bus_connected.get() == 0 => text(
+            Some(_) if state.metrics.push.bus_connected.get() == 0 => text(
                 StatusCode::OK,
                 "ready (degraded: state bus unreachable, serving the last state)\n",
             ),
             Some(_) => text(StatusCode::OK, "ready\n"),
-            None if state.metrics.fleets_waiting.get() > 0 => text(
+            None if state.metrics.push.fleets_waiting.get() > 0 => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(
                     "waiting for {} expected fleet(s) to sync (--expect-fleets)\n",
-                    state.metrics.fleets_waiting.get()
+                    state.metrics.push.fleets_waiting.get()
                 ),
             ),
             None => text(
@@ -91,17 +91,17 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
             json_response(json!({
                 "entries": entries,
                 "bytes": bytes,
-                "hits": state.metrics.cache_hits.get(),
-                "misses": state.metrics.cache_misses.get(),
+                "hits": state.metrics.cache.cache_hits.get(),
+                "misses": state.metrics.cache.cache_misses.get(),
                 "assert": state.cache.asserting(),
                 "views": state.views.live(),
             }))
         }
         "/metrics" => {
             let (entries, bytes) = state.cache.stats();
-            state.metrics.cache_entries.set(entries as i64);
-            state.metrics.cache_bytes.set(bytes as i64);
-            state.metrics.views.set(state.views.live() as i64);
+            state.metrics.cache.cache_entries.set(entries as i64);
+            state.metrics.cache.cache_bytes.set(bytes as i64);
+            state.metrics.xds.views.set(state.views.live() as i64);
             metrics_response(&state.metrics)
         }
         "/debug/syncz" => json_response(json!(state.registry.snapshot())),

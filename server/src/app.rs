@@ -1,19 +1,21 @@
 //! Command line and wiring of the server binary.
 
 use crate::admin::{self, AdminState};
-use crate::security::auth::{self, Authenticator, Issuers};
-use crate::security::ca::Ca;
 use crate::generate::cache::GeneratorCache;
 use crate::index::mesh_config;
+use crate::index::mesh_config::MeshSettings;
 use crate::metrics::Metrics;
 use crate::push::pipeline::{self, Debounce};
-use crate::index::mesh_config::MeshSettings;
-use crate::security::reload::Reloading;
 use crate::push::view::{Generation, Views};
-use crate::xds::limits::{self, Breach, BufferBudget};
-use crate::xds::listener::{self, ConnectionLimits, ConnectionPolicy};
+use crate::security::auth::{self, Authenticator, Issuers};
+use crate::security::ca::Ca;
+use crate::security::metrics::SecurityMetrics;
+use crate::security::reload::Reloading;
 use crate::security::serving_cert::ServingCert;
 use crate::security::tls::{TlsFiles, TlsServer};
+use crate::xds::limits::{self, Breach, BufferBudget};
+use crate::xds::listener::{self, ConnectionLimits, ConnectionPolicy};
+use crate::xds::metrics::XdsMetrics;
 use crate::xds::{AdsService, Registry};
 use anyhow::Context;
 use clap::Parser;
@@ -387,7 +389,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .filter(|n| !n.is_empty())
         .collect();
     let ca = match &args.ca_dir {
-        Some(dir) => Some(load_ca(dir, &metrics)?),
+        Some(dir) => Some(load_ca(dir, &metrics.security)?),
         None => None,
     };
     let tls_files = args.xds_tls_cert.clone().map(|cert| TlsFiles {
@@ -403,7 +405,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
                 );
             }
             let tls = TlsServer::load(files).context("cannot serve xDS over TLS")?;
-            tokio::spawn(tls.clone().reload(files.clone(), metrics.clone()));
+            tokio::spawn(tls.clone().reload(files.clone(), metrics.security.clone()));
             Some(tls)
         }
         (None, Some(ca)) => {
@@ -418,7 +420,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
                 ca.clone(),
                 dns_names,
                 args.xds_client_ca.clone(),
-                metrics.clone(),
+                metrics.security.clone(),
             )
             .context("cannot serve xDS over TLS with a certificate from --ca-dir")?;
             tokio::spawn(serving.renew(tls.clone()));
@@ -495,7 +497,11 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         tokio::spawn(mesh_config::watch(path, mesh_tx));
     }
     if tls.is_some() {
-        tokio::spawn(auth::follow_issuers(bus.clone(), issuers, metrics.clone()));
+        tokio::spawn(auth::follow_issuers(
+            bus.clone(),
+            issuers,
+            metrics.security.clone(),
+        ));
     }
     let sync_timeout = args.sync_timeout.get();
     let gate = pipeline::FleetGate {
@@ -510,7 +516,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     tokio::spawn(pipeline::run_gated(
         bus,
         debounce,
-        metrics.clone(),
+        metrics.push.clone(),
         mesh_rx,
         gate,
         credential_keys,
@@ -518,7 +524,11 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     ));
 
     let (drain_tx, drain_rx) = watch::channel(false);
-    let cache = GeneratorCache::new(args.cache_size << 20, args.cache_assert, metrics.clone());
+    let cache = GeneratorCache::new(
+        args.cache_size << 20,
+        args.cache_assert,
+        metrics.cache.clone(),
+    );
     let views = Views::new(Generation::per_core(cache.clone()));
     let admin_listener = tokio::net::TcpListener::bind(args.admin_addr)
         .await
@@ -537,9 +547,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     ));
 
     let nonzero = |d: std::time::Duration| (!d.is_zero()).then_some(d);
-    let ads = AdsService::new(rx, registry, metrics.clone())
+    let ads = AdsService::new(rx, registry, metrics.xds.clone(), views)
         .with_push_concurrency(args.push_concurrency)
-        .with_views(views)
         .with_auth(authenticator)
         .with_stream_limits(
             nonzero(args.xds_message_timeout.get()),
@@ -559,7 +568,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         grace: std::time::Duration::from_secs(5),
         drain: args.drain_duration.get(),
     };
-    let (tls_limits, plaintext_limits) = connection_limits(&args, &metrics);
+    let (tls_limits, plaintext_limits) = connection_limits(&args, &metrics.xds);
     let mut servers = Vec::new();
     if let Some(tls) = tls {
         let listener = listen_backlog(args.xds_tls_addr, XDS_BACKLOG)
@@ -605,7 +614,10 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
 /// budget of request bytes being received and one cap on connections for both; the
 /// plaintext port's callers are not authenticated, so their connections get the smaller
 /// budget, inside a pool of a quarter of the process's.
-fn connection_limits(args: &ServerArgs, metrics: &Metrics) -> (ConnectionLimits, ConnectionLimits) {
+fn connection_limits(
+    args: &ServerArgs,
+    metrics: &XdsMetrics,
+) -> (ConnectionLimits, ConnectionLimits) {
     let mib = |n: u32| (n as usize) << 20;
     let process = BufferBudget::process(
         mib(args.xds_request_buffer),
@@ -645,7 +657,7 @@ fn connection_limits(args: &ServerArgs, metrics: &Metrics) -> (ConnectionLimits,
 
 /// Loads the workload CA in `dir` and follows its files; every CA in use shows its expiry
 /// (the first and each reloaded one).
-fn load_ca(dir: &std::path::Path, metrics: &Metrics) -> anyhow::Result<Reloading<Ca>> {
+fn load_ca(dir: &std::path::Path, metrics: &SecurityMetrics) -> anyhow::Result<Reloading<Ca>> {
     let load = {
         let (dir, metrics) = (dir.to_path_buf(), metrics.clone());
         move || {

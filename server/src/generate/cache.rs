@@ -11,9 +11,9 @@
 //! [`Mismatch`], so it is unit-tested without aborting.
 
 use super::{build, finish, keys, Key, Resource, Snapshot};
+use crate::generate::metrics::CacheMetrics;
 use crate::index::proxy::Proxy;
 use crate::index::scope::ProxyScope;
-use crate::metrics::Metrics;
 use shoal_proto::{content_version, XdsType};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,13 +26,13 @@ const ENTRY_OVERHEAD: u32 = 256;
 pub struct GeneratorCache {
     cache: moka::sync::Cache<Key, Arc<Resource>>,
     assert: bool,
-    metrics: Metrics,
+    metrics: CacheMetrics,
 }
 
 impl GeneratorCache {
     /// A cache holding at most `max_bytes` of resources; `assert` rebuilds every hit and
     /// aborts the process on a difference.
-    pub fn new(max_bytes: u64, assert: bool, metrics: Metrics) -> GeneratorCache {
+    pub fn new(max_bytes: u64, assert: bool, metrics: CacheMetrics) -> GeneratorCache {
         let cache = moka::sync::Cache::builder()
             .max_capacity(max_bytes)
             .weigher(|_k: &Key, v: &Arc<Resource>| {
@@ -253,7 +253,7 @@ mod tests {
 
     #[test]
     fn proxies_with_the_same_view_share_entries_and_output_matches_uncached() {
-        let metrics = Metrics::new();
+        let metrics = CacheMetrics::register(&prometheus::Registry::new());
         let cache = GeneratorCache::new(64 << 20, true, metrics.clone());
         let snap = mesh().snapshot();
         let p1 = sidecar_proxy("a", &[("app", "one")]);
@@ -282,7 +282,7 @@ mod tests {
 
     #[test]
     fn a_change_misses_only_for_what_it_touches() {
-        let metrics = Metrics::new();
+        let metrics = CacheMetrics::register(&prometheus::Registry::new());
         let cache = GeneratorCache::new(64 << 20, true, metrics.clone());
         let mut m = mesh();
         let proxy = sidecar_proxy("a", &[]);

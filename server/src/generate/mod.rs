@@ -14,6 +14,7 @@ pub mod http_route;
 pub mod inbound;
 pub mod lds;
 pub mod locality;
+pub mod metrics;
 pub mod mtls;
 pub mod outbound;
 pub mod rds;

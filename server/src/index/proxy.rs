@@ -15,6 +15,16 @@ pub enum ProxyKind {
     Router,
 }
 
+impl ProxyKind {
+    /// Its name in node ids and metric labels.
+    pub fn label(self) -> &'static str {
+        match self {
+            ProxyKind::Sidecar => "sidecar",
+            ProxyKind::Router => "router",
+        }
+    }
+}
+
 /// How a sidecar's traffic reaches Envoy (node metadata `INTERCEPTION_MODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "UPPERCASE")]

@@ -6,6 +6,7 @@
 
 pub mod chunks;
 pub mod impact;
+pub mod metrics;
 pub mod pipeline;
 pub mod view;
 

@@ -5,7 +5,7 @@ use crate::generate::Snapshot;
 use crate::index::mesh_config::MeshSettings;
 use crate::index::push_context::PushContext;
 use crate::index::store::{ApplyError, Change, MeshState};
-use crate::metrics::Metrics;
+use crate::push::metrics::PushMetrics;
 use futures::StreamExt;
 use shoal_common::bus::{Bucket, BusError, StateBus, WatchEvent};
 use shoal_common::credential::CredentialKeys;
@@ -246,7 +246,7 @@ async fn feed_bucket(bus: Arc<dyn StateBus>, bucket: Bucket, tx: mpsc::Sender<Fe
 pub async fn run(
     bus: Arc<dyn StateBus>,
     debounce: Debounce,
-    metrics: Metrics,
+    metrics: PushMetrics,
     out: watch::Sender<Option<Published>>,
 ) {
     let (_keep, mesh) = watch::channel(Arc::new(MeshSettings::default()));
@@ -257,7 +257,7 @@ pub async fn run(
 pub async fn run_with_mesh(
     bus: Arc<dyn StateBus>,
     debounce: Debounce,
-    metrics: Metrics,
+    metrics: PushMetrics,
     mesh: watch::Receiver<Arc<MeshSettings>>,
     out: watch::Sender<Option<Published>>,
 ) {
@@ -286,7 +286,7 @@ pub struct FleetGate {
 }
 
 /// Follows the bus connection: `shoal_bus_connected`, and a log line per transition.
-async fn follow_connection(bus: Arc<dyn StateBus>, metrics: Metrics) {
+async fn follow_connection(bus: Arc<dyn StateBus>, metrics: PushMetrics) {
     let mut conn = bus.connected();
     let mut was = true;
     loop {
@@ -314,7 +314,7 @@ async fn follow_connection(bus: Arc<dyn StateBus>, metrics: Metrics) {
 pub async fn run_gated(
     bus: Arc<dyn StateBus>,
     debounce: Debounce,
-    metrics: Metrics,
+    metrics: PushMetrics,
     mut mesh: watch::Receiver<Arc<MeshSettings>>,
     gate: FleetGate,
     credential_keys: Option<Arc<CredentialKeys>>,
@@ -363,7 +363,7 @@ pub async fn run_gated(
 /// The pipeline's state between bus events.
 struct Pipeline {
     debounce: Debounce,
-    metrics: Metrics,
+    metrics: PushMetrics,
     state: MeshState,
     ctx: Arc<PushContext>,
     /// Buckets whose initial state has not been loaded yet: nothing is published before.
@@ -393,7 +393,7 @@ struct Pipeline {
 }
 
 impl Pipeline {
-    fn new(mesh: Arc<MeshSettings>, debounce: Debounce, metrics: Metrics) -> Pipeline {
+    fn new(mesh: Arc<MeshSettings>, debounce: Debounce, metrics: PushMetrics) -> Pipeline {
         Pipeline {
             debounce,
             metrics,

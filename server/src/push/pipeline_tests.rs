@@ -2,7 +2,7 @@
 //! (quiet period and maximum delay), and PushContext reuse on endpoint-only changes. Time is
 //! tokio's paused clock: sleeps advance it instantly and deterministically.
 
-use crate::metrics::Metrics;
+use crate::push::metrics::PushMetrics;
 use crate::push::pipeline::{self, Debounce, Published};
 use crate::testutil::*;
 use async_trait::async_trait;
@@ -69,7 +69,12 @@ async fn write(bus: &dyn StateBus, bucket: Bucket, entry: Entry) {
 
 fn start(bus: Arc<dyn StateBus>, debounce: Debounce) -> watch::Receiver<Option<Published>> {
     let (tx, rx) = watch::channel(None);
-    tokio::spawn(pipeline::run(bus, debounce, Metrics::new(), tx));
+    tokio::spawn(pipeline::run(
+        bus,
+        debounce,
+        PushMetrics::register(&prometheus::Registry::new()),
+        tx,
+    ));
     rx
 }
 
@@ -363,7 +368,8 @@ async fn the_first_snapshot_waits_for_the_meta_bucket() {
 async fn live_writes_of_a_deposed_leader_are_refused() {
     let bus = Arc::new(seeded_bus().await);
     write(&*bus, Bucket::Meta, lease(1)).await;
-    let metrics = Metrics::new();
+    let registry = prometheus::Registry::new();
+    let metrics = PushMetrics::register(&registry);
     let (tx, mut rx) = watch::channel(None);
     tokio::spawn(pipeline::run(bus.clone(), DEBOUNCE, metrics.clone(), tx));
     let s1 = next(&mut rx).await.snapshot;
@@ -373,7 +379,7 @@ async fn live_writes_of_a_deposed_leader_are_refused() {
     write(&*bus, Bucket::Config, config_number(1)).await;
     sleep(Duration::from_secs(60)).await;
     assert!(!rx.has_changed().unwrap());
-    let text = metrics.render();
+    let text = shoal_common::metrics::render(&registry);
     assert!(
         text.contains(r#"shoal_bus_entries_total{bucket="shoal-config",result="fenced"} 1"#),
         "{text}"
@@ -397,7 +403,7 @@ fn gated(
     bus: Arc<dyn StateBus>,
     expect: &[&str],
     timeout: Option<Duration>,
-    metrics: Metrics,
+    metrics: PushMetrics,
 ) -> watch::Receiver<Option<Published>> {
     let (tx, rx) = watch::channel(None);
     let (_keep, mesh) =
@@ -432,7 +438,7 @@ async fn mark_synced(bus: &dyn StateBus, fleet: &str) {
 async fn the_first_snapshot_waits_for_every_expected_fleet() {
     let bus: Arc<dyn StateBus> = Arc::new(seeded_bus().await);
     mark_synced(&*bus, "east").await;
-    let metrics = Metrics::new();
+    let metrics = PushMetrics::register(&prometheus::Registry::new());
     let mut rx = gated(
         bus.clone(),
         &["east", "west"],
@@ -452,7 +458,7 @@ async fn the_first_snapshot_waits_for_every_expected_fleet() {
 #[tokio::test(start_paused = true)]
 async fn the_sync_timeout_serves_without_missing_fleets() {
     let bus: Arc<dyn StateBus> = Arc::new(seeded_bus().await);
-    let metrics = Metrics::new();
+    let metrics = PushMetrics::register(&prometheus::Registry::new());
     let start = Instant::now();
     let mut rx = gated(
         bus,

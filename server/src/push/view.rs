@@ -790,7 +790,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Metrics;
+    use crate::generate::metrics::CacheMetrics;
     use crate::testutil::{endpoint, service, sidecar_proxy, slice, Mesh};
 
     fn mesh() -> Mesh {
@@ -815,7 +815,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_view_generates_once_and_an_endpoint_change_rebuilds_only_its_service() {
-        let metrics = Metrics::new();
+        let metrics = CacheMetrics::register(&prometheus::Registry::new());
         let cache = GeneratorCache::new(64 << 20, true, metrics.clone());
         let views = Views::new(Generation::new(cache, 1));
         let p1 = sidecar_proxy("a", &[("app", "client")]);
@@ -903,7 +903,7 @@ mod tests {
     /// an endpoint-only snapshot that changes them must not reuse the view's clusters.
     #[tokio::test]
     async fn clusters_follow_the_identities_behind_their_hosts() {
-        let metrics = Metrics::new();
+        let metrics = CacheMetrics::register(&prometheus::Registry::new());
         let cache = GeneratorCache::new(64 << 20, true, metrics);
         let views = Views::new(Generation::new(cache, 1));
         let proxy = sidecar_proxy("a", &[("app", "client")]);
@@ -1033,7 +1033,7 @@ mod tests {
             .with_slice(gateway_pod(&[("istio", "ingressgateway")]));
         m.state.credential_keys = Some(Arc::new(keys));
 
-        let metrics = Metrics::new();
+        let metrics = CacheMetrics::register(&prometheus::Registry::new());
         let cache = GeneratorCache::new(64 << 20, true, metrics.clone());
         let views = Views::new(Generation::new(cache, 1));
         let node = router_proxy("istio-system", &[("istio", "ingressgateway")]);

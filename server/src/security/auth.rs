@@ -82,7 +82,7 @@ pub struct Caller {
     /// Its identities (a certificate may carry several).
     pub identities: Vec<Identity>,
     /// `certificate` or `token`.
-    pub source: &'static str,
+    pub source: CredentialSource,
     /// The cluster its credential proves: a token's is the one cluster whose issuer keys
     /// verify it; a certificate names none.
     pub cluster: ProvenCluster,
@@ -93,6 +93,34 @@ impl Caller {
     pub fn describe(&self) -> String {
         let ids: Vec<String> = self.identities.iter().map(Identity::to_string).collect();
         ids.join(", ")
+    }
+}
+
+/// What a caller authenticated with: the `source` label of `shoal_xds_auth_accepted_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CredentialSource {
+    /// A client certificate with a SPIFFE identity.
+    Certificate,
+    /// A service-account token.
+    Token,
+}
+
+impl CredentialSource {
+    /// Every source.
+    pub const ALL: [CredentialSource; 2] = [CredentialSource::Certificate, CredentialSource::Token];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CredentialSource::Certificate => "certificate",
+            CredentialSource::Token => "token",
+        }
+    }
+}
+
+impl std::fmt::Display for CredentialSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -406,7 +434,7 @@ impl Authenticator {
             if !identities.is_empty() {
                 return Ok(Caller {
                     identities,
-                    source: "certificate",
+                    source: CredentialSource::Certificate,
                     cluster: ProvenCluster::Certificate,
                 });
             }
@@ -478,7 +506,7 @@ impl Authenticator {
                 namespace,
                 service_account,
             }],
-            source: "token",
+            source: CredentialSource::Token,
             cluster,
         })
     }
@@ -581,7 +609,7 @@ pub fn verified_identity(proxy: &Proxy, caller: &Caller) -> VerifiedIdentity {
 }
 
 mod issuer_records;
-pub use issuer_records::{follow_issuers, IssuerRefusal, ISSUER_REFUSAL_REASONS};
+pub use issuer_records::{follow_issuers, IssuerRefusal};
 
 #[cfg(test)]
 mod tests;

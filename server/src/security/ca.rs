@@ -77,12 +77,57 @@ pub enum SignError {
 }
 
 impl SignError {
-    /// The `result` label of `shoal_ca_csr_total`.
-    pub fn reason(&self) -> &'static str {
+    /// The outcome it is counted as.
+    pub fn result(&self) -> CaResult {
         match self {
-            SignError::BadCsr(_) => "bad_csr",
-            SignError::TooLong { .. } | SignError::Negative(_) => "bad_ttl",
-            SignError::Signing(_) => "signing_error",
+            SignError::BadCsr(_) => CaResult::BadCsr,
+            SignError::TooLong { .. } | SignError::Negative(_) => CaResult::BadTtl,
+            SignError::Signing(_) => CaResult::SigningError,
+        }
+    }
+}
+
+/// The outcome of a certificate request: the `result` label of `shoal_ca_requests_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaResult {
+    /// A certificate was issued.
+    Issued,
+    /// The caller did not authenticate (or asked on the plaintext port).
+    Unauthenticated,
+    /// The caller asked for another identity (`ImpersonatedIdentity`).
+    Impersonation,
+    /// The request could not be read.
+    BadRequest,
+    /// The CSR does not parse or is not signed by its key.
+    BadCsr,
+    /// The requested lifetime is out of range.
+    BadTtl,
+    /// Signing failed.
+    SigningError,
+}
+
+impl CaResult {
+    /// Every result.
+    pub const ALL: [CaResult; 7] = [
+        CaResult::Issued,
+        CaResult::Unauthenticated,
+        CaResult::Impersonation,
+        CaResult::BadRequest,
+        CaResult::BadCsr,
+        CaResult::BadTtl,
+        CaResult::SigningError,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CaResult::Issued => "issued",
+            CaResult::Unauthenticated => "unauthenticated",
+            CaResult::Impersonation => "impersonation",
+            CaResult::BadRequest => "bad_request",
+            CaResult::BadCsr => "bad_csr",
+            CaResult::BadTtl => "bad_ttl",
+            CaResult::SigningError => "signing_error",
         }
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod ca;
+pub mod metrics;
 pub mod reload;
 pub mod serving_cert;
 pub mod tls;

@@ -11,8 +11,8 @@
 //! [`RETRY`]. Connections accepted after a renewal get the new certificate; open ones keep
 //! theirs.
 
-use crate::metrics::Metrics;
 use crate::security::ca::{Ca, Issued};
+use crate::security::metrics::SecurityMetrics;
 use crate::security::reload::Reloading;
 use crate::security::tls::{config_from_pem, TlsError, TlsServer};
 use std::path::PathBuf;
@@ -68,7 +68,7 @@ pub struct ServingCert {
     ca: Reloading<Ca>,
     names: Vec<String>,
     client_ca: Option<PathBuf>,
-    metrics: Metrics,
+    metrics: SecurityMetrics,
     /// The CA that issued `current`.
     signer: Arc<Ca>,
     current: Issued,
@@ -81,7 +81,7 @@ impl ServingCert {
         ca: Reloading<Ca>,
         names: Vec<String>,
         client_ca: Option<PathBuf>,
-        metrics: Metrics,
+        metrics: SecurityMetrics,
     ) -> Result<(ServingCert, TlsServer), TlsError> {
         let signer = ca.get();
         let (current, config) = issue(&signer, &names, client_ca.as_deref())?;
@@ -227,7 +227,7 @@ mod tests {
         assert_eq!(due(start, start, end, true), Some(Renewal::CaChanged));
     }
 
-    fn renewals(metrics: &Metrics, reason: &str, result: &str) -> u64 {
+    fn renewals(metrics: &SecurityMetrics, reason: &str, result: &str) -> u64 {
         metrics
             .xds_serving_cert_renewals
             .with_label_values(&[reason, result])
@@ -241,7 +241,7 @@ mod tests {
         let valid = time::OffsetDateTime::now_utc() + time::Duration::days(365);
         cacerts_until(dir.path(), valid);
         let ca = Reloading::new(Ca::load(dir.path()).unwrap());
-        let metrics = Metrics::new();
+        let metrics = SecurityMetrics::register(&prometheus::Registry::new());
         let names = vec!["shoal.example".to_string()];
         let (serving, tls) = ServingCert::start(ca.clone(), names, None, metrics.clone()).unwrap();
         let expiry = metrics.xds_serving_cert_expiry.get();

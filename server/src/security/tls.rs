@@ -7,7 +7,7 @@
 //! from then on (open connections keep theirs); `shoal_xds_tls_reloads_total` counts the
 //! loads.
 
-use crate::metrics::Metrics;
+use crate::security::metrics::SecurityMetrics;
 use crate::security::reload::Reloading;
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
@@ -83,7 +83,7 @@ impl TlsServer {
     }
 
     /// Reloads the configuration whenever the files' contents change, forever.
-    pub async fn reload(self, files: TlsFiles, metrics: Metrics) {
+    pub async fn reload(self, files: TlsFiles, metrics: SecurityMetrics) {
         let mut paths = vec![files.cert.clone(), files.key.clone()];
         paths.extend(files.client_ca.clone());
         let build = move || build(&files);

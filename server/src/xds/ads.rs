@@ -7,13 +7,12 @@ use super::registry::Registry;
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
 use super::wire::{self, RequestStream, Responses};
-use crate::security::auth::{self, Authenticator, Credentials, Issuers};
-use crate::security::ca::Ca;
-use crate::generate::cache::GeneratorCache;
-use crate::metrics::Metrics;
 use crate::push::pipeline::Published;
+use crate::push::view::Views;
+use crate::security::auth::{self, Authenticator, Credentials, Issuers};
+use crate::security::ca::{Ca, CaResult};
 use crate::security::reload::Reloading;
-use crate::push::view::{Generation, Views};
+use crate::xds::metrics::{CloseReason, XdsMetrics};
 use futures::StreamExt;
 use shoal_proto::istio_ca::{
     IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE_PATH,
@@ -32,7 +31,7 @@ use tonic::Status;
 pub struct AdsService {
     snapshots: watch::Receiver<Option<Published>>,
     registry: Registry,
-    metrics: Metrics,
+    metrics: XdsMetrics,
     next_id: Arc<AtomicU64>,
     push_limit: Arc<Semaphore>,
     views: Views,
@@ -54,23 +53,21 @@ pub const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
 pub const DEFAULT_PUSH_CONCURRENCY: usize = 100;
 
 impl AdsService {
-    /// A service pushing the snapshots published on `snapshots`.
+    /// A service pushing the snapshots published on `snapshots`, generating through
+    /// `views` (whose generator cache the admin server's `/debug/cachez` shows).
     pub fn new(
         snapshots: watch::Receiver<Option<Published>>,
         registry: Registry,
-        metrics: Metrics,
+        metrics: XdsMetrics,
+        views: Views,
     ) -> Self {
         AdsService {
             snapshots,
             registry,
-            metrics: metrics.clone(),
+            metrics,
             next_id: Arc::new(AtomicU64::new(1)),
             push_limit: Arc::new(Semaphore::new(DEFAULT_PUSH_CONCURRENCY)),
-            views: Views::new(Generation::per_core(GeneratorCache::new(
-                DEFAULT_CACHE_BYTES,
-                GeneratorCache::assert_from_env(),
-                metrics,
-            ))),
+            views,
             auth: Authenticator::new(
                 Issuers::default(),
                 vec![auth::DEFAULT_AUDIENCE.to_string()],
@@ -144,12 +141,6 @@ impl AdsService {
         self
     }
 
-    /// Uses these views (whose generator cache the admin server's `/debug/cachez` shows).
-    pub fn with_views(mut self, views: Views) -> Self {
-        self.views = views;
-        self
-    }
-
     /// Limits how many streams generate a push at the same time.
     pub fn with_push_concurrency(mut self, limit: usize) -> Self {
         self.push_limit = Arc::new(Semaphore::new(limit.max(1)));
@@ -187,7 +178,7 @@ impl AdsService {
                 Ok(caller) => {
                     self.metrics
                         .auth_accepted
-                        .with_label_values(&[caller.source])
+                        .with_label_values(&[caller.source.as_str()])
                         .inc();
                     Some(caller)
                 }
@@ -242,7 +233,12 @@ impl AdsService {
         &self,
         request: http::Request<tonic::body::Body>,
     ) -> http::Response<tonic::body::Body> {
-        let count = |result: &str| self.metrics.ca_requests.with_label_values(&[result]).inc();
+        let count = |result: CaResult| {
+            self.metrics
+                .ca_requests
+                .with_label_values(&[result.as_str()])
+                .inc()
+        };
         let Some(ca) = self.ca.as_ref().map(Reloading::get) else {
             return Status::unimplemented("this server signs no certificates (no --ca-dir)")
                 .into_http();
@@ -250,11 +246,11 @@ impl AdsService {
         let caller = match Credentials::of(&request).map(|c| self.auth.authenticate(&c)) {
             Some(Ok(caller)) => caller,
             Some(Err(error)) => {
-                count("unauthenticated");
+                count(CaResult::Unauthenticated);
                 return error.status().into_http();
             }
             None => {
-                count("unauthenticated");
+                count(CaResult::Unauthenticated);
                 return Status::unauthenticated("certificates are signed only on the TLS port")
                     .into_http();
             }
@@ -272,16 +268,25 @@ impl AdsService {
             let _slot = slot;
             let outcome = match requests.next().await {
                 Some(Ok(req)) => sign(&ca, &caller, &req),
-                Some(Err(status)) => Err(("bad_request", status)),
-                None => Err(("bad_request", Status::invalid_argument("no request"))),
+                Some(Err(status)) => Err((CaResult::BadRequest, status)),
+                None => Err((CaResult::BadRequest, Status::invalid_argument("no request"))),
             };
             let reply = match outcome {
                 Ok(response) => {
-                    metrics.ca_requests.with_label_values(&["issued"]).inc();
-                    Ok(wire::Encoded::new(&response, &crate::push::chunks::Chunks::default()))
+                    metrics
+                        .ca_requests
+                        .with_label_values(&[CaResult::Issued.as_str()])
+                        .inc();
+                    Ok(wire::Encoded::new(
+                        &response,
+                        &crate::push::chunks::Chunks::default(),
+                    ))
                 }
                 Err((result, status)) => {
-                    metrics.ca_requests.with_label_values(&[result]).inc();
+                    metrics
+                        .ca_requests
+                        .with_label_values(&[result.as_str()])
+                        .inc();
                     tracing::info!(identities = ?caller.identities, %status, "certificate request refused");
                     Err(Box::new(status))
                 }
@@ -297,7 +302,7 @@ fn sign(
     ca: &Ca,
     caller: &auth::Caller,
     req: &IstioCertificateRequest,
-) -> Result<IstioCertificateResponse, (&'static str, Status)> {
+) -> Result<IstioCertificateResponse, (CaResult, Status)> {
     let impersonated = req
         .metadata
         .as_ref()
@@ -305,13 +310,13 @@ fn sign(
         .is_some_and(|v| !matches!(&v.kind, Some(Kind::StringValue(s)) if s.is_empty()));
     if impersonated {
         return Err((
-            "impersonation",
+            CaResult::Impersonation,
             Status::unauthenticated("impersonation (ImpersonatedIdentity) is not allowed"),
         ));
     }
     ca.sign(&req.csr, &caller.identities, req.validity_duration)
         .map(|cert_chain| IstioCertificateResponse { cert_chain })
-        .map_err(|e| (e.reason(), Status::invalid_argument(e.to_string())))
+        .map_err(|e| (e.result(), Status::invalid_argument(e.to_string())))
 }
 
 /// Largest certificate request accepted.
@@ -443,16 +448,16 @@ where
     let (reason, error) = loop {
         tokio::select! {
             req = requests.next() => match req {
-                None => break ("proxy_closed", None),
+                None => break (CloseReason::ProxyClosed, None),
                 // The request body failed (a reset, a broken connection): nobody to
                 // answer.
                 Some(Err(status)) if status.code() == tonic::Code::Cancelled => {
                     tracing::debug!(conn = %handler.session().id, %status, "stream error");
-                    break ("stream_error", None);
+                    break (CloseReason::StreamError, None);
                 }
                 // A request refused as it was read (too big, undecodable, a budget or
                 // deadline passed): the proxy is told why, in the stream's status.
-                Some(Err(status)) => break ("refused", Some(status)),
+                Some(Err(status)) => break (CloseReason::Refused, Some(status)),
                 Some(Ok(req)) => {
                     let Some(snap) = current.clone() else { continue };
                     if let Err(status) = handler.on_request(req, &snap).await {
@@ -462,7 +467,7 @@ where
             },
             changed = snapshots.changed() => {
                 if changed.is_err() {
-                    break ("server_closed", None);
+                    break (CloseReason::ServerClosed, None);
                 }
                 let published = snapshots.borrow_and_update().clone();
                 let Some(mut p) = published else { continue };
@@ -477,7 +482,7 @@ where
                     continue;
                 }
                 let Ok(_permit) = push_limit.acquire().await else {
-                    break ("server_closed", None);
+                    break (CloseReason::ServerClosed, None);
                 };
                 // Snapshots published while this stream waited for its turn: push the
                 // newest (its changes join these). The views have moved on to it, and
@@ -506,7 +511,7 @@ where
             }
             _ = connection_closed(&mut close) => {
                 tracing::debug!(conn = %handler.session().id, "connection closing; ending stream");
-                break ("server_closed", None);
+                break (CloseReason::ServerClosed, None);
             }
         }
     };
@@ -525,11 +530,11 @@ where
 
 /// The close reason of a stream that ended with `status`: a response that could not be
 /// written (the proxy is gone), or a refused request.
-fn failure_reason(status: &Status) -> &'static str {
+fn failure_reason(status: &Status) -> CloseReason {
     if status.code() == tonic::Code::Cancelled {
-        "send_failed"
+        CloseReason::SendFailed
     } else {
-        "refused"
+        CloseReason::Refused
     }
 }
 
@@ -576,8 +581,11 @@ mod merge_tests {
     //! A stream busy with a push never queues more: snapshots published meanwhile merge into
     //! one push of the newest.
     use super::*;
+    use crate::generate::cache::GeneratorCache;
+    use crate::generate::metrics::CacheMetrics;
     use crate::generate::Snapshot;
     use crate::push::pipeline::ChangeSet;
+    use crate::push::view::Generation;
     use shoal_proto::XdsType;
     use std::sync::Mutex;
     use tokio::sync::Notify;
@@ -637,8 +645,12 @@ mod merge_tests {
 
     #[tokio::test(start_paused = true)]
     async fn snapshots_published_during_a_push_merge_into_one() {
-        let metrics = Metrics::new();
-        let cache = GeneratorCache::new(1 << 20, false, metrics.clone());
+        let metrics = XdsMetrics::register(&prometheus::Registry::new());
+        let cache = GeneratorCache::new(
+            1 << 20,
+            false,
+            CacheMetrics::register(&prometheus::Registry::new()),
+        );
         let views = Views::new(Generation::new(cache, 1));
         let mut session = Session::new(
             "t".into(),
@@ -648,8 +660,11 @@ mod merge_tests {
             views,
             None,
         );
-        let node =
-            crate::index::proxy::tests::node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", "ns", &[]);
+        let node = crate::index::proxy::tests::node(
+            "sidecar~10.0.0.1~a.ns~ns.svc.cluster.local",
+            "ns",
+            &[],
+        );
         session.identify(Some(&node)).expect("valid node");
         let pushed = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new(Notify::new());
@@ -701,8 +716,12 @@ mod merge_tests {
     /// (with the changes of the ones it skipped), never a superseded one.
     #[tokio::test(start_paused = true)]
     async fn a_stream_waiting_for_its_turn_pushes_the_newest_snapshot() {
-        let metrics = Metrics::new();
-        let cache = GeneratorCache::new(1 << 20, false, metrics.clone());
+        let metrics = XdsMetrics::register(&prometheus::Registry::new());
+        let cache = GeneratorCache::new(
+            1 << 20,
+            false,
+            CacheMetrics::register(&prometheus::Registry::new()),
+        );
         let views = Views::new(Generation::new(cache, 1));
         let mut session = Session::new(
             "t".into(),
@@ -712,8 +731,11 @@ mod merge_tests {
             views,
             None,
         );
-        let node =
-            crate::index::proxy::tests::node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", "ns", &[]);
+        let node = crate::index::proxy::tests::node(
+            "sidecar~10.0.0.1~a.ns~ns.svc.cluster.local",
+            "ns",
+            &[],
+        );
         session.identify(Some(&node)).expect("valid node");
         let pushed = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new(Notify::new());

@@ -14,11 +14,12 @@ use super::session::{Mode, Session};
 use super::sotw::SotwStream;
 use super::wire::Outgoing;
 use crate::generate::cache::GeneratorCache;
+use crate::generate::metrics::CacheMetrics;
 use crate::index::proxy::tests::node;
-use crate::metrics::Metrics;
 use crate::push::pipeline::{ChangeSet, Published};
 use crate::push::view::{Generation, Views};
 use crate::testutil::*;
+use crate::xds::metrics::XdsMetrics;
 use proptest::prelude::*;
 use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::pb::envoy::service::discovery::v3::{
@@ -103,9 +104,13 @@ where
         .build()
         .expect("runtime");
     rt.block_on(async move {
-        let metrics = Metrics::new();
+        let metrics = XdsMetrics::register(&prometheus::Registry::new());
         let views = Views::new(Generation::new(
-            GeneratorCache::new(1 << 20, false, metrics.clone()),
+            GeneratorCache::new(
+                1 << 20,
+                false,
+                CacheMetrics::register(&prometheus::Registry::new()),
+            ),
             1,
         ));
         let registry = Registry::default();

@@ -22,9 +22,9 @@
 //! long-lived ADS stream before its grace period, hence this module.
 
 use super::limits::{Breach, BufferBudget, WarnLimiter};
-use crate::security::tls::TlsServer;
 use crate::security::auth::TlsPeer;
-use crate::metrics::Metrics;
+use crate::security::tls::TlsServer;
+use crate::xds::metrics::XdsMetrics;
 use bytes::Bytes;
 use shoal_common::time::sleep_until;
 use std::hash::BuildHasher;
@@ -73,7 +73,7 @@ pub struct ConnectionLimits {
     /// Connection slots of the whole process (every port takes from the same ones).
     pub slots: Arc<Semaphore>,
     /// `shoal_xds_limits_exceeded_total` and `shoal_xds_open_connections`.
-    pub metrics: Metrics,
+    pub metrics: XdsMetrics,
 }
 
 /// Shortest and longest wait after a failed accept.
@@ -227,7 +227,7 @@ struct Conn {
     budget: Arc<BufferBudget>,
     max_streams: u32,
     idle_timeout: Option<Duration>,
-    metrics: Metrics,
+    metrics: XdsMetrics,
     /// Held for the connection's life.
     _slot: Slot,
 }

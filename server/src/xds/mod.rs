@@ -7,6 +7,7 @@ mod delta;
 mod fuzz_tests;
 pub mod limits;
 pub mod listener;
+pub mod metrics;
 pub mod registry;
 mod session;
 mod sotw;

@@ -4,14 +4,14 @@
 
 use super::limits::{self, WarnLimiter};
 use super::registry::{Nack, Registry};
-use crate::security::auth::{authorize, verified_identity, Caller};
 use crate::generate::cache::compare;
 use crate::generate::sds;
 use crate::generate::{Resource, Snapshot};
-use crate::metrics::Metrics;
-use crate::index::proxy::{Proxy, ProxyKind};
+use crate::index::proxy::Proxy;
 use crate::index::scope::ProxyScope;
 use crate::push::view::{Diff, Held, Names, Output, View, Views};
+use crate::security::auth::{authorize, verified_identity, Caller};
+use crate::xds::metrics::{CloseReason, XdsMetrics};
 use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::XdsType;
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,13 +36,13 @@ pub(crate) struct Session {
     /// The view of the proxy's key, shared with every stream of the same key.
     view: Option<Arc<View>>,
     pub registry: Registry,
-    pub metrics: Metrics,
+    pub metrics: XdsMetrics,
     views: Views,
     /// Who opened the stream (secure port); `None` on the plaintext port.
     caller: Option<Caller>,
     /// Why the stream ended, counted when the session is dropped (`aborted` unless the
     /// stream's driver says otherwise: a panic).
-    pub close_reason: &'static str,
+    pub close_reason: CloseReason,
     /// Rate limits of this stream's per-request warnings (see [`limits::WarnLimiter`]).
     warn_nack: WarnLimiter,
     warn_unsupported: WarnLimiter,
@@ -57,7 +57,7 @@ impl Session {
         id: String,
         mode: Mode,
         registry: Registry,
-        metrics: Metrics,
+        metrics: XdsMetrics,
         views: Views,
         caller: Option<Caller>,
     ) -> Session {
@@ -70,7 +70,7 @@ impl Session {
             metrics,
             views,
             caller,
-            close_reason: "aborted",
+            close_reason: CloseReason::Aborted,
             warn_nack: WarnLimiter::default(),
             warn_unsupported: WarnLimiter::default(),
             warn_sds: WarnLimiter::default(),
@@ -106,7 +106,7 @@ impl Session {
         self.registry.add(&self.id, &proxy, self.mode);
         self.metrics
             .connections
-            .with_label_values(&[kind_label(proxy.kind)])
+            .with_label_values(&[proxy.kind.label()])
             .inc();
         self.view = Some(self.views.view_for(&proxy));
         self.proxy = Some(proxy);
@@ -327,21 +327,14 @@ impl Drop for Session {
         if let Some(p) = &self.proxy {
             self.metrics
                 .connections
-                .with_label_values(&[kind_label(p.kind)])
+                .with_label_values(&[p.kind.label()])
                 .dec();
-            tracing::info!(conn = %self.id, node = %p.id, reason = self.close_reason, "proxy disconnected");
+            tracing::info!(conn = %self.id, node = %p.id, reason = self.close_reason.as_str(), "proxy disconnected");
         }
         self.metrics
             .streams_closed
-            .with_label_values(&[self.close_reason])
+            .with_label_values(&[self.close_reason.as_str()])
             .inc();
         self.registry.remove(&self.id);
-    }
-}
-
-fn kind_label(kind: ProxyKind) -> &'static str {
-    match kind {
-        ProxyKind::Sidecar => "sidecar",
-        ProxyKind::Router => "router",
     }
 }

@@ -20,11 +20,12 @@ use super::session::{Mode, Session};
 use super::sotw::SotwStream;
 use super::wire::{Outgoing, Responses};
 use crate::generate::cache::GeneratorCache;
+use crate::generate::metrics::CacheMetrics;
 use crate::generate::Snapshot;
-use crate::metrics::Metrics;
 use crate::index::proxy::tests::node;
-use crate::testutil::*;
 use crate::push::view::{Generation, Views};
+use crate::testutil::*;
+use crate::xds::metrics::XdsMetrics;
 use shoal_proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
@@ -59,11 +60,15 @@ fn reviews_slice(ip: &str) -> shoal_common::model::EndpointSet {
 }
 
 fn session(mode: Mode) -> Session {
-    let metrics = Metrics::new();
+    let metrics = XdsMetrics::register(&prometheus::Registry::new());
     // No cache assert here: it regenerates every output for the stream's own proxy, which
     // is the very walk over the subscription this test checks is gone.
     let views = Views::new(Generation::new(
-        GeneratorCache::new(512 << 20, false, metrics.clone()),
+        GeneratorCache::new(
+            512 << 20,
+            false,
+            CacheMetrics::register(&prometheus::Registry::new()),
+        ),
         1,
     ));
     Session::new(

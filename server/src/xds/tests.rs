@@ -6,10 +6,13 @@
 //! the probe's answer is the next message.
 
 use super::{AdsService, Registry, TypeStatus};
+use crate::generate::cache::GeneratorCache;
+use crate::generate::metrics::CacheMetrics;
 use crate::generate::Snapshot;
-use crate::metrics::Metrics;
 use crate::push::pipeline::{ChangeSet, Published};
+use crate::push::view::{Generation, Views};
 use crate::testutil::*;
+use crate::xds::metrics::XdsMetrics;
 use prost::Message;
 use shoal_proto::pb::envoy::config::cluster::v3::Cluster;
 use shoal_proto::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
@@ -62,7 +65,13 @@ struct Server {
 async fn server() -> Server {
     let (snapshots, rx) = watch::channel(None);
     let registry = Registry::default();
-    let ads = AdsService::new(rx, registry.clone(), Metrics::new());
+    let metrics = prometheus::Registry::new();
+    let views = Views::new(Generation::per_core(GeneratorCache::new(
+        1 << 24,
+        GeneratorCache::assert_from_env(),
+        CacheMetrics::register(&metrics),
+    )));
+    let ads = AdsService::new(rx, registry.clone(), XdsMetrics::register(&metrics), views);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -5,8 +5,8 @@
 
 use super::rds_gateway::{cluster_of, rds, route_action, vhost};
 use crate::generate::cache::GeneratorCache;
+use crate::generate::metrics::CacheMetrics;
 use crate::index::scope::ProxyScope;
-use crate::metrics::Metrics;
 use crate::testutil::*;
 use shoal_proto::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier, route_match::PathSpecifier, Route, RouteMatch,
@@ -310,7 +310,11 @@ fn cached_shop_routes(cache: &GeneratorCache, mesh: &Mesh) -> Vec<Route> {
 
 #[test]
 fn a_change_of_the_child_or_its_destinations_reaches_cached_tables() {
-    let cache = GeneratorCache::new(1 << 24, true, Metrics::new());
+    let cache = GeneratorCache::new(
+        1 << 24,
+        true,
+        CacheMetrics::register(&prometheus::Registry::new()),
+    );
     let first = cached_shop_routes(&cache, &gateway_mesh(CHILD));
     assert_eq!(cluster_of(&first[0]), API);
     // Same root, the child now sends /v2/api to ratings.

@@ -23,7 +23,7 @@
 //! Deletes carry no epoch and are applied as they come, as for the other buckets.
 
 use super::{IssuerError, IssuerKeys, Issuers};
-use crate::metrics::Metrics;
+use crate::security::metrics::{IssuerRefusalReason, SecurityMetrics};
 use futures::StreamExt;
 use shoal_common::bus::Bucket;
 use shoal_common::bus::{Entry, Op, StateBus, WatchEvent};
@@ -64,16 +64,13 @@ pub enum IssuerRefusal {
     Invalid(#[from] IssuerError),
 }
 
-/// Every value of [`IssuerRefusal::reason`].
-pub const ISSUER_REFUSAL_REASONS: [&str; 3] = ["fenced", "unleased", "invalid"];
-
 impl IssuerRefusal {
     /// The metric label (`shoal_token_issuers_refused_total{reason}`).
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> IssuerRefusalReason {
         match self {
-            IssuerRefusal::Fenced { .. } => "fenced",
-            IssuerRefusal::Unleased { .. } => "unleased",
-            IssuerRefusal::Invalid(_) => "invalid",
+            IssuerRefusal::Fenced { .. } => IssuerRefusalReason::Fenced,
+            IssuerRefusal::Unleased { .. } => IssuerRefusalReason::Unleased,
+            IssuerRefusal::Invalid(_) => IssuerRefusalReason::Invalid,
         }
     }
 }
@@ -227,11 +224,11 @@ fn decode(cluster: &str, entry: &Entry) -> Result<Record, IssuerError> {
     })
 }
 
-fn refused(metrics: &Metrics, cluster: &str, refusal: &IssuerRefusal) {
+fn refused(metrics: &SecurityMetrics, cluster: &str, refusal: &IssuerRefusal) {
     tracing::warn!(%cluster, error = %refusal, "refusing a token issuer record; the cluster's previous keys, if any, stay");
     metrics
         .token_issuers_refused
-        .with_label_values(&[refusal.reason()])
+        .with_label_values(&[refusal.reason().as_str()])
         .inc();
 }
 
@@ -239,7 +236,7 @@ fn refused(metrics: &Metrics, cluster: &str, refusal: &IssuerRefusal) {
 /// re-created; its replay replaces the set only once complete, so issuers never vanish
 /// during a reconnect. Refused records (see the module docs) are logged, counted and
 /// skipped (the cluster's previous keys, if any, stay).
-pub async fn follow_issuers(bus: Arc<dyn StateBus>, issuers: Issuers, metrics: Metrics) {
+pub async fn follow_issuers(bus: Arc<dyn StateBus>, issuers: Issuers, metrics: SecurityMetrics) {
     let mut backoff = Duration::from_millis(100);
     let mut records = IssuerRecords::default();
     loop {
@@ -355,7 +352,7 @@ mod tests {
             Step::None => "none",
             Step::Set(..) => "set",
             Step::Remove(_) => "remove",
-            Step::Refused(_, refusal) => refusal.reason(),
+            Step::Refused(_, refusal) => refusal.reason().as_str(),
         }
     }
 
@@ -383,7 +380,7 @@ mod tests {
         );
         let refused: Vec<_> = refused
             .iter()
-            .map(|(c, r)| (c.as_str(), r.reason()))
+            .map(|(c, r)| (c.as_str(), r.reason().as_str()))
             .collect();
         assert_eq!(
             refused,

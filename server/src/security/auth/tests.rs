@@ -128,7 +128,7 @@ fn a_valid_token_of_a_known_cluster_is_its_service_account() {
     let caller = auth
         .authenticate(&with_token(west.token(claims("shop", "web")), None))
         .unwrap();
-    assert_eq!(caller.source, "token");
+    assert_eq!(caller.source, CredentialSource::Token);
     assert_eq!(caller.identities, vec![identity("shop", "web")]);
     // The cluster whose keys verified it, not the one a header or node names.
     assert_eq!(caller.cluster, ProvenCluster::Token("west".into()));
@@ -221,7 +221,7 @@ fn a_client_certificate_is_its_spiffe_identities() {
         ..Credentials::default()
     };
     let caller = auth.authenticate(&creds).unwrap();
-    assert_eq!(caller.source, "certificate");
+    assert_eq!(caller.source, CredentialSource::Certificate);
     assert_eq!(caller.cluster, ProvenCluster::Certificate);
     assert_eq!(caller.identities, vec![identity("shop", "web")]);
 
@@ -239,7 +239,7 @@ fn a_client_certificate_is_its_spiffe_identities() {
 fn a_proxy_gets_config_only_for_its_own_namespace_and_service_account() {
     let caller = Caller {
         identities: vec![identity("shop", "web")],
-        source: "token",
+        source: CredentialSource::Token,
         cluster: ProvenCluster::Token("east".into()),
     };
     let mut proxy = sidecar_proxy("shop", &[]);
@@ -300,7 +300,7 @@ fn the_verified_identity_is_the_callers_service_accounts_in_the_proxys_namespace
             identity("shop", "web"),
             identity("istio-system", "backup"),
         ],
-        source: "certificate",
+        source: CredentialSource::Certificate,
         cluster: ProvenCluster::Certificate,
     };
     let mut proxy = crate::testutil::router_proxy("istio-system", &[]);

@@ -65,13 +65,19 @@ fn signs_the_callers_identity_only_for_the_allowed_time() {
     let one_hour = ca.sign(&csr("x://y"), &[web()], 3600).unwrap();
     assert_eq!(one_hour.len(), 2);
     let too_long = ca.sign(&csr("x://y"), &[web()], MAX_TTL.as_secs() as i64 + 1);
-    assert_eq!(too_long.unwrap_err().reason(), "bad_ttl");
+    assert_eq!(too_long.unwrap_err().result().as_str(), "bad_ttl");
     assert_eq!(
-        ca.sign(&csr("x://y"), &[web()], -1).unwrap_err().reason(),
+        ca.sign(&csr("x://y"), &[web()], -1)
+            .unwrap_err()
+            .result()
+            .as_str(),
         "bad_ttl"
     );
     assert_eq!(
-        ca.sign("garbage", &[web()], 0).unwrap_err().reason(),
+        ca.sign("garbage", &[web()], 0)
+            .unwrap_err()
+            .result()
+            .as_str(),
         "bad_csr"
     );
 }

@@ -23,14 +23,12 @@
 //! [`agent`] runs `shoal-test-agent` (`tests/agent/`), istio-agent's stand-in: it gets a
 //! workload certificate from shoal's CA and serves it to Envoy over SDS on a Unix socket.
 //!
-//! [`bench`](mod@bench) is the load benchmark (`tests/bench/`), shared by the `shoal-bench`
-//! binary and the smoke test `tests/bench_smoke.rs`; see docs/benchmarks.md.
+//! The load benchmark, which uses this harness, is a crate of its own: `shoal-bench`
+//! (`bench/`, docs/benchmarks.md).
 #![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod backend;
-#[path = "../bench/mod.rs"]
-pub mod bench;
 pub mod bootstrap;
 pub mod envoy;
 pub mod eventually;

@@ -9,9 +9,8 @@
 //! - `fresh_install_waits_for_expected_fleets`: with `--expect-fleets`, a server on an
 //!   empty bus is not ready and sends a connected Envoy nothing until the fleet's ingester
 //!   has synced; `--sync-timeout` makes it ready anyway, with `shoal_sync_timed_out 1`.
-//! - `replica_kill_with_many_delta_proxies`: 400 simulated delta proxies spread over two
-//!   replicas, one replica killed (SIGKILL): all of its proxies reconnect to the survivor
-//!   and resume with nothing resent (the load generator of tests/bench/).
+//! - the replica kill with many delta proxies is in the benchmark's crate
+//!   (bench/tests/replica_kill.rs), whose load generator it drives.
 //! - `sigterm_drains_gradually`: SIGTERM makes `/ready` fail at once and closes the proxy
 //!   connections spread over `--drain-duration`.
 //!
@@ -22,9 +21,6 @@ use shoal_proto::pb::envoy::config::core::v3::Node as XdsNode;
 use shoal_proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use shoal_proto::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use shoal_proto::XdsType;
-use shoal_tests::bench::client::Mode;
-use shoal_tests::bench::manifests::ScenarioKind;
-use shoal_tests::bench::{self, Baseline, BenchConfig, VsChange};
 use shoal_tests::bootstrap::{bootstrap_with, AdsMode, Node};
 use shoal_tests::http::Request;
 use shoal_tests::mesh::{SwitchTarget, TestMesh};
@@ -323,58 +319,6 @@ async fn fresh_install_waits_for_expected_fleets() {
         ready_after.as_secs_f64()
     );
     ingester.process().assert_running();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replica_kill_with_many_delta_proxies() {
-    let cfg = BenchConfig {
-        proxies: 400,
-        namespaces: 4,
-        services: 20,
-        endpoints: 3,
-        scenario: ScenarioKind::Flat,
-        mode: Mode::Delta,
-        replicas: 2,
-        changes: 1,
-        vs_change: VsChange::Mesh,
-        timeout: Duration::from_secs(300),
-        phase_timeout: Duration::from_secs(120),
-        connect_concurrency: 16,
-        bin_dir: Some(shoal_tests::shoal::bin_dir()),
-        server_args: Vec::new(),
-        server_cpus: None,
-        progress: true,
-        baseline: Baseline::None,
-        storm: false,
-        spread: true,
-    };
-    let r = match bench::run(&cfg).await {
-        Ok(r) => r,
-        Err(e) => panic!("the benchmark failed: {e:#}"),
-    };
-    let ctx = || serde_json::to_string_pretty(&r).unwrap_or_default();
-    let mv = r.replica_move.as_ref().expect("two replicas: the move ran");
-    eprintln!(
-        "MEASURED replica kill: {} proxies on the killed replica, {} on the survivor; {} \
-         reconnected and reconfigured in {:.2} s; held {}, resent {}, survivor resumed {}",
-        mv.expected,
-        mv.already_on_b,
-        mv.reconfigured,
-        mv.all_reconfigured_s,
-        mv.held,
-        mv.resent,
-        mv.server_resumed
-    );
-    assert_eq!(r.initial.per_proxy_ms.n, cfg.proxies, "{}", ctx());
-    assert_eq!(mv.expected, cfg.proxies / 2, "spread over both\n{}", ctx());
-    assert_eq!(mv.already_on_b, cfg.proxies / 2, "{}", ctx());
-    assert_eq!(mv.reconfigured, mv.expected, "all moved\n{}", ctx());
-    assert!(mv.held > 0, "{}", ctx());
-    assert_eq!(mv.resent, 0, "nothing already held is resent\n{}", ctx());
-    assert!(mv.server_resumed > 0.0, "{}", ctx());
-    assert_eq!(r.nacks, 0, "{}", ctx());
-    assert_eq!(r.bad_responses, 0, "{}", ctx());
-    assert!(r.processes_ok, "{}", ctx());
 }
 
 /// A sidecar node the server accepts (namespace `ns`).

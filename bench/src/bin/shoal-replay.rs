@@ -5,7 +5,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use shoal_tests::bench::replay::{self, Recording, Replay};
+use shoal_bench::replay::{self, Recording, Replay};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,4 +1,4 @@
-//! The load benchmark (`shoal-bench`, tests/bench/) in a tiny configuration, as a CI check
+//! The load benchmark (`shoal-bench`, bench/) in a tiny configuration, as a CI check
 //! that it still works end to end: real nats-server, ingester and two server replicas,
 //! simulated proxies in both ADS modes, and captured sidecars (Istio's default interception).
 //! Only functional outcomes are asserted — every proxy configured with the configuration's
@@ -10,10 +10,10 @@
 //! Needs the binaries: `cargo build --workspace --bins` first (scripts/test.sh does).
 #![forbid(unsafe_code)]
 
-use shoal_tests::bench::client::Mode;
-use shoal_tests::bench::manifests::ScenarioKind;
-use shoal_tests::bench::report::Report;
-use shoal_tests::bench::{self, Baseline, BenchConfig, VsChange};
+use shoal_bench::client::Mode;
+use shoal_bench::manifests::ScenarioKind;
+use shoal_bench::report::Report;
+use shoal_bench::{Baseline, BenchConfig, VsChange};
 use std::time::Duration;
 
 fn smoke(mode: Mode, scenario: ScenarioKind, vs_change: VsChange) -> BenchConfig {
@@ -41,7 +41,7 @@ fn smoke(mode: Mode, scenario: ScenarioKind, vs_change: VsChange) -> BenchConfig
 }
 
 async fn run(cfg: BenchConfig) -> Report {
-    match bench::run(&cfg).await {
+    match shoal_bench::run(&cfg).await {
         Ok(report) => {
             eprintln!("{}", report.table());
             report

@@ -25,6 +25,11 @@
 //!
 //! Everything is bounded by timeouts, and every process is killed when [`run`] returns,
 //! whether it succeeds or fails.
+//!
+//! The crate holds the library, the `shoal-bench` binary (`src/main.rs`), the replay
+//! baseline's server `shoal-replay` (`src/bin/shoal-replay.rs`) and the tests that run the
+//! benchmark (`tests/`); it uses the process harness of the tests crate (`shoal_tests`).
+#![forbid(unsafe_code)]
 
 pub mod client;
 pub mod manifests;

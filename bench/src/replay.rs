@@ -1,4 +1,4 @@
-//! The replay baseline: a minimal ADS server (`shoal-replay`, tests/replay/main.rs) that
+//! The replay baseline: a minimal ADS server (`shoal-replay`, src/bin/shoal-replay.rs) that
 //! answers each proxy with the resources shoal sent a proxy of the same class, recorded
 //! earlier in the same run and encoded once when it starts.
 //!

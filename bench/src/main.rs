@@ -3,9 +3,9 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use shoal_tests::bench::client::Mode;
-use shoal_tests::bench::manifests::ScenarioKind;
-use shoal_tests::bench::{self, Baseline, BenchConfig, VsChange};
+use shoal_bench::client::Mode;
+use shoal_bench::manifests::ScenarioKind;
+use shoal_bench::{Baseline, BenchConfig, VsChange};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -174,7 +174,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         tokio::select! {
-            r = bench::run(&cfg) => r,
+            r = shoal_bench::run(&cfg) => r,
             _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
         }
     });

@@ -2,11 +2,11 @@
 //! children of the benchmark: started on free ports, killed when dropped (also on error),
 //! and measured through `/proc` and the servers' `/metrics`.
 
-use crate::eventually::try_eventually;
-use crate::http;
-use crate::ports::{free_addr, free_port};
-use crate::process::Process;
 use anyhow::{bail, Context};
+use shoal_tests::eventually::try_eventually;
+use shoal_tests::http;
+use shoal_tests::ports::{free_addr, free_port};
+use shoal_tests::process::Process;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1022,7 +1022,7 @@ impl Bench<'_> {
         let key_matches = move |w: &BusWrite| {
             w.bucket == Bucket::Endpoints
                 && shoal_common::keys::parse_endpoints_key(&w.key)
-                    .is_ok_and(|(_, n, s, _)| n == ns_name && s == service)
+                    .is_ok_and(|id| id.namespace == ns_name && id.service == service)
         };
         self.change(
             k,

@@ -176,10 +176,32 @@ pub fn service_key(cluster: &str, namespace: &str, name: &str) -> String {
     join(&[cluster, namespace, name])
 }
 
-/// Parses a `shoal-services` key into (cluster, namespace, name).
-pub fn parse_service_key(key: &str) -> Result<(String, String, String), KeyError> {
-    let [c, ns, n] = split::<3>(key)?;
-    Ok((c, ns, n))
+/// Parses a `shoal-services` key.
+pub fn parse_service_key(key: &str) -> Result<ServiceId, KeyError> {
+    let [cluster, namespace, name] = split::<3>(key)?;
+    Ok(ServiceId {
+        cluster,
+        namespace,
+        name,
+    })
+}
+
+/// The identity of a service in `shoal-services`: what its key says.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceId {
+    /// The cluster it was read from.
+    pub cluster: String,
+    /// The namespace.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+}
+
+impl ServiceId {
+    /// The service's key ([`service_key`]).
+    pub fn key(&self) -> String {
+        service_key(&self.cluster, &self.namespace, &self.name)
+    }
 }
 
 /// Key of an endpoint set in `shoal-endpoints`: `<cluster>.<namespace>.<service>.<slice>`.
@@ -187,10 +209,105 @@ pub fn endpoints_key(cluster: &str, namespace: &str, service: &str, slice: &str)
     join(&[cluster, namespace, service, slice])
 }
 
-/// Parses a `shoal-endpoints` key into (cluster, namespace, service, slice).
-pub fn parse_endpoints_key(key: &str) -> Result<(String, String, String, String), KeyError> {
-    let [c, ns, s, sl] = split::<4>(key)?;
-    Ok((c, ns, s, sl))
+/// Parses a `shoal-endpoints` key.
+pub fn parse_endpoints_key(key: &str) -> Result<SliceId, KeyError> {
+    let [cluster, namespace, service, slice] = split::<4>(key)?;
+    Ok(SliceId {
+        cluster,
+        namespace,
+        service,
+        slice,
+    })
+}
+
+/// The identity of an endpoint set in `shoal-endpoints` (one EndpointSlice): what its key
+/// says.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SliceId {
+    /// The cluster it was read from.
+    pub cluster: String,
+    /// The namespace.
+    pub namespace: String,
+    /// The service the slice belongs to.
+    pub service: String,
+    /// The slice's name.
+    pub slice: String,
+}
+
+impl SliceId {
+    /// The slice's key ([`endpoints_key`]).
+    pub fn key(&self) -> String {
+        endpoints_key(&self.cluster, &self.namespace, &self.service, &self.slice)
+    }
+}
+
+/// A value of a data bucket, which knows the identity its key must have: a reader checks
+/// that the two agree before applying it (a value copied under another key is refused).
+pub trait BusIdentity {
+    /// The identity type ([`ConfigId`], [`ServiceId`], [`SliceId`]).
+    type Id: PartialEq + std::fmt::Display;
+    /// What the value says it is.
+    fn bus_id(&self) -> Self::Id;
+}
+
+impl BusIdentity for ConfigObject {
+    type Id = ConfigId;
+    fn bus_id(&self) -> ConfigId {
+        ConfigId::of(self)
+    }
+}
+
+impl BusIdentity for crate::model::Service {
+    type Id = ServiceId;
+    fn bus_id(&self) -> ServiceId {
+        ServiceId {
+            cluster: self.cluster.clone(),
+            namespace: self.meta.namespace.clone(),
+            name: self.meta.name.clone(),
+        }
+    }
+}
+
+impl BusIdentity for crate::model::EndpointSet {
+    type Id = SliceId;
+    fn bus_id(&self) -> SliceId {
+        SliceId {
+            cluster: self.cluster.clone(),
+            namespace: self.namespace.clone(),
+            service: self.service.clone(),
+            slice: self.slice.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for ConfigId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)?;
+        match &self.cluster {
+            Some(cluster) => write!(f, " of cluster {cluster}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for ServiceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "service {}/{} in {}",
+            self.namespace, self.name, self.cluster
+        )
+    }
+}
+
+impl std::fmt::Display for SliceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "slice {}/{} of {} in {}",
+            self.namespace, self.slice, self.service, self.cluster
+        )
+    }
 }
 
 /// Key of a cluster's sync status in `shoal-meta`.
@@ -296,10 +413,16 @@ mod tests {
             Err(KeyError::TokenCount { expected: 4, .. })
         ));
         let k = endpoints_key("c1", "ns", "svc", "svc-abc.1");
+        let id = parse_endpoints_key(&k).unwrap();
         assert_eq!(
-            parse_endpoints_key(&k).unwrap(),
-            ("c1".into(), "ns".into(), "svc".into(), "svc-abc.1".into())
+            (
+                id.cluster.as_str(),
+                id.namespace.as_str(),
+                id.service.as_str()
+            ),
+            ("c1", "ns", "svc")
         );
+        assert_eq!((id.slice.as_str(), id.key()), ("svc-abc.1", k));
     }
 
     #[test]
@@ -381,14 +504,19 @@ mod tests {
                 name: b.clone(),
             };
             prop_assert_eq!(parse_config_key(&id.key()).expect("parses"), id);
-            prop_assert_eq!(
-                parse_service_key(&service_key(&a, &b, &c)).expect("parses"),
-                (a.clone(), b.clone(), c.clone())
-            );
-            prop_assert_eq!(
-                parse_endpoints_key(&endpoints_key(&a, &b, &c, &d)).expect("parses"),
-                (a.clone(), b.clone(), c.clone(), d.clone())
-            );
+            let service = ServiceId {
+                cluster: a.clone(),
+                namespace: b.clone(),
+                name: c.clone(),
+            };
+            prop_assert_eq!(parse_service_key(&service.key()).expect("parses"), service);
+            let slice = SliceId {
+                cluster: a.clone(),
+                namespace: b.clone(),
+                service: c.clone(),
+                slice: d.clone(),
+            };
+            prop_assert_eq!(parse_endpoints_key(&slice.key()).expect("parses"), slice);
             prop_assert_eq!(parse_lease_key(&lease_key(&a)), Some(a.clone()));
             prop_assert_eq!(parse_owner_key(&owner_key(&a)), Some(a.clone()));
             prop_assert_eq!(parse_issuer_key(&issuer_key(&a)), Some(a.clone()));

@@ -101,10 +101,10 @@ impl Ownership {
         match bucket {
             Bucket::Config => self.config,
             Bucket::Services => {
-                keys::parse_service_key(key).is_ok_and(|(cluster, _, _)| own_cluster(&cluster))
+                keys::parse_service_key(key).is_ok_and(|id| own_cluster(&id.cluster))
             }
             Bucket::Endpoints => {
-                keys::parse_endpoints_key(key).is_ok_and(|(cluster, _, _, _)| own_cluster(&cluster))
+                keys::parse_endpoints_key(key).is_ok_and(|id| own_cluster(&id.cluster))
             }
             Bucket::Meta => false,
         }

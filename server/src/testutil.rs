@@ -268,12 +268,8 @@ impl Mesh {
 
     /// Adds (or replaces) a service.
     pub fn add_service(&mut self, svc: Service) {
-        let id = (
-            svc.cluster.clone(),
-            svc.meta.namespace.clone(),
-            svc.meta.name.clone(),
-        );
-        self.state.services.insert(id, Arc::new(svc));
+        use shoal_common::keys::BusIdentity;
+        self.state.services.insert(svc.bus_id(), Arc::new(svc));
     }
 
     /// Adds (or replaces) an endpoint set.

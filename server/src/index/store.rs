@@ -4,7 +4,7 @@
 
 use crate::index::endpoints::EndpointIndex;
 use shoal_common::bus::{Bucket, Entry, Op};
-use shoal_common::keys::{self, ConfigId};
+use shoal_common::keys::{self, BusIdentity, ConfigId, ServiceId};
 use shoal_common::lease::{FleetEpochs, LeaseError};
 use shoal_common::model::{ConfigKind, ConfigObject, EndpointSet, Service};
 use shoal_common::{Envelope, EnvelopeError};
@@ -127,8 +127,8 @@ pub enum Change {
 pub struct MeshState {
     /// Istio config and gateway credentials by their key's identity.
     pub config: BTreeMap<ConfigId, Arc<ConfigObject>>,
-    /// Services by (cluster, namespace, name).
-    pub services: BTreeMap<(String, String, String), Arc<Service>>,
+    /// Services by their bus identity.
+    pub services: BTreeMap<ServiceId, Arc<Service>>,
     /// EDS shards.
     pub endpoints: Arc<EndpointIndex>,
     /// The lease epoch of each ingester fleet, for fencing ([`MeshState::apply_live`]).
@@ -202,6 +202,37 @@ impl MeshState {
         }
     }
 
+    /// Decodes a put's value, checks its writer's epoch (live changes) and that the value
+    /// is what its key says: the one check every data bucket goes through.
+    fn decode_checked<T>(
+        &self,
+        bucket: Bucket,
+        entry: &Entry,
+        id: &T::Id,
+        fence: bool,
+    ) -> Result<(T, u64), ApplyError>
+    where
+        T: BusIdentity + serde::de::DeserializeOwned,
+    {
+        let env = Envelope::<T>::decode(&entry.value).map_err(|source| ApplyError::Payload {
+            bucket,
+            key: entry.key.clone(),
+            source,
+        })?;
+        if fence {
+            self.check_fence(bucket, entry, &env.fleet, env.epoch)?;
+        }
+        let found = env.body.bus_id();
+        if &found != id {
+            return Err(ApplyError::Mismatch {
+                bucket,
+                key: entry.key.clone(),
+                found: found.to_string(),
+            });
+        }
+        Ok((env.body, env.observed_at_ms))
+    }
+
     fn apply_checked(
         &mut self,
         bucket: Bucket,
@@ -212,16 +243,6 @@ impl MeshState {
             bucket,
             key: entry.key.clone(),
             source,
-        };
-        let payload_err = |source| ApplyError::Payload {
-            bucket,
-            key: entry.key.clone(),
-            source,
-        };
-        let mismatch = |found: String| ApplyError::Mismatch {
-            bucket,
-            key: entry.key.clone(),
-            found,
         };
         match bucket {
             Bucket::Config => {
@@ -238,24 +259,8 @@ impl MeshState {
                         None,
                     ));
                 }
-                let env = Envelope::<ConfigObject>::decode(&entry.value).map_err(payload_err)?;
-                if fence {
-                    self.check_fence(bucket, entry, &env.fleet, env.epoch)?;
-                }
-                let obj = env.body;
-                let found = ConfigId::of(&obj);
-                if found != id {
-                    return Err(mismatch(format!(
-                        "{} {}/{}{}",
-                        found.kind,
-                        found.namespace,
-                        found.name,
-                        found
-                            .cluster
-                            .map(|c| format!(" of cluster {c}"))
-                            .unwrap_or_default()
-                    )));
-                }
+                let (obj, observed) =
+                    self.decode_checked::<ConfigObject>(bucket, entry, &id, fence)?;
                 if self.config.get(&id).is_some_and(|old| **old == obj) {
                     return Ok((Change::None, None));
                 }
@@ -266,7 +271,7 @@ impl MeshState {
                 } else {
                     Change::Config(kind)
                 };
-                Ok((change, Some(env.observed_at_ms)))
+                Ok((change, Some(observed)))
             }
             Bucket::Services => {
                 let id = keys::parse_service_key(&entry.key).map_err(key_err)?;
@@ -281,27 +286,16 @@ impl MeshState {
                         None,
                     ));
                 }
-                let env = Envelope::<Service>::decode(&entry.value).map_err(payload_err)?;
-                if fence {
-                    self.check_fence(bucket, entry, &env.fleet, env.epoch)?;
-                }
-                let svc = env.body;
-                if svc.cluster != id.0 || svc.meta.namespace != id.1 || svc.meta.name != id.2 {
-                    return Err(mismatch(format!(
-                        "service {}/{} in {}",
-                        svc.meta.namespace, svc.meta.name, svc.cluster
-                    )));
-                }
+                let (svc, observed) = self.decode_checked::<Service>(bucket, entry, &id, fence)?;
                 if self.services.get(&id).is_some_and(|old| **old == svc) {
                     return Ok((Change::None, None));
                 }
                 self.services.insert(id, Arc::new(svc));
-                Ok((Change::Service, Some(env.observed_at_ms)))
+                Ok((Change::Service, Some(observed)))
             }
             Bucket::Endpoints => {
-                let (cluster, ns, svc, slice) =
-                    keys::parse_endpoints_key(&entry.key).map_err(key_err)?;
-                let host = shoal_common::model::service_fqdn(&svc, &ns);
+                let id = keys::parse_endpoints_key(&entry.key).map_err(key_err)?;
+                let host = shoal_common::model::service_fqdn(&id.service, &id.namespace);
                 let identities_before = self.endpoints.identities(&host).cloned();
                 let change = |index: &EndpointIndex, host: String| {
                     if index.identities(&host) == identities_before.as_ref() {
@@ -312,7 +306,7 @@ impl MeshState {
                 };
                 if entry.op == Op::Delete {
                     let removed =
-                        Arc::make_mut(&mut self.endpoints).remove(&host, &cluster, &slice);
+                        Arc::make_mut(&mut self.endpoints).remove(&host, &id.cluster, &id.slice);
                     return Ok((
                         if removed {
                             change(&self.endpoints, host)
@@ -322,21 +316,8 @@ impl MeshState {
                         None,
                     ));
                 }
-                let env = Envelope::<EndpointSet>::decode(&entry.value).map_err(payload_err)?;
-                if fence {
-                    self.check_fence(bucket, entry, &env.fleet, env.epoch)?;
-                }
-                let set = env.body;
-                if set.cluster != cluster
-                    || set.namespace != ns
-                    || set.service != svc
-                    || set.slice != slice
-                {
-                    return Err(mismatch(format!(
-                        "slice {}/{} of {} in {}",
-                        set.namespace, set.slice, set.service, set.cluster
-                    )));
-                }
+                let (set, observed) =
+                    self.decode_checked::<EndpointSet>(bucket, entry, &id, fence)?;
                 let changed = Arc::make_mut(&mut self.endpoints).upsert(&host, set);
                 Ok((
                     if changed {
@@ -344,7 +325,7 @@ impl MeshState {
                     } else {
                         Change::None
                     },
-                    Some(env.observed_at_ms),
+                    Some(observed),
                 ))
             }
             // Cluster statuses change nothing here; leases set the fleets' epochs; issuer
@@ -381,11 +362,7 @@ impl MeshState {
     pub fn keys(&self, bucket: Bucket) -> Vec<String> {
         match bucket {
             Bucket::Config => self.config.keys().map(ConfigId::key).collect(),
-            Bucket::Services => self
-                .services
-                .keys()
-                .map(|(c, ns, n)| keys::service_key(c, ns, n))
-                .collect(),
+            Bucket::Services => self.services.keys().map(ServiceId::key).collect(),
             Bucket::Endpoints => self.endpoints.bus_keys(),
             Bucket::Meta => {
                 let mut all = self.fleets.keys();

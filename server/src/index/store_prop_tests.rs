@@ -83,11 +83,11 @@ fn good_values(state: &MeshState) -> (String, String, String) {
         namespace: "default".to_string(),
         name: "reviews".to_string(),
     }];
-    let svc = &state.services[&(
-        CLUSTER.to_string(),
-        "default".to_string(),
-        "reviews".to_string(),
-    )];
+    let svc = &state.services[&keys::ServiceId {
+        cluster: CLUSTER.to_string(),
+        namespace: "default".to_string(),
+        name: "reviews".to_string(),
+    }];
     let host = shoal_common::model::service_fqdn("reviews", "default");
     let shards = state.endpoints.host(&host).expect("good endpoints");
     let set = &shards[&(CLUSTER.to_string(), "reviews-1".to_string())];

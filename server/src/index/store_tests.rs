@@ -28,7 +28,11 @@ fn config_of<'a>(state: &'a MeshState, kind: ConfigKind, ns: &str, name: &str) -
 }
 
 fn svc_of<'a>(state: &'a MeshState, ns: &str, name: &str) -> &'a Service {
-    &state.services[&(CLUSTER.to_string(), ns.to_string(), name.to_string())]
+    &state.services[&keys::ServiceId {
+        cluster: CLUSTER.to_string(),
+        namespace: ns.to_string(),
+        name: name.to_string(),
+    }]
 }
 
 fn slice_of(state: &MeshState, host: &str, slice: &str) -> EndpointSet {

@@ -38,8 +38,8 @@ const RETRY: Duration = Duration::from_secs(1);
 /// The cluster ID of a services, endpoints, cluster status or owner key.
 pub fn cluster_of(bucket: Bucket, key: &str) -> Option<String> {
     match bucket {
-        Bucket::Services => keys::parse_service_key(key).ok().map(|(c, _, _)| c),
-        Bucket::Endpoints => keys::parse_endpoints_key(key).ok().map(|(c, _, _, _)| c),
+        Bucket::Services => keys::parse_service_key(key).ok().map(|id| id.cluster),
+        Bucket::Endpoints => keys::parse_endpoints_key(key).ok().map(|id| id.cluster),
         Bucket::Meta => keys::parse_owner_key(key)
             .or_else(|| keys::unescape(key.strip_prefix("cluster.")?).ok()),
         Bucket::Config => None,

@@ -241,8 +241,8 @@ impl Dirty {
 pub fn key_namespace((bucket, key): &StateKey) -> Option<String> {
     match bucket {
         Bucket::Config => keys::parse_config_key(key).ok().map(|id| id.namespace),
-        Bucket::Services => keys::parse_service_key(key).ok().map(|(_, ns, _)| ns),
-        Bucket::Endpoints => keys::parse_endpoints_key(key).ok().map(|(_, ns, _, _)| ns),
+        Bucket::Services => keys::parse_service_key(key).ok().map(|id| id.namespace),
+        Bucket::Endpoints => keys::parse_endpoints_key(key).ok().map(|id| id.namespace),
         Bucket::Meta => None,
     }
 }

@@ -81,10 +81,24 @@ impl ViewKey {
 /// requested the same names (see [`View::intern`]).
 pub type Names = Arc<BTreeSet<String>>;
 
-/// Resources per run of an [`Output`]: a derived output copies the runs it changes and
-/// shares the others, and a diff skips the runs two outputs share, so a change to a few
-/// of a huge subscription's resources costs about `len / RUN` pointer compares plus a run
-/// per changed resource, not a pass over every resource.
+/// How a stream's requested names were made from the ones it had (a delta request's
+/// subscribe and unsubscribe): the output for the new names is derived from the output for
+/// the old ones, at the cost of the change rather than of every name.
+#[derive(Debug, Clone)]
+pub struct NamesChange {
+    /// The names before.
+    pub from: Names,
+    /// Names in the new set that `from` does not have.
+    pub added: Vec<String>,
+    /// Names of `from` the new set does not have.
+    pub removed: Vec<String>,
+}
+
+/// Resources per run of an [`Output`] (runs of a derived output may hold from 1 to
+/// `2 * RUN`): a derived output copies the runs it changes and shares the others, and a
+/// diff skips the runs two outputs share, so a change to a few of a huge subscription's
+/// resources costs one pointer per run plus a run per changed resource, not a pass over
+/// every resource.
 const RUN: usize = 128;
 
 /// A run of an output's resources (ordered by name), shared by the outputs derived from
@@ -92,39 +106,59 @@ const RUN: usize = 128;
 #[derive(Debug)]
 struct Run {
     resources: Vec<Arc<Resource>>,
-    /// Hash of the names and versions, for the output's version.
-    digest: OnceLock<String>,
 }
 
 impl Run {
     fn new(resources: Vec<Arc<Resource>>) -> Arc<Run> {
-        Arc::new(Run {
-            resources,
-            digest: OnceLock::new(),
-        })
+        Arc::new(Run { resources })
+    }
+}
+
+/// A 256-bit sum of resource digests (mod 2^256): a hash of a set that is updated per
+/// resource added or removed, whatever order or runs the set is in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct SetSum([u64; 4]);
+
+impl SetSum {
+    fn limbs(d: &[u8; 32]) -> [u64; 4] {
+        let mut out = [0u64; 4];
+        for (i, chunk) in d.chunks_exact(8).enumerate() {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(chunk);
+            out[i] = u64::from_le_bytes(b);
+        }
+        out
     }
 
-    fn digest(&self) -> &str {
-        self.digest.get_or_init(|| {
-            let mut buf = Vec::new();
-            for r in &self.resources {
-                buf.extend_from_slice(r.name.as_bytes());
-                buf.push(0);
-                buf.extend_from_slice(r.version.as_bytes());
-                buf.push(0);
-            }
-            content_version(&buf)
-        })
+    fn add(&mut self, r: &Resource) {
+        let mut carry = false;
+        for (a, b) in self.0.iter_mut().zip(Self::limbs(r.digest())) {
+            let (x, c1) = a.overflowing_add(b);
+            let (y, c2) = x.overflowing_add(u64::from(carry));
+            *a = y;
+            carry = c1 || c2;
+        }
+    }
+
+    fn sub(&mut self, r: &Resource) {
+        let mut borrow = false;
+        for (a, b) in self.0.iter_mut().zip(Self::limbs(r.digest())) {
+            let (x, c1) = a.overflowing_sub(b);
+            let (y, c2) = x.overflowing_sub(u64::from(borrow));
+            *a = y;
+            borrow = c1 || c2;
+        }
     }
 }
 
 /// One type's resources for a view, ordered by name.
 #[derive(Debug, Default)]
 pub struct Output {
-    /// The resources, cut into runs of [`RUN`] by position: the same resources always
-    /// make the same runs, whatever the output was derived from.
+    /// The resources, in runs (see [`RUN`]).
     runs: Vec<Arc<Run>>,
     len: usize,
+    /// The sum of the resources' digests (the version's input).
+    sum: SetSum,
     /// The resources as one list, made on first use (State of the World sends them all).
     flat: OnceLock<Vec<Arc<Resource>>>,
     version: OnceLock<String>,
@@ -140,9 +174,14 @@ impl Output {
             .chunks(RUN)
             .map(|c| Run::new(c.to_vec()))
             .collect();
+        let mut sum = SetSum::default();
+        for r in &resources {
+            sum.add(r);
+        }
         Output {
             runs,
             len: resources.len(),
+            sum,
             flat: OnceLock::from(resources),
             version: OnceLock::new(),
             gathered: Gathered::default(),
@@ -169,67 +208,125 @@ impl Output {
         self.len == 0
     }
 
-    /// Where `name` is: (run, index in the run), or the run it would go in.
-    fn find(&self, name: &str) -> Result<(usize, usize), ()> {
-        // The last run whose first name is not after `name`.
-        let run = self
-            .runs
-            .partition_point(|r| r.resources.first().is_some_and(|f| f.name.as_str() <= name));
-        let run = run.checked_sub(1).ok_or(())?;
-        self.runs[run]
-            .resources
-            .binary_search_by(|r| r.name.as_str().cmp(name))
-            .map(|i| (run, i))
-            .map_err(|_| ())
+    /// The run `name` is in or belongs in: the last whose first name is not after it.
+    fn run_of(&self, name: &str) -> usize {
+        self.runs
+            .partition_point(|r| r.resources.first().is_some_and(|f| f.name.as_str() <= name))
+            .saturating_sub(1)
     }
 
     /// Whether a resource is named `name`.
     pub fn contains(&self, name: &str) -> bool {
-        self.find(name).is_ok()
+        self.runs.get(self.run_of(name)).is_some_and(|run| {
+            run.resources
+                .binary_search_by(|r| r.name.as_str().cmp(name))
+                .is_ok()
+        })
     }
 
     /// This output with `changed` resources put in place of those of the same names,
     /// sharing every run none of them is in; `None` if a name is not here (the output
-    /// must then be built afresh). Cost: a binary search per change, a copy of each run
-    /// touched, and one pointer per run.
+    /// must then be built afresh).
     pub fn replaced(&self, changed: Vec<Arc<Resource>>) -> Option<Output> {
-        let mut runs = self.runs.clone();
-        let mut copied: BTreeMap<usize, Vec<Arc<Resource>>> = BTreeMap::new();
-        for r in changed {
-            let (run, i) = self.find(&r.name).ok()?;
-            let old = &self.runs[run].resources[i];
-            if Arc::ptr_eq(old, &r) || old.version == r.version {
-                continue;
+        if changed.iter().any(|r| !self.contains(&r.name)) {
+            return None;
+        }
+        Some(self.with_changes(changed, &[]))
+    }
+
+    /// This output with `upserts` put in (replacing resources of the same names) and the
+    /// resources named in `removed` taken out, sharing every run no change is in. Cost:
+    /// a binary search and a run copy per change, and one pointer per run.
+    pub fn with_changes(&self, upserts: Vec<Arc<Resource>>, removed: &[String]) -> Output {
+        let mut copies: BTreeMap<usize, Vec<Arc<Resource>>> = BTreeMap::new();
+        let mut sum = self.sum;
+        let mut len = self.len;
+        for name in removed {
+            let run = copy_run(&mut copies, &self.runs, self.run_of(name));
+            if let Ok(i) = run.binary_search_by(|r| r.name.as_str().cmp(name)) {
+                sum.sub(&run.remove(i));
+                len -= 1;
             }
-            copied
-                .entry(run)
-                .or_insert_with(|| self.runs[run].resources.clone())[i] = r;
         }
-        for (run, resources) in copied {
-            runs[run] = Run::new(resources);
+        for r in upserts {
+            let run = copy_run(&mut copies, &self.runs, self.run_of(&r.name));
+            match run.binary_search_by(|x| x.name.cmp(&r.name)) {
+                Ok(i) if Arc::ptr_eq(&run[i], &r) || run[i].version == r.version => {}
+                Ok(i) => {
+                    sum.sub(&run[i]);
+                    sum.add(&r);
+                    run[i] = r;
+                }
+                Err(i) => {
+                    sum.add(&r);
+                    run.insert(i, r);
+                    len += 1;
+                }
+            }
         }
-        Some(Output {
+        let unchanged = copies.iter().all(|(&i, c)| {
+            self.runs.get(i).is_some_and(|r| {
+                r.resources.len() == c.len()
+                    && r.resources.iter().zip(c).all(|(a, b)| Arc::ptr_eq(a, b))
+            })
+        });
+        let runs = if unchanged {
+            self.runs.clone()
+        } else {
+            let mut runs = Vec::with_capacity(self.runs.len() + copies.len());
+            let mut copies = copies.into_iter().peekable();
+            for (i, run) in self.runs.iter().enumerate() {
+                match copies.next_if(|(c, _)| *c == i) {
+                    Some((_, copy)) => {
+                        runs.extend(copy.chunks(2 * RUN).map(|c| Run::new(c.to_vec())))
+                    }
+                    None => runs.push(run.clone()),
+                }
+            }
+            // Into an empty output (run 0 did not exist).
+            for (_, copy) in copies {
+                runs.extend(copy.chunks(2 * RUN).map(|c| Run::new(c.to_vec())));
+            }
+            runs.retain(|r| !r.resources.is_empty());
+            runs
+        };
+        Output {
             runs,
-            len: self.len,
+            len,
+            sum,
             flat: OnceLock::new(),
             version: OnceLock::new(),
             gathered: Gathered::default(),
-        })
+        }
     }
 
-    /// The State-of-the-World version of the whole set: a hash over names and content
-    /// versions (by run, each run's hash computed once), identical on every replica for
-    /// the same content.
+    /// The State-of-the-World version of the whole set: a hash of the sum of the
+    /// resources' digests (each a hash of name and version) and their number. It depends
+    /// on the content alone, so it is identical on every replica, and a derived output
+    /// updates the sum per change instead of hashing every resource again.
     pub fn version(&self) -> &str {
         self.version.get_or_init(|| {
-            let mut buf = Vec::with_capacity(self.runs.len() * 17);
-            for run in &self.runs {
-                buf.extend_from_slice(run.digest().as_bytes());
-                buf.push(0);
+            let mut buf = Vec::with_capacity(40);
+            for limb in self.sum.0 {
+                buf.extend_from_slice(&limb.to_le_bytes());
             }
+            buf.extend_from_slice(&(self.len as u64).to_le_bytes());
             content_version(&buf)
         })
     }
+}
+
+/// The copy of run `run` being changed (made on first use; an empty run past the end).
+fn copy_run<'a>(
+    copies: &'a mut BTreeMap<usize, Vec<Arc<Resource>>>,
+    runs: &[Arc<Run>],
+    run: usize,
+) -> &'a mut Vec<Arc<Resource>> {
+    copies.entry(run).or_insert_with(|| {
+        runs.get(run)
+            .map(|r| r.resources.clone())
+            .unwrap_or_default()
+    })
 }
 
 /// What a proxy holds of one type: exactly a view output it was sent (shared, no per-stream
@@ -266,19 +363,16 @@ impl Held {
     /// The proxy dropped `name` (unsubscribed): if it subscribes again, it must be sent
     /// again.
     pub fn forget(&mut self, name: &str) {
-        if let Held::Shared(o) = self {
-            if !o.contains(name) {
-                return;
+        match self {
+            // The same output less `name`: it shares the runs, so the next diff against
+            // the view's output still skips what both have.
+            Held::Shared(o) if o.contains(name) => {
+                *self = Held::Shared(Arc::new(o.with_changes(Vec::new(), &[name.to_string()])));
             }
-            *self = Held::Own(
-                o.resources()
-                    .iter()
-                    .map(|r| (r.name.clone(), r.version.clone()))
-                    .collect(),
-            );
-        }
-        if let Held::Own(m) = self {
-            m.remove(name);
+            Held::Shared(_) => {}
+            Held::Own(m) => {
+                m.remove(name);
+            }
         }
     }
 }
@@ -573,6 +667,8 @@ struct Prev {
     ctx: Arc<PushContext>,
     endpoints: Arc<crate::endpoints::EndpointIndex>,
     hosts: Arc<OnceLock<HostNames>>,
+    /// `output` is for other names, that these were made from.
+    names: Option<NamesChange>,
 }
 
 impl View {
@@ -616,6 +712,18 @@ impl View {
         names: &Names,
         snap: &Arc<Snapshot>,
     ) -> Arc<Output> {
+        self.output_from(ty, names, snap, None).await
+    }
+
+    /// [`View::output`], for names made from others by `change`: a new set of names gets
+    /// its output from the other set's, when that one is for the same snapshot.
+    pub async fn output_from(
+        self: &Arc<Self>,
+        ty: XdsType,
+        names: &Names,
+        snap: &Arc<Snapshot>,
+        change: Option<&NamesChange>,
+    ) -> Arc<Output> {
         let key = slot_key(ty, names);
         let names = (!ty.is_wildcard_type()).then(|| names.clone());
         let scope = self.scope(&snap.ctx);
@@ -632,14 +740,31 @@ impl View {
                 slot => {
                     // Same key, same names: the names' index by host carries over.
                     let hosts = slot.as_ref().map(|s| s.hosts.clone()).unwrap_or_default();
-                    let prev = slot.and_then(|s| {
+                    let mut prev = slot.and_then(|s| {
                         Some(Prev {
                             output: s.cell.get()?.clone(),
                             ctx: s.ctx.clone(),
                             endpoints: s.endpoints.clone(),
                             hosts: s.hosts.clone(),
+                            names: None,
                         })
                     });
+                    // New names made from others whose output is for this snapshot.
+                    if prev.is_none() && !ty.is_wildcard_type() {
+                        prev = change.and_then(|c| {
+                            let from = inner.slots.get(&slot_key(ty, &c.from))?;
+                            if !from.valid_for(ty, snap) {
+                                return None;
+                            }
+                            Some(Prev {
+                                output: from.cell.get()?.clone(),
+                                ctx: from.ctx.clone(),
+                                endpoints: from.endpoints.clone(),
+                                hosts: Arc::default(),
+                                names: Some(c.clone()),
+                            })
+                        });
+                    }
                     let cell = Arc::new(OnceCell::new());
                     let fresh = Slot {
                         names: names.clone(),
@@ -702,6 +827,13 @@ impl View {
                     |names: &[String]| cache.generate(ty, &view.proxy, &scope, &snap, names);
                 let all =
                     || -> Vec<String> { names.iter().flat_map(|n| n.iter().cloned()).collect() };
+                // Other names' output for this snapshot: take out what was unsubscribed, add
+                // what was subscribed.
+                if let Some(change) = prev.as_ref().and_then(|p| p.names.as_ref().map(|c| (p, c))) {
+                    let (prev, change) = change;
+                    let added = generate(&change.added);
+                    return Arc::new(prev.output.with_changes(added, &change.removed));
+                }
                 let reusable = prev
                     .as_ref()
                     .filter(|p| ty == XdsType::Endpoint && Arc::ptr_eq(&p.ctx, &snap.ctx));
@@ -937,6 +1069,58 @@ mod tests {
         ))
     }
 
+    /// Derived outputs are what building afresh gives (same resources, same version),
+    /// share the runs no change is in, and diff against their source run by run.
+    #[test]
+    fn derived_outputs_equal_fresh_ones_and_share_runs() {
+        let names: Vec<String> = (0..1000).map(|i| format!("n{i:04}")).collect();
+        let all: Vec<Arc<Resource>> = names.iter().map(|n| res(n, "1")).collect();
+        let base = Arc::new(Output::new(all.clone()));
+        let upserts = vec![res("n0500", "2"), res("a-first", "1"), res("n0500x", "1")];
+        let removed = vec![
+            "n0001".to_string(),
+            "n0999".to_string(),
+            "absent".to_string(),
+        ];
+        let derived = base.with_changes(upserts, &removed);
+        let mut expected: Vec<Arc<Resource>> = all
+            .iter()
+            .filter(|r| !removed.contains(&r.name) && r.name != "n0500")
+            .cloned()
+            .collect();
+        expected.extend([res("n0500", "2"), res("a-first", "1"), res("n0500x", "1")]);
+        let fresh = Output::new(expected);
+        assert_eq!(derived.len(), fresh.len());
+        assert_eq!(derived.version(), fresh.version());
+        let names_of = |o: &Output| -> Vec<(String, String)> {
+            o.resources()
+                .iter()
+                .map(|r| (r.name.clone(), r.version.clone()))
+                .collect()
+        };
+        assert_eq!(names_of(&derived), names_of(&fresh));
+        assert!(derived.contains("n0500x") && !derived.contains("n0001"));
+        let shared = derived
+            .runs
+            .iter()
+            .filter(|r| base.runs.iter().any(|b| Arc::ptr_eq(b, r)))
+            .count();
+        assert_eq!(shared, base.runs.len() - 3, "three runs changed");
+        let d = Diff::between(&Held::Shared(base.clone()), &derived);
+        let changed: Vec<&str> = d.changed.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(changed, ["a-first", "n0500", "n0500x"]);
+        assert_eq!(d.removed, ["n0001", "n0999"]);
+        assert_eq!(d.unchanged, 997);
+        // No change: the same runs.
+        let same = base.with_changes(vec![res("n0002", "1")], &[]);
+        assert_eq!(same.version(), base.version());
+        assert!(same
+            .runs
+            .iter()
+            .zip(&base.runs)
+            .all(|(a, b)| Arc::ptr_eq(a, b)));
+    }
+
     #[test]
     fn diff_of_shared_and_own_held_sets() {
         let prev = Arc::new(Output::new(vec![
@@ -966,16 +1150,20 @@ mod tests {
     }
 
     #[test]
-    fn forgetting_a_shared_name_copies_the_rest() {
+    fn forgetting_a_shared_name_keeps_the_rest() {
         let out = Arc::new(Output::new(vec![res("a", "1"), res("b", "1")]));
         let mut held = Held::Shared(out.clone());
         held.forget("x");
-        assert!(matches!(held, Held::Shared(_)), "nothing to forget");
+        assert!(
+            matches!(&held, Held::Shared(o) if Arc::ptr_eq(o, &out)),
+            "nothing to forget"
+        );
         held.forget("a");
-        let Held::Own(m) = &held else {
-            panic!("a held set the proxy changed is its own")
+        let Held::Shared(rest) = &held else {
+            panic!("the rest is still a shared output")
         };
-        assert_eq!(m.keys().collect::<Vec<_>>(), ["b"]);
+        let names: Vec<&str> = rest.resources().iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["b"]);
         // Subscribing to `a` again sends it again.
         let d = Diff::between(&held, &out);
         assert_eq!(d.changed.len(), 1);

@@ -11,7 +11,7 @@ use crate::generate::{Resource, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyKind};
 use crate::scope::ProxyScope;
-use crate::view::{Diff, Held, Names, Output, View, Views};
+use crate::view::{Diff, Held, Names, NamesChange, Output, View, Views};
 use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::XdsType;
 use std::collections::BTreeSet;
@@ -144,13 +144,25 @@ impl Session {
     /// proxy's view. Credentials (SDS) go to authenticated streams only, as istiod's. With the cache assert mode on, the view's output is checked against
     /// the resources generated for this stream's own proxy.
     pub async fn output(&self, ty: XdsType, snap: &Arc<Snapshot>, names: &Names) -> Arc<Output> {
+        self.output_from(ty, snap, names, None).await
+    }
+
+    /// [`Session::output`] for names made from the stream's previous ones by `change`
+    /// (derived from their output: see [`View::output_from`]).
+    pub async fn output_from(
+        &self,
+        ty: XdsType,
+        snap: &Arc<Snapshot>,
+        names: &Names,
+        change: Option<&NamesChange>,
+    ) -> Arc<Output> {
         let (Some(proxy), Some(view)) = (&self.proxy, &self.view) else {
             return Arc::default();
         };
         if ty == XdsType::Secret && self.caller.is_none() {
             return Arc::default();
         }
-        let out = view.output(ty, names, snap).await;
+        let out = view.output_from(ty, names, snap, change).await;
         if self.views.generation().cache().asserting() {
             let scope = ProxyScope::compute(proxy, &snap.ctx);
             let names: Vec<String> = names.iter().cloned().collect();

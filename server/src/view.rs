@@ -22,15 +22,18 @@
 //! `SHOAL_CACHE_ASSERT=1` also checks every view output against the stream's own proxy
 //! (see `Session::output`), proving the view key complete.
 
+mod names;
+
 use crate::generate::cache::GeneratorCache;
 use crate::generate::{Resource, Snapshot};
 use crate::proxy::{Interception, Proxy, ProxyKind};
 use crate::push_context::PushContext;
 use crate::scope::ProxyScope;
 use crate::xds::wire::Gathered;
+pub use names::NameSet;
 use shoal_common::model::Locality;
 use shoal_proto::{content_version, parse_outbound_cluster_name, XdsType};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use tokio::sync::{OnceCell, Semaphore};
 
@@ -79,7 +82,7 @@ impl ViewKey {
 
 /// Requested resource names of a non-wildcard type, shared by the streams of a view that
 /// requested the same names (see [`View::intern`]).
-pub type Names = Arc<BTreeSet<String>>;
+pub type Names = Arc<NameSet>;
 
 /// How a stream's requested names were made from the ones it had (a delta request's
 /// subscribe and unsubscribe): the output for the new names is derived from the output for
@@ -597,7 +600,7 @@ pub struct View {
 #[derive(Default)]
 struct Inner {
     scope: Option<(Arc<PushContext>, Arc<ProxyScope>)>,
-    names: Vec<(XdsType, Weak<BTreeSet<String>>)>,
+    names: Vec<(XdsType, Weak<NameSet>)>,
     slots: HashMap<SlotKey, Slot>,
     /// The last diff computed per slot: (from, to, diff).
     diffs: HashMap<SlotKey, CachedDiff>,
@@ -635,7 +638,7 @@ struct Slot {
 /// others have no resource).
 type HostNames = HashMap<String, Vec<String>>;
 
-fn host_names(names: &BTreeSet<String>) -> HostNames {
+fn host_names(names: &NameSet) -> HostNames {
     let mut out = HostNames::new();
     for name in names {
         if let Some((_, _, host)) = parse_outbound_cluster_name(name) {
@@ -687,7 +690,7 @@ impl View {
 
     /// The shared instance of a set of requested names of `ty`: streams of this view that
     /// request the same names share their outputs and diffs.
-    pub fn intern(&self, ty: XdsType, names: BTreeSet<String>) -> Names {
+    pub fn intern(&self, ty: XdsType, names: NameSet) -> Names {
         let mut inner = lock(&self.inner);
         inner.names.retain(|(_, w)| w.strong_count() > 0);
         let found = inner
@@ -957,7 +960,7 @@ mod tests {
             &cds,
             &v2.output(XdsType::Cluster, &none, &snap1).await
         ));
-        let eds_names: BTreeSet<String> = cds
+        let eds_names: NameSet = cds
             .resources()
             .iter()
             .map(|r| r.name.clone())

@@ -12,7 +12,7 @@ use super::session::Session;
 use super::sotw::too_many_names;
 use super::wire::{Encoded, Responses};
 use crate::generate::Snapshot;
-use crate::view::{Held, Names, NamesChange};
+use crate::view::{Held, NameSet, Names, NamesChange};
 use shoal_proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
@@ -71,7 +71,7 @@ impl DeltaStream {
         // A wildcard subscription of a non-wildcard type asks for no name in particular
         // (interned like any set of names, so its output is shared, not rebuilt per push).
         let (names, change) = if sub.wildcard && !ty.is_wildcard_type() {
-            (self.session.intern(ty, BTreeSet::new()), None)
+            (self.session.intern(ty, NameSet::default()), None)
         } else {
             (sub.names.clone(), sub.change.clone())
         };
@@ -186,7 +186,7 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             }
         }
         let mut changed = false;
-        let mut names: Option<BTreeSet<String>> = None;
+        let mut names: Option<NameSet> = None;
         // What this request changes, so the new names' output is derived from the old.
         let (mut added, mut removed) = (BTreeSet::new(), BTreeSet::new());
         for name in &req.resource_names_subscribe {

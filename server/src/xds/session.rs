@@ -11,10 +11,9 @@ use crate::generate::{Resource, Snapshot};
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyKind};
 use crate::scope::ProxyScope;
-use crate::view::{Diff, Held, Names, NamesChange, Output, View, Views};
+use crate::view::{Diff, Held, NameSet, Names, NamesChange, Output, View, Views};
 use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::XdsType;
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use tonic::Status;
 
@@ -108,7 +107,7 @@ impl Session {
     /// The shared instance of a set of requested names (see [`View::intern`]). Called when
     /// a proxy changes what it asks for: SDS names it may not have are logged and counted
     /// here (and never resolved: see [`Session::output`] and `generate::sds`).
-    pub fn intern(&self, ty: XdsType, names: BTreeSet<String>) -> Names {
+    pub fn intern(&self, ty: XdsType, names: NameSet) -> Names {
         if ty == XdsType::Secret {
             self.check_secret_names(&names);
         }
@@ -118,9 +117,9 @@ impl Session {
         }
     }
 
-    fn check_secret_names(&self, names: &BTreeSet<String>) {
+    fn check_secret_names(&self, names: &NameSet) {
         let Some(proxy) = &self.proxy else { return };
-        for name in names {
+        for name in names.iter() {
             let denial = match (&self.caller, sds::check(name, proxy)) {
                 (None, _) => sds::Denial::Unauthenticated,
                 (Some(_), Err(denial)) => denial,

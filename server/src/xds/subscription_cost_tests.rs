@@ -10,6 +10,9 @@
 //! other tests meanwhile; the fastest of several runs filters most of that out); before
 //! the change it was about 1 000.
 //!
+//! A change of the subscription itself (a delta request subscribing or unsubscribing one
+//! name) must likewise cost what it changes, not a copy or a generation of every name.
+//!
 //! `cargo test -p shoal-server --lib xds::subscription_cost_tests -- --nocapture` prints
 //! the milliseconds per change.
 
@@ -315,10 +318,11 @@ fn a_subscription_change_to_a_huge_delta_subscription_costs_what_changed() {
         ms(small),
         ms(huge)
     );
-    // Still linear in one copy of the name set (see docs/reliability.md), but no longer
-    // a generation of every name: 756 ms before, about 17 ms now.
+    // A change copies one run of the name set, of the held and the new output, and
+    // touches one pointer per run of each (100 000 names are 400 to 800 runs): a looser
+    // bound than a push's. Before, each change generated every name: ~14 000 times.
     assert!(
-        huge < Duration::from_millis(150),
+        ratio < 2.0 * MAX_RATIO,
         "a subscription change cost {:.3} ms with 100 000 names against {:.3} ms with 100",
         ms(huge),
         ms(small)

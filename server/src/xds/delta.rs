@@ -222,7 +222,8 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             if names.len() > MAX_NAMES_PER_SUBSCRIPTION {
                 return Err(too_many_names(ty, names.len()));
             }
-            let from = std::mem::replace(&mut sub.names, self.session.intern(ty, names));
+            let interned = self.session.intern_added(ty, names, added.iter());
+            let from = std::mem::replace(&mut sub.names, interned);
             // A change not yet answered chains: derive from the names of the last answer.
             sub.change = match sub.change.take() {
                 None => Some(NamesChange {

@@ -45,6 +45,7 @@ pub(crate) struct Session {
     /// Rate limits of this stream's per-request warnings (see [`limits::WarnLimiter`]).
     warn_nack: WarnLimiter,
     warn_unsupported: WarnLimiter,
+    warn_sds: WarnLimiter,
 }
 
 impl Session {
@@ -68,6 +69,7 @@ impl Session {
             close_reason: "aborted",
             warn_nack: WarnLimiter::default(),
             warn_unsupported: WarnLimiter::default(),
+            warn_sds: WarnLimiter::default(),
         }
     }
 
@@ -107,19 +109,37 @@ impl Session {
     /// The shared instance of a set of requested names (see [`View::intern`]). Called when
     /// a proxy changes what it asks for: SDS names it may not have are logged and counted
     /// here (and never resolved: see [`Session::output`] and `generate::sds`).
-    pub fn intern(&self, ty: XdsType, names: NameSet) -> Names {
+    pub fn intern(&mut self, ty: XdsType, names: NameSet) -> Names {
         if ty == XdsType::Secret {
-            self.check_secret_names(&names);
+            self.check_secret_names(names.iter());
         }
+        self.share(ty, names)
+    }
+
+    /// [`Session::intern`] for names of which only `added` are new (a delta request's):
+    /// only those are checked, so a request costs what it adds.
+    pub fn intern_added<'a>(
+        &mut self,
+        ty: XdsType,
+        names: NameSet,
+        added: impl Iterator<Item = &'a String>,
+    ) -> Names {
+        if ty == XdsType::Secret {
+            self.check_secret_names(added);
+        }
+        self.share(ty, names)
+    }
+
+    fn share(&self, ty: XdsType, names: NameSet) -> Names {
         match &self.view {
             Some(view) => view.intern(ty, names),
             None => Arc::new(names),
         }
     }
 
-    fn check_secret_names(&self, names: &NameSet) {
+    fn check_secret_names<'a>(&mut self, names: impl Iterator<Item = &'a String>) {
         let Some(proxy) = &self.proxy else { return };
-        for name in names.iter() {
+        for name in names {
             let denial = match (&self.caller, sds::check(name, proxy)) {
                 (None, _) => sds::Denial::Unauthenticated,
                 (Some(_), Err(denial)) => denial,
@@ -129,10 +149,14 @@ impl Session {
                 .sds_denied
                 .with_label_values(&[denial.reason()])
                 .inc();
+            // Counted always, logged rate-limited: a request may name 100 000.
+            let Some(suppressed) = self.warn_sds.check() else {
+                continue;
+            };
             let name = limits::truncate(name, limits::MAX_VERSION_BYTES);
             tracing::warn!(
                 conn = %self.id, node = %proxy.id, namespace = %proxy.namespace, secret = %name,
-                reason = denial.reason(),
+                reason = denial.reason(), suppressed,
                 "refusing a gateway credential (SDS): gateways get credentials of their own \
                  namespace, on the authenticated (TLS) xDS port"
             );

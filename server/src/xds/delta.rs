@@ -224,14 +224,14 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             }
             let interned = self.session.intern_added(ty, names, added.iter());
             let from = std::mem::replace(&mut sub.names, interned);
-            // A change not yet answered chains: derive from the names of the last answer.
+            // Every change is answered at once (which takes the change); one still pending
+            // would make this one relative to names with no output: build it afresh then.
             sub.change = match sub.change.take() {
                 None => Some(NamesChange {
                     from,
                     added: added.into_iter().collect(),
                     removed: removed.into_iter().collect(),
                 }),
-                // Rare (a response not sent): build the output afresh.
                 Some(_) => None,
             };
         }

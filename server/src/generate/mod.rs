@@ -54,6 +54,8 @@ pub struct Resource {
     delta_entry: OnceLock<Bytes>,
     /// Its entry in a State-of-the-World response, encoded once.
     sotw_entry: OnceLock<Bytes>,
+    /// sha256 of name and version, computed once (see [`Resource::digest`]).
+    digest: OnceLock<[u8; 32]>,
 }
 
 impl PartialEq for Resource {
@@ -81,7 +83,21 @@ impl Resource {
             any,
             delta_entry: OnceLock::new(),
             sotw_entry: OnceLock::new(),
+            digest: OnceLock::new(),
         }
+    }
+
+    /// sha256 of the name and the version: what a set version sums (see
+    /// `view::Output::version`), computed once per resource.
+    pub fn digest(&self) -> &[u8; 32] {
+        self.digest.get_or_init(|| {
+            use sha2::Digest as _;
+            let mut h = sha2::Sha256::new();
+            h.update(self.name.as_bytes());
+            h.update([0]);
+            h.update(self.version.as_bytes());
+            h.finalize().into()
+        })
     }
 
     /// The resource as one entry of `DeltaDiscoveryResponse.resources` (field 2, with its

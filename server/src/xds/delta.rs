@@ -12,7 +12,7 @@ use super::session::Session;
 use super::sotw::too_many_names;
 use super::wire::{Encoded, Responses};
 use crate::generate::Snapshot;
-use crate::push::view::{Held, Names};
+use crate::push::view::{Held, NameSet, Names, NamesChange};
 use shoal_proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
@@ -33,6 +33,8 @@ struct Subscription {
     held: Held,
     /// Nonce of the last response.
     sent_nonce: Option<String>,
+    /// How `names` were made from the previous ones, until the next response.
+    change: Option<NamesChange>,
 }
 
 pub(crate) struct DeltaStream {
@@ -68,15 +70,19 @@ impl DeltaStream {
         };
         // A wildcard subscription of a non-wildcard type asks for no name in particular
         // (interned like any set of names, so its output is shared, not rebuilt per push).
-        let names = if sub.wildcard && !ty.is_wildcard_type() {
-            self.session.intern(ty, BTreeSet::new())
+        let (names, change) = if sub.wildcard && !ty.is_wildcard_type() {
+            (self.session.intern(ty, NameSet::default()), None)
         } else {
-            sub.names.clone()
+            (sub.names.clone(), sub.change.clone())
         };
-        let output = self.session.output(ty, snap, &names).await;
+        let output = self
+            .session
+            .output_from(ty, snap, &names, change.as_ref())
+            .await;
         let Some(sub) = self.subs.get_mut(&ty) else {
             return Ok(0);
         };
+        sub.change = None;
         let diff = self.session.diff(ty, &names, &sub.held, &output);
         if diff.is_empty() && !force {
             self.session
@@ -180,15 +186,21 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             }
         }
         let mut changed = false;
-        let mut names: Option<BTreeSet<String>> = None;
+        let mut names: Option<NameSet> = None;
+        // What this request changes, so the new names' output is derived from the old.
+        let (mut added, mut removed) = (BTreeSet::new(), BTreeSet::new());
         for name in &req.resource_names_subscribe {
             if name == "*" {
                 changed |= !sub.wildcard;
                 sub.wildcard = true;
             } else if (!sub.wildcard || !ty.is_wildcard_type()) && !sub.names.contains(name) {
-                changed |= names
+                let inserted = names
                     .get_or_insert_with(|| (*sub.names).clone())
                     .insert(name.clone());
+                if inserted {
+                    added.insert(name.clone());
+                }
+                changed |= inserted;
             }
         }
         for name in &req.resource_names_unsubscribe {
@@ -200,6 +212,7 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
                 names
                     .get_or_insert_with(|| (*sub.names).clone())
                     .remove(name);
+                removed.insert(name.clone());
                 changed = true;
             }
             // The proxy dropped it: if subscribed again, it must be sent again.
@@ -209,7 +222,18 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             if names.len() > MAX_NAMES_PER_SUBSCRIPTION {
                 return Err(too_many_names(ty, names.len()));
             }
-            sub.names = self.session.intern(ty, names);
+            let interned = self.session.intern(ty, names);
+            let from = std::mem::replace(&mut sub.names, interned);
+            // Every change is answered at once (which takes the change); one still pending
+            // would make this one relative to names with no output: build it afresh then.
+            sub.change = match sub.change.take() {
+                None => Some(NamesChange {
+                    from,
+                    added: added.into_iter().collect(),
+                    removed: removed.into_iter().collect(),
+                }),
+                Some(_) => None,
+            };
         }
         let resuming = first && !sub.held.is_empty();
         if first || changed {

@@ -9,12 +9,12 @@ use crate::generate::sds;
 use crate::generate::{Resource, Snapshot};
 use crate::index::proxy::Proxy;
 use crate::index::scope::ProxyScope;
-use crate::push::view::{Diff, Held, Names, Output, View, Views};
+use crate::push::view::{Diff, Held, NameSet, Names, NamesChange, Output, View, Views};
 use crate::security::auth::{authorize, verified_identity, Caller};
 use crate::xds::metrics::{CloseReason, XdsMetrics};
 use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::XdsType;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use tonic::Status;
 
@@ -113,8 +113,10 @@ impl Session {
         Ok(())
     }
 
-    /// The shared instance of a set of requested names (see [`View::intern`]).
-    pub fn intern(&self, ty: XdsType, names: BTreeSet<String>) -> Names {
+    /// The shared instance of a set of requested names (see [`View::intern`]). SDS names a
+    /// proxy may not have are counted and logged when an output is made for them
+    /// ([`Session::output`]), not here.
+    pub fn intern(&self, ty: XdsType, names: NameSet) -> Names {
         match &self.view {
             Some(view) => view.intern(ty, names),
             None => Arc::new(names),
@@ -178,6 +180,18 @@ impl Session {
         snap: &Arc<Snapshot>,
         names: &Names,
     ) -> Arc<Output> {
+        self.output_from(ty, snap, names, None).await
+    }
+
+    /// [`Session::output`] for names made from the stream's previous ones by `change`
+    /// (derived from their output: see [`View::output_from`]).
+    pub async fn output_from(
+        &mut self,
+        ty: XdsType,
+        snap: &Arc<Snapshot>,
+        names: &Names,
+        change: Option<&NamesChange>,
+    ) -> Arc<Output> {
         if ty == XdsType::Secret {
             self.note_secret_denials(names, snap);
         }
@@ -187,7 +201,7 @@ impl Session {
         if ty == XdsType::Secret && self.caller.is_none() {
             return Arc::default();
         }
-        let out = view.output(ty, names, snap).await;
+        let out = view.output_from(ty, names, snap, change).await;
         if self.views.generation().cache().asserting() {
             let scope = ProxyScope::compute(proxy, &snap.ctx);
             let names: Vec<String> = names.iter().cloned().collect();

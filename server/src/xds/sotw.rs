@@ -11,10 +11,10 @@ use super::limits::MAX_NAMES_PER_SUBSCRIPTION;
 use super::session::Session;
 use super::wire::{Encoded, Responses};
 use crate::generate::{Resource, Snapshot};
-use crate::push::view::{Held, Names};
+use crate::push::view::{Held, NameSet, Names};
 use shoal_proto::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use shoal_proto::XdsType;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use tonic::Status;
 
@@ -128,7 +128,7 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         if req.resource_names.len() > MAX_NAMES_PER_SUBSCRIPTION {
             return Err(too_many_names(ty, req.resource_names.len()));
         }
-        let names: BTreeSet<String> = req.resource_names.iter().cloned().collect();
+        let names: NameSet = req.resource_names.iter().cloned().collect();
         let w = self.watched.entry(ty).or_default();
         // A nonce from before this stream (the proxy reconnected, perhaps from another
         // replica) is a new request for this type, as in Istio's shouldRespond.

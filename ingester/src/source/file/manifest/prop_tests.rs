@@ -249,3 +249,201 @@ proptest! {
         }
     }
 }
+
+/// How deeply a parsed value nests (a scalar: 0).
+fn value_depth(v: &Value) -> usize {
+    match v {
+        Value::Sequence(s) => 1 + s.iter().map(value_depth).max().unwrap_or(0),
+        Value::Mapping(m) => {
+            1 + m
+                .iter()
+                .map(|(k, v)| value_depth(k).max(value_depth(v)))
+                .max()
+                .unwrap_or(0)
+        }
+        Value::Tagged(t) => value_depth(&t.value),
+        _ => 0,
+    }
+}
+
+/// The depth `yaml_depth` counts for `text` (the least limit it passes).
+fn counted_depth(text: &str) -> usize {
+    (0..=yaml_depth::MAX_DEPTH)
+        .find(|&limit| yaml_depth::check(text, limit).is_ok())
+        .unwrap_or(usize::MAX)
+}
+
+/// The nesting check never counts fewer levels than the parser builds, for any text the
+/// parser accepts (aliases aside: they repeat a node without nesting it in the text).
+fn check_depth_bound(text: &str) -> Result<(), TestCaseError> {
+    if text.contains('*') {
+        return Ok(());
+    }
+    let Ok(docs) = yaml_documents(&test_path("fuzz.yaml"), text) else {
+        return Ok(());
+    };
+    let parsed = docs.iter().map(value_depth).max().unwrap_or(0);
+    let counted = counted_depth(text);
+    prop_assert!(
+        counted >= parsed,
+        "counted {counted} levels, the parser built {parsed}:\n{text}"
+    );
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: shoal_common::proptest_cases(512), ..ProptestConfig::default() })]
+
+    #[test]
+    fn prop_nesting_count_covers_the_parsed_depth(text in yamlish()) {
+        check_depth_bound(&text)?;
+    }
+
+    #[test]
+    fn prop_nesting_count_covers_the_parsed_depth_of_edited_manifests(
+        seed in prop::sample::select(SEEDS),
+        mutations in prop::collection::vec(mutation(), 1..6),
+    ) {
+        check_depth_bound(&mutate(seed, &mutations))?;
+    }
+}
+
+/// Real manifests are far below the limit: the example mesh counts at most this deep.
+#[test]
+fn the_example_mesh_nests_far_below_the_limit() {
+    for seed in SEEDS {
+        let counted = counted_depth(seed);
+        assert!(counted <= 15, "{counted} levels counted in\n{seed}");
+        let parsed = yaml_documents(&test_path("seed.yaml"), seed)
+            .expect("parses")
+            .iter()
+            .map(value_depth)
+            .max()
+            .unwrap_or(0);
+        assert!(counted >= parsed, "{counted} < {parsed}");
+    }
+}
+
+/// A YAML node, rendered in flow or block style (for the nesting count's exactness).
+#[derive(Debug, Clone)]
+enum Node {
+    Plain(String),
+    /// Quoted (single or double): brackets inside are text.
+    Quoted(String, bool),
+    /// A literal block scalar: brackets inside are text.
+    Literal(Vec<String>),
+    FlowSeq(Vec<Node>),
+    FlowMap(Vec<Node>),
+    BlockSeq(Vec<Node>),
+    BlockMap(Vec<Node>),
+}
+
+fn node() -> impl Strategy<Value = Node> {
+    let text = "[a-z\\[\\]{}#:, ]{0,8}";
+    let leaf = prop_oneof![
+        "[a-z][a-z0-9]{0,5}".prop_map(Node::Plain),
+        (text, any::<bool>()).prop_map(|(t, double)| Node::Quoted(t, double)),
+        prop::collection::vec(text, 1..3).prop_map(Node::Literal),
+    ];
+    leaf.prop_recursive(12, 64, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Node::FlowSeq),
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Node::FlowMap),
+            prop::collection::vec(inner.clone(), 1..4).prop_map(Node::BlockSeq),
+            prop::collection::vec(inner, 1..4).prop_map(Node::BlockMap),
+        ]
+    })
+}
+
+impl Node {
+    fn depth(&self) -> usize {
+        match self {
+            Node::Plain(_) | Node::Quoted(..) | Node::Literal(_) => 0,
+            Node::FlowSeq(items)
+            | Node::FlowMap(items)
+            | Node::BlockSeq(items)
+            | Node::BlockMap(items) => 1 + items.iter().map(Node::depth).max().unwrap_or(0),
+        }
+    }
+
+    fn is_block(&self) -> bool {
+        matches!(
+            self,
+            Node::BlockSeq(_) | Node::BlockMap(_) | Node::Literal(_)
+        )
+    }
+
+    /// In flow style (block collections become flow ones, literals quoted).
+    fn flow(&self) -> String {
+        match self {
+            Node::Plain(s) => s.clone(),
+            Node::Quoted(s, true) => format!("{s:?}"),
+            Node::Quoted(s, false) => format!("'{}'", s.replace('\'', "''")),
+            Node::Literal(lines) => format!("{:?}", lines.join("\n")),
+            Node::FlowSeq(items) | Node::BlockSeq(items) => {
+                let items: Vec<String> = items.iter().map(Node::flow).collect();
+                format!("[{}]", items.join(", "))
+            }
+            Node::FlowMap(items) | Node::BlockMap(items) => {
+                let items: Vec<String> = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| format!("k{i}: {}", v.flow()))
+                    .collect();
+                format!("{{{}}}", items.join(", "))
+            }
+        }
+    }
+
+    /// As the value after `key:` or `-` at indentation `indent`: the rest of that line and
+    /// the lines after it.
+    fn block(&self, indent: usize) -> String {
+        let pad = " ".repeat(indent + 2);
+        match self {
+            Node::Literal(lines) => {
+                let body: Vec<String> = lines.iter().map(|l| format!("{pad}x{l}")).collect();
+                format!(" |\n{}\n", body.join("\n"))
+            }
+            Node::BlockSeq(items) => {
+                let body: String = items
+                    .iter()
+                    .map(|v| format!("{pad}-{}", v.block_or_inline(indent + 2)))
+                    .collect();
+                format!("\n{body}")
+            }
+            Node::BlockMap(items) => {
+                let body: String = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| format!("{pad}k{i}:{}", v.block_or_inline(indent + 2)))
+                    .collect();
+                format!("\n{body}")
+            }
+            _ => format!(" {}\n", self.flow()),
+        }
+    }
+
+    fn block_or_inline(&self, indent: usize) -> String {
+        if self.is_block() {
+            self.block(indent)
+        } else {
+            format!(" {}\n", self.flow())
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: shoal_common::proptest_cases(512), ..ProptestConfig::default() })]
+
+    /// On documents mixing flow and block collections, quoted scalars and block scalars
+    /// with brackets and `#` inside, the count is exact: no level missed, none invented.
+    #[test]
+    fn prop_nesting_count_is_exact_on_generated_documents(root in node()) {
+        let text = format!("root:{}", root.block_or_inline(0));
+        let docs = yaml_documents(&test_path("gen.yaml"), &text)
+            .map_err(|e| TestCaseError::fail(format!("{e}\n{text}")))?;
+        let parsed = docs.iter().map(value_depth).max().unwrap_or(0);
+        prop_assert_eq!(parsed, root.depth() + 1, "{}", text);
+        prop_assert_eq!(counted_depth(&text), parsed, "{}", text);
+    }
+}

@@ -348,7 +348,7 @@ def wait_for_200(url: str, proc: subprocess.Popen, timeout: float = 60) -> tuple
 # --- lint ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value_set", ["default", "two-fleets", "nats-cluster", "everything-on"])
+@pytest.mark.parametrize("value_set", ["default", "two-fleets", "nats-cluster", "nats-secure", "everything-on"])
 def test_helm_lint_strict(value_set):
     report = helm.lint(
         CHART,
@@ -1225,13 +1225,40 @@ def assert_file_from_secret(d, c, env_name: str, secret: str, key: str):
     assert {"key": key, "path": path.name} in vol["items"]
 
 
+def has_auth(v: dict[str, Any]) -> bool:
+    return any(v[method][name_field] for method, (_, _, name_field, _) in NATS_SECRET_MOUNTS.items())
+
+
+def nats_of(nats: dict[str, Any], comp: str) -> dict[str, Any]:
+    """The NATS settings one component's pods get, by the chart's rule: the component's own
+    authentication, when it sets a method, replaces the shared one whole; its tls.secret
+    replaces nats.tls.secret with its own keys; tls.enabled and mountPath stay shared."""
+    own = nats[comp]
+    auth = own if has_auth(own) else nats
+    out = {method: auth[method] for method in NATS_SECRET_MOUNTS}
+    out["tls"] = dict(nats["tls"])
+    if own["tls"]["secret"]:
+        out["tls"].update({k: own["tls"][k] for k in ("secret", "caKey", "certKey", "keyKey")})
+    return out
+
+
+def nats_secret_refs(d, c) -> set[str]:
+    """Every Secret a shoal container reads for NATS: its nats-* volumes and secretKeyRefs."""
+    refs = {v["secret"]["secretName"] for v in pod_spec(d)["volumes"] if v["name"].startswith("nats-")}
+    for e in c.get("env", []):
+        if e["name"].startswith("SHOAL_NATS_") and "valueFrom" in e:
+            refs.add(e["valueFrom"]["secretKeyRef"]["name"])
+    return refs
+
+
 @pytest.mark.parametrize("value_set", ["default", "nats-cluster", "nats-secure", "everything-on"])
 def test_nats_settings(value_set):
-    nats = merged(value_set)["nats"]
+    values = merged(value_set)["nats"]
     for d, c in containers(render(value_set)):
+        nats = nats_of(values, component(d))
         env = env_of(c)
-        assert env["SHOAL_NATS_URL"] == nats["url"]
-        assert env["SHOAL_NATS_REPLICAS"] == str(nats["replicas"])
+        assert env["SHOAL_NATS_URL"] == values["url"]
+        assert env["SHOAL_NATS_REPLICAS"] == str(values["replicas"])
         for value, (env_name, _, name_field, key_field) in NATS_SECRET_MOUNTS.items():
             secret = nats[value][name_field]
             if secret:
@@ -1250,7 +1277,125 @@ def test_nats_settings(value_set):
         # No secret is ever a literal value in the Deployment.
         assert "SHOAL_NATS_PASSWORD" not in env and "SHOAL_NATS_TOKEN" not in env
     if value_set == "nats-cluster":
-        assert nats["replicas"] == 3 and len(nats["url"].split(",")) == 3
+        assert values["replicas"] == 3 and len(values["url"].split(",")) == 3
+
+
+def test_nats_secure_example_gives_each_component_its_own_user():
+    """The example operators copy is the recommended split: the servers log in as their
+    (read-only) user, every ingester as the writing one; neither pod can read the other's."""
+    for d, c in containers(render("nats-secure")):
+        own, other = ("nats-shoal-server", "nats-shoal-ingester")[:: 1 if component(d) == "server" else -1]
+        assert nats_secret_refs(d, c) == {own, "nats-shoal-tls"}, d["metadata"]["name"]
+        user = next(e for e in c["env"] if e["name"] == "SHOAL_NATS_USER")
+        assert user["valueFrom"]["secretKeyRef"] == {"name": own, "key": "username"}
+        assert other not in json.dumps(strip(d))
+
+
+def split_nats(server_method: str, ingester_method: str) -> dict[str, Any]:
+    """Per-component credentials of the given methods and per-component client certificates;
+    nothing shared but TLS being on."""
+
+    def auth(method, secret):
+        _, _, name_field, key_field = NATS_SECRET_MOUNTS[method]
+        return {method: {name_field: secret, key_field: f"{secret}.key"}}
+
+    return {
+        "tls": {"enabled": True},
+        "server": {**auth(server_method, "srv-auth"), "tls": {"secret": "srv-tls", "caKey": "ca.pem"}},
+        "ingester": {**auth(ingester_method, "ing-auth"), "tls": {"secret": "ing-tls", "certKey": "c.pem", "keyKey": "k.pem"}},
+    }
+
+
+@pytest.mark.parametrize(
+    "server_method, ingester_method",
+    [(m, m) for m in NATS_SECRET_MOUNTS] + [("userPassword", "nkeySecret"), ("credentialsSecret", "tokenSecret")],
+)
+def test_nats_per_component_credentials(chart, server_method, ingester_method):
+    """With nats.server and nats.ingester, the server Deployment mounts and reads only the
+    server's Secrets and every ingester fleet's Deployment only the ingester's."""
+    objects = render_values(chart, two_fleets_with(split_nats(server_method, ingester_method)))
+    expected = {
+        "server": (server_method, "srv-auth", "srv-tls", ("ca.pem", "tls.crt", "tls.key")),
+        "ingester": (ingester_method, "ing-auth", "ing-tls", ("ca.crt", "c.pem", "k.pem")),
+    }
+    seen = {"server": 0, "ingester": 0}
+    for d, c in containers(objects):
+        comp = component(d)
+        seen[comp] += 1
+        method, auth_secret, tls_secret, (ca, cert, key) = expected[comp]
+        assert nats_secret_refs(d, c) == {auth_secret, tls_secret}, d["metadata"]["name"]
+        env = env_of(c)
+        for other, (env_name, _, _, _) in NATS_SECRET_MOUNTS.items():
+            if other == method:
+                assert_file_from_secret(d, c, env_name, auth_secret, f"{auth_secret}.key")
+            else:
+                assert env_name not in env
+        if method == "userPassword":
+            user = next(e for e in c["env"] if e["name"] == "SHOAL_NATS_USER")
+            assert user["valueFrom"]["secretKeyRef"] == {"name": auth_secret, "key": "username"}
+        else:
+            assert "SHOAL_NATS_USER" not in env
+        assert_file_from_secret(d, c, "SHOAL_NATS_TLS_CA", tls_secret, ca)
+        assert_file_from_secret(d, c, "SHOAL_NATS_TLS_CERT", tls_secret, cert)
+        assert_file_from_secret(d, c, "SHOAL_NATS_TLS_KEY", tls_secret, key)
+        # The other component's Secrets appear nowhere in this Deployment.
+        other_secrets = {s for k, v in expected.items() if k != comp for s in v[1:3]}
+        text = json.dumps(strip(d))
+        assert not [s for s in other_secrets if f'"{s}"' in text]
+    assert seen == {"server": 1, "ingester": 2}
+
+
+def test_nats_server_user_beside_shared_credentials(chart):
+    """The way from shared credentials to the split: keep the shared user (now the
+    ingesters') and add nats.server; the ingesters render as before, the servers switch."""
+    shared = {
+        "userPassword": {"secret": "nats-user"},
+        "tls": {"enabled": True, "secret": "nats-tls"},
+    }
+    before = render_values(chart, two_fleets_with(shared))
+    after = render_values(
+        chart,
+        two_fleets_with({**shared, "server": {"nkeySecret": {"name": "srv-nkey"}, "tls": {"secret": "srv-tls"}}}),
+    )
+    assert [strip(d) for d in deployments(after, "ingester")] == [strip(d) for d in deployments(before, "ingester")]
+    for d, c in containers(after):
+        if component(d) == "server":
+            assert nats_secret_refs(d, c) == {"srv-nkey", "srv-tls"}
+            assert_file_from_secret(d, c, "SHOAL_NATS_NKEY", "srv-nkey", "nkey.seed")
+            assert not {"SHOAL_NATS_USER", "SHOAL_NATS_PASSWORD_FILE"} & set(env_of(c))
+        else:
+            assert nats_secret_refs(d, c) == {"nats-user", "nats-tls"}
+
+
+def test_nats_shared_credentials_render_the_same_for_both_components(chart):
+    """Existing installs: only the shared nats.* credentials, and the server and every
+    ingester get exactly the same NATS environment and volumes as before the split."""
+    for shared in (
+        {"credentialsSecret": {"name": "nats-creds", "key": "u.creds"}, "tls": {"enabled": True, "secret": "nats-tls"}},
+        {"userPassword": {"secret": "nats-user", "userKey": "u", "passwordKey": "p"}},
+        {"nkeySecret": {"name": "nats-nkey"}, "tls": {"enabled": True, "secret": "nats-tls", "certKey": "", "keyKey": ""}},
+        {"tokenSecret": {"name": "nats-token"}},
+    ):
+        nats_parts = set()
+        for d, c in containers(render_values(chart, two_fleets_with(shared))):
+            env = [e for e in c["env"] if e["name"].startswith("SHOAL_NATS_")]
+            mounts = [m for m in c["volumeMounts"] if m["name"].startswith("nats-") or m["name"] == "tmp"]
+            volumes = [v for v in pod_spec(d)["volumes"] if v["name"].startswith("nats-") or v["name"] == "tmp"]
+            nats_parts.add(json.dumps([env, mounts, volumes], sort_keys=True))
+        assert len(nats_parts) == 1, shared
+
+
+def notes_of(chart, values: dict[str, Any]) -> str:
+    return next(t for p, t in chart.render(values, name=RELEASE, namespace=NAMESPACE).items() if p.endswith("NOTES.txt"))
+
+
+def test_notes_warn_while_servers_share_the_ingesters_nats_identity(chart):
+    warning = "the servers and the ingesters connect to NATS with the same"
+    assert warning in notes_of(chart, {"nats": {"userPassword": {"secret": "u"}}})
+    assert warning in notes_of(chart, {"nats": {"tls": {"enabled": True, "secret": "t"}}})
+    assert warning not in notes_of(chart, {})
+    assert warning not in notes_of(chart, {"nats": {"userPassword": {"secret": "u"}, "server": {"tokenSecret": {"name": "t"}}}})
+    assert warning not in notes_of(chart, values_file("nats-secure-values.yaml"))
 
 
 def two_fleets_with(nats: dict[str, Any]) -> dict[str, Any]:
@@ -1322,6 +1467,28 @@ def test_nats_token_and_nkey_are_mounted_files(chart):
         ({"tls": {"enabled": True, "secret": "t", "keyKey": ""}}, "certKey and keyKey go together"),
         ({"tls": {"enabled": False, "secret": "t"}}, "nats.tls.enabled is false"),
         ({"tls": {"enabled": True, "secret": "t", "caKey": "", "certKey": "", "keyKey": ""}}, "nothing in nats.tls.secret"),
+        (
+            {"server": {"credentialsSecret": {"name": "a"}, "tokenSecret": {"name": "b"}}},
+            "nats.server: one authentication method at most, got credentialsSecret, tokenSecret",
+        ),
+        (
+            {"userPassword": {"secret": "s"}, "ingester": {"userPassword": {"secret": "a"}, "nkeySecret": {"name": "b"}}},
+            "nats.ingester: one authentication method at most, got nkeySecret, userPassword",
+        ),
+        (
+            {"tokenSecret": {"name": "t"}, "server": {"nkeySecret": {"name": "a"}}, "ingester": {"nkeySecret": {"name": "b"}}},
+            "no pod uses the shared one",
+        ),
+        (
+            {"tls": {"enabled": True, "secret": "t"}, "server": {"tls": {"secret": "a"}}, "ingester": {"tls": {"secret": "b"}}},
+            "nats.tls.secret: nats.server.tls.secret and nats.ingester.tls.secret both replace it",
+        ),
+        ({"server": {"tls": {"secret": "a"}}}, "nats.server.tls.secret is set but nats.tls.enabled is false"),
+        ({"tls": {"enabled": True}, "ingester": {"tls": {"secret": "a", "keyKey": ""}}}, "nats.ingester.tls: certKey and keyKey go together"),
+        (
+            {"tls": {"enabled": True}, "server": {"tls": {"secret": "a", "caKey": "", "certKey": "", "keyKey": ""}}},
+            "nothing in nats.server.tls.secret",
+        ),
     ],
 )
 def test_nats_contradictions_fail_the_render(chart, nats, message):
@@ -1655,6 +1822,9 @@ def test_ingester_design_flags_pending():
         ({"server": {"replicaCount": "two"}}, "/server/replicaCount"),
         ({"server": {"replicas": 2}}, "replicas"),
         ({"nats": {"replicas": "3"}}, "/nats/replicas"),
+        ({"nats": {"server": {"tokenSecret": {"nmae": "t"}}}}, "nmae"),
+        ({"nats": {"ingester": {"tls": {"enabled": True}}}}, "enabled"),
+        ({"nats": {"proxy": {}}}, "proxy"),
         ({"ingesters": [{"name": "Not_A_Label"}]}, "/ingesters/0/name"),
         ({"ingesters": [{"fleet": "x"}]}, "name"),
         ({"server": {"logFormat": "xml"}}, "/server/logFormat"),

@@ -173,13 +173,39 @@ where lookup sees no cluster), else the one the chart generates. */ -}}
 {{- end }}
 {{- end }}
 
-{{/* NATS settings, as the SHOAL_* environment both binaries read. Secrets are files. */}}
+{{- /* Whether a set of NATS values (nats, nats.server or nats.ingester) names an
+authentication method: "true" or "". */ -}}
+{{- define "shoal.nats.hasAuth" -}}
+{{- if or .credentialsSecret.name .nkeySecret.name .userPassword.secret .tokenSecret.name }}true{{- end }}
+{{- end }}
+
+{{- /* The NATS settings one component connects with, as JSON. Call with (dict "root" $
+"component" "server"|"ingester"). The component's own authentication (nats.<component>),
+when it names a method, replaces the shared one (nats.*) whole, never merged with it, so a
+pod never holds two identities; likewise nats.<component>.tls.secret replaces
+nats.tls.secret (with its own caKey, certKey, keyKey). tls.enabled and tls.mountPath stay
+shared. Fields: credentialsSecret, nkeySecret, userPassword, tokenSecret (as in values),
+tls (enabled, secret, caKey, certKey, keyKey, mountPath), ownAuth (bool). */ -}}
+{{- define "shoal.nats.component" -}}
+{{- $n := .root.Values.nats }}
+{{- $own := index $n .component }}
+{{- $ownAuth := include "shoal.nats.hasAuth" $own }}
+{{- $auth := ternary $own $n (ne $ownAuth "") }}
+{{- $tls := pick $n.tls "enabled" "secret" "caKey" "certKey" "keyKey" "mountPath" }}
+{{- if $own.tls.secret }}
+{{- $tls = merge (pick $own.tls "secret" "caKey" "certKey" "keyKey") (pick $n.tls "enabled" "mountPath") }}
+{{- end }}
+{{- dict "credentialsSecret" $auth.credentialsSecret "nkeySecret" $auth.nkeySecret "userPassword" $auth.userPassword "tokenSecret" $auth.tokenSecret "tls" $tls "ownAuth" (ne $ownAuth "") | toJson }}
+{{- end }}
+
+{{/* NATS settings of one component, as the SHOAL_* environment both binaries read. Secrets
+are files. Call with (dict "root" $ "component" "server"|"ingester"). */}}
 {{- define "shoal.nats.env" -}}
-{{- $n := .Values.nats }}
+{{- $n := fromJson (include "shoal.nats.component" .) }}
 - name: SHOAL_NATS_URL
-  value: {{ $n.url | quote }}
+  value: {{ .root.Values.nats.url | quote }}
 - name: SHOAL_NATS_REPLICAS
-  value: {{ $n.replicas | quote }}
+  value: {{ .root.Values.nats.replicas | quote }}
 {{- if $n.credentialsSecret.name }}
 - name: SHOAL_NATS_CREDS
   value: {{ printf "/etc/shoal/nats-creds/%s" $n.credentialsSecret.key | quote }}
@@ -255,9 +281,10 @@ where lookup sees no cluster), else the one the chart generates. */ -}}
 {{- end }}
 {{- end }}
 
-{{/* Volumes every shoal pod has: a writable /tmp (the root filesystem is read-only) and the NATS secrets. */}}
+{{/* Volumes every shoal pod has: a writable /tmp (the root filesystem is read-only) and the
+NATS secrets of its component. Call with (dict "root" $ "component" "server"|"ingester"). */}}
 {{- define "shoal.nats.volumes" -}}
-{{- $n := .Values.nats }}
+{{- $n := fromJson (include "shoal.nats.component" .) }}
 - name: tmp
   emptyDir:
     sizeLimit: 64Mi
@@ -293,7 +320,7 @@ where lookup sees no cluster), else the one the chart generates. */ -}}
 {{- end }}
 
 {{- define "shoal.nats.volumeMounts" -}}
-{{- $n := .Values.nats }}
+{{- $n := fromJson (include "shoal.nats.component" .) }}
 - name: tmp
   mountPath: /tmp
 {{- if $n.credentialsSecret.name }}
@@ -382,22 +409,35 @@ Call with (dict "cfg" TOPOLOGY_SPREAD_VALUES "labels" SELECTOR_LABELS_YAML).
 {{- fail (printf "ingesters: only one fleet may take the multicluster Secrets without a shoal.io/fleet label (unlabelledSecrets), got %s" (join ", " $unlabelledFleets)) }}
 {{- end }}
 {{- $n := .Values.nats }}
+{{- /* At most one authentication method per set of credentials: the shared one and each
+component's (a component's own replaces the shared one, so they never add up). */}}
+{{- range $where, $v := dict "nats" $n "nats.server" $n.server "nats.ingester" $n.ingester }}
 {{- $auth := list }}
-{{- if $n.credentialsSecret.name }}{{ $auth = append $auth "credentialsSecret" }}{{ end }}
-{{- if $n.nkeySecret.name }}{{ $auth = append $auth "nkeySecret" }}{{ end }}
-{{- if $n.userPassword.secret }}{{ $auth = append $auth "userPassword" }}{{ end }}
-{{- if $n.tokenSecret.name }}{{ $auth = append $auth "tokenSecret" }}{{ end }}
+{{- if $v.credentialsSecret.name }}{{ $auth = append $auth "credentialsSecret" }}{{ end }}
+{{- if $v.nkeySecret.name }}{{ $auth = append $auth "nkeySecret" }}{{ end }}
+{{- if $v.userPassword.secret }}{{ $auth = append $auth "userPassword" }}{{ end }}
+{{- if $v.tokenSecret.name }}{{ $auth = append $auth "tokenSecret" }}{{ end }}
 {{- if gt (len $auth) 1 }}
-{{- fail (printf "nats: one authentication method at most, got %s" (join ", " $auth)) }}
+{{- fail (printf "%s: one authentication method at most, got %s" $where (join ", " $auth)) }}
 {{- end }}
-{{- if ne (empty $n.tls.certKey) (empty $n.tls.keyKey) }}
-{{- fail "nats.tls: certKey and keyKey go together (a client certificate and its key); set both or neither" }}
 {{- end }}
-{{- if and $n.tls.secret (not $n.tls.enabled) }}
-{{- fail "nats.tls.secret is set but nats.tls.enabled is false: enable TLS or remove the secret" }}
+{{- /* A Secret no pod would use is a mistake (a typo, or a split left half done). */}}
+{{- if and (include "shoal.nats.hasAuth" $n) (include "shoal.nats.hasAuth" $n.server) (include "shoal.nats.hasAuth" $n.ingester) }}
+{{- fail "nats: nats.server and nats.ingester both set their own authentication, so no pod uses the shared one (nats.credentialsSecret, nkeySecret, userPassword, tokenSecret); remove it" }}
 {{- end }}
-{{- if and $n.tls.enabled $n.tls.secret (not $n.tls.caKey) (not $n.tls.certKey) }}
-{{- fail "nats.tls: caKey and certKey are both empty, so nothing in nats.tls.secret would be used" }}
+{{- if and $n.tls.secret $n.server.tls.secret $n.ingester.tls.secret }}
+{{- fail "nats.tls.secret: nats.server.tls.secret and nats.ingester.tls.secret both replace it, so no pod uses it; remove it" }}
+{{- end }}
+{{- range $where, $t := dict "nats.tls" $n.tls "nats.server.tls" $n.server.tls "nats.ingester.tls" $n.ingester.tls }}
+{{- if ne (empty $t.certKey) (empty $t.keyKey) }}
+{{- fail (printf "%s: certKey and keyKey go together (a client certificate and its key); set both or neither" $where) }}
+{{- end }}
+{{- if and $t.secret (not $n.tls.enabled) }}
+{{- fail (printf "%s.secret is set but nats.tls.enabled is false: enable TLS or remove the secret" $where) }}
+{{- end }}
+{{- if and $n.tls.enabled $t.secret (not $t.caKey) (not $t.certKey) }}
+{{- fail (printf "%s: caKey and certKey are both empty, so nothing in %s.secret would be used" $where $where) }}
+{{- end }}
 {{- end }}
 {{- $a := .Values.server.autoscaling }}
 {{- if and $a.enabled (gt (int $a.minReplicas) (int $a.maxReplicas)) }}

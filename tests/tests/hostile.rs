@@ -420,6 +420,13 @@ async fn refused_requests_end_with_their_grpc_status() {
     let crowded = h2(target.server.xds_addr())
         .await
         .expect("HTTP/2 connection");
+    // The cap reaches the client in the server's SETTINGS: a first exchange on the
+    // connection makes sure they arrived, or the client may open all 11 at once and see the
+    // 11th refused (REFUSED_STREAM) instead of waiting.
+    let (code, _) = grpc_status(&mut crowded.clone(), vec![prefix(MAX_MESSAGE + 1)])
+        .await
+        .expect("a first exchange");
+    assert_eq!(code, "11");
     for _ in 0..11 {
         let (mut sender, answered) = (crowded.clone(), answered.clone());
         capped.spawn(async move {

@@ -4,7 +4,7 @@
 //!
 //! - a flood of streams that each send a gRPC length prefix declaring 16 MiB (some a few
 //!   bytes more) keeps the server's memory within a budget while an authenticated proxy
-//!   keeps getting its config;
+//!   keeps getting its config and a real Envoy gets a change of the mesh;
 //! - requests refused as they are read end with the status the client sees in its
 //!   trailers (`OUT_OF_RANGE`, `INVALID_ARGUMENT`, `DEADLINE_EXCEEDED`,
 //!   `RESOURCE_EXHAUSTED`);
@@ -13,7 +13,7 @@
 //!   not spin the accept loops.
 //!
 //! Loopback only; each test bounds its flood in count and time. Run
-//! `cargo build --bins -p shoal-server` first.
+//! `cargo build --bins -p shoal-server` first; the flood test runs Envoy too.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, StreamBody};
@@ -24,9 +24,13 @@ use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use shoal_proto::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
+use shoal_tests::bootstrap::{bootstrap, with_xds_tls, Node as EnvoyNode, XdsTlsFiles};
+use shoal_tests::envoy::Envoy;
+use shoal_tests::eventually;
 use shoal_tests::pki::{self, Pem, TestCa};
-use shoal_tests::ports::free_addr;
+use shoal_tests::ports::{free_addr, free_port};
 use shoal_tests::shoal::ShoalServer;
+use std::collections::BTreeSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -48,12 +52,13 @@ const OUT_OF_RANGE: &str = "11";
 const MAX_MESSAGE: u32 = 16 << 20;
 
 /// A standalone server of the example mesh with a TLS port (client certificates of `ca`)
-/// and the harness's plaintext port.
+/// and the harness's plaintext port. The server reads a copy of the mesh in the test's
+/// directory, so a test can change it.
 struct Target {
     server: ShoalServer,
     tls: SocketAddr,
     ca: TestCa,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl Target {
@@ -70,10 +75,18 @@ impl Target {
             path(&dir, "server.key"),
             path(&dir, "ca.crt"),
         );
-        let mesh = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples/mesh");
+        let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples/mesh");
+        let mesh = dir.path().join("mesh");
+        std::fs::create_dir(&mesh).expect("creating the mesh directory");
+        for entry in std::fs::read_dir(examples).expect("reading the example mesh") {
+            let entry = entry.expect("an example mesh file");
+            std::fs::copy(entry.path(), mesh.join(entry.file_name()))
+                .expect("copying the example mesh");
+        }
+        let mesh = path(&dir, "mesh");
         let mut args = vec![
             "--standalone",
-            mesh,
+            &mesh,
             "--xds-tls-addr",
             &tls_s,
             "--xds-tls-cert",
@@ -89,8 +102,13 @@ impl Target {
             server,
             tls,
             ca,
-            _dir: dir,
+            dir,
         }
+    }
+
+    /// The directory of manifests the server reads.
+    fn mesh(&self) -> std::path::PathBuf {
+        self.dir.path().join("mesh")
     }
 
     /// A TLS channel presenting `client`'s certificate.
@@ -101,6 +119,22 @@ impl Target {
         )
         .await
         .expect("TLS channel")
+    }
+
+    /// A bootstrap for `node` reaching the TLS port with a workload certificate of its
+    /// namespace and service account, as istio-agent's Envoy reaches istiod's 15012.
+    fn envoy_bootstrap(&self, node: &EnvoyNode) -> String {
+        let name = format!("{}.{}", node.namespace, node.service_account);
+        let (cert, key) = self
+            .ca
+            .workload(&node.namespace, &node.service_account)
+            .write(self.dir.path(), &name);
+        let files = XdsTlsFiles {
+            ca: self.dir.path().join("ca.crt"),
+            cert,
+            key,
+        };
+        with_xds_tls(&bootstrap(node, free_port(), &[self.tls]), &files)
     }
 
     fn pid(&mut self) -> u32 {
@@ -275,12 +309,53 @@ async fn open_stream(channel: tonic::transport::Channel) -> Result<OpenStream, t
     })
 }
 
+/// The cluster the Service [`add_service`] writes becomes.
+const NEW_CLUSTER: &str = "outbound|8080||flooded.demo.svc.cluster.local";
+
+/// Writes the Service `flooded` in namespace `demo` (port 8080) into the manifest
+/// directory `mesh`, whole: written beside it and renamed, so a poll never reads half of it.
+fn add_service(mesh: &std::path::Path) {
+    let manifest = r#"apiVersion: v1
+kind: Service
+metadata:
+  name: flooded
+  namespace: demo
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.99
+  selector:
+    app: flooded
+  ports:
+  - name: http
+    port: 8080
+    targetPort: 18080
+    protocol: TCP
+"#;
+    let partial = mesh.join(".flooded.partial");
+    std::fs::write(&partial, manifest).expect("writing the Service");
+    std::fs::rename(&partial, mesh.join("95-flooded.yaml")).expect("renaming the Service");
+}
+
+/// The names of the `outbound|` clusters an Envoy holds (admin `/clusters`, one
+/// `<name>::<field>` line per field).
+async fn outbound_clusters(envoy: &Envoy) -> anyhow::Result<BTreeSet<String>> {
+    let text = envoy.admin_get("/clusters").await?;
+    Ok(text
+        .lines()
+        .filter_map(|l| l.split("::").next())
+        .filter(|name| name.starts_with("outbound|"))
+        .map(str::to_string)
+        .collect())
+}
+
 /// Finding 1: 10 connections × 190 streams on the plaintext port (no credential needed),
 /// each sending only a prefix declaring 16 MiB, every fourth 64 KiB of it too, for 3 s,
 /// each stream reopened as soon as the server ends it. Before, each prefix reserved its
 /// 16 MiB at once (a server went from 82 MB to 4 GB in 3 s). Now the server's RSS stays
 /// within 300 MB of where it started, an authenticated proxy on the TLS port gets its
-/// config every time it asks, and the refusals are counted.
+/// config every time it asks, a real Envoy on the TLS port gets a Service added during
+/// the flood as a new cluster before the flood ends (and afterwards still holds its config,
+/// nothing rejected), and the refusals are counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_length_prefix_flood_stays_within_its_memory_budget() {
     let mut target = Target::start(&[
@@ -298,6 +373,23 @@ async fn a_length_prefix_flood_stays_within_its_memory_budget() {
         .await
         .expect("config before the flood");
     assert!(before.clusters > 0);
+    // A real Envoy (the examples' sidecar demo/client-1) on the TLS port with its workload
+    // certificate, configured before the flood.
+    let envoy = Envoy::start(&target.envoy_bootstrap(&EnvoyNode::sidecar())).await;
+    let (configured, listening) = eventually::eventually(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            let clusters = outbound_clusters(&envoy).await?;
+            let listeners = envoy.listeners().await?;
+            if clusters.is_empty() || listeners.is_empty() {
+                anyhow::bail!("the Envoy has clusters {clusters:?}, listeners {listeners:?}");
+            }
+            Ok((clusters, listeners))
+        },
+    )
+    .await;
+    assert!(!configured.contains(NEW_CLUSTER));
     let start_rss = rss(pid);
 
     const CONNECTIONS: usize = 10;
@@ -329,24 +421,49 @@ async fn a_length_prefix_flood_stays_within_its_memory_budget() {
     }
 
     // Meanwhile: the server's memory, and a legitimate proxy asking for its config.
-    let mut peak = start_rss;
-    let mut answered = 0;
-    while Instant::now() < until {
-        let asked = Instant::now();
-        let stream = open_stream(target.channel(&web).await)
-            .await
-            .expect("an authenticated proxy gets its config during the flood");
-        assert!(stream.clusters > 0);
-        assert!(
-            asked.elapsed() < Duration::from_secs(2),
-            "config took {:?} during the flood",
-            asked.elapsed()
-        );
-        answered += 1;
-        peak = peak.max(rss(pid));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        peak = peak.max(rss(pid));
-    }
+    let asking = async {
+        let mut peak = start_rss;
+        let mut answered = 0;
+        while Instant::now() < until {
+            let asked = Instant::now();
+            let stream = open_stream(target.channel(&web).await)
+                .await
+                .expect("an authenticated proxy gets its config during the flood");
+            assert!(stream.clusters > 0);
+            assert!(
+                asked.elapsed() < Duration::from_secs(2),
+                "config took {:?} during the flood",
+                asked.elapsed()
+            );
+            answered += 1;
+            peak = peak.max(rss(pid));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            peak = peak.max(rss(pid));
+        }
+        (peak, answered)
+    };
+    // And the mesh changes once the flood is under way: a new Service, which the Envoy
+    // must get as a new cluster while the flood still goes on.
+    let changing = async {
+        tokio::time::sleep(FLOOD / 6).await;
+        add_service(&target.mesh());
+        let written = Instant::now();
+        loop {
+            let clusters = outbound_clusters(&envoy)
+                .await
+                .expect("the Envoy's clusters during the flood");
+            if clusters.contains(NEW_CLUSTER) {
+                return written.elapsed();
+            }
+            assert!(
+                Instant::now() < until,
+                "the Envoy did not get {NEW_CLUSTER} during the flood ({:?} after the change)",
+                written.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let ((mut peak, answered), reached) = tokio::join!(asking, changing);
     let mut statuses: std::collections::BTreeMap<String, usize> = Default::default();
     while let Some(done) = flood.join_next().await {
         for code in done.expect("flood task") {
@@ -363,7 +480,8 @@ async fn a_length_prefix_flood_stays_within_its_memory_budget() {
     println!(
         "MEASURED flood: {CONNECTIONS}x{STREAMS} streams for {FLOOD:?}: RSS {:.1} MB -> peak {:.1} MB \
          (+{growth_mb:.1} MB); statuses seen {statuses:?}; refusals: message_timeout {timeouts}, \
-         buffer budgets {budgets}; the TLS proxy got its config {answered} times",
+         buffer budgets {budgets}; the TLS proxy got its config {answered} times; a new \
+         Service reached the Envoy {reached:?} after it was written",
         start_rss as f64 / 1e6,
         peak as f64 / 1e6,
     );
@@ -390,6 +508,20 @@ async fn a_length_prefix_flood_stays_within_its_memory_budget() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The Envoy still holds its config, the change included, on its stream, and rejected
+    // nothing.
+    let after = outbound_clusters(&envoy)
+        .await
+        .expect("the Envoy's clusters after the flood");
+    assert!(
+        configured.is_subset(&after) && after.contains(NEW_CLUSTER),
+        "the Envoy's clusters went from {configured:?} to {after:?}"
+    );
+    let listeners = envoy.listeners().await.expect("the Envoy's listeners");
+    assert_eq!(listeners, listening);
+    assert_eq!(envoy.stat("control_plane.connected_state").await, 1);
+    assert_eq!(envoy.stat("cluster_manager.cds.update_rejected").await, 0);
+    assert_eq!(envoy.stat("listener_manager.lds.update_rejected").await, 0);
 }
 
 /// Finding 5: requests refused as they are read end with their status, as the client's

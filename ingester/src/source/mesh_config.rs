@@ -39,7 +39,7 @@ pub enum MeshConfigError {
         path: PathBuf,
         /// The cause.
         #[source]
-        source: serde_yaml::Error,
+        source: shoal_common::yaml::Error,
     },
     /// The file nests deeper than MeshConfig does (checked before parsing: see
     /// `shoal_common::yaml_depth`).
@@ -78,7 +78,7 @@ pub fn parse(path: &Path, text: &str) -> Result<DiscoverySelectors, MeshConfigEr
         source,
     })?;
     let config: Option<MeshConfig> =
-        serde_yaml::from_str(text).map_err(|source| MeshConfigError::Yaml {
+        shoal_common::yaml::from_str(text).map_err(|source| MeshConfigError::Yaml {
             path: path.to_path_buf(),
             source,
         })?;

@@ -73,9 +73,10 @@ pub fn to_string<T: Serialize>(value: &T) -> Result<String, SerializeError> {
 pub struct DocumentsError {
     /// Index (from 0) of the document that failed, counting empty documents.
     pub document: usize,
-    /// The parser's error (it gives the line and column in the whole text).
+    /// The parser's error (it gives the line and column in the whole text; boxed, as it
+    /// is large).
     #[source]
-    pub source: Error,
+    pub source: Box<Error>,
 }
 
 /// Reads every document of a YAML stream as a generic value, in order. An empty document
@@ -93,7 +94,7 @@ pub fn documents(text: &str) -> Result<Vec<serde_json::Value>, DocumentsError> {
             let line = source.location().map(|l| l.line());
             DocumentsError {
                 document: document_at(&starts, line),
-                source,
+                source: Box::new(source),
             }
         })?;
     let mut out = vec![serde_json::Value::Null; starts.len()];
@@ -164,7 +165,39 @@ mod tests {
         assert_eq!(documents("").unwrap(), Vec::<serde_json::Value>::new());
         assert_eq!(documents("---\n---\n").unwrap(), vec![json!(null); 2]);
         // A leading `---` starts the first document, not a second one.
-        assert_eq!(documents("# c\n---\na: 1\n").unwrap(), vec![json!({"a": 1})]);
+        assert_eq!(
+            documents("# c\n---\na: 1\n").unwrap(),
+            vec![json!({"a": 1})]
+        );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: crate::proptest_cases(256),
+            ..Default::default()
+        })]
+
+        /// Whatever mix of empty, comment-only, block, flow and scalar documents a stream
+        /// has, every document keeps its index.
+        #[test]
+        fn prop_every_document_keeps_its_index(kinds in proptest::collection::vec(0usize..6, 0..12)) {
+            let mut text = String::new();
+            let mut want = Vec::new();
+            for (i, kind) in kinds.iter().enumerate() {
+                let (doc, value) = match kind {
+                    0 => (String::new(), json!(null)),
+                    1 => ("# a comment\n".to_string(), json!(null)),
+                    2 => (format!("a: {i}\nb:\n- x\n"), json!({"a": i, "b": ["x"]})),
+                    3 => (format!("{{a: {i}}}\n"), json!({"a": i})),
+                    4 => (format!("s{i}\n...\n"), json!(format!("s{i}"))),
+                    _ => ("~\n".to_string(), json!(null)),
+                };
+                text.push_str("---\n");
+                text.push_str(&doc);
+                want.push(value);
+            }
+            proptest::prop_assert_eq!(documents(&text).unwrap(), want, "{}", text);
+        }
     }
 
     #[test]
@@ -214,7 +247,10 @@ mod tests {
     #[test]
     fn empty_text_is_null() {
         assert_eq!(from_str::<Option<serde_json::Value>>("").unwrap(), None);
-        assert_eq!(from_str::<Option<serde_json::Value>>("# c\n").unwrap(), None);
+        assert_eq!(
+            from_str::<Option<serde_json::Value>>("# c\n").unwrap(),
+            None
+        );
     }
 
     #[test]
@@ -227,7 +263,10 @@ mod tests {
         let mut bomb = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
         for i in 1..10 {
             let p = i - 1;
-            bomb.push_str(&format!("a{i}: &a{i} [{}]\n", vec![format!("*a{p}"); 10].join(", ")));
+            bomb.push_str(&format!(
+                "a{i}: &a{i} [{}]\n",
+                vec![format!("*a{p}"); 10].join(", ")
+            ));
         }
         let started = std::time::Instant::now();
         assert!(from_str::<serde_json::Value>(&bomb).is_err());
@@ -238,8 +277,9 @@ mod tests {
     fn many_documents_and_nodes_are_read() {
         // Over the parser's default budget (1 024 documents, 250 000 nodes); the last `---`
         // starts an empty document.
-        let text = "{a: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]}\n---\n"
-            .repeat(13_000);
+        let text =
+            "{a: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]}\n---\n"
+                .repeat(13_000);
         let docs = documents(&text).unwrap();
         assert_eq!(docs.len(), 13_001);
         assert!(docs[12_999].is_object() && docs[13_000].is_null());

@@ -68,7 +68,7 @@ pub enum IngestError {
         document: usize,
         /// The cause (with the line and column in the file).
         #[source]
-        source: shoal_common::yaml::Error,
+        source: Box<shoal_common::yaml::Error>,
     },
     /// A JSON file is not valid JSON; the whole file is set aside.
     #[error("{} document {document}: not valid JSON: {source}", path.display())]

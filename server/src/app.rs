@@ -1,19 +1,19 @@
 //! Command line and wiring of the server binary.
 
 use crate::admin::{self, AdminState};
-use crate::security::auth::{self, Authenticator, Issuers};
-use crate::security::ca::Ca;
 use crate::generate::cache::GeneratorCache;
 use crate::index::mesh_config;
+use crate::index::mesh_config::MeshSettings;
 use crate::metrics::Metrics;
 use crate::push::pipeline::{self, Debounce};
-use crate::index::mesh_config::MeshSettings;
-use crate::security::reload::Reloading;
 use crate::push::view::{Generation, Views};
-use crate::xds::limits::{self, Breach, BufferBudget};
-use crate::xds::listener::{self, ConnectionLimits, ConnectionPolicy};
+use crate::security::auth::{self, Authenticator, Issuers};
+use crate::security::ca::Ca;
+use crate::security::reload::Reloading;
 use crate::security::serving_cert::ServingCert;
 use crate::security::tls::{TlsFiles, TlsServer};
+use crate::xds::limits::{self, Breach, BufferBudget};
+use crate::xds::listener::{self, ConnectionLimits, ConnectionPolicy};
 use crate::xds::{AdsService, Registry};
 use anyhow::Context;
 use clap::Parser;

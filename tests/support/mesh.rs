@@ -415,7 +415,6 @@ pub fn write_manifest(dir: &Path, file: &str, content: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde::Deserialize;
 
     #[tokio::test]
     async fn manifests_are_valid_multi_document_yaml() {

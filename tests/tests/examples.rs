@@ -4,7 +4,6 @@
 //! demo itself runs in tests/tests/quickstart_captured.rs.
 #![forbid(unsafe_code)]
 
-use serde::Deserialize;
 use shoal_tests::bootstrap::{bootstrap, bootstrap_with, with_sds, AdsMode, Node};
 use shoal_tests::http::Request;
 use shoal_tests::netns;
@@ -42,7 +41,8 @@ fn bootstraps_match_the_ones_the_tests_use() {
         let path = examples().join("bootstrap").join(name);
         let documented: serde_json::Value = shoal_common::yaml::from_str(&read(&path)).unwrap();
         let generated: serde_json::Value =
-            shoal_common::yaml::from_str(&istio_agent_socket(&bootstrap(&node, admin, &xds))).unwrap();
+            shoal_common::yaml::from_str(&istio_agent_socket(&bootstrap(&node, admin, &xds)))
+                .unwrap();
         assert_eq!(
             documented,
             generated,
@@ -68,15 +68,10 @@ fn captured_pods() -> Vec<CapturedPod> {
             name: d["metadata"]["name"].as_str().expect("pod name").into(),
             ip: d["status"]["podIP"].as_str().expect("podIP").into(),
             labels: d["metadata"]["labels"]
-                .as_mapping()
+                .as_object()
                 .expect("pod labels")
                 .iter()
-                .map(|(k, v)| {
-                    (
-                        k.as_str().expect("label").into(),
-                        v.as_str().expect("label value").into(),
-                    )
-                })
+                .map(|(k, v)| (k.clone(), v.as_str().expect("label value").into()))
                 .collect(),
         })
         .collect();

@@ -95,7 +95,10 @@ fn modules(src: &Path) -> Vec<Module> {
                 .components()
                 .map(|c| c.as_os_str().to_string_lossy().into_owned())
                 .collect();
-            if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+            if matches!(
+                parts.last().map(String::as_str),
+                Some("mod" | "lib" | "main")
+            ) {
                 parts.pop();
             }
             let text = std::fs::read_to_string(&path).expect("reads a source file");
@@ -243,7 +246,11 @@ fn cycles(edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<Vec<Strin
 
 fn assert_no_cycles(krate: &str) {
     let mods = modules(&crate_src(krate));
-    assert!(mods.len() > 10, "{krate}: found only {} modules", mods.len());
+    assert!(
+        mods.len() > 10,
+        "{krate}: found only {} modules",
+        mods.len()
+    );
     let found = cycles(&sibling_edges(&mods));
     assert!(
         found.is_empty(),

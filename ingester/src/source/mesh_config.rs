@@ -37,9 +37,9 @@ pub enum MeshConfigError {
     Yaml {
         /// The file.
         path: PathBuf,
-        /// The cause.
+        /// The cause (boxed, as it is large).
         #[source]
-        source: shoal_common::yaml::Error,
+        source: Box<shoal_common::yaml::Error>,
     },
     /// The file nests deeper than MeshConfig does (checked before parsing: see
     /// `shoal_common::yaml_depth`).
@@ -80,7 +80,7 @@ pub fn parse(path: &Path, text: &str) -> Result<DiscoverySelectors, MeshConfigEr
     let config: Option<MeshConfig> =
         shoal_common::yaml::from_str(text).map_err(|source| MeshConfigError::Yaml {
             path: path.to_path_buf(),
-            source,
+            source: Box::new(source),
         })?;
     let selectors = config
         .unwrap_or_default()

@@ -41,9 +41,9 @@
 //! rebuilt when the PushContext or the workloads change.
 
 use super::{Resource, Snapshot};
+use crate::index::hosts::labels_match;
 use crate::index::proxy::{ProvenCluster, Proxy, ProxyKind, VerifiedIdentity};
 use crate::index::push_context::PushContext;
-use crate::index::hosts::labels_match;
 use shoal_common::credential::TlsCredential;
 use shoal_proto::pb::envoy::config::core::v3::{data_source::Specifier, DataSource};
 use shoal_proto::pb::envoy::extensions::transport_sockets::tls::v3::{

@@ -7,13 +7,13 @@ use super::registry::Registry;
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
 use super::wire::{self, RequestStream, Responses};
-use crate::security::auth::{self, Authenticator, Credentials, Issuers};
-use crate::security::ca::Ca;
 use crate::generate::cache::GeneratorCache;
 use crate::metrics::Metrics;
 use crate::push::pipeline::Published;
-use crate::security::reload::Reloading;
 use crate::push::view::{Generation, Views};
+use crate::security::auth::{self, Authenticator, Credentials, Issuers};
+use crate::security::ca::Ca;
+use crate::security::reload::Reloading;
 use futures::StreamExt;
 use shoal_proto::istio_ca::{
     IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE_PATH,
@@ -278,7 +278,10 @@ impl AdsService {
             let reply = match outcome {
                 Ok(response) => {
                     metrics.ca_requests.with_label_values(&["issued"]).inc();
-                    Ok(wire::Encoded::new(&response, &crate::push::chunks::Chunks::default()))
+                    Ok(wire::Encoded::new(
+                        &response,
+                        &crate::push::chunks::Chunks::default(),
+                    ))
                 }
                 Err((result, status)) => {
                     metrics.ca_requests.with_label_values(&[result]).inc();
@@ -648,8 +651,11 @@ mod merge_tests {
             views,
             None,
         );
-        let node =
-            crate::index::proxy::tests::node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", "ns", &[]);
+        let node = crate::index::proxy::tests::node(
+            "sidecar~10.0.0.1~a.ns~ns.svc.cluster.local",
+            "ns",
+            &[],
+        );
         session.identify(Some(&node)).expect("valid node");
         let pushed = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new(Notify::new());
@@ -712,8 +718,11 @@ mod merge_tests {
             views,
             None,
         );
-        let node =
-            crate::index::proxy::tests::node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", "ns", &[]);
+        let node = crate::index::proxy::tests::node(
+            "sidecar~10.0.0.1~a.ns~ns.svc.cluster.local",
+            "ns",
+            &[],
+        );
         session.identify(Some(&node)).expect("valid node");
         let pushed = Arc::new(Mutex::new(Vec::new()));
         let gate = Arc::new(Notify::new());

@@ -22,9 +22,9 @@
 //! long-lived ADS stream before its grace period, hence this module.
 
 use super::limits::{Breach, BufferBudget, WarnLimiter};
-use crate::security::tls::TlsServer;
-use crate::security::auth::TlsPeer;
 use crate::metrics::Metrics;
+use crate::security::auth::TlsPeer;
+use crate::security::tls::TlsServer;
 use bytes::Bytes;
 use shoal_common::time::sleep_until;
 use std::hash::BuildHasher;

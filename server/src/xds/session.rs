@@ -4,14 +4,14 @@
 
 use super::limits::{self, WarnLimiter};
 use super::registry::{Nack, Registry};
-use crate::security::auth::{authorize, verified_identity, Caller};
 use crate::generate::cache::compare;
 use crate::generate::sds;
 use crate::generate::{Resource, Snapshot};
-use crate::metrics::Metrics;
 use crate::index::proxy::{Proxy, ProxyKind};
 use crate::index::scope::ProxyScope;
+use crate::metrics::Metrics;
 use crate::push::view::{Diff, Held, Names, Output, View, Views};
+use crate::security::auth::{authorize, verified_identity, Caller};
 use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::XdsType;
 use std::collections::{BTreeMap, BTreeSet};

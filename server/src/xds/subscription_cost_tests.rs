@@ -21,10 +21,10 @@ use super::sotw::SotwStream;
 use super::wire::{Outgoing, Responses};
 use crate::generate::cache::GeneratorCache;
 use crate::generate::Snapshot;
-use crate::metrics::Metrics;
 use crate::index::proxy::tests::node;
-use crate::testutil::*;
+use crate::metrics::Metrics;
 use crate::push::view::{Generation, Views};
+use crate::testutil::*;
 use shoal_proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };

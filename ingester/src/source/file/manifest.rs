@@ -643,7 +643,8 @@ endpoints: []
 
     #[test]
     fn syntax_errors_name_file_document_and_line() {
-        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n---\nkind: [unclosed\n";
+        let text =
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n---\nkind: [unclosed\n";
         let err = parse_file(&test_path("broken.yaml"), text).unwrap_err();
         let msg = err.to_string();
         assert!(
@@ -652,8 +653,13 @@ endpoints: []
         );
         assert!(msg.contains("line 6"), "{msg}");
         let dup = "apiVersion: v1\nkind: Service\nmetadata: {name: a, name: b}\n";
-        let msg = parse_file(&test_path("dup.yaml"), dup).unwrap_err().to_string();
-        assert!(msg.contains("document 0") && msg.contains("duplicate"), "{msg}");
+        let msg = parse_file(&test_path("dup.yaml"), dup)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("document 0") && msg.contains("duplicate"),
+            "{msg}"
+        );
     }
 
     /// Spellings YAML 1.1 reads as booleans or octal numbers are strings (YAML 1.2, as

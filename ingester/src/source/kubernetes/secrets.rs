@@ -553,7 +553,10 @@ mod tests {
                 .expect("an invalid kubeconfig")
                 .to_string();
             assert!(!error.contains("secret-token"), "{user}: {error}");
-            assert!(error.contains("east") && error.contains("line "), "{user}: {error}");
+            assert!(
+                error.contains("east") && error.contains("line "),
+                "{user}: {error}"
+            );
         }
     }
 

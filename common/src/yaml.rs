@@ -6,7 +6,7 @@
 //! where `serde-saphyr`'s defaults lean to YAML 1.1:
 //!
 //! - Booleans are `true`/`false` (also `True`, `TRUE`, ...) only; `yes`, `no`, `on`, `off`,
-//!   `y` and `n` are strings, and a boolean field given one is an error naming it.
+//!   `y` and `n` are strings, and a boolean field given one is an error.
 //! - A plain integer with leading zeros (`0755`) or underscores (`1_000`) read without a
 //!   type is a string: YAML 1.1 reads `0755` as 493 and YAML 1.2 as 755, so a typed field
 //!   refuses it rather than guess.
@@ -38,8 +38,9 @@ pub fn options() -> serde_saphyr::Options {
     budget.max_events = usize::MAX;
     budget.max_nodes = usize::MAX;
     budget.max_total_scalar_bytes = usize::MAX;
-    // A heuristic that refuses an anchor used more than 10 times; alias expansion stays
-    // capped by `alias_limits` (1 000 000 replayed events by default).
+    // A heuristic that refuses more than 10 aliases per anchor (from 100 aliases on), which
+    // valid files may have; alias expansion stays capped by `alias_limits` (1 000 000
+    // replayed events by default).
     budget.enforce_alias_anchor_ratio = false;
     serde_saphyr::options! {
         budget: Some(budget),

@@ -594,7 +594,6 @@ fn sidecar(ns: &str, hosts: &[&str]) -> String {
 
 /// Counts of generated objects by kind, for tests of the generator.
 pub fn count_kinds(dir: &Path) -> anyhow::Result<BTreeMap<String, usize>> {
-    use serde::Deserialize;
     let mut kinds = BTreeMap::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let path = entry?.path();
@@ -602,9 +601,9 @@ pub fn count_kinds(dir: &Path) -> anyhow::Result<BTreeMap<String, usize>> {
             continue;
         }
         let text = std::fs::read_to_string(&path)?;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v = serde_yaml::Value::deserialize(doc)
-                .with_context(|| format!("{} is not valid YAML", path.display()))?;
+        let docs = shoal_common::yaml::documents(&text)
+            .with_context(|| format!("{} is not valid YAML", path.display()))?;
+        for v in docs {
             let kind = v["kind"].as_str().unwrap_or("?").to_string();
             *kinds.entry(kind).or_insert(0) += 1;
         }

@@ -18,6 +18,7 @@ pub mod ownership;
 pub mod secret;
 pub mod synced;
 pub mod time;
+pub mod yaml;
 pub mod yaml_depth;
 
 pub use bus::{

@@ -1,18 +1,22 @@
 //! A linear bound on how deeply YAML (or JSON) text nests, checked before any parser sees it.
 //!
-//! The YAML parser behind `serde_yaml` (libyaml) spends time quadratic in the nesting
-//! depth before its own recursion limit can refuse anything: a 195 KiB file of 100 000
-//! nested `[` kept it busy for 25 s, and everything else the process does with it. [`check`]
-//! reads the text once, counting flow collections (`[`, `{`) and block levels (indentation
-//! and `- ` / `? ` entries) as the YAML scanner would, skipping quoted scalars, block
-//! scalars and comments, and refuses text that nests deeper than a limit.
+//! The YAML parser shoal used before (libyaml, behind `serde_yaml`) spent time quadratic in
+//! the nesting depth before its own recursion limit could refuse anything: a 195 KiB file of
+//! 100 000 nested `[` kept it busy for 25 s, and everything else the process does with it.
+//! `serde-saphyr` ([`crate::yaml`]) refuses such text fast with its depth budget; this check
+//! stays in front of every parser, so whichever reads the text, its cost stays linear and
+//! the error names the document and line. [`check`] reads the text once, counting flow
+//! collections (`[`, `{`) and block levels (indentation and `- ` / `? ` entries) as the YAML
+//! scanner would, skipping quoted scalars, block scalars and comments, and refuses text
+//! that nests deeper than a limit.
 //!
 //! It counts conservatively: a line that continues a multi-line plain scalar may count as
 //! a level, and so may a scalar after `- `. It never counts fewer levels than a parser
 //! opens (collections only open where this scanner counts one). [`MAX_DEPTH`] is far above
-//! what real objects use (Kubernetes and Istio objects nest about 15 levels) and below the
-//! parsers' own recursion limits (128 in `serde_yaml` and `serde_json`), so a file this
-//! check refuses is one a parser would have refused too, only slower.
+//! what real objects use (Kubernetes and Istio objects nest about 15 levels) and not above
+//! the parsers' own limits (`serde_json`'s recursion limit of 128, the same 100 in
+//! [`crate::yaml`]'s budget), so a file this check refuses is one a parser would have
+//! refused too, maybe slower.
 
 /// The nesting depth [`check`] is used with: deeper text is refused.
 pub const MAX_DEPTH: usize = 100;

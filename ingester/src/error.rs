@@ -66,9 +66,9 @@ pub enum IngestError {
         path: PathBuf,
         /// Index (from 0) of the document that failed.
         document: usize,
-        /// The cause.
+        /// The cause (with the line and column in the file).
         #[source]
-        source: serde_yaml::Error,
+        source: Box<shoal_common::yaml::Error>,
     },
     /// A JSON file is not valid JSON; the whole file is set aside.
     #[error("{} document {document}: not valid JSON: {source}", path.display())]
@@ -118,9 +118,10 @@ pub enum IngestError {
         document: DocRef,
         /// Kind, namespace and name of the object.
         id: ObjectId,
-        /// The cause.
+        /// The cause (from decoding the document's generic value: the expected type and
+        /// the value found, or the missing or unsupported field).
         #[source]
-        source: serde_yaml::Error,
+        source: serde_json::Error,
     },
     /// An object decodes but fails validation.
     #[error("{} document {document}: {id}: {source}", path.display())]

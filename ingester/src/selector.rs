@@ -151,7 +151,7 @@ mod tests {
     use super::*;
 
     fn selectors(yaml: &str) -> Result<DiscoverySelectors, SelectorError> {
-        let list: Vec<LabelSelector> = serde_yaml::from_str(yaml).expect("test yaml");
+        let list: Vec<LabelSelector> = shoal_common::yaml::from_str(yaml).expect("test yaml");
         DiscoverySelectors::new(&list)
     }
 

@@ -121,7 +121,7 @@ pub fn slice(
 // Istio config, written as the spec part of a manifest
 
 fn spec<T: DeserializeOwned>(yaml: &str) -> T {
-    serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("bad fixture spec: {e}\n{yaml}"))
+    shoal_common::yaml::from_str(yaml).unwrap_or_else(|e| panic!("bad fixture spec: {e}\n{yaml}"))
 }
 
 /// A config object from its spec.

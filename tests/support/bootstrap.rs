@@ -252,17 +252,17 @@ fn sds_cluster(socket: &std::path::Path) -> String {
 /// the test process's. The transport sockets shoal generates name their secrets (`default`,
 /// `ROOTCA`) with this cluster as their SDS source, as istiod's do.
 pub fn with_sds(bootstrap_yaml: &str, socket: &std::path::Path) -> String {
-    let mut doc: serde_yaml::Value =
-        serde_yaml::from_str(bootstrap_yaml).expect("the bootstrap is YAML");
+    let mut doc: serde_json::Value =
+        shoal_common::yaml::from_str(bootstrap_yaml).expect("the bootstrap is YAML");
     let clusters = doc["static_resources"]["clusters"]
-        .as_sequence_mut()
+        .as_array_mut()
         .expect("the bootstrap has static clusters");
     clusters.retain(|c| c["name"].as_str() != Some("sds-grpc"));
     // `sds_cluster` is a one-entry list, as it stands in the bootstrap's `clusters`.
-    let cluster: Vec<serde_yaml::Value> =
-        serde_yaml::from_str(&sds_cluster(socket)).expect("sds-grpc cluster YAML");
+    let cluster: Vec<serde_json::Value> =
+        shoal_common::yaml::from_str(&sds_cluster(socket)).expect("sds-grpc cluster YAML");
     clusters.extend(cluster);
-    serde_yaml::to_string(&doc).expect("serializing the bootstrap")
+    shoal_common::yaml::to_string(&doc).expect("serializing the bootstrap")
 }
 
 #[cfg(test)]
@@ -276,8 +276,8 @@ mod tests {
             &bootstrap(&node, 15000, &["127.0.0.1:15010".parse().unwrap()]),
             std::path::Path::new("/run/agent/socket"),
         );
-        let doc: serde_yaml::Value = serde_yaml::from_str(&yaml).unwrap();
-        let clusters = doc["static_resources"]["clusters"].as_sequence().unwrap();
+        let doc: serde_json::Value = shoal_common::yaml::from_str(&yaml).unwrap();
+        let clusters = doc["static_resources"]["clusters"].as_array().unwrap();
         let names: Vec<_> = clusters.iter().filter_map(|c| c["name"].as_str()).collect();
         assert_eq!(names, ["xds-grpc", "sds-grpc"]);
         let endpoint = &clusters[1]["load_assignment"]["endpoints"][0]["lb_endpoints"][0];

@@ -253,7 +253,7 @@ fn find_envoy_binary() -> Result<PathBuf, String> {
 }
 
 fn admin_address(bootstrap_yaml: &str) -> anyhow::Result<(Ipv4Addr, u16)> {
-    let doc: serde_yaml::Value = serde_yaml::from_str(bootstrap_yaml).context("parsing")?;
+    let doc: serde_json::Value = shoal_common::yaml::from_str(bootstrap_yaml).context("parsing")?;
     let address = &doc["admin"]["address"]["socket_address"]["address"];
     let ip = address
         .as_str()
@@ -263,7 +263,7 @@ fn admin_address(bootstrap_yaml: &str) -> anyhow::Result<(Ipv4Addr, u16)> {
 }
 
 fn admin_port(bootstrap_yaml: &str) -> anyhow::Result<u16> {
-    let doc: serde_yaml::Value = serde_yaml::from_str(bootstrap_yaml).context("parsing")?;
+    let doc: serde_json::Value = shoal_common::yaml::from_str(bootstrap_yaml).context("parsing")?;
     let port = &doc["admin"]["address"]["socket_address"]["port_value"];
     port.as_u64()
         .and_then(|p| u16::try_from(p).ok())

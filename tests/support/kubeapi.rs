@@ -436,7 +436,7 @@ impl KubeApiServer {
             "current-context": name,
             "preferences": {},
         });
-        serde_yaml::to_string(&config).expect("a kubeconfig serializes")
+        shoal_common::yaml::to_string(&config).expect("a kubeconfig serializes")
     }
 
     /// A kube-rs client for this server (default namespace `default`). Needs a Tokio runtime.

@@ -415,7 +415,6 @@ pub fn write_manifest(dir: &Path, file: &str, content: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde::Deserialize;
 
     #[tokio::test]
     async fn manifests_are_valid_multi_document_yaml() {
@@ -425,9 +424,9 @@ mod tests {
         for entry in std::fs::read_dir(mesh.dir()).unwrap() {
             let path = entry.unwrap().path();
             let text = std::fs::read_to_string(&path).unwrap();
-            for doc in serde_yaml::Deserializer::from_str(&text) {
-                let v = serde_yaml::Value::deserialize(doc)
-                    .unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()));
+            let docs = shoal_common::yaml::documents(&text)
+                .unwrap_or_else(|e| panic!("{}: {e}\n{text}", path.display()));
+            for v in docs {
                 assert!(
                     v["metadata"]["name"].is_string(),
                     "{}: {v:?}",

@@ -580,13 +580,13 @@ pub fn share_dir(dir: &Path) -> std::io::Result<()> {
 /// [`crate::bootstrap`] put the admin on 127.0.0.1, which the test (in the root namespace)
 /// cannot reach in a pod.
 pub fn admin_on(bootstrap_yaml: &str, ip: Ipv4Addr) -> String {
-    let mut doc: serde_yaml::Value =
-        serde_yaml::from_str(bootstrap_yaml).expect("the bootstrap is YAML");
-    doc["admin"] = serde_yaml::from_str(&format!(
+    let mut doc: serde_json::Value =
+        shoal_common::yaml::from_str(bootstrap_yaml).expect("the bootstrap is YAML");
+    doc["admin"] = shoal_common::yaml::from_str(&format!(
         "address: {{ socket_address: {{ address: {ip}, port_value: {ADMIN_PORT} }} }}"
     ))
     .expect("admin YAML");
-    serde_yaml::to_string(&doc).expect("serializing the bootstrap")
+    shoal_common::yaml::to_string(&doc).expect("serializing the bootstrap")
 }
 
 #[cfg(test)]
@@ -606,8 +606,8 @@ mod tests {
     #[test]
     fn moves_the_admin_to_the_pod_ip() {
         let y = "admin:\n  address:\n    socket_address: { address: 127.0.0.1, port_value: 9 }\nnode: { id: x }\n";
-        let doc: serde_yaml::Value =
-            serde_yaml::from_str(&admin_on(y, Ipv4Addr::new(198, 18, 0, 2))).unwrap();
+        let doc: serde_json::Value =
+            shoal_common::yaml::from_str(&admin_on(y, Ipv4Addr::new(198, 18, 0, 2))).unwrap();
         let a = &doc["admin"]["address"]["socket_address"];
         assert_eq!(a["address"].as_str(), Some("198.18.0.2"));
         assert_eq!(a["port_value"].as_u64(), Some(15000));

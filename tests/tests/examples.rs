@@ -4,7 +4,6 @@
 //! demo itself runs in tests/tests/quickstart_captured.rs.
 #![forbid(unsafe_code)]
 
-use serde::Deserialize;
 use shoal_tests::bootstrap::{bootstrap, bootstrap_with, with_sds, AdsMode, Node};
 use shoal_tests::http::Request;
 use shoal_tests::netns;
@@ -40,9 +39,10 @@ fn bootstraps_match_the_ones_the_tests_use() {
         ("sidecar.yaml", Node::sidecar(), 15001),
     ] {
         let path = examples().join("bootstrap").join(name);
-        let documented: serde_yaml::Value = serde_yaml::from_str(&read(&path)).unwrap();
-        let generated: serde_yaml::Value =
-            serde_yaml::from_str(&istio_agent_socket(&bootstrap(&node, admin, &xds))).unwrap();
+        let documented: serde_json::Value = shoal_common::yaml::from_str(&read(&path)).unwrap();
+        let generated: serde_json::Value =
+            shoal_common::yaml::from_str(&istio_agent_socket(&bootstrap(&node, admin, &xds)))
+                .unwrap();
         assert_eq!(
             documented,
             generated,
@@ -68,15 +68,10 @@ fn captured_pods() -> Vec<CapturedPod> {
             name: d["metadata"]["name"].as_str().expect("pod name").into(),
             ip: d["status"]["podIP"].as_str().expect("podIP").into(),
             labels: d["metadata"]["labels"]
-                .as_mapping()
+                .as_object()
                 .expect("pod labels")
                 .iter()
-                .map(|(k, v)| {
-                    (
-                        k.as_str().expect("label").into(),
-                        v.as_str().expect("label value").into(),
-                    )
-                })
+                .map(|(k, v)| (k.clone(), v.as_str().expect("label value").into()))
                 .collect(),
         })
         .collect();
@@ -161,9 +156,9 @@ fn captured_sidecar_bootstrap_matches_the_one_the_tests_use() {
             )),
             pod.ip.parse().unwrap(),
         );
-        let generated: serde_yaml::Value = serde_yaml::from_str(&generated).unwrap();
-        let documented: serde_yaml::Value =
-            serde_yaml::from_str(&render_captured(&pod, xds)).unwrap();
+        let generated: serde_json::Value = shoal_common::yaml::from_str(&generated).unwrap();
+        let documented: serde_json::Value =
+            shoal_common::yaml::from_str(&render_captured(&pod, xds)).unwrap();
         assert_eq!(
             documented, generated,
             "captured-sidecar.yaml rendered for {} differs from support/bootstrap.rs",
@@ -205,7 +200,7 @@ fn captured_manifests_parse() {
 }
 
 /// Every document of every manifest in `dir`, as YAML values.
-fn manifests(dir: &Path) -> Vec<(PathBuf, serde_yaml::Value)> {
+fn manifests(dir: &Path) -> Vec<(PathBuf, serde_json::Value)> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -215,11 +210,9 @@ fn manifests(dir: &Path) -> Vec<(PathBuf, serde_yaml::Value)> {
     let mut docs = Vec::new();
     for path in files {
         let text = read(&path);
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v = serde_yaml::Value::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            docs.push((path.clone(), v));
-        }
+        let values = shoal_common::yaml::documents(&text)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        docs.extend(values.into_iter().map(|v| (path.clone(), v)));
     }
     docs
 }

@@ -81,7 +81,7 @@ fn every_row_of_the_compatibility_doc_holds() {
     );
     let mut failures = Vec::new();
     for row in &rows {
-        let value: serde_json::Value = match serde_yaml::from_str(&row.example) {
+        let value: serde_json::Value = match shoal_common::yaml::from_str(&row.example) {
             Ok(v) => v,
             Err(e) => {
                 failures.push(format!(

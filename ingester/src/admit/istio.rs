@@ -225,7 +225,7 @@ mod tests {
     use super::*;
 
     fn spec(kind: ConfigKind, yaml: &str) -> ConfigSpec {
-        let v: serde_yaml::Value = serde_yaml::from_str(yaml).expect("test yaml");
+        let v: serde_json::Value = shoal_common::yaml::from_str(yaml).expect("test yaml");
         config_spec(kind, v).expect("spec decodes")
     }
 
@@ -297,7 +297,7 @@ mod tests {
 
     #[test]
     fn unmodelled_fields_are_rejected_by_name() {
-        let v: serde_yaml::Value = serde_yaml::from_str(
+        let v: serde_json::Value = shoal_common::yaml::from_str(
             "hosts: [a]\nhttp:\n- route: [{destination: {host: a}}]\n  match: [{uri: {prefix: /}, sourceIp: 1.2.3.4}]\n  tcpRetries: 1\n",
         )
         .unwrap();

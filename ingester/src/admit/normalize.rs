@@ -375,7 +375,7 @@ mod tests {
     use super::*;
 
     fn yaml<T: serde::de::DeserializeOwned>(s: &str) -> T {
-        serde_yaml::from_str(s).expect("test manifest parses")
+        shoal_common::yaml::from_str(s).expect("test manifest parses")
     }
 
     fn svc(ports: &str) -> KubeService {

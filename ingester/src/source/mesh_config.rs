@@ -37,9 +37,9 @@ pub enum MeshConfigError {
     Yaml {
         /// The file.
         path: PathBuf,
-        /// The cause.
+        /// The cause (boxed, as it is large).
         #[source]
-        source: serde_yaml::Error,
+        source: Box<shoal_common::yaml::Error>,
     },
     /// The file nests deeper than MeshConfig does (checked before parsing: see
     /// `shoal_common::yaml_depth`).
@@ -78,9 +78,9 @@ pub fn parse(path: &Path, text: &str) -> Result<DiscoverySelectors, MeshConfigEr
         source,
     })?;
     let config: Option<MeshConfig> =
-        serde_yaml::from_str(text).map_err(|source| MeshConfigError::Yaml {
+        shoal_common::yaml::from_str(text).map_err(|source| MeshConfigError::Yaml {
             path: path.to_path_buf(),
-            source,
+            source: Box::new(source),
         })?;
     let selectors = config
         .unwrap_or_default()

@@ -283,7 +283,7 @@ mod tests {
     use super::*;
 
     fn m(yaml: &str) -> HttpMatchRequest {
-        serde_yaml::from_str(yaml).expect("test yaml")
+        shoal_common::yaml::from_str(yaml).expect("test yaml")
     }
 
     #[test]

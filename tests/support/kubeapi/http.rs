@@ -94,7 +94,9 @@ impl ApiRequest {
             ));
         }
         let parsed = if media.contains("yaml") {
-            serde_yaml::from_slice(&self.body).map_err(|e| e.to_string())
+            std::str::from_utf8(&self.body)
+                .map_err(|e| e.to_string())
+                .and_then(|text| shoal_common::yaml::from_str(text).map_err(|e| e.to_string()))
         } else {
             serde_json::from_slice(&self.body).map_err(|e| e.to_string())
         };

@@ -1114,7 +1114,9 @@ impl Store {
         let existing = self.stored(res, &key).map(|e| present(e, res, version));
         let patched = match kind {
             PatchKind::Apply => {
-                let applied: Value = serde_yaml::from_slice(body)
+                let applied: Value = std::str::from_utf8(body)
+                    .map_err(|e| e.to_string())
+                    .and_then(|text| shoal_common::yaml::from_str(text).map_err(|e| e.to_string()))
                     .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
                 if !applied.is_object() {
                     return Err(ApiError::bad_request("an apply patch must be an object"));

@@ -388,7 +388,7 @@ mod tests {
     use shoal_common::model::{ConfigKind, ConfigSpec};
 
     fn spec(yaml: &str) -> Result<ConfigSpec, String> {
-        let v: serde_yaml::Value = serde_yaml::from_str(yaml).expect("test yaml");
+        let v: serde_json::Value = shoal_common::yaml::from_str(yaml).expect("test yaml");
         config_spec(ConfigKind::DestinationRule, v).map_err(|e| e.to_string())
     }
 

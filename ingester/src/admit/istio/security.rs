@@ -273,7 +273,7 @@ mod tests {
     use shoal_common::model::{ConfigKind, ConfigSpec, MtlsMode};
 
     fn spec(kind: ConfigKind, yaml: &str) -> Result<ConfigSpec, String> {
-        let value: serde_json::Value = serde_yaml::from_str(yaml).expect("yaml");
+        let value: serde_json::Value = shoal_common::yaml::from_str(yaml).expect("yaml");
         let spec = config_spec(kind, value).map_err(|e| e.to_string())?;
         validate(&spec).map_err(|e| e.to_string())?;
         Ok(spec)

@@ -390,12 +390,12 @@ mod tests {
     use super::*;
 
     fn reason(yaml: &str) -> String {
-        let vs: VirtualService = serde_yaml::from_str(yaml).expect("test yaml");
+        let vs: VirtualService = shoal_common::yaml::from_str(yaml).expect("test yaml");
         validate(&vs).expect_err("should be invalid").to_string()
     }
 
     fn ok(yaml: &str) {
-        let vs: VirtualService = serde_yaml::from_str(yaml).expect("test yaml");
+        let vs: VirtualService = shoal_common::yaml::from_str(yaml).expect("test yaml");
         validate(&vs).unwrap_or_else(|e| panic!("{yaml}: {e}"));
     }
 

@@ -1,10 +1,11 @@
 //! Parsing manifest files: YAML (multi-document) and JSON, one object per document or per
 //! item of a `kind: List`.
 //!
-//! Parsing is in two steps on purpose. First every document is read as a generic YAML
-//! value: if that fails the file is not valid YAML (a half-written file, typically) and the
-//! whole file is set aside. Then each document is decoded into its kind's type: a failure
-//! there concerns that document only, and the caller keeps the object's last good version.
+//! Parsing is in two steps on purpose. First every document is read as a generic value
+//! (JSON's, as Kubernetes converts YAML to JSON before decoding it): if that fails the file
+//! is not valid YAML (a half-written file, typically) and the whole file is set aside. Then
+//! each document is decoded into its kind's type: a failure there concerns that document
+//! only, and the caller keeps the object's last good version.
 
 use crate::admit::istio;
 use crate::admit::normalize::{self, DEFAULT_NAMESPACE};
@@ -14,9 +15,9 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta as KubeMeta;
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_json::Value;
 use shoal_common::model::{ConfigKind, ConfigObject};
-use shoal_common::yaml_depth;
+use shoal_common::{yaml, yaml_depth};
 use std::path::Path;
 use tracing::debug;
 
@@ -110,38 +111,23 @@ pub fn check_depth(path: &Path, text: &str) -> Result<(), IngestError> {
     })
 }
 
+/// Every document, empty ones as null (so indices count them); `<<:` merge keys are
+/// resolved, so anchors used as templates work as in kubectl.
 fn yaml_documents(path: &Path, text: &str) -> Result<Vec<Value>, IngestError> {
-    serde_yaml::Deserializer::from_str(text)
-        .enumerate()
-        .map(|(document, de)| {
-            let mut value = Value::deserialize(de).map_err(|source| IngestError::Yaml {
-                path: path.to_path_buf(),
-                document,
-                source,
-            })?;
-            // Resolve `<<:` merge keys, so anchors used as templates work as in kubectl.
-            value.apply_merge().map_err(|source| IngestError::Yaml {
-                path: path.to_path_buf(),
-                document,
-                source,
-            })?;
-            Ok(value)
-        })
-        .collect()
+    yaml::documents(text).map_err(|e| IngestError::Yaml {
+        path: path.to_path_buf(),
+        document: e.document,
+        source: e.source,
+    })
 }
 
 /// JSON files hold one value or several concatenated values.
 fn json_documents(path: &Path, text: &str) -> Result<Vec<Value>, IngestError> {
     serde_json::Deserializer::from_str(text)
-        .into_iter::<serde_json::Value>()
+        .into_iter::<Value>()
         .enumerate()
         .map(|(document, v)| {
-            let v = v.map_err(|source| IngestError::Json {
-                path: path.to_path_buf(),
-                document,
-                source,
-            })?;
-            serde_yaml::to_value(v).map_err(|source| IngestError::Yaml {
+            v.map_err(|source| IngestError::Json {
                 path: path.to_path_buf(),
                 document,
                 source,
@@ -217,7 +203,7 @@ fn parse_document(path: &Path, value: Value, doc: DocRef, out: &mut ParsedFile) 
         debug!(%file, document = %doc, "ignoring empty document");
         return;
     }
-    if !value.is_mapping() {
+    if !value.is_object() {
         return fail(out, None, not_object("document is not a mapping"));
     }
     let Some(kind) = str_field(&value, "kind") else {
@@ -234,7 +220,7 @@ fn parse_document(path: &Path, value: Value, doc: DocRef, out: &mut ParsedFile) 
         }
         let items = match value.get("items") {
             None | Some(Value::Null) => return,
-            Some(Value::Sequence(items)) => items.clone(),
+            Some(Value::Array(items)) => items.clone(),
             Some(_) => return fail(out, None, not_object("List `items` is not a sequence")),
         };
         for (i, item) in items.into_iter().enumerate() {
@@ -326,7 +312,7 @@ fn object_id(value: &Value, kind: ObjectKind) -> Option<ObjectId> {
 }
 
 enum Rejected {
-    Decode(serde_yaml::Error),
+    Decode(serde_json::Error),
     Invalid(crate::error::InvalidObject),
 }
 
@@ -341,7 +327,7 @@ struct IstioDocument {
 
 fn decode(kind: ObjectKind, id: &ObjectId, value: Value) -> Result<ManifestObject, Rejected> {
     fn from<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, Rejected> {
-        serde_yaml::from_value(value).map_err(Rejected::Decode)
+        serde_json::from_value(value).map_err(Rejected::Decode)
     }
     // Record the defaulted namespace in the object itself, so later stages agree with `id`.
     let namespaced = |meta: &mut KubeMeta| meta.namespace = Some(id.namespace.clone());
@@ -375,7 +361,7 @@ fn decode(kind: ObjectKind, id: &ObjectId, value: Value) -> Result<ManifestObjec
             namespaced(&mut doc.metadata);
             // A missing or null spec is an empty spec (validation then says what is missing).
             let spec = match doc.spec {
-                Value::Null => Value::Mapping(Default::default()),
+                Value::Null => Value::Object(Default::default()),
                 spec => spec,
             };
             let spec = istio::config_spec(config_kind, spec).map_err(Rejected::Decode)?;
@@ -653,6 +639,55 @@ endpoints: []
             matches!(err, IngestError::Yaml { document: 1, .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn syntax_errors_name_file_document_and_line() {
+        let text =
+            "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n---\nkind: [unclosed\n";
+        let err = parse_file(&test_path("broken.yaml"), text).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("/manifests/broken.yaml document 2: not valid YAML: "),
+            "{msg}"
+        );
+        assert!(msg.contains("line 6"), "{msg}");
+        let dup = "apiVersion: v1\nkind: Service\nmetadata: {name: a, name: b}\n";
+        let msg = parse_file(&test_path("dup.yaml"), dup)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("document 0") && msg.contains("duplicate"),
+            "{msg}"
+        );
+    }
+
+    /// Spellings YAML 1.1 reads as booleans or octal numbers are strings (YAML 1.2, as
+    /// shoal read them before): a string field takes them, a typed field refuses them by
+    /// document; a non-finite float elsewhere does not fail the file.
+    #[test]
+    fn ambiguous_scalars_are_strings() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata:\n  name: a\n  \
+                    labels: {enabled: yes, mode: on, version: 0755}\n\
+                    ---\napiVersion: v1\nkind: Service\nmetadata: {name: b}\n\
+                    spec: {ports: [{port: 0755}]}\n\
+                    ---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: c}\n\
+                    spec: {x: .nan}\n";
+        let f = parse("ambiguous.yaml", text);
+        let ManifestObject::Service(svc) = &f.objects[0].object else {
+            panic!("not a service: {:?}", f.objects)
+        };
+        let labels = svc.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels["enabled"], "yes");
+        assert_eq!(labels["mode"], "on");
+        assert_eq!(labels["version"], "0755");
+        assert_eq!(f.errors.len(), 1, "{:?}", f.errors);
+        let msg = f.errors[0].error.to_string();
+        assert!(
+            msg.starts_with("/manifests/ambiguous.yaml document 1: Service default/b: "),
+            "{msg}"
+        );
+        assert!(msg.contains("\"0755\""), "{msg}");
     }
 
     #[test]

@@ -254,7 +254,7 @@ mod tests {
     use crate::source::file::store;
 
     fn yaml<T: serde::de::DeserializeOwned>(s: &str) -> T {
-        serde_yaml::from_str(s).expect("test manifest parses")
+        shoal_common::yaml::from_str(s).expect("test manifest parses")
     }
 
     const SERVICE: &str = r#"
@@ -449,7 +449,7 @@ spec: {host: reviews, subsets: [{name: v1, labels: {version: v1}}]}
         assert_eq!(dr.meta.namespace, "bookinfo");
         assert!(dr.meta.annotations.is_empty());
         // The same document through the file source gives the same object.
-        let text = serde_yaml::to_string(&obj).unwrap();
+        let text = shoal_common::yaml::to_string(&obj).unwrap();
         let parsed = parse_file(&test_path("dr.yaml"), &text).unwrap();
         let ManifestObject::Config(from_file) = &parsed.objects[0].object else {
             panic!("not config: {parsed:?}")

@@ -534,6 +534,32 @@ mod tests {
         assert!(error.contains("east"), "{error}");
     }
 
+    /// kube parses kubeconfigs with serde-saphyr, whose errors render the input around
+    /// the error after their first line: syntax, type and duplicate-key errors alike keep
+    /// only a line and column.
+    #[tokio::test]
+    async fn kubeconfig_parse_errors_of_every_kind_never_carry_its_values() {
+        let head = "apiVersion: v1\nkind: Config\nclusters: []\nusers:\n- name: u\n";
+        for user in [
+            "  user: {token: [secret-token]}\n",
+            "  user: {token: secret-token, token: secret-token}\n",
+            "  user: {token: \"secret-token\"\n",
+            "  user: {token: secret-token}\n  secret-token\n",
+            "  user: {token: !!binary secret-token}\n",
+        ] {
+            let error = client_from_kubeconfig("east", format!("{head}{user}").as_bytes(), "ua")
+                .await
+                .err()
+                .expect("an invalid kubeconfig")
+                .to_string();
+            assert!(!error.contains("secret-token"), "{user}: {error}");
+            assert!(
+                error.contains("east") && error.contains("line "),
+                "{user}: {error}"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn a_deeply_nested_kubeconfig_is_refused_before_parsing() {
         let kubeconfig = format!("apiVersion: v1\nclusters: {}\n", "[".repeat(100_000));

@@ -520,7 +520,7 @@ mod tests {
     }
 
     fn service(ns: &str) -> Box<Service> {
-        let svc: Service = serde_yaml::from_str(&format!(
+        let svc: Service = shoal_common::yaml::from_str(&format!(
             "metadata: {{name: web, namespace: {ns}}}\nspec: {{ports: [{{name: http, port: 80}}]}}"
         ))
         .unwrap();

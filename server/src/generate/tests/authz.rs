@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 fn policy(ns: &str, name: &str, yaml: &str) -> Arc<Config<AuthorizationPolicy>> {
     let spec: AuthorizationPolicy =
-        serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("bad policy: {e}\n{yaml}"));
+        shoal_common::yaml::from_str(yaml).unwrap_or_else(|e| panic!("bad policy: {e}\n{yaml}"));
     Arc::new(Config {
         meta: ObjectMeta {
             name: name.into(),

@@ -15,6 +15,7 @@ pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod ownership;
+pub mod process;
 pub mod secret;
 pub mod synced;
 pub mod time;

@@ -403,7 +403,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
             readiness.synced(FILE_READINESS);
             tokio::select! {
                 result = source.run() => result?,
-                signal = shutdown_signal() => info!(%signal, "shutting down"),
+                signal = shoal_common::process::shutdown_signal() => info!(%signal, "shutting down"),
             }
         }
         SourceSpec::Kube => {
@@ -471,7 +471,7 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
             tokio::spawn(admin::serve(listener, debug, admin_state));
             let result = tokio::select! {
                 result = source.run(client) => result.map_err(anyhow::Error::from),
-                signal = shutdown_signal() => {
+                signal = shoal_common::process::shutdown_signal() => {
                     info!(%signal, "shutting down");
                     Ok(())
                 }
@@ -488,30 +488,6 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Resolves on SIGTERM (how Kubernetes stops a pod) or ctrl-c, naming the signal.
-async fn shutdown_signal() -> &'static str {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = tokio::signal::ctrl_c() => "SIGINT",
-            },
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; only ctrl-c stops the ingester");
-                let _ = tokio::signal::ctrl_c().await;
-                "SIGINT"
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-        "ctrl-c"
-    }
 }
 
 #[cfg(test)]

@@ -10,14 +10,7 @@ async fn main() -> ExitCode {
     match shoal_ingester::run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            // Error messages here embed their cause already; print each cause only once.
-            let mut message = error.to_string();
-            for cause in error.chain().skip(1) {
-                let cause = cause.to_string();
-                if !message.contains(&cause) {
-                    message = format!("{message}: {cause}");
-                }
-            }
+            let message = shoal_common::process::error_message(error.as_ref());
             eprintln!("shoal-ingester: {message}");
             ExitCode::FAILURE
         }

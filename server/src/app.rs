@@ -513,15 +513,13 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             .collect(),
         timeout: (!sync_timeout.is_zero()).then_some(sync_timeout),
     };
-    tokio::spawn(pipeline::run_gated(
-        bus,
+    let config = pipeline::PipelineConfig {
         debounce,
-        metrics.push.clone(),
-        mesh_rx,
+        mesh: mesh_rx,
         gate,
         credential_keys,
-        tx,
-    ));
+    };
+    tokio::spawn(pipeline::run(bus, config, metrics.push.clone(), tx));
 
     let (drain_tx, drain_rx) = watch::channel(false);
     let cache = GeneratorCache::new(
@@ -597,7 +595,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         )));
     }
     tracing::info!(admin = %args.admin_addr, "serving");
-    shutdown_signal().await;
+    let signal = shoal_common::process::shutdown_signal().await;
+    tracing::info!(%signal, "shutdown signal received");
     // Not ready from now on, so load balancers stop sending new proxies here, then close
     // existing connections gradually.
     let _ = drain_tx.send(true);
@@ -719,27 +718,6 @@ async fn standalone_bus(
     _credential_keys: Option<Arc<CredentialKeys>>,
 ) -> anyhow::Result<Arc<dyn StateBus>> {
     anyhow::bail!("this build has no standalone mode (built without the `standalone` feature)")
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return ctrl_c.await.unwrap_or_default(),
-            };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
-    tracing::info!("shutdown signal received");
 }
 
 /// Pending connections the xDS listener queues: a fleet reconnecting at once (a replica

@@ -12,14 +12,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() {
     let args = shoal_server::app::ServerArgs::parse();
     if let Err(error) = shoal_server::app::run(args).await {
-        // Error messages often embed their cause already; print each cause only once.
-        let mut message = error.to_string();
-        for cause in error.chain().skip(1) {
-            let cause = cause.to_string();
-            if !message.contains(&cause) {
-                message = format!("{message}: {cause}");
-            }
-        }
+        let message = shoal_common::process::error_message(error.as_ref());
         eprintln!("shoal-server: {message}");
         std::process::exit(1);
     }

@@ -242,37 +242,6 @@ async fn feed_bucket(bus: Arc<dyn StateBus>, bucket: Bucket, tx: mpsc::Sender<Fe
     }
 }
 
-/// Runs the pipeline with Istio's default mesh settings.
-pub async fn run(
-    bus: Arc<dyn StateBus>,
-    debounce: Debounce,
-    metrics: PushMetrics,
-    out: watch::Sender<Option<Published>>,
-) {
-    let (_keep, mesh) = watch::channel(Arc::new(MeshSettings::default()));
-    run_with_mesh(bus, debounce, metrics, mesh, out).await
-}
-
-/// Runs the pipeline with no expected fleets (see [`run_gated`]).
-pub async fn run_with_mesh(
-    bus: Arc<dyn StateBus>,
-    debounce: Debounce,
-    metrics: PushMetrics,
-    mesh: watch::Receiver<Arc<MeshSettings>>,
-    out: watch::Sender<Option<Published>>,
-) {
-    run_gated(
-        bus,
-        debounce,
-        metrics,
-        mesh,
-        FleetGate::default(),
-        None,
-        out,
-    )
-    .await
-}
-
 /// Which ingester fleets must have published their clusters before the first snapshot
 /// (`--expect-fleets`), and how long to wait for them at most (`--sync-timeout`, like
 /// Istio's `PILOT_REMOTE_CLUSTER_TIMEOUT`).
@@ -307,19 +276,34 @@ async fn follow_connection(bus: Arc<dyn StateBus>, metrics: PushMetrics) {
     }
 }
 
+/// What the pipeline runs with, each default stated where the flags are (`app.rs`).
+pub struct PipelineConfig {
+    /// Debounce windows.
+    pub debounce: Debounce,
+    /// The mesh settings (`--mesh-config`), followed for changes.
+    pub mesh: watch::Receiver<Arc<MeshSettings>>,
+    /// Fleets to wait for before the first snapshot.
+    pub gate: FleetGate,
+    /// Opens sealed gateway credentials (`--credential-key-file`).
+    pub credential_keys: Option<Arc<CredentialKeys>>,
+}
+
 /// Runs the pipeline: publishes the first snapshot once every bucket's initial state is
 /// loaded and every expected fleet has synced (or the gate's timeout passed), then a new
 /// one after each debounced batch of changes. A change of the mesh settings is a full
 /// change.
-pub async fn run_gated(
+pub async fn run(
     bus: Arc<dyn StateBus>,
-    debounce: Debounce,
+    config: PipelineConfig,
     metrics: PushMetrics,
-    mut mesh: watch::Receiver<Arc<MeshSettings>>,
-    gate: FleetGate,
-    credential_keys: Option<Arc<CredentialKeys>>,
     out: watch::Sender<Option<Published>>,
 ) {
+    let PipelineConfig {
+        debounce,
+        mut mesh,
+        gate,
+        credential_keys,
+    } = config;
     let (tx, mut rx) = mpsc::channel(1024);
     for bucket in WATCHED {
         tokio::spawn(feed_bucket(bus.clone(), bucket, tx.clone()));

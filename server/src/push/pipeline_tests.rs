@@ -67,15 +67,35 @@ async fn write(bus: &dyn StateBus, bucket: Bucket, entry: Entry) {
         .expect("memory bus put");
 }
 
-fn start(bus: Arc<dyn StateBus>, debounce: Debounce) -> watch::Receiver<Option<Published>> {
+/// Runs the pipeline on `bus` with Istio's default mesh settings and no expected fleets.
+fn run(
+    bus: Arc<dyn StateBus>,
+    debounce: Debounce,
+    gate: pipeline::FleetGate,
+    metrics: PushMetrics,
+) -> watch::Receiver<Option<Published>> {
     let (tx, rx) = watch::channel(None);
-    tokio::spawn(pipeline::run(
+    let (keep, mesh) = watch::channel(Arc::new(crate::index::mesh_config::MeshSettings::default()));
+    let config = pipeline::PipelineConfig {
+        debounce,
+        mesh,
+        gate,
+        credential_keys: None,
+    };
+    tokio::spawn(async move {
+        let _keep = keep;
+        pipeline::run(bus, config, metrics, tx).await
+    });
+    rx
+}
+
+fn start(bus: Arc<dyn StateBus>, debounce: Debounce) -> watch::Receiver<Option<Published>> {
+    run(
         bus,
         debounce,
+        pipeline::FleetGate::default(),
         PushMetrics::register(&prometheus::Registry::new()),
-        tx,
-    ));
-    rx
+    )
 }
 
 /// Waits for the next snapshot.
@@ -370,8 +390,12 @@ async fn live_writes_of_a_deposed_leader_are_refused() {
     write(&*bus, Bucket::Meta, lease(1)).await;
     let registry = prometheus::Registry::new();
     let metrics = PushMetrics::register(&registry);
-    let (tx, mut rx) = watch::channel(None);
-    tokio::spawn(pipeline::run(bus.clone(), DEBOUNCE, metrics.clone(), tx));
+    let mut rx = run(
+        bus.clone(),
+        DEBOUNCE,
+        pipeline::FleetGate::default(),
+        metrics.clone(),
+    );
     let s1 = next(&mut rx).await.snapshot;
 
     // A new leader took the lease: the old one's writes (epoch 1) are refused.
@@ -405,18 +429,11 @@ fn gated(
     timeout: Option<Duration>,
     metrics: PushMetrics,
 ) -> watch::Receiver<Option<Published>> {
-    let (tx, rx) = watch::channel(None);
-    let (_keep, mesh) =
-        watch::channel(Arc::new(crate::index::mesh_config::MeshSettings::default()));
     let gate = pipeline::FleetGate {
         expect: expect.iter().map(|f| f.to_string()).collect(),
         timeout,
     };
-    tokio::spawn(async move {
-        let _keep = _keep;
-        pipeline::run_gated(bus, DEBOUNCE, metrics, mesh, gate, None, tx).await
-    });
-    rx
+    run(bus, DEBOUNCE, gate, metrics)
 }
 
 async fn mark_synced(bus: &dyn StateBus, fleet: &str) {

@@ -6,13 +6,14 @@
 //! changed. CDS and LDS are wildcard subscriptions; EDS and RDS follow
 //! `resource_names_subscribe` / `resource_names_unsubscribe`.
 
-use super::ads::StreamHandler;
 use super::limits::MAX_NAMES_PER_SUBSCRIPTION;
 use super::session::Session;
 use super::sotw::too_many_names;
+use super::stream::StreamHandler;
+use super::subscription::Subscription;
 use super::wire::{Encoded, Responses};
 use crate::generate::Snapshot;
-use crate::push::view::{Held, NameSet, Names, NamesChange};
+use crate::push::view::{Held, NameSet, NamesChange};
 use shoal_proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
@@ -20,22 +21,6 @@ use shoal_proto::XdsType;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tonic::Status;
-
-/// One type's subscription on a delta stream.
-#[derive(Debug, Default)]
-struct Subscription {
-    /// Subscribed to everything (CDS and LDS always are).
-    wildcard: bool,
-    /// Explicitly subscribed names (shared with the view's other streams that subscribed
-    /// to the same names).
-    names: Names,
-    /// What the proxy holds (seeded from `initial_resource_versions`).
-    held: Held,
-    /// Nonce of the last response.
-    sent_nonce: Option<String>,
-    /// How `names` were made from the previous ones, until the next response.
-    change: Option<NamesChange>,
-}
 
 pub(crate) struct DeltaStream {
     session: Session,

@@ -4,7 +4,6 @@
 //! as a real stream. Every stream either keeps serving or ends with a clear status, never
 //! panics, and keeps a bounded amount of state whatever it is sent.
 
-use super::ads::{drive, DriveContext, StreamHandler};
 use super::delta::DeltaStream;
 use super::limits::{
     SharedWarnLimiter, MAX_NACK_DETAIL_BYTES, MAX_NAMES_PER_SUBSCRIPTION, MAX_VERSION_BYTES,
@@ -12,6 +11,7 @@ use super::limits::{
 use super::registry::{ConnectionStatus, Registry};
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
+use super::stream::{drive, DriveContext, StreamHandler};
 use super::wire::Outgoing;
 use crate::generate::cache::GeneratorCache;
 use crate::generate::metrics::CacheMetrics;

@@ -11,6 +11,8 @@ pub mod metrics;
 pub mod registry;
 mod session;
 mod sotw;
+mod stream;
+mod subscription;
 #[cfg(test)]
 mod subscription_cost_tests;
 #[cfg(test)]

@@ -28,13 +28,19 @@ pub enum Mode {
     Delta,
 }
 
+/// What a stream knows once its proxy is identified: both or neither.
+struct Identified {
+    proxy: Proxy,
+    /// The view of the proxy's key, shared with every stream of the same key.
+    view: Arc<View>,
+}
+
 /// One ADS stream's shared state.
 pub(crate) struct Session {
     pub id: String,
     pub mode: Mode,
-    proxy: Option<Proxy>,
-    /// The view of the proxy's key, shared with every stream of the same key.
-    view: Option<Arc<View>>,
+    /// The proxy and its view, once the first request named the node.
+    identified: Option<Identified>,
     pub registry: Registry,
     pub metrics: XdsMetrics,
     views: Views,
@@ -64,8 +70,7 @@ impl Session {
         Session {
             id,
             mode,
-            proxy: None,
-            view: None,
+            identified: None,
             registry,
             metrics,
             views,
@@ -80,12 +85,12 @@ impl Session {
 
     /// Whether the first request (with the node) has been seen.
     pub fn identified(&self) -> bool {
-        self.proxy.is_some()
+        self.identified.is_some()
     }
 
     /// Identifies the proxy from the first request's node; later calls are no-ops.
     pub fn identify(&mut self, node: Option<&Node>) -> Result<(), Status> {
-        if self.proxy.is_some() {
+        if self.identified.is_some() {
             return Ok(());
         }
         let mut proxy =
@@ -108,8 +113,8 @@ impl Session {
             .connections
             .with_label_values(&[proxy.kind.label()])
             .inc();
-        self.view = Some(self.views.view_for(&proxy));
-        self.proxy = Some(proxy);
+        let view = self.views.view_for(&proxy);
+        self.identified = Some(Identified { proxy, view });
         Ok(())
     }
 
@@ -117,7 +122,7 @@ impl Session {
     /// proxy may not have are counted and logged when an output is made for them
     /// ([`Session::output`]), not here.
     pub fn intern(&self, ty: XdsType, names: NameSet) -> Names {
-        match &self.view {
+        match self.identified.as_ref().map(|i| &i.view) {
             Some(view) => view.intern(ty, names),
             None => Arc::new(names),
         }
@@ -128,7 +133,9 @@ impl Session {
     /// reason changes. A name that merely names nothing (`not_found`: the Secret may not
     /// exist yet) is not a refusal. Logs name the caller and the Secret, never key material.
     fn note_secret_denials(&mut self, names: &Names, snap: &Snapshot) {
-        let Some(proxy) = &self.proxy else { return };
+        let Some(Identified { proxy, .. }) = &self.identified else {
+            return;
+        };
         let mut denied = BTreeMap::new();
         for name in names.iter() {
             match sds::authorize(name, proxy, snap) {
@@ -195,7 +202,7 @@ impl Session {
         if ty == XdsType::Secret {
             self.note_secret_denials(names, snap);
         }
-        let (Some(proxy), Some(view)) = (&self.proxy, &self.view) else {
+        let Some(Identified { proxy, view }) = &self.identified else {
             return Arc::default();
         };
         if ty == XdsType::Secret && self.caller.is_none() {
@@ -227,7 +234,7 @@ impl Session {
 
     /// What `out` changes for a proxy holding `held` (shared between the streams of a view).
     pub fn diff(&self, ty: XdsType, names: &Names, held: &Held, out: &Arc<Output>) -> Arc<Diff> {
-        match &self.view {
+        match self.identified.as_ref().map(|i| &i.view) {
             Some(view) => view.diff(ty, names, held, out),
             None => Arc::new(Diff::between(held, out)),
         }
@@ -259,7 +266,7 @@ impl Session {
         last: u64,
     ) -> std::collections::BTreeSet<XdsType> {
         let snap = &published.snapshot;
-        let (Some(proxy), Some(view)) = (&self.proxy, &self.view) else {
+        let Some(Identified { proxy, view }) = &self.identified else {
             return Default::default();
         };
         if snap.number != last + 1 {
@@ -338,7 +345,7 @@ impl Session {
 impl Drop for Session {
     /// Unregisters the stream, however it ended.
     fn drop(&mut self) {
-        if let Some(p) = &self.proxy {
+        if let Some(Identified { proxy: p, .. }) = &self.identified {
             self.metrics
                 .connections
                 .with_label_values(&[p.kind.label()])

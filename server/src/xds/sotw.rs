@@ -6,34 +6,22 @@
 //! requested names changed. A push sends a type only if its content changed; EDS responses
 //! on a push carry only the assignments that changed (non-root types may be partial).
 
-use super::ads::StreamHandler;
 use super::limits::MAX_NAMES_PER_SUBSCRIPTION;
 use super::session::Session;
+use super::stream::StreamHandler;
+use super::subscription::Subscription;
 use super::wire::{Encoded, Responses};
 use crate::generate::{Resource, Snapshot};
-use crate::push::view::{Held, NameSet, Names};
+use crate::push::view::{Held, NameSet};
 use shoal_proto::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use shoal_proto::XdsType;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tonic::Status;
 
-/// What one stream has asked for and been sent, per type.
-#[derive(Debug, Default)]
-struct Watched {
-    /// Requested names (empty on a wildcard type = all), shared with the view's other
-    /// streams that requested the same names.
-    names: Names,
-    /// Version and nonce of the last response.
-    sent_version: Option<String>,
-    sent_nonce: Option<String>,
-    /// What was last sent (for partial EDS pushes).
-    sent: Held,
-}
-
 pub(crate) struct SotwStream {
     session: Session,
-    watched: BTreeMap<XdsType, Watched>,
+    subs: BTreeMap<XdsType, Subscription>,
     nonce: u64,
     tx: Responses,
 }
@@ -42,7 +30,7 @@ impl SotwStream {
     pub fn new(session: Session, tx: Responses) -> Self {
         SotwStream {
             session,
-            watched: BTreeMap::new(),
+            subs: BTreeMap::new(),
             nonce: 0,
             tx,
         }
@@ -58,13 +46,13 @@ impl SotwStream {
         force: bool,
         observed_at_ms: Option<u64>,
     ) -> Result<(), Status> {
-        let Some(w) = self.watched.get(&ty) else {
+        let Some(w) = self.subs.get(&ty) else {
             return Ok(());
         };
         let names = w.names.clone();
         let output = self.session.output(ty, snap, &names).await;
         let version = output.version();
-        let Some(w) = self.watched.get_mut(&ty) else {
+        let Some(w) = self.subs.get_mut(&ty) else {
             return Ok(());
         };
         if !force && w.sent_version.as_deref() == Some(version) {
@@ -78,12 +66,12 @@ impl SotwStream {
         let total = output.len();
         let partial;
         let (to_send, entries): (&[Arc<Resource>], _) = if !force && ty == XdsType::Endpoint {
-            partial = self.session.diff(ty, &names, &w.sent, &output);
+            partial = self.session.diff(ty, &names, &w.held, &output);
             (&partial.changed, partial.gathered.sotw(&partial.changed))
         } else {
             (output.resources(), output.gathered.sotw(output.resources()))
         };
-        w.sent = Held::Shared(output.clone());
+        w.held = Held::Shared(output.clone());
         self.nonce += 1;
         let nonce = format!("{}-{}", snap.number, self.nonce);
         w.sent_version = Some(version.to_string());
@@ -129,7 +117,7 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
             return Err(too_many_names(ty, req.resource_names.len()));
         }
         let names: NameSet = req.resource_names.iter().cloned().collect();
-        let w = self.watched.entry(ty).or_default();
+        let w = self.subs.entry(ty).or_default();
         // A nonce from before this stream (the proxy reconnected, perhaps from another
         // replica) is a new request for this type, as in Istio's shouldRespond.
         if !req.response_nonce.is_empty() && w.sent_nonce.is_some() {
@@ -154,7 +142,7 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
     }
 
     fn watched_types(&self) -> Vec<XdsType> {
-        self.watched.keys().copied().collect()
+        self.subs.keys().copied().collect()
     }
 
     async fn push(

@@ -16,11 +16,11 @@
 //! `cargo test -p shoal-server --lib xds::subscription_cost_tests -- --nocapture` prints
 //! the milliseconds per change.
 
-use super::ads::StreamHandler;
 use super::delta::DeltaStream;
 use super::registry::Registry;
 use super::session::{Mode, Session};
 use super::sotw::SotwStream;
+use super::stream::StreamHandler;
 use super::wire::{Outgoing, Responses};
 use crate::generate::cache::GeneratorCache;
 use crate::generate::metrics::CacheMetrics;

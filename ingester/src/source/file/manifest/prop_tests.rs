@@ -253,15 +253,8 @@ proptest! {
 /// How deeply a parsed value nests (a scalar: 0).
 fn value_depth(v: &Value) -> usize {
     match v {
-        Value::Sequence(s) => 1 + s.iter().map(value_depth).max().unwrap_or(0),
-        Value::Mapping(m) => {
-            1 + m
-                .iter()
-                .map(|(k, v)| value_depth(k).max(value_depth(v)))
-                .max()
-                .unwrap_or(0)
-        }
-        Value::Tagged(t) => value_depth(&t.value),
+        Value::Array(s) => 1 + s.iter().map(value_depth).max().unwrap_or(0),
+        Value::Object(m) => 1 + m.values().map(value_depth).max().unwrap_or(0),
         _ => 0,
     }
 }

@@ -454,82 +454,6 @@ impl NatsBus {
         }
     }
 
-    /// A watch of `bucket` once it exists (waiting for an ingester to create it): its last
-    /// value per key, [`WatchEvent::InitialDone`], then every change.
-    async fn watch_created(&self, bucket: Bucket) -> Result<WatchStream, BusError> {
-        let store = self.store_when_created(bucket).await?.clone();
-        self.check_same_stream(bucket).await?;
-        let watch = store
-            .watch_with_history(">")
-            .await
-            .map_err(op_err("watch", bucket, ""))?;
-        // The watch does not say when an empty bucket has no history to deliver; the
-        // stream's message count does. Checked after the consumer exists, so a message
-        // written in between is delivered (as initial or as a change) either way.
-        let info = store
-            .stream
-            .get_info()
-            .await
-            .map_err(op_err("watch status", bucket, ""))?;
-        let empty = info.state.messages == 0;
-        let created = created_of(&info);
-        let mut initial_done = empty;
-        let head = futures::stream::iter(empty.then_some(Ok(WatchEvent::InitialDone)));
-        let body = watch.flat_map(move |item| {
-            let events: Vec<Result<WatchEvent, BusError>> = match item {
-                Ok(e) => {
-                    let last_initial = !initial_done && e.delta == 0;
-                    initial_done |= last_initial;
-                    let mut v = vec![Ok(WatchEvent::Entry(to_entry(e)))];
-                    if last_initial {
-                        v.push(Ok(WatchEvent::InitialDone));
-                    }
-                    v
-                }
-                Err(e) => vec![Err(op_err("watch", bucket, "")(e))],
-            };
-            futures::stream::iter(events)
-        });
-        // Whichever ends first ends the watch: the watch itself, or the loss check (with
-        // its error).
-        let end = || futures::stream::once(futures::future::ready(None));
-        let lost = futures::stream::once(watch_for_loss(self.inner.js.clone(), bucket, created))
-            .map(|e| Some(Err(e)))
-            .chain(end());
-        let body = futures::stream::select(body.map(Some).chain(end()), lost)
-            .take_while(|item| futures::future::ready(item.is_some()))
-            .filter_map(futures::future::ready);
-        // The ordered consumer behind the watch recreates itself after a reconnection, but
-        // with a backoff that reaches 10 s during a long outage: a watch that lived through
-        // a disconnection ends instead (an error: re-watch), and the caller's new watch
-        // replays the bucket at once.
-        let mut conn = self.inner.connected.clone();
-        conn.borrow_and_update();
-        let reconnected = async move {
-            let down_then_up = async {
-                conn.wait_for(|c| !*c).await.ok()?;
-                conn.wait_for(|c| *c).await.ok()
-            };
-            if down_then_up.await.is_none() {
-                // The client is gone: nothing will change any more.
-                std::future::pending::<()>().await;
-            }
-        };
-        let broken = futures::stream::once(async move {
-            Err(BusError::Op {
-                op: "watch",
-                bucket,
-                key: String::new(),
-                source: "the NATS connection was re-established; re-watch to resync".into(),
-            })
-        });
-        Ok(head
-            .chain(body)
-            .take_until(reconnected)
-            .chain(broken)
-            .boxed())
-    }
-
     fn known(&self) -> std::sync::MutexGuard<'_, HashMap<Bucket, Known>> {
         self.inner
             .known
@@ -869,21 +793,77 @@ impl StateBus for NatsBus {
     }
 
     async fn watch(&self, bucket: Bucket) -> Result<WatchStream, BusError> {
-        if self.cell(bucket).get().is_none() && open_bucket(&self.inner.js, bucket).await?.is_none()
-        {
-            // Not created yet: the bucket holds nothing, which is this watch's initial state
-            // (a server starting before any ingester is loaded, with nothing). What an
-            // ingester writes once it creates the bucket follows, as changes.
-            let bus = self.clone();
-            let later = futures::stream::once(async move { bus.watch_created(bucket).await })
-                .flat_map(|watch| match watch {
-                    Ok(stream) => stream,
-                    Err(error) => Box::pin(futures::stream::once(async move { Err(error) })),
-                });
-            let empty = futures::stream::once(async { Ok(WatchEvent::InitialDone) });
-            return Ok(Box::pin(empty.chain(later)));
-        }
-        self.watch_created(bucket).await
+        let store = self.store_when_created(bucket).await?.clone();
+        self.check_same_stream(bucket).await?;
+        let watch = store
+            .watch_with_history(">")
+            .await
+            .map_err(op_err("watch", bucket, ""))?;
+        // The watch does not say when an empty bucket has no history to deliver; the
+        // stream's message count does. Checked after the consumer exists, so a message
+        // written in between is delivered (as initial or as a change) either way.
+        let info = store
+            .stream
+            .get_info()
+            .await
+            .map_err(op_err("watch status", bucket, ""))?;
+        let empty = info.state.messages == 0;
+        let created = created_of(&info);
+        let mut initial_done = empty;
+        let head = futures::stream::iter(empty.then_some(Ok(WatchEvent::InitialDone)));
+        let body = watch.flat_map(move |item| {
+            let events: Vec<Result<WatchEvent, BusError>> = match item {
+                Ok(e) => {
+                    let last_initial = !initial_done && e.delta == 0;
+                    initial_done |= last_initial;
+                    let mut v = vec![Ok(WatchEvent::Entry(to_entry(e)))];
+                    if last_initial {
+                        v.push(Ok(WatchEvent::InitialDone));
+                    }
+                    v
+                }
+                Err(e) => vec![Err(op_err("watch", bucket, "")(e))],
+            };
+            futures::stream::iter(events)
+        });
+        // Whichever ends first ends the watch: the watch itself, or the loss check (with
+        // its error).
+        let end = || futures::stream::once(futures::future::ready(None));
+        let lost = futures::stream::once(watch_for_loss(self.inner.js.clone(), bucket, created))
+            .map(|e| Some(Err(e)))
+            .chain(end());
+        let body = futures::stream::select(body.map(Some).chain(end()), lost)
+            .take_while(|item| futures::future::ready(item.is_some()))
+            .filter_map(futures::future::ready);
+        // The ordered consumer behind the watch recreates itself after a reconnection, but
+        // with a backoff that reaches 10 s during a long outage: a watch that lived through
+        // a disconnection ends instead (an error: re-watch), and the caller's new watch
+        // replays the bucket at once.
+        let mut conn = self.inner.connected.clone();
+        conn.borrow_and_update();
+        let reconnected = async move {
+            let down_then_up = async {
+                conn.wait_for(|c| !*c).await.ok()?;
+                conn.wait_for(|c| *c).await.ok()
+            };
+            if down_then_up.await.is_none() {
+                // The client is gone: nothing will change any more.
+                std::future::pending::<()>().await;
+            }
+        };
+        let broken = futures::stream::once(async move {
+            Err(BusError::Op {
+                op: "watch",
+                bucket,
+                key: String::new(),
+                source: "the NATS connection was re-established; re-watch to resync".into(),
+            })
+        });
+        Ok(head
+            .chain(body)
+            .take_until(reconnected)
+            .chain(broken)
+            .boxed())
     }
 
     fn data_losses(&self) -> Option<tokio::sync::watch::Receiver<u64>> {

@@ -432,12 +432,17 @@ impl Pipeline {
             .filter(|_| !self.fleets_waiting.is_empty())
     }
 
-    /// The sync timeout passed: serve without the fleets still missing.
+    /// The sync timeout passed: serve without the fleets still missing. Buckets no
+    /// ingester has created yet (servers only read the bus, and never create one) hold
+    /// nothing: they count as loaded, empty; what an ingester writes once it creates them
+    /// arrives later, as their watch's replay.
     fn sync_timed_out(&mut self) {
         tracing::warn!(
             fleets = ?self.fleets_waiting,
+            buckets_not_created = ?self.initial_pending,
             "expected ingester fleets did not sync within --sync-timeout; serving without them"
         );
+        self.initial_pending.clear();
         self.fleets_waiting.clear();
         self.sync_deadline = None;
         self.metrics.fleets_waiting.set(0);

@@ -13,6 +13,7 @@ use crate::security::metrics::SecurityMetrics;
 use crate::security::reload::Reloading;
 use crate::security::serving_cert::ServingCert;
 use crate::security::tls::{TlsFiles, TlsServer};
+use crate::xds::ads::AdsConfig;
 use crate::xds::limits::{self, Breach, BufferBudget};
 use crate::xds::listener::{self, ConnectionLimits, ConnectionPolicy};
 use crate::xds::metrics::XdsMetrics;
@@ -545,17 +546,14 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     ));
 
     let nonzero = |d: std::time::Duration| (!d.is_zero()).then_some(d);
-    let ads = AdsService::new(rx, registry, metrics.xds.clone(), views)
-        .with_push_concurrency(args.push_concurrency)
-        .with_auth(authenticator)
-        .with_stream_limits(
-            nonzero(args.xds_message_timeout.get()),
-            args.xds_max_streams_per_identity as usize,
-        );
-    let ads = match ca {
-        Some(ca) => ads.with_ca(ca),
-        None => ads,
+    let config = AdsConfig {
+        push_concurrency: args.push_concurrency,
+        auth: authenticator,
+        ca,
+        message_timeout: nonzero(args.xds_message_timeout.get()),
+        max_streams_per_identity: args.xds_max_streams_per_identity as usize,
     };
+    let ads = AdsService::new(rx, registry, metrics.xds.clone(), views, config);
     let server = ads.into_server();
     let routes = tonic::service::Routes::new(server.clone())
         .add_service(crate::xds::ads::CertificateServer(server))

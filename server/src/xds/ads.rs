@@ -46,11 +46,39 @@ pub struct AdsService {
     identity_streams: IdentityStreams,
 }
 
-/// Default size bound of the generator cache.
-pub const DEFAULT_CACHE_BYTES: u64 = 256 << 20;
-
 /// Istio's default push concurrency (`PILOT_PUSH_THROTTLE`).
 pub const DEFAULT_PUSH_CONCURRENCY: usize = 100;
+
+/// How the ADS service serves: every setting the flags give it, each default stated once
+/// ([`AdsConfig::default`], which the tests use; `app.rs` fills it from the flags).
+pub struct AdsConfig {
+    /// How many streams generate a push at the same time.
+    pub push_concurrency: usize,
+    /// Authenticates streams of TLS connections (see [`crate::security::auth`]).
+    pub auth: Authenticator,
+    /// Signs workload certificates (`CreateCertificate`, see [`crate::security::ca`]).
+    pub ca: Option<Reloading<Ca>>,
+    /// Time a started request message has to arrive completely (None: no limit).
+    pub message_timeout: Option<std::time::Duration>,
+    /// Streams one authenticated identity may open.
+    pub max_streams_per_identity: usize,
+}
+
+impl Default for AdsConfig {
+    fn default() -> Self {
+        AdsConfig {
+            push_concurrency: DEFAULT_PUSH_CONCURRENCY,
+            auth: Authenticator::new(
+                Issuers::default(),
+                vec![auth::DEFAULT_AUDIENCE.to_string()],
+                shoal_common::defaults::TRUST_DOMAIN,
+            ),
+            ca: None,
+            message_timeout: Some(limits::DEFAULT_MESSAGE_TIMEOUT),
+            max_streams_per_identity: limits::DEFAULT_MAX_STREAMS_PER_IDENTITY,
+        }
+    }
+}
 
 impl AdsService {
     /// A service pushing the snapshots published on `snapshots`, generating through
@@ -60,37 +88,21 @@ impl AdsService {
         registry: Registry,
         metrics: XdsMetrics,
         views: Views,
+        config: AdsConfig,
     ) -> Self {
         AdsService {
             snapshots,
             registry,
             metrics,
             next_id: Arc::new(AtomicU64::new(1)),
-            push_limit: Arc::new(Semaphore::new(DEFAULT_PUSH_CONCURRENCY)),
+            push_limit: Arc::new(Semaphore::new(config.push_concurrency.max(1))),
             views,
-            auth: Authenticator::new(
-                Issuers::default(),
-                vec![auth::DEFAULT_AUDIENCE.to_string()],
-                shoal_common::defaults::TRUST_DOMAIN,
-            ),
+            auth: config.auth,
             refusals: SharedWarnLimiter::default(),
-            ca: None,
-            message_timeout: Some(limits::DEFAULT_MESSAGE_TIMEOUT),
-            identity_streams: IdentityStreams::default(),
+            ca: config.ca,
+            message_timeout: config.message_timeout,
+            identity_streams: IdentityStreams::new(config.max_streams_per_identity),
         }
-    }
-
-    /// Ends a stream whose request message is not complete `message_timeout` after its
-    /// first byte (None: never), and lets one authenticated identity open at most
-    /// `max_streams_per_identity` streams.
-    pub fn with_stream_limits(
-        mut self,
-        message_timeout: Option<std::time::Duration>,
-        max_streams_per_identity: usize,
-    ) -> Self {
-        self.message_timeout = message_timeout;
-        self.identity_streams = IdentityStreams::new(max_streams_per_identity);
-        self
     }
 
     /// A slot for one more stream of `caller`'s identity, or the status refusing it.
@@ -127,24 +139,6 @@ impl AdsService {
             .with_budget(budget.map(|b| b.0))
             .with_message_timeout(self.message_timeout)
             .counting(self.metrics.limits_exceeded.clone())
-    }
-
-    /// Signs workload certificates with `ca` (`CreateCertificate`, see [`crate::security::ca`]).
-    pub fn with_ca(mut self, ca: Reloading<Ca>) -> Self {
-        self.ca = Some(ca);
-        self
-    }
-
-    /// Authenticates streams of TLS connections with `auth` (see [`crate::security::auth`]).
-    pub fn with_auth(mut self, auth: Authenticator) -> Self {
-        self.auth = auth;
-        self
-    }
-
-    /// Limits how many streams generate a push at the same time.
-    pub fn with_push_concurrency(mut self, limit: usize) -> Self {
-        self.push_limit = Arc::new(Semaphore::new(limit.max(1)));
-        self
     }
 
     /// The service to serve (tonic routes, a tower service).

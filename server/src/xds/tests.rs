@@ -5,6 +5,7 @@
 //! a request that must not be answered the test sends a probe that must be, and checks that
 //! the probe's answer is the next message.
 
+use super::ads::AdsConfig;
 use super::{AdsService, Registry, TypeStatus};
 use crate::generate::cache::GeneratorCache;
 use crate::generate::metrics::CacheMetrics;
@@ -71,7 +72,13 @@ async fn server() -> Server {
         GeneratorCache::assert_from_env(),
         CacheMetrics::register(&metrics),
     )));
-    let ads = AdsService::new(rx, registry.clone(), XdsMetrics::register(&metrics), views);
+    let ads = AdsService::new(
+        rx,
+        registry.clone(),
+        XdsMetrics::register(&metrics),
+        views,
+        AdsConfig::default(),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -502,10 +502,18 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Counter {
     }
 }
 
-/// Recomputes every callsite's interest with this thread's scoped subscriber in place: a
-/// test running at the same time on a thread without one can leave a callsite cached as
-/// uninteresting, and its warnings would then never reach the counting layer.
+/// Makes every callsite interesting to this thread's scoped subscriber. A test running at
+/// the same time on a thread with no subscriber (the default `NoSubscriber` says "never")
+/// could otherwise leave a callsite cached as uninteresting, and its warnings would never
+/// reach the counting layer: so the test binary's global default is a subscriber
+/// interested in everything (it has no layers: events on other threads go nowhere), and
+/// the interest of callsites registered before it is recomputed.
 fn settle_interest() {
+    static GLOBAL: std::sync::Once = std::sync::Once::new();
+    GLOBAL.call_once(|| {
+        // Fails only if another global default exists, which serves as well.
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+    });
     tracing::callsite::rebuild_interest_cache();
 }
 

@@ -319,19 +319,7 @@ impl Elector {
         let body = self.body(held.epoch, held.since_revision, self.cfg.ttl);
         match self.write(&body, held.revision, held.until - sent).await {
             Ok(revision) => {
-                let until = sent + self.cfg.ttl - self.cfg.safety_margin();
-                self.held = Some(Held {
-                    revision,
-                    until,
-                    ..held
-                });
-                self.last_written = Some(revision);
-                self.renewal_failed = false;
-                // A new deadline is no news for those waiting on term changes.
-                self.term.send_if_modified(|term| {
-                    term.until = Some(until);
-                    false
-                });
+                self.renewed(held, revision, sent);
                 debug!(fleet = %self.cfg.fleet, epoch = held.epoch, revision, "renewed the lease");
             }
             Err(WriteError::Taken) => {
@@ -360,6 +348,24 @@ impl Elector {
         }
     }
 
+    /// This term's lease was written at `revision` (the write sent at `sent`): the term
+    /// lasts one more ttl from then.
+    fn renewed(&mut self, held: Held, revision: u64, sent: Instant) {
+        let until = sent + self.cfg.ttl - self.cfg.safety_margin();
+        self.held = Some(Held {
+            revision,
+            until,
+            ..held
+        });
+        self.last_written = Some(revision);
+        self.renewal_failed = false;
+        // A new deadline is no news for those waiting on term changes.
+        self.term.send_if_modified(|term| {
+            term.until = Some(until);
+            false
+        });
+    }
+
     /// The lease changed under this holder: when its epoch is an implausible jump from
     /// this term's (see the module docs), it is refused, and this term's lease is written
     /// back over it, compare-and-set on what was read. Returns whether the term goes on.
@@ -383,18 +389,7 @@ impl Elector {
         let body = self.body(held.epoch, held.since_revision, self.cfg.ttl);
         match self.write(&body, entry.revision, held.until - sent).await {
             Ok(revision) => {
-                let until = sent + self.cfg.ttl - self.cfg.safety_margin();
-                self.held = Some(Held {
-                    revision,
-                    until,
-                    ..held
-                });
-                self.last_written = Some(revision);
-                self.renewal_failed = false;
-                self.term.send_if_modified(|term| {
-                    term.until = Some(until);
-                    false
-                });
+                self.renewed(held, revision, sent);
                 warn!(
                     fleet = %self.cfg.fleet,
                     epoch = held.epoch,

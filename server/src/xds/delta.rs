@@ -83,7 +83,6 @@ impl DeltaStream {
         sub.held = Held::Shared(output.clone());
         self.nonce += 1;
         let nonce = format!("{}-{}", snap.number, self.nonce);
-        sub.sent_nonce = Some(nonce.clone());
         let version = output.version().to_string();
         self.session.sent(
             ty,
@@ -159,7 +158,7 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             }
         }
         if !req.response_nonce.is_empty() {
-            if sub.sent_nonce.as_deref() == Some(req.response_nonce.as_str()) {
+            if self.session.last_sent(ty).1 == req.response_nonce {
                 match &req.error_detail {
                     Some(detail) => self
                         .session
@@ -229,9 +228,7 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
                     .resources_resumed
                     .with_label_values(&[ty.short()])
                     .inc_by(unchanged as u64);
-                self.session
-                    .registry
-                    .update(&self.session.id, ty.type_url(), |s| s.resumed = unchanged);
+                self.session.resumed(ty, unchanged);
             }
         }
         Ok(())

@@ -20,5 +20,5 @@ mod tests;
 pub mod wire;
 
 pub use ads::{AdsServer, AdsService};
-pub use registry::{ConnectionStatus, Registry, TypeStatus};
+pub use registry::{Connection, ConnectionStatus, Registry, TypeStatus};
 pub use session::Mode;

@@ -1,16 +1,23 @@
-//! The registry of connected proxies and their per-type sync state (`/debug/syncz`).
+//! The connected proxies of this replica and each stream's per-type sync state, read by
+//! `/debug/syncz`, `/debug/push_status` and `/debug/config_dump`.
+//!
+//! A stream's [`Connection`] is the one record of what it sent, what the proxy acknowledged
+//! and what it rejected: the stream decides on nonces from it, and the registry lists the
+//! same `Arc`, so the debug endpoints read the stream's own state, not a copy kept beside it.
 
+use super::session::Mode;
 use crate::index::proxy::{Proxy, ProxyKind};
 use serde::Serialize;
+use shoal_proto::XdsType;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Sync state of one xDS type on one connection.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct TypeStatus {
     /// Version of the last response sent.
     pub sent_version: String,
-    /// Nonce of the last response sent.
+    /// Nonce of the last response sent (empty: none sent yet).
     pub sent_nonce: String,
     /// Version the proxy last acknowledged.
     pub acked_version: String,
@@ -39,7 +46,65 @@ pub struct Nack {
     pub message: String,
 }
 
-/// One connected proxy.
+/// One identified stream: its proxy and its per-type sync state, owned by the stream and
+/// listed in the [`Registry`] while it lives. The lock is never held across an `.await`.
+#[derive(Debug)]
+pub struct Connection {
+    /// Connection id (unique within this replica).
+    pub id: String,
+    /// The parsed proxy identity.
+    pub proxy: Proxy,
+    /// `sotw` or `delta`.
+    pub mode: Mode,
+    types: Mutex<BTreeMap<XdsType, TypeStatus>>,
+}
+
+impl Connection {
+    /// A connection with nothing sent yet.
+    pub fn new(id: String, proxy: Proxy, mode: Mode) -> Connection {
+        Connection {
+            id,
+            proxy,
+            mode,
+            types: Mutex::default(),
+        }
+    }
+
+    fn types(&self) -> MutexGuard<'_, BTreeMap<XdsType, TypeStatus>> {
+        self.types.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Updates one type's state.
+    pub fn update<R>(&self, ty: XdsType, f: impl FnOnce(&mut TypeStatus) -> R) -> R {
+        f(self.types().entry(ty).or_default())
+    }
+
+    /// The version and nonce of the last response of `ty` (empty strings: none yet).
+    pub fn last_sent(&self, ty: XdsType) -> (String, String) {
+        match self.types().get(&ty) {
+            Some(s) => (s.sent_version.clone(), s.sent_nonce.clone()),
+            None => Default::default(),
+        }
+    }
+
+    /// What `/debug/syncz` shows of this connection, now.
+    pub fn status(&self) -> ConnectionStatus {
+        ConnectionStatus {
+            connection_id: self.id.clone(),
+            node_id: self.proxy.id.clone(),
+            proxy_type: self.proxy.kind,
+            namespace: self.proxy.namespace.clone(),
+            mode: self.mode,
+            types: self
+                .types()
+                .iter()
+                .map(|(ty, s)| (ty.type_url().to_string(), s.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// What `/debug/syncz` shows of one connected proxy.
 #[derive(Debug, Clone, Serialize)]
 pub struct ConnectionStatus {
     /// Connection id (unique within this replica).
@@ -51,39 +116,26 @@ pub struct ConnectionStatus {
     /// The proxy's namespace.
     pub namespace: String,
     /// `sotw` or `delta`.
-    pub mode: super::session::Mode,
+    pub mode: Mode,
     /// Per type URL.
     pub types: BTreeMap<String, TypeStatus>,
-    /// The parsed proxy identity (for `/debug/config_dump`).
-    #[serde(skip)]
-    pub proxy: Proxy,
 }
 
-/// Shared registry. The lock is never held across an `.await`.
+/// The identified streams of this replica, by connection id. Locked only when a stream is
+/// identified or ends, and when a debug endpoint lists them.
 #[derive(Clone, Default)]
 pub struct Registry {
-    inner: Arc<Mutex<BTreeMap<String, ConnectionStatus>>>,
+    inner: Arc<Mutex<BTreeMap<String, Arc<Connection>>>>,
 }
 
 impl Registry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ConnectionStatus>> {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Arc<Connection>>> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a connection.
-    pub fn add(&self, id: &str, proxy: &Proxy, mode: super::session::Mode) {
-        self.lock().insert(
-            id.to_string(),
-            ConnectionStatus {
-                connection_id: id.to_string(),
-                node_id: proxy.id.clone(),
-                proxy_type: proxy.kind,
-                namespace: proxy.namespace.clone(),
-                mode,
-                types: BTreeMap::new(),
-                proxy: proxy.clone(),
-            },
-        );
+    /// Lists a connection.
+    pub fn add(&self, conn: Arc<Connection>) {
+        self.lock().insert(conn.id.clone(), conn);
     }
 
     /// Removes a connection.
@@ -91,24 +143,18 @@ impl Registry {
         self.lock().remove(id);
     }
 
-    /// Updates one type's state of a connection.
-    pub fn update(&self, id: &str, type_url: &str, f: impl FnOnce(&mut TypeStatus)) {
-        if let Some(c) = self.lock().get_mut(id) {
-            f(c.types.entry(type_url.to_string()).or_default());
-        }
-    }
-
     /// The connection of a proxy, by node id (the newest if it has several).
-    pub fn find(&self, node_id: &str) -> Option<ConnectionStatus> {
+    pub fn find(&self, node_id: &str) -> Option<Arc<Connection>> {
         self.lock()
             .values()
             .rev()
-            .find(|c| c.node_id == node_id)
+            .find(|c| c.proxy.id == node_id)
             .cloned()
     }
 
-    /// All connections, by id.
+    /// The state of every connection, by id.
     pub fn snapshot(&self) -> Vec<ConnectionStatus> {
-        self.lock().values().cloned().collect()
+        let conns: Vec<Arc<Connection>> = self.lock().values().cloned().collect();
+        conns.iter().map(|c| c.status()).collect()
     }
 }

@@ -3,7 +3,7 @@
 //! behind `/debug/syncz` and metrics.
 
 use super::limits::{self, WarnLimiter};
-use super::registry::{Nack, Registry};
+use super::registry::{Connection, Nack, Registry};
 use crate::generate::cache::compare;
 use crate::generate::sds;
 use crate::generate::{Resource, Snapshot};
@@ -30,7 +30,8 @@ pub enum Mode {
 
 /// What a stream knows once its proxy is identified: both or neither.
 struct Identified {
-    proxy: Proxy,
+    /// The proxy and this stream's per-type sync state (listed in the registry).
+    conn: Arc<Connection>,
     /// The view of the proxy's key, shared with every stream of the same key.
     view: Arc<View>,
 }
@@ -108,13 +109,14 @@ impl Session {
             proxy.verified = Some(verified_identity(&proxy, caller));
         }
         tracing::info!(conn = %self.id, node = %proxy.id, kind = ?proxy.kind, mode = ?self.mode, "proxy connected");
-        self.registry.add(&self.id, &proxy, self.mode);
         self.metrics
             .connections
             .with_label_values(&[proxy.kind.label()])
             .inc();
         let view = self.views.view_for(&proxy);
-        self.identified = Some(Identified { proxy, view });
+        let conn = Arc::new(Connection::new(self.id.clone(), proxy, self.mode));
+        self.registry.add(conn.clone());
+        self.identified = Some(Identified { conn, view });
         Ok(())
     }
 
@@ -133,9 +135,10 @@ impl Session {
     /// reason changes. A name that merely names nothing (`not_found`: the Secret may not
     /// exist yet) is not a refusal. Logs name the caller and the Secret, never key material.
     fn note_secret_denials(&mut self, names: &Names, snap: &Snapshot) {
-        let Some(Identified { proxy, .. }) = &self.identified else {
+        let Some(Identified { conn, .. }) = &self.identified else {
             return;
         };
+        let proxy = &conn.proxy;
         let mut denied = BTreeMap::new();
         for name in names.iter() {
             match sds::authorize(name, proxy, snap) {
@@ -202,9 +205,10 @@ impl Session {
         if ty == XdsType::Secret {
             self.note_secret_denials(names, snap);
         }
-        let Some(Identified { proxy, view }) = &self.identified else {
+        let Some(Identified { conn, view }) = &self.identified else {
             return Arc::default();
         };
+        let proxy = &conn.proxy;
         if ty == XdsType::Secret && self.caller.is_none() {
             return Arc::default();
         }
@@ -266,9 +270,10 @@ impl Session {
         last: u64,
     ) -> std::collections::BTreeSet<XdsType> {
         let snap = &published.snapshot;
-        let Some(Identified { proxy, view }) = &self.identified else {
+        let Some(Identified { conn, view }) = &self.identified else {
             return Default::default();
         };
+        let proxy = &conn.proxy;
         if snap.number != last + 1 {
             return XdsType::ALL.into_iter().collect();
         }
@@ -293,13 +298,33 @@ impl Session {
             version,
             message,
         };
-        self.registry
-            .update(&self.id, ty.type_url(), |s| s.last_nack = Some(nack));
+        self.update(ty, |s| s.last_nack = Some(nack));
+    }
+
+    /// Updates this stream's sync state of `ty` (a no-op until the proxy is identified,
+    /// which every request handler does first).
+    fn update(&self, ty: XdsType, f: impl FnOnce(&mut super::registry::TypeStatus)) {
+        if let Some(i) = &self.identified {
+            i.conn.update(ty, f);
+        }
+    }
+
+    /// The version and nonce of the last response of `ty` (empty strings: none yet).
+    pub fn last_sent(&self, ty: XdsType) -> (String, String) {
+        match &self.identified {
+            Some(i) => i.conn.last_sent(ty),
+            None => Default::default(),
+        }
+    }
+
+    /// Records how many resources a resuming delta stream already held (not sent again).
+    pub fn resumed(&self, ty: XdsType, unchanged: usize) {
+        self.update(ty, |s| s.resumed = unchanged);
     }
 
     /// Records an ACK.
     pub fn ack(&self, ty: XdsType, nonce: &str, version: &str) {
-        self.registry.update(&self.id, ty.type_url(), |s| {
+        self.update(ty, |s| {
             s.acked_version = limits::truncate(version, limits::MAX_VERSION_BYTES);
             s.acked_nonce = nonce.to_string();
         });
@@ -316,7 +341,7 @@ impl Session {
         observed_at_ms: Option<u64>,
     ) {
         let bytes: usize = resources.iter().map(|r| r.any.value.len()).sum();
-        self.registry.update(&self.id, ty.type_url(), |s| {
+        self.update(ty, |s| {
             s.sent_version = version.to_string();
             s.sent_nonce = nonce.to_string();
             s.resources = total;
@@ -345,7 +370,8 @@ impl Session {
 impl Drop for Session {
     /// Unregisters the stream, however it ended.
     fn drop(&mut self) {
-        if let Some(Identified { proxy: p, .. }) = &self.identified {
+        if let Some(Identified { conn, .. }) = &self.identified {
+            let p = &conn.proxy;
             self.metrics
                 .connections
                 .with_label_values(&[p.kind.label()])

@@ -55,7 +55,7 @@ impl SotwStream {
         let Some(w) = self.subs.get_mut(&ty) else {
             return Ok(());
         };
-        if !force && w.sent_version.as_deref() == Some(version) {
+        if !force && self.session.last_sent(ty).0 == version {
             self.session
                 .metrics
                 .pushes_unchanged
@@ -74,8 +74,6 @@ impl SotwStream {
         w.held = Held::Shared(output.clone());
         self.nonce += 1;
         let nonce = format!("{}-{}", snap.number, self.nonce);
-        w.sent_version = Some(version.to_string());
-        w.sent_nonce = Some(nonce.clone());
         self.session
             .sent(ty, version, &nonce, to_send, total, observed_at_ms);
         let head = DiscoveryResponse {
@@ -118,10 +116,11 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         }
         let names: NameSet = req.resource_names.iter().cloned().collect();
         let w = self.subs.entry(ty).or_default();
+        let (_, sent_nonce) = self.session.last_sent(ty);
         // A nonce from before this stream (the proxy reconnected, perhaps from another
         // replica) is a new request for this type, as in Istio's shouldRespond.
-        if !req.response_nonce.is_empty() && w.sent_nonce.is_some() {
-            if w.sent_nonce.as_deref() != Some(req.response_nonce.as_str()) {
+        if !req.response_nonce.is_empty() && !sent_nonce.is_empty() {
+            if sent_nonce != req.response_nonce {
                 tracing::debug!(conn = %self.session.id, ty = ty.short(), nonce = %req.response_nonce, "stale nonce; ignoring");
                 return Ok(());
             }

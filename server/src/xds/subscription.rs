@@ -14,10 +14,6 @@ pub(crate) struct Subscription {
     /// What the proxy holds: what was last sent (SotW, for partial EDS pushes), or seeded
     /// from `initial_resource_versions` and kept per resource (delta).
     pub held: Held,
-    /// Version of the last response (SotW; delta versions are per resource).
-    pub sent_version: Option<String>,
-    /// Nonce of the last response.
-    pub sent_nonce: Option<String>,
     /// How `names` were made from the previous ones, until the next response (delta).
     pub change: Option<NamesChange>,
 }

@@ -50,3 +50,35 @@ fn every_flag_and_env_var_is_documented() {
         missing.join("\n")
     );
 }
+
+/// Flags are described once, in docs/configuration.md: no other document (README included)
+/// has a reference row for one, a table row whose first cell names a `--flag` and whose
+/// second names a `SHOAL_*` variable. Other documents link to the reference instead of restating defaults that then
+/// drift.
+#[test]
+fn flags_are_described_in_configuration_md_only() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let mut files = vec![std::path::PathBuf::from(format!("{root}/README.md"))];
+    for entry in std::fs::read_dir(format!("{root}/docs")).expect("docs/ is readable") {
+        let path = entry.expect("docs/ entry").path();
+        if path.extension().is_some_and(|e| e == "md") && !path.ends_with("configuration.md") {
+            files.push(path);
+        }
+    }
+    let mut restated = Vec::new();
+    for path in &files {
+        let text = std::fs::read_to_string(path).expect("doc is readable");
+        for (n, line) in text.lines().enumerate() {
+            let cells: Vec<&str> = line.trim().split('|').collect();
+            let row = line.trim_start().starts_with('|') && cells.len() > 3;
+            if row && cells[1].contains("`--") && cells[2].contains("SHOAL_") {
+                restated.push(format!("{}:{}: {line}", path.display(), n + 1));
+            }
+        }
+    }
+    assert!(
+        restated.is_empty(),
+        "flag reference rows outside docs/configuration.md (link to it instead):\n{}",
+        restated.join("\n")
+    );
+}

@@ -50,6 +50,12 @@ pub struct PushContext {
     /// so whose workloads the CA may have issued a client certificate to (see
     /// `generate::sds`).
     pub token_issuers: BTreeSet<String>,
+    /// Every label key that config reads from a proxy's own labels when building its
+    /// outbound configuration (clusters' DestinationRules, routes, endpoints): Sidecar and
+    /// DestinationRule workload selectors, Gateway selectors, VirtualService
+    /// `sourceLabels`, DestinationRule `failoverPriority`. Two proxies that agree on these
+    /// keys get the same outbound configuration, so they share it (`push::view`'s parts).
+    pub outbound_label_keys: BTreeSet<String>,
 }
 
 impl PushContext {
@@ -253,6 +259,7 @@ impl PushContext {
             policies.sort_by(|a, b| a.meta.precedence().cmp(&b.meta.precedence()));
         }
         ctx.virtual_services = crate::index::delegation::merge_delegates(&ctx.virtual_services);
+        ctx.outbound_label_keys = outbound_label_keys(&ctx);
         ctx
     }
 
@@ -307,6 +314,68 @@ impl PushContext {
             .filter(|g| labels_match(&g.spec.selector, labels))
             .collect()
     }
+}
+
+/// The label keys of [`PushContext::outbound_label_keys`], from the indexed config.
+fn outbound_label_keys(ctx: &PushContext) -> BTreeSet<String> {
+    let mut keys = BTreeSet::new();
+    let mut add = |labels: &BTreeMap<String, String>| keys.extend(labels.keys().cloned());
+    for sidecar in ctx.sidecars.values().flatten() {
+        if let Some(w) = &sidecar.spec.workload_selector {
+            add(&w.labels);
+        }
+    }
+    for gw in &ctx.gateways {
+        add(&gw.spec.selector);
+    }
+    for vs in &ctx.virtual_services {
+        vs.spec
+            .http
+            .iter()
+            .flat_map(|r| &r.matches)
+            .for_each(|m| add(&m.source_labels));
+        vs.spec
+            .tcp
+            .iter()
+            .flat_map(|r| &r.matches)
+            .for_each(|m| add(&m.source_labels));
+        vs.spec
+            .tls
+            .iter()
+            .flat_map(|r| &r.matches)
+            .for_each(|m| add(&m.source_labels));
+    }
+    let mut priorities = Vec::new();
+    for dr in ctx.destination_rules.values() {
+        if let Some(w) = &dr.spec.workload_selector {
+            add(&w.match_labels);
+        }
+        let policies = dr.spec.traffic_policy.as_deref().into_iter().chain(
+            dr.spec
+                .subsets
+                .iter()
+                .filter_map(|s| s.traffic_policy.as_ref()),
+        );
+        for policy in policies {
+            let balancers = policy.load_balancer.iter().chain(
+                policy
+                    .port_level_settings
+                    .iter()
+                    .filter_map(|p| p.load_balancer.as_ref()),
+            );
+            for lb in balancers {
+                if let Some(locality) = &lb.locality_lb_setting {
+                    priorities.extend(locality.failover_priority.iter().cloned());
+                }
+            }
+        }
+    }
+    // `key` or `key=value`: the proxy's value of `key` is read either way.
+    for p in priorities {
+        let key = p.split_once('=').map_or(p.as_str(), |(k, _)| k);
+        keys.insert(key.to_string());
+    }
+    keys
 }
 
 /// The consistent hash of each HTTP route destination of some VirtualServices, for one

@@ -41,7 +41,7 @@ pub use names::NameSet;
 pub use output::{Diff, Held, Output};
 use shoal_common::model::Locality;
 use shoal_proto::{parse_outbound_cluster_name, XdsType};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use tokio::sync::{OnceCell, Semaphore};
 
@@ -62,6 +62,22 @@ pub struct ViewKey {
 }
 
 impl ViewKey {
+    /// The key of a sidecar's outbound part (see [`View::for_type`]): its labels cut down to
+    /// `label_keys`, the keys config selects proxies by for their outbound configuration,
+    /// and no pod ports (only inbound listeners and clusters read them).
+    fn outbound_part(&self, label_keys: &BTreeSet<String>) -> ViewKey {
+        ViewKey {
+            labels: self
+                .labels
+                .iter()
+                .filter(|(k, _)| label_keys.contains(*k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            pod_ports: BTreeMap::new(),
+            ..self.clone()
+        }
+    }
+
     /// The view key of a proxy.
     pub fn of(proxy: &Proxy) -> ViewKey {
         // Destructured so that a new proxy field does not compile until it is classified:
@@ -154,10 +170,16 @@ impl Generation {
     }
 }
 
-/// Every live view, by key. Views live as long as a stream holds them.
+/// Live views by key. A view lives as long as a stream (or, for a part, a view) holds it.
+type ViewMap = Arc<Mutex<HashMap<ViewKey, Weak<View>>>>;
+
+/// Every live view, by key, and every live outbound part.
 #[derive(Clone)]
 pub struct Views {
-    map: Arc<Mutex<HashMap<ViewKey, Weak<View>>>>,
+    map: ViewMap,
+    /// Outbound parts by their key (see [`View::for_type`]); a separate map, since a part
+    /// serves only the outbound types, whatever the labels of its first proxy.
+    parts: ViewMap,
     generation: Generation,
 }
 
@@ -166,14 +188,18 @@ impl Views {
     pub fn new(generation: Generation) -> Views {
         Views {
             map: Arc::default(),
+            parts: Arc::default(),
             generation,
         }
     }
 
     /// The view of a proxy (created for the first proxy of its key).
     pub fn view_for(&self, proxy: &Proxy) -> Arc<View> {
-        let key = ViewKey::of(proxy);
-        let mut map = lock(&self.map);
+        self.find_or_insert(&self.map, ViewKey::of(proxy), proxy)
+    }
+
+    fn find_or_insert(&self, map: &ViewMap, key: ViewKey, proxy: &Proxy) -> Arc<View> {
+        let mut map = lock(map);
         if let Some(view) = map.get(&key).and_then(Weak::upgrade) {
             return view;
         }
@@ -183,7 +209,8 @@ impl Views {
         }
         let view = Arc::new(View {
             proxy: proxy.clone(),
-            generation: self.generation.clone(),
+            key: key.clone(),
+            views: self.clone(),
             inner: Mutex::default(),
         });
         map.insert(key, Arc::downgrade(&view));
@@ -192,10 +219,12 @@ impl Views {
 
     /// How many views have streams.
     pub fn live(&self) -> usize {
-        lock(&self.map)
-            .values()
-            .filter(|v| v.strong_count() > 0)
-            .count()
+        live(&self.map)
+    }
+
+    /// How many outbound parts views hold.
+    pub fn live_parts(&self) -> usize {
+        live(&self.parts)
     }
 
     /// The generation pool.
@@ -204,17 +233,25 @@ impl Views {
     }
 }
 
+fn live(map: &ViewMap) -> usize {
+    lock(map).values().filter(|v| v.strong_count() > 0).count()
+}
+
 /// The shared configuration of the proxies of one view key.
 pub struct View {
     /// The first proxy of the view: generators read only its view-key fields.
     proxy: Proxy,
-    generation: Generation,
+    key: ViewKey,
+    /// Where the view finds its outbound part, and its generation pool.
+    views: Views,
     inner: Mutex<Inner>,
 }
 
 #[derive(Default)]
 struct Inner {
     scope: Option<(Arc<PushContext>, Arc<ProxyScope>)>,
+    /// The outbound part for a PushContext (see [`View::for_type`]).
+    part: Option<(Arc<PushContext>, Arc<View>)>,
     names: Vec<(XdsType, Weak<NameSet>)>,
     slots: HashMap<SlotKey, Slot>,
     /// The last diff computed per slot: (from, to, diff).
@@ -294,6 +331,36 @@ struct Prev {
 }
 
 impl View {
+    /// The view that makes this view's resources of `ty` under `ctx`. A sidecar's load
+    /// assignments and routes are outbound configuration only: they come from its outbound
+    /// part, shared by every sidecar view whose key is the same but for labels no config
+    /// selects outbound configuration by, and for the pod's ports — in Istio's default mesh
+    /// every sidecar of a namespace, whichever service it is a pod of. Clusters and
+    /// listeners (which hold the inbound side too) and gateways' resources stay per view.
+    /// The cache assert mode checks part outputs against the stream's own proxy, as every
+    /// view output.
+    pub fn for_type(self: &Arc<Self>, ty: XdsType, ctx: &Arc<PushContext>) -> Arc<View> {
+        if self.key.kind != ProxyKind::Sidecar || !matches!(ty, XdsType::Endpoint | XdsType::Route)
+        {
+            return self.clone();
+        }
+        if let Some((c, part)) = &lock(&self.inner).part {
+            if Arc::ptr_eq(c, ctx) {
+                return part.clone();
+            }
+        }
+        let key = self.key.outbound_part(&ctx.outbound_label_keys);
+        let part = if key == self.key {
+            self.clone()
+        } else {
+            self.views
+                .find_or_insert(&self.views.parts, key, &self.proxy)
+        };
+        // A part that is the view itself is not kept in it (a cycle would never drop).
+        lock(&self.inner).part = (!Arc::ptr_eq(&part, self)).then(|| (ctx.clone(), part.clone()));
+        part
+    }
+
     /// The proxy scope for a PushContext, computed once per context.
     pub fn scope(&self, ctx: &Arc<PushContext>) -> Arc<ProxyScope> {
         let mut inner = lock(&self.inner);
@@ -442,8 +509,9 @@ impl View {
         prev: Option<Prev>,
     ) -> Arc<Output> {
         let view = self.clone();
-        let cache = self.generation.cache.clone();
-        self.generation
+        let generation = &self.views.generation;
+        let cache = generation.cache.clone();
+        generation
             .run(move || {
                 let generate =
                     |names: &[String]| cache.generate(ty, &view.proxy, &scope, &snap, names);
@@ -629,7 +697,7 @@ mod tests {
             "streams holding the same output share one diff"
         );
         // The incremental output is what a full generation gives.
-        let full = Output::new(v1.generation.cache.generate(
+        let full = Output::new(v1.views.generation.cache.generate(
             XdsType::Endpoint,
             &p1,
             &v1.scope(&snap2.ctx),
@@ -637,6 +705,78 @@ mod tests {
             &names.iter().cloned().collect::<Vec<_>>(),
         ));
         assert_eq!(full.version(), eds2.version());
+    }
+
+    /// Sidecars of different services in one namespace (Istio's default mesh) share their
+    /// load assignments and routes (one outbound part) but not their clusters and listeners
+    /// (the inbound side is theirs); a label some config selects outbound configuration by
+    /// splits the part, and only that label.
+    #[tokio::test]
+    async fn sidecars_of_one_namespace_share_their_outbound_part() {
+        use crate::testutil::{captured_proxy, destination_rule};
+        let metrics = CacheMetrics::register(&prometheus::Registry::new());
+        let cache = GeneratorCache::new(64 << 20, true, metrics);
+        let views = Views::new(Generation::new(cache, 1));
+        let mut web = captured_proxy("a", "10.0.0.1", &[("app", "web"), ("version", "v1")]);
+        web.pod_ports = BTreeMap::from([("http".to_string(), 8080)]);
+        let mut api = captured_proxy("a", "10.0.1.1", &[("app", "api"), ("version", "v1")]);
+        api.pod_ports = BTreeMap::from([("http".to_string(), 9080)]);
+        let (v_web, v_api) = (views.view_for(&web), views.view_for(&api));
+        assert!(!Arc::ptr_eq(&v_web, &v_api));
+
+        let mut m = mesh();
+        let snap = Arc::new(m.snapshot());
+        let part = |v: &Arc<View>, ty, s: &Arc<Snapshot>| v.for_type(ty, &s.ctx);
+        for ty in [XdsType::Endpoint, XdsType::Route] {
+            assert!(Arc::ptr_eq(
+                &part(&v_web, ty, &snap),
+                &part(&v_api, ty, &snap)
+            ));
+        }
+        for ty in [XdsType::Cluster, XdsType::Listener] {
+            assert!(Arc::ptr_eq(&part(&v_web, ty, &snap), &v_web));
+        }
+        let cds = v_web
+            .output(XdsType::Cluster, &Names::default(), &snap)
+            .await;
+        let eds_names: NameSet = cds
+            .resources()
+            .iter()
+            .map(|r| r.name.clone())
+            .filter(|n| n.starts_with("outbound|"))
+            .collect();
+        let names = part(&v_web, XdsType::Endpoint, &snap).intern(XdsType::Endpoint, eds_names);
+        let eds = part(&v_web, XdsType::Endpoint, &snap)
+            .output(XdsType::Endpoint, &names, &snap)
+            .await;
+        assert!(Arc::ptr_eq(
+            &eds,
+            &part(&v_api, XdsType::Endpoint, &snap)
+                .output(XdsType::Endpoint, &names, &snap)
+                .await
+        ));
+        assert_eq!(views.live_parts(), 1);
+
+        // A DestinationRule for the web pods only: `app` now selects outbound config.
+        m.add_config(destination_rule(
+            "a",
+            "from-web",
+            "host: api.b.svc.cluster.local\nworkloadSelector: {matchLabels: {app: web}}\ntrafficPolicy: {loadBalancer: {simple: RANDOM}}\n",
+        ));
+        let snap2 = Arc::new(m.snapshot());
+        assert!(!Arc::ptr_eq(
+            &part(&v_web, XdsType::Endpoint, &snap2),
+            &part(&v_api, XdsType::Endpoint, &snap2)
+        ));
+        let mut web2 = web.clone();
+        web2.labels.insert("version".into(), "v2".into());
+        assert!(
+            Arc::ptr_eq(
+                &part(&views.view_for(&web2), XdsType::Endpoint, &snap2),
+                &part(&v_web, XdsType::Endpoint, &snap2)
+            ),
+            "`version` selects nothing"
+        );
     }
 
     /// Clusters depend on the workload identities behind their hosts (auto mTLS's SANs):
@@ -673,7 +813,7 @@ mod tests {
         });
         let cds2 = view.output(XdsType::Cluster, &none, &snap2).await;
         assert_ne!(cds1.version(), cds2.version(), "the SANs changed");
-        let fresh = Output::new(view.generation.cache.generate(
+        let fresh = Output::new(view.views.generation.cache.generate(
             XdsType::Cluster,
             &proxy,
             &view.scope(&snap2.ctx),

@@ -56,7 +56,7 @@ impl DeltaStream {
         // A wildcard subscription of a non-wildcard type asks for no name in particular
         // (interned like any set of names, so its output is shared, not rebuilt per push).
         let (names, change) = if sub.wildcard && !ty.is_wildcard_type() {
-            (self.session.intern(ty, NameSet::default()), None)
+            (self.session.intern(ty, NameSet::default(), snap), None)
         } else {
             (sub.names.clone(), sub.change.clone())
         };
@@ -68,7 +68,7 @@ impl DeltaStream {
             return Ok(0);
         };
         sub.change = None;
-        let diff = self.session.diff(ty, &names, &sub.held, &output);
+        let diff = self.session.diff(ty, &names, &sub.held, &output, snap);
         if diff.is_empty() && !force {
             self.session
                 .metrics
@@ -206,7 +206,7 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             if names.len() > MAX_NAMES_PER_SUBSCRIPTION {
                 return Err(too_many_names(ty, names.len()));
             }
-            let interned = self.session.intern(ty, names);
+            let interned = self.session.intern(ty, names, snap);
             let from = std::mem::replace(&mut sub.names, interned);
             // Every change is answered at once (which takes the change); one still pending
             // would make this one relative to names with no output: build it afresh then.

@@ -123,9 +123,9 @@ impl Session {
     /// The shared instance of a set of requested names (see [`View::intern`]). SDS names a
     /// proxy may not have are counted and logged when an output is made for them
     /// ([`Session::output`]), not here.
-    pub fn intern(&self, ty: XdsType, names: NameSet) -> Names {
+    pub fn intern(&self, ty: XdsType, names: NameSet, snap: &Snapshot) -> Names {
         match self.identified.as_ref().map(|i| &i.view) {
-            Some(view) => view.intern(ty, names),
+            Some(view) => view.for_type(ty, &snap.ctx).intern(ty, names),
             None => Arc::new(names),
         }
     }
@@ -212,7 +212,10 @@ impl Session {
         if ty == XdsType::Secret && self.caller.is_none() {
             return Arc::default();
         }
-        let out = view.output_from(ty, names, snap, change).await;
+        let out = view
+            .for_type(ty, &snap.ctx)
+            .output_from(ty, names, snap, change)
+            .await;
         if self.views.generation().cache().asserting() {
             let scope = ProxyScope::compute(proxy, &snap.ctx);
             let names: Vec<String> = names.iter().cloned().collect();
@@ -237,9 +240,16 @@ impl Session {
     }
 
     /// What `out` changes for a proxy holding `held` (shared between the streams of a view).
-    pub fn diff(&self, ty: XdsType, names: &Names, held: &Held, out: &Arc<Output>) -> Arc<Diff> {
+    pub fn diff(
+        &self,
+        ty: XdsType,
+        names: &Names,
+        held: &Held,
+        out: &Arc<Output>,
+        snap: &Snapshot,
+    ) -> Arc<Diff> {
         match self.identified.as_ref().map(|i| &i.view) {
-            Some(view) => view.diff(ty, names, held, out),
+            Some(view) => view.for_type(ty, &snap.ctx).diff(ty, names, held, out),
             None => Arc::new(Diff::between(held, out)),
         }
     }

@@ -66,7 +66,7 @@ impl SotwStream {
         let total = output.len();
         let partial;
         let (to_send, entries): (&[Arc<Resource>], _) = if !force && ty == XdsType::Endpoint {
-            partial = self.session.diff(ty, &names, &w.held, &output);
+            partial = self.session.diff(ty, &names, &w.held, &output, snap);
             (&partial.changed, partial.gathered.sotw(&partial.changed))
         } else {
             (output.resources(), output.gathered.sotw(output.resources()))
@@ -135,7 +135,7 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
             }
         }
         if *w.names != names {
-            w.names = self.session.intern(ty, names);
+            w.names = self.session.intern(ty, names, snap);
         }
         self.respond(ty, snap, true, None).await
     }

@@ -26,6 +26,16 @@ pub struct Chunks {
 }
 
 impl Chunks {
+    /// Chunks one after the other (shared, not copied).
+    pub fn concat<'a>(parts: impl Iterator<Item = &'a Chunks>) -> Chunks {
+        let mut out = Chunks::default();
+        for part in parts {
+            out.chunks.extend(part.chunks.iter().cloned());
+            out.len += part.len;
+        }
+        out
+    }
+
     fn gather<'a>(entries: impl Iterator<Item = &'a Bytes>) -> Chunks {
         let mut out = Chunks::default();
         let mut gather = BytesMut::new();

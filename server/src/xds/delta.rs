@@ -100,7 +100,7 @@ impl DeltaStream {
             ..Default::default()
         };
         let entries = if diff.changed.len() == output.len() {
-            output.gathered.delta(output.resources())
+            output.delta_entries()
         } else {
             diff.gathered.delta(&diff.changed)
         };

@@ -69,7 +69,7 @@ impl SotwStream {
             partial = self.session.diff(ty, &names, &w.held, &output, snap);
             (&partial.changed, partial.gathered.sotw(&partial.changed))
         } else {
-            (output.resources(), output.gathered.sotw(output.resources()))
+            (output.resources(), output.sotw_entries())
         };
         w.held = Held::Shared(output.clone());
         self.nonce += 1;

@@ -2,29 +2,111 @@
 //! the difference between two (see the `view` module).
 
 use crate::generate::Resource;
-use crate::push::chunks::Gathered;
+use crate::push::chunks::{Chunks, Gathered};
 use shoal_proto::content_version;
-use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash as _, Hasher as _};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, Weak};
 
-/// Resources per run of an [`Output`] (runs of a derived output may hold from 1 to
-/// `2 * RUN`): a derived output copies the runs it changes and shares the others, and a
-/// diff skips the runs two outputs share, so a change to a few of a huge subscription's
-/// resources costs one pointer per run plus a run per changed resource, not a pass over
-/// every resource.
+/// Resources per run of an [`Output`], on average (a run holds from 1 to `2 * RUN`): a
+/// derived output copies the runs it changes and shares the others, and a diff skips the
+/// runs two outputs share, so a change to a few of a huge subscription's resources costs
+/// one pointer per run plus a run per changed resource, not a pass over every resource.
 const RUN: usize = 128;
 
-/// A run of an output's resources (ordered by name), shared by the outputs derived from
-/// each other that did not change it.
+/// A run of an output's resources (ordered by name), with their response entries gathered
+/// once. Runs are cut where the content says ([`ends_run`]) and interned ([`Run::of`]), so
+/// equal runs are one object: in the outputs derived from each other, and in the outputs
+/// of different views that hold the same resources (every sidecar view of a namespace
+/// holds the same outbound clusters and listeners beside its own inbound ones).
 #[derive(Debug)]
 struct Run {
     resources: Vec<Arc<Resource>>,
+    gathered: Gathered,
 }
 
+/// Whether a run ends after the resource named `name`. It depends on the name alone, so a
+/// sequence of resources is cut the same way whatever comes before it in an output, and a
+/// new version of a resource does not move a cut. (SipHash with fixed keys: the same on
+/// every replica.)
+fn ends_run(name: &str) -> bool {
+    let mut h = std::hash::DefaultHasher::new();
+    name.hash(&mut h);
+    h.finish() % RUN as u64 == 0
+}
+
+/// The live runs, by a hash of their resources' names and versions.
+struct RunTable {
+    runs: HashMap<u64, Vec<Weak<Run>>>,
+    /// Dead entries are dropped when the table grows past this (amortized O(1)).
+    sweep_at: usize,
+}
+
+static RUNS: LazyLock<Mutex<RunTable>> = LazyLock::new(|| {
+    Mutex::new(RunTable {
+        runs: HashMap::new(),
+        sweep_at: 1024,
+    })
+});
+
 impl Run {
-    fn new(resources: Vec<Arc<Resource>>) -> Arc<Run> {
-        Arc::new(Run { resources })
+    /// The run of these resources: the live one with the same resources, else a new one.
+    fn of(resources: &[Arc<Resource>]) -> Arc<Run> {
+        let mut h = std::hash::DefaultHasher::new();
+        for r in resources {
+            r.name.hash(&mut h);
+            r.version.hash(&mut h);
+        }
+        let key = h.finish();
+        let same = |run: &Run| {
+            run.resources.len() == resources.len()
+                && run
+                    .resources
+                    .iter()
+                    .zip(resources)
+                    .all(|(a, b)| Arc::ptr_eq(a, b) || a == b)
+        };
+        let mut table = RUNS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(found) = table
+            .runs
+            .get(&key)
+            .and_then(|list| list.iter().filter_map(Weak::upgrade).find(|run| same(run)))
+        {
+            return found;
+        }
+        let run = Arc::new(Run {
+            resources: resources.to_vec(),
+            gathered: Gathered::default(),
+        });
+        let list = table.runs.entry(key).or_default();
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(&run));
+        if table.runs.len() > table.sweep_at {
+            table.runs.retain(|_, list| {
+                list.retain(|w| w.strong_count() > 0);
+                !list.is_empty()
+            });
+            table.sweep_at = (2 * table.runs.len()).max(1024);
+        }
+        run
     }
+}
+
+/// Cuts resources (ordered by name) into interned runs: after each resource that
+/// [`ends_run`], and after `2 * RUN` resources without one.
+fn cut(resources: &[Arc<Resource>]) -> Vec<Arc<Run>> {
+    let mut runs = Vec::with_capacity(resources.len() / RUN + 1);
+    let mut start = 0;
+    for (i, r) in resources.iter().enumerate() {
+        if ends_run(&r.name) || i + 1 - start >= 2 * RUN {
+            runs.push(Run::of(&resources[start..=i]));
+            start = i + 1;
+        }
+    }
+    if start < resources.len() {
+        runs.push(Run::of(&resources[start..]));
+    }
+    runs
 }
 
 /// A 256-bit sum of resource digests (mod 2^256): a hash of a set that is updated per
@@ -72,33 +154,45 @@ pub struct Output {
     len: usize,
     /// The sum of the resources' digests (the version's input).
     sum: SetSum,
-    /// The resources as one list, made on first use (State of the World sends them all).
+    /// The resources as one list, made on first use.
     flat: OnceLock<Vec<Arc<Resource>>>,
     version: OnceLock<String>,
-    /// The resources' response entries, gathered once for every stream.
-    pub gathered: Gathered,
+    /// The runs' gathered response entries, in order (made on first use: a list of shared
+    /// chunks, nothing copied).
+    delta: OnceLock<Chunks>,
+    sotw: OnceLock<Chunks>,
 }
 
 impl Output {
     /// An output of these resources.
     pub fn new(resources: Vec<Arc<Resource>>) -> Output {
         let resources = crate::generate::finish(resources);
-        let runs = resources
-            .chunks(RUN)
-            .map(|c| Run::new(c.to_vec()))
-            .collect();
         let mut sum = SetSum::default();
         for r in &resources {
             sum.add(r);
         }
         Output {
-            runs,
+            runs: cut(&resources),
             len: resources.len(),
             sum,
-            flat: OnceLock::from(resources),
+            flat: OnceLock::new(),
             version: OnceLock::new(),
-            gathered: Gathered::default(),
+            delta: OnceLock::new(),
+            sotw: OnceLock::new(),
         }
+    }
+
+    /// Every resource's delta response entry, in order: the runs' gathered chunks.
+    pub fn delta_entries(&self) -> &Chunks {
+        self.delta.get_or_init(|| {
+            Chunks::concat(self.runs.iter().map(|r| r.gathered.delta(&r.resources)))
+        })
+    }
+
+    /// Every resource's State-of-the-World response entry, in order.
+    pub fn sotw_entries(&self) -> &Chunks {
+        self.sotw
+            .get_or_init(|| Chunks::concat(self.runs.iter().map(|r| r.gathered.sotw(&r.resources))))
     }
 
     /// The resources, ordered by name.
@@ -190,17 +284,14 @@ impl Output {
             let mut copies = copies.into_iter().peekable();
             for (i, run) in self.runs.iter().enumerate() {
                 match copies.next_if(|(c, _)| *c == i) {
-                    Some((_, copy)) => {
-                        runs.extend(copy.chunks(2 * RUN).map(|c| Run::new(c.to_vec())))
-                    }
+                    Some((_, copy)) => runs.extend(cut(&copy)),
                     None => runs.push(run.clone()),
                 }
             }
             // Into an empty output (run 0 did not exist).
             for (_, copy) in copies {
-                runs.extend(copy.chunks(2 * RUN).map(|c| Run::new(c.to_vec())));
+                runs.extend(cut(&copy));
             }
-            runs.retain(|r| !r.resources.is_empty());
             runs
         };
         Output {
@@ -209,7 +300,8 @@ impl Output {
             sum,
             flat: OnceLock::new(),
             version: OnceLock::new(),
-            gathered: Gathered::default(),
+            delta: OnceLock::new(),
+            sotw: OnceLock::new(),
         }
     }
 
@@ -471,6 +563,49 @@ mod tests {
             .iter()
             .zip(&base.runs)
             .all(|(a, b)| Arc::ptr_eq(a, b)));
+    }
+
+    /// Two outputs holding the same 1 000 resources beside a few of their own (two sidecar
+    /// views of a namespace: shared outbound clusters, own inbound ones) are one set of
+    /// runs but for the runs their own resources are in, and share those runs' gathered
+    /// response entries.
+    #[test]
+    fn outputs_of_different_views_share_runs_of_equal_resources() {
+        let common: Vec<Arc<Resource>> = (0..1000)
+            .map(|i| res(&format!("outbound|80||svc-{i:04}"), "1"))
+            .collect();
+        let with = |own: &[&str]| {
+            let mut all: Vec<Arc<Resource>> = common.clone();
+            all.extend(own.iter().map(|n| res(n, "1")));
+            Output::new(all)
+        };
+        let a = with(&["inbound|8080||", "inbound|9090||"]);
+        // Equal resources built separately (another view's generation): equal runs too.
+        let b = Output::new(
+            (0..1000)
+                .map(|i| res(&format!("outbound|80||svc-{i:04}"), "1"))
+                .chain([res("inbound|7070||", "1")])
+                .collect(),
+        );
+        let shared = b
+            .runs
+            .iter()
+            .filter(|r| a.runs.iter().any(|x| Arc::ptr_eq(x, r)))
+            .count();
+        assert!(
+            shared + 1 >= b.runs.len() && b.runs.len() > 2,
+            "{shared} of {} runs shared",
+            b.runs.len()
+        );
+        let (ea, eb) = (a.delta_entries(), b.delta_entries());
+        let same_bytes = eb
+            .chunks
+            .iter()
+            .filter(|c| ea.chunks.iter().any(|x| x.as_ptr() == c.as_ptr()))
+            .count();
+        assert!(same_bytes + 2 >= eb.chunks.len(), "gathered once per run");
+        let total: usize = b.resources().iter().map(|r| r.delta_entry().len()).sum();
+        assert_eq!(eb.len, total);
     }
 
     #[test]

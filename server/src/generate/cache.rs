@@ -10,7 +10,7 @@
 //! server, which every test notices. The comparison itself ([`compare`]) returns the
 //! [`Mismatch`], so it is unit-tested without aborting.
 
-use super::{build, finish, keys, Key, Resource, Snapshot};
+use super::{build, finish, side_keys, Key, Resource, Side, Snapshot};
 use crate::generate::metrics::CacheMetrics;
 use crate::index::proxy::Proxy;
 use crate::index::scope::ProxyScope;
@@ -65,8 +65,21 @@ impl GeneratorCache {
         snap: &Snapshot,
         names: &[String],
     ) -> Vec<Arc<Resource>> {
+        self.generate_side(Side::All, ty, proxy, scope, snap, names)
+    }
+
+    /// [`GeneratorCache::generate`] for one side of the resources (see [`Side`]).
+    pub fn generate_side(
+        &self,
+        side: Side,
+        ty: XdsType,
+        proxy: &Proxy,
+        scope: &ProxyScope,
+        snap: &Snapshot,
+        names: &[String],
+    ) -> Vec<Arc<Resource>> {
         finish(
-            keys(ty, proxy, scope, snap, names)
+            side_keys(side, ty, proxy, scope, snap, names)
                 .into_iter()
                 .map(|k| self.get(k))
                 .collect(),
@@ -309,7 +322,7 @@ mod tests {
         let snap = mesh().snapshot();
         let proxy = sidecar_proxy("a", &[]);
         let scope = ProxyScope::compute(&proxy, &snap.ctx);
-        let keys = keys(XdsType::Cluster, &proxy, &scope, &snap, &[]);
+        let keys = crate::generate::keys(XdsType::Cluster, &proxy, &scope, &snap, &[]);
         let key = keys.last().cloned().expect("a cluster key");
         let right = build(&key);
         assert_eq!(check_entry(&key, &right), None, "a fresh entry passes");

@@ -106,9 +106,15 @@ pub fn keys(
     ctx: &PushContext,
     endpoints: &EndpointIndex,
 ) -> Vec<ClusterKey> {
-    let mut out = vec![ClusterKey::Blackhole, ClusterKey::Passthrough];
-    let captured = proxy.kind == ProxyKind::Sidecar && proxy.interception.captured();
-    if captured {
+    let mut out = inbound_keys(proxy, scope);
+    out.extend(outbound_keys(proxy, scope, ctx, endpoints));
+    out
+}
+
+/// The keys of a captured sidecar's inbound clusters (its own side: none for others).
+pub fn inbound_keys(proxy: &Proxy, scope: &ProxyScope) -> Vec<ClusterKey> {
+    let mut out = Vec::new();
+    if proxy.kind == ProxyKind::Sidecar && proxy.interception.captured() {
         out.push(ClusterKey::InboundPassthrough);
         for p in &scope.inbound {
             out.push(ClusterKey::Inbound {
@@ -118,6 +124,19 @@ pub fn keys(
             });
         }
     }
+    out
+}
+
+/// The keys of every cluster but the inbound ones: a sidecar's outbound side, the same for
+/// every sidecar of its outbound part (see `push::view`).
+pub fn outbound_keys(
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    ctx: &PushContext,
+    endpoints: &EndpointIndex,
+) -> Vec<ClusterKey> {
+    let mut out = vec![ClusterKey::Blackhole, ClusterKey::Passthrough];
+    let captured = proxy.kind == ProxyKind::Sidecar && proxy.interception.captured();
     for svc in &scope.services {
         // Forward to the original destination: a headless Service seen by a captured
         // sidecar, or a ServiceEntry with `resolution: NONE` at a sidecar (gateways

@@ -81,6 +81,25 @@ pub struct BoundListenerKey {
 
 /// The listeners of a proxy.
 pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<ListenerKey> {
+    let mut out = inbound_keys(proxy, scope, ctx);
+    out.extend(outbound_keys(proxy, scope, ctx));
+    out
+}
+
+/// The key of a captured sidecar's `virtualInbound` listener (its own side: none for
+/// others).
+pub fn inbound_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<ListenerKey> {
+    if proxy.kind == ProxyKind::Sidecar && proxy.interception.captured() {
+        vec![ListenerKey::VirtualInbound(inbound::listener_key(
+            proxy, scope, ctx,
+        ))]
+    } else {
+        Vec::new()
+    }
+}
+
+/// The keys of every listener but `virtualInbound`: a sidecar's outbound side.
+pub fn outbound_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<ListenerKey> {
     let mut out: Vec<ListenerKey> = bound_keys(proxy, scope, ctx)
         .into_iter()
         .map(ListenerKey::Bound)
@@ -90,9 +109,6 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
     }
     if proxy.kind == ProxyKind::Sidecar && proxy.interception.captured() {
         out.extend(outbound::keys(proxy, scope, ctx));
-        out.push(ListenerKey::VirtualInbound(inbound::listener_key(
-            proxy, scope, ctx,
-        )));
     }
     out
 }

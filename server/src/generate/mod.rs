@@ -158,9 +158,65 @@ pub enum Key {
     Secret(sds::SecretKey),
 }
 
+/// Which of a proxy's resources of a type. A captured sidecar's inbound clusters and its
+/// `virtualInbound` listener are its own side; everything else is its outbound side, which
+/// every sidecar of its outbound part shares (see `push::view`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// Both sides.
+    All,
+    /// All but the inbound clusters and listener.
+    Outbound,
+    /// Only the inbound clusters and listener.
+    Inbound,
+}
+
 /// The keys of the resources of `ty` for a proxy. `names` are the requested resource names
 /// (ignored for wildcard types; EDS and RDS return exactly the requested names that exist).
 pub fn keys(
+    ty: XdsType,
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    snap: &Snapshot,
+    names: &[String],
+) -> Vec<Key> {
+    side_keys(Side::All, ty, proxy, scope, snap, names)
+}
+
+/// The keys of one side of the resources of `ty` for a proxy (see [`keys`]).
+pub fn side_keys(
+    side: Side,
+    ty: XdsType,
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    snap: &Snapshot,
+    names: &[String],
+) -> Vec<Key> {
+    match (side, ty) {
+        (Side::Inbound, XdsType::Cluster) => cds::inbound_keys(proxy, scope)
+            .into_iter()
+            .map(Key::Cluster)
+            .collect(),
+        (Side::Outbound, XdsType::Cluster) => {
+            cds::outbound_keys(proxy, scope, &snap.ctx, &snap.endpoints)
+                .into_iter()
+                .map(Key::Cluster)
+                .collect()
+        }
+        (Side::Inbound, XdsType::Listener) => lds::inbound_keys(proxy, scope, &snap.ctx)
+            .into_iter()
+            .map(Key::Listener)
+            .collect(),
+        (Side::Outbound, XdsType::Listener) => lds::outbound_keys(proxy, scope, &snap.ctx)
+            .into_iter()
+            .map(Key::Listener)
+            .collect(),
+        (Side::Inbound, _) => Vec::new(),
+        _ => all_keys(ty, proxy, scope, snap, names),
+    }
+}
+
+fn all_keys(
     ty: XdsType,
     proxy: &Proxy,
     scope: &ProxyScope,

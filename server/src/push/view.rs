@@ -33,7 +33,7 @@ mod names;
 mod output;
 
 use crate::generate::cache::GeneratorCache;
-use crate::generate::Snapshot;
+use crate::generate::{Resource, Side, Snapshot};
 use crate::index::proxy::{Interception, Proxy, ProxyKind, VerifiedIdentity};
 use crate::index::push_context::PushContext;
 use crate::index::scope::ProxyScope;
@@ -252,11 +252,26 @@ struct Inner {
     scope: Option<(Arc<PushContext>, Arc<ProxyScope>)>,
     /// The outbound part for a PushContext (see [`View::for_type`]).
     part: Option<(Arc<PushContext>, Arc<View>)>,
+    /// A sidecar's inbound clusters and listener, per PushContext (see [`View::composed`]).
+    inbound: HashMap<XdsType, (Arc<PushContext>, Arc<Vec<Arc<Resource>>>)>,
+    /// A sidecar's clusters and listeners: its part's outbound output with its inbound
+    /// resources put in, and the two it was made from.
+    composed: HashMap<XdsType, Composed>,
     names: Vec<(XdsType, Weak<NameSet>)>,
     slots: HashMap<SlotKey, Slot>,
     /// The last diff computed per slot: (from, to, diff).
     diffs: HashMap<SlotKey, CachedDiff>,
 }
+
+/// An output composed of a part's outbound output and a view's inbound resources.
+struct Composed {
+    outbound: Arc<Output>,
+    inbound: Arc<Vec<Arc<Resource>>>,
+    output: Arc<Output>,
+}
+
+/// The slot of a part's outbound side of a wildcard type (names are never at address 1).
+const OUTBOUND_SLOT: usize = 1;
 
 /// A diff between two outputs, and the outputs it was computed between.
 type CachedDiff = (Arc<Output>, Arc<Output>, Arc<Diff>);
@@ -338,12 +353,19 @@ impl View {
     /// every sidecar of a namespace, whichever service it is a pod of. Clusters and
     /// listeners (which hold the inbound side too) and gateways' resources stay per view.
     /// The cache assert mode checks part outputs against the stream's own proxy, as every
-    /// view output.
+    /// view output. A sidecar's clusters and listeners are composed: the part's outbound
+    /// ones with the view's own inbound ones put in ([`View::composed`]).
     pub fn for_type(self: &Arc<Self>, ty: XdsType, ctx: &Arc<PushContext>) -> Arc<View> {
         if self.key.kind != ProxyKind::Sidecar || !matches!(ty, XdsType::Endpoint | XdsType::Route)
         {
             return self.clone();
         }
+        self.part(ctx)
+    }
+
+    /// This sidecar view's outbound part under `ctx`: the view of its key with the labels
+    /// no config selects outbound configuration by, and the pod's ports, left out.
+    fn part(self: &Arc<Self>, ctx: &Arc<PushContext>) -> Arc<View> {
         if let Some((c, part)) = &lock(&self.inner).part {
             if Arc::ptr_eq(c, ctx) {
                 return part.clone();
@@ -413,7 +435,84 @@ impl View {
         snap: &Arc<Snapshot>,
         change: Option<&NamesChange>,
     ) -> Arc<Output> {
-        let key = slot_key(ty, names);
+        if self.key.kind == ProxyKind::Sidecar && matches!(ty, XdsType::Cluster | XdsType::Listener)
+        {
+            return self.composed(ty, snap).await;
+        }
+        self.side_output(ty, Side::All, names, snap, change).await
+    }
+
+    /// A sidecar's clusters or listeners: its outbound part's output (generated once for
+    /// every sidecar view of the part) with this view's inbound resources put in, sharing
+    /// every run of the part's output they are not in.
+    async fn composed(self: &Arc<Self>, ty: XdsType, snap: &Arc<Snapshot>) -> Arc<Output> {
+        let part = self.part(&snap.ctx);
+        let outbound = part
+            .side_output(ty, Side::Outbound, &Names::default(), snap, None)
+            .await;
+        let inbound = self.inbound(ty, snap).await;
+        if inbound.is_empty() {
+            return outbound;
+        }
+        if let Some(c) = lock(&self.inner).composed.get(&ty) {
+            if Arc::ptr_eq(&c.outbound, &outbound) && Arc::ptr_eq(&c.inbound, &inbound) {
+                return c.output.clone();
+            }
+        }
+        let output = Arc::new(outbound.with_changes(inbound.to_vec(), &[]));
+        lock(&self.inner).composed.insert(
+            ty,
+            Composed {
+                outbound,
+                inbound,
+                output: output.clone(),
+            },
+        );
+        output
+    }
+
+    /// This view's inbound resources of `ty` under the snapshot's PushContext (they depend
+    /// on nothing else: the services selecting the workload, its ports, its policies).
+    async fn inbound(
+        self: &Arc<Self>,
+        ty: XdsType,
+        snap: &Arc<Snapshot>,
+    ) -> Arc<Vec<Arc<Resource>>> {
+        if let Some((ctx, inbound)) = lock(&self.inner).inbound.get(&ty) {
+            if Arc::ptr_eq(ctx, &snap.ctx) {
+                return inbound.clone();
+            }
+        }
+        let scope = self.scope(&snap.ctx);
+        let (view, snap_) = (self.clone(), snap.clone());
+        let generation = &self.views.generation;
+        let cache = generation.cache.clone();
+        let inbound = Arc::new(
+            generation
+                .run(move || {
+                    cache.generate_side(Side::Inbound, ty, &view.proxy, &scope, &snap_, &[])
+                })
+                .await,
+        );
+        lock(&self.inner)
+            .inbound
+            .insert(ty, (snap.ctx.clone(), inbound.clone()));
+        inbound
+    }
+
+    /// One side's output of `ty` for `names`, in a slot of this view.
+    async fn side_output(
+        self: &Arc<Self>,
+        ty: XdsType,
+        side: Side,
+        names: &Names,
+        snap: &Arc<Snapshot>,
+        change: Option<&NamesChange>,
+    ) -> Arc<Output> {
+        let key = match side {
+            Side::Outbound if ty.is_wildcard_type() => (ty, OUTBOUND_SLOT),
+            _ => slot_key(ty, names),
+        };
         let names = (!ty.is_wildcard_type()).then(|| names.clone());
         let scope = self.scope(&snap.ctx);
         let (cell, prev) = {
@@ -476,7 +575,7 @@ impl View {
                 }
             }
         };
-        cell.get_or_init(|| self.build(ty, names, scope, snap.clone(), prev))
+        cell.get_or_init(|| self.build(ty, side, names, scope, snap.clone(), prev))
             .await
             .clone()
     }
@@ -503,6 +602,7 @@ impl View {
     async fn build(
         self: &Arc<Self>,
         ty: XdsType,
+        side: Side,
         names: Option<Names>,
         scope: Arc<ProxyScope>,
         snap: Arc<Snapshot>,
@@ -513,8 +613,9 @@ impl View {
         let cache = generation.cache.clone();
         generation
             .run(move || {
-                let generate =
-                    |names: &[String]| cache.generate(ty, &view.proxy, &scope, &snap, names);
+                let generate = |names: &[String]| {
+                    cache.generate_side(side, ty, &view.proxy, &scope, &snap, names)
+                };
                 let all =
                     || -> Vec<String> { names.iter().flat_map(|n| n.iter().cloned()).collect() };
                 // Other names' output for this snapshot: take out what was unsubscribed, add
@@ -724,7 +825,14 @@ mod tests {
         let (v_web, v_api) = (views.view_for(&web), views.view_for(&api));
         assert!(!Arc::ptr_eq(&v_web, &v_api));
 
-        let mut m = mesh();
+        let selecting = |name: &str, app: &str, port: u16| {
+            let mut svc = service("a", name, &[("http", port)]);
+            svc.selector = BTreeMap::from([("app".to_string(), app.to_string())]);
+            svc
+        };
+        let mut m = mesh()
+            .with_service(selecting("web-in", "web", 8080))
+            .with_service(selecting("api-in", "api", 9080));
         let snap = Arc::new(m.snapshot());
         let part = |v: &Arc<View>, ty, s: &Arc<Snapshot>| v.for_type(ty, &s.ctx);
         for ty in [XdsType::Endpoint, XdsType::Route] {
@@ -756,6 +864,24 @@ mod tests {
                 .await
         ));
         assert_eq!(views.live_parts(), 1);
+        // Clusters: the part's outbound ones, each view's own inbound ones put in; what a
+        // generation for the proxy alone gives.
+        let cds_api = v_api
+            .output(XdsType::Cluster, &Names::default(), &snap)
+            .await;
+        for (proxy, out) in [(&web, &cds), (&api, &cds_api)] {
+            let own = Output::new(v_web.views.generation.cache.generate(
+                XdsType::Cluster,
+                proxy,
+                &ProxyScope::compute(proxy, &snap.ctx),
+                &snap,
+                &[],
+            ));
+            assert_eq!(own.version(), out.version());
+        }
+        assert!(cds.contains("inbound|8080||") && !cds.contains("inbound|9080||"));
+        assert!(cds_api.contains("inbound|9080||") && !cds_api.contains("inbound|8080||"));
+        assert_ne!(cds.version(), cds_api.version());
 
         // A DestinationRule for the web pods only: `app` now selects outbound config.
         m.add_config(destination_rule(

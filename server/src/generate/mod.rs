@@ -171,6 +171,17 @@ pub enum Side {
     Inbound,
 }
 
+impl Side {
+    /// Whether a resource of this name is on a sidecar's inbound side (its own: an inbound
+    /// cluster, `InboundPassthroughCluster`, `virtualInbound`). Outputs keep each such
+    /// resource in a run of its own, so the runs around it are the part's and shared.
+    pub fn is_inbound_name(name: &str) -> bool {
+        name.starts_with("inbound|")
+            || name == cds::INBOUND_PASSTHROUGH_CLUSTER
+            || name == inbound::VIRTUAL_INBOUND
+    }
+}
+
 /// The keys of the resources of `ty` for a proxy. `names` are the requested resource names
 /// (ignored for wildcard types; EDS and RDS return exactly the requested names that exist).
 pub fn keys(

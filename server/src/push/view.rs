@@ -882,6 +882,18 @@ mod tests {
         assert!(cds.contains("inbound|8080||") && !cds.contains("inbound|9080||"));
         assert!(cds_api.contains("inbound|9080||") && !cds_api.contains("inbound|8080||"));
         assert_ne!(cds.version(), cds_api.version());
+        // Their own inbound clusters (`InboundPassthroughCluster`, `inbound|<port>||`) are
+        // runs of their own; every other run is one object in both.
+        assert_eq!(cds.runs_apart_from(&cds_api), 1);
+        assert_eq!(cds_api.runs_apart_from(&cds), 1);
+        let lds = v_web
+            .output(XdsType::Listener, &Names::default(), &snap)
+            .await;
+        let lds_api = v_api
+            .output(XdsType::Listener, &Names::default(), &snap)
+            .await;
+        assert!(lds.contains("virtualInbound") && lds.contains("virtualOutbound"));
+        assert_eq!(lds.runs_apart_from(&lds_api), 1, "virtualInbound");
 
         // A DestinationRule for the web pods only: `app` now selects outbound config.
         m.add_config(destination_rule(

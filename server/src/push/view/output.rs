@@ -1,7 +1,7 @@
 //! A view's output of one type: its resources in shared runs, what a proxy holds of it, and
 //! the difference between two (see the `view` module).
 
-use crate::generate::Resource;
+use crate::generate::{Resource, Side};
 use crate::push::chunks::{Chunks, Gathered};
 use shoal_proto::content_version;
 use std::collections::{BTreeMap, HashMap};
@@ -93,12 +93,20 @@ impl Run {
 }
 
 /// Cuts resources (ordered by name) into interned runs: after each resource that
-/// [`ends_run`], and after `2 * RUN` resources without one.
+/// [`ends_run`], and after `2 * RUN` resources without one. A sidecar's inbound resource
+/// ([`Side::is_inbound_name`]) is a run of its own, so that a view's output composed of its
+/// part's outbound resources and its own inbound ones shares every other run (and its
+/// gathered entries) with the other views of the part.
 fn cut(resources: &[Arc<Resource>]) -> Vec<Arc<Run>> {
     let mut runs = Vec::with_capacity(resources.len() / RUN + 1);
     let mut start = 0;
     for (i, r) in resources.iter().enumerate() {
-        if ends_run(&r.name) || i + 1 - start >= 2 * RUN {
+        let alone = Side::is_inbound_name(&r.name);
+        if alone && start < i {
+            runs.push(Run::of(&resources[start..i]));
+            start = i;
+        }
+        if alone || ends_run(&r.name) || i + 1 - start >= 2 * RUN {
             runs.push(Run::of(&resources[start..=i]));
             start = i + 1;
         }
@@ -180,6 +188,16 @@ impl Output {
             delta: OnceLock::new(),
             sotw: OnceLock::new(),
         }
+    }
+
+    /// How many of this output's runs `other` does not share (tests: what two views
+    /// hold apart).
+    #[cfg(test)]
+    pub fn runs_apart_from(&self, other: &Output) -> usize {
+        self.runs
+            .iter()
+            .filter(|r| !other.runs.iter().any(|o| Arc::ptr_eq(o, r)))
+            .count()
     }
 
     /// Every resource's delta response entry, in order: the runs' gathered chunks.

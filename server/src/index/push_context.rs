@@ -56,7 +56,17 @@ pub struct PushContext {
     /// `sourceLabels`, DestinationRule `failoverPriority`. Two proxies that agree on these
     /// keys get the same outbound configuration, so they share it (`push::view`'s parts).
     pub outbound_label_keys: BTreeSet<String>,
+    /// What load assignments read from the context (services, ServiceEntries,
+    /// WorkloadEntries, Sidecars, DestinationRules, mesh settings), as an epoch: two
+    /// contexts with the same value have the same of those, so an assignment whose
+    /// endpoint shards did not change is the same in both. Unique per build unless the
+    /// pipeline carries it over a change that touched none of them
+    /// ([`PushContext::keep_endpoint_inputs`]).
+    pub endpoint_inputs: u64,
 }
+
+/// Source of fresh [`PushContext::endpoint_inputs`] epochs.
+static ENDPOINT_INPUTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl PushContext {
     /// Builds the context from the store.
@@ -64,6 +74,7 @@ impl PushContext {
         let mut ctx = PushContext {
             mesh: state.mesh.clone(),
             token_issuers: state.token_issuers.clone(),
+            endpoint_inputs: ENDPOINT_INPUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ..PushContext::default()
         };
         // Kubernetes services: merge clusters by hostname. The (cluster, ns, name) order makes
@@ -261,6 +272,12 @@ impl PushContext {
         ctx.virtual_services = crate::index::delegation::merge_delegates(&ctx.virtual_services);
         ctx.outbound_label_keys = outbound_label_keys(&ctx);
         ctx
+    }
+
+    /// Marks this context as having the same load-assignment inputs as `prev`, the context
+    /// it replaces: the caller knows the changes between them touched none of them.
+    pub fn keep_endpoint_inputs(&mut self, prev: &PushContext) {
+        self.endpoint_inputs = prev.endpoint_inputs;
     }
 
     /// The Sidecar that applies to a workload: the one in its namespace whose selector

@@ -161,6 +161,22 @@ impl ChangeSet {
         }
     }
 
+    /// Whether a change touches what load assignments read from the PushContext (the
+    /// kinds `push::impact` counts as affecting EDS, besides endpoints).
+    fn touches_assignments(&self) -> bool {
+        self.full
+            || self.services
+            || self.config.iter().any(|k| {
+                matches!(
+                    k,
+                    ConfigKind::ServiceEntry
+                        | ConfigKind::WorkloadEntry
+                        | ConfigKind::Sidecar
+                        | ConfigKind::DestinationRule
+                )
+            })
+    }
+
     /// Whether the PushContext depends on anything that changed.
     fn needs_context(&self) -> bool {
         self.full || self.services || self.token_issuers || !self.config.is_empty()
@@ -687,7 +703,13 @@ impl Pipeline {
             .observe(first.elapsed().as_secs_f64());
         if self.changes.needs_context() {
             let start = std::time::Instant::now();
-            self.ctx = Arc::new(PushContext::build(&self.state));
+            let mut ctx = PushContext::build(&self.state);
+            // A VirtualService, Gateway or policy change: load assignments whose endpoints
+            // did not change are the same (views keep them instead of rebuilding each).
+            if !self.changes.touches_assignments() {
+                ctx.keep_endpoint_inputs(&self.ctx);
+            }
+            self.ctx = Arc::new(ctx);
             self.metrics.push_context_builds.inc();
             self.metrics
                 .push_context_build_seconds

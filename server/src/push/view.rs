@@ -625,13 +625,14 @@ impl View {
                     let added = generate(&change.added);
                     return Arc::new(prev.output.with_changes(added, &change.removed));
                 }
-                let reusable = prev
-                    .as_ref()
-                    .filter(|p| ty == XdsType::Endpoint && Arc::ptr_eq(&p.ctx, &snap.ctx));
+                // Load assignments read the context only through its endpoint inputs.
+                let reusable = prev.as_ref().filter(|p| {
+                    ty == XdsType::Endpoint && p.ctx.endpoint_inputs == snap.ctx.endpoint_inputs
+                });
                 let Some(prev) = reusable else {
                     return Arc::new(Output::new(generate(&all())));
                 };
-                // Same PushContext: an assignment depends only on its service's endpoint
+                // Same endpoint inputs: an assignment depends only on its service's endpoint
                 // shards, which the index shares by `Arc` until they change. Rebuild the
                 // assignments whose shards are not the same object, keep the rest.
                 let stale = |name: &str| {
@@ -915,6 +916,75 @@ mod tests {
             ),
             "`version` selects nothing"
         );
+    }
+
+    /// After a change that touched no load-assignment input (a VirtualService), the
+    /// PushContext is new but its endpoint inputs are the same: an endpoint change then
+    /// rebuilds only its service's assignment, not every subscribed one.
+    #[tokio::test]
+    async fn assignments_survive_a_context_that_kept_their_inputs() {
+        use crate::testutil::virtual_service;
+        let metrics = CacheMetrics::register(&prometheus::Registry::new());
+        let cache = GeneratorCache::new(64 << 20, true, metrics.clone());
+        let views = Views::new(Generation::new(cache, 1));
+        let view = views.view_for(&sidecar_proxy("a", &[("app", "client")]));
+        let mut m = mesh();
+        let snap1 = Arc::new(Snapshot {
+            number: 1,
+            ..m.snapshot()
+        });
+        let names = view.intern(
+            XdsType::Endpoint,
+            [
+                "outbound|8080||web.a.svc.cluster.local".to_string(),
+                "outbound|9080||api.b.svc.cluster.local".to_string(),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let eds1 = view.output(XdsType::Endpoint, &names, &snap1).await;
+        assert_eq!(eds1.len(), 2);
+
+        m.add_config(virtual_service(
+            "a",
+            "web",
+            "hosts: [web.a.svc.cluster.local]\nhttp: [{route: [{destination: {host: web.a.svc.cluster.local}}]}]\n",
+        ));
+        m.add_slice(slice(
+            "a",
+            "web",
+            "web-1",
+            &[("http", 8080)],
+            vec![endpoint("10.0.0.2", &[])],
+        ));
+        let mut ctx2 = PushContext::build(&m.state);
+        ctx2.keep_endpoint_inputs(&snap1.ctx);
+        let snap2 = Arc::new(Snapshot {
+            ctx: Arc::new(ctx2),
+            endpoints: m.state.endpoints.clone(),
+            number: 2,
+        });
+        let (hits, misses) = (metrics.cache_hits.get(), metrics.cache_misses.get());
+        let eds2 = view.output(XdsType::Endpoint, &names, &snap2).await;
+        assert_eq!(metrics.cache_misses.get() - misses, 1, "web's assignment");
+        assert_eq!(
+            metrics.cache_hits.get() - hits,
+            0,
+            "api's is kept, not looked up"
+        );
+        let d = Diff::between(&Held::Shared(eds1), &eds2);
+        assert_eq!(d.changed.len(), 1);
+
+        // A context whose inputs were not kept (a DestinationRule could have changed):
+        // every assignment is generated again (from the cache).
+        let snap3 = Arc::new(Snapshot {
+            ctx: Arc::new(PushContext::build(&m.state)),
+            endpoints: m.state.endpoints.clone(),
+            number: 3,
+        });
+        let hits = metrics.cache_hits.get();
+        view.output(XdsType::Endpoint, &names, &snap3).await;
+        assert_eq!(metrics.cache_hits.get() - hits, 2);
     }
 
     /// Clusters depend on the workload identities behind their hosts (auto mTLS's SANs):

@@ -14,6 +14,13 @@
 //! while in a DENY or AUDIT rule only those values are dropped (wider: denies more). The
 //! same holds for any value that cannot be translated.
 //!
+//! Fields shoal accepts but does not enforce (`requestPrincipals`, `notRequestPrincipals`,
+//! `request.auth.*` and `experimental.envoy.filters.*` conditions) fail closed the same
+//! way, on every chain: an ALLOW rule using one is dropped (an ALLOW policy left without
+//! rules denies everything it selects), a DENY rule loses only that field and so matches
+//! every request its other fields match, and an AUDIT rule using one is dropped. The
+//! policy itself always applies (docs/istio-compatibility.md, "Fail closed").
+//!
 //! `Rbac.policies` is a protobuf map, which prost encodes in hash order; the filter configs
 //! are therefore encoded here entry by entry in name order (protobuf concatenates map
 //! entries), so that replicas produce the same bytes.

@@ -491,6 +491,89 @@ rules:
     );
 }
 
+/// Fields shoal does not enforce (JWT attributes) fail closed as istiod treats what it cannot
+/// translate: the ALLOW rule goes (here the policy's only rule, so it denies everything),
+/// the DENY rule loses only the field (so it denies more), the AUDIT rule goes. On TCP
+/// too. The policy itself always applies.
+#[test]
+fn unenforced_fields_drop_allow_and_audit_rules_and_widen_deny_rules() {
+    let k = key(vec![
+        policy(
+            "shop",
+            "jwt-allow",
+            r#"
+rules:
+- from: [{source: {requestPrincipals: ["*"]}}]
+"#,
+        ),
+        policy(
+            "shop",
+            "jwt-deny",
+            r#"
+action: DENY
+rules:
+- from: [{source: {notRequestPrincipals: ["*"]}}]
+  to: [{operation: {ports: ["8080"]}}]
+- when: [{key: "request.auth.claims[groups]", values: [admin]}]
+- from: [{source: {namespaces: [a], requestPrincipals: [iss/sub]}}]
+  when: [{key: request.auth.audiences, notValues: [x]}, {key: "experimental.envoy.filters.a[b]", values: [c]}]
+"#,
+        ),
+        policy(
+            "shop",
+            "jwt-audit",
+            r#"
+action: AUDIT
+rules:
+- when: [{key: request.auth.principal, values: [iss/sub]}]
+- to: [{operation: {ports: ["80"]}}]
+"#,
+        ),
+    ]);
+    for (chain, filters) in [
+        (
+            "http",
+            http(&k).into_iter().map(|f| f.rules).collect::<Vec<_>>(),
+        ),
+        ("tcp", tcp(&k).into_iter().map(|f| f.rules).collect()),
+    ] {
+        let [audit, deny, allow] = &filters[..] else {
+            panic!("{chain}: {filters:?}")
+        };
+        let audit = render(audit.as_ref().expect("audit rules"));
+        assert_eq!(
+            audit.keys().collect::<Vec<_>>(),
+            ["ns[shop]-policy[jwt-audit]-rule[1]"],
+            "{chain}"
+        );
+        let deny = render(deny.as_ref().expect("deny rules"));
+        assert_eq!(
+            deny["ns[shop]-policy[jwt-deny]-rule[0]"],
+            (strs(&["and(or(port(8080)))"]), strs(&["and(any)"])),
+            "{chain}: no token check left, every request to 8080 is denied"
+        );
+        assert_eq!(
+            deny["ns[shop]-policy[jwt-deny]-rule[1]"],
+            (strs(&["and(any)"]), strs(&["and(any)"])),
+            "{chain}: a DENY rule whose only condition is unenforced denies everything"
+        );
+        assert_eq!(
+            deny["ns[shop]-policy[jwt-deny]-rule[2]"],
+            (
+                strs(&["and(any)"]),
+                strs(&["and(or(peer(regex:.*/ns/a/.*)))"])
+            ),
+            "{chain}"
+        );
+        let allow = allow.as_ref().expect("allow rules");
+        assert_eq!(allow.action, Action::Allow as i32);
+        assert!(
+            allow.policies.is_empty(),
+            "{chain}: the ALLOW filter stays, without the rule: it denies all"
+        );
+    }
+}
+
 #[test]
 fn dry_run_policies_are_shadow_rules() {
     let mut p = policy("shop", "dry", "action: DENY\nrules: [{}]");

@@ -99,9 +99,20 @@ pub fn set_h2(opts: &mut HttpProtocolOptions) {
 }
 
 /// Stores the upstream HTTP protocol options on the cluster (one map entry only: prost
-/// encodes maps in hash order).
+/// encodes maps in hash order). Envoy requires `upstream_protocol_options`: options that
+/// set only common fields (a connection pool's `maxRequestsPerConnection`, idle timeout)
+/// get explicit HTTP/1.1, as istiod's `clusterWrapper.build` does.
 pub fn store_http_options(c: &mut Cluster, opts: Option<HttpProtocolOptions>) {
-    if let Some(opts) = opts {
+    if let Some(mut opts) = opts {
+        if opts.upstream_protocol_options.is_none() {
+            opts.upstream_protocol_options = Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+                ExplicitHttpConfig {
+                    protocol_config: Some(ProtocolConfig::HttpProtocolOptions(
+                        Http1ProtocolOptions::default(),
+                    )),
+                },
+            ));
+        }
         c.typed_extension_protocol_options.insert(
             HTTP_PROTOCOL_OPTIONS.to_string(),
             shoal_proto::pack(HTTP_PROTOCOL_OPTIONS_TYPE, &opts),

@@ -98,6 +98,26 @@ pub fn set_h2(opts: &mut HttpProtocolOptions) {
     }
 }
 
+/// istiod's `passthroughHttpProtocolOptions` (Passthrough and InboundPassthrough clusters):
+/// the upstream speaks what the downstream spoke (so h2c and gRPC to a host outside the
+/// registry stay HTTP/2), and idle pooled connections close after 5 minutes.
+pub fn passthrough_http_options() -> HttpProtocolOptions {
+    HttpProtocolOptions {
+        common_http_protocol_options: Some(CommonHttpOptions {
+            idle_timeout: Some(pb_duration(std::time::Duration::from_secs(300))),
+            ..Default::default()
+        }),
+        upstream_protocol_options: Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(
+            UseDownstreamHttpConfig {
+                http_protocol_options: Some(Http1ProtocolOptions::default()),
+                http2_protocol_options: Some(Http2ProtocolOptions::default()),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    }
+}
+
 /// Stores the upstream HTTP protocol options on the cluster (one map entry only: prost
 /// encodes maps in hash order). Envoy requires `upstream_protocol_options`: options that
 /// set only common fields (a connection pool's `maxRequestsPerConnection`, idle timeout)

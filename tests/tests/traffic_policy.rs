@@ -1,7 +1,11 @@
 //! End to end, DestinationRule traffic policies through a real Envoy gateway:
 //! - consistent hash: the same `x-user` header always reaches the same backend;
 //! - outlier detection: a backend that answers 503 is ejected after consecutive errors
-//!   and stops receiving traffic.
+//!   and stops receiving traffic;
+//! - circuit breaking (the istio.io task's DestinationRule: one connection, one pending
+//!   request, one request per connection): concurrent slow requests overflow with 503s;
+//! - connection pools: the clusters of every documented `connectionPool` field pass
+//!   `envoy --mode validate`.
 //!
 //! One standalone `shoal-server` on a manifest directory; backends on 127.0.0.x behind
 //! STATIC ServiceEntries. Needs the binaries: `cargo build --workspace --bins` first.
@@ -53,15 +57,18 @@ fn manifests(gateway_port: u16, backend_port: u16) -> String {
         &[loopback(24), loopback(25)],
         backend_port,
     );
+    out += &service_entry("breaker", "breaker.test", &[loopback(26)], backend_port);
     out += r#"apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata: {name: ingress, namespace: demo}
 spec:
-  hosts: [sticky.test, flaky.test]
+  hosts: [sticky.test, flaky.test, breaker.test]
   gateways: [istio-system/ingress]
   http:
   - match: [{headers: {":authority": {prefix: sticky.test}}}]
     route: [{destination: {host: sticky.test}}]
+  - match: [{headers: {":authority": {prefix: breaker.test}}}]
+    route: [{destination: {host: breaker.test}}]
   - route: [{destination: {host: flaky.test}}]
 ---
 apiVersion: networking.istio.io/v1
@@ -85,13 +92,24 @@ spec:
       interval: 1s
       baseEjectionTime: 5m
       maxEjectionPercent: 100
+---
+# The istio.io circuit-breaking task's rule.
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: breaker, namespace: demo}
+spec:
+  host: breaker.test
+  trafficPolicy:
+    connectionPool:
+      tcp: {maxConnections: 1}
+      http: {http1MaxPendingRequests: 1, maxRequestsPerConnection: 1}
 "#;
     out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn consistent_hash_and_outlier_ejection() {
-    let ips: Vec<_> = (21..=25).map(loopback).collect();
+async fn consistent_hash_outlier_ejection_and_circuit_breaking() {
+    let ips: Vec<_> = (21..=26).map(loopback).collect();
     let backend_port = free_port_on(&ips);
     let gateway_port = free_port_on(&[std::net::Ipv4Addr::UNSPECIFIED]);
     let mut sticky = Vec::new();
@@ -106,6 +124,7 @@ async fn consistent_hash_and_outlier_ejection() {
         StatusCode::SERVICE_UNAVAILABLE,
     )
     .await;
+    let breaker = Backend::start("breaker", SocketAddr::from((ips[5], backend_port))).await;
 
     let dir = tempfile::tempdir().expect("manifest dir");
     std::fs::write(
@@ -187,6 +206,37 @@ async fn consistent_hash_and_outlier_ejection() {
         ),
         "{stats}"
     );
+
+    // Circuit breaking: one connection and one pending request; of 8 concurrent slow
+    // requests, those beyond them overflow at once with 503, the others are served.
+    let slow = || async {
+        Request::get("/")
+            .host("breaker.test")
+            .header("x-delay-ms", "1000")
+            .send(gw)
+            .await
+            .map(|r| r.status)
+            .map_err(|e| e.to_string())
+    };
+    let statuses = futures::future::join_all((0..8).map(|_| slow())).await;
+    let ok = statuses.iter().filter(|s| **s == Ok(200)).count();
+    let overflowed = statuses.iter().filter(|s| **s == Ok(503)).count();
+    assert!(
+        ok >= 1 && overflowed >= 1 && ok + overflowed == 8,
+        "{statuses:?}"
+    );
+    assert!(breaker.requests() >= 1);
+    let overflow = envoy
+        .admin_get("/stats?filter=breaker.test.upstream_rq_pending_overflow")
+        .await
+        .expect("stats");
+    assert!(
+        !overflow.contains("upstream_rq_pending_overflow: 0"),
+        "no pending overflow: {overflow}"
+    );
+    // The rule's HTTP options are valid Envoy config: nothing was rejected.
+    let rejected = envoy.stat_sum("update_rejected").await;
+    assert_eq!(rejected, 0, "the gateway rejected {rejected} xDS updates");
     drop(envoy);
     drop(cp);
 }

@@ -475,7 +475,8 @@ async fn ingress_into_a_pod(mesh: &CapturedMesh) {
 ///
 /// Fail closed on fields shoal does not enforce (JWT): a DENY on details whose `when` is a
 /// JWT claim denies its path to everyone; an ALLOW on ratings whose only rule needs a JWT
-/// principal admits nobody (before, both policies were refused whole: open).
+/// principal admits nobody; a CUSTOM policy (no external authorizer) denies its path (before,
+/// all three policies were refused whole: open).
 ///
 /// The HTTP requests come from `external` too: each is a new connection. A changed filter
 /// chain applies to new connections; pooled ones (productpage's sidecar keeps some to
@@ -515,6 +516,7 @@ async fn authorization(mesh: &CapturedMesh) {
     );
     assert_eq!(request("GET", "/other", None).await.0, 200);
     assert_eq!(request("GET", "/allowed/claims", None).await.0, 200);
+    assert_eq!(request("GET", "/allowed/ext", None).await.0, 200);
     assert_eq!(ratings().await, Some(200), "ratings before the policies");
 
     let productpage = mesh.pods["productpage"].ip();
@@ -567,6 +569,11 @@ async fn authorization(mesh: &CapturedMesh) {
         request("GET", "/allowed/claims", None).await,
         denied,
         "a DENY whose only condition is a JWT claim denies its path to every request"
+    );
+    assert_eq!(
+        request("GET", "/allowed/ext", None).await,
+        denied,
+        "a CUSTOM policy (no external authorizer) denies what it matches"
     );
     eventually(PROPAGATE, POLL, || async {
         match ratings().await {
@@ -761,6 +768,16 @@ spec:
   rules:
   - to: [{operation: {paths: ["/allowed/claims"]}}]
     when: [{key: "request.auth.claims[groups]", values: [admin]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: details-ext-authz, namespace: shop}
+spec:
+  selector: {matchLabels: {app: details}}
+  action: CUSTOM
+  provider: {name: my-ext-authz}
+  rules:
+  - to: [{operation: {paths: ["/allowed/ext"]}}]
 ---
 apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy

@@ -57,6 +57,10 @@ fn with_base(kind: ConfigKind, mut spec: serde_json::Value) -> serde_json::Value
     let base = match kind {
         ConfigKind::DestinationRule => Some(("host", serde_json::json!("reviews"))),
         ConfigKind::VirtualService => Some(("hosts", serde_json::json!(["reviews"]))),
+        // `provider` goes with CUSTOM only.
+        ConfigKind::AuthorizationPolicy if spec.get("provider").is_some() => {
+            Some(("action", serde_json::json!("CUSTOM")))
+        }
         _ => None,
     };
     if let (Some((field, value)), Some(obj)) = (base, spec.as_object_mut()) {

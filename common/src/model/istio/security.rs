@@ -67,10 +67,21 @@ pub struct AuthorizationPolicy {
     pub selector: Option<LabelSelector>,
     /// What a matching request gets.
     pub action: AuthorizationAction,
+    /// The external authorizer of a CUSTOM policy (a MeshConfig extension provider).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ExtensionProvider>,
     /// The rules; a request matching any rule matches the policy. ALLOW with no rules
     /// allows nothing; DENY with no rules denies nothing.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<AuthorizationRule>,
+}
+
+/// `provider` of a CUSTOM AuthorizationPolicy.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ExtensionProvider {
+    /// The extension provider's name in MeshConfig.
+    pub name: String,
 }
 
 /// An AuthorizationPolicy action.

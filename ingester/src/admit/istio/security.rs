@@ -31,13 +31,24 @@ pub fn validate_peer_authentication(pa: &PeerAuthentication) -> Result<(), Inval
 }
 
 /// Checks an AuthorizationPolicy as istiod's validation does (`ValidateAuthorizationPolicy`,
-/// `security.ValidateAttribute`), plus CUSTOM, which shoal does not implement, refused.
-/// Fields shoal does not enforce inside a rule (JWT attributes, Envoy metadata) are
-/// accepted: the server fails closed on them ([`unenforced_fields`]).
+/// `security.ValidateAttribute`). What shoal does not enforce (CUSTOM's external
+/// authorizer, JWT attributes, Envoy metadata) is accepted: the server fails closed on it
+/// ([`unenforced_fields`]).
 pub fn validate_authorization_policy(ap: &AuthorizationPolicy) -> Result<(), InvalidObject> {
     let fail = |reason: String| Err(InvalidObject::new(reason));
-    if ap.action == AuthorizationAction::Custom {
-        return fail("action CUSTOM (an external authorizer) is not supported".to_string());
+    match (&ap.action, &ap.provider) {
+        (AuthorizationAction::Custom, None) => {
+            return fail("action CUSTOM needs provider.name".to_string())
+        }
+        (AuthorizationAction::Custom, Some(p)) if p.name.is_empty() => {
+            return fail("provider.name must not be empty".to_string())
+        }
+        (AuthorizationAction::Custom, Some(_)) | (_, None) => {}
+        (action, Some(_)) => {
+            return fail(format!(
+                "provider needs action CUSTOM (the action is {action:?})"
+            ))
+        }
     }
     if ap.action == AuthorizationAction::Deny && ap.rules.is_empty() {
         return fail(
@@ -126,17 +137,28 @@ const JWT_KEYS: &[&str] = &[
 ];
 
 /// The fields of a valid AuthorizationPolicy that shoal accepts but cannot enforce (JWT
-/// attributes, which need RequestAuthentication, and Envoy metadata), each with what the
-/// server does instead. The server fails closed on them, as istiod does with what it cannot
-/// translate: an ALLOW or AUDIT rule using one is dropped (allows less), a DENY rule only
-/// loses it (denies more). Said in the ingester's warning naming the object.
+/// attributes, which need RequestAuthentication, Envoy metadata, and CUSTOM's external
+/// authorizer), each with what the server does instead. The server fails closed on them,
+/// as istiod does with what it cannot translate: an ALLOW or AUDIT rule using one is
+/// dropped (allows less), a DENY rule only loses it (denies more), and a CUSTOM policy's
+/// rules deny what they match (istiod's rule for a provider it does not know). Said in the
+/// ingester's warning and status naming the object.
 pub fn unenforced_fields(ap: &AuthorizationPolicy) -> Vec<String> {
     let effect = match ap.action {
-        AuthorizationAction::Deny => "ignored, so the rule denies more",
+        AuthorizationAction::Deny | AuthorizationAction::Custom => {
+            "ignored, so the rule denies more"
+        }
         AuthorizationAction::Allow => "its rule is dropped, so the policy allows less",
-        AuthorizationAction::Audit | AuthorizationAction::Custom => "its rule is dropped",
+        AuthorizationAction::Audit => "its rule is dropped",
     };
     let mut out = Vec::new();
+    if let (AuthorizationAction::Custom, Some(provider)) = (&ap.action, &ap.provider) {
+        out.push(format!(
+            "provider.name {:?} (shoal has no external authorizers, so the requests the rules \
+             match are denied, as istiod does for an unknown provider)",
+            provider.name
+        ));
+    }
     for (i, rule) in ap.rules.iter().enumerate() {
         for (j, from) in rule.from.iter().enumerate() {
             let s = &from.source;
@@ -352,20 +374,22 @@ mod tests {
     }
 
     #[test]
-    fn authorization_policy_unmodelled_fields_and_custom_are_refused() {
+    fn authorization_policy_unmodelled_fields_and_bad_custom_are_refused() {
         spec(
             ConfigKind::AuthorizationPolicy,
             "action: DENY\nrules: [{from: [{source: {namespaces: [x]}}], to: [{operation: {methods: [GET]}}]}]",
         )
         .expect("valid");
         let e = spec(ConfigKind::AuthorizationPolicy, "action: CUSTOM").unwrap_err();
-        assert!(e.contains("CUSTOM"), "{e}");
+        assert!(e.contains("action CUSTOM needs provider.name"), "{e}");
+        let e = spec(ConfigKind::AuthorizationPolicy, "provider: {name: ext}").unwrap_err();
+        assert!(e.contains("provider needs action CUSTOM"), "{e}");
         let e = spec(
             ConfigKind::AuthorizationPolicy,
-            "action: CUSTOM\nprovider: {name: ext}",
+            "action: CUSTOM\nprovider: {name: \"\"}",
         )
         .unwrap_err();
-        assert!(e.contains("spec.provider"), "{e}");
+        assert!(e.contains("provider.name must not be empty"), "{e}");
         let e = spec(
             ConfigKind::AuthorizationPolicy,
             "targetRefs: [{kind: Gateway}]",
@@ -513,6 +537,16 @@ rules:
             ["rules[0].when[0] \"request.auth.principal\" (its rule is dropped)"]
         );
         assert!(named("rules: [{from: [{source: {principals: [a]}}]}]").is_empty());
+        assert_eq!(
+            named(
+                "action: CUSTOM\nprovider: {name: ext-authz}\nrules: [{when: [{key: request.auth.principal, values: [a]}]}]"
+            ),
+            [
+                "provider.name \"ext-authz\" (shoal has no external authorizers, so the requests \
+                 the rules match are denied, as istiod does for an unknown provider)",
+                "rules[0].when[0] \"request.auth.principal\" (ignored, so the rule denies more)",
+            ]
+        );
         // The values are still checked.
         let e = spec(
             ConfigKind::AuthorizationPolicy,

@@ -22,7 +22,6 @@
 use super::metrics::{KubeMetrics, StatusWrite};
 use super::reduce::ObjKey;
 use crate::coordination::lease::Leadership;
-use crate::error::InvalidObject;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{json, Value};
@@ -439,6 +438,7 @@ pub fn status_patch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::InvalidObject;
 
     const NOW: &str = "2024-01-01T00:00:00Z";
     const LATER: &str = "2024-01-02T00:00:00Z";

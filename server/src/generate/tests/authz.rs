@@ -574,6 +574,86 @@ rules:
     }
 }
 
+/// CUSTOM policies: shoal has no external authorizers, so, as istiod for a provider missing
+/// from MeshConfig, each provider's rules become a DENY filter ahead of the others (named
+/// istiod's way), translated as DENY rules (unenforced fields dropped: denies more). A
+/// dry-run CUSTOM policy denies nothing.
+#[test]
+fn custom_policies_deny_what_they_match_per_provider_first() {
+    let k = key(vec![
+        policy(
+            "shop",
+            "ext-b",
+            r#"
+action: CUSTOM
+provider: {name: oauth}
+rules:
+- to: [{operation: {paths: ["/admin"]}}]
+- from: [{source: {requestPrincipals: ["*"]}}]
+  to: [{operation: {ports: ["8080"]}}]
+"#,
+        ),
+        policy(
+            "shop",
+            "ext-a",
+            "action: CUSTOM\nprovider: {name: authz}\nrules: [{to: [{operation: {methods: [POST]}}]}]",
+        ),
+        policy("shop", "allow", "rules: [{}]"),
+        Arc::new(Config {
+            meta: ObjectMeta {
+                name: "ext-dry".into(),
+                namespace: "shop".into(),
+                annotations: [("istio.io/dry-run".to_string(), "true".to_string())]
+                    .into_iter()
+                    .collect(),
+                ..Default::default()
+            },
+            spec: shoal_common::yaml::from_str(
+                "action: CUSTOM\nprovider: {name: zzz}\nrules: [{}]",
+            )
+            .expect("policy"),
+        }),
+    ]);
+    let filters = http(&k);
+    assert_eq!(filters.len(), 3, "authz, oauth, then ALLOW: {filters:?}");
+    let authz = filters[0].rules.as_ref().expect("rules");
+    assert_eq!(authz.action, Action::Deny as i32);
+    assert_eq!(filters[0].shadow_rules_stat_prefix, "");
+    assert_eq!(
+        render(authz),
+        [(
+            "istio-ext-authz-authz-ns[shop]-policy[ext-a]-rule[0]-deny-due-to-bad-CUSTOM-action"
+                .to_string(),
+            (
+                strs(&["and(or(header(:method=exact:POST)))"]),
+                strs(&["and(any)"])
+            )
+        )]
+        .into_iter()
+        .collect::<Rendered>()
+    );
+    let oauth = render(filters[1].rules.as_ref().expect("rules"));
+    assert_eq!(
+        oauth["istio-ext-authz-oauth-ns[shop]-policy[ext-b]-rule[1]-deny-due-to-bad-CUSTOM-action"],
+        (strs(&["and(or(port(8080)))"]), strs(&["and(any)"])),
+        "the unenforced requestPrincipals is dropped: every request to 8080 is denied"
+    );
+    assert_eq!(oauth.len(), 2);
+    assert_eq!(
+        filters[2].rules.as_ref().map(|r| r.action),
+        Some(Action::Allow as i32)
+    );
+    // On TCP, the HTTP-only paths and methods are dropped from the DENY rules: the rules
+    // deny every connection (istiod's DENY translation).
+    let tcp_filters = tcp(&k);
+    assert_eq!(tcp_filters.len(), 3);
+    let tcp_authz = render(tcp_filters[0].rules.as_ref().expect("rules"));
+    assert_eq!(
+        tcp_authz.values().next(),
+        Some(&(strs(&["and(any)"]), strs(&["and(any)"])))
+    );
+}
+
 #[test]
 fn dry_run_policies_are_shadow_rules() {
     let mut p = policy("shop", "dry", "action: DENY\nrules: [{}]");

@@ -1,6 +1,6 @@
 //! Fail closed: AuthorizationPolicies with fields shoal does not enforce (`requestPrincipals`,
-//! `notRequestPrincipals`, `request.auth.*`) never let through a request that they would
-//! deny. Requests are evaluated against the RBAC filters shoal generates, with Envoy's
+//! `notRequestPrincipals`, `request.auth.*`, CUSTOM's external authorizer) never let through
+//! a request that they would deny. Requests are evaluated against the RBAC filters shoal generates, with Envoy's
 //! semantics, and compared with (a) the same policies without those fields and (b) Istio's
 //! meaning of the policies, JWT included, for whatever token the request carries.
 
@@ -9,8 +9,8 @@ use crate::index::config::Config;
 use proptest::prelude::*;
 use prost::Message;
 use shoal_common::model::{
-    AuthorizationAction, AuthorizationPolicy, AuthorizationRule, Condition, ObjectMeta, Operation,
-    RuleFrom, RuleTo, Source,
+    AuthorizationAction, AuthorizationPolicy, AuthorizationRule, Condition, ExtensionProvider,
+    ObjectMeta, Operation, RuleFrom, RuleTo, Source,
 };
 use shoal_proto::pb::envoy::config::listener::v3::filter;
 use shoal_proto::pb::envoy::config::rbac::v3::{
@@ -92,10 +92,12 @@ fn rule_matches(rule: &AuthorizationRule, r: &Request) -> bool {
         && rule.when.iter().all(|c| condition_matches(c, r))
 }
 
+/// Istio's decision, whatever CUSTOM's external authorizer would say: a request a CUSTOM
+/// rule matches may be denied by it, so it is allowed only when it matches none.
 fn istio_allows(policies: &[AuthorizationPolicy], r: &Request) -> bool {
     let of = |action| policies.iter().filter(move |p| p.action == action);
     let matches = |p: &AuthorizationPolicy| p.rules.iter().any(|rule| rule_matches(rule, r));
-    if of(AuthorizationAction::Deny).any(matches) {
+    if of(AuthorizationAction::Deny).any(matches) || of(AuthorizationAction::Custom).any(matches) {
         return false;
     }
     let mut allow = of(AuthorizationAction::Allow).peekable();
@@ -333,12 +335,16 @@ const ACTIONS: &[AuthorizationAction] = &[
     AuthorizationAction::Allow,
     AuthorizationAction::Deny,
     AuthorizationAction::Audit,
+    AuthorizationAction::Custom,
 ];
 
 fn policy() -> impl Strategy<Value = AuthorizationPolicy> {
     (pick(ACTIONS), prop::collection::vec(rule(), 0..3)).prop_map(|(action, rules)| {
         AuthorizationPolicy {
             action,
+            provider: (action == AuthorizationAction::Custom).then(|| ExtensionProvider {
+                name: "ext-authz".into(),
+            }),
             rules,
             ..Default::default()
         }

@@ -141,6 +141,19 @@ pub struct Source {
     /// Negated `requestPrincipals`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_request_principals: Vec<String>,
+    /// Peer service accounts (`<sa>` in the policy's namespace, or `<ns>/<sa>`), from the
+    /// peer identity.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub service_accounts: Vec<String>,
+    /// Negated `serviceAccounts`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_service_accounts: Vec<String>,
+    /// Peer trust domains (`*` prefix/suffix matches), from the peer identity.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trust_domains: Vec<String>,
+    /// Negated `trustDomains`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_trust_domains: Vec<String>,
     /// Peer namespaces (from the peer identity).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,

@@ -66,6 +66,10 @@ pub fn validate_authorization_policy(ap: &AuthorizationPolicy) -> Result<(), Inv
                 ("notPrincipals", &s.not_principals),
                 ("requestPrincipals", &s.request_principals),
                 ("notRequestPrincipals", &s.not_request_principals),
+                ("serviceAccounts", &s.service_accounts),
+                ("notServiceAccounts", &s.not_service_accounts),
+                ("trustDomains", &s.trust_domains),
+                ("notTrustDomains", &s.not_trust_domains),
                 ("namespaces", &s.namespaces),
                 ("notNamespaces", &s.not_namespaces),
                 ("ipBlocks", &s.ip_blocks),
@@ -76,10 +80,28 @@ pub fn validate_authorization_policy(ap: &AuthorizationPolicy) -> Result<(), Inv
             if lists.iter().all(|(_, v)| v.is_empty()) {
                 return fail(format!("{at} must not be empty"));
             }
+            let peers = [
+                &s.principals,
+                &s.not_principals,
+                &s.namespaces,
+                &s.not_namespaces,
+            ];
+            let accounts = [&s.service_accounts, &s.not_service_accounts];
+            if peers.iter().any(|v| !v.is_empty()) && accounts.iter().any(|v| !v.is_empty()) {
+                return fail(format!(
+                    "{at}: serviceAccounts cannot be set with namespaces or principals (as istiod)"
+                ));
+            }
             for (field, values) in lists {
-                non_empty(&format!("{at}.{field}"), values)?;
-                if field.ends_with("IpBlocks") || field.ends_with("ipBlocks") {
-                    ip_blocks(&format!("{at}.{field}"), values)?;
+                let at = format!("{at}.{field}");
+                non_empty(&at, values)?;
+                match field {
+                    _ if field.ends_with("IpBlocks") || field.ends_with("ipBlocks") => {
+                        ip_blocks(&at, values)?
+                    }
+                    "serviceAccounts" | "notServiceAccounts" => service_accounts(&at, values)?,
+                    "trustDomains" | "notTrustDomains" => wildcards(&at, values)?,
+                    _ => {}
                 }
             }
         }
@@ -411,6 +433,21 @@ mod tests {
         ok("action: DENY\nrules: [{}]");
         ok(
             r#"rules: [{from: [{source: {ipBlocks: [10.0.0.0/8, 10.1.2.3, "2001:db8::/32"]}}], to: [{operation: {ports: ["0", "65535"], paths: ["/a/*"]}}]}]"#,
+        );
+        ok(
+            r#"rules: [{from: [{source: {serviceAccounts: [a, ns/b], notTrustDomains: ["*.corp"]}}]}]"#,
+        );
+        err(
+            "rules: [{from: [{source: {serviceAccounts: [a], namespaces: [x]}}]}]",
+            "rules[0].from[0].source: serviceAccounts cannot be set with namespaces",
+        );
+        err(
+            "rules: [{from: [{source: {notServiceAccounts: [a/b/c]}}]}]",
+            "rules[0].from[0].source.notServiceAccounts[0]",
+        );
+        err(
+            "rules: [{from: [{source: {trustDomains: [a*b]}}]}]",
+            "rules[0].from[0].source.trustDomains[0]",
         );
         ok(
             r#"rules: [{when: [{key: "request.headers[x-a]", values: [b]}, {key: source.serviceAccount, values: [a, ns/b]}, {key: source.trustDomain, values: ["*.corp"]}, {key: destination.port, notValues: ["80"]}, {key: connection.sni, values: [a]}]}]"#,

@@ -132,8 +132,8 @@ pub(super) fn translate_rule(
     let mut principals = Vec::new();
     for from in &rule.from {
         let s = &from.source;
-        // istiod's order: principals, request principals, namespaces, remote IPs, IPs,
-        // then the `when` keys.
+        // istiod's order: principals, request principals, service accounts, trust domains,
+        // namespaces, remote IPs, IPs, then the `when` keys.
         let mut conds = present([
             (Attr::Principal, &s.principals, &s.not_principals),
             (
@@ -141,6 +141,12 @@ pub(super) fn translate_rule(
                 &s.request_principals,
                 &s.not_request_principals,
             ),
+            (
+                Attr::ServiceAccount,
+                &s.service_accounts,
+                &s.not_service_accounts,
+            ),
+            (Attr::TrustDomain, &s.trust_domains, &s.not_trust_domains),
             (Attr::Namespace, &s.namespaces, &s.not_namespaces),
             (Attr::RemoteIp, &s.remote_ip_blocks, &s.not_remote_ip_blocks),
             (Attr::SourceIp, &s.ip_blocks, &s.not_ip_blocks),

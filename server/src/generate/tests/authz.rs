@@ -328,6 +328,41 @@ rules:
     );
 }
 
+/// `source.serviceAccounts` and `source.trustDomains` translate as their `when` keys do, in
+/// istiod's order (after principals, before namespaces and IPs).
+#[test]
+fn service_accounts_and_trust_domains_of_the_source() {
+    let k = key(vec![policy(
+        "shop",
+        "sa",
+        r#"
+rules:
+- from:
+  - source:
+      ipBlocks: [10.0.0.1]
+      serviceAccounts: [a, other/b]
+      notServiceAccounts: [shop/c]
+      trustDomains: [td.example, "*.corp"]
+      notTrustDomains: ["*"]
+"#,
+    )]);
+    let (_, princs) = only_policy(http(&k)[0].rules.as_ref());
+    assert_eq!(
+        princs,
+        strs(
+            &["and(or(peer(regex:spiffe://.+/ns/shop/(.+/|)sa/a(/.+)?), \
+                peer(regex:spiffe://.+/ns/other/(.+/|)sa/b(/.+)?)), \
+                not(or(peer(regex:spiffe://.+/ns/shop/(.+/|)sa/c(/.+)?))), \
+                or(peer(prefix:spiffe://td.example/), peer(regex:spiffe://[^/]*\\.corp/.*)), \
+                not(or(peer(prefix:spiffe://))), \
+                or(ip(10.0.0.1/32)))"]
+        )
+    );
+    // Peer identities: they hold on TCP too.
+    let (_, tcp_princs) = only_policy(tcp(&k)[0].rules.as_ref());
+    assert_eq!(tcp_princs, princs);
+}
+
 #[test]
 fn audit_deny_allow_in_istiods_order_with_istiods_names_and_prefixes() {
     let k = key(vec![

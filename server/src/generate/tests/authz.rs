@@ -29,7 +29,7 @@ use std::sync::Arc;
 // ---------------------------------------------------------------------------------------
 // Fixtures and a compact rendering of RBAC trees
 
-fn policy(ns: &str, name: &str, yaml: &str) -> Arc<Config<AuthorizationPolicy>> {
+pub(super) fn policy(ns: &str, name: &str, yaml: &str) -> Arc<Config<AuthorizationPolicy>> {
     let spec: AuthorizationPolicy =
         shoal_common::yaml::from_str(yaml).unwrap_or_else(|e| panic!("bad policy: {e}\n{yaml}"));
     Arc::new(Config {
@@ -42,14 +42,14 @@ fn policy(ns: &str, name: &str, yaml: &str) -> Arc<Config<AuthorizationPolicy>> 
     })
 }
 
-fn key(policies: Vec<Arc<Config<AuthorizationPolicy>>>) -> AuthzKey {
+pub(super) fn key(policies: Vec<Arc<Config<AuthorizationPolicy>>>) -> AuthzKey {
     AuthzKey {
         policies,
         trust_domain: "cluster.local".into(),
     }
 }
 
-fn http(key: &AuthzKey) -> Vec<HttpRbac> {
+pub(super) fn http(key: &AuthzKey) -> Vec<HttpRbac> {
     authz::http_filters(key)
         .iter()
         .map(|f| {
@@ -64,7 +64,7 @@ fn http(key: &AuthzKey) -> Vec<HttpRbac> {
         .collect()
 }
 
-fn tcp(key: &AuthzKey) -> Vec<NetworkRbac> {
+pub(super) fn tcp(key: &AuthzKey) -> Vec<NetworkRbac> {
     authz::network_filters(key)
         .iter()
         .map(network_rbac)
@@ -82,9 +82,9 @@ fn network_rbac(f: &Filter) -> NetworkRbac {
 }
 
 /// Policy name → (permissions, principals), rendered.
-type Rendered = BTreeMap<String, (Vec<String>, Vec<String>)>;
+pub(super) type Rendered = BTreeMap<String, (Vec<String>, Vec<String>)>;
 
-fn render(rbac: &Rbac) -> Rendered {
+pub(super) fn render(rbac: &Rbac) -> Rendered {
     rbac.policies
         .iter()
         .map(|(name, p)| {
@@ -180,7 +180,7 @@ fn princ(p: &Principal) -> String {
     }
 }
 
-fn strs(v: &[&str]) -> Vec<String> {
+pub(super) fn strs(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
@@ -523,169 +523,6 @@ rules:
     assert_eq!(
         http_deny["ns[shop]-policy[d]-rule[0]"].0,
         strs(&["and(or(header(:method=exact:POST)), or(port(3306)))"])
-    );
-}
-
-/// Fields shoal does not enforce (JWT attributes) fail closed as istiod treats what it cannot
-/// translate: the ALLOW rule goes (here the policy's only rule, so it denies everything),
-/// the DENY rule loses only the field (so it denies more), the AUDIT rule goes. On TCP
-/// too. The policy itself always applies.
-#[test]
-fn unenforced_fields_drop_allow_and_audit_rules_and_widen_deny_rules() {
-    let k = key(vec![
-        policy(
-            "shop",
-            "jwt-allow",
-            r#"
-rules:
-- from: [{source: {requestPrincipals: ["*"]}}]
-"#,
-        ),
-        policy(
-            "shop",
-            "jwt-deny",
-            r#"
-action: DENY
-rules:
-- from: [{source: {notRequestPrincipals: ["*"]}}]
-  to: [{operation: {ports: ["8080"]}}]
-- when: [{key: "request.auth.claims[groups]", values: [admin]}]
-- from: [{source: {namespaces: [a], requestPrincipals: [iss/sub]}}]
-  when: [{key: request.auth.audiences, notValues: [x]}, {key: "experimental.envoy.filters.a[b]", values: [c]}]
-"#,
-        ),
-        policy(
-            "shop",
-            "jwt-audit",
-            r#"
-action: AUDIT
-rules:
-- when: [{key: request.auth.principal, values: [iss/sub]}]
-- to: [{operation: {ports: ["80"]}}]
-"#,
-        ),
-    ]);
-    for (chain, filters) in [
-        (
-            "http",
-            http(&k).into_iter().map(|f| f.rules).collect::<Vec<_>>(),
-        ),
-        ("tcp", tcp(&k).into_iter().map(|f| f.rules).collect()),
-    ] {
-        let [audit, deny, allow] = &filters[..] else {
-            panic!("{chain}: {filters:?}")
-        };
-        let audit = render(audit.as_ref().expect("audit rules"));
-        assert_eq!(
-            audit.keys().collect::<Vec<_>>(),
-            ["ns[shop]-policy[jwt-audit]-rule[1]"],
-            "{chain}"
-        );
-        let deny = render(deny.as_ref().expect("deny rules"));
-        assert_eq!(
-            deny["ns[shop]-policy[jwt-deny]-rule[0]"],
-            (strs(&["and(or(port(8080)))"]), strs(&["and(any)"])),
-            "{chain}: no token check left, every request to 8080 is denied"
-        );
-        assert_eq!(
-            deny["ns[shop]-policy[jwt-deny]-rule[1]"],
-            (strs(&["and(any)"]), strs(&["and(any)"])),
-            "{chain}: a DENY rule whose only condition is unenforced denies everything"
-        );
-        assert_eq!(
-            deny["ns[shop]-policy[jwt-deny]-rule[2]"],
-            (
-                strs(&["and(any)"]),
-                strs(&["and(or(peer(regex:.*/ns/a/.*)))"])
-            ),
-            "{chain}"
-        );
-        let allow = allow.as_ref().expect("allow rules");
-        assert_eq!(allow.action, Action::Allow as i32);
-        assert!(
-            allow.policies.is_empty(),
-            "{chain}: the ALLOW filter stays, without the rule: it denies all"
-        );
-    }
-}
-
-/// CUSTOM policies: shoal has no external authorizers, so, as istiod for a provider missing
-/// from MeshConfig, each provider's rules become a DENY filter ahead of the others (named
-/// istiod's way), translated as DENY rules (unenforced fields dropped: denies more). A
-/// dry-run CUSTOM policy denies nothing.
-#[test]
-fn custom_policies_deny_what_they_match_per_provider_first() {
-    let k = key(vec![
-        policy(
-            "shop",
-            "ext-b",
-            r#"
-action: CUSTOM
-provider: {name: oauth}
-rules:
-- to: [{operation: {paths: ["/admin"]}}]
-- from: [{source: {requestPrincipals: ["*"]}}]
-  to: [{operation: {ports: ["8080"]}}]
-"#,
-        ),
-        policy(
-            "shop",
-            "ext-a",
-            "action: CUSTOM\nprovider: {name: authz}\nrules: [{to: [{operation: {methods: [POST]}}]}]",
-        ),
-        policy("shop", "allow", "rules: [{}]"),
-        Arc::new(Config {
-            meta: ObjectMeta {
-                name: "ext-dry".into(),
-                namespace: "shop".into(),
-                annotations: [("istio.io/dry-run".to_string(), "true".to_string())]
-                    .into_iter()
-                    .collect(),
-                ..Default::default()
-            },
-            spec: shoal_common::yaml::from_str(
-                "action: CUSTOM\nprovider: {name: zzz}\nrules: [{}]",
-            )
-            .expect("policy"),
-        }),
-    ]);
-    let filters = http(&k);
-    assert_eq!(filters.len(), 3, "authz, oauth, then ALLOW: {filters:?}");
-    let authz = filters[0].rules.as_ref().expect("rules");
-    assert_eq!(authz.action, Action::Deny as i32);
-    assert_eq!(filters[0].shadow_rules_stat_prefix, "");
-    assert_eq!(
-        render(authz),
-        [(
-            "istio-ext-authz-authz-ns[shop]-policy[ext-a]-rule[0]-deny-due-to-bad-CUSTOM-action"
-                .to_string(),
-            (
-                strs(&["and(or(header(:method=exact:POST)))"]),
-                strs(&["and(any)"])
-            )
-        )]
-        .into_iter()
-        .collect::<Rendered>()
-    );
-    let oauth = render(filters[1].rules.as_ref().expect("rules"));
-    assert_eq!(
-        oauth["istio-ext-authz-oauth-ns[shop]-policy[ext-b]-rule[1]-deny-due-to-bad-CUSTOM-action"],
-        (strs(&["and(or(port(8080)))"]), strs(&["and(any)"])),
-        "the unenforced requestPrincipals is dropped: every request to 8080 is denied"
-    );
-    assert_eq!(oauth.len(), 2);
-    assert_eq!(
-        filters[2].rules.as_ref().map(|r| r.action),
-        Some(Action::Allow as i32)
-    );
-    // On TCP, the HTTP-only paths and methods are dropped from the DENY rules: the rules
-    // deny every connection (istiod's DENY translation).
-    let tcp_filters = tcp(&k);
-    assert_eq!(tcp_filters.len(), 3);
-    let tcp_authz = render(tcp_filters[0].rules.as_ref().expect("rules"));
-    assert_eq!(
-        tcp_authz.values().next(),
-        Some(&(strs(&["and(any)"]), strs(&["and(any)"])))
     );
 }
 

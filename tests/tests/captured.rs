@@ -473,6 +473,11 @@ async fn ingress_into_a_pod(mesh: &CapturedMesh) {
 /// The ingress gateway: a DENY on paths gives 403 for those paths; on its TCP server the rule
 /// loses its HTTP fields and denies every connection (istiod's TCP translation).
 ///
+/// Fail closed on fields shoal does not enforce (JWT): a DENY on details whose `when` is a
+/// JWT claim denies its path to everyone; an ALLOW on ratings whose only rule needs a JWT
+/// principal admits nobody; a CUSTOM policy (no external authorizer) denies its path (before,
+/// all three policies were refused whole: open).
+///
 /// The HTTP requests come from `external` too: each is a new connection. A changed filter
 /// chain applies to new connections; pooled ones (productpage's sidecar keeps some to
 /// details) finish on the old chain while Envoy drains them, as with istiod.
@@ -499,12 +504,20 @@ async fn authorization(mesh: &CapturedMesh) {
             (status, out.body_text().trim().to_string())
         }
     };
+    let ratings_url = format!("http://{}:7070/jwt", mesh.pods["ratings"].ip());
+    let ratings = || async {
+        let out = external.run(&["http-get", &ratings_url]).await;
+        out.http().ok().map(|(status, _)| status)
+    };
     let out = from_external().await;
     assert_eq!(
         out.expect_success("external to mysql").trim(),
         "mysql:hello"
     );
     assert_eq!(request("GET", "/other", None).await.0, 200);
+    assert_eq!(request("GET", "/allowed/claims", None).await.0, 200);
+    assert_eq!(request("GET", "/allowed/ext", None).await.0, 200);
+    assert_eq!(ratings().await, Some(200), "ratings before the policies");
 
     let productpage = mesh.pods["productpage"].ip();
     mesh.write(
@@ -552,6 +565,25 @@ async fn authorization(mesh: &CapturedMesh) {
         "DENY on a header"
     );
     assert_eq!(request("GET", "/allowed", Some("x-block:no")).await.0, 200);
+    assert_eq!(
+        request("GET", "/allowed/claims", None).await,
+        denied,
+        "a DENY whose only condition is a JWT claim denies its path to every request"
+    );
+    assert_eq!(
+        request("GET", "/allowed/ext", None).await,
+        denied,
+        "a CUSTOM policy (no external authorizer) denies what it matches"
+    );
+    eventually(PROPAGATE, POLL, || async {
+        match ratings().await {
+            Some(403) => Ok(()),
+            other => Err(format!(
+                "the JWT-only ALLOW admitted external to ratings: {other:?}"
+            )),
+        }
+    })
+    .await;
     let denied_after = mesh.stat("details", "rbac.denied").await;
     assert!(
         denied_after >= denied_before + 3,
@@ -612,7 +644,11 @@ async fn authorization(mesh: &CapturedMesh) {
             request("GET", "/other", None).await,
             via_gateway("/blocked").await,
         ) {
-            ((200, _), Ok(200)) if from_external().await.success() => Ok(()),
+            ((200, _), Ok(200))
+                if from_external().await.success() && ratings().await == Some(200) =>
+            {
+                Ok(())
+            }
             other => Err(format!("policies still in force: {other:?}")),
         }
     })
@@ -722,6 +758,34 @@ spec:
   action: DENY
   rules:
   - when: [{key: "request.headers[x-block]", values: ["yes"]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: details-deny-claims, namespace: shop}
+spec:
+  selector: {matchLabels: {app: details}}
+  action: DENY
+  rules:
+  - to: [{operation: {paths: ["/allowed/claims"]}}]
+    when: [{key: "request.auth.claims[groups]", values: [admin]}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: details-ext-authz, namespace: shop}
+spec:
+  selector: {matchLabels: {app: details}}
+  action: CUSTOM
+  provider: {name: my-ext-authz}
+  rules:
+  - to: [{operation: {paths: ["/allowed/ext"]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: ratings-jwt-only, namespace: shop}
+spec:
+  selector: {matchLabels: {app: ratings}}
+  rules:
+  - from: [{source: {requestPrincipals: ["*"]}}]
 ---
 apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy

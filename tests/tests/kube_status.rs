@@ -1,7 +1,9 @@
 //! Status reporting on rejected Istio config, with the ingester as a process against the
 //! Kubernetes API test server: a rejected VirtualService gets the reason (naming the
 //! field) in its `status`, fixing it clears it, and only the leader writes, only what the
-//! status does not say yet — a restart writes nothing.
+//! status does not say yet — a restart writes nothing. An AuthorizationPolicy using fields
+//! shoal does not enforce is published (shoal fails closed on them) and its status names
+//! them.
 //!
 //! Run `cargo build --workspace --bins` first (the tests run the ingester binary).
 
@@ -10,7 +12,7 @@
 mod harness;
 
 use harness::{
-    config_cluster, populate, virtual_service_crd, BusRecorder, Ingester, POLL, TIMEOUT,
+    config_cluster, istio_crd, populate, virtual_service_crd, BusRecorder, Ingester, POLL, TIMEOUT,
 };
 use serde_json::{json, Value};
 use shoal_common::bus::Bucket;
@@ -183,6 +185,68 @@ async fn rejected_virtual_service_gets_a_status_that_clears_when_fixed() {
         .metrics()
         .await
         .contains("shoal_ingester_object_status_writes_total{result=\"written\"} 0"));
+}
+
+/// A DENY AuthorizationPolicy "deny requests without a token" (`notRequestPrincipals`, which
+/// needs RequestAuthentication): refusing it would leave the workload open, so it is
+/// published, and its status says which field shoal does not enforce and what it does
+/// instead.
+#[tokio::test]
+async fn partially_enforced_authorization_policy_is_published_and_says_so() {
+    const POLICIES: &str = "authorizationpolicies.security.istio.io";
+    let nats = NatsServer::start().await;
+    let bus = BusRecorder::start(&nats.url()).await;
+    let config = config_cluster().await;
+    populate(&config, "shop", json!({}), "local");
+    let mut crd = istio_crd("AuthorizationPolicy", "authorizationpolicies");
+    crd["metadata"]["name"] = json!(POLICIES);
+    crd["spec"]["group"] = json!("security.istio.io");
+    config.create(crd).unwrap();
+    config
+        .create(json!({
+            "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": "require-jwt", "namespace": "shop"},
+            "spec": {"action": "DENY",
+                     "rules": [{"from": [{"source": {"notRequestPrincipals": ["*"]}}]}]},
+        }))
+        .unwrap();
+    let mut ingester =
+        Ingester::start(&nats.url(), &config.kubeconfig(), &["--cluster-id", "main"]);
+    ingester.wait_ready().await;
+
+    let key = config_key(ConfigKind::AuthorizationPolicy, "shop", "require-jwt");
+    bus.until("the policy on the bus", |b| {
+        b.state(Bucket::Config).contains_key(&key)
+    })
+    .await;
+    let status = || {
+        config
+            .get(POLICIES, Some("shop"), "require-jwt")
+            .and_then(|p| p.get("status").cloned())
+            .unwrap_or(Value::Null)
+    };
+    eventually(TIMEOUT, POLL, || {
+        let status = status();
+        async move {
+            match reconciled(&status) {
+                Some(c) if c["reason"] == "PartiallyEnforced" => Ok(()),
+                _ => Err(format!("no PartiallyEnforced status yet: {status}")),
+            }
+        }
+    })
+    .await;
+    let status = status();
+    let condition = reconciled(&status).unwrap();
+    assert_eq!(condition["status"], "True", "{status}");
+    let message = condition["message"].as_str().unwrap();
+    assert!(
+        message.contains(
+            "rules[0].from[0].source.notRequestPrincipals (ignored, so the rule denies more)"
+        ),
+        "{message}"
+    );
+    assert!(status.get("validationMessages").is_none(), "{status}");
+    ingester.kill().await;
 }
 
 /// Waits until one of two ingesters leads; returns (leader, standby).

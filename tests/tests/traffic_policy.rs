@@ -1,7 +1,11 @@
 //! End to end, DestinationRule traffic policies through a real Envoy gateway:
 //! - consistent hash: the same `x-user` header always reaches the same backend;
 //! - outlier detection: a backend that answers 503 is ejected after consecutive errors
-//!   and stops receiving traffic.
+//!   and stops receiving traffic;
+//! - circuit breaking (the istio.io task's DestinationRule: one connection, one pending
+//!   request, one request per connection): concurrent slow requests overflow with 503s;
+//! - connection pools: the clusters of every documented `connectionPool` field pass
+//!   `envoy --mode validate`.
 //!
 //! One standalone `shoal-server` on a manifest directory; backends on 127.0.0.x behind
 //! STATIC ServiceEntries. Needs the binaries: `cargo build --workspace --bins` first.
@@ -53,15 +57,18 @@ fn manifests(gateway_port: u16, backend_port: u16) -> String {
         &[loopback(24), loopback(25)],
         backend_port,
     );
+    out += &service_entry("breaker", "breaker.test", &[loopback(26)], backend_port);
     out += r#"apiVersion: networking.istio.io/v1
 kind: VirtualService
 metadata: {name: ingress, namespace: demo}
 spec:
-  hosts: [sticky.test, flaky.test]
+  hosts: [sticky.test, flaky.test, breaker.test]
   gateways: [istio-system/ingress]
   http:
   - match: [{headers: {":authority": {prefix: sticky.test}}}]
     route: [{destination: {host: sticky.test}}]
+  - match: [{headers: {":authority": {prefix: breaker.test}}}]
+    route: [{destination: {host: breaker.test}}]
   - route: [{destination: {host: flaky.test}}]
 ---
 apiVersion: networking.istio.io/v1
@@ -85,13 +92,24 @@ spec:
       interval: 1s
       baseEjectionTime: 5m
       maxEjectionPercent: 100
+---
+# The istio.io circuit-breaking task's rule.
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: breaker, namespace: demo}
+spec:
+  host: breaker.test
+  trafficPolicy:
+    connectionPool:
+      tcp: {maxConnections: 1}
+      http: {http1MaxPendingRequests: 1, maxRequestsPerConnection: 1}
 "#;
     out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn consistent_hash_and_outlier_ejection() {
-    let ips: Vec<_> = (21..=25).map(loopback).collect();
+async fn consistent_hash_outlier_ejection_and_circuit_breaking() {
+    let ips: Vec<_> = (21..=26).map(loopback).collect();
     let backend_port = free_port_on(&ips);
     let gateway_port = free_port_on(&[std::net::Ipv4Addr::UNSPECIFIED]);
     let mut sticky = Vec::new();
@@ -106,6 +124,7 @@ async fn consistent_hash_and_outlier_ejection() {
         StatusCode::SERVICE_UNAVAILABLE,
     )
     .await;
+    let breaker = Backend::start("breaker", SocketAddr::from((ips[5], backend_port))).await;
 
     let dir = tempfile::tempdir().expect("manifest dir");
     std::fs::write(
@@ -187,6 +206,294 @@ async fn consistent_hash_and_outlier_ejection() {
         ),
         "{stats}"
     );
+
+    // Circuit breaking: one connection and one pending request; of 8 concurrent slow
+    // requests, those beyond them overflow at once with 503, the others are served.
+    let slow = || async {
+        Request::get("/")
+            .host("breaker.test")
+            .header("x-delay-ms", "1000")
+            .send(gw)
+            .await
+            .map(|r| r.status)
+            .map_err(|e| e.to_string())
+    };
+    let statuses = futures::future::join_all((0..8).map(|_| slow())).await;
+    let ok = statuses.iter().filter(|s| **s == Ok(200)).count();
+    let overflowed = statuses.iter().filter(|s| **s == Ok(503)).count();
+    assert!(
+        ok >= 1 && overflowed >= 1 && ok + overflowed == 8,
+        "{statuses:?}"
+    );
+    assert!(breaker.requests() >= 1);
+    let overflow = envoy
+        .admin_get("/stats?filter=breaker.test.upstream_rq_pending_overflow")
+        .await
+        .expect("stats");
+    assert!(
+        !overflow.contains("upstream_rq_pending_overflow: 0"),
+        "no pending overflow: {overflow}"
+    );
+    // The rule's HTTP options are valid Envoy config: nothing was rejected.
+    let rejected = envoy.stat_sum("update_rejected").await;
+    assert_eq!(rejected, 0, "the gateway rejected {rejected} xDS updates");
     drop(envoy);
     drop(cp);
+}
+
+// ---------------------------------------------------------------------------------------
+// connectionPool → valid Envoy config
+
+/// The connection pools of the matrix: each `trafficPolicy.connectionPool` field
+/// docs/istio-compatibility.md lists as supported, alone (with the doc's example value),
+/// then the circuit-breaking task's rule, then every field at once (with and without
+/// `useClientProtocol`).
+fn connection_pools() -> Vec<serde_json::Value> {
+    const DOC: &str = include_str!("../../docs/istio-compatibility.md");
+    let mut pools = Vec::new();
+    let mut all = serde_json::json!({});
+    for line in DOC.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() < 5 || cells[2] != "supported" {
+            continue;
+        }
+        let Some(field) = cells[1]
+            .trim_matches('`')
+            .strip_prefix("trafficPolicy.connectionPool.")
+        else {
+            continue;
+        };
+        let (side, name) = field.split_once('.').expect("tcp.x or http.x");
+        let value: serde_json::Value =
+            shoal_common::yaml::from_str(cells[3].trim_matches('`')).expect("example is YAML");
+        pools.push(serde_json::json!({ side: { name: value.clone() } }));
+        all[side][name] = value;
+    }
+    assert!(
+        pools.len() >= 13,
+        "the doc's connectionPool rows were not found: {pools:?}"
+    );
+    pools.push(serde_json::json!({
+        "tcp": {"maxConnections": 1},
+        "http": {"http1MaxPendingRequests": 1, "maxRequestsPerConnection": 1},
+    }));
+    let mut without_client_protocol = all.clone();
+    if let Some(http) = without_client_protocol["http"].as_object_mut() {
+        http.remove("useClientProtocol");
+    }
+    pools.push(all);
+    pools.push(without_client_protocol);
+    pools
+}
+
+/// One ServiceEntry (HTTP, HTTP2, GRPC and TCP ports) and its DestinationRule per pool and
+/// TLS mode.
+fn pool_manifests(pools: &[serde_json::Value]) -> (String, usize) {
+    let mut out = String::from("apiVersion: v1\nkind: Namespace\nmetadata: {name: demo}\n---\n");
+    let mut hosts = 0;
+    for (i, pool) in pools.iter().enumerate() {
+        for tls in ["", ", tls: {mode: ISTIO_MUTUAL}"] {
+            let name = format!("pool-{i}-{}", if tls.is_empty() { "plain" } else { "mtls" });
+            let host = format!("{name}.demo.mesh");
+            out += &format!(
+                "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: demo}}\n\
+                 spec:\n  hosts: [{host}]\n  location: MESH_INTERNAL\n  resolution: STATIC\n\
+                 \x20 ports:\n  - {{number: 80, name: http, protocol: HTTP}}\n\
+                 \x20 - {{number: 81, name: http2, protocol: HTTP2}}\n\
+                 \x20 - {{number: 82, name: grpc, protocol: GRPC}}\n\
+                 \x20 - {{number: 83, name: tcp, protocol: TCP}}\n\
+                 \x20 endpoints: [{{address: 127.0.0.1}}]\n---\n\
+                 apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: {name}, namespace: demo}}\n\
+                 spec:\n  host: {host}\n  trafficPolicy: {{connectionPool: {pool}{tls}}}\n---\n"
+            );
+            hosts += 1;
+        }
+    }
+    (out, hosts)
+}
+
+/// The clusters a sidecar of `demo` gets, over SotW ADS.
+async fn sidecar_clusters(
+    xds: SocketAddr,
+) -> Vec<shoal_proto::pb::envoy::config::cluster::v3::Cluster> {
+    use prost::Message;
+    use shoal_proto::pb::envoy::config::core::v3::Node as XdsNode;
+    use shoal_proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    use shoal_proto::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{xds}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect to xDS");
+    let request = DiscoveryRequest {
+        node: Some(XdsNode {
+            id: "sidecar~10.9.0.1~client.demo~demo.svc.cluster.local".into(),
+            ..Default::default()
+        }),
+        type_url: shoal_proto::CLUSTER_TYPE.into(),
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tx.send(request).expect("send");
+    let mut responses = AggregatedDiscoveryServiceClient::new(channel)
+        .stream_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+        .await
+        .expect("ADS stream")
+        .into_inner();
+    let response = tokio::time::timeout(CONVERGE, responses.message())
+        .await
+        .expect("a CDS response in time")
+        .expect("ADS response")
+        .expect("a response");
+    response
+        .resources
+        .iter()
+        .map(|any| {
+            shoal_proto::pb::envoy::config::cluster::v3::Cluster::decode(&*any.value)
+                .expect("a Cluster")
+        })
+        .collect()
+}
+
+/// A bootstrap holding `clusters` as static clusters, with the `xds-grpc` (ADS, which the
+/// EDS clusters name) and `sds-grpc` (istio-agent's SDS, which the mTLS ones name) clusters
+/// a sidecar's bootstrap has.
+fn bootstrap_holding(
+    clusters: Vec<shoal_proto::pb::envoy::config::cluster::v3::Cluster>,
+) -> shoal_proto::pb::envoy::config::bootstrap::v3::Bootstrap {
+    use shoal_proto::pb::envoy::config::bootstrap::v3::{bootstrap, Bootstrap};
+    use shoal_proto::pb::envoy::config::cluster::v3::{cluster, Cluster};
+    use shoal_proto::pb::envoy::config::core::v3::{
+        address, api_config_source::ApiType, grpc_service, socket_address, Address,
+        ApiConfigSource, GrpcService, Node as XdsNode, SocketAddress,
+    };
+    use shoal_proto::pb::envoy::config::endpoint::v3::{
+        lb_endpoint, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
+    };
+    let static_cluster = |name: &str, port: u32| {
+        Cluster {
+        name: name.into(),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Static as i32,
+        )),
+        typed_extension_protocol_options: [(
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_string(),
+            shoal_proto::pack(
+                "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                &shoal_proto::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions {
+                    upstream_protocol_options: Some(
+                        shoal_proto::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::UpstreamProtocolOptions::ExplicitHttpConfig(
+                            shoal_proto::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::ExplicitHttpConfig {
+                                protocol_config: Some(
+                                    shoal_proto::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::explicit_http_config::ProtocolConfig::Http2ProtocolOptions(Default::default()),
+                                ),
+                            },
+                        ),
+                    ),
+                    ..Default::default()
+                },
+            ),
+        )]
+        .into_iter()
+        .collect(),
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: name.into(),
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints: vec![LbEndpoint {
+                    host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                        address: Some(Address {
+                            address: Some(address::Address::SocketAddress(SocketAddress {
+                                address: "127.0.0.1".into(),
+                                port_specifier: Some(socket_address::PortSpecifier::PortValue(
+                                    port,
+                                )),
+                                ..Default::default()
+                            })),
+                        }),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+    };
+    let mut all = clusters;
+    all.push(static_cluster("xds-grpc", 15010));
+    all.push(static_cluster("sds-grpc", 15011));
+    Bootstrap {
+        node: Some(XdsNode {
+            id: "sidecar~10.9.0.1~client.demo~demo.svc.cluster.local".into(),
+            cluster: "client.demo".into(),
+            ..Default::default()
+        }),
+        static_resources: Some(bootstrap::StaticResources {
+            clusters: all,
+            ..Default::default()
+        }),
+        dynamic_resources: Some(bootstrap::DynamicResources {
+            ads_config: Some(ApiConfigSource {
+                api_type: ApiType::Grpc as i32,
+                transport_api_version: 2, // V3
+                grpc_services: vec![GrpcService {
+                    target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
+                        grpc_service::EnvoyGrpc {
+                            cluster_name: "xds-grpc".into(),
+                            ..Default::default()
+                        },
+                    )),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// DestinationRule connection pools (every supported field, the circuit-breaking task's
+/// rule, all at once) on HTTP, HTTP2, GRPC and TCP ports, with and without ISTIO_MUTUAL:
+/// every cluster shoal generates is valid Envoy config (`envoy --mode validate` over a
+/// bootstrap holding them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_pool_matrix_is_valid_envoy_config() {
+    let pools = connection_pools();
+    let (manifests, hosts) = pool_manifests(&pools);
+    let dir = tempfile::tempdir().expect("manifest dir");
+    std::fs::write(dir.path().join("pools.yaml"), manifests).expect("write manifests");
+    let server = ShoalServer::standalone(dir.path()).await;
+
+    let clusters = sidecar_clusters(server.xds_addr()).await;
+    let pooled: Vec<_> = clusters
+        .iter()
+        .filter(|c| c.name.contains(".demo.mesh"))
+        .collect();
+    assert_eq!(pooled.len(), hosts * 4, "a cluster per host and port");
+    let with_options = pooled
+        .iter()
+        .filter(|c| !c.typed_extension_protocol_options.is_empty())
+        .count();
+    assert!(
+        with_options >= hosts * 2,
+        "HTTP options on the HTTP/2 and gRPC ports at least ({with_options})"
+    );
+    let mtls = pooled
+        .iter()
+        .filter(|c| c.transport_socket.is_some())
+        .count();
+    assert_eq!(mtls, hosts * 2, "the ISTIO_MUTUAL half originates TLS");
+
+    let path = dir.path().join("bootstrap.pb");
+    std::fs::write(
+        &path,
+        prost::Message::encode_to_vec(&bootstrap_holding(clusters)),
+    )
+    .expect("write bootstrap");
+    if let Err(out) = shoal_tests::envoy::validate(&path).await {
+        panic!("Envoy rejects the generated clusters:\n{out}");
+    }
 }

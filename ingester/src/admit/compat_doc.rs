@@ -1,8 +1,9 @@
 //! Keeps docs/istio-compatibility.md true: every row's example goes through the ingest path
 //! (decode with unmodelled fields refused, then validation). A supported or accepted field
-//! must be taken; a rejected one refused with an error naming it.
+//! must be taken; a rejected one refused with an error naming it; a `fail closed` one
+//! (accepted, not enforced, the server fails closed on it) taken and named in the warning.
 
-use crate::admit::istio::{config_spec, validate};
+use crate::admit::istio::{config_spec, unenforced_fields, validate};
 use shoal_common::model::ConfigKind;
 
 const DOC: &str = include_str!("../../../docs/istio-compatibility.md");
@@ -56,6 +57,10 @@ fn with_base(kind: ConfigKind, mut spec: serde_json::Value) -> serde_json::Value
     let base = match kind {
         ConfigKind::DestinationRule => Some(("host", serde_json::json!("reviews"))),
         ConfigKind::VirtualService => Some(("hosts", serde_json::json!(["reviews"]))),
+        // `provider` goes with CUSTOM only.
+        ConfigKind::AuthorizationPolicy if spec.get("provider").is_some() => {
+            Some(("action", serde_json::json!("CUSTOM")))
+        }
         _ => None,
     };
     if let (Some((field, value)), Some(obj)) = (base, spec.as_object_mut()) {
@@ -64,11 +69,13 @@ fn with_base(kind: ConfigKind, mut spec: serde_json::Value) -> serde_json::Value
     spec
 }
 
-/// What the ingest path says about a spec: `Ok` or the error text.
-fn ingest(kind: ConfigKind, spec: serde_json::Value) -> Result<(), String> {
+/// What the ingest path says about a spec: the fields it does not enforce, or the error
+/// text.
+fn ingest(kind: ConfigKind, spec: serde_json::Value) -> Result<Vec<String>, String> {
     let spec = with_base(kind, spec);
     let spec = config_spec(kind, spec).map_err(|e| e.to_string())?;
-    validate(&spec).map_err(|e| e.to_string())
+    validate(&spec).map_err(|e| e.to_string())?;
+    Ok(unenforced_fields(&spec))
 }
 
 #[test]
@@ -104,8 +111,19 @@ fn every_row_of_the_compatibility_doc_holds() {
                     }
                 }
             }
+            "fail closed" => match &result {
+                Ok(unenforced) if unenforced.iter().any(|f| f.starts_with(&indexed)) => {}
+                Ok(unenforced) => failures.push(format!(
+                    "{} {}: documented fail closed but not named as unenforced: {unenforced:?}",
+                    row.kind, row.path
+                )),
+                Err(e) => failures.push(format!(
+                    "{} {}: documented fail closed but refused: {e}",
+                    row.kind, row.path
+                )),
+            },
             "rejected" => match &result {
-                Ok(()) => failures.push(format!(
+                Ok(_) => failures.push(format!(
                     "{} {}: documented rejected but accepted",
                     row.kind, row.path
                 )),

@@ -80,10 +80,35 @@ fn typed_spec<'de, D: Deserializer<'de>>(
     })
 }
 
-/// Builds a config object, rejecting specs the server cannot use.
+/// Builds a config object, rejecting specs the server cannot use. A security object whose
+/// rules use fields shoal does not enforce is kept (the server fails closed on those
+/// fields: refusing the whole object would leave its workloads with fewer rules, i.e.
+/// open), with a warning naming the object and each field.
 pub fn config_object(meta: ObjectMeta, spec: ConfigSpec) -> Result<ConfigObject, InvalidObject> {
     validate(&spec)?;
-    Ok(ConfigObject { meta, spec })
+    let object = ConfigObject { meta, spec };
+    let unenforced = unenforced_fields(&object.spec);
+    if !unenforced.is_empty() {
+        let meta = &object.meta;
+        tracing::warn!(
+            kind = %object.kind(),
+            namespace = %meta.namespace,
+            name = %meta.name,
+            fields = %unenforced.join("; "),
+            "accepted with fields shoal does not enforce; it fails closed on them \
+             (docs/istio-compatibility.md#fail-closed)"
+        );
+    }
+    Ok(object)
+}
+
+/// The fields of a valid object that shoal accepts without enforcing them, each with what
+/// happens instead (see [`security::unenforced_fields`]).
+pub fn unenforced_fields(spec: &ConfigSpec) -> Vec<String> {
+    match spec {
+        ConfigSpec::AuthorizationPolicy(ap) => security::unenforced_fields(ap),
+        _ => Vec::new(),
+    }
 }
 
 /// Whether a `credentialName` is a Secret name (a DNS subdomain): no namespace prefix and

@@ -424,7 +424,7 @@ fn inbound(name: &str, http2: bool, endpoint: Option<&(String, u16)>) -> Cluster
 }
 
 fn inbound_passthrough() -> Cluster {
-    Cluster {
+    let mut c = Cluster {
         name: INBOUND_PASSTHROUGH_CLUSTER.into(),
         connect_timeout: Some(pb_duration(CONNECT_TIMEOUT)),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(
@@ -434,7 +434,10 @@ fn inbound_passthrough() -> Cluster {
         upstream_bind_config: Some(inbound_bind()),
         circuit_breakers: Some(unlimited()),
         ..Default::default()
-    }
+    };
+    // istiod builds it from the outbound passthrough cluster, options included.
+    traffic_policy::store_http_options(&mut c, Some(traffic_policy::passthrough_http_options()));
+    c
 }
 
 /// An outbound cluster before its traffic policy: name, discovery, endpoints.
@@ -578,7 +581,7 @@ fn blackhole() -> Cluster {
 }
 
 fn passthrough() -> Cluster {
-    Cluster {
+    let mut c = Cluster {
         name: PASSTHROUGH_CLUSTER.into(),
         connect_timeout: Some(pb_duration(CONNECT_TIMEOUT)),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(
@@ -587,5 +590,7 @@ fn passthrough() -> Cluster {
         lb_policy: LbPolicy::ClusterProvided as i32,
         circuit_breakers: Some(default_circuit_breakers()),
         ..Default::default()
-    }
+    };
+    traffic_policy::store_http_options(&mut c, Some(traffic_policy::passthrough_http_options()));
+    c
 }

@@ -373,11 +373,14 @@ fn action(rule: &HttpRoute, env: &RouteEnv<'_>) -> Action {
             ..Default::default()
         });
     }
+    let timeout = pb_duration(rule.timeout.map(|t| t.get()).unwrap_or_default());
     let mut ra = RouteAction {
         cluster_specifier: Some(cluster_specifier(&rule.route, env)),
-        timeout: Some(pb_duration(
-            rule.timeout.map(|t| t.get()).unwrap_or_default(),
-        )),
+        timeout: Some(timeout),
+        // istiod's `setTimeout`: a gRPC client's `grpc-timeout` is honoured up to the route's
+        // timeout (0s: without a cap), instead of being ignored.
+        #[allow(deprecated)]
+        max_grpc_timeout: Some(timeout),
         retry_policy: match &rule.retries {
             None => Some(default_retry_policy()),
             Some(r) if r.attempts == 0 => None,

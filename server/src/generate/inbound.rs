@@ -52,7 +52,7 @@ use shoal_proto::pb::envoy::config::listener::v3::{
     FilterChain, FilterChainMatch, Listener, ListenerFilter, ListenerFilterChainMatchPredicate,
 };
 use shoal_proto::pb::envoy::config::route::v3::{
-    route::Action, route_action::ClusterSpecifier, route_match::PathSpecifier, Decorator, Route,
+    route::Action, route_action::{ClusterSpecifier, MaxStreamDuration}, route_match::PathSpecifier, Decorator, Route,
     RouteAction, RouteConfiguration, RouteMatch, VirtualHost,
 };
 use shoal_proto::pb::envoy::r#type::v3::Int32Range;
@@ -451,6 +451,13 @@ fn inbound_hcm(
         action: Some(Action::Route(RouteAction {
             cluster_specifier: Some(ClusterSpecifier::Cluster(cluster.into())),
             timeout: Some(pb_duration(std::time::Duration::ZERO)),
+            // istiod's `BuildDefaultHTTPInboundRoute`: no stream limit, and a gRPC client's
+            // `grpc-timeout` honoured without a cap.
+            max_stream_duration: Some(MaxStreamDuration {
+                max_stream_duration: Some(pb_duration(std::time::Duration::ZERO)),
+                grpc_timeout_header_max: Some(pb_duration(std::time::Duration::ZERO)),
+                ..Default::default()
+            }),
             retry_policy: (!grpc).then(default_inbound_retry_policy),
             ..Default::default()
         })),

@@ -14,7 +14,7 @@ use super::authz::{self, AuthzKey};
 use super::http_route::{CORS_FILTER, FAULT_FILTER};
 use super::inbound::{self, InboundListenerKey};
 use super::outbound::{self, OutboundListenerKey, VirtualOutboundKey};
-use super::{ads_config_source, pb_duration, socket_address, Resource};
+use super::{ads_config_source_waiting, pb_duration, socket_address, Resource};
 use crate::index::proxy::{Proxy, ProxyKind};
 use crate::index::push_context::PushContext;
 use crate::index::scope::ProxyScope;
@@ -239,7 +239,7 @@ pub(crate) fn http_connection_manager(
         codec_type: CodecType::Auto as i32,
         route_specifier: Some(match routes {
             HcmRoutes::Rds(name) => RouteSpecifier::Rds(Rds {
-                config_source: Some(ads_config_source()),
+                config_source: Some(ads_config_source_waiting()),
                 route_config_name: name.to_string(),
             }),
             HcmRoutes::Inline(rc) => RouteSpecifier::RouteConfig(*rc),

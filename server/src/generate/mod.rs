@@ -302,6 +302,16 @@ pub(crate) fn ads_config_source() -> ConfigSource {
     }
 }
 
+/// ADS with `initial_fetch_timeout: 0s`, istiod's config source for RDS: a listener waits
+/// for its routes however long the control plane takes, instead of serving 404s after
+/// Envoy's default 15 s.
+pub(crate) fn ads_config_source_waiting() -> ConfigSource {
+    ConfigSource {
+        initial_fetch_timeout: Some(pb_duration(std::time::Duration::ZERO)),
+        ..ads_config_source()
+    }
+}
+
 /// A protobuf map whose iteration order is its key order, so that prost encodes it the
 /// same way every time (prost encodes `HashMap` fields in iteration order, which depends on
 /// the map's random hasher). Tries fresh hashers until the order comes out sorted: one try

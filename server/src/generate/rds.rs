@@ -539,6 +539,9 @@ fn catch_all_virtual_host(policy: OutboundTrafficMode) -> VirtualHost {
                     super::cds::PASSTHROUGH_CLUSTER.into(),
                 )),
                 timeout: Some(pb_duration(std::time::Duration::ZERO)),
+                // As istiod: `grpc-timeout` honoured, without a cap.
+                #[allow(deprecated)]
+                max_grpc_timeout: Some(pb_duration(std::time::Duration::ZERO)),
                 ..Default::default()
             }),
         ),
@@ -604,6 +607,9 @@ fn default_route(cluster: &str) -> Route {
         action: Some(Action::Route(RouteAction {
             cluster_specifier: Some(ClusterSpecifier::Cluster(cluster.into())),
             timeout: Some(pb_duration(std::time::Duration::ZERO)),
+            // istiod's `setTimeout`: `grpc-timeout` honoured, without a cap.
+            #[allow(deprecated)]
+            max_grpc_timeout: Some(pb_duration(std::time::Duration::ZERO)),
             retry_policy: Some(default_retry_policy()),
             ..Default::default()
         })),

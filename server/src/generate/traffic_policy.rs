@@ -98,10 +98,41 @@ pub fn set_h2(opts: &mut HttpProtocolOptions) {
     }
 }
 
+/// istiod's `passthroughHttpProtocolOptions` (Passthrough and InboundPassthrough clusters):
+/// the upstream speaks what the downstream spoke (so h2c and gRPC to a host outside the
+/// registry stay HTTP/2), and idle pooled connections close after 5 minutes.
+pub fn passthrough_http_options() -> HttpProtocolOptions {
+    HttpProtocolOptions {
+        common_http_protocol_options: Some(CommonHttpOptions {
+            idle_timeout: Some(pb_duration(std::time::Duration::from_secs(300))),
+            ..Default::default()
+        }),
+        upstream_protocol_options: Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(
+            UseDownstreamHttpConfig {
+                http_protocol_options: Some(Http1ProtocolOptions::default()),
+                http2_protocol_options: Some(Http2ProtocolOptions::default()),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    }
+}
+
 /// Stores the upstream HTTP protocol options on the cluster (one map entry only: prost
-/// encodes maps in hash order).
+/// encodes maps in hash order). Envoy requires `upstream_protocol_options`: options that
+/// set only common fields (a connection pool's `maxRequestsPerConnection`, idle timeout)
+/// get explicit HTTP/1.1, as istiod's `clusterWrapper.build` does.
 pub fn store_http_options(c: &mut Cluster, opts: Option<HttpProtocolOptions>) {
-    if let Some(opts) = opts {
+    if let Some(mut opts) = opts {
+        if opts.upstream_protocol_options.is_none() {
+            opts.upstream_protocol_options = Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+                ExplicitHttpConfig {
+                    protocol_config: Some(ProtocolConfig::HttpProtocolOptions(
+                        Http1ProtocolOptions::default(),
+                    )),
+                },
+            ));
+        }
         c.typed_extension_protocol_options.insert(
             HTTP_PROTOCOL_OPTIONS.to_string(),
             shoal_proto::pack(HTTP_PROTOCOL_OPTIONS_TYPE, &opts),

@@ -67,10 +67,21 @@ pub struct AuthorizationPolicy {
     pub selector: Option<LabelSelector>,
     /// What a matching request gets.
     pub action: AuthorizationAction,
+    /// The external authorizer of a CUSTOM policy (a MeshConfig extension provider).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ExtensionProvider>,
     /// The rules; a request matching any rule matches the policy. ALLOW with no rules
     /// allows nothing; DENY with no rules denies nothing.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rules: Vec<AuthorizationRule>,
+}
+
+/// `provider` of a CUSTOM AuthorizationPolicy.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ExtensionProvider {
+    /// The extension provider's name in MeshConfig.
+    pub name: String,
 }
 
 /// An AuthorizationPolicy action.
@@ -130,6 +141,19 @@ pub struct Source {
     /// Negated `requestPrincipals`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_request_principals: Vec<String>,
+    /// Peer service accounts (`<sa>` in the policy's namespace, or `<ns>/<sa>`), from the
+    /// peer identity.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub service_accounts: Vec<String>,
+    /// Negated `serviceAccounts`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_service_accounts: Vec<String>,
+    /// Peer trust domains (`*` prefix/suffix matches), from the peer identity.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trust_domains: Vec<String>,
+    /// Negated `trustDomains`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_trust_domains: Vec<String>,
     /// Peer namespaces (from the peer identity).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<String>,

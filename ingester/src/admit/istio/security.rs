@@ -31,12 +31,24 @@ pub fn validate_peer_authentication(pa: &PeerAuthentication) -> Result<(), Inval
 }
 
 /// Checks an AuthorizationPolicy as istiod's validation does (`ValidateAuthorizationPolicy`,
-/// `security.ValidateAttribute`), plus what shoal does not implement (CUSTOM, JWT
-/// attributes, Envoy metadata), refused by name.
+/// `security.ValidateAttribute`). What shoal does not enforce (CUSTOM's external
+/// authorizer, JWT attributes, Envoy metadata) is accepted: the server fails closed on it
+/// ([`unenforced_fields`]).
 pub fn validate_authorization_policy(ap: &AuthorizationPolicy) -> Result<(), InvalidObject> {
     let fail = |reason: String| Err(InvalidObject::new(reason));
-    if ap.action == AuthorizationAction::Custom {
-        return fail("action CUSTOM (an external authorizer) is not supported".to_string());
+    match (&ap.action, &ap.provider) {
+        (AuthorizationAction::Custom, None) => {
+            return fail("action CUSTOM needs provider.name".to_string())
+        }
+        (AuthorizationAction::Custom, Some(p)) if p.name.is_empty() => {
+            return fail("provider.name must not be empty".to_string())
+        }
+        (AuthorizationAction::Custom, Some(_)) | (_, None) => {}
+        (action, Some(_)) => {
+            return fail(format!(
+                "provider needs action CUSTOM (the action is {action:?})"
+            ))
+        }
     }
     if ap.action == AuthorizationAction::Deny && ap.rules.is_empty() {
         return fail(
@@ -49,20 +61,15 @@ pub fn validate_authorization_policy(ap: &AuthorizationPolicy) -> Result<(), Inv
         for (j, from) in rule.from.iter().enumerate() {
             let at = format!("rules[{i}].from[{j}].source");
             let s = &from.source;
-            for (field, values) in [
-                ("requestPrincipals", &s.request_principals),
-                ("notRequestPrincipals", &s.not_request_principals),
-            ] {
-                if !values.is_empty() {
-                    return fail(format!(
-                        "{at}.{field} needs RequestAuthentication (JWT), which shoal does not \
-                         implement"
-                    ));
-                }
-            }
             let lists = [
                 ("principals", &s.principals),
                 ("notPrincipals", &s.not_principals),
+                ("requestPrincipals", &s.request_principals),
+                ("notRequestPrincipals", &s.not_request_principals),
+                ("serviceAccounts", &s.service_accounts),
+                ("notServiceAccounts", &s.not_service_accounts),
+                ("trustDomains", &s.trust_domains),
+                ("notTrustDomains", &s.not_trust_domains),
                 ("namespaces", &s.namespaces),
                 ("notNamespaces", &s.not_namespaces),
                 ("ipBlocks", &s.ip_blocks),
@@ -73,10 +80,28 @@ pub fn validate_authorization_policy(ap: &AuthorizationPolicy) -> Result<(), Inv
             if lists.iter().all(|(_, v)| v.is_empty()) {
                 return fail(format!("{at} must not be empty"));
             }
+            let peers = [
+                &s.principals,
+                &s.not_principals,
+                &s.namespaces,
+                &s.not_namespaces,
+            ];
+            let accounts = [&s.service_accounts, &s.not_service_accounts];
+            if peers.iter().any(|v| !v.is_empty()) && accounts.iter().any(|v| !v.is_empty()) {
+                return fail(format!(
+                    "{at}: serviceAccounts cannot be set with namespaces or principals (as istiod)"
+                ));
+            }
             for (field, values) in lists {
-                non_empty(&format!("{at}.{field}"), values)?;
-                if field.ends_with("IpBlocks") || field.ends_with("ipBlocks") {
-                    ip_blocks(&format!("{at}.{field}"), values)?;
+                let at = format!("{at}.{field}");
+                non_empty(&at, values)?;
+                match field {
+                    _ if field.ends_with("IpBlocks") || field.ends_with("ipBlocks") => {
+                        ip_blocks(&at, values)?
+                    }
+                    "serviceAccounts" | "notServiceAccounts" => service_accounts(&at, values)?,
+                    "trustDomains" | "notTrustDomains" => wildcards(&at, values)?,
+                    _ => {}
                 }
             }
         }
@@ -126,6 +151,62 @@ const WHEN_KEYS: &[&str] = &[
     "connection.sni",
 ];
 
+/// The JWT attributes (RequestAuthentication) besides `request.auth.claims[<name>]`.
+const JWT_KEYS: &[&str] = &[
+    "request.auth.principal",
+    "request.auth.audiences",
+    "request.auth.presenter",
+];
+
+/// The fields of a valid AuthorizationPolicy that shoal accepts but cannot enforce (JWT
+/// attributes, which need RequestAuthentication, Envoy metadata, and CUSTOM's external
+/// authorizer), each with what the server does instead. The server fails closed on them,
+/// as istiod does with what it cannot translate: an ALLOW or AUDIT rule using one is
+/// dropped (allows less), a DENY rule only loses it (denies more), and a CUSTOM policy's
+/// rules deny what they match (istiod's rule for a provider it does not know). Said in the
+/// ingester's warning and status naming the object.
+pub fn unenforced_fields(ap: &AuthorizationPolicy) -> Vec<String> {
+    let effect = match ap.action {
+        AuthorizationAction::Deny | AuthorizationAction::Custom => {
+            "ignored, so the rule denies more"
+        }
+        AuthorizationAction::Allow => "its rule is dropped, so the policy allows less",
+        AuthorizationAction::Audit => "its rule is dropped",
+    };
+    let mut out = Vec::new();
+    if let (AuthorizationAction::Custom, Some(provider)) = (&ap.action, &ap.provider) {
+        out.push(format!(
+            "provider.name {:?} (shoal has no external authorizers, so the requests the rules \
+             match are denied, as istiod does for an unknown provider)",
+            provider.name
+        ));
+    }
+    for (i, rule) in ap.rules.iter().enumerate() {
+        for (j, from) in rule.from.iter().enumerate() {
+            let s = &from.source;
+            for (field, values) in [
+                ("requestPrincipals", &s.request_principals),
+                ("notRequestPrincipals", &s.not_request_principals),
+            ] {
+                if !values.is_empty() {
+                    out.push(format!("rules[{i}].from[{j}].source.{field} ({effect})"));
+                }
+            }
+        }
+        for (j, when) in rule.when.iter().enumerate() {
+            if unenforced_key(&when.key) {
+                out.push(format!("rules[{i}].when[{j}] {:?} ({effect})", when.key));
+            }
+        }
+    }
+    out
+}
+
+/// A `when` key shoal accepts but does not enforce.
+fn unenforced_key(key: &str) -> bool {
+    key.starts_with("request.auth.") || key.starts_with("experimental.envoy.filters.")
+}
+
 fn condition(at: &str, when: &Condition) -> Result<(), InvalidObject> {
     let key = when.key.as_str();
     let fail = |reason: String| Err(InvalidObject::new(format!("{at}.key {key:?}: {reason}")));
@@ -137,15 +218,27 @@ fn condition(at: &str, when: &Condition) -> Result<(), InvalidObject> {
             "{at}: at least one of values or notValues must be set for key {key:?}"
         )));
     }
-    if key.starts_with("request.auth.") {
-        return fail(
-            "JWT attributes need RequestAuthentication, which shoal does not implement".into(),
-        );
-    }
-    if key.starts_with("experimental.envoy.filters.") {
-        return fail("Envoy metadata conditions are not supported".into());
-    }
     match key {
+        _ if key.starts_with("request.auth.") => {
+            let claim = key
+                .strip_prefix("request.auth.claims[")
+                .and_then(|k| k.strip_suffix(']'));
+            let named = JWT_KEYS.contains(&key) || claim.is_some_and(|c| !c.is_empty());
+            if !named {
+                return fail(
+                    "should be request.auth.principal, .audiences, .presenter or \
+                     .claims[<name>]"
+                        .into(),
+                );
+            }
+        }
+        _ if key.starts_with("experimental.envoy.filters.") => {
+            if !(key.contains('[') && key.ends_with(']')) {
+                return fail(
+                    "should have the format experimental.envoy.filters.<filter>[<key>]".into(),
+                );
+            }
+        }
         "destination.namespace" => return fail("replaced by the policy's namespace".into()),
         "destination.name" | "destination.user" => {
             return fail("deprecated: only supported in v1alpha1".into())
@@ -303,20 +396,22 @@ mod tests {
     }
 
     #[test]
-    fn authorization_policy_unmodelled_fields_and_custom_are_refused() {
+    fn authorization_policy_unmodelled_fields_and_bad_custom_are_refused() {
         spec(
             ConfigKind::AuthorizationPolicy,
             "action: DENY\nrules: [{from: [{source: {namespaces: [x]}}], to: [{operation: {methods: [GET]}}]}]",
         )
         .expect("valid");
         let e = spec(ConfigKind::AuthorizationPolicy, "action: CUSTOM").unwrap_err();
-        assert!(e.contains("CUSTOM"), "{e}");
+        assert!(e.contains("action CUSTOM needs provider.name"), "{e}");
+        let e = spec(ConfigKind::AuthorizationPolicy, "provider: {name: ext}").unwrap_err();
+        assert!(e.contains("provider needs action CUSTOM"), "{e}");
         let e = spec(
             ConfigKind::AuthorizationPolicy,
-            "action: CUSTOM\nprovider: {name: ext}",
+            "action: CUSTOM\nprovider: {name: \"\"}",
         )
         .unwrap_err();
-        assert!(e.contains("spec.provider"), "{e}");
+        assert!(e.contains("provider.name must not be empty"), "{e}");
         let e = spec(
             ConfigKind::AuthorizationPolicy,
             "targetRefs: [{kind: Gateway}]",
@@ -338,6 +433,21 @@ mod tests {
         ok("action: DENY\nrules: [{}]");
         ok(
             r#"rules: [{from: [{source: {ipBlocks: [10.0.0.0/8, 10.1.2.3, "2001:db8::/32"]}}], to: [{operation: {ports: ["0", "65535"], paths: ["/a/*"]}}]}]"#,
+        );
+        ok(
+            r#"rules: [{from: [{source: {serviceAccounts: [a, ns/b], notTrustDomains: ["*.corp"]}}]}]"#,
+        );
+        err(
+            "rules: [{from: [{source: {serviceAccounts: [a], namespaces: [x]}}]}]",
+            "rules[0].from[0].source: serviceAccounts cannot be set with namespaces",
+        );
+        err(
+            "rules: [{from: [{source: {notServiceAccounts: [a/b/c]}}]}]",
+            "rules[0].from[0].source.notServiceAccounts[0]",
+        );
+        err(
+            "rules: [{from: [{source: {trustDomains: [a*b]}}]}]",
+            "rules[0].from[0].source.trustDomains[0]",
         );
         ok(
             r#"rules: [{when: [{key: "request.headers[x-a]", values: [b]}, {key: source.serviceAccount, values: [a, ns/b]}, {key: source.trustDomain, values: ["*.corp"]}, {key: destination.port, notValues: ["80"]}, {key: connection.sni, values: [a]}]}]"#,
@@ -381,12 +491,16 @@ mod tests {
             "rules[0].when[0].key \"request.headers[]\"",
         );
         err(
-            "rules: [{when: [{key: \"request.auth.claims[iss]\", values: [a]}]}]",
-            "RequestAuthentication",
+            "rules: [{when: [{key: \"request.auth.claims[]\", values: [a]}]}]",
+            "request.auth.principal, .audiences",
         );
         err(
-            "rules: [{when: [{key: \"experimental.envoy.filters.a[b]\", values: [a]}]}]",
-            "Envoy metadata",
+            "rules: [{when: [{key: request.auth.subject, values: [a]}]}]",
+            "request.auth.principal, .audiences",
+        );
+        err(
+            "rules: [{when: [{key: experimental.envoy.filters.a, values: [a]}]}]",
+            "experimental.envoy.filters.<filter>[<key>]",
         );
         err(
             "rules: [{when: [{key: \"destination.labels[app]\", values: [a]}]}]",
@@ -411,6 +525,74 @@ mod tests {
         err(
             "rules: [{when: [{key: source.trustDomain, values: [a*b]}]}]",
             "wildcard",
+        );
+    }
+
+    /// Fields shoal cannot enforce no longer refuse the policy (which would leave its
+    /// workloads with fewer rules: open); they are kept, and each is named with what the
+    /// server does instead.
+    #[test]
+    fn authorization_policy_unenforced_fields_are_kept_and_named() {
+        use crate::admit::istio::unenforced_fields;
+        let named = |yaml: &str| {
+            let s = spec(ConfigKind::AuthorizationPolicy, yaml)
+                .unwrap_or_else(|e| panic!("{yaml}: {e}"));
+            unenforced_fields(&s)
+        };
+        assert_eq!(
+            named(
+                r#"
+action: DENY
+rules:
+- from: [{source: {notRequestPrincipals: ["*"]}}]
+- from: [{source: {namespaces: [a]}}, {source: {requestPrincipals: [iss/sub]}}]
+  when:
+  - {key: "request.auth.claims[groups]", values: [admin]}
+  - {key: source.ip, values: [10.0.0.1]}
+  - {key: request.auth.audiences, notValues: [x]}
+  - {key: "experimental.envoy.filters.a.b[c]", values: [d]}
+"#
+            ),
+            [
+                "rules[0].from[0].source.notRequestPrincipals (ignored, so the rule denies more)",
+                "rules[1].from[1].source.requestPrincipals (ignored, so the rule denies more)",
+                "rules[1].when[0] \"request.auth.claims[groups]\" (ignored, so the rule denies more)",
+                "rules[1].when[2] \"request.auth.audiences\" (ignored, so the rule denies more)",
+                "rules[1].when[3] \"experimental.envoy.filters.a.b[c]\" (ignored, so the rule \
+                 denies more)",
+            ]
+        );
+        assert_eq!(
+            named("rules: [{from: [{source: {requestPrincipals: [\"*\"]}}]}]"),
+            [
+                "rules[0].from[0].source.requestPrincipals (its rule is dropped, so the policy \
+              allows less)"
+            ]
+        );
+        assert_eq!(
+            named("action: AUDIT\nrules: [{when: [{key: request.auth.principal, values: [a]}]}]"),
+            ["rules[0].when[0] \"request.auth.principal\" (its rule is dropped)"]
+        );
+        assert!(named("rules: [{from: [{source: {principals: [a]}}]}]").is_empty());
+        assert_eq!(
+            named(
+                "action: CUSTOM\nprovider: {name: ext-authz}\nrules: [{when: [{key: request.auth.principal, values: [a]}]}]"
+            ),
+            [
+                "provider.name \"ext-authz\" (shoal has no external authorizers, so the requests \
+                 the rules match are denied, as istiod does for an unknown provider)",
+                "rules[0].when[0] \"request.auth.principal\" (ignored, so the rule denies more)",
+            ]
+        );
+        // The values are still checked.
+        let e = spec(
+            ConfigKind::AuthorizationPolicy,
+            "rules: [{from: [{source: {requestPrincipals: [\"\"]}}]}]",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("rules[0].from[0].source.requestPrincipals[0] must not be empty"),
+            "{e}"
         );
     }
 }

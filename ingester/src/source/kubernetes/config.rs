@@ -10,16 +10,17 @@
 //! reduced to its credential keys; those a Gateway of their namespace names are published
 //! sealed ([`crate::desired::credentials`]).
 //!
-//! Every object's verdict (accepted, or rejected and why) also goes to the
+//! Every object's verdict (accepted, partially enforced, or rejected and why) also goes to the
 //! [`StatusBook`], whose [`StatusReporter`] writes it into the object's `status` when the
 //! object was rejected (see [`super::object_status`]).
 
 use super::context::ClusterContext;
 use super::metrics::WatchKind;
-use super::object_status::{Selection, StatusBook, StatusReporter};
+use super::object_status::{Selection, StatusBook, StatusReporter, Verdict};
 use super::reduce::{self, CrdInfo};
 use super::store::{key_config_kind, selected, Change, ConfigStore, Dirty, KindStore, Touched};
 use super::watch::{self, Sink, Tagged, Update};
+use crate::admit::istio;
 use crate::desired::{credentials, StateKey, StateObject};
 use crate::publish::{Ownership, Publisher};
 use crate::selector::{DiscoverySelectors, Labels};
@@ -263,7 +264,15 @@ impl ConfigSide {
                 let generation = obj.metadata.generation;
                 let status = obj.data.get_mut("status").map(serde_json::Value::take);
                 let config = reduce::config(kind, obj);
-                let verdict = config.as_ref().map(|_| ());
+                let unenforced = match &config {
+                    Ok(c) => istio::unenforced_fields(&c.spec).join("; "),
+                    Err(_) => String::new(),
+                };
+                let verdict = match &config {
+                    Err(e) => Verdict::Rejected(&e.reason),
+                    Ok(_) if !unenforced.is_empty() => Verdict::PartiallyEnforced(&unenforced),
+                    Ok(_) => Verdict::Accepted,
+                };
                 statuses.observe(kind, &resource, key, generation, status.as_ref(), verdict);
                 config.map(|c| Some(Box::new(c)))
             },

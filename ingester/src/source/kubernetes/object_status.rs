@@ -5,6 +5,9 @@
 //!
 //! - A rejected version gets `Reconciled: "False"`, reason `Rejected`, the reason naming
 //!   the field as message, and an `IST0106` (SchemaValidationError) validation message.
+//! - A version accepted with fields shoal does not enforce (an AuthorizationPolicy using JWT
+//!   attributes: shoal fails closed on them) gets `Reconciled: "True"`, reason
+//!   `PartiallyEnforced`, the fields and their effect as message.
 //! - A later accepted version of an object shoal rejected before gets `Reconciled: "True"`,
 //!   reason `Accepted`, and loses the `IST0106` message. Objects never rejected are left
 //!   alone: a mesh of valid config costs no status write at all.
@@ -19,7 +22,6 @@
 use super::metrics::{KubeMetrics, StatusWrite};
 use super::reduce::ObjKey;
 use crate::coordination::lease::Leadership;
-use crate::error::InvalidObject;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{json, Value};
@@ -38,6 +40,8 @@ pub const CONDITION: &str = "Reconciled";
 pub const REJECTED: &str = "Rejected";
 /// The condition reason of an accepted version (after a rejected one).
 pub const ACCEPTED: &str = "Accepted";
+/// The condition reason of a version accepted with fields shoal does not enforce.
+pub const PARTIALLY_ENFORCED: &str = "PartiallyEnforced";
 /// The analysis message code of a rejected version: Istio's SchemaValidationError.
 pub const CODE: &str = "IST0106";
 const CODE_NAME: &str = "SchemaValidationError";
@@ -48,6 +52,17 @@ const ACCEPTED_MESSAGE: &str = "accepted by shoal";
 const RETRY: Duration = Duration::from_secs(5);
 /// A write that takes longer than this counts as failed.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What shoal made of one version of an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict<'a> {
+    /// Applied as written.
+    Accepted,
+    /// Applied, except fields shoal does not enforce (named, each with its effect).
+    PartiallyEnforced(&'a str),
+    /// Refused, for this reason (naming the field).
+    Rejected(&'a str),
+}
 
 /// The namespaces whose objects may get a status: `None` until the Namespaces are known.
 pub type Selection = Option<Arc<BTreeSet<String>>>;
@@ -95,11 +110,10 @@ impl StatusBook {
         key: ObjKey,
         generation: Option<i64>,
         status: Option<&Value>,
-        verdict: Result<(), &InvalidObject>,
+        verdict: Verdict<'_>,
     ) {
         let key = (kind, key);
-        let rejection = verdict.err().map(|e| e.reason.as_str());
-        let patch = status_patch(status, generation, rejection, &now_rfc3339());
+        let patch = status_patch(status, generation, verdict, &now_rfc3339());
         let mut book = self.lock();
         match patch {
             Some(patch) => {
@@ -323,16 +337,19 @@ fn is_ours(message: &Value) -> bool {
     message.pointer("/type/code").and_then(Value::as_str) == Some(CODE)
 }
 
-/// The merge patch that makes an object's status say its verdict (`rejection`: the
-/// reason it was rejected, naming the field; `None`: accepted), or `None` when the status
-/// already says it — or, for an accepted object, when shoal never reported on it.
+/// The merge patch that makes an object's status say its verdict, or `None` when the
+/// status already says it — or, for an accepted object, when shoal never reported on it.
 /// Conditions and validation messages of others are kept.
 pub fn status_patch(
     status: Option<&Value>,
     generation: Option<i64>,
-    rejection: Option<&str>,
+    verdict: Verdict<'_>,
     now: &str,
 ) -> Option<Value> {
+    let rejection = match verdict {
+        Verdict::Rejected(reason) => Some(reason),
+        _ => None,
+    };
     let empty = Value::Null;
     let status = status.unwrap_or(&empty);
     let conditions = status.get("conditions").unwrap_or(&empty);
@@ -344,12 +361,20 @@ pub fn status_patch(
         .unwrap_or_default();
     let ours = messages.iter().filter(|m| is_ours(m)).count();
     let field = |name: &str| current.and_then(|c| c.get(name)).and_then(Value::as_str);
-    let (want_status, reason, message) = match rejection {
-        Some(reason) => ("False", REJECTED, reason),
-        None => ("True", ACCEPTED, ACCEPTED_MESSAGE),
+    let partial;
+    let (want_status, reason, message) = match verdict {
+        Verdict::Rejected(reason) => ("False", REJECTED, reason),
+        Verdict::PartiallyEnforced(fields) => {
+            partial = format!("accepted; not enforced, shoal fails closed: {fields}");
+            ("True", PARTIALLY_ENFORCED, partial.as_str())
+        }
+        Verdict::Accepted => ("True", ACCEPTED, ACCEPTED_MESSAGE),
     };
-    let reported = matches!(field("reason"), Some(REJECTED | ACCEPTED));
-    if rejection.is_none() && !reported && ours == 0 {
+    let reported = matches!(
+        field("reason"),
+        Some(REJECTED | ACCEPTED | PARTIALLY_ENFORCED)
+    );
+    if verdict == Verdict::Accepted && !reported && ours == 0 {
         return None; // never rejected by shoal: nothing to say
     }
     let up_to_date = field("status") == Some(want_status)
@@ -413,6 +438,7 @@ pub fn status_patch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::InvalidObject;
 
     const NOW: &str = "2024-01-01T00:00:00Z";
     const LATER: &str = "2024-01-02T00:00:00Z";
@@ -445,16 +471,19 @@ mod tests {
 
     #[test]
     fn valid_objects_never_rejected_get_no_status() {
-        assert_eq!(status_patch(None, Some(1), None, NOW), None);
+        assert_eq!(status_patch(None, Some(1), Verdict::Accepted, NOW), None);
         let istiod = json!({"conditions": [{"type": "Reconciled", "status": "True",
                                              "message": "2/2 proxies up to date."}]});
-        assert_eq!(status_patch(Some(&istiod), Some(4), None, NOW), None);
+        assert_eq!(
+            status_patch(Some(&istiod), Some(4), Verdict::Accepted, NOW),
+            None
+        );
     }
 
     #[test]
     fn rejection_is_written_once_and_cleared_once() {
         let reason = "http[0].match[0].uri: invalid regex \"(\"";
-        let patch = status_patch(None, Some(2), Some(reason), NOW).expect("a write");
+        let patch = status_patch(None, Some(2), Verdict::Rejected(reason), NOW).expect("a write");
         let status = applied(None, &patch);
         assert_eq!(
             status,
@@ -469,18 +498,18 @@ mod tests {
         );
         // The status says it: nothing to write (a relist, a restart).
         assert_eq!(
-            status_patch(Some(&status), Some(2), Some(reason), LATER),
+            status_patch(Some(&status), Some(2), Verdict::Rejected(reason), LATER),
             None
         );
         // Another generation rejected for the same reason: the generation moves, the
         // transition time stays.
-        let again = status_patch(Some(&status), Some(3), Some(reason), LATER).unwrap();
+        let again = status_patch(Some(&status), Some(3), Verdict::Rejected(reason), LATER).unwrap();
         let status = applied(Some(&status), &again);
         assert_eq!(status["observedGeneration"], "3");
         assert_eq!(status["conditions"][0]["lastTransitionTime"], NOW);
 
         // Fixed: accepted, the validation message goes.
-        let fix = status_patch(Some(&status), Some(4), None, LATER).unwrap();
+        let fix = status_patch(Some(&status), Some(4), Verdict::Accepted, LATER).unwrap();
         let status = applied(Some(&status), &fix);
         assert_eq!(
             status,
@@ -491,9 +520,39 @@ mod tests {
                 "observedGeneration": "4",
             })
         );
-        assert_eq!(status_patch(Some(&status), Some(4), None, LATER), None);
+        assert_eq!(
+            status_patch(Some(&status), Some(4), Verdict::Accepted, LATER),
+            None
+        );
         // Once reported on, the object's condition follows its generation.
-        assert!(status_patch(Some(&status), Some(5), None, LATER).is_some());
+        assert!(status_patch(Some(&status), Some(5), Verdict::Accepted, LATER).is_some());
+    }
+
+    /// A policy accepted with fields shoal does not enforce says so (which fields, what
+    /// happens instead) where its author looks, once; removing them makes it `Accepted`.
+    #[test]
+    fn partially_enforced_is_said_once_and_cleared() {
+        let fields = "rules[0].from[0].source.requestPrincipals (its rule is dropped, so the \
+                      policy allows less)";
+        let verdict = Verdict::PartiallyEnforced(fields);
+        let status = applied(
+            None,
+            &status_patch(None, Some(1), verdict, NOW).expect("a write"),
+        );
+        let condition = &status["conditions"][0];
+        assert_eq!(condition["status"], "True");
+        assert_eq!(condition["reason"], "PartiallyEnforced");
+        let message = condition["message"].as_str().unwrap();
+        assert!(
+            message.contains("shoal fails closed") && message.contains(fields),
+            "{message}"
+        );
+        assert!(status.get("validationMessages").is_none(), "{status}");
+        assert_eq!(status_patch(Some(&status), Some(1), verdict, LATER), None);
+        let fix = status_patch(Some(&status), Some(2), Verdict::Accepted, LATER).unwrap();
+        let status = applied(Some(&status), &fix);
+        assert_eq!(status["conditions"][0]["reason"], "Accepted");
+        assert_eq!(status["conditions"][0]["lastTransitionTime"], NOW);
     }
 
     #[test]
@@ -503,7 +562,13 @@ mod tests {
             "validationMessages": [{"type": {"code": "IST0101"}, "level": "ERROR"}],
             "observedGeneration": 7,
         });
-        let patch = status_patch(Some(&status), Some(7), Some("hosts is empty"), NOW).unwrap();
+        let patch = status_patch(
+            Some(&status),
+            Some(7),
+            Verdict::Rejected("hosts is empty"),
+            NOW,
+        )
+        .unwrap();
         let new = applied(Some(&status), &patch);
         let types: Vec<&str> = new["conditions"]
             .as_array()
@@ -515,7 +580,7 @@ mod tests {
         assert_eq!(new["validationMessages"].as_array().unwrap().len(), 2);
         let fixed = applied(
             Some(&new),
-            &status_patch(Some(&new), Some(8), None, NOW).unwrap(),
+            &status_patch(Some(&new), Some(8), Verdict::Accepted, NOW).unwrap(),
         );
         assert_eq!(
             fixed["validationMessages"],
@@ -525,7 +590,10 @@ mod tests {
         let mut numeric = fixed.clone();
         numeric["observedGeneration"] = json!(8);
         numeric["conditions"][1]["observedGeneration"] = json!(8);
-        assert_eq!(status_patch(Some(&numeric), Some(8), None, NOW), None);
+        assert_eq!(
+            status_patch(Some(&numeric), Some(8), Verdict::Accepted, NOW),
+            None
+        );
     }
 
     fn observe(
@@ -535,6 +603,10 @@ mod tests {
         generation: i64,
         verdict: Result<(), &InvalidObject>,
     ) {
+        let verdict = match verdict {
+            Ok(()) => Verdict::Accepted,
+            Err(e) => Verdict::Rejected(&e.reason),
+        };
         let key = ("shop".to_string(), "web".to_string());
         let kind = ConfigKind::VirtualService;
         book.observe(
@@ -575,7 +647,7 @@ mod tests {
         // The written status comes back in the watch: settled.
         let written = applied(
             None,
-            &status_patch(None, Some(3), Some("hosts is empty"), NOW).unwrap(),
+            &status_patch(None, Some(3), Verdict::Rejected("hosts is empty"), NOW).unwrap(),
         );
         observe(&book, &resource, Some(written), 3, Err(&bad));
         assert!(book.is_empty());

@@ -14,6 +14,19 @@
 //! while in a DENY or AUDIT rule only those values are dropped (wider: denies more). The
 //! same holds for any value that cannot be translated.
 //!
+//! Fields shoal accepts but does not enforce (`requestPrincipals`, `notRequestPrincipals`,
+//! `request.auth.*` and `experimental.envoy.filters.*` conditions) fail closed the same
+//! way, on every chain: an ALLOW rule using one is dropped (an ALLOW policy left without
+//! rules denies everything it selects), a DENY rule loses only that field and so matches
+//! every request its other fields match, and an AUDIT rule using one is dropped. The
+//! policy itself always applies (docs/istio-compatibility.md, "Fail closed").
+//!
+//! CUSTOM policies name an external authorizer (`provider`), and shoal has none: as istiod
+//! does for a provider missing from MeshConfig, each provider's policies become a DENY
+//! filter ahead of the others whose rules, translated as DENY rules, are named
+//! `istio-ext-authz-<provider>-ns[<ns>]-policy[<name>]-rule[<i>]-deny-due-to-bad-CUSTOM-action`:
+//! what the authorizer would have been asked about is denied.
+//!
 //! `Rbac.policies` is a protobuf map, which prost encodes in hash order; the filter configs
 //! are therefore encoded here entry by entry in name order (protobuf concatenates map
 //! entries), so that replicas produce the same bytes.
@@ -39,7 +52,7 @@ use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manage
 };
 use shoal_proto::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
 use shoal_proto::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use translate::{permission_any, principal_any, translate_rule};
 
@@ -54,6 +67,10 @@ const TCP_STAT_PREFIX: &str = "tcp.";
 /// istiod's shadow (dry-run) stat prefixes.
 const SHADOW_ALLOW_PREFIX: &str = "istio_dry_run_allow_";
 const SHADOW_DENY_PREFIX: &str = "istio_dry_run_deny_";
+/// istiod's prefix of CUSTOM policies' RBAC policy names.
+const EXT_AUTHZ_PREFIX: &str = "istio-ext-authz";
+/// istiod's suffix of the DENY policies of a CUSTOM provider it cannot use.
+const BAD_CUSTOM_SUFFIX: &str = "-deny-due-to-bad-CUSTOM-action";
 /// The annotation that puts a policy in the shadow rules.
 pub const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
 
@@ -142,19 +159,42 @@ pub fn network_filters(key: &AuthzKey) -> Vec<Filter> {
         .collect()
 }
 
-/// The encoded filter configs, in istiod's order.
+/// The encoded filter configs, in istiod's order: the CUSTOM policies' DENY filters (one
+/// per provider, in name order), then AUDIT, DENY, ALLOW.
 fn filter_configs(key: &AuthzKey, tcp: bool) -> Vec<Vec<u8>> {
-    [
+    let providers: BTreeSet<&str> = key
+        .policies
+        .iter()
+        .filter(|p| p.spec.action == AuthorizationAction::Custom && !dry_run(p))
+        .filter_map(|p| p.spec.provider.as_ref().map(|p| p.name.as_str()))
+        .collect();
+    let custom = providers.into_iter().filter_map(|provider| {
+        let select = |p: &Config<AuthorizationPolicy>| {
+            p.spec.action == AuthorizationAction::Custom
+                && !dry_run(p)
+                && p.spec.provider.as_ref().is_some_and(|p| p.name == provider)
+        };
+        let name = |ns: &str, name: &str, rule: usize| {
+            format!(
+                "{EXT_AUTHZ_PREFIX}-{provider}-{}{BAD_CUSTOM_SUFFIX}",
+                policy_name(ns, name, rule)
+            )
+        };
+        let built = build(key, select, name, RbacAction::Deny, tcp)?;
+        Some(encode_filter(&built, tcp, true))
+    });
+    let others = [
         (AuthorizationAction::Audit, RbacAction::Log),
         (AuthorizationAction::Deny, RbacAction::Deny),
         (AuthorizationAction::Allow, RbacAction::Allow),
     ]
     .into_iter()
     .filter_map(|(action, rbac_action)| {
-        let built = build(key, action, rbac_action, tcp)?;
-        Some(encode_filter(&built, tcp))
-    })
-    .collect()
+        let select = |p: &Config<AuthorizationPolicy>| p.spec.action == action;
+        let built = build(key, select, policy_name, rbac_action, tcp)?;
+        Some(encode_filter(&built, tcp, false))
+    });
+    custom.chain(others).collect()
 }
 
 /// The enforced and shadow (dry-run) rules of one action.
@@ -164,9 +204,12 @@ struct Built {
     shadow: Option<BTreeMap<String, Policy>>,
 }
 
+/// The rules of the `selected` policies, translated for `rbac_action` and named by `name`;
+/// `None` when no policy is selected.
 fn build(
     key: &AuthzKey,
-    action: AuthorizationAction,
+    selected: impl Fn(&Config<AuthorizationPolicy>) -> bool,
+    name: impl Fn(&str, &str, usize) -> String,
     rbac_action: RbacAction,
     tcp: bool,
 ) -> Option<Built> {
@@ -176,7 +219,7 @@ fn build(
         shadow: None,
     };
     let mut any = false;
-    for policy in key.policies.iter().filter(|p| p.spec.action == action) {
+    for policy in key.policies.iter().filter(|p| selected(p)) {
         any = true;
         let target = if dry_run(policy) {
             &mut out.shadow
@@ -184,17 +227,17 @@ fn build(
             &mut out.rules
         };
         let target = target.get_or_insert_with(BTreeMap::new);
-        let (ns, name) = (&policy.meta.namespace, &policy.meta.name);
+        let (ns, policy_name) = (&policy.meta.namespace, &policy.meta.name);
         if policy.spec.rules.is_empty() {
-            target.insert(policy_name(ns, name, 0), match_never());
+            target.insert(name(ns, policy_name, 0), match_never());
         }
         for (i, rule) in policy.spec.rules.iter().enumerate() {
             match translate_rule(rule, ns, &key.trust_domain, rbac_action, tcp) {
                 Ok(p) => {
-                    target.insert(policy_name(ns, name, i), p);
+                    target.insert(name(ns, policy_name, i), p);
                 }
                 Err(error) => tracing::debug!(
-                    policy = %format!("{ns}/{name}"),
+                    policy = %format!("{ns}/{policy_name}"),
                     rule = i,
                     tcp,
                     %error,
@@ -233,7 +276,9 @@ fn match_never() -> Policy {
 // ---------------------------------------------------------------------------------------
 // Encoding
 
-fn encode_filter(built: &Built, tcp: bool) -> Vec<u8> {
+/// One filter config; `bad_custom`: the DENY filter of a CUSTOM provider, which istiod
+/// builds without a shadow prefix.
+fn encode_filter(built: &Built, tcp: bool, bad_custom: bool) -> Vec<u8> {
     // istiod reads the shadow prefix off the shadow rules' action, which is ALLOW (0) when
     // there are none.
     let shadow_prefix = match built
@@ -241,6 +286,7 @@ fn encode_filter(built: &Built, tcp: bool) -> Vec<u8> {
         .as_ref()
         .map_or(RbacAction::Allow, |_| built.action)
     {
+        _ if bad_custom => "",
         RbacAction::Allow => SHADOW_ALLOW_PREFIX,
         RbacAction::Deny => SHADOW_DENY_PREFIX,
         RbacAction::Log => "",

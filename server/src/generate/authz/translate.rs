@@ -43,6 +43,11 @@ pub enum TranslateError {
     /// A path template (`{*}`, `{**}`), which Envoy's RBAC filter cannot load.
     #[error("path template {0:?} is not supported")]
     PathTemplate(String),
+    /// A field shoal accepts but does not enforce (JWT attributes, which need
+    /// RequestAuthentication, and Envoy metadata). Fails closed: it drops an ALLOW or AUDIT
+    /// rule and is left out of a DENY rule, which then denies more.
+    #[error("{0} is not enforced by shoal")]
+    Unenforced(String),
     /// An attribute asked of the wrong side (a bug: attributes are sorted by side).
     #[error("{0} is not an attribute of this side of a rule")]
     Misplaced(String),
@@ -65,6 +70,12 @@ enum Attr {
     TrustDomain,
     Principal,
     Header(String),
+    /// `requestPrincipals` (JWT `<iss>/<sub>`).
+    RequestPrincipal,
+    /// A `request.auth.*` key (JWT attributes).
+    RequestAuth(String),
+    /// An `experimental.envoy.filters.*` key (Envoy dynamic metadata).
+    EnvoyMetadata(String),
 }
 
 struct Condition<'a> {
@@ -121,9 +132,21 @@ pub(super) fn translate_rule(
     let mut principals = Vec::new();
     for from in &rule.from {
         let s = &from.source;
-        // istiod's order: principals, namespaces, remote IPs, IPs, then the `when` keys.
+        // istiod's order: principals, request principals, service accounts, trust domains,
+        // namespaces, remote IPs, IPs, then the `when` keys.
         let mut conds = present([
             (Attr::Principal, &s.principals, &s.not_principals),
+            (
+                Attr::RequestPrincipal,
+                &s.request_principals,
+                &s.not_request_principals,
+            ),
+            (
+                Attr::ServiceAccount,
+                &s.service_accounts,
+                &s.not_service_accounts,
+            ),
+            (Attr::TrustDomain, &s.trust_domains, &s.not_trust_domains),
             (Attr::Namespace, &s.namespaces, &s.not_namespaces),
             (Attr::RemoteIp, &s.remote_ip_blocks, &s.not_remote_ip_blocks),
             (Attr::SourceIp, &s.ip_blocks, &s.not_ip_blocks),
@@ -179,6 +202,8 @@ fn when_attr(key: &str) -> Result<Attr, TranslateError> {
         "source.serviceAccount" => Attr::ServiceAccount,
         "source.trustDomain" => Attr::TrustDomain,
         "source.principal" => Attr::Principal,
+        _ if key.starts_with("request.auth.") => Attr::RequestAuth(key.to_string()),
+        _ if key.starts_with("experimental.envoy.filters.") => Attr::EnvoyMetadata(key.to_string()),
         _ => match request_header_name(key) {
             Some(name) => Attr::Header(name.to_string()),
             None => return Err(TranslateError::UnknownKey(key.to_string())),
@@ -196,7 +221,13 @@ fn request_header_name(key: &str) -> Option<&str> {
 fn is_permission(attr: &Attr) -> bool {
     matches!(
         attr,
-        Attr::Host | Attr::Method | Attr::Path | Attr::Port | Attr::DestinationIp | Attr::Sni
+        Attr::Host
+            | Attr::Method
+            | Attr::Path
+            | Attr::Port
+            | Attr::DestinationIp
+            | Attr::Sni
+            | Attr::EnvoyMetadata(_)
     )
 }
 
@@ -210,7 +241,8 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     /// Each condition's values ORed, and its not-values ORed and negated; the caller ANDs
     /// them. A value that cannot be translated fails the rule of an ALLOW policy and is
-    /// left out of a DENY or AUDIT one (istiod's `checkError`).
+    /// left out of a DENY or AUDIT one (istiod's `checkError`); a field shoal does not
+    /// enforce also fails an AUDIT rule (auditing what it cannot see would mislead).
     fn generate<T>(
         &self,
         conds: &[Condition<'_>],
@@ -230,7 +262,7 @@ impl Ctx<'_> {
                 for v in &values {
                     match value(&c.attr, v) {
                         Ok(t) => any.push(t),
-                        Err(e) if self.action == RbacAction::Allow => return Err(e),
+                        Err(e) if self.fails_rule(&e) => return Err(e),
                         Err(_) => {}
                     }
                 }
@@ -241,6 +273,16 @@ impl Ctx<'_> {
             }
         }
         Ok(out)
+    }
+
+    /// Whether an untranslatable value fails its whole rule (else it is left out). Never
+    /// for DENY: leaving a value out of a DENY rule makes it deny more, which is safe.
+    fn fails_rule(&self, error: &TranslateError) -> bool {
+        match self.action {
+            RbacAction::Allow => true,
+            RbacAction::Log => matches!(error, TranslateError::Unenforced(_)),
+            RbacAction::Deny => false,
+        }
     }
 
     fn permissions(&self, conds: &[Condition<'_>]) -> Result<Vec<Permission>, TranslateError> {
@@ -337,6 +379,7 @@ impl Ctx<'_> {
             }
             Attr::DestinationIp => Rule::DestinationIp(address("destination.ip", v)?),
             Attr::Sni => Rule::RequestedServerName(string_matcher(v, "")),
+            Attr::EnvoyMetadata(key) => return Err(TranslateError::Unenforced(key.clone())),
             other => return Err(TranslateError::Misplaced(format!("{other:?}"))),
         };
         Ok(Permission { rule: Some(rule) })
@@ -376,6 +419,10 @@ impl Ctx<'_> {
                 self.http_only("request.headers")?;
                 Identifier::Header(header_matcher(name, v, false))
             }
+            Attr::RequestPrincipal => {
+                return Err(TranslateError::Unenforced("requestPrincipals".into()))
+            }
+            Attr::RequestAuth(key) => return Err(TranslateError::Unenforced(key.clone())),
             other => return Err(TranslateError::Misplaced(format!("{other:?}"))),
         };
         Ok(Principal {

@@ -29,7 +29,7 @@ use std::sync::Arc;
 // ---------------------------------------------------------------------------------------
 // Fixtures and a compact rendering of RBAC trees
 
-fn policy(ns: &str, name: &str, yaml: &str) -> Arc<Config<AuthorizationPolicy>> {
+pub(super) fn policy(ns: &str, name: &str, yaml: &str) -> Arc<Config<AuthorizationPolicy>> {
     let spec: AuthorizationPolicy =
         shoal_common::yaml::from_str(yaml).unwrap_or_else(|e| panic!("bad policy: {e}\n{yaml}"));
     Arc::new(Config {
@@ -42,14 +42,14 @@ fn policy(ns: &str, name: &str, yaml: &str) -> Arc<Config<AuthorizationPolicy>> 
     })
 }
 
-fn key(policies: Vec<Arc<Config<AuthorizationPolicy>>>) -> AuthzKey {
+pub(super) fn key(policies: Vec<Arc<Config<AuthorizationPolicy>>>) -> AuthzKey {
     AuthzKey {
         policies,
         trust_domain: "cluster.local".into(),
     }
 }
 
-fn http(key: &AuthzKey) -> Vec<HttpRbac> {
+pub(super) fn http(key: &AuthzKey) -> Vec<HttpRbac> {
     authz::http_filters(key)
         .iter()
         .map(|f| {
@@ -64,7 +64,7 @@ fn http(key: &AuthzKey) -> Vec<HttpRbac> {
         .collect()
 }
 
-fn tcp(key: &AuthzKey) -> Vec<NetworkRbac> {
+pub(super) fn tcp(key: &AuthzKey) -> Vec<NetworkRbac> {
     authz::network_filters(key)
         .iter()
         .map(network_rbac)
@@ -82,9 +82,9 @@ fn network_rbac(f: &Filter) -> NetworkRbac {
 }
 
 /// Policy name → (permissions, principals), rendered.
-type Rendered = BTreeMap<String, (Vec<String>, Vec<String>)>;
+pub(super) type Rendered = BTreeMap<String, (Vec<String>, Vec<String>)>;
 
-fn render(rbac: &Rbac) -> Rendered {
+pub(super) fn render(rbac: &Rbac) -> Rendered {
     rbac.policies
         .iter()
         .map(|(name, p)| {
@@ -180,7 +180,7 @@ fn princ(p: &Principal) -> String {
     }
 }
 
-fn strs(v: &[&str]) -> Vec<String> {
+pub(super) fn strs(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
 
@@ -326,6 +326,41 @@ rules:
                 peer(regex:spiffe://.+/ns/other/(.+/|)sa/b(/.+)?)), \
                 or(peer(prefix:spiffe://td.example/), peer(regex:spiffe://[^/]*\\.corp/.*)))"])
     );
+}
+
+/// `source.serviceAccounts` and `source.trustDomains` translate as their `when` keys do, in
+/// istiod's order (after principals, before namespaces and IPs).
+#[test]
+fn service_accounts_and_trust_domains_of_the_source() {
+    let k = key(vec![policy(
+        "shop",
+        "sa",
+        r#"
+rules:
+- from:
+  - source:
+      ipBlocks: [10.0.0.1]
+      serviceAccounts: [a, other/b]
+      notServiceAccounts: [shop/c]
+      trustDomains: [td.example, "*.corp"]
+      notTrustDomains: ["*"]
+"#,
+    )]);
+    let (_, princs) = only_policy(http(&k)[0].rules.as_ref());
+    assert_eq!(
+        princs,
+        strs(
+            &["and(or(peer(regex:spiffe://.+/ns/shop/(.+/|)sa/a(/.+)?), \
+                peer(regex:spiffe://.+/ns/other/(.+/|)sa/b(/.+)?)), \
+                not(or(peer(regex:spiffe://.+/ns/shop/(.+/|)sa/c(/.+)?))), \
+                or(peer(prefix:spiffe://td.example/), peer(regex:spiffe://[^/]*\\.corp/.*)), \
+                not(or(peer(prefix:spiffe://))), \
+                or(ip(10.0.0.1/32)))"]
+        )
+    );
+    // Peer identities: they hold on TCP too.
+    let (_, tcp_princs) = only_policy(tcp(&k)[0].rules.as_ref());
+    assert_eq!(tcp_princs, princs);
 }
 
 #[test]

@@ -206,10 +206,19 @@ fn http_ports_share_a_wildcard_listener_routed_by_rds() {
     let any = rc.virtual_hosts.last().unwrap();
     assert_eq!(any.domains, ["*"]);
     match &any.routes[0].action {
-        Some(Action::Route(r)) => assert_eq!(
-            r.cluster_specifier,
-            Some(ClusterSpecifier::Cluster("PassthroughCluster".into()))
-        ),
+        Some(Action::Route(r)) => {
+            assert_eq!(
+                r.cluster_specifier,
+                Some(ClusterSpecifier::Cluster("PassthroughCluster".into()))
+            );
+            #[allow(deprecated)]
+            let grpc = r.max_grpc_timeout.map(|d| (d.seconds, d.nanos));
+            assert_eq!(
+                grpc,
+                Some((0, 0)),
+                "istiod's catch-all honours grpc-timeout"
+            );
+        }
         other => panic!("{other:?}"),
     }
     let reviews = &rc.virtual_hosts[0];
@@ -324,10 +333,20 @@ fn virtual_inbound_has_a_chain_per_target_port_and_passthrough() {
     assert_eq!(rc.name, "inbound|9080||");
     assert_eq!(rc.virtual_hosts[0].name, "inbound|http|9080");
     match &rc.virtual_hosts[0].routes[0].action {
-        Some(Action::Route(r)) => assert_eq!(
-            r.cluster_specifier,
-            Some(ClusterSpecifier::Cluster("inbound|9080||".into()))
-        ),
+        Some(Action::Route(r)) => {
+            assert_eq!(
+                r.cluster_specifier,
+                Some(ClusterSpecifier::Cluster("inbound|9080||".into()))
+            );
+            // istiod's `BuildDefaultHTTPInboundRoute`: no stream limit, grpc-timeout
+            // honoured uncapped.
+            let msd = r.max_stream_duration.as_ref().expect("max_stream_duration");
+            let zero = |d: Option<&shoal_proto::pb::google::protobuf::Duration>| {
+                d.map(|d| (d.seconds, d.nanos))
+            };
+            assert_eq!(zero(msd.max_stream_duration.as_ref()), Some((0, 0)));
+            assert_eq!(zero(msd.grpc_timeout_header_max.as_ref()), Some((0, 0)));
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(

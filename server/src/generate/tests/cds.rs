@@ -93,6 +93,34 @@ fn fixed_clusters() {
     let pt = &cs["PassthroughCluster"];
     assert_eq!(discovery_type(pt), DiscoveryType::OriginalDst);
     assert_eq!(lb(pt), LbPolicy::ClusterProvided);
+    assert_passthrough_http_options(pt);
+    let captured = cds(&Mesh::new(), &captured_proxy("default", "10.1.0.9", &[]));
+    assert_passthrough_http_options(&captured["InboundPassthroughCluster"]);
+}
+
+/// istiod's `passthroughHttpProtocolOptions`: the downstream's protocol upstream (h2c and
+/// gRPC to a host outside the registry stay HTTP/2), a 300 s idle timeout.
+fn assert_passthrough_http_options(c: &Cluster) {
+    use prost::Message;
+    use shoal_proto::pb::envoy::extensions::upstreams::http::v3::{
+        http_protocol_options::UpstreamProtocolOptions, HttpProtocolOptions,
+    };
+    let any = &c.typed_extension_protocol_options[HTTP2_OPTIONS];
+    let o = HttpProtocolOptions::decode(&*any.value).expect("HttpProtocolOptions");
+    let idle = o.common_http_protocol_options.and_then(|c| c.idle_timeout);
+    assert_eq!(
+        idle.map(|d| (d.seconds, d.nanos)),
+        Some((300, 0)),
+        "{}",
+        c.name
+    );
+    match o.upstream_protocol_options {
+        Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(d)) => {
+            assert!(d.http_protocol_options.is_some(), "{}", c.name);
+            assert!(d.http2_protocol_options.is_some(), "{}", c.name);
+        }
+        other => panic!("{}: {other:?}", c.name),
+    }
 }
 
 #[test]

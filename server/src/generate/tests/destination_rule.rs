@@ -140,6 +140,42 @@ subsets:
     assert_eq!(cs[&name("v1")].connect_timeout.unwrap().seconds, 10);
 }
 
+/// The circuit-breaking task's rule sets only common HTTP options: the cluster gets explicit
+/// HTTP/1.1 (Envoy refuses HttpProtocolOptions without `upstream_protocol_options`), as
+/// istiod's `clusterWrapper.build` fills it in.
+#[test]
+fn common_http_options_alone_get_explicit_http1() {
+    let mesh = mesh_with(&[(
+        "default",
+        "reviews",
+        r#"
+host: reviews
+trafficPolicy:
+  connectionPool:
+    tcp: {maxConnections: 1}
+    http: {http1MaxPendingRequests: 1, maxRequestsPerConnection: 1}
+"#,
+    )]);
+    let c = &cds(&mesh, &sidecar_proxy("default", &[]))[&name("")];
+    assert_eq!(thresholds(c), [1, 1, MAX, MAX]);
+    let o = http_options(c);
+    assert_eq!(
+        o.common_http_protocol_options
+            .and_then(|c| c.max_requests_per_connection)
+            .map(|v| v.value),
+        Some(1)
+    );
+    match o.upstream_protocol_options {
+        Some(UpstreamProtocolOptions::ExplicitHttpConfig(e)) => assert!(matches!(
+            e.protocol_config,
+            Some(
+                shoal_proto::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::explicit_http_config::ProtocolConfig::HttpProtocolOptions(_),
+            )
+        )),
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn use_client_protocol() {
     let mesh = mesh_with(&[(

@@ -13,7 +13,11 @@ fn lds(mesh: &Mesh, proxy: &crate::index::proxy::Proxy) -> BTreeMap<String, List
 fn rds_name(l: &Listener) -> String {
     match hcm(l).route_specifier {
         Some(RouteSpecifier::Rds(rds)) => {
-            assert!(rds.config_source.is_some(), "{}", l.name);
+            // istiod's RDS config source: ADS, and no initial fetch timeout (`0s`), so the
+            // listener waits for its routes instead of answering 404 after 15 s.
+            let source = rds.config_source.expect("config source");
+            let timeout = source.initial_fetch_timeout.map(|d| (d.seconds, d.nanos));
+            assert_eq!(timeout, Some((0, 0)), "{}: initial_fetch_timeout", l.name);
             rds.route_config_name
         }
         other => panic!("{}: expected RDS, got {other:?}", l.name),
@@ -93,6 +97,15 @@ fn gateway_listeners_for_selected_http_servers() {
         );
         assert_eq!(hcm.stream_idle_timeout.map(|d| d.seconds), Some(0));
         assert_eq!(hcm.upgrade_configs[0].upgrade_type, "websocket");
+    }
+}
+
+#[test]
+fn rds_has_istiods_zero_initial_fetch_timeout() {
+    let ls = lds(&gateways(), &ingress());
+    assert!(!ls.is_empty());
+    for l in ls.values() {
+        rds_name(l); // asserts `initial_fetch_timeout: 0s`
     }
 }
 

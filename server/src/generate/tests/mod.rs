@@ -2,6 +2,7 @@
 //! against Istio's behaviour.
 
 mod authz;
+mod authz_fail_closed;
 mod captured;
 mod cds;
 mod delegate;

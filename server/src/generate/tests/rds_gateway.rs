@@ -521,6 +521,16 @@ fn rewrites_and_timeouts() {
     let t = route_action(&rs[1]).timeout.as_ref().unwrap();
     assert_eq!((t.seconds, t.nanos), (0, 0));
     assert_eq!(route_action(&rs[1]).prefix_rewrite, "");
+    // istiod's `setTimeout`: a gRPC client's `grpc-timeout` is honoured up to the route's
+    // timeout, uncapped without one.
+    #[allow(deprecated)]
+    let grpc = |i: usize| {
+        route_action(&rs[i])
+            .max_grpc_timeout
+            .map(|d| (d.seconds, d.nanos))
+    };
+    assert_eq!(grpc(0), Some((1, 500_000_000)));
+    assert_eq!(grpc(1), Some((0, 0)));
 }
 
 #[test]

@@ -113,6 +113,10 @@ fn default_route_goes_to_the_service_cluster() {
     let ra = route_action(r);
     let t = ra.timeout.as_ref().unwrap();
     assert_eq!((t.seconds, t.nanos), (0, 0));
+    // istiod's `setTimeout`: gRPC deadlines (`grpc-timeout`) honoured, uncapped.
+    #[allow(deprecated)]
+    let grpc = ra.max_grpc_timeout.as_ref().map(|d| (d.seconds, d.nanos));
+    assert_eq!(grpc, Some((0, 0)));
     let retry = ra.retry_policy.as_ref().unwrap();
     assert_eq!(retry.num_retries.as_ref().unwrap().value, 2);
 }
@@ -217,6 +221,12 @@ http: [{name: gateway-only, route: [{destination: {host: details}}]}]
     assert_eq!(names(&format!("{REVIEWS}:9080")), ["jason", "rest"]);
     let jason = &vhost(&rc, &format!("{REVIEWS}:9080")).routes[0];
     assert_eq!(cluster_of(jason), format!("outbound|9080|v2|{REVIEWS}"));
+    // No `timeout` in the rule: gRPC deadlines honoured uncapped (istiod's `setTimeout`).
+    #[allow(deprecated)]
+    let grpc = route_action(jason)
+        .max_grpc_timeout
+        .map(|d| (d.seconds, d.nanos));
+    assert_eq!(grpc, Some((0, 0)));
     assert_eq!(
         names("ratings.default.svc.cluster.local:9080"),
         ["ratings-mesh"]

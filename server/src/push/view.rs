@@ -253,7 +253,7 @@ struct Inner {
     /// The outbound part for a PushContext (see [`View::for_type`]).
     part: Option<(Arc<PushContext>, Arc<View>)>,
     /// A sidecar's inbound clusters and listener, per PushContext (see [`View::composed`]).
-    inbound: HashMap<XdsType, (Arc<PushContext>, Arc<Vec<Arc<Resource>>>)>,
+    inbound: HashMap<XdsType, (Arc<PushContext>, Inbound)>,
     /// A sidecar's clusters and listeners: its part's outbound output with its inbound
     /// resources put in, and the two it was made from.
     composed: HashMap<XdsType, Composed>,
@@ -263,10 +263,13 @@ struct Inner {
     diffs: HashMap<SlotKey, CachedDiff>,
 }
 
+/// A sidecar view's own inbound resources of one type.
+type Inbound = Arc<Vec<Arc<Resource>>>;
+
 /// An output composed of a part's outbound output and a view's inbound resources.
 struct Composed {
     outbound: Arc<Output>,
-    inbound: Arc<Vec<Arc<Resource>>>,
+    inbound: Inbound,
     output: Arc<Output>,
 }
 
@@ -473,11 +476,7 @@ impl View {
 
     /// This view's inbound resources of `ty` under the snapshot's PushContext (they depend
     /// on nothing else: the services selecting the workload, its ports, its policies).
-    async fn inbound(
-        self: &Arc<Self>,
-        ty: XdsType,
-        snap: &Arc<Snapshot>,
-    ) -> Arc<Vec<Arc<Resource>>> {
+    async fn inbound(self: &Arc<Self>, ty: XdsType, snap: &Arc<Snapshot>) -> Inbound {
         if let Some((ctx, inbound)) = lock(&self.inner).inbound.get(&ty) {
             if Arc::ptr_eq(ctx, &snap.ctx) {
                 return inbound.clone();

@@ -32,7 +32,7 @@ struct Run {
 fn ends_run(name: &str) -> bool {
     let mut h = std::hash::DefaultHasher::new();
     name.hash(&mut h);
-    h.finish() % RUN as u64 == 0
+    h.finish().is_multiple_of(RUN as u64)
 }
 
 /// The live runs, by a hash of their resources' names and versions.

@@ -48,7 +48,7 @@ use manifests::{BenchMesh, MeshShape, ScenarioKind};
 use procs::{Binaries, Ingester, Nats, Server};
 use report::{
     ratio, CacheUse, ChangeReport, ChangeSample, Dist, Initial, Machine, Memory, Ratios,
-    ReplayBaseline, ReplicaMove, Report, Scenario, Storm,
+    ReplayBaseline, ReplicaMove, Report, Scenario, Soak, Storm,
 };
 use shoal_common::bus::nats::{NatsBus, NatsOptions};
 use shoal_common::bus::{Bucket, StateBus, WatchEvent};
@@ -127,6 +127,9 @@ pub struct BenchConfig {
     /// Spread the proxies over the replicas (proxy i first connects to replica i mod
     /// replicas) instead of starting them all on A; the replica move then moves A's half.
     pub spread: bool,
+    /// After the changes: a soak of this long (an endpoint change every second, a
+    /// VirtualService change every 30 s).
+    pub soak: Option<Duration>,
 }
 
 impl Default for BenchConfig {
@@ -151,6 +154,7 @@ impl Default for BenchConfig {
             baseline: Baseline::None,
             storm: false,
             spread: false,
+            soak: None,
         }
     }
 }
@@ -444,6 +448,28 @@ impl Bench<'_> {
         } else {
             None
         };
+        let soak = match self.cfg.soak {
+            Some(duration) => {
+                let sk = self.soak(duration).await?;
+                self.progress(format!(
+                    "soak: {:.0} s, {} endpoint changes (p99 {:.0} ms), {} VS changes (p99 {:.0} ms); RSS {:.1} → {:.1} MiB ({:+.1} %); NACKs {}, stream errors {}, bad responses {}, missed {}",
+                    sk.duration_s,
+                    sk.endpoint_change.samples.len(),
+                    sk.endpoint_change.latency_ms.p99,
+                    sk.vs_change.samples.len(),
+                    sk.vs_change.latency_ms.p99,
+                    sk.rss_start_kib as f64 / 1024.0,
+                    sk.rss_end_kib as f64 / 1024.0,
+                    sk.rss_growth_pct,
+                    sk.nacks,
+                    sk.stream_errors,
+                    sk.bad_responses,
+                    sk.endpoint_change.missing + sk.vs_change.missing
+                ));
+                Some(sk)
+            }
+            None => None,
+        };
         let replica_move = if self.servers.len() > 1 {
             let mv = self.move_replica().await?;
             self.progress(format!(
@@ -474,6 +500,7 @@ impl Bench<'_> {
             replica_move,
             baseline,
             storm,
+            soak,
             bench_cpu_s: (procs::proc_cpu(std::process::id())? - bench_cpu0).as_secs_f64(),
             stream_errors: self.stream_errors,
             bad_responses: self.bad_responses,
@@ -1012,7 +1039,72 @@ impl Bench<'_> {
             .collect()
     }
 
+    /// An endpoint change every second and a VirtualService change every 30 s, for
+    /// `duration`, each measured like the others; server RSS at the start, once a minute
+    /// and at the end.
+    async fn soak(&mut self, duration: Duration) -> anyhow::Result<Soak> {
+        self.drain_events();
+        let (nacks0, errors0, bad0) = (self.nacks, self.stream_errors, self.bad_responses);
+        let rss_start_kib = self.servers[0].rss_kib()?;
+        let mut rss_kib_per_minute = vec![rss_start_kib];
+        let start = Instant::now();
+        let mut endpoint = (Vec::new(), Vec::new());
+        let mut vs = (Vec::new(), Vec::new());
+        // Change numbers past the measured ones: markers stay unique.
+        let first = 2 * self.cfg.changes + 1;
+        let mut tick = 0usize;
+        while start.elapsed() < duration {
+            let next = start + Duration::from_secs(tick as u64 + 1);
+            let k = first + tick;
+            let (sample, lat) = self.endpoint_change_with(k, true).await?;
+            endpoint.0.push(sample);
+            endpoint.1.extend(lat);
+            if tick % 30 == 29 {
+                let (sample, lat) = self.vs_change(k).await?;
+                vs.0.push(sample);
+                vs.1.extend(lat);
+            }
+            if tick % 60 == 59 {
+                rss_kib_per_minute.push(self.servers[0].rss_kib()?);
+                self.progress(format!(
+                    "soak: {:.0} s, {} endpoint and {} VS changes, server RSS {:.1} MiB",
+                    start.elapsed().as_secs_f64(),
+                    endpoint.0.len(),
+                    vs.0.len(),
+                    *rss_kib_per_minute.last().unwrap_or(&0) as f64 / 1024.0
+                ));
+            }
+            tokio::time::sleep_until(next.max(Instant::now()).into()).await;
+            tick += 1;
+        }
+        self.drain_events();
+        let rss_end_kib = self.servers[0].rss_kib()?;
+        Ok(Soak {
+            duration_s: start.elapsed().as_secs_f64(),
+            rss_start_kib,
+            rss_end_kib,
+            rss_growth_pct: (rss_end_kib as f64 - rss_start_kib as f64) * 100.0
+                / rss_start_kib.max(1) as f64,
+            rss_kib_per_minute,
+            endpoint_change: ChangeReport::summarize(endpoint.0, &endpoint.1),
+            vs_change: ChangeReport::summarize(vs.0, &vs.1),
+            nacks: self.nacks - nacks0,
+            stream_errors: self.stream_errors - errors0,
+            bad_responses: self.bad_responses - bad0,
+        })
+    }
+
     async fn endpoint_change(&mut self, k: usize) -> anyhow::Result<(ChangeSample, Vec<f64>)> {
+        self.endpoint_change_with(k, false).await
+    }
+
+    /// An endpoint change; `replace`: the added endpoint replaces the service's earlier
+    /// added ones (the soak), instead of joining them.
+    async fn endpoint_change_with(
+        &mut self,
+        k: usize,
+        replace: bool,
+    ) -> anyhow::Result<(ChangeSample, Vec<f64>)> {
         let (ns, index) = self.mesh.endpoint_change_target(k);
         let ns_name = manifests::namespace_name(ns);
         let service = format!("svc-{index}");
@@ -1031,7 +1123,13 @@ impl Bench<'_> {
             marker,
             affected,
             key_matches,
-            |mesh| mesh.add_endpoint(ns, index, k),
+            |mesh| {
+                if replace {
+                    mesh.replace_endpoint(ns, index, k)
+                } else {
+                    mesh.add_endpoint(ns, index, k)
+                }
+            },
         )
         .await
     }

@@ -126,6 +126,14 @@ struct Args {
     #[arg(long)]
     spread: bool,
 
+    /// After the measured changes (before the replica move): a soak of this many seconds,
+    /// an endpoint change every second (each replacing the previous soak endpoint of its
+    /// service, so the mesh does not grow) and a VirtualService change every 30 s, each
+    /// measured; reports the server's RSS growth (target ≤ 5 % over 30 minutes), NACKs,
+    /// stream errors and missed changes. Raise --timeout to cover it.
+    #[arg(long, value_name = "SECONDS")]
+    soak: Option<u64>,
+
     /// Print the results as JSON on stdout (progress still goes to stderr).
     #[arg(long)]
     json: bool,
@@ -161,6 +169,7 @@ fn main() -> ExitCode {
         baseline: args.baseline,
         storm: args.storm,
         spread: args.spread,
+        soak: args.soak.map(Duration::from_secs),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -402,6 +402,20 @@ impl BenchMesh {
         self.write_service(&spec)
     }
 
+    /// Makes [`added_endpoint_ip`]`(k)` the one added endpoint of service `index` in
+    /// namespace `ns` (replacing earlier ones), rewriting that service's file: a change that
+    /// does not grow the mesh, for the soak.
+    pub fn replace_endpoint(&mut self, ns: usize, index: usize, k: usize) -> anyhow::Result<()> {
+        let spec = self
+            .services
+            .iter_mut()
+            .find(|s| s.namespace == ns && s.index == index)
+            .with_context(|| format!("no service svc-{index} in namespace {ns}"))?;
+        spec.added = vec![added_endpoint_ip(k)];
+        let spec = spec.clone();
+        self.write_service(&spec)
+    }
+
     /// Rewrites the VirtualService with a route named (and matching a header value) after
     /// the marker of change `k`: the mesh-wide one, or namespace 0's.
     pub fn change_virtual_service(&self, mesh_wide: bool, k: usize) -> anyhow::Result<()> {

@@ -278,6 +278,34 @@ pub struct Storm {
     pub error_examples: Vec<String>,
 }
 
+/// The soak (`--soak`): an endpoint change every second and a VirtualService change every
+/// 30 s for a while, each still measured, and what the server and the proxies looked like
+/// at the end.
+#[derive(Debug, Clone, Serialize)]
+pub struct Soak {
+    /// How long it ran, seconds.
+    pub duration_s: f64,
+    /// Server RSS when it started and at the end, KiB.
+    pub rss_start_kib: u64,
+    /// Server RSS at the end, KiB.
+    pub rss_end_kib: u64,
+    /// Growth from start to end, percent (target: ≤ 5).
+    pub rss_growth_pct: f64,
+    /// Server RSS once a minute, KiB.
+    pub rss_kib_per_minute: Vec<u64>,
+    /// The endpoint changes (each replaces the previous soak endpoint of its service, so
+    /// the mesh does not grow).
+    pub endpoint_change: ChangeReport,
+    /// The VirtualService changes.
+    pub vs_change: ChangeReport,
+    /// NACKs, stream errors and bad responses the proxies saw during the soak.
+    pub nacks: usize,
+    /// Stream errors (resets) during the soak.
+    pub stream_errors: usize,
+    /// Responses the proxies could not understand during the soak.
+    pub bad_responses: usize,
+}
+
 /// Server memory.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Memory {
@@ -440,6 +468,8 @@ pub struct Report {
     pub baseline: Option<ReplayBaseline>,
     /// The connection storm (with `--storm`).
     pub storm: Option<Storm>,
+    /// The soak (with `--soak`).
+    pub soak: Option<Soak>,
     /// CPU the benchmark process itself used (the simulated proxies), seconds.
     pub bench_cpu_s: f64,
     /// Stream errors seen by proxies (outside the replica move).
@@ -689,6 +719,26 @@ impl Report {
                 c.affected,
                 c.server_cpu_s,
                 bytes(c.server_bytes)
+            );
+        }
+        if let Some(sk) = &self.soak {
+            let _ = writeln!(
+                o,
+                "{:<50} {:.0} s: {} endpoint changes (p99 {}), {} VS changes (p99 {}); RSS {:.1} → {:.1} MiB ({:+.1} %, ≤ 5 %: {}); NACKs {}, stream errors {}, bad responses {}, missed {}",
+                "soak",
+                sk.duration_s,
+                sk.endpoint_change.samples.len(),
+                ms(sk.endpoint_change.latency_ms.p99),
+                sk.vs_change.samples.len(),
+                ms(sk.vs_change.latency_ms.p99),
+                sk.rss_start_kib as f64 / 1024.0,
+                sk.rss_end_kib as f64 / 1024.0,
+                sk.rss_growth_pct,
+                verdict(sk.rss_growth_pct <= 5.0),
+                sk.nacks,
+                sk.stream_errors,
+                sk.bad_responses,
+                sk.endpoint_change.missing + sk.vs_change.missing
             );
         }
         if let Some(mv) = &self.replica_move {

@@ -10,6 +10,7 @@
 //! server, which every test notices. The comparison itself ([`compare`]) returns the
 //! [`Mismatch`], so it is unit-tested without aborting.
 
+use super::intern::Interner;
 use super::{build, finish, side_keys, Key, Resource, Side, Snapshot};
 use crate::generate::metrics::CacheMetrics;
 use crate::index::proxy::Proxy;
@@ -20,6 +21,12 @@ use std::time::Duration;
 
 /// Per-entry overhead counted on top of the resource bytes (key, bookkeeping).
 const ENTRY_OVERHEAD: u32 = 256;
+
+/// How long an entry no generation asked for stays. The cache shares resources between
+/// the views and parts generating one snapshot, which ask within seconds; what the
+/// proxies hold lives on in the views' outputs. Superseded resources (every change makes
+/// some) go after this, instead of filling the cache to its size bound.
+const IDLE: Duration = Duration::from_secs(60);
 
 /// A cache of generated resources.
 #[derive(Clone)]
@@ -40,8 +47,8 @@ impl GeneratorCache {
                     .unwrap_or(u32::MAX)
                     .saturating_add(ENTRY_OVERHEAD)
             })
-            // Keys hold Arcs into old snapshots; idle entries go, so they don't pin them.
-            .time_to_idle(Duration::from_secs(600))
+            // Keys hold Arcs into old snapshots too: idle entries go, so they don't pin them.
+            .time_to_idle(IDLE)
             .build();
         GeneratorCache {
             cache,
@@ -90,7 +97,7 @@ impl GeneratorCache {
         let entry = self
             .cache
             .entry_by_ref(&key)
-            .or_insert_with(|| Arc::new(build(&key)));
+            .or_insert_with(|| intern(build(&key)));
         if entry.is_fresh() {
             self.metrics.cache_misses.inc();
             return entry.into_value();
@@ -115,6 +122,20 @@ impl GeneratorCache {
         self.cache.run_pending_tasks();
         (self.cache.entry_count(), self.cache.weighted_size())
     }
+}
+
+/// Generated resources by content (see [`super::intern`]).
+static RESOURCES: std::sync::LazyLock<Interner<Resource>> =
+    std::sync::LazyLock::new(Interner::default);
+
+/// The live resource equal to `r` (built for another key: e.g. the same route table for
+/// the outbound parts of two namespaces), else `r`.
+fn intern(r: Resource) -> Arc<Resource> {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::hash::DefaultHasher::new();
+    r.name.hash(&mut h);
+    r.version.hash(&mut h);
+    RESOURCES.intern(h.finish(), r, |a, b| a == b)
 }
 
 /// The size and content hash of a list of resources, for the assert mode's report.

@@ -12,6 +12,7 @@ pub mod eds;
 pub mod gateway;
 pub mod http_route;
 pub mod inbound;
+pub mod intern;
 pub mod lds;
 pub mod locality;
 pub mod metrics;

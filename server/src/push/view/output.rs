@@ -1,12 +1,13 @@
 //! A view's output of one type: its resources in shared runs, what a proxy holds of it, and
 //! the difference between two (see the `view` module).
 
+use crate::generate::intern::Interner;
 use crate::generate::{Resource, Side};
 use crate::push::chunks::{Chunks, Gathered};
 use shoal_proto::content_version;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hash::{Hash as _, Hasher as _};
-use std::sync::{Arc, LazyLock, Mutex, OnceLock, Weak};
+use std::sync::{Arc, LazyLock, OnceLock};
 
 /// Resources per run of an [`Output`], on average (a run holds from 1 to `2 * RUN`): a
 /// derived output copies the runs it changes and shares the others, and a diff skips the
@@ -35,19 +36,8 @@ fn ends_run(name: &str) -> bool {
     h.finish().is_multiple_of(RUN as u64)
 }
 
-/// The live runs, by a hash of their resources' names and versions.
-struct RunTable {
-    runs: HashMap<u64, Vec<Weak<Run>>>,
-    /// Dead entries are dropped when the table grows past this (amortized O(1)).
-    sweep_at: usize,
-}
-
-static RUNS: LazyLock<Mutex<RunTable>> = LazyLock::new(|| {
-    Mutex::new(RunTable {
-        runs: HashMap::new(),
-        sweep_at: 1024,
-    })
-});
+/// The live runs (see [`crate::generate::intern`]).
+static RUNS: LazyLock<Interner<Run>> = LazyLock::new(Interner::default);
 
 impl Run {
     /// The run of these resources: the live one with the same resources, else a new one.
@@ -57,38 +47,17 @@ impl Run {
             r.name.hash(&mut h);
             r.version.hash(&mut h);
         }
-        let key = h.finish();
-        let same = |run: &Run| {
-            run.resources.len() == resources.len()
-                && run
-                    .resources
-                    .iter()
-                    .zip(resources)
-                    .all(|(a, b)| Arc::ptr_eq(a, b) || a == b)
-        };
-        let mut table = RUNS.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(found) = table
-            .runs
-            .get(&key)
-            .and_then(|list| list.iter().filter_map(Weak::upgrade).find(|run| same(run)))
-        {
-            return found;
-        }
-        let run = Arc::new(Run {
+        let run = Run {
             resources: resources.to_vec(),
             gathered: Gathered::default(),
-        });
-        let list = table.runs.entry(key).or_default();
-        list.retain(|w| w.strong_count() > 0);
-        list.push(Arc::downgrade(&run));
-        if table.runs.len() > table.sweep_at {
-            table.runs.retain(|_, list| {
-                list.retain(|w| w.strong_count() > 0);
-                !list.is_empty()
-            });
-            table.sweep_at = (2 * table.runs.len()).max(1024);
-        }
-        run
+        };
+        RUNS.intern(h.finish(), run, |a, b| {
+            a.resources.len() == b.resources.len()
+                && a.resources
+                    .iter()
+                    .zip(&b.resources)
+                    .all(|(x, y)| Arc::ptr_eq(x, y) || x == y)
+        })
     }
 }
 

@@ -23,6 +23,11 @@ pub fn affected_types(
         return all;
     }
     let mut out = BTreeSet::new();
+    // A proxyless gRPC node reads what a sidecar reads (Sidecar scopes, no Gateways).
+    let kind = match kind {
+        ProxyKind::Proxyless => ProxyKind::Sidecar,
+        k => k,
+    };
     for k in &changes.config {
         match (k, kind) {
             // ServiceEntries and WorkloadEntries are services and endpoints.
@@ -40,6 +45,7 @@ pub fn affected_types(
                 out.insert(XdsType::Secret);
             }
             (ConfigKind::Credential, ProxyKind::Sidecar) => {}
+            (_, ProxyKind::Proxyless) => return all,
             // HTTP rules shape route tables; `tcp`/`tls` rules shape listeners' filter
             // chains (sidecar outbound, gateway TCP/TLS servers): listeners only when a
             // VirtualService with such rules changed.

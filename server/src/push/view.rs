@@ -107,7 +107,7 @@ impl ViewKey {
             locality: locality.clone(),
             verified: match kind {
                 ProxyKind::Router => verified.clone(),
-                ProxyKind::Sidecar => None,
+                ProxyKind::Sidecar | ProxyKind::Proxyless => None,
             },
         }
     }
@@ -279,9 +279,9 @@ type CachedDiff = (Arc<Output>, Arc<Output>, Arc<Diff>);
 /// A type and the identity of its requested names (0: wildcard).
 type SlotKey = (XdsType, usize);
 
-/// The slot of `ty` for `names` (ignored for wildcard types).
-fn slot_key(ty: XdsType, names: &Names) -> SlotKey {
-    if ty.is_wildcard_type() {
+/// The slot of `ty` for `names` (ignored for types wildcard to proxies of `kind`).
+fn slot_key(kind: ProxyKind, ty: XdsType, names: &Names) -> SlotKey {
+    if kind.wildcard(ty) {
         (ty, 0)
     } else {
         (ty, Arc::as_ptr(names) as usize)
@@ -509,11 +509,12 @@ impl View {
         snap: &Arc<Snapshot>,
         change: Option<&NamesChange>,
     ) -> Arc<Output> {
+        let wildcard = self.key.kind.wildcard(ty);
         let key = match side {
-            Side::Outbound if ty.is_wildcard_type() => (ty, OUTBOUND_SLOT),
-            _ => slot_key(ty, names),
+            Side::Outbound if wildcard => (ty, OUTBOUND_SLOT),
+            _ => slot_key(self.key.kind, ty, names),
         };
-        let names = (!ty.is_wildcard_type()).then(|| names.clone());
+        let names = (!wildcard).then(|| names.clone());
         let scope = self.scope(&snap.ctx);
         let (cell, prev) = {
             let mut guard = lock(&self.inner);
@@ -538,9 +539,9 @@ impl View {
                         })
                     });
                     // New names made from others whose output is for this snapshot.
-                    if prev.is_none() && !ty.is_wildcard_type() {
+                    if prev.is_none() && !wildcard {
                         prev = change.and_then(|c| {
-                            let from = inner.slots.get(&slot_key(ty, &c.from))?;
+                            let from = inner.slots.get(&slot_key(self.key.kind, ty, &c.from))?;
                             if !from.valid_for(ty, snap) {
                                 return None;
                             }
@@ -586,7 +587,7 @@ impl View {
         let Held::Shared(prev) = held else {
             return Arc::new(Diff::between(held, cur));
         };
-        let key = slot_key(ty, names);
+        let key = slot_key(self.key.kind, ty, names);
         if let Some((from, to, d)) = lock(&self.inner).diffs.get(&key) {
             if Arc::ptr_eq(from, prev) && Arc::ptr_eq(to, cur) {
                 return d.clone();

@@ -84,6 +84,15 @@ impl Session {
         }
     }
 
+    /// Whether a request of `ty` naming nothing means every resource, for this stream's
+    /// proxy (never for proxyless gRPC: see [`crate::index::proxy::ProxyKind::wildcard`]).
+    pub fn wildcard(&self, ty: XdsType) -> bool {
+        match &self.identified {
+            Some(i) => i.conn.proxy.kind.wildcard(ty),
+            None => ty.is_wildcard_type(),
+        }
+    }
+
     /// Whether the first request (with the node) has been seen.
     pub fn identified(&self) -> bool {
         self.identified.is_some()

@@ -1,0 +1,477 @@
+//! Proxyless gRPC: what gRPC's own xDS client gets, as istiod's `grpc` generator serves it
+//! (node metadata `GENERATOR: grpc`, see [`crate::index::proxy::ProxyKind::Proxyless`]).
+//!
+//! gRPC names every resource it wants, and rejects a whole response for one field it does
+//! not support, so nothing here is wildcard and nothing is Envoy-only:
+//!
+//! - **LDS**: per requested `<host>:<port>` (a short name such as `echo:7070` is also
+//!   looked up as the service in the proxy's namespace, as istiod does), an `api_listener`
+//!   whose HTTP connection manager has the fault filter then the router, and takes its
+//!   routes over ADS from the table `outbound|<port>||<fqdn>`. Server listeners
+//!   (`xds.istio.io/grpc/lds/inbound/…`) are not served yet.
+//! - **RDS**: per requested `outbound|<port>||<host>`, the sidecar virtual host of that one
+//!   service (VirtualService routes included), its domains keeping `:port` (gRPC matches the
+//!   target's authority), route timeouts also as `max_stream_duration` (the field gRPC
+//!   reads), per-route configs of filters gRPC lacks (CORS) left out, and retry policies
+//!   without retries dropped (gRPC refuses `num_retries: 0`).
+//! - **CDS**: per requested `outbound|<port>|<subset>|<host>`, an EDS cluster with the
+//!   DestinationRule's load balancing (round robin, least request, ring hash), circuit
+//!   breaking as `max_requests` (all gRPC reads), and TLS only for `ISTIO_MUTUAL`, through
+//!   gRPC's certificate providers (`default`, `ROOTCA`) as istio-agent's bootstrap names them.
+//! - **EDS**: as for sidecars ([`super::eds`]), every locality weighted (gRPC ignores a
+//!   locality without a weight).
+
+use super::http_route::FAULT_FILTER;
+use super::lds::http_filter;
+use super::rds::{self, SidecarRouteKey};
+use super::{ads_config_source, mtls, socket_address, Resource};
+use crate::index::destination_rule::effective_policy;
+use crate::index::endpoints::EndpointIndex;
+use crate::index::proxy::Proxy;
+use crate::index::push_context::PushContext;
+use crate::index::scope::ProxyScope;
+use crate::index::service::{ServiceSource, ServiceView};
+use shoal_common::model::{ClientTlsMode, SimpleLb, TrafficPolicy};
+use shoal_proto::pb::envoy::config::cluster::v3::{
+    circuit_breakers::Thresholds,
+    cluster::{
+        ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbConfig, LbPolicy, RingHashLbConfig,
+    },
+    CircuitBreakers, Cluster,
+};
+use shoal_proto::pb::envoy::config::listener::v3::{ApiListener, Listener};
+use shoal_proto::pb::envoy::config::route::v3::{
+    route::Action, route_action::MaxStreamDuration, RouteConfiguration,
+};
+use shoal_proto::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
+use shoal_proto::pb::envoy::extensions::filters::http::router::v3::Router;
+use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::RouteSpecifier, HttpConnectionManager, Rds,
+};
+use shoal_proto::pb::envoy::extensions::transport_sockets::tls::v3::{
+    common_tls_context::{CombinedCertificateValidationContext, ValidationContextType},
+    CertificateProviderPluginInstance, CertificateValidationContext, CommonTlsContext,
+    UpstreamTlsContext,
+};
+use shoal_proto::pb::google::protobuf::{UInt32Value, UInt64Value};
+use shoal_proto::{outbound_cluster_name, parse_outbound_cluster_name, XdsType};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// The prefix of a gRPC server's listener name (`xds.istio.io/grpc/lds/inbound/<ip>:<port>`,
+/// istio-agent's `server_listener_resource_name_template`).
+pub const SERVER_LISTENER_PREFIX: &str = "xds.istio.io/grpc/lds/inbound/";
+/// The certificate provider instance istio-agent's gRPC bootstrap defines (file watcher).
+const CERT_PROVIDER: &str = "default";
+/// The instance's certificate chain and key.
+const CERT_NAME: &str = "default";
+/// The instance's CA bundle.
+const ROOT_CA_NAME: &str = "ROOTCA";
+const HCM_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const FAULT_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault";
+const ROUTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
+/// gRPC's default ring size bounds are Envoy's; istiod's default minimum is 1024.
+const DEFAULT_MIN_RING_SIZE: u64 = 1024;
+
+/// Everything one proxyless resource is built from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum GrpcKey {
+    /// A client listener (`<host>:<port>`).
+    Listener(ApiListenerKey),
+    /// A route table (`outbound|<port>||<host>`): a sidecar table of one service, made
+    /// gRPC's.
+    Route(SidecarRouteKey),
+    /// A cluster (`outbound|<port>|<subset>|<host>`).
+    Cluster(GrpcClusterKey),
+}
+
+/// Inputs of a client listener.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ApiListenerKey {
+    /// The requested name (`echo:7070`, `echo.default.svc.cluster.local:7070`).
+    pub name: String,
+    /// The service's address for the proxy's cluster (gRPC ignores it; istiod sets it).
+    pub address: String,
+    /// The service port.
+    pub port: u16,
+    /// The route table: `outbound|<port>||<fqdn>`.
+    pub route: String,
+}
+
+/// Inputs of a cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GrpcClusterKey {
+    /// The cluster name, also its EDS service name.
+    pub name: String,
+    /// The effective traffic policy (subset over rule, port-level settings resolved).
+    pub policy: Option<Box<TrafficPolicy>>,
+    /// `ISTIO_MUTUAL`: the SANs the server certificate must carry (the rule's, else the
+    /// service's workload identities).
+    pub istio_mutual: Option<Vec<String>>,
+}
+
+/// The keys of `ty` for a proxyless node's requested `names`; `None` for the types served
+/// as for sidecars (EDS; SDS, which only gateways get).
+pub fn keys(
+    ty: XdsType,
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    ctx: &PushContext,
+    endpoints: &EndpointIndex,
+    names: &[String],
+) -> Option<Vec<GrpcKey>> {
+    let keys = match ty {
+        XdsType::Listener => listener_keys(proxy, scope, names)
+            .into_iter()
+            .map(GrpcKey::Listener)
+            .collect(),
+        XdsType::Route => names
+            .iter()
+            .filter_map(|name| route_key(name, proxy, scope, ctx))
+            .map(GrpcKey::Route)
+            .collect(),
+        XdsType::Cluster => names
+            .iter()
+            .filter_map(|name| cluster_key(name, proxy, scope, ctx, endpoints))
+            .map(GrpcKey::Cluster)
+            .collect(),
+        XdsType::Endpoint | XdsType::Secret => return None,
+    };
+    Some(keys)
+}
+
+/// Builds one resource from its key alone.
+pub fn build(key: &GrpcKey) -> Resource {
+    match key {
+        GrpcKey::Listener(k) => Resource::new(XdsType::Listener, k.name.clone(), &api_listener(k)),
+        GrpcKey::Route(k) => Resource::new(
+            XdsType::Route,
+            k.name.clone(),
+            &grpc_routes(rds::sidecar_routes(k)),
+        ),
+        GrpcKey::Cluster(k) => Resource::new(XdsType::Cluster, k.name.clone(), &cluster(k)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// LDS
+
+/// The FQDN a short or namespace-relative host stands for in the proxy's namespace, as
+/// istiod's `tryFindFQDN`: `echo` and `echo.<ns>` and `echo.<ns>.svc` name
+/// `echo.<ns>.svc.<domain>`.
+fn expand_host(host: &str, proxy: &Proxy) -> Option<String> {
+    let domain = proxy_domain(proxy);
+    if !host.contains('.') {
+        return Some(format!("{host}.{}.svc.{domain}", proxy.namespace));
+    }
+    let ns = &proxy.namespace;
+    [format!(".{ns}"), format!(".{ns}.svc")]
+        .iter()
+        .find_map(|suffix| host.strip_suffix(suffix.as_str()))
+        .map(|short| format!("{short}.{ns}.svc.{domain}"))
+}
+
+/// The cluster domain, from the node id's last field (`<ns>.svc.<domain>`), as istiod's
+/// `DNSDomain`; `cluster.local` when the id does not say.
+fn proxy_domain(proxy: &Proxy) -> String {
+    let suffix = format!("{}.svc.", proxy.namespace);
+    proxy
+        .id
+        .rsplit('~')
+        .next()
+        .and_then(|d| d.strip_prefix(suffix.as_str()))
+        .filter(|d| !d.is_empty())
+        .unwrap_or("cluster.local")
+        .to_string()
+}
+
+/// The client listeners requested: for each `<host>[:<port>]`, the visible service the host
+/// (or its expansion) names, on the port (every port without one), named `<host>:<port>`
+/// as gRPC asked.
+fn listener_keys(proxy: &Proxy, scope: &ProxyScope, names: &[String]) -> Vec<ApiListenerKey> {
+    let mut out = Vec::new();
+    for name in names {
+        if name.starts_with(SERVER_LISTENER_PREFIX) {
+            // gRPC servers (`xds.NewGRPCServer`) are not served yet: the name has no
+            // resource, and gRPC keeps serving nothing on it.
+            continue;
+        }
+        let (host, port) = match name.rsplit_once(':') {
+            Some((host, port)) => match port.parse::<u16>() {
+                Ok(port) => (host, Some(port)),
+                Err(_) => continue,
+            },
+            None => (name.as_str(), None),
+        };
+        let candidates = std::iter::once(host.to_string()).chain(expand_host(host, proxy));
+        let Some(svc) = candidates.filter_map(|h| find_service(scope, &h)).next() else {
+            continue;
+        };
+        let address = svc
+            .vip_for(&proxy.cluster_id)
+            .unwrap_or("0.0.0.0")
+            .to_string();
+        for p in svc
+            .ports
+            .iter()
+            .filter(|p| port.is_none_or(|n| n == p.port))
+        {
+            out.push(ApiListenerKey {
+                name: format!("{host}:{}", p.port),
+                address: address.clone(),
+                port: p.port,
+                route: outbound_cluster_name(p.port.into(), "", &svc.hostname),
+            });
+        }
+    }
+    out
+}
+
+fn find_service<'a>(scope: &'a ProxyScope, host: &str) -> Option<&'a Arc<ServiceView>> {
+    scope
+        .services
+        .binary_search_by(|s| s.hostname.as_str().cmp(host))
+        .ok()
+        .map(|i| &scope.services[i])
+}
+
+fn api_listener(key: &ApiListenerKey) -> Listener {
+    // Only what gRPC supports on clients: the fault filter, then the router (last). gRPC
+    // rejects the listener for any filter it lacks (CORS) and ignores the HCM's other
+    // settings.
+    let hcm = HttpConnectionManager {
+        route_specifier: Some(RouteSpecifier::Rds(Rds {
+            config_source: Some(ads_config_source()),
+            route_config_name: key.route.clone(),
+        })),
+        http_filters: vec![
+            http_filter(FAULT_FILTER, FAULT_TYPE, &HttpFault::default()),
+            http_filter("envoy.filters.http.router", ROUTER_TYPE, &Router::default()),
+        ],
+        ..Default::default()
+    };
+    Listener {
+        name: key.name.clone(),
+        address: Some(socket_address(&key.address, key.port.into())),
+        api_listener: Some(ApiListener {
+            api_listener: Some(shoal_proto::pack(HCM_TYPE, &hcm)),
+        }),
+        ..Default::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// RDS
+
+fn route_key(
+    name: &str,
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    ctx: &PushContext,
+) -> Option<SidecarRouteKey> {
+    let (port, subset, host) = parse_outbound_cluster_name(name)?;
+    if !subset.is_empty() {
+        return None;
+    }
+    Some(rds::sidecar_key(name, Some(host), port, proxy, scope, ctx))
+}
+
+/// A sidecar route table made one gRPC accepts and reads.
+fn grpc_routes(mut rc: RouteConfiguration) -> RouteConfiguration {
+    for vh in &mut rc.virtual_hosts {
+        vh.typed_per_filter_config
+            .retain(|name, _| name == FAULT_FILTER);
+        for route in &mut vh.routes {
+            // gRPC rejects per-route configs of filters it does not have (CORS).
+            route
+                .typed_per_filter_config
+                .retain(|name, _| name == FAULT_FILTER);
+            let Some(Action::Route(action)) = route.action.as_mut() else {
+                continue;
+            };
+            // gRPC reads the route's deadline from `max_stream_duration` (0: none), never
+            // `timeout`, as istiod sets it for proxyless nodes.
+            action.max_stream_duration = Some(MaxStreamDuration {
+                max_stream_duration: action.timeout,
+                ..Default::default()
+            });
+            // `attempts: 0` (no retries) is a policy gRPC refuses; no policy is the same.
+            if action
+                .retry_policy
+                .as_ref()
+                .is_some_and(|p| p.num_retries.is_some_and(|n| n.value == 0))
+            {
+                action.retry_policy = None;
+            }
+        }
+    }
+    rc
+}
+
+// ---------------------------------------------------------------------------------------
+// CDS
+
+fn cluster_key(
+    name: &str,
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    ctx: &PushContext,
+    endpoints: &EndpointIndex,
+) -> Option<GrpcClusterKey> {
+    let (port, subset, host) = parse_outbound_cluster_name(name)?;
+    let svc = find_service(scope, host)?;
+    let port = u16::try_from(port).ok()?;
+    svc.port(port.into())?;
+    let dr = ctx.destination_rule(&proxy.namespace, &proxy.labels, svc);
+    let rule = dr.as_ref().map(|d| &d.spec);
+    let subset_spec = if subset.is_empty() {
+        None
+    } else {
+        // As istiod: only the rule's subsets have clusters.
+        Some(rule?.subsets.iter().find(|s| s.name == subset)?)
+    };
+    let policy = effective_policy(
+        rule.and_then(|r| r.traffic_policy.as_deref()),
+        subset_spec.and_then(|s| s.traffic_policy.as_ref()),
+        port,
+    );
+    // gRPC cannot know whether its server speaks Istio's mTLS (an xDS server, credentials
+    // from the certificate providers), so TLS comes only from an explicit `ISTIO_MUTUAL`,
+    // never from auto mTLS, as istiod does.
+    let istio_mutual = policy
+        .as_ref()
+        .and_then(|p| p.tls.as_ref())
+        .filter(|t| t.mode == ClientTlsMode::IstioMutual)
+        .map(|t| {
+            if t.subject_alt_names.is_empty() {
+                service_identities(ctx, endpoints, svc)
+            } else {
+                t.subject_alt_names.clone()
+            }
+        });
+    Some(GrpcClusterKey {
+        name: name.to_string(),
+        policy: policy.map(Box::new),
+        istio_mutual,
+    })
+}
+
+/// The SPIFFE identities of a service's workloads (istiod's `ServiceAccounts`), sorted.
+fn service_identities(
+    ctx: &PushContext,
+    endpoints: &EndpointIndex,
+    svc: &ServiceView,
+) -> Vec<String> {
+    let td = &ctx.mesh.trust_domain;
+    let ids: BTreeSet<String> = match &svc.source {
+        ServiceSource::Kubernetes => endpoints
+            .identities(&svc.hostname)
+            .map(|i| {
+                i.accounts
+                    .iter()
+                    .map(|(ns, sa)| mtls::spiffe_id(td, ns, sa))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        ServiceSource::ServiceEntry { endpoints, .. } => endpoints
+            .iter()
+            .filter_map(|e| e.service_account.as_deref().filter(|sa| !sa.is_empty()))
+            .map(|sa| mtls::spiffe_id(td, &svc.namespace, sa))
+            .collect(),
+    };
+    ids.into_iter().collect()
+}
+
+fn cluster(key: &GrpcClusterKey) -> Cluster {
+    let mut c = Cluster {
+        name: key.name.clone(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+        eds_cluster_config: Some(EdsClusterConfig {
+            eds_config: Some(ads_config_source()),
+            service_name: key.name.clone(),
+        }),
+        ..Default::default()
+    };
+    let policy = key.policy.as_deref();
+    load_balancing(&mut c, policy);
+    // gRPC reads only `max_requests` of the circuit breakers (gRFC A32).
+    let max_requests = policy
+        .and_then(|p| p.connection_pool.as_ref())
+        .and_then(|p| p.http.as_ref())
+        .and_then(|h| h.http2_max_requests)
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| *n > 0);
+    if let Some(value) = max_requests {
+        c.circuit_breakers = Some(CircuitBreakers {
+            thresholds: vec![Thresholds {
+                max_requests: Some(UInt32Value { value }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+    }
+    if let Some(sans) = &key.istio_mutual {
+        c.transport_socket = Some(mtls::upstream_socket(&UpstreamTlsContext {
+            common_tls_context: Some(certificate_provider_context(sans)),
+            ..Default::default()
+        }));
+    }
+    c
+}
+
+/// istiod's `applyLoadBalancing` for gRPC: round robin (gRPC's default, also for what gRPC
+/// lacks: random, passthrough), least request, or ring hash for a consistent hash (the
+/// route carries the hash policy; Maglev becomes a ring, gRPC has no Maglev).
+fn load_balancing(c: &mut Cluster, policy: Option<&TrafficPolicy>) {
+    let Some(lb) = policy.and_then(|p| p.load_balancer.as_ref()) else {
+        return;
+    };
+    if let Some(ch) = &lb.consistent_hash {
+        let min = ch
+            .ring_hash
+            .as_ref()
+            .and_then(|r| r.minimum_ring_size)
+            .or(ch.minimum_ring_size)
+            .filter(|s| *s > 0)
+            .unwrap_or(DEFAULT_MIN_RING_SIZE);
+        c.lb_policy = LbPolicy::RingHash as i32;
+        c.lb_config = Some(LbConfig::RingHashLbConfig(RingHashLbConfig {
+            minimum_ring_size: Some(UInt64Value { value: min }),
+            ..Default::default()
+        }));
+        return;
+    }
+    if matches!(
+        lb.simple,
+        Some(SimpleLb::LeastRequest | SimpleLb::LeastConn)
+    ) {
+        c.lb_policy = LbPolicy::LeastRequest as i32;
+    }
+}
+
+/// TLS with the certificates of gRPC's certificate provider instance `default` (its chain
+/// and key `default`, its CA bundle `ROOTCA`), as istio-agent's gRPC bootstrap defines it,
+/// checking the peer's SANs (none: any peer the CA signed).
+fn certificate_provider_context(sans: &[String]) -> CommonTlsContext {
+    let instance = |certificate_name: &str| CertificateProviderPluginInstance {
+        instance_name: CERT_PROVIDER.into(),
+        certificate_name: certificate_name.into(),
+    };
+    CommonTlsContext {
+        tls_certificate_provider_instance: Some(instance(CERT_NAME)),
+        validation_context_type: Some(ValidationContextType::CombinedValidationContext(
+            CombinedCertificateValidationContext {
+                // gRPC reads `match_subject_alt_names` (deprecated in Envoy), as istiod sets.
+                #[allow(deprecated)]
+                default_validation_context: Some(CertificateValidationContext {
+                    match_subject_alt_names: mtls::exact_sans(sans),
+                    ca_certificate_provider_instance: Some(instance(ROOT_CA_NAME)),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    }
+}

@@ -304,6 +304,19 @@ fn grpc_routes(mut rc: RouteConfiguration) -> RouteConfiguration {
             {
                 action.retry_policy = None;
             }
+            // gRPC refuses a zero backoff base interval; without one it uses 25 ms, as
+            // Envoy does.
+            if let Some(p) = action.retry_policy.as_mut() {
+                let zero = |d: &shoal_proto::pb::google::protobuf::Duration| {
+                    d.seconds == 0 && d.nanos == 0
+                };
+                if p.retry_back_off
+                    .as_ref()
+                    .is_some_and(|b| b.base_interval.as_ref().is_none_or(zero))
+                {
+                    p.retry_back_off = None;
+                }
+            }
         }
     }
     rc

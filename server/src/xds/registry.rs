@@ -111,7 +111,7 @@ pub struct ConnectionStatus {
     pub connection_id: String,
     /// The proxy's node id.
     pub node_id: String,
-    /// `sidecar` or `router`.
+    /// `sidecar`, `router` or `proxyless`.
     pub proxy_type: ProxyKind,
     /// The proxy's namespace.
     pub namespace: String,

@@ -1,0 +1,40 @@
+"""Plain (non-xDS) gRPC servers that say who answered, for tests/tests/grpc_proxyless.rs.
+
+Usage: backend.py NAME=HOST:PORT [NAME=HOST:PORT ...]
+
+Each server answers the unary method /echo.Echo/Call with its NAME (bytes in, bytes out:
+no protobuf code generation needed). Prints "ready" once every server listens.
+"""
+
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+
+
+def handler_for(name):
+    def call(_request, _context):
+        return name.encode()
+
+    return grpc.method_handlers_generic_handler(
+        "echo.Echo", {"Call": grpc.unary_unary_rpc_method_handler(call)}
+    )
+
+
+def main():
+    servers = []
+    for spec in sys.argv[1:]:
+        name, addr = spec.split("=", 1)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        server.add_generic_rpc_handlers((handler_for(name),))
+        if server.add_insecure_port(addr) == 0:
+            sys.exit(f"cannot listen on {addr}")
+        server.start()
+        servers.append(server)
+    print("ready", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""A proxyless gRPC client (gRPC's own xDS client, from the grpcio wheel) driven over HTTP,
+for tests/tests/grpc_proxyless.rs.
+
+Usage: GRPC_XDS_BOOTSTRAP=bootstrap.json client.py CONTROL_PORT
+
+GET http://127.0.0.1:CONTROL_PORT/call?target=xds:///echo:7070&n=20&header=x-version:v2
+makes n calls of /echo.Echo/Call on one channel per target (kept across requests, so xDS
+updates reach a live channel) and answers JSON: {"backends": {name: count}, "errors":
+{"CODE: details": count}}.
+"""
+
+import collections
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import grpc
+
+CHANNELS = {}
+LOCK = threading.Lock()
+
+
+def channel(target):
+    with LOCK:
+        ch = CHANNELS.get(target)
+        if ch is None:
+            ch = grpc.insecure_channel(target)
+            CHANNELS[target] = ch
+        return ch
+
+
+def calls(target, n, headers, timeout):
+    # No serializers: requests and responses are bytes.
+    rpc = channel(target).unary_unary("/echo.Echo/Call")
+    backends = collections.Counter()
+    errors = collections.Counter()
+    for _ in range(n):
+        try:
+            backends[rpc(b"", timeout=timeout, metadata=headers).decode()] += 1
+        except grpc.RpcError as e:
+            # The next calls would most likely fail the same way: answer now, so a
+            # polling test sees the error within its HTTP timeout.
+            errors[f"{e.code().name}: {e.details()}"] += 1
+            break
+    return {"backends": backends, "errors": errors}
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        url = urlparse(self.path)
+        q = parse_qs(url.query)
+        if url.path != "/call" or "target" not in q:
+            self.send_error(404)
+            return
+        headers = [tuple(h.split(":", 1)) for h in q.get("header", [])]
+        out = calls(
+            q["target"][0],
+            int(q.get("n", ["1"])[0]),
+            headers,
+            float(q.get("timeout", ["2"])[0]),
+        )
+        body = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_args):
+        pass
+
+
+def main():
+    server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+    print("ready", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+//! Proxyless gRPC end to end: manifests on disk → `shoal-server --standalone` → gRPC's own
+//! xDS client (the `grpcio` wheel from PyPI, `GENERATOR: grpc`) → plain gRPC backends.
+//!
+//! The client dials `xds:///echo.default.svc.cluster.local:7070` and `xds:///echo:7070`;
+//! shoal serves what istiod's `grpc` generator serves (api_listeners, per-service route
+//! tables, EDS clusters with DestinationRule subsets). Nothing may be rejected: shoal's
+//! `shoal_xds_rejects_total` stays 0.
+//!
+//! Needs the binaries (`cargo build --workspace --bins`) and python3 with grpcio
+//! (scripts/test.sh installs it).
+#![forbid(unsafe_code)]
+
+use shoal_tests::grpc_xds::{bootstrap, Calls, GrpcBackends, GrpcClient, ProxylessNode};
+use shoal_tests::mesh::write_manifest;
+use shoal_tests::ports::{free_port_on, loopback};
+use shoal_tests::{eventually, ShoalServer};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// Time for a fresh server and client to converge.
+const CONVERGE: Duration = Duration::from_secs(20);
+/// A manifest change must reach the client within this.
+const PROPAGATE: Duration = Duration::from_secs(5);
+const POLL: Duration = Duration::from_millis(100);
+const FQDN: &str = "xds:///echo.default.svc.cluster.local:7070";
+const SHORT: &str = "xds:///echo:7070";
+
+/// `(pod, version, loopback address)` of the echo pods; `echo-v1b` joins later.
+const PODS: [(&str, &str, u8); 3] = [
+    ("echo-v1", "v1", 2),
+    ("echo-v2", "v2", 3),
+    ("echo-v1b", "v1", 4),
+];
+
+fn workload(pods: &[(&str, &str, u8)], port: u16) -> String {
+    let mut out = String::new();
+    for (name, version, ip) in pods {
+        out.push_str(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  labels:\n\
+             \x20   app: echo\n    version: {version}\nspec:\n  serviceAccountName: echo\n\
+             \x20 containers:\n  - name: echo\n    image: example.com/echo\n\
+             status:\n  phase: Running\n  podIP: 127.0.0.{ip}\n---\n"
+        ));
+    }
+    out.push_str(&format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: echo-1\n\
+         \x20 namespace: default\n  labels:\n    kubernetes.io/service-name: echo\n\
+         addressType: IPv4\nports:\n- name: grpc\n  port: {port}\n  protocol: TCP\nendpoints:\n"
+    ));
+    for (name, _, ip) in pods {
+        out.push_str(&format!(
+            "- addresses: [\"127.0.0.{ip}\"]\n  conditions:\n    ready: true\n  targetRef:\n\
+             \x20   kind: Pod\n    name: {name}\n    namespace: default\n"
+        ));
+    }
+    out
+}
+
+fn virtual_service(default_subset: &str) -> String {
+    format!(
+        r#"apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata:
+  name: echo
+  namespace: default
+spec:
+  hosts: [echo]
+  http:
+  - name: v2-by-header
+    match: [{{headers: {{x-version: {{exact: v2}}}}}}]
+    route: [{{destination: {{host: echo, subset: v2}}}}]
+  - name: split
+    match: [{{headers: {{x-split: {{exact: "yes"}}}}}}]
+    route:
+    - {{destination: {{host: echo, subset: v1}}, weight: 50}}
+    - {{destination: {{host: echo, subset: v2}}, weight: 50}}
+  - name: default
+    route: [{{destination: {{host: echo, subset: {default_subset}}}}}]
+"#
+    )
+}
+
+fn write_mesh(dir: &Path, port: u16) {
+    write_manifest(
+        dir,
+        "echo.yaml",
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata:\n  name: echo\n  namespace: default\n\
+         spec:\n  clusterIP: 10.96.0.70\n  selector:\n    app: echo\n  ports:\n\
+         \x20 - name: grpc\n    port: 7070\n    targetPort: grpc\n",
+    );
+    write_manifest(dir, "pods.yaml", &workload(&PODS[..2], port));
+    write_manifest(
+        dir,
+        "destinationrule.yaml",
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata:\n  name: echo\n\
+         \x20 namespace: default\nspec:\n  host: echo\n  subsets:\n  - name: v1\n    labels:\n\
+         \x20     version: v1\n  - name: v2\n    labels:\n      version: v2\n",
+    );
+    write_manifest(dir, "virtualservice.yaml", &virtual_service("v1"));
+}
+
+/// Polls `target` until a batch of `n` calls satisfies `ok`, and returns it.
+async fn until(
+    client: &GrpcClient,
+    within: Duration,
+    target: &str,
+    n: u32,
+    headers: &[(&str, &str)],
+    ok: impl Fn(&Calls) -> bool,
+) -> Calls {
+    eventually(within, POLL, || async {
+        let calls = client.call(target, n, headers).await?;
+        if ok(&calls) {
+            Ok(calls)
+        } else {
+            Err(anyhow::anyhow!("{target} {headers:?}: {calls:?}"))
+        }
+    })
+    .await
+}
+
+/// Every stream of `node` has acknowledged the last response of each of the four types,
+/// none rejected, and holds at least one resource of each (gRPC's side of the exchange,
+/// as `/debug/syncz` records it). Returns the number of streams (one per target: gRPC
+/// runs an xDS client per channel target).
+async fn all_acked(server: &ShoalServer, node: &str) -> anyhow::Result<usize> {
+    let syncz = server.syncz().await?;
+    let streams: Vec<&serde_json::Value> = syncz
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["node_id"] == node)
+        .collect();
+    for c in &streams {
+        anyhow::ensure!(c["proxy_type"] == "proxyless", "{c}");
+        for ty in [
+            "Listener",
+            "RouteConfiguration",
+            "Cluster",
+            "ClusterLoadAssignment",
+        ] {
+            let url = if ty == "ClusterLoadAssignment" {
+                format!("type.googleapis.com/envoy.config.endpoint.v3.{ty}")
+            } else if ty == "RouteConfiguration" {
+                format!("type.googleapis.com/envoy.config.route.v3.{ty}")
+            } else if ty == "Listener" {
+                format!("type.googleapis.com/envoy.config.listener.v3.{ty}")
+            } else {
+                format!("type.googleapis.com/envoy.config.cluster.v3.{ty}")
+            };
+            let t = &c["types"][&url];
+            anyhow::ensure!(t["last_nack"].is_null(), "{url} rejected: {t}");
+            anyhow::ensure!(
+                t["sent_nonce"] == t["acked_nonce"] && t["resources"].as_u64() >= Some(1),
+                "{url} not acknowledged: {t}"
+            );
+        }
+    }
+    Ok(streams.len())
+}
+
+async fn rejects(server: &ShoalServer) -> u64 {
+    let text = server.admin_get("/metrics").await.expect("metrics").text();
+    text.lines()
+        .filter(|l| l.starts_with("shoal_xds_rejects_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_client_routes_through_shoal() {
+    let port = free_port_on(&[loopback(2), loopback(3), loopback(4)]);
+    let addr = |ip: u8| SocketAddr::from((loopback(ip), port));
+    let _backends = GrpcBackends::start(
+        &PODS
+            .iter()
+            .map(|(name, _, ip)| (*name, addr(*ip)))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("manifest dir");
+    write_mesh(dir.path(), port);
+    let mut server = ShoalServer::standalone(dir.path()).await;
+    let node = ProxylessNode {
+        ip: "10.1.0.9",
+        pod: "client-1",
+        namespace: "default",
+        labels: &[("app", "client")],
+    };
+    let node_id = node.id();
+    let client = GrpcClient::start(&bootstrap(server.xds_addr(), &node)).await;
+
+    // By FQDN and by short name: the default route, to subset v1.
+    until(&client, CONVERGE, FQDN, 10, &[], |c| c.only(&["echo-v1"])).await;
+    until(&client, CONVERGE, SHORT, 10, &[], |c| c.only(&["echo-v1"])).await;
+    let streams = eventually(CONVERGE, POLL, || all_acked(&server, &node_id)).await;
+    assert_eq!(streams, 2, "one xDS stream per target");
+
+    // A header match routes to subset v2.
+    let v2 = client.call(FQDN, 20, &[("x-version", "v2")]).await.unwrap();
+    assert!(v2.only(&["echo-v2"]), "{v2:?}");
+
+    // A 50/50 split: each side within 50% ± 20% of 200 calls.
+    let split = client.call(FQDN, 200, &[("x-split", "yes")]).await.unwrap();
+    assert!(split.errors.is_empty(), "{split:?}");
+    for pod in ["echo-v1", "echo-v2"] {
+        let n = split.backends.get(pod).copied().unwrap_or_default();
+        assert!((60..=140).contains(&n), "{pod}: {n} of 200 ({split:?})");
+    }
+
+    // An endpoint added reaches the live channel: v1 is now two pods, round robin.
+    write_manifest(dir.path(), "pods.yaml", &workload(&PODS, port));
+    until(&client, PROPAGATE, FQDN, 20, &[], |c| {
+        c.only(&["echo-v1", "echo-v1b"]) && c.backends.len() == 2
+    })
+    .await;
+
+    // A route changed reaches it too.
+    write_manifest(dir.path(), "virtualservice.yaml", &virtual_service("v2"));
+    until(&client, PROPAGATE, SHORT, 10, &[], |c| c.only(&["echo-v2"])).await;
+
+    eventually(PROPAGATE, POLL, || all_acked(&server, &node_id)).await;
+    assert_eq!(rejects(&server).await, 0, "gRPC rejected configuration");
+    server.process().assert_running();
+}

@@ -57,7 +57,24 @@ impl GrpcBackends {
         for (name, addr) in servers {
             cmd.arg(format!("{name}={addr}"));
         }
+        GrpcBackends::spawn(cmd, tempfile::tempdir().expect("backend dir")).await
+    }
+
+    /// Starts an xDS-enabled server `name` on `addr` (plaintext), following `bootstrap`:
+    /// it serves once the control plane sent its listener
+    /// `xds.istio.io/grpc/lds/inbound/<addr>`.
+    pub async fn start_xds(name: &str, addr: SocketAddr, bootstrap: &Value) -> GrpcBackends {
         let dir = tempfile::tempdir().expect("backend dir");
+        let path = dir.path().join("bootstrap.json");
+        std::fs::write(&path, bootstrap.to_string()).expect("writing the gRPC bootstrap");
+        let mut cmd = python("backend.py");
+        cmd.arg(format!("xds:{name}={addr}"))
+            .env("GRPC_XDS_BOOTSTRAP", &path)
+            .env("GRPC_VERBOSITY", "ERROR");
+        GrpcBackends::spawn(cmd, dir).await
+    }
+
+    async fn spawn(cmd: Command, dir: tempfile::TempDir) -> GrpcBackends {
         let mut process = Process::spawn("grpc-backends", cmd, dir, HINT);
         wait_ready(&mut process).await;
         GrpcBackends { process }

@@ -121,11 +121,16 @@ async fn until(
     .await
 }
 
-/// Every stream of `node` has acknowledged the last response of each of the four types,
-/// none rejected, and holds at least one resource of each (gRPC's side of the exchange,
-/// as `/debug/syncz` records it). Returns the number of streams (one per target: gRPC
-/// runs an xDS client per channel target).
-async fn all_acked(server: &ShoalServer, node: &str) -> anyhow::Result<usize> {
+const LDS: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+const RDS: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+/// Every stream of `node` has acknowledged the last response of each of `types`, none
+/// rejected, and holds at least one resource of each (gRPC's side of the exchange, as
+/// `/debug/syncz` records it). Returns the number of streams (gRPC runs an xDS client per
+/// channel target).
+async fn all_acked(server: &ShoalServer, node: &str, types: &[&str]) -> anyhow::Result<usize> {
     let syncz = server.syncz().await?;
     let streams: Vec<&serde_json::Value> = syncz
         .as_array()
@@ -135,22 +140,8 @@ async fn all_acked(server: &ShoalServer, node: &str) -> anyhow::Result<usize> {
         .collect();
     for c in &streams {
         anyhow::ensure!(c["proxy_type"] == "proxyless", "{c}");
-        for ty in [
-            "Listener",
-            "RouteConfiguration",
-            "Cluster",
-            "ClusterLoadAssignment",
-        ] {
-            let url = if ty == "ClusterLoadAssignment" {
-                format!("type.googleapis.com/envoy.config.endpoint.v3.{ty}")
-            } else if ty == "RouteConfiguration" {
-                format!("type.googleapis.com/envoy.config.route.v3.{ty}")
-            } else if ty == "Listener" {
-                format!("type.googleapis.com/envoy.config.listener.v3.{ty}")
-            } else {
-                format!("type.googleapis.com/envoy.config.cluster.v3.{ty}")
-            };
-            let t = &c["types"][&url];
+        for url in types {
+            let t = &c["types"][*url];
             anyhow::ensure!(t["last_nack"].is_null(), "{url} rejected: {t}");
             anyhow::ensure!(
                 t["sent_nonce"] == t["acked_nonce"] && t["resources"].as_u64() >= Some(1),
@@ -195,7 +186,10 @@ async fn grpcio_client_routes_through_shoal() {
     // By FQDN and by short name: the default route, to subset v1.
     until(&client, CONVERGE, FQDN, 10, &[], |c| c.only(&["echo-v1"])).await;
     until(&client, CONVERGE, SHORT, 10, &[], |c| c.only(&["echo-v1"])).await;
-    let streams = eventually(CONVERGE, POLL, || all_acked(&server, &node_id)).await;
+    let streams = eventually(CONVERGE, POLL, || {
+        all_acked(&server, &node_id, &[LDS, RDS, CDS, EDS])
+    })
+    .await;
     assert_eq!(streams, 2, "one xDS stream per target");
 
     // A header match routes to subset v2.
@@ -221,7 +215,86 @@ async fn grpcio_client_routes_through_shoal() {
     write_manifest(dir.path(), "virtualservice.yaml", &virtual_service("v2"));
     until(&client, PROPAGATE, SHORT, 10, &[], |c| c.only(&["echo-v2"])).await;
 
-    eventually(PROPAGATE, POLL, || all_acked(&server, &node_id)).await;
+    eventually(PROPAGATE, POLL, || {
+        all_acked(&server, &node_id, &[LDS, RDS, CDS, EDS])
+    })
+    .await;
     assert_eq!(rejects(&server).await, 0, "gRPC rejected configuration");
     server.process().assert_running();
+}
+
+/// An xDS-enabled gRPC server (`grpc.server(xds=True)`) gets its inbound listener
+/// `xds.istio.io/grpc/lds/inbound/<ip>:<port>` for its own service port and serves the
+/// proxyless client; an AuthorizationPolicy on it (not translated for gRPC yet) makes it
+/// refuse every call: fail closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_xds_server_gets_its_listener() {
+    let port = free_port_on(&[loopback(5)]);
+    let dir = tempfile::tempdir().expect("manifest dir");
+    write_manifest(
+        dir.path(),
+        "echo-xds.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n---\n\
+             apiVersion: v1\nkind: Service\nmetadata:\n  name: echo-xds\n  namespace: default\n\
+             spec:\n  clusterIP: 10.96.0.71\n  selector:\n    app: echo-xds\n  ports:\n\
+             \x20 - name: grpc\n    port: 7071\n    targetPort: {port}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata:\n  name: echo-xds-1\n  namespace: default\n\
+             \x20 labels:\n    app: echo-xds\nspec:\n  serviceAccountName: echo\n\
+             \x20 containers:\n  - name: echo\n    image: example.com/echo\n\
+             status:\n  phase: Running\n  podIP: 127.0.0.5\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: echo-xds-1\n\
+             \x20 namespace: default\n  labels:\n    kubernetes.io/service-name: echo-xds\n\
+             addressType: IPv4\nports:\n- name: grpc\n  port: {port}\n  protocol: TCP\n\
+             endpoints:\n- addresses: [\"127.0.0.5\"]\n  conditions:\n    ready: true\n\
+             \x20 targetRef:\n    kind: Pod\n    name: echo-xds-1\n    namespace: default\n"
+        ),
+    );
+    let server = ShoalServer::standalone(dir.path()).await;
+    let server_node = ProxylessNode {
+        ip: "127.0.0.5",
+        pod: "echo-xds-1",
+        namespace: "default",
+        labels: &[("app", "echo-xds")],
+    };
+    let server_id = server_node.id();
+    let _xds_server = GrpcBackends::start_xds(
+        "echo-xds",
+        SocketAddr::from((loopback(5), port)),
+        &bootstrap(server.xds_addr(), &server_node),
+    )
+    .await;
+    let streams = eventually(CONVERGE, POLL, || all_acked(&server, &server_id, &[LDS])).await;
+    assert_eq!(streams, 1);
+    let client_node = ProxylessNode {
+        ip: "10.1.0.9",
+        pod: "client-1",
+        namespace: "default",
+        labels: &[("app", "client")],
+    };
+    let client = GrpcClient::start(&bootstrap(server.xds_addr(), &client_node)).await;
+    let target = "xds:///echo-xds:7071";
+    until(&client, CONVERGE, target, 10, &[], |c| {
+        c.only(&["echo-xds"])
+    })
+    .await;
+
+    write_manifest(
+        dir.path(),
+        "authz.yaml",
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n\
+         \x20 name: only-frontend\n  namespace: default\nspec:\n  selector:\n\
+         \x20   matchLabels:\n      app: echo-xds\n  rules:\n  - from:\n    - source:\n\
+         \x20       namespaces: [frontend]\n",
+    );
+    let refused = until(&client, PROPAGATE, target, 1, &[], |c| !c.errors.is_empty()).await;
+    assert!(
+        refused
+            .errors
+            .keys()
+            .all(|e| e.starts_with("PERMISSION_DENIED")),
+        "{refused:?}"
+    );
+    eventually(PROPAGATE, POLL, || all_acked(&server, &server_id, &[LDS])).await;
+    assert_eq!(rejects(&server).await, 0, "gRPC rejected configuration");
 }

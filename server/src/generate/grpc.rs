@@ -7,8 +7,14 @@
 //! - **LDS**: per requested `<host>:<port>` (a short name such as `echo:7070` is also
 //!   looked up as the service in the proxy's namespace, as istiod does), an `api_listener`
 //!   whose HTTP connection manager has the fault filter then the router, and takes its
-//!   routes over ADS from the table `outbound|<port>||<fqdn>`. Server listeners
-//!   (`xds.istio.io/grpc/lds/inbound/…`) are not served yet.
+//!   routes over ADS from the table `outbound|<port>||<fqdn>`. Per requested server
+//!   listener `xds.istio.io/grpc/lds/inbound/<ip>:<port>` (an xDS-enabled gRPC server) on
+//!   one of the node's service ports, a listener on that address whose one filter chain
+//!   is plaintext or mutual TLS (PeerAuthentication; gRPC has no PERMISSIVE, so it is
+//!   plaintext unless the workload is labelled `security.istio.io/tlsMode: istio`, as
+//!   istiod does), with an inline route table of non-forwarding routes, router last.
+//!   AuthorizationPolicies are not translated for gRPC yet: one that applies makes the
+//!   listener refuse every call (fail closed), never allow more than the policy would.
 //! - **RDS**: per requested `outbound|<port>||<host>`, the sidecar virtual host of that one
 //!   service (VirtualService routes included), its domains keeping `:port` (gRPC matches the
 //!   target's authority), route timeouts also as `max_stream_duration` (the field gRPC
@@ -21,17 +27,20 @@
 //! - **EDS**: as for sidecars ([`super::eds`]), every locality weighted (gRPC ignores a
 //!   locality without a weight).
 
+use super::authz::{self, HTTP_RBAC_FILTER};
 use super::http_route::FAULT_FILTER;
 use super::lds::http_filter;
 use super::rds::{self, SidecarRouteKey};
 use super::{ads_config_source, mtls, socket_address, Resource};
 use crate::index::destination_rule::effective_policy;
 use crate::index::endpoints::EndpointIndex;
+use crate::index::peer_authentication::{self, MtlsMode};
 use crate::index::proxy::Proxy;
 use crate::index::push_context::PushContext;
 use crate::index::scope::ProxyScope;
 use crate::index::service::{ServiceSource, ServiceView};
-use shoal_common::model::{ClientTlsMode, SimpleLb, TrafficPolicy};
+use crate::index::tls_mode;
+use shoal_common::model::{AuthorizationAction, ClientTlsMode, SimpleLb, TrafficPolicy};
 use shoal_proto::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
     cluster::{
@@ -39,11 +48,18 @@ use shoal_proto::pb::envoy::config::cluster::v3::{
     },
     CircuitBreakers, Cluster,
 };
-use shoal_proto::pb::envoy::config::listener::v3::{ApiListener, Listener};
+use shoal_proto::pb::envoy::config::listener::v3::{
+    filter, ApiListener, Filter, FilterChain, Listener,
+};
+use shoal_proto::pb::envoy::config::rbac::v3::{
+    permission, principal, rbac::Action as RbacAction, Permission, Policy, Principal, Rbac,
+};
 use shoal_proto::pb::envoy::config::route::v3::{
-    route::Action, route_action::MaxStreamDuration, RouteConfiguration,
+    route::Action, route_action::MaxStreamDuration, route_match::PathSpecifier,
+    NonForwardingAction, Route, RouteConfiguration, RouteMatch, VirtualHost,
 };
 use shoal_proto::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
+use shoal_proto::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
 use shoal_proto::pb::envoy::extensions::filters::http::router::v3::Router;
 use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager::RouteSpecifier, HttpConnectionManager, Rds,
@@ -51,9 +67,9 @@ use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manage
 use shoal_proto::pb::envoy::extensions::transport_sockets::tls::v3::{
     common_tls_context::{CombinedCertificateValidationContext, ValidationContextType},
     CertificateProviderPluginInstance, CertificateValidationContext, CommonTlsContext,
-    UpstreamTlsContext,
+    DownstreamTlsContext, UpstreamTlsContext,
 };
-use shoal_proto::pb::google::protobuf::{UInt32Value, UInt64Value};
+use shoal_proto::pb::google::protobuf::{BoolValue, UInt32Value, UInt64Value};
 use shoal_proto::{outbound_cluster_name, parse_outbound_cluster_name, XdsType};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -71,6 +87,7 @@ const HCM_TYPE: &str =
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const FAULT_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault";
 const ROUTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
+const HTTP_RBAC_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC";
 /// gRPC's default ring size bounds are Envoy's; istiod's default minimum is 1024.
 const DEFAULT_MIN_RING_SIZE: u64 = 1024;
 
@@ -79,6 +96,8 @@ const DEFAULT_MIN_RING_SIZE: u64 = 1024;
 pub enum GrpcKey {
     /// A client listener (`<host>:<port>`).
     Listener(ApiListenerKey),
+    /// A server listener (`xds.istio.io/grpc/lds/inbound/<ip>:<port>`).
+    ServerListener(ServerListenerKey),
     /// A route table (`outbound|<port>||<host>`): a sidecar table of one service, made
     /// gRPC's.
     Route(SidecarRouteKey),
@@ -97,6 +116,22 @@ pub struct ApiListenerKey {
     pub port: u16,
     /// The route table: `outbound|<port>||<fqdn>`.
     pub route: String,
+}
+
+/// Inputs of a server listener.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServerListenerKey {
+    /// The requested name.
+    pub name: String,
+    /// The address the server listens on (from the name; gRPC checks that they agree).
+    pub host: String,
+    /// The port.
+    pub port: u16,
+    /// Mutual TLS required (through the certificate providers), else plaintext.
+    pub mtls: bool,
+    /// An AuthorizationPolicy applies: every call is refused (fail closed; see the module
+    /// docs).
+    pub deny_all: bool,
 }
 
 /// Inputs of a cluster.
@@ -122,10 +157,19 @@ pub fn keys(
     names: &[String],
 ) -> Option<Vec<GrpcKey>> {
     let keys = match ty {
-        XdsType::Listener => listener_keys(proxy, scope, names)
-            .into_iter()
-            .map(GrpcKey::Listener)
-            .collect(),
+        XdsType::Listener => {
+            let mut keys: Vec<GrpcKey> = listener_keys(proxy, scope, names)
+                .into_iter()
+                .map(GrpcKey::Listener)
+                .collect();
+            keys.extend(
+                names
+                    .iter()
+                    .filter_map(|name| server_listener_key(name, proxy, scope, ctx))
+                    .map(GrpcKey::ServerListener),
+            );
+            keys
+        }
         XdsType::Route => names
             .iter()
             .filter_map(|name| route_key(name, proxy, scope, ctx))
@@ -145,6 +189,9 @@ pub fn keys(
 pub fn build(key: &GrpcKey) -> Resource {
     match key {
         GrpcKey::Listener(k) => Resource::new(XdsType::Listener, k.name.clone(), &api_listener(k)),
+        GrpcKey::ServerListener(k) => {
+            Resource::new(XdsType::Listener, k.name.clone(), &server_listener(k))
+        }
         GrpcKey::Route(k) => Resource::new(
             XdsType::Route,
             k.name.clone(),
@@ -193,9 +240,7 @@ fn listener_keys(proxy: &Proxy, scope: &ProxyScope, names: &[String]) -> Vec<Api
     let mut out = Vec::new();
     for name in names {
         if name.starts_with(SERVER_LISTENER_PREFIX) {
-            // gRPC servers (`xds.NewGRPCServer`) are not served yet: the name has no
-            // resource, and gRPC keeps serving nothing on it.
-            continue;
+            continue; // a server listener: `server_listener_key`
         }
         let (host, port) = match name.rsplit_once(':') {
             Some((host, port)) => match port.parse::<u16>() {
@@ -256,6 +301,142 @@ fn api_listener(key: &ApiListenerKey) -> Listener {
         address: Some(socket_address(&key.address, key.port.into())),
         api_listener: Some(ApiListener {
             api_listener: Some(shoal_proto::pack(HCM_TYPE, &hcm)),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The key of a requested server listener: the node's own service port (by workload port,
+/// as istiod's `ServiceTargets` by target port), else none.
+fn server_listener_key(
+    name: &str,
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    ctx: &PushContext,
+) -> Option<ServerListenerKey> {
+    let addr = name.strip_prefix(SERVER_LISTENER_PREFIX)?;
+    let (host, port) = addr.rsplit_once(':')?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port: u16 = port.parse().ok()?;
+    if host.is_empty() || !scope.inbound.iter().any(|p| p.port == port) {
+        tracing::debug!(node = %proxy.id, %name, "no service port of the node for a gRPC server listener");
+        return None;
+    }
+    let mode = peer_authentication::for_workload(ctx, &proxy.namespace, &proxy.labels)
+        .for_port(port.into());
+    // gRPC cannot serve both on one port (its filter chain matches see no TLS), so
+    // PERMISSIVE is plaintext, unless clients will use mTLS anyway (auto mTLS to a
+    // workload labelled as having Istio TLS), as istiod decides.
+    let labelled_istio = proxy
+        .labels
+        .get(tls_mode::TLS_MODE_LABEL)
+        .is_some_and(|m| m == tls_mode::TLS_MODE_ISTIO);
+    let mtls = match mode {
+        MtlsMode::Strict => true,
+        MtlsMode::Permissive => labelled_istio,
+        MtlsMode::Disable => false,
+    };
+    let deny_all = authz::applicable(ctx, proxy).policies.iter().any(|p| {
+        p.spec.action != AuthorizationAction::Audit
+            && !p
+                .meta
+                .annotations
+                .get(authz::DRY_RUN_ANNOTATION)
+                .is_some_and(|v| matches!(v.as_str(), "true" | "True" | "TRUE" | "t" | "T" | "1"))
+    });
+    if deny_all {
+        tracing::debug!(node = %proxy.id, %name, "AuthorizationPolicy on a gRPC server: refusing every call (not translated for gRPC)");
+    }
+    Some(ServerListenerKey {
+        name: name.to_string(),
+        host: host.to_string(),
+        port,
+        mtls,
+        deny_all,
+    })
+}
+
+fn server_listener(key: &ServerListenerKey) -> Listener {
+    let mut filters = Vec::new();
+    if key.deny_all {
+        filters.push(http_filter(
+            HTTP_RBAC_FILTER,
+            HTTP_RBAC_TYPE,
+            &deny_all_rbac(),
+        ));
+    }
+    // Last, as gRPC requires.
+    filters.push(http_filter(
+        "envoy.filters.http.router",
+        ROUTER_TYPE,
+        &Router::default(),
+    ));
+    // gRPC servers take routes inline only; a server route never forwards.
+    let routes = RouteConfiguration {
+        name: "inbound".into(),
+        virtual_hosts: vec![VirtualHost {
+            name: "inbound".into(),
+            domains: vec!["*".into()],
+            routes: vec![Route {
+                r#match: Some(RouteMatch {
+                    path_specifier: Some(PathSpecifier::Prefix("/".into())),
+                    ..Default::default()
+                }),
+                action: Some(Action::NonForwardingAction(NonForwardingAction {})),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let hcm = HttpConnectionManager {
+        route_specifier: Some(RouteSpecifier::RouteConfig(routes)),
+        http_filters: filters,
+        ..Default::default()
+    };
+    let suffix = if key.mtls { "mtls" } else { "plaintext" };
+    let chain = FilterChain {
+        name: format!("inbound-{suffix}"),
+        filters: vec![Filter {
+            name: format!("inbound-hcm{suffix}"),
+            config_type: Some(filter::ConfigType::TypedConfig(shoal_proto::pack(
+                HCM_TYPE, &hcm,
+            ))),
+        }],
+        transport_socket: key.mtls.then(|| {
+            mtls::downstream_socket(&DownstreamTlsContext {
+                // gRPC servers cannot match SANs: any client the mesh CA signed.
+                common_tls_context: Some(certificate_provider_context(&[])),
+                require_client_certificate: Some(BoolValue { value: true }),
+                ..Default::default()
+            })
+        }),
+        ..Default::default()
+    };
+    Listener {
+        name: key.name.clone(),
+        address: Some(socket_address(&key.host, key.port.into())),
+        filter_chains: vec![chain],
+        ..Default::default()
+    }
+}
+
+/// An RBAC config that refuses every call (gRPC supports ALLOW and DENY only).
+fn deny_all_rbac() -> HttpRbac {
+    let policy = Policy {
+        permissions: vec![Permission {
+            rule: Some(permission::Rule::Any(true)),
+        }],
+        principals: vec![Principal {
+            identifier: Some(principal::Identifier::Any(true)),
+        }],
+        ..Default::default()
+    };
+    HttpRbac {
+        rules: Some(Rbac {
+            action: RbacAction::Deny as i32,
+            policies: std::iter::once(("deny-all-untranslated".to_string(), policy)).collect(),
+            ..Default::default()
         }),
         ..Default::default()
     }

@@ -1,9 +1,12 @@
 """Plain (non-xDS) gRPC servers that say who answered, for tests/tests/grpc_proxyless.rs.
 
-Usage: backend.py NAME=HOST:PORT [NAME=HOST:PORT ...]
+Usage: backend.py [xds:]NAME=HOST:PORT [...]
 
 Each server answers the unary method /echo.Echo/Call with its NAME (bytes in, bytes out:
-no protobuf code generation needed). Prints "ready" once every server listens.
+no protobuf code generation needed). Prints "ready" once every server is started. An
+`xds:` server is xDS-enabled (plaintext credentials): it takes its listener
+`xds.istio.io/grpc/lds/inbound/HOST:PORT` from the control plane in GRPC_XDS_BOOTSTRAP
+and serves only once it has it.
 """
 
 import sys
@@ -25,8 +28,9 @@ def handler_for(name):
 def main():
     servers = []
     for spec in sys.argv[1:]:
-        name, addr = spec.split("=", 1)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        xds = spec.startswith("xds:")
+        name, addr = spec.removeprefix("xds:").split("=", 1)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), xds=xds)
         server.add_generic_rpc_handlers((handler_for(name),))
         if server.add_insecure_port(addr) == 0:
             sys.exit(f"cannot listen on {addr}")

@@ -308,3 +308,78 @@ fn endpoints_as_for_sidecars_with_weighted_localities() {
         "gRPC drops a locality without a weight"
     );
 }
+
+#[test]
+fn server_listeners_for_the_nodes_own_ports_with_mtls_and_fail_closed_authz() {
+    use shoal_proto::pb::envoy::config::listener::v3::filter::ConfigType;
+    let mut echo = service("default", "echo-server", &[("grpc", 7070)]);
+    echo.selector = labels(&[("app", "echo")]);
+    let mut m = mesh().with_service(echo);
+    let server = proxyless_proxy("default", &[("app", "echo")]);
+    let name = "xds.istio.io/grpc/lds/inbound/0.0.0.0:7070";
+    let chain = |m: &Mesh| {
+        let lds = listeners(&gen(
+            XdsType::Listener,
+            &server,
+            &m.snapshot(),
+            &[name, "xds.istio.io/grpc/lds/inbound/0.0.0.0:1111"],
+        ));
+        assert_eq!(
+            lds.keys().collect::<Vec<_>>(),
+            [name],
+            "only the node's ports"
+        );
+        let l = &lds[name];
+        assert_eq!(socket(l.address.as_ref().unwrap()), "0.0.0.0:7070");
+        assert!(l.listener_filters.is_empty() && l.use_original_dst.is_none());
+        assert_eq!(l.filter_chains.len(), 1);
+        let fc = l.filter_chains[0].clone();
+        let Some(ConfigType::TypedConfig(any)) = &fc.filters[0].config_type else {
+            panic!()
+        };
+        (
+            fc.clone(),
+            HttpConnectionManager::decode(&*any.value).unwrap(),
+        )
+    };
+    let (fc, hcm) = chain(&m);
+    assert_eq!(fc.name, "inbound-plaintext");
+    assert!(fc.transport_socket.is_none());
+    let filters: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        filters,
+        ["envoy.filters.http.router"],
+        "no fault filter on servers"
+    );
+    let Some(RouteSpecifier::RouteConfig(rc)) = &hcm.route_specifier else {
+        panic!("inline routes expected")
+    };
+    assert!(matches!(
+        rc.virtual_hosts[0].routes[0].action,
+        Some(Action::NonForwardingAction(_))
+    ));
+
+    m.add_config(peer_authentication(
+        "default",
+        "strict",
+        "mtls: {mode: STRICT}",
+    ));
+    let (fc, _) = chain(&m);
+    assert_eq!(fc.name, "inbound-mtls");
+    assert!(fc.transport_socket.is_some());
+
+    // An AuthorizationPolicy is not translated for gRPC: every call is refused.
+    m.add_config(authorization_policy(
+        "default",
+        "allow-some",
+        "selector: {matchLabels: {app: echo}}\nrules: [{from: [{source: {namespaces: [default]}}]}]",
+    ));
+    let (_, hcm) = chain(&m);
+    let filters: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        filters,
+        ["envoy.filters.http.rbac", "envoy.filters.http.router"]
+    );
+    // A client node gets no server listener for a port that is not its own.
+    assert!(gen(XdsType::Listener, &client(), &m.snapshot(), &[name]).is_empty());
+}

@@ -109,11 +109,60 @@ impl ProxylessNode<'_> {
     }
 }
 
+/// A workload's certificate files, as istio-agent writes them for gRPC's `file_watcher`
+/// certificate provider.
+pub struct CertFiles {
+    /// The certificate chain, PEM.
+    pub cert: PathBuf,
+    /// The private key, PEM.
+    pub key: PathBuf,
+    /// The mesh root, PEM.
+    pub root: PathBuf,
+}
+
+impl CertFiles {
+    /// Writes `chain` (leaf first), `key` and `root` into `dir`.
+    pub fn write(dir: &std::path::Path, chain: &[String], key: &str, root: &str) -> CertFiles {
+        let files = CertFiles {
+            cert: dir.join("cert-chain.pem"),
+            key: dir.join("key.pem"),
+            root: dir.join("root-cert.pem"),
+        };
+        std::fs::write(&files.cert, chain.concat()).expect("writing the chain");
+        std::fs::write(&files.key, key).expect("writing the key");
+        std::fs::write(&files.root, root).expect("writing the root");
+        files
+    }
+}
+
 /// The gRPC xDS bootstrap of a proxyless node talking to shoal's plaintext xDS port, as
 /// istio-agent writes it (`server_listener_resource_name_template`, `GENERATOR: grpc`).
 pub fn bootstrap(xds: SocketAddr, node: &ProxylessNode<'_>) -> Value {
+    bootstrap_with_certs(xds, node, None)
+}
+
+/// [`bootstrap`] with the certificate provider instance `default` (`file_watcher` on
+/// `certs`), which shoal's TLS settings for proxyless nodes name.
+pub fn bootstrap_with_certs(
+    xds: SocketAddr,
+    node: &ProxylessNode<'_>,
+    certs: Option<&CertFiles>,
+) -> Value {
     let labels: BTreeMap<&str, &str> = node.labels.iter().copied().collect();
+    let providers = match certs {
+        Some(c) => json!({"default": {
+            "plugin_name": "file_watcher",
+            "config": {
+                "certificate_file": c.cert,
+                "private_key_file": c.key,
+                "ca_certificate_file": c.root,
+                "refresh_interval": "900s",
+            },
+        }}),
+        None => json!({}),
+    };
     json!({
+        "certificate_providers": providers,
         "xds_servers": [{
             "server_uri": xds.to_string(),
             "channel_creds": [{"type": "insecure"}],
@@ -174,14 +223,27 @@ impl GrpcClient {
         GrpcClient { process, control }
     }
 
-    /// Makes `n` calls to `target` with `headers`; stops at the first failure.
+    /// Makes `n` calls to `target` with `headers` over xDS credentials (mutual TLS where
+    /// the cluster says so, else plaintext); stops at the first failure.
     pub async fn call(
         &self,
         target: &str,
         n: u32,
         headers: &[(&str, &str)],
     ) -> anyhow::Result<Calls> {
-        let mut path = format!("/call?target={target}&n={n}&timeout=1");
+        self.call_with(target, "xds", n, headers).await
+    }
+
+    /// [`GrpcClient::call`] with `creds`: `xds`, or `insecure` (plaintext whatever xDS
+    /// says).
+    pub async fn call_with(
+        &self,
+        target: &str,
+        creds: &str,
+        n: u32,
+        headers: &[(&str, &str)],
+    ) -> anyhow::Result<Calls> {
+        let mut path = format!("/call?target={target}&creds={creds}&n={n}&timeout=1");
         for (k, v) in headers {
             path.push_str(&format!("&header={k}:{v}"));
         }

@@ -4,7 +4,7 @@ Usage: backend.py [xds:]NAME=HOST:PORT [...]
 
 Each server answers the unary method /echo.Echo/Call with its NAME (bytes in, bytes out:
 no protobuf code generation needed). Prints "ready" once every server is started. An
-`xds:` server is xDS-enabled (plaintext credentials): it takes its listener
+`xds:` server is xDS-enabled (xDS credentials, plaintext fallback): it takes its listener
 `xds.istio.io/grpc/lds/inbound/HOST:PORT` from the control plane in GRPC_XDS_BOOTSTRAP
 and serves only once it has it.
 """
@@ -32,7 +32,14 @@ def main():
         name, addr = spec.removeprefix("xds:").split("=", 1)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), xds=xds)
         server.add_generic_rpc_handlers((handler_for(name),))
-        if server.add_insecure_port(addr) == 0:
+        if xds:
+            # xDS server credentials: mutual TLS when the listener says so (certificates
+            # from the bootstrap's certificate providers), else plaintext.
+            creds = grpc.xds_server_credentials(grpc.insecure_server_credentials())
+            bound = server.add_secure_port(addr, creds)
+        else:
+            bound = server.add_insecure_port(addr)
+        if bound == 0:
             sys.exit(f"cannot listen on {addr}")
         server.start()
         servers.append(server)

@@ -4,8 +4,9 @@ for tests/tests/grpc_proxyless.rs.
 Usage: GRPC_XDS_BOOTSTRAP=bootstrap.json client.py CONTROL_PORT
 
 GET http://127.0.0.1:CONTROL_PORT/call?target=xds:///echo:7070&n=20&header=x-version:v2
-makes n calls of /echo.Echo/Call on one channel per target (kept across requests, so xDS
-updates reach a live channel) and answers JSON: {"backends": {name: count}, "errors":
+makes n calls of /echo.Echo/Call on one channel per target and credentials (kept across
+requests, so xDS updates reach a live channel; `creds=xds`, the default: xDS credentials,
+mutual TLS where the cluster says so; `creds=insecure`: plaintext always) and answers JSON: {"backends": {name: count}, "errors":
 {"CODE: details": count}}.
 """
 
@@ -17,23 +18,30 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import grpc
+import grpc.experimental
 
 CHANNELS = {}
 LOCK = threading.Lock()
 
 
-def channel(target):
+def channel(target, creds):
     with LOCK:
-        ch = CHANNELS.get(target)
+        ch = CHANNELS.get((target, creds))
         if ch is None:
-            ch = grpc.insecure_channel(target)
-            CHANNELS[target] = ch
+            if creds == "xds":
+                # Mutual TLS where the cluster says so (certificates from the bootstrap's
+                # certificate providers), else plaintext.
+                fallback = grpc.experimental.insecure_channel_credentials()
+                ch = grpc.secure_channel(target, grpc.xds_channel_credentials(fallback))
+            else:
+                ch = grpc.insecure_channel(target)
+            CHANNELS[(target, creds)] = ch
         return ch
 
 
-def calls(target, n, headers, timeout):
+def calls(target, creds, n, headers, timeout):
     # No serializers: requests and responses are bytes.
-    rpc = channel(target).unary_unary("/echo.Echo/Call")
+    rpc = channel(target, creds).unary_unary("/echo.Echo/Call")
     backends = collections.Counter()
     errors = collections.Counter()
     for _ in range(n):
@@ -57,6 +65,7 @@ class Handler(BaseHTTPRequestHandler):
         headers = [tuple(h.split(":", 1)) for h in q.get("header", [])]
         out = calls(
             q["target"][0],
+            q.get("creds", ["xds"])[0],
             int(q.get("n", ["1"])[0]),
             headers,
             float(q.get("timeout", ["2"])[0]),

@@ -223,6 +223,26 @@ async fn grpcio_client_routes_through_shoal() {
     server.process().assert_running();
 }
 
+/// Service `echo-xds` (port 7071) with its one pod, `echo-xds-1` (service account `echo`)
+/// at `127.0.0.<ip>:<port>`.
+fn echo_xds(ip: u8, port: u16) -> String {
+    format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n---\n\
+             apiVersion: v1\nkind: Service\nmetadata:\n  name: echo-xds\n  namespace: default\n\
+             spec:\n  clusterIP: 10.96.0.71\n  selector:\n    app: echo-xds\n  ports:\n\
+             \x20 - name: grpc\n    port: 7071\n    targetPort: {port}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata:\n  name: echo-xds-1\n  namespace: default\n\
+             \x20 labels:\n    app: echo-xds\nspec:\n  serviceAccountName: echo\n\
+             \x20 containers:\n  - name: echo\n    image: example.com/echo\n\
+             status:\n  phase: Running\n  podIP: 127.0.0.{ip}\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: echo-xds-1\n\
+             \x20 namespace: default\n  labels:\n    kubernetes.io/service-name: echo-xds\n\
+             addressType: IPv4\nports:\n- name: grpc\n  port: {port}\n  protocol: TCP\n\
+             endpoints:\n- addresses: [\"127.0.0.{ip}\"]\n  conditions:\n    ready: true\n\
+             \x20 targetRef:\n    kind: Pod\n    name: echo-xds-1\n    namespace: default\n"
+    )
+}
+
 /// An xDS-enabled gRPC server (`grpc.server(xds=True)`) gets its inbound listener
 /// `xds.istio.io/grpc/lds/inbound/<ip>:<port>` for its own service port and serves the
 /// proxyless client; an AuthorizationPolicy on it (not translated for gRPC yet) makes it
@@ -231,25 +251,7 @@ async fn grpcio_client_routes_through_shoal() {
 async fn grpcio_xds_server_gets_its_listener() {
     let port = free_port_on(&[loopback(5)]);
     let dir = tempfile::tempdir().expect("manifest dir");
-    write_manifest(
-        dir.path(),
-        "echo-xds.yaml",
-        &format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n---\n\
-             apiVersion: v1\nkind: Service\nmetadata:\n  name: echo-xds\n  namespace: default\n\
-             spec:\n  clusterIP: 10.96.0.71\n  selector:\n    app: echo-xds\n  ports:\n\
-             \x20 - name: grpc\n    port: 7071\n    targetPort: {port}\n---\n\
-             apiVersion: v1\nkind: Pod\nmetadata:\n  name: echo-xds-1\n  namespace: default\n\
-             \x20 labels:\n    app: echo-xds\nspec:\n  serviceAccountName: echo\n\
-             \x20 containers:\n  - name: echo\n    image: example.com/echo\n\
-             status:\n  phase: Running\n  podIP: 127.0.0.5\n---\n\
-             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: echo-xds-1\n\
-             \x20 namespace: default\n  labels:\n    kubernetes.io/service-name: echo-xds\n\
-             addressType: IPv4\nports:\n- name: grpc\n  port: {port}\n  protocol: TCP\n\
-             endpoints:\n- addresses: [\"127.0.0.5\"]\n  conditions:\n    ready: true\n\
-             \x20 targetRef:\n    kind: Pod\n    name: echo-xds-1\n    namespace: default\n"
-        ),
-    );
+    write_manifest(dir.path(), "echo-xds.yaml", &echo_xds(5, port));
     let server = ShoalServer::standalone(dir.path()).await;
     let server_node = ProxylessNode {
         ip: "127.0.0.5",
@@ -296,5 +298,95 @@ async fn grpcio_xds_server_gets_its_listener() {
         "{refused:?}"
     );
     eventually(PROPAGATE, POLL, || all_acked(&server, &server_id, &[LDS])).await;
+    assert_eq!(rejects(&server).await, 0, "gRPC rejected configuration");
+}
+
+/// Mutual TLS between a proxyless client and an xDS-enabled server, with workload
+/// certificates from shoal's CA (`CreateCertificate` on its TLS port, as istio-agent asks)
+/// read by gRPC's `file_watcher` certificate provider: a DestinationRule `ISTIO_MUTUAL` on
+/// the client side (the server's identity checked), PeerAuthentication `STRICT` on the
+/// server side, so a plaintext caller is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_mtls_with_certificates_from_shoals_ca() {
+    use shoal_tests::grpc_xds::{bootstrap_with_certs, CertFiles};
+    use shoal_tests::pki::{self, ServerPki};
+    let port = free_port_on(&[loopback(6)]);
+    let dir = tempfile::tempdir().expect("manifest dir");
+    write_manifest(dir.path(), "echo-xds.yaml", &echo_xds(6, port));
+    write_manifest(
+        dir.path(),
+        "security.yaml",
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata:\n  name: echo-xds\n\
+         \x20 namespace: default\nspec:\n  host: echo-xds\n  trafficPolicy:\n    tls:\n\
+         \x20     mode: ISTIO_MUTUAL\n---\n\
+         apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata:\n\
+         \x20 name: strict\n  namespace: default\nspec:\n  mtls:\n    mode: STRICT\n",
+    );
+    let pki = ServerPki::new();
+    let tls = shoal_tests::ports::free_addr();
+    let mut args = vec!["--standalone".to_string(), dir.path().display().to_string()];
+    args.extend(pki.server_args(tls));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let server = ShoalServer::start(&args).await;
+    // Each workload's certificate, issued by shoal's CA to the identity its bootstrap
+    // certificate proves.
+    let certs = |sa: &'static str| {
+        let config = pki::client_config(&pki.ca.cert_pem, Some(&pki.ca.workload("default", sa)));
+        let root = pki.ca.cert_pem.clone();
+        async move {
+            let channel = pki::tls_channel(tls, config).await.expect("TLS channel");
+            let (chain, key) = pki::create_certificate(channel)
+                .await
+                .expect("a certificate");
+            let dir = tempfile::tempdir().expect("certificate dir");
+            let files = CertFiles::write(dir.path(), &chain, &key, &root);
+            (dir, files)
+        }
+    };
+    let (_server_certs_dir, server_certs) = certs("echo").await;
+    let (_client_certs_dir, client_certs) = certs("client").await;
+
+    let server_node = ProxylessNode {
+        ip: "127.0.0.6",
+        pod: "echo-xds-1",
+        namespace: "default",
+        labels: &[("app", "echo-xds")],
+    };
+    let server_id = server_node.id();
+    let _xds_server = GrpcBackends::start_xds(
+        "echo-xds",
+        SocketAddr::from((loopback(6), port)),
+        &bootstrap_with_certs(server.xds_addr(), &server_node, Some(&server_certs)),
+    )
+    .await;
+    let client_node = ProxylessNode {
+        ip: "10.1.0.9",
+        pod: "client-1",
+        namespace: "default",
+        labels: &[("app", "client")],
+    };
+    let client_id = client_node.id();
+    let client = GrpcClient::start(&bootstrap_with_certs(
+        server.xds_addr(),
+        &client_node,
+        Some(&client_certs),
+    ))
+    .await;
+    let target = "xds:///echo-xds:7071";
+    until(&client, CONVERGE, target, 10, &[], |c| {
+        c.only(&["echo-xds"])
+    })
+    .await;
+    // The server requires a client certificate: a caller speaking plaintext is refused.
+    let plaintext = client.call_with(target, "insecure", 1, &[]).await.unwrap();
+    assert!(
+        plaintext.backends.is_empty() && !plaintext.errors.is_empty(),
+        "{plaintext:?}"
+    );
+    eventually(PROPAGATE, POLL, || all_acked(&server, &server_id, &[LDS])).await;
+    eventually(PROPAGATE, POLL, || {
+        all_acked(&server, &client_id, &[LDS, RDS, CDS, EDS])
+    })
+    .await;
     assert_eq!(rejects(&server).await, 0, "gRPC rejected configuration");
 }

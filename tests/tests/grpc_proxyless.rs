@@ -152,6 +152,20 @@ async fn all_acked(server: &ShoalServer, node: &str, types: &[&str]) -> anyhow::
     Ok(streams.len())
 }
 
+/// The version of the listeners last sent to `node`'s (one) stream, once acknowledged.
+async fn acked_lds(server: &ShoalServer, node: &str) -> anyhow::Result<String> {
+    let syncz = server.syncz().await?;
+    let t = syncz
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["node_id"] == node)
+        .map(|c| c["types"][LDS].clone())
+        .ok_or_else(|| anyhow::anyhow!("{node} not connected"))?;
+    anyhow::ensure!(t["sent_nonce"] == t["acked_nonce"], "not acknowledged: {t}");
+    Ok(t["sent_version"].as_str().unwrap_or_default().to_string())
+}
+
 async fn rejects(server: &ShoalServer) -> u64 {
     let text = server.admin_get("/metrics").await.expect("metrics").text();
     text.lines()
@@ -245,8 +259,8 @@ fn echo_xds(ip: u8, port: u16) -> String {
 
 /// An xDS-enabled gRPC server (`grpc.server(xds=True)`) gets its inbound listener
 /// `xds.istio.io/grpc/lds/inbound/<ip>:<port>` for its own service port and serves the
-/// proxyless client; an AuthorizationPolicy on it (not translated for gRPC yet) makes it
-/// refuse every call: fail closed.
+/// proxyless client; an AuthorizationPolicy allowing only namespace `frontend` then
+/// refuses it (a plaintext caller proves no namespace).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpcio_xds_server_gets_its_listener() {
     let port = free_port_on(&[loopback(5)]);
@@ -383,6 +397,40 @@ async fn grpcio_mtls_with_certificates_from_shoals_ca() {
         plaintext.backends.is_empty() && !plaintext.errors.is_empty(),
         "{plaintext:?}"
     );
+
+    // An AuthorizationPolicy allowing the client's identity lets it call; one allowing
+    // another identity only refuses it.
+    let allow = |sa: &str| {
+        format!(
+            "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n\
+             \x20 name: callers\n  namespace: default\nspec:\n  selector:\n\
+             \x20   matchLabels:\n      app: echo-xds\n  rules:\n  - from:\n    - source:\n\
+             \x20       principals: [cluster.local/ns/default/sa/{sa}]\n"
+        )
+    };
+    let before = acked_lds(&server, &server_id).await.unwrap();
+    write_manifest(dir.path(), "authz.yaml", &allow("client"));
+    // The server has its listener with the policy (a new version, acknowledged).
+    eventually(PROPAGATE, POLL, || async {
+        let now = acked_lds(&server, &server_id).await?;
+        anyhow::ensure!(now != before, "listener unchanged");
+        Ok::<_, anyhow::Error>(())
+    })
+    .await;
+    until(&client, PROPAGATE, target, 10, &[], |c| {
+        c.only(&["echo-xds"])
+    })
+    .await;
+    write_manifest(dir.path(), "authz.yaml", &allow("other"));
+    let refused = until(&client, PROPAGATE, target, 1, &[], |c| !c.errors.is_empty()).await;
+    assert!(
+        refused
+            .errors
+            .keys()
+            .all(|e| e.starts_with("PERMISSION_DENIED")),
+        "{refused:?}"
+    );
+
     eventually(PROPAGATE, POLL, || all_acked(&server, &server_id, &[LDS])).await;
     eventually(PROPAGATE, POLL, || {
         all_acked(&server, &client_id, &[LDS, RDS, CDS, EDS])

@@ -13,8 +13,10 @@
 //!   is plaintext or mutual TLS (PeerAuthentication; gRPC has no PERMISSIVE, so it is
 //!   plaintext unless the workload is labelled `security.istio.io/tlsMode: istio`, as
 //!   istiod does), with an inline route table of non-forwarding routes, router last.
-//!   AuthorizationPolicies are not translated for gRPC yet: one that applies makes the
-//!   listener refuse every call (fail closed), never allow more than the policy would.
+//!   AuthorizationPolicies become gRPC's RBAC filters (DENY, then ALLOW, as istiod's
+//!   `buildRBAC`) from the same translation as Envoy's; a policy that translation would
+//!   express with a matcher gRPC lacks (metadata, SNI), or a CUSTOM one, makes the listener
+//!   refuse every call (fail closed), never allow more than the policy would.
 //! - **RDS**: per requested `outbound|<port>||<host>`, the sidecar virtual host of that one
 //!   service (VirtualService routes included), its domains keeping `:port` (gRPC matches the
 //!   target's authority), route timeouts also as `max_stream_duration` (the field gRPC
@@ -27,7 +29,7 @@
 //! - **EDS**: as for sidecars ([`super::eds`]), every locality weighted (gRPC ignores a
 //!   locality without a weight).
 
-use super::authz::{self, HTTP_RBAC_FILTER};
+use super::authz::{self, AuthzKey, HTTP_RBAC_FILTER};
 use super::http_route::FAULT_FILTER;
 use super::lds::http_filter;
 use super::rds::{self, SidecarRouteKey};
@@ -40,6 +42,7 @@ use crate::index::push_context::PushContext;
 use crate::index::scope::ProxyScope;
 use crate::index::service::{ServiceSource, ServiceView};
 use crate::index::tls_mode;
+use prost::Message as _;
 use shoal_common::model::{AuthorizationAction, ClientTlsMode, SimpleLb, TrafficPolicy};
 use shoal_proto::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
@@ -62,7 +65,7 @@ use shoal_proto::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
 use shoal_proto::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRbac;
 use shoal_proto::pb::envoy::extensions::filters::http::router::v3::Router;
 use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager::RouteSpecifier, HttpConnectionManager, Rds,
+    http_connection_manager::RouteSpecifier, http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
 use shoal_proto::pb::envoy::extensions::transport_sockets::tls::v3::{
     common_tls_context::{CombinedCertificateValidationContext, ValidationContextType},
@@ -129,9 +132,9 @@ pub struct ServerListenerKey {
     pub port: u16,
     /// Mutual TLS required (through the certificate providers), else plaintext.
     pub mtls: bool,
-    /// An AuthorizationPolicy applies: every call is refused (fail closed; see the module
-    /// docs).
-    pub deny_all: bool,
+    /// The enforced AuthorizationPolicies that apply (dry-run and AUDIT ones left out:
+    /// they decide nothing).
+    pub authz: AuthzKey,
 }
 
 /// Inputs of a cluster.
@@ -336,7 +339,8 @@ fn server_listener_key(
         MtlsMode::Permissive => labelled_istio,
         MtlsMode::Disable => false,
     };
-    let deny_all = authz::applicable(ctx, proxy).policies.iter().any(|p| {
+    let mut authz = authz::applicable(ctx, proxy);
+    authz.policies.retain(|p| {
         p.spec.action != AuthorizationAction::Audit
             && !p
                 .meta
@@ -344,27 +348,17 @@ fn server_listener_key(
                 .get(authz::DRY_RUN_ANNOTATION)
                 .is_some_and(|v| matches!(v.as_str(), "true" | "True" | "TRUE" | "t" | "T" | "1"))
     });
-    if deny_all {
-        tracing::debug!(node = %proxy.id, %name, "AuthorizationPolicy on a gRPC server: refusing every call (not translated for gRPC)");
-    }
     Some(ServerListenerKey {
         name: name.to_string(),
         host: host.to_string(),
         port,
         mtls,
-        deny_all,
+        authz,
     })
 }
 
 fn server_listener(key: &ServerListenerKey) -> Listener {
-    let mut filters = Vec::new();
-    if key.deny_all {
-        filters.push(http_filter(
-            HTTP_RBAC_FILTER,
-            HTTP_RBAC_TYPE,
-            &deny_all_rbac(),
-        ));
-    }
+    let mut filters = rbac_filters(key);
     // Last, as gRPC requires.
     filters.push(http_filter(
         "envoy.filters.http.router",
@@ -419,6 +413,102 @@ fn server_listener(key: &ServerListenerKey) -> Listener {
         filter_chains: vec![chain],
         ..Default::default()
     }
+}
+
+/// gRPC's RBAC filters for the policies of a server listener: the DENY then the ALLOW
+/// filter of the Envoy translation ([`authz::http_filters`], whose configs hold only
+/// `rules` once dry-run and AUDIT policies are left out), under names of their own (gRPC
+/// refuses two filters of one name). Anything gRPC could not evaluate as Envoy would
+/// refuses every call instead.
+fn rbac_filters(key: &ServerListenerKey) -> Vec<HttpFilter> {
+    if key.authz.policies.is_empty() {
+        return Vec::new();
+    }
+    let deny_all = || {
+        vec![http_filter(
+            HTTP_RBAC_FILTER,
+            HTTP_RBAC_TYPE,
+            &deny_all_rbac(),
+        )]
+    };
+    if key
+        .authz
+        .policies
+        .iter()
+        .any(|p| p.spec.action == AuthorizationAction::Custom)
+    {
+        tracing::debug!(listener = %key.name, "CUSTOM authorization on a gRPC server: refusing every call");
+        return deny_all();
+    }
+    let mut out = Vec::new();
+    for mut filter in authz::http_filters(&key.authz) {
+        let Some(http_filter::ConfigType::TypedConfig(any)) = &filter.config_type else {
+            return deny_all();
+        };
+        let Ok(config) = HttpRbac::decode(any.value.as_slice()) else {
+            return deny_all();
+        };
+        let Some(rules) = config
+            .rules
+            .as_ref()
+            .filter(|_| config.shadow_rules.is_none())
+        else {
+            return deny_all();
+        };
+        if let Some(unsupported) = rules.policies.iter().find(|(_, p)| !grpc_evaluates(p)) {
+            tracing::debug!(listener = %key.name, policy = %unsupported.0, "authorization rule gRPC cannot evaluate: refusing every call");
+            return deny_all();
+        }
+        filter.name = match RbacAction::try_from(rules.action) {
+            Ok(RbacAction::Deny) => format!("{HTTP_RBAC_FILTER}.DENY"),
+            Ok(RbacAction::Allow) => HTTP_RBAC_FILTER.to_string(),
+            _ => return deny_all(),
+        };
+        out.push(filter);
+    }
+    out
+}
+
+/// Whether gRPC's RBAC filter (gRFC A41) evaluates every matcher of a policy as Envoy
+/// does.
+fn grpc_evaluates(policy: &Policy) -> bool {
+    fn permission_ok(p: &Permission) -> bool {
+        use permission::Rule;
+        match &p.rule {
+            Some(Rule::AndRules(set) | Rule::OrRules(set)) => set.rules.iter().all(permission_ok),
+            Some(Rule::NotRule(inner)) => permission_ok(inner),
+            Some(
+                Rule::Any(_)
+                | Rule::Header(_)
+                | Rule::UrlPath(_)
+                | Rule::DestinationIp(_)
+                | Rule::DestinationPort(_),
+            ) => true,
+            _ => false,
+        }
+    }
+    fn principal_ok(p: &Principal) -> bool {
+        use principal::Identifier;
+        match &p.identifier {
+            Some(Identifier::AndIds(set) | Identifier::OrIds(set)) => {
+                set.ids.iter().all(principal_ok)
+            }
+            Some(Identifier::NotId(inner)) => principal_ok(inner),
+            Some(
+                Identifier::Any(_)
+                | Identifier::Authenticated(_)
+                | Identifier::DirectRemoteIp(_)
+                | Identifier::RemoteIp(_)
+                | Identifier::Header(_)
+                | Identifier::UrlPath(_),
+            ) => true,
+            _ => false,
+        }
+    }
+    policy.condition.is_none()
+        && policy.checked_condition.is_none()
+        && policy.permissions.iter().all(permission_ok)
+        && policy.principals.iter().all(principal_ok)
 }
 
 /// An RBAC config that refuses every call (gRPC supports ALLOW and DENY only).

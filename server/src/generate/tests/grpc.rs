@@ -368,17 +368,57 @@ fn server_listeners_for_the_nodes_own_ports_with_mtls_and_fail_closed_authz() {
     assert_eq!(fc.name, "inbound-mtls");
     assert!(fc.transport_socket.is_some());
 
-    // An AuthorizationPolicy is not translated for gRPC: every call is refused.
+    // AuthorizationPolicies: gRPC's RBAC filters, DENY before ALLOW, each named once.
+    let names = |m: &Mesh| -> Vec<String> {
+        chain(m)
+            .1
+            .http_filters
+            .iter()
+            .map(|f| f.name.clone())
+            .collect()
+    };
     m.add_config(authorization_policy(
         "default",
         "allow-some",
         "selector: {matchLabels: {app: echo}}\nrules: [{from: [{source: {namespaces: [default]}}]}]",
     ));
-    let (_, hcm) = chain(&m);
-    let filters: Vec<&str> = hcm.http_filters.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(
-        filters,
+        names(&m),
         ["envoy.filters.http.rbac", "envoy.filters.http.router"]
+    );
+    m.add_config(authorization_policy(
+        "default",
+        "deny-admin",
+        "action: DENY\nrules: [{to: [{operation: {paths: [/admin.Admin/*]}}]}]",
+    ));
+    assert_eq!(
+        names(&m),
+        [
+            "envoy.filters.http.rbac.DENY",
+            "envoy.filters.http.rbac",
+            "envoy.filters.http.router"
+        ]
+    );
+    // A rule gRPC cannot evaluate (SNI): every call refused, never more allowed.
+    m.add_config(authorization_policy(
+        "default",
+        "by-sni",
+        "rules: [{when: [{key: connection.sni, values: [a.example]}]}]",
+    ));
+    let (_, hcm) = chain(&m);
+    assert_eq!(hcm.http_filters.len(), 2);
+    use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_filter::ConfigType as FilterConfig;
+    let Some(FilterConfig::TypedConfig(any)) = &hcm.http_filters[0].config_type else {
+        panic!()
+    };
+    let rbac =
+        shoal_proto::pb::envoy::extensions::filters::http::rbac::v3::Rbac::decode(&*any.value)
+            .unwrap();
+    let rules = rbac.rules.unwrap();
+    assert_eq!(rules.action, 1, "DENY");
+    assert_eq!(
+        rules.policies.keys().collect::<Vec<_>>(),
+        ["deny-all-untranslated"]
     );
     // A client node gets no server listener for a port that is not its own.
     assert!(gen(XdsType::Listener, &client(), &m.snapshot(), &[name]).is_empty());

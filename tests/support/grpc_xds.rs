@@ -8,6 +8,8 @@ use crate::http;
 use crate::ports::free_addr;
 use crate::process::Process;
 use serde_json::{json, Value};
+use shoal_proto::pb::envoy::admin::v3::ClientResourceStatus;
+use shoal_proto::pb::envoy::service::status::v3::ClientStatusResponse;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -262,6 +264,36 @@ impl GrpcClient {
             backends: counts("backends"),
             errors: counts("errors"),
         })
+    }
+
+    /// The client's own xDS status (CSDS): every resource of every xDS client in it.
+    pub async fn csds(&self) -> anyhow::Result<ClientStatusResponse> {
+        use prost::Message as _;
+        let body = http::get(self.control, "/csds").await?.body;
+        Ok(ClientStatusResponse::decode(body.as_slice())?)
+    }
+
+    /// Checks CSDS: at least one resource, each acknowledged (`ACKED`), none with an
+    /// error (a NACK). Returns how many resources the client holds.
+    pub async fn all_acked(&self) -> anyhow::Result<usize> {
+        let status = self.csds().await?;
+        let mut n = 0;
+        for client in &status.config {
+            for r in &client.generic_xds_configs {
+                anyhow::ensure!(
+                    r.client_status == ClientResourceStatus::Acked as i32
+                        && r.error_state.is_none(),
+                    "{} {}: {:?} {:?}",
+                    r.type_url,
+                    r.name,
+                    ClientResourceStatus::try_from(r.client_status),
+                    r.error_state
+                );
+                n += 1;
+            }
+        }
+        anyhow::ensure!(n > 0, "CSDS lists no resource");
+        Ok(n)
     }
 
     /// The process.

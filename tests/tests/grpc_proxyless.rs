@@ -233,6 +233,9 @@ async fn grpcio_client_routes_through_shoal() {
         all_acked(&server, &node_id, &[LDS, RDS, CDS, EDS])
     })
     .await;
+    // The client's own status (CSDS): every resource acknowledged, none rejected.
+    let held = eventually(PROPAGATE, POLL, || client.all_acked()).await;
+    assert!(held >= 8, "2 targets × LDS, RDS, CDS, EDS: {held}");
     assert_eq!(rejects(&server).await, 0, "gRPC rejected configuration");
     server.process().assert_running();
 }
@@ -436,5 +439,6 @@ async fn grpcio_mtls_with_certificates_from_shoals_ca() {
         all_acked(&server, &client_id, &[LDS, RDS, CDS, EDS])
     })
     .await;
+    eventually(PROPAGATE, POLL, || client.all_acked()).await;
     assert_eq!(rejects(&server).await, 0, "gRPC rejected configuration");
 }

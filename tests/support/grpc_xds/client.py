@@ -7,7 +7,8 @@ GET http://127.0.0.1:CONTROL_PORT/call?target=xds:///echo:7070&n=20&header=x-ver
 makes n calls of /echo.Echo/Call on one channel per target and credentials (kept across
 requests, so xDS updates reach a live channel; `creds=xds`, the default: xDS credentials,
 mutual TLS where the cluster says so; `creds=insecure`: plaintext always) and answers JSON: {"backends": {name: count}, "errors":
-{"CODE: details": count}}.
+{"CODE: details": count}}. GET /csds answers the xDS clients' status (CSDS
+ClientStatusResponse, protobuf).
 """
 
 import collections
@@ -19,6 +20,7 @@ from urllib.parse import parse_qs, urlparse
 
 import grpc
 import grpc.experimental
+from grpc._cython import cygrpc
 
 CHANNELS = {}
 LOCK = threading.Lock()
@@ -58,6 +60,11 @@ def calls(target, creds, n, headers, timeout):
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         url = urlparse(self.path)
+        if url.path == "/csds":
+            # The xDS clients' own view (CSDS ClientStatusResponse, serialized), as the
+            # grpcio-csds service would serve it.
+            self.reply("application/octet-stream", cygrpc.dump_xds_configs())
+            return
         q = parse_qs(url.query)
         if url.path != "/call" or "target" not in q:
             self.send_error(404)
@@ -70,9 +77,11 @@ class Handler(BaseHTTPRequestHandler):
             headers,
             float(q.get("timeout", ["2"])[0]),
         )
-        body = json.dumps(out).encode()
+        self.reply("application/json", json.dumps(out).encode())
+
+    def reply(self, content_type, body):
         self.send_response(200)
-        self.send_header("content-type", "application/json")
+        self.send_header("content-type", content_type)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)

@@ -67,6 +67,10 @@ metadata:
 spec:
   hosts: [echo]
   http:
+  - name: fault
+    match: [{{headers: {{x-fault: {{exact: "yes"}}}}}}]
+    fault: {{abort: {{grpcStatus: RESOURCE_EXHAUSTED, percentage: {{value: 100}}}}}}
+    route: [{{destination: {{host: echo, subset: v1}}}}]
   - name: v2-by-header
     match: [{{headers: {{x-version: {{exact: v2}}}}}}]
     route: [{{destination: {{host: echo, subset: v2}}}}]
@@ -209,6 +213,17 @@ async fn grpcio_client_routes_through_shoal() {
     // A header match routes to subset v2.
     let v2 = client.call(FQDN, 20, &[("x-version", "v2")]).await.unwrap();
     assert!(v2.only(&["echo-v2"]), "{v2:?}");
+
+    // Fault injection (gRPC's fault filter): an abort with a gRPC status.
+    let fault = client.call(FQDN, 1, &[("x-fault", "yes")]).await.unwrap();
+    assert!(
+        fault.backends.is_empty()
+            && fault
+                .errors
+                .keys()
+                .all(|e| e.starts_with("RESOURCE_EXHAUSTED")),
+        "{fault:?}"
+    );
 
     // A 50/50 split: each side within 50% ± 20% of 200 calls.
     let split = client.call(FQDN, 200, &[("x-split", "yes")]).await.unwrap();

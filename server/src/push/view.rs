@@ -918,6 +918,48 @@ mod tests {
         );
     }
 
+    /// Proxyless gRPC nodes name every listener and cluster they want: their outputs are
+    /// per set of names (no wildcard slot), shared by the streams asking the same names.
+    #[tokio::test]
+    async fn proxyless_outputs_are_per_requested_names() {
+        use crate::testutil::proxyless_proxy;
+        let metrics = CacheMetrics::register(&prometheus::Registry::new());
+        let cache = GeneratorCache::new(64 << 20, true, metrics);
+        let views = Views::new(Generation::new(cache, 1));
+        let p1 = proxyless_proxy("a", &[("app", "client")]);
+        let mut p2 = p1.clone();
+        p2.id = "sidecar~10.9.9.9~other.a~a.svc.cluster.local".into();
+        let (v1, v2) = (views.view_for(&p1), views.view_for(&p2));
+        assert!(Arc::ptr_eq(&v1, &v2));
+        assert!(!Arc::ptr_eq(
+            &v1,
+            &views.view_for(&sidecar_proxy("a", &[("app", "client")]))
+        ));
+        let snap = Arc::new(mesh().snapshot());
+        let none = v1.intern(XdsType::Listener, NameSet::default());
+        assert!(v1.output(XdsType::Listener, &none, &snap).await.is_empty());
+        let web: NameSet = ["web:8080".to_string()].into_iter().collect();
+        let api: NameSet = ["api.b.svc.cluster.local:9080".to_string()]
+            .into_iter()
+            .collect();
+        let (n_web, n_api) = (
+            v1.intern(XdsType::Listener, web.clone()),
+            v1.intern(XdsType::Listener, api),
+        );
+        let out_web = v1.output(XdsType::Listener, &n_web, &snap).await;
+        let out_api = v1.output(XdsType::Listener, &n_api, &snap).await;
+        assert!(out_web.contains("web:8080") && !out_web.contains("api.b.svc.cluster.local:9080"));
+        assert!(out_api.contains("api.b.svc.cluster.local:9080") && !out_api.contains("web:8080"));
+        assert!(
+            Arc::ptr_eq(
+                &out_web,
+                &v2.output(XdsType::Listener, &v2.intern(XdsType::Listener, web), &snap)
+                    .await
+            ),
+            "the same names share one output"
+        );
+    }
+
     /// Clusters depend on the workload identities behind their hosts (auto mTLS's SANs):
     /// an endpoint-only snapshot that changes them must not reuse the view's clusters.
     #[tokio::test]

@@ -209,6 +209,15 @@ async fn grpcio_client_routes_through_shoal() {
     })
     .await;
     assert_eq!(streams, 2, "one xDS stream per target");
+    // The config dump shows what the node asked for (its newest stream's names).
+    let dump = server
+        .admin_get(&format!("/debug/config_dump?proxy={node_id}"))
+        .await
+        .unwrap()
+        .text();
+    for want in ["echo:7070", "outbound|7070||echo.default.svc.cluster.local"] {
+        assert!(dump.contains(want), "{want} not in {dump}");
+    }
 
     // A header match routes to subset v2.
     let v2 = client.call(FQDN, 20, &[("x-version", "v2")]).await.unwrap();

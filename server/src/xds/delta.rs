@@ -208,6 +208,7 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
                 return Err(too_many_names(ty, names.len()));
             }
             let interned = self.session.intern(ty, names, snap);
+            self.session.requested(ty, &interned);
             let from = std::mem::replace(&mut sub.names, interned);
             // Every change is answered at once (which takes the change); one still pending
             // would make this one relative to names with no output: build it afresh then.

@@ -336,6 +336,16 @@ impl Session {
         }
     }
 
+    /// Records the names a proxyless node now requests of `ty` (for `/debug/config_dump`;
+    /// Envoys' are not kept: see `TypeStatus::requested`).
+    pub fn requested(&self, ty: XdsType, names: &Names) {
+        if let Some(i) = &self.identified {
+            if i.conn.proxy.kind == crate::index::proxy::ProxyKind::Proxyless {
+                i.conn.update(ty, |s| s.requested = Some(names.clone()));
+            }
+        }
+    }
+
     /// Records how many resources a resuming delta stream already held (not sent again).
     pub fn resumed(&self, ty: XdsType, unchanged: usize) {
         self.update(ty, |s| s.resumed = unchanged);

@@ -85,6 +85,21 @@ spec:
     )
 }
 
+/// The subsets v1 and v2 of `echo`, with `policy` (YAML at the rule's `trafficPolicy`
+/// level, indented for it) if not empty.
+fn destination_rule(policy: &str) -> String {
+    let policy = if policy.is_empty() {
+        String::new()
+    } else {
+        format!("  trafficPolicy:\n{policy}")
+    };
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata:\n  name: echo\n\
+         \x20 namespace: default\nspec:\n  host: echo\n{policy}  subsets:\n  - name: v1\n\
+         \x20   labels:\n      version: v1\n  - name: v2\n    labels:\n      version: v2\n"
+    )
+}
+
 fn write_mesh(dir: &Path, port: u16) {
     write_manifest(
         dir,
@@ -95,13 +110,7 @@ fn write_mesh(dir: &Path, port: u16) {
          \x20 - name: grpc\n    port: 7070\n    targetPort: grpc\n",
     );
     write_manifest(dir, "pods.yaml", &workload(&PODS[..2], port));
-    write_manifest(
-        dir,
-        "destinationrule.yaml",
-        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata:\n  name: echo\n\
-         \x20 namespace: default\nspec:\n  host: echo\n  subsets:\n  - name: v1\n    labels:\n\
-         \x20     version: v1\n  - name: v2\n    labels:\n      version: v2\n",
-    );
+    write_manifest(dir, "destinationrule.yaml", &destination_rule(""));
     write_manifest(dir, "virtualservice.yaml", &virtual_service("v1"));
 }
 
@@ -248,6 +257,22 @@ async fn grpcio_client_routes_through_shoal() {
         c.only(&["echo-v1", "echo-v1b"]) && c.backends.len() == 2
     })
     .await;
+
+    // A DestinationRule changed reaches it too: a consistent hash on `x-user` (ring hash,
+    // the route's hash policy) keeps a user on one of v1's two pods.
+    write_manifest(
+        dir.path(),
+        "destinationrule.yaml",
+        &destination_rule(
+            "    loadBalancer:\n      consistentHash:\n        httpHeaderName: x-user\n",
+        ),
+    );
+    for user in ["alice", "bob"] {
+        until(&client, PROPAGATE, FQDN, 20, &[("x-user", user)], |c| {
+            c.only(&["echo-v1", "echo-v1b"]) && c.backends.len() == 1
+        })
+        .await;
+    }
 
     // A route changed reaches it too.
     write_manifest(dir.path(), "virtualservice.yaml", &virtual_service("v2"));

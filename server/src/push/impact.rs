@@ -64,9 +64,10 @@ pub fn affected_types(
             (ConfigKind::AuthorizationPolicy, _) => {
                 out.insert(XdsType::Listener);
             }
-            // Subsets and policies: clusters and their endpoints.
+            // Subsets and policies: clusters and their endpoints, and the routes that
+            // carry a consistent hash's hash policy.
             (ConfigKind::DestinationRule, _) => {
-                out.extend([XdsType::Cluster, XdsType::Endpoint]);
+                out.extend([XdsType::Cluster, XdsType::Endpoint, XdsType::Route]);
             }
         }
     }
@@ -195,7 +196,7 @@ mod tests {
                 ProxyKind::Router,
                 &s
             ),
-            [XdsType::Cluster, XdsType::Endpoint].into()
+            [XdsType::Cluster, XdsType::Endpoint, XdsType::Route].into()
         );
         let full = ChangeSet {
             full: true,

@@ -309,6 +309,24 @@ fn echo_xds(ip: u8, port: u16) -> String {
     )
 }
 
+/// Service `<alias>` (port 7072) for the pod of [`echo_xds`], its EndpointSlice, and an
+/// `ISTIO_MUTUAL` rule expecting the server to be service account `<sa>`.
+fn alias_of_echo_xds(alias: &str, sa: &str, ip: u8, port: u16) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {alias}\n  namespace: default\n\
+         spec:\n  selector:\n    app: echo-xds\n  ports:\n\
+         \x20 - name: grpc\n    port: 7072\n    targetPort: {port}\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {alias}-1\n\
+         \x20 namespace: default\n  labels:\n    kubernetes.io/service-name: {alias}\n\
+         addressType: IPv4\nports:\n- name: grpc\n  port: {port}\n  protocol: TCP\n\
+         endpoints:\n- addresses: [\"127.0.0.{ip}\"]\n  conditions:\n    ready: true\n\
+         \x20 targetRef:\n    kind: Pod\n    name: echo-xds-1\n    namespace: default\n---\n\
+         apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata:\n  name: {alias}\n\
+         \x20 namespace: default\nspec:\n  host: {alias}\n  trafficPolicy:\n    tls:\n\
+         \x20     mode: ISTIO_MUTUAL\n      subjectAltNames: [spiffe://cluster.local/ns/default/sa/{sa}]\n"
+    )
+}
+
 /// An xDS-enabled gRPC server (`grpc.server(xds=True)`) gets its inbound listener
 /// `xds.istio.io/grpc/lds/inbound/<ip>:<port>` for its own service port and serves the
 /// proxyless client; an AuthorizationPolicy allowing only namespace `frontend` then
@@ -388,6 +406,14 @@ async fn grpcio_mtls_with_certificates_from_shoals_ca() {
          apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata:\n\
          \x20 name: strict\n  namespace: default\nspec:\n  mtls:\n    mode: STRICT\n",
     );
+    // Two more names for the same pod, whose rules expect its identity or another one.
+    for (alias, sa) in [("echo-good", "echo"), ("echo-bad", "other")] {
+        write_manifest(
+            dir.path(),
+            &format!("{alias}.yaml"),
+            &alias_of_echo_xds(alias, sa, 6, port),
+        );
+    }
     let pki = ServerPki::new();
     let tls = shoal_tests::ports::free_addr();
     let mut args = vec!["--standalone".to_string(), dir.path().display().to_string()];
@@ -443,6 +469,17 @@ async fn grpcio_mtls_with_certificates_from_shoals_ca() {
         c.only(&["echo-xds"])
     })
     .await;
+    // The client checks the server's identity against the rule's subjectAltNames.
+    until(&client, CONVERGE, "xds:///echo-good:7072", 5, &[], |c| {
+        c.only(&["echo-xds"])
+    })
+    .await;
+    let bad = client.call("xds:///echo-bad:7072", 1, &[]).await.unwrap();
+    assert!(
+        bad.backends.is_empty() && bad.errors.keys().all(|e| e.starts_with("UNAVAILABLE")),
+        "{bad:?}"
+    );
+
     // The server requires a client certificate: a caller speaking plaintext is refused.
     let plaintext = client.call_with(target, "insecure", 1, &[]).await.unwrap();
     assert!(

@@ -71,6 +71,10 @@ spec:
     match: [{{headers: {{x-fault: {{exact: "yes"}}}}}}]
     fault: {{abort: {{grpcStatus: RESOURCE_EXHAUSTED, percentage: {{value: 100}}}}}}
     route: [{{destination: {{host: echo, subset: v1}}}}]
+  - name: no-retries
+    match: [{{headers: {{x-no-retries: {{exact: "yes"}}}}}}]
+    retries: {{attempts: 0}}
+    route: [{{destination: {{host: echo, subset: v1}}}}]
   - name: v2-by-header
     match: [{{headers: {{x-version: {{exact: v2}}}}}}]
     route: [{{destination: {{host: echo, subset: v2}}}}]
@@ -241,6 +245,19 @@ async fn grpcio_client_routes_through_shoal() {
                 .keys()
                 .all(|e| e.starts_with("RESOURCE_EXHAUSTED")),
         "{fault:?}"
+    );
+
+    // Retries: Istio's default policy (2 retries, `unavailable` among the conditions)
+    // hides a failure; `attempts: 0` does not.
+    let retried = client.call(FQDN, 1, &[("x-fail-once", "a")]).await.unwrap();
+    assert!(retried.only(&["echo-v1"]), "{retried:?}");
+    let failed = client
+        .call(FQDN, 1, &[("x-fail-once", "b"), ("x-no-retries", "yes")])
+        .await
+        .unwrap();
+    assert!(
+        failed.backends.is_empty() && failed.errors.keys().all(|e| e.starts_with("UNAVAILABLE")),
+        "{failed:?}"
     );
 
     // A 50/50 split: each side within 50% ± 20% of 200 calls.

@@ -3,7 +3,8 @@
 Usage: backend.py [xds:]NAME=HOST:PORT [...]
 
 Each server answers the unary method /echo.Echo/Call with its NAME (bytes in, bytes out:
-no protobuf code generation needed). Prints "ready" once every server is started. An
+no protobuf code generation needed); the first call carrying `x-fail-once: KEY` fails
+with UNAVAILABLE instead. Prints "ready" once every server is started. An
 `xds:` server is xDS-enabled (xDS credentials, plaintext fallback): it takes its listener
 `xds.istio.io/grpc/lds/inbound/HOST:PORT` from the control plane in GRPC_XDS_BOOTSTRAP
 and serves only once it has it.
@@ -16,8 +17,22 @@ from concurrent import futures
 import grpc
 
 
+# Keys of `x-fail-once` already failed (shared by every server of the process, so a
+# retry on another pod succeeds too).
+FAILED = set()
+FAILED_LOCK = threading.Lock()
+
+
 def handler_for(name):
-    def call(_request, _context):
+    def call(_request, context):
+        # `x-fail-once: KEY`: the first call with KEY fails UNAVAILABLE (retries).
+        for key, value in context.invocation_metadata():
+            if key == "x-fail-once":
+                with FAILED_LOCK:
+                    first = value not in FAILED
+                    FAILED.add(value)
+                if first:
+                    context.abort(grpc.StatusCode.UNAVAILABLE, f"{name}: failing {value} once")
         return name.encode()
 
     return grpc.method_handlers_generic_handler(

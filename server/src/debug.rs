@@ -54,6 +54,7 @@ pub fn push_status(published: &Published, registry: &Registry) -> Value {
             "connected": connections.len(),
             "sidecars": connections.iter().filter(|c| c.proxy_type == crate::index::proxy::ProxyKind::Sidecar).count(),
             "routers": connections.iter().filter(|c| c.proxy_type == crate::index::proxy::ProxyKind::Router).count(),
+            "proxyless": connections.iter().filter(|c| c.proxy_type == crate::index::proxy::ProxyKind::Proxyless).count(),
         },
         "rejections": nacks,
     })

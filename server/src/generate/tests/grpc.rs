@@ -423,3 +423,33 @@ fn server_listeners_for_the_nodes_own_ports_with_mtls_and_fail_closed_authz() {
     // A client node gets no server listener for a port that is not its own.
     assert!(gen(XdsType::Listener, &client(), &m.snapshot(), &[name]).is_empty());
 }
+
+/// gRPC cannot serve plaintext and mTLS on one port: PERMISSIVE is plaintext, unless the
+/// workload is labelled as having Istio TLS (clients' auto mTLS), as istiod decides.
+#[test]
+fn permissive_servers_are_plaintext_unless_labelled_istio_tls() {
+    let mut echo = service("default", "echo-server", &[("grpc", 7070)]);
+    echo.selector = labels(&[("app", "echo")]);
+    let m = mesh().with_service(echo).with_config(peer_authentication(
+        "default",
+        "permissive",
+        "mtls: {mode: PERMISSIVE}",
+    ));
+    let name = "xds.istio.io/grpc/lds/inbound/10.0.0.1:7070";
+    let chain_name = |p: &Proxy| {
+        let lds = listeners(&gen(XdsType::Listener, p, &m.snapshot(), &[name]));
+        assert_eq!(socket(lds[name].address.as_ref().unwrap()), "10.0.0.1:7070");
+        lds[name].filter_chains[0].name.clone()
+    };
+    assert_eq!(
+        chain_name(&proxyless_proxy("default", &[("app", "echo")])),
+        "inbound-plaintext"
+    );
+    assert_eq!(
+        chain_name(&proxyless_proxy(
+            "default",
+            &[("app", "echo"), ("security.istio.io/tlsMode", "istio")]
+        )),
+        "inbound-mtls"
+    );
+}

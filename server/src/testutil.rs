@@ -204,6 +204,14 @@ pub fn captured_proxy(ns: &str, ip: &str, labels_: &[(&str, &str)]) -> Proxy {
     }
 }
 
+/// A proxyless gRPC application in `ns` with labels (node metadata `GENERATOR: grpc`).
+pub fn proxyless_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
+    Proxy {
+        kind: ProxyKind::Proxyless,
+        ..sidecar_proxy(ns, labels_)
+    }
+}
+
 /// A gateway proxy in `ns` with labels.
 pub fn router_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
     Proxy {

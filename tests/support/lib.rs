@@ -32,6 +32,7 @@ pub mod backend;
 pub mod bootstrap;
 pub mod envoy;
 pub mod eventually;
+pub mod grpc_xds;
 pub mod http;
 pub mod kubeapi;
 pub mod mesh;

@@ -353,3 +353,38 @@ impl Default for ServerPki {
         ServerPki::new()
     }
 }
+
+/// Asks shoal's CA for a workload certificate as istio-agent does (`CreateCertificate` on
+/// `channel`, the TLS port, with a new key's CSR): the identity is the caller's. Returns
+/// the chain (leaf first, root last) and the key, PEM.
+pub async fn create_certificate(
+    channel: tonic::transport::Channel,
+) -> Result<(Vec<String>, String), tonic::Status> {
+    use shoal_proto::istio_ca::{
+        IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE_PATH,
+    };
+    let key = KeyPair::generate().expect("key");
+    let csr = CertificateParams::new(Vec::<String>::new())
+        .expect("CSR params")
+        .serialize_request(&key)
+        .expect("CSR")
+        .pem()
+        .expect("CSR PEM");
+    let request = IstioCertificateRequest {
+        csr,
+        validity_duration: 3600,
+        metadata: None,
+    };
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let codec =
+        tonic_prost::ProstCodec::<IstioCertificateRequest, IstioCertificateResponse>::default();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(CREATE_CERTIFICATE_PATH);
+    let response = grpc
+        .unary(tonic::Request::new(request), path, codec)
+        .await?
+        .into_inner();
+    Ok((response.cert_chain, key.serialize_pem()))
+}

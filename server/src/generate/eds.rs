@@ -7,7 +7,7 @@ use super::locality::{self, LocalityLb};
 use super::{cds::entry_port, mtls, socket_address, Resource};
 use crate::index::destination_rule::effective_policy;
 use crate::index::endpoints::{EndpointIndex, HostShards};
-use crate::index::proxy::{parse_locality, Proxy};
+use crate::index::proxy::{parse_locality, Proxy, ProxyKind};
 use crate::index::push_context::PushContext;
 use crate::index::scope::ProxyScope;
 use crate::index::service::{ServiceSource, ServiceView};
@@ -44,6 +44,10 @@ pub struct EndpointsSource {
     pub shards: Option<Arc<HostShards>>,
     /// Locality load balancing for the proxy, when it changes anything (boxed: rare).
     pub locality: Option<Box<LocalityLb>>,
+    /// Every locality carries its weight, as istiod always sends it: gRPC drops a
+    /// locality without one (proxyless nodes); Envoy reads it only with locality-weighted
+    /// load balancing.
+    pub weigh_localities: bool,
 }
 
 /// The load assignments for the requested cluster names the proxy may see. An unknown but
@@ -87,6 +91,7 @@ pub fn keys(
                     subset_labels: subset_spec.map(|s| s.labels.clone()).unwrap_or_default(),
                     shards,
                     locality: locality::for_proxy(policy.as_ref(), proxy).map(Box::new),
+                    weigh_localities: proxy.kind == ProxyKind::Proxyless,
                 })
             });
             Some(EndpointsKey {
@@ -126,6 +131,7 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
         subset_labels,
         shards,
         locality: locality_lb,
+        weigh_localities,
     } = src;
     let port = *port;
     let matches = |labels: &BTreeMap<String, String>| {
@@ -212,11 +218,13 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                 }),
                 // istiod weighs each locality by its endpoints (1 each unless weighted);
                 // Envoy reads it only with locality-weighted load balancing.
-                load_balancing_weight: locality_lb.is_some().then(|| UInt32Value {
-                    value: targets
-                        .iter()
-                        .map(|t| t.weight.filter(|w| *w > 0).unwrap_or(1))
-                        .fold(0u32, u32::saturating_add),
+                load_balancing_weight: (locality_lb.is_some() || *weigh_localities).then(|| {
+                    UInt32Value {
+                        value: targets
+                            .iter()
+                            .map(|t| t.weight.filter(|w| *w > 0).unwrap_or(1))
+                            .fold(0u32, u32::saturating_add),
+                    }
                 }),
                 lb_endpoints: targets.into_iter().map(lb_endpoint).collect(),
                 priority,

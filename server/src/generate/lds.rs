@@ -163,10 +163,12 @@ fn bound_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Bound
                     .or_insert_with(|| (sidecar_route_name(port.number), false));
             }
         }
+        // Served by `generate::grpc`.
+        ProxyKind::Proxyless => {}
     }
     let gateway_authz = match proxy.kind {
         ProxyKind::Router => authz::applicable(ctx, proxy),
-        ProxyKind::Sidecar => AuthzKey::default(),
+        ProxyKind::Sidecar | ProxyKind::Proxyless => AuthzKey::default(),
     };
     listeners
         .into_iter()
@@ -276,7 +278,7 @@ pub(crate) fn http_connection_manager(
     }
 }
 
-fn http_filter<M: prost::Message>(name: &str, type_url: &str, config: &M) -> HttpFilter {
+pub(crate) fn http_filter<M: prost::Message>(name: &str, type_url: &str, config: &M) -> HttpFilter {
     HttpFilter {
         name: name.to_string(),
         config_type: Some(http_filter::ConfigType::TypedConfig(shoal_proto::pack(

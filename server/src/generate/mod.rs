@@ -10,6 +10,7 @@ pub mod cache;
 pub mod cds;
 pub mod eds;
 pub mod gateway;
+pub mod grpc;
 pub mod http_route;
 pub mod inbound;
 pub mod intern;
@@ -157,6 +158,8 @@ pub enum Key {
     Route(rds::RouteKey),
     /// A gateway credential.
     Secret(sds::SecretKey),
+    /// A proxyless gRPC node's listener, route table or cluster.
+    Grpc(grpc::GrpcKey),
 }
 
 /// Which of a proxy's resources of a type. A captured sidecar's inbound clusters and its
@@ -204,6 +207,12 @@ pub fn side_keys(
     snap: &Snapshot,
     names: &[String],
 ) -> Vec<Key> {
+    if proxy.kind == crate::index::proxy::ProxyKind::Proxyless {
+        // No sides: proxyless views are never composed (see `push::view`).
+        if let Some(keys) = grpc::keys(ty, proxy, scope, &snap.ctx, &snap.endpoints, names) {
+            return keys.into_iter().map(Key::Grpc).collect();
+        }
+    }
     match (side, ty) {
         (Side::Inbound, XdsType::Cluster) => cds::inbound_keys(proxy, scope)
             .into_iter()
@@ -267,6 +276,7 @@ pub fn build(key: &Key) -> Resource {
         Key::Listener(k) => lds::build(k),
         Key::Route(k) => rds::build(k),
         Key::Secret(k) => sds::build(k),
+        Key::Grpc(k) => grpc::build(k),
     }
 }
 

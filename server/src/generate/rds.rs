@@ -124,6 +124,8 @@ pub fn keys(
                     name, host, port, proxy, scope, ctx,
                 )))
             }
+            // Served by `generate::grpc`.
+            ProxyKind::Proxyless => None,
         })
         .collect()
 }
@@ -382,7 +384,10 @@ fn catch_all_last(routes: Vec<Route>) -> Vec<Route> {
 // ---------------------------------------------------------------------------------------
 // Sidecars
 
-fn sidecar_key(
+/// The key of a sidecar route table (`only_host`: the table of one service's virtual
+/// hosts). A proxyless gRPC node's services need no HTTP port protocol: gRPC always speaks
+/// HTTP/2.
+pub(crate) fn sidecar_key(
     name: &str,
     only_host: Option<&str>,
     port: u32,
@@ -390,6 +395,7 @@ fn sidecar_key(
     scope: &ProxyScope,
     ctx: &PushContext,
 ) -> SidecarRouteKey {
+    let any_protocol = proxy.kind == ProxyKind::Proxyless;
     let listener = scope.sidecar.as_ref().and_then(|s| {
         s.spec
             .egress
@@ -400,7 +406,8 @@ fn sidecar_key(
         .services
         .iter()
         .filter(|svc| {
-            svc.port(port).is_some_and(|p| p.protocol.is_http())
+            svc.port(port)
+                .is_some_and(|p| any_protocol || p.protocol.is_http())
                 && only_host.is_none_or(|h| h == svc.hostname)
                 && listener.is_none_or(|l| {
                     l.hosts
@@ -450,7 +457,8 @@ fn source_of(proxy: &Proxy) -> Source {
     }
 }
 
-fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
+/// Builds a sidecar route table from its key.
+pub(crate) fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
     let SidecarRouteKey {
         name,
         port,

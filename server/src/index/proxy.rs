@@ -5,7 +5,7 @@ use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Whether a proxy is a sidecar or a gateway (`router`).
+/// Whether a proxy is a sidecar, a gateway (`router`) or a proxyless gRPC application.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProxyKind {
@@ -13,17 +13,32 @@ pub enum ProxyKind {
     Sidecar,
     /// A gateway (ingress/egress).
     Router,
+    /// gRPC's own xDS client (node metadata `GENERATOR: grpc`, as istio-agent's gRPC
+    /// bootstrap sets it; the node id still says `sidecar`): served as istiod's `grpc`
+    /// generator serves it (see [`crate::generate::grpc`]).
+    Proxyless,
 }
 
 impl ProxyKind {
-    /// Its name in node ids and metric labels.
+    /// Its name in metric labels (`sidecar`, `router`, `proxyless`).
     pub fn label(self) -> &'static str {
         match self {
             ProxyKind::Sidecar => "sidecar",
             ProxyKind::Router => "router",
+            ProxyKind::Proxyless => "proxyless",
         }
     }
+
+    /// Whether a request of `ty` that names no resources means "all of them". Envoy's CDS
+    /// and LDS are wildcard; gRPC names every listener and cluster it wants (a target's
+    /// `host:port`, the clusters its routes use), so for proxyless nodes no type is.
+    pub fn wildcard(self, ty: shoal_proto::XdsType) -> bool {
+        self != ProxyKind::Proxyless && ty.is_wildcard_type()
+    }
 }
+
+/// Node metadata `GENERATOR` of a proxyless gRPC application.
+pub const GENERATOR_GRPC: &str = "grpc";
 
 /// How a sidecar's traffic reaches Envoy (node metadata `INTERCEPTION_MODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -138,7 +153,16 @@ impl Proxy {
         let [kind, ip, pod, domain] = parts.as_slice() else {
             return Err(bad());
         };
+        let meta = node.metadata.as_ref();
         let kind = match *kind {
+            // istio-agent's gRPC bootstrap names proxyless nodes `sidecar~…` and tells them
+            // apart by the generator they ask for, as istiod does.
+            "sidecar"
+                if meta.and_then(|m| string_field(m, "GENERATOR")).as_deref()
+                    == Some(GENERATOR_GRPC) =>
+            {
+                ProxyKind::Proxyless
+            }
             "sidecar" => ProxyKind::Sidecar,
             "router" => ProxyKind::Router,
             _ => return Err(bad()),
@@ -146,7 +170,6 @@ impl Proxy {
         if ip.is_empty() || pod.is_empty() {
             return Err(bad());
         }
-        let meta = node.metadata.as_ref();
         let namespace = meta
             .and_then(|m| string_field(m, "NAMESPACE"))
             .or_else(|| pod.rsplit_once('.').map(|(_, ns)| ns.to_string()))
@@ -164,7 +187,8 @@ impl Proxy {
             .and_then(|m| string_field(m, "CLUSTER_ID"))
             .unwrap_or_else(|| shoal_common::defaults::CLUSTER_ID.to_string());
         let interception = match meta.and_then(|m| string_field(m, "INTERCEPTION_MODE")) {
-            _ if kind == ProxyKind::Router => Interception::None,
+            // Gateways bind their listeners; gRPC applications dial on their own.
+            _ if kind != ProxyKind::Sidecar => Interception::None,
             None => Interception::Redirect,
             Some(mode) => match mode.as_str() {
                 "REDIRECT" | "" => Interception::Redirect,
@@ -369,6 +393,31 @@ pub(crate) mod tests {
             Proxy::from_node(Some(&g)).unwrap().interception,
             Interception::None
         );
+    }
+
+    #[test]
+    fn generator_grpc_is_a_proxyless_node() {
+        let sv = |s: &str| Value {
+            kind: Some(Kind::StringValue(s.to_string())),
+        };
+        let mut n = node(
+            "sidecar~10.1.0.5~echo-1.default~default.svc.cluster.local",
+            "default",
+            &[("app", "echo")],
+        );
+        let fields = &mut n.metadata.as_mut().unwrap().fields;
+        fields.insert("GENERATOR".into(), sv("grpc"));
+        fields.insert("INTERCEPTION_MODE".into(), sv("REDIRECT"));
+        let p = Proxy::from_node(Some(&n)).unwrap();
+        assert_eq!(p.kind, ProxyKind::Proxyless);
+        assert_eq!(p.interception, Interception::None, "nothing is captured");
+        assert_eq!(p.labels["app"], "echo");
+        assert!(!p.kind.wildcard(shoal_proto::XdsType::Listener));
+        assert!(ProxyKind::Sidecar.wildcard(shoal_proto::XdsType::Listener));
+        // Any other generator is Envoy's.
+        let fields = &mut n.metadata.as_mut().unwrap().fields;
+        fields.insert("GENERATOR".into(), sv("envoy"));
+        assert_eq!(Proxy::from_node(Some(&n)).unwrap().kind, ProxyKind::Sidecar);
     }
 
     #[test]

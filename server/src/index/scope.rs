@@ -68,7 +68,8 @@ impl ProxyScope {
     /// Computes the scope of a proxy.
     pub fn compute(proxy: &Proxy, ctx: &PushContext) -> ProxyScope {
         let sidecar = match proxy.kind {
-            ProxyKind::Sidecar => ctx
+            // istiod gives proxyless gRPC nodes a SidecarScope too.
+            ProxyKind::Sidecar | ProxyKind::Proxyless => ctx
                 .sidecar_for(&proxy.namespace, &proxy.labels, &ctx.mesh.root_namespace)
                 .cloned(),
             ProxyKind::Router => None,
@@ -108,7 +109,7 @@ impl ProxyScope {
             })
             .collect();
         let (inbound, gateway_ports) = match proxy.kind {
-            ProxyKind::Sidecar => (
+            ProxyKind::Sidecar | ProxyKind::Proxyless => (
                 inbound_ports(proxy, sidecar.as_deref(), ctx),
                 BTreeMap::new(),
             ),

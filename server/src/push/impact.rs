@@ -23,6 +23,11 @@ pub fn affected_types(
         return all;
     }
     let mut out = BTreeSet::new();
+    // A proxyless gRPC node reads what a sidecar reads (Sidecar scopes, no Gateways).
+    let kind = match kind {
+        ProxyKind::Proxyless => ProxyKind::Sidecar,
+        k => k,
+    };
     for k in &changes.config {
         match (k, kind) {
             // ServiceEntries and WorkloadEntries are services and endpoints.
@@ -40,6 +45,7 @@ pub fn affected_types(
                 out.insert(XdsType::Secret);
             }
             (ConfigKind::Credential, ProxyKind::Sidecar) => {}
+            (_, ProxyKind::Proxyless) => return all,
             // HTTP rules shape route tables; `tcp`/`tls` rules shape listeners' filter
             // chains (sidecar outbound, gateway TCP/TLS servers): listeners only when a
             // VirtualService with such rules changed.
@@ -58,9 +64,10 @@ pub fn affected_types(
             (ConfigKind::AuthorizationPolicy, _) => {
                 out.insert(XdsType::Listener);
             }
-            // Subsets and policies: clusters and their endpoints.
+            // Subsets and policies: clusters and their endpoints, and the routes that
+            // carry a consistent hash's hash policy.
             (ConfigKind::DestinationRule, _) => {
-                out.extend([XdsType::Cluster, XdsType::Endpoint]);
+                out.extend([XdsType::Cluster, XdsType::Endpoint, XdsType::Route]);
             }
         }
     }
@@ -189,7 +196,7 @@ mod tests {
                 ProxyKind::Router,
                 &s
             ),
-            [XdsType::Cluster, XdsType::Endpoint].into()
+            [XdsType::Cluster, XdsType::Endpoint, XdsType::Route].into()
         );
         let full = ChangeSet {
             full: true,

@@ -107,7 +107,7 @@ impl ViewKey {
             locality: locality.clone(),
             verified: match kind {
                 ProxyKind::Router => verified.clone(),
-                ProxyKind::Sidecar => None,
+                ProxyKind::Sidecar | ProxyKind::Proxyless => None,
             },
         }
     }
@@ -282,9 +282,9 @@ type CachedDiff = (Arc<Output>, Arc<Output>, Arc<Diff>);
 /// A type and the identity of its requested names (0: wildcard).
 type SlotKey = (XdsType, usize);
 
-/// The slot of `ty` for `names` (ignored for wildcard types).
-fn slot_key(ty: XdsType, names: &Names) -> SlotKey {
-    if ty.is_wildcard_type() {
+/// The slot of `ty` for `names` (ignored for types wildcard to proxies of `kind`).
+fn slot_key(kind: ProxyKind, ty: XdsType, names: &Names) -> SlotKey {
+    if kind.wildcard(ty) {
         (ty, 0)
     } else {
         (ty, Arc::as_ptr(names) as usize)
@@ -508,11 +508,12 @@ impl View {
         snap: &Arc<Snapshot>,
         change: Option<&NamesChange>,
     ) -> Arc<Output> {
+        let wildcard = self.key.kind.wildcard(ty);
         let key = match side {
-            Side::Outbound if ty.is_wildcard_type() => (ty, OUTBOUND_SLOT),
-            _ => slot_key(ty, names),
+            Side::Outbound if wildcard => (ty, OUTBOUND_SLOT),
+            _ => slot_key(self.key.kind, ty, names),
         };
-        let names = (!ty.is_wildcard_type()).then(|| names.clone());
+        let names = (!wildcard).then(|| names.clone());
         let scope = self.scope(&snap.ctx);
         let (cell, prev) = {
             let mut guard = lock(&self.inner);
@@ -537,9 +538,9 @@ impl View {
                         })
                     });
                     // New names made from others whose output is for this snapshot.
-                    if prev.is_none() && !ty.is_wildcard_type() {
+                    if prev.is_none() && !wildcard {
                         prev = change.and_then(|c| {
-                            let from = inner.slots.get(&slot_key(ty, &c.from))?;
+                            let from = inner.slots.get(&slot_key(self.key.kind, ty, &c.from))?;
                             if !from.valid_for(ty, snap) {
                                 return None;
                             }
@@ -585,7 +586,7 @@ impl View {
         let Held::Shared(prev) = held else {
             return Arc::new(Diff::between(held, cur));
         };
-        let key = slot_key(ty, names);
+        let key = slot_key(self.key.kind, ty, names);
         if let Some((from, to, d)) = lock(&self.inner).diffs.get(&key) {
             if Arc::ptr_eq(from, prev) && Arc::ptr_eq(to, cur) {
                 return d.clone();
@@ -984,6 +985,48 @@ mod tests {
         let hits = metrics.cache_hits.get();
         view.output(XdsType::Endpoint, &names, &snap3).await;
         assert_eq!(metrics.cache_hits.get() - hits, 2);
+    }
+
+    /// Proxyless gRPC nodes name every listener and cluster they want: their outputs are
+    /// per set of names (no wildcard slot), shared by the streams asking the same names.
+    #[tokio::test]
+    async fn proxyless_outputs_are_per_requested_names() {
+        use crate::testutil::proxyless_proxy;
+        let metrics = CacheMetrics::register(&prometheus::Registry::new());
+        let cache = GeneratorCache::new(64 << 20, true, metrics);
+        let views = Views::new(Generation::new(cache, 1));
+        let p1 = proxyless_proxy("a", &[("app", "client")]);
+        let mut p2 = p1.clone();
+        p2.id = "sidecar~10.9.9.9~other.a~a.svc.cluster.local".into();
+        let (v1, v2) = (views.view_for(&p1), views.view_for(&p2));
+        assert!(Arc::ptr_eq(&v1, &v2));
+        assert!(!Arc::ptr_eq(
+            &v1,
+            &views.view_for(&sidecar_proxy("a", &[("app", "client")]))
+        ));
+        let snap = Arc::new(mesh().snapshot());
+        let none = v1.intern(XdsType::Listener, NameSet::default());
+        assert!(v1.output(XdsType::Listener, &none, &snap).await.is_empty());
+        let web: NameSet = ["web:8080".to_string()].into_iter().collect();
+        let api: NameSet = ["api.b.svc.cluster.local:9080".to_string()]
+            .into_iter()
+            .collect();
+        let (n_web, n_api) = (
+            v1.intern(XdsType::Listener, web.clone()),
+            v1.intern(XdsType::Listener, api),
+        );
+        let out_web = v1.output(XdsType::Listener, &n_web, &snap).await;
+        let out_api = v1.output(XdsType::Listener, &n_api, &snap).await;
+        assert!(out_web.contains("web:8080") && !out_web.contains("api.b.svc.cluster.local:9080"));
+        assert!(out_api.contains("api.b.svc.cluster.local:9080") && !out_api.contains("web:8080"));
+        assert!(
+            Arc::ptr_eq(
+                &out_web,
+                &v2.output(XdsType::Listener, &v2.intern(XdsType::Listener, web), &snap)
+                    .await
+            ),
+            "the same names share one output"
+        );
     }
 
     /// Clusters depend on the workload identities behind their hosts (auto mTLS's SANs):

@@ -55,7 +55,7 @@ impl DeltaStream {
         };
         // A wildcard subscription of a non-wildcard type asks for no name in particular
         // (interned like any set of names, so its output is shared, not rebuilt per push).
-        let (names, change) = if sub.wildcard && !ty.is_wildcard_type() {
+        let (names, change) = if sub.wildcard && !self.session.wildcard(ty) {
             (self.session.intern(ty, NameSet::default(), snap), None)
         } else {
             (sub.names.clone(), sub.change.clone())
@@ -143,10 +143,11 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
                 return Err(too_many_names(ty, count));
             }
         }
+        let type_wildcard = self.session.wildcard(ty);
         let first = !self.subs.contains_key(&ty);
         let sub = self.subs.entry(ty).or_default();
         if first {
-            sub.wildcard = ty.is_wildcard_type();
+            sub.wildcard = type_wildcard;
             sub.held = Held::Own(
                 req.initial_resource_versions
                     .iter()
@@ -177,7 +178,7 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             if name == "*" {
                 changed |= !sub.wildcard;
                 sub.wildcard = true;
-            } else if (!sub.wildcard || !ty.is_wildcard_type()) && !sub.names.contains(name) {
+            } else if (!sub.wildcard || !type_wildcard) && !sub.names.contains(name) {
                 let inserted = names
                     .get_or_insert_with(|| (*sub.names).clone())
                     .insert(name.clone());
@@ -207,6 +208,7 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
                 return Err(too_many_names(ty, names.len()));
             }
             let interned = self.session.intern(ty, names, snap);
+            self.session.requested(ty, &interned);
             let from = std::mem::replace(&mut sub.names, interned);
             // Every change is answered at once (which takes the change); one still pending
             // would make this one relative to names with no output: build it afresh then.

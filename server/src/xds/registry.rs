@@ -33,6 +33,11 @@ pub struct TypeStatus {
     /// The last NACK, if the proxy rejected a response.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_nack: Option<Nack>,
+    /// The names a proxyless gRPC node requested (it names every type's resources), for
+    /// `/debug/config_dump`. Not in syncz, and not kept for Envoys (a sidecar's EDS names
+    /// run to thousands; its dump derives them from its clusters).
+    #[serde(skip)]
+    pub requested: Option<crate::push::view::Names>,
 }
 
 /// A rejected response.
@@ -87,6 +92,16 @@ impl Connection {
         }
     }
 
+    /// The names requested of `ty`, as far as they are kept (see
+    /// [`TypeStatus::requested`]).
+    pub fn requested(&self, ty: XdsType) -> Vec<String> {
+        self.types()
+            .get(&ty)
+            .and_then(|s| s.requested.as_ref())
+            .map(|n| n.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// What `/debug/syncz` shows of this connection, now.
     pub fn status(&self) -> ConnectionStatus {
         ConnectionStatus {
@@ -111,7 +126,7 @@ pub struct ConnectionStatus {
     pub connection_id: String,
     /// The proxy's node id.
     pub node_id: String,
-    /// `sidecar` or `router`.
+    /// `sidecar`, `router` or `proxyless`.
     pub proxy_type: ProxyKind,
     /// The proxy's namespace.
     pub namespace: String,

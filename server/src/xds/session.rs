@@ -84,6 +84,15 @@ impl Session {
         }
     }
 
+    /// Whether a request of `ty` naming nothing means every resource, for this stream's
+    /// proxy (never for proxyless gRPC: see [`crate::index::proxy::ProxyKind::wildcard`]).
+    pub fn wildcard(&self, ty: XdsType) -> bool {
+        match &self.identified {
+            Some(i) => i.conn.proxy.kind.wildcard(ty),
+            None => ty.is_wildcard_type(),
+        }
+    }
+
     /// Whether the first request (with the node) has been seen.
     pub fn identified(&self) -> bool {
         self.identified.is_some()
@@ -324,6 +333,16 @@ impl Session {
         match &self.identified {
             Some(i) => i.conn.last_sent(ty),
             None => Default::default(),
+        }
+    }
+
+    /// Records the names a proxyless node now requests of `ty` (for `/debug/config_dump`;
+    /// Envoys' are not kept: see `TypeStatus::requested`).
+    pub fn requested(&self, ty: XdsType, names: &Names) {
+        if let Some(i) = &self.identified {
+            if i.conn.proxy.kind == crate::index::proxy::ProxyKind::Proxyless {
+                i.conn.update(ty, |s| s.requested = Some(names.clone()));
+            }
         }
     }
 

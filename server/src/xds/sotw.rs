@@ -136,6 +136,7 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         }
         if *w.names != names {
             w.names = self.session.intern(ty, names, snap);
+            self.session.requested(ty, &w.names);
         }
         self.respond(ty, snap, true, None).await
     }

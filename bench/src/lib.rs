@@ -1074,7 +1074,7 @@ impl Bench<'_> {
                     *rss_kib_per_minute.last().unwrap_or(&0) as f64 / 1024.0
                 ));
             }
-            tokio::time::sleep_until(next.max(Instant::now()).into()).await;
+            tokio::time::sleep_until(next.max(Instant::now())).await;
             tick += 1;
         }
         self.drain_events();

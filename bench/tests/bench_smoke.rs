@@ -37,6 +37,7 @@ fn smoke(mode: Mode, scenario: ScenarioKind, vs_change: VsChange) -> BenchConfig
         baseline: Baseline::None,
         storm: false,
         spread: false,
+        soak: None,
     }
 }
 
@@ -175,11 +176,17 @@ async fn delta_captured() {
     let cfg = BenchConfig {
         changes: 1,
         baseline: Baseline::Replay,
+        // A short soak: an endpoint change a second, each replacing the last.
+        soak: Some(Duration::from_secs(3)),
         ..smoke(Mode::Delta, ScenarioKind::Captured, VsChange::Mesh)
     };
     let r = run(cfg.clone()).await;
     assert_functional(&r, &cfg);
     let ctx = || serde_json::to_string_pretty(&r).unwrap_or_default();
+    let soak = r.soak.as_ref().expect("the soak ran");
+    assert!(soak.endpoint_change.samples.len() >= 3, "{}", ctx());
+    assert_eq!(soak.endpoint_change.missing, 0, "{}", ctx());
+    assert_eq!((soak.nacks, soak.stream_errors), (0, 0), "{}", ctx());
     assert_eq!(r.initial.with_virtual_outbound, cfg.proxies, "{}", ctx());
     assert_eq!(r.initial.with_virtual_inbound, cfg.proxies, "{}", ctx());
     assert_eq!(r.endpoint_change.samples[0].affected, cfg.proxies);

@@ -36,6 +36,7 @@ async fn replica_kill_with_many_delta_proxies() {
         baseline: Baseline::None,
         storm: false,
         spread: true,
+        soak: None,
     };
     let r = match shoal_bench::run(&cfg).await {
         Ok(r) => r,

@@ -54,8 +54,8 @@ pub fn affected_types(
             (ConfigKind::PeerAuthentication, _) => {
                 out.extend([XdsType::Listener, XdsType::Cluster]);
             }
-            // RBAC filters live in inbound (and gateway) listeners.
-            (ConfigKind::AuthorizationPolicy, _) => {
+            // RBAC and `jwt_authn` filters live in inbound (and gateway) listeners.
+            (ConfigKind::AuthorizationPolicy | ConfigKind::RequestAuthentication, _) => {
                 out.insert(XdsType::Listener);
             }
             // Subsets and policies: clusters and their endpoints.

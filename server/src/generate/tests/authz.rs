@@ -19,6 +19,7 @@ use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manage
     http_filter, HttpConnectionManager,
 };
 use shoal_proto::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
+use shoal_proto::pb::envoy::r#type::matcher::v3::MetadataMatcher;
 use shoal_proto::pb::envoy::r#type::matcher::v3::{
     path_matcher, string_matcher::MatchPattern, StringMatcher,
 };
@@ -46,6 +47,7 @@ pub(super) fn key(policies: Vec<Arc<Config<AuthorizationPolicy>>>) -> AuthzKey {
     AuthzKey {
         policies,
         trust_domain: "cluster.local".into(),
+        authn: Default::default(),
     }
 }
 
@@ -176,8 +178,48 @@ fn princ(p: &Principal) -> String {
         Identifier::DirectRemoteIp(c) => format!("ip({})", cidr(c)),
         Identifier::RemoteIp(c) => format!("remote_ip({})", cidr(c)),
         Identifier::Header(h) => hm(h),
+        #[allow(deprecated)] // what istiod sends
+        Identifier::Metadata(m) => metadata(m),
         other => format!("{other:?}"),
     }
+}
+
+/// `md(envoy.filters.http.jwt_authn:payload.iss=exact:x)`, `…:payload.groups has exact:a`
+/// for istiod's list-or-value matcher.
+fn metadata(m: &MetadataMatcher) -> String {
+    use shoal_proto::pb::envoy::r#type::matcher::v3::{
+        list_matcher, metadata_matcher::path_segment::Segment, value_matcher::MatchPattern as V,
+    };
+    let path = m
+        .path
+        .iter()
+        .map(|p| match &p.segment {
+            Some(Segment::Key(k)) => k.clone(),
+            None => "?".into(),
+        })
+        .collect::<Vec<_>>()
+        .join(".");
+    let value = match m.value.as_ref().and_then(|v| v.match_pattern.as_ref()) {
+        Some(V::StringMatch(x)) => format!("={}", sm(x)),
+        Some(V::OrMatch(or)) => match &or.value_matchers[..] {
+            [list, one] => {
+                let Some(V::ListMatch(l)) = &list.match_pattern else {
+                    return format!("{m:?}");
+                };
+                let Some(list_matcher::MatchPattern::OneOf(inner)) = &l.match_pattern else {
+                    return format!("{m:?}");
+                };
+                assert_eq!(**inner, *one, "a list holding the value, or the value");
+                match &one.match_pattern {
+                    Some(V::StringMatch(x)) => format!(" has {}", sm(x)),
+                    other => format!("{other:?}"),
+                }
+            }
+            other => format!("{other:?}"),
+        },
+        other => format!("{other:?}"),
+    };
+    format!("md({}:{path}{value})", m.filter)
 }
 
 pub(super) fn strs(v: &[&str]) -> Vec<String> {
@@ -186,6 +228,58 @@ pub(super) fn strs(v: &[&str]) -> Vec<String> {
 
 // ---------------------------------------------------------------------------------------
 // Translations
+
+/// JWT attributes match the payload `jwt_authn` leaves in the metadata, as istiod builds
+/// them: `requestPrincipals` split at the last `/` into `iss` and `sub` (with `*` prefix and
+/// suffix forms), claims as a list holding the value or the value. HTTP only: on TCP the
+/// ALLOW rule is dropped.
+#[test]
+fn jwt_attributes_match_the_jwt_authn_payload() {
+    let k = key(vec![policy(
+        "shop",
+        "jwt",
+        r#"
+rules:
+- from:
+  - source:
+      requestPrincipals: ["https://iss.example/alice", "*"]
+      notRequestPrincipals: ["*/bob", "iss/*", "*ample", "pre*"]
+  when:
+  - {key: "request.auth.claims[groups]", values: [admin, "dev*"]}
+  - {key: "request.auth.claims[nested][key]", values: [v]}
+  - {key: request.auth.audiences, values: [web]}
+  - {key: request.auth.presenter, notValues: [cli]}
+  - {key: request.auth.principal, values: ["iss/sub"]}
+"#,
+    )]);
+    let filters = http(&k);
+    let (permissions, principals) = only_policy(filters[0].rules.as_ref());
+    assert_eq!(permissions, strs(&["and(any)"]));
+    let md = "md(envoy.filters.http.jwt_authn:payload";
+    let want = [
+        format!(
+            "or(and({md}.iss=exact:https://iss.example), {md}.sub=exact:alice)), \
+             and({md}.iss=regex:.+), {md}.sub=regex:.+)))"
+        ),
+        format!(
+            "not(or(and({md}.iss=regex:.+), {md}.sub=exact:bob)), \
+             and({md}.iss=exact:iss), {md}.sub=regex:.+)), \
+             and({md}.iss=regex:.+), {md}.sub=suffix:ample)), \
+             and({md}.iss=prefix:pre), {md}.sub=regex:.+))))"
+        ),
+        format!("or({md}.groups has exact:admin), {md}.groups has prefix:dev))"),
+        format!("or({md}.nested.key has exact:v))"),
+        format!("or({md}.aud has exact:web))"),
+        format!("not(or({md}.azp has exact:cli)))"),
+        format!("or(and({md}.iss=exact:iss), {md}.sub=exact:sub)))"),
+    ];
+    assert_eq!(principals, [format!("and({})", want.join(", "))]);
+    let tcp = tcp(&k);
+    assert!(
+        tcp[0].rules.as_ref().expect("rules").policies.is_empty(),
+        "on TCP the ALLOW rule is dropped: {tcp:?}"
+    );
+}
 
 #[test]
 fn principals_and_namespaces_match_the_peer_identity() {

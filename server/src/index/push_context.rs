@@ -45,7 +45,7 @@ pub struct PushContext {
     /// RequestAuthentications by namespace, in name order.
     pub request_authentications: BTreeMap<String, Vec<Arc<Config<RequestAuthentication>>>>,
     /// Keys fetched for RequestAuthentications' `jwksUri`s, by URI (a JWKS document each).
-    pub jwks: BTreeMap<String, Arc<str>>,
+    pub jwks: Arc<BTreeMap<String, Arc<str>>>,
     /// Mesh-wide settings.
     pub mesh: Arc<MeshSettings>,
     /// Gateway credentials, opened, by (namespace, Secret name), then by the cluster the
@@ -79,6 +79,7 @@ impl PushContext {
         let mut ctx = PushContext {
             mesh: state.mesh.clone(),
             token_issuers: state.token_issuers.clone(),
+            jwks: state.jwks.clone(),
             endpoint_inputs: ENDPOINT_INPUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ..PushContext::default()
         };

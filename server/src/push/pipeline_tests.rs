@@ -81,6 +81,7 @@ fn run(
         mesh,
         gate,
         credential_keys: None,
+        jwks: None,
     };
     tokio::spawn(async move {
         let _keep = keep;

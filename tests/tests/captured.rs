@@ -46,6 +46,7 @@ const RATINGS_VIP: &str = "198.19.0.13";
 const DETAILS_VIP: &str = "198.19.0.14";
 const REVIEWS: &str = "reviews.shop.svc.cluster.local";
 const JWT_ISSUER: &str = "testing@secure.istio.io";
+const FETCHED_ISSUER: &str = "fetched.example";
 const MYSQL: &str = "mysql.shop.svc.cluster.local";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -480,7 +481,9 @@ async fn ingress_into_a_pod(mesh: &CapturedMesh) {
 /// another key 401; an ALLOW needing a JWT principal refuses a request without a token
 /// (403); a claim-based ALLOW (`request.auth.claims[groups]`) admits `admin` tokens only;
 /// a DENY on details with a claim condition denies only tokens with that claim; a new
-/// inline key (rotation) is taken: old tokens get 401, new ones 200.
+/// inline key (rotation) is taken: old tokens get 401, new ones 200. A second rule's keys
+/// are at a `jwksUri` (served by the test): the server fetches and inlines them, and that
+/// issuer's tokens get 200.
 ///
 /// Fail closed: a CUSTOM policy (no external authorizer) denies its path.
 ///
@@ -545,9 +548,13 @@ async fn authorization(mesh: &CapturedMesh) {
     assert_eq!(ratings().await, Some(200), "ratings before the policies");
 
     let productpage = mesh.pods["productpage"].ip();
+    // The second rule's keys are at a `jwksUri` the server fetches (here, this process).
+    let fetched_key = TokenSigner::new(FETCHED_ISSUER, "fetched");
+    let jwks_uri = serve_jwks(fetched_key.jwks().to_string()).await;
     let policies_with = |signer: &TokenSigner| {
         AUTHZ_POLICIES
             .replace("PRODUCTPAGE_IP", &productpage.to_string())
+            .replace("JWKS_URI", &jwks_uri)
             .replace("JWKS", &signer.jwks().to_string())
     };
     mesh.write("authz.yaml", &policies_with(&key));
@@ -612,6 +619,21 @@ async fn authorization(mesh: &CapturedMesh) {
     })
     .await;
     jwt(mesh, &with_token, &token, &key, &other_key, &policies_with).await;
+    // The fetched keys reach the proxy (inlined by the server) without a config change.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let fetched_token = fetched_key.sign(&serde_json::json!({
+        "iss": FETCHED_ISSUER, "sub": "bob", "iat": now, "exp": now + 3600,
+    }));
+    eventually(PROPAGATE, POLL, || async {
+        match with_token("/jwt", fetched_token.clone()).await {
+            Some(200) => Ok(()),
+            other => Err(format!("the jwksUri keys are not in force: {other:?}")),
+        }
+    })
+    .await;
     let claims_header = format!("authorization:Bearer {}", token(&key, "admin"));
     let claims_url = format!("http://{details}/allowed/claims");
     let out = external
@@ -762,6 +784,31 @@ async fn jwt<W, F>(
     .await;
 }
 
+/// Serves `jwks` over HTTP on a free local port (any path); the URI.
+async fn serve_jwks(jwks: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let jwks = jwks.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n{jwks}",
+                    jwks.len()
+                );
+                let _ = conn.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    format!("http://{addr}/jwks.json")
+}
+
 /// Sends a line over TCP and returns what comes back before the peer closes (empty when
 /// the connection is closed or reset without an answer).
 async fn tcp_roundtrip(addr: SocketAddr) -> String {
@@ -856,6 +903,8 @@ spec:
   jwtRules:
   - issuer: "testing@secure.istio.io"
     jwks: 'JWKS'
+  - issuer: "fetched.example"
+    jwksUri: "JWKS_URI"
 ---
 apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy

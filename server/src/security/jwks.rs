@@ -69,8 +69,20 @@ pub enum JwksError {
     NotJwks,
 }
 
+/// Every value of the fetch metric's `result` label.
+pub const RESULTS: [&str; 8] = [
+    "ok",
+    "timeout",
+    "connect",
+    "http",
+    "status",
+    "too_large",
+    "not_jwks",
+    "bad_uri",
+];
+
 impl JwksError {
-    /// The metric label of the failure.
+    /// The metric label of the failure (one of [`RESULTS`]).
     pub fn reason(&self) -> &'static str {
         match self {
             JwksError::BadUri(_) | JwksError::Request(_) => "bad_uri",

@@ -161,6 +161,9 @@ impl SecurityMetrics {
             m.token_issuers_refused
                 .with_label_values(&[reason.as_str()]);
         }
+        for result in crate::security::jwks::RESULTS {
+            m.jwks_fetches.with_label_values(&[result]);
+        }
         m
     }
 }

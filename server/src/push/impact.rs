@@ -191,6 +191,13 @@ mod tests {
             ),
             [XdsType::Cluster, XdsType::Endpoint].into()
         );
+        // jwt_authn filters (and fetched keys) live in inbound and gateway listeners.
+        for kind in [ProxyKind::Sidecar, ProxyKind::Router] {
+            assert_eq!(
+                affected_types(&config(&[ConfigKind::RequestAuthentication]), kind, &s),
+                [XdsType::Listener].into()
+            );
+        }
         let full = ChangeSet {
             full: true,
             ..Default::default()

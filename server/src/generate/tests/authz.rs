@@ -883,6 +883,118 @@ servers:
     }
 }
 
+/// RequestAuthentication: the selected workloads' HTTP chains (inbound and gateway) get
+/// `jwt_authn` first, before RBAC, as istiod orders them; TCP chains, outbound listeners and
+/// workloads no RequestAuthentication selects get none. A `jwksUri` rule gets the fetched
+/// keys inline once the server has them, and a key set that fails every token before.
+#[test]
+fn request_authentication_puts_jwt_authn_before_rbac_on_http_chains() {
+    use crate::generate::authn::FAIL_ALL_JWKS;
+    use shoal_proto::pb::envoy::extensions::filters::http::jwt_authn::v3::{
+        jwt_provider::JwksSourceSpecifier, JwtAuthentication,
+    };
+    const URI: &str = "https://issuer.example/jwks.json";
+    let m = mesh()
+        .with_service(service("shop", "web", &[("http", 80)]))
+        .with_config(gateway(
+            "istio-system",
+            "edge",
+            "selector: {istio: ingressgateway}
+servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: [\"*\"]}]",
+        ))
+        .with_config(request_authentication(
+            "shop",
+            "reviews",
+            &format!(
+                "selector: {{matchLabels: {{app: reviews}}}}\njwtRules: [{{issuer: b, jwksUri: \"{URI}\"}}, {{issuer: a, jwks: '{{\"keys\": []}}'}}]"
+            ),
+        ))
+        .with_config(request_authentication(
+            "istio-system",
+            "edge",
+            "selector: {matchLabels: {istio: ingressgateway}}\njwtRules: [{issuer: gw, jwks: '{\"keys\": []}'}]",
+        ))
+        .with_config(authorization_policy("shop", "allow", "rules: [{from: [{source: {requestPrincipals: [\"*\"]}}]}]"));
+    let jwt_of = |hcm: &HttpConnectionManager| -> Option<JwtAuthentication> {
+        hcm.http_filters
+            .iter()
+            .find(|f| f.name == "envoy.filters.http.jwt_authn")
+            .map(|f| match &f.config_type {
+                Some(http_filter::ConfigType::TypedConfig(any)) => {
+                    JwtAuthentication::decode(&*any.value).expect("decodes")
+                }
+                other => panic!("{other:?}"),
+            })
+    };
+    let inline = |jwt: &JwtAuthentication, provider: &str| -> String {
+        use shoal_proto::pb::envoy::config::core::v3::data_source::Specifier;
+        match &jwt.providers[provider].jwks_source_specifier {
+            Some(JwksSourceSpecifier::LocalJwks(ds)) => match &ds.specifier {
+                Some(Specifier::InlineString(s)) => s.clone(),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    };
+    let l = inbound(&m);
+    let inbound_hcm = chain_hcm(chain(&l, "0.0.0.0_9080", false));
+    let names: Vec<&str> = inbound_hcm
+        .http_filters
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "envoy.filters.http.jwt_authn",
+            "envoy.filters.http.rbac",
+            "envoy.filters.http.fault",
+            "envoy.filters.http.cors",
+            "envoy.filters.http.router"
+        ]
+    );
+    let jwt = jwt_of(&inbound_hcm).expect("jwt_authn");
+    // Sorted by issuer: `a` is origins-0; `b`'s keys are not fetched yet.
+    assert_eq!(jwt.providers["origins-0"].issuer, "a");
+    assert_eq!(inline(&jwt, "origins-0"), r#"{"keys": []}"#);
+    assert_eq!(inline(&jwt, "origins-1"), FAIL_ALL_JWKS);
+    let catchall = chain_hcm(chain(&l, "virtualInbound-catchall-http", false));
+    assert!(jwt_of(&catchall).is_some(), "the sniffed HTTP chain");
+    let tcp_chain = chain(&l, "0.0.0.0_3306", true);
+    assert!(tcp_chain.filters.iter().all(|f| !f.name.contains("jwt")));
+
+    // Fetched keys are inlined.
+    let mut fetched = m;
+    fetched.state.jwks = Arc::new([(URI.to_string(), Arc::from(r#"{"keys":["fetched"]}"#))].into());
+    let fetched_hcm = chain_hcm(chain(&inbound(&fetched), "0.0.0.0_9080", false));
+    let jwt = jwt_of(&fetched_hcm).expect("jwt_authn");
+    assert_eq!(inline(&jwt, "origins-1"), r#"{"keys":["fetched"]}"#);
+
+    // The gateway's HTTP listener: its own RequestAuthentication.
+    let snap = fetched.snapshot();
+    let gw = router_proxy("istio-system", &[("istio", "ingressgateway")]);
+    let ls = listeners(&gen(XdsType::Listener, &gw, &snap, &[]));
+    let gw_hcm = hcm(&ls["0.0.0.0_80"]);
+    assert_eq!(gw_hcm.http_filters[0].name, "envoy.filters.http.jwt_authn");
+    assert_eq!(
+        jwt_of(&gw_hcm).expect("jwt").providers["origins-0"].issuer,
+        "gw"
+    );
+
+    // A workload no RequestAuthentication selects, and outbound listeners: none.
+    let p = captured_proxy("shop", POD_IP, &[("app", "client")]);
+    for (name, l) in listeners(&gen(XdsType::Listener, &p, &snap, &[])) {
+        for c in &l.filter_chains {
+            if c.filters
+                .last()
+                .is_some_and(|f| f.name.ends_with("http_connection_manager"))
+            {
+                assert!(jwt_of(&chain_hcm(c)).is_none(), "{name} {}", c.name);
+            }
+        }
+    }
+}
+
 /// istiod translates path templates to `uri_template`, which makes Envoy 1.40 abort on load:
 /// shoal refuses them at ingest, and a template that reaches the server anyway is a value
 /// that cannot be translated (the ALLOW rule is dropped, the DENY value left out).

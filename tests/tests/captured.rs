@@ -483,7 +483,8 @@ async fn ingress_into_a_pod(mesh: &CapturedMesh) {
 /// a DENY on details with a claim condition denies only tokens with that claim; a new
 /// inline key (rotation) is taken: old tokens get 401, new ones 200. A second rule's keys
 /// are at a `jwksUri` (served by the test): the server fetches and inlines them, and that
-/// issuer's tokens get 200.
+/// issuer's tokens get 200. The ingress gateway's own RequestAuthentication refuses a
+/// token of another key (401).
 ///
 /// Fail closed: a CUSTOM policy (no external authorizer) denies its path.
 ///
@@ -690,6 +691,19 @@ async fn authorization(mesh: &CapturedMesh) {
     // The gateway.
     assert_eq!(via_gateway("/blocked/deeper").await, Ok(403));
     assert_eq!(via_gateway("/open").await, Ok(200));
+    // Its RequestAuthentication: a token of another key is refused at the gateway (401),
+    // a valid one passes.
+    let gw_with_token = |token: String| async move {
+        shoal_tests::http::Request::get("/open")
+            .host("shop.example.com")
+            .header("authorization", &format!("Bearer {token}"))
+            .send(gw_http)
+            .await
+            .map(|r| r.status)
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(gw_with_token(token(&other_key, "dev")).await, Ok(401));
+    assert_eq!(gw_with_token(token(&key, "dev")).await, Ok(200));
     let gw = mesh.gateway.as_ref().expect("gateway");
     let gw_denied_before = gw.stat_sum("tcp.rbac.denied").await;
     let echoed = tcp_roundtrip(SocketAddr::from((
@@ -905,6 +919,15 @@ spec:
     jwks: 'JWKS'
   - issuer: "fetched.example"
     jwksUri: "JWKS_URI"
+---
+apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {name: ingress-jwt, namespace: istio-system}
+spec:
+  selector: {matchLabels: {istio: ingressgateway}}
+  jwtRules:
+  - issuer: "testing@secure.istio.io"
+    jwks: 'JWKS'
 ---
 apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy

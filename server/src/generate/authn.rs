@@ -120,7 +120,9 @@ fn provider(rule: &JwtRule) -> JwtProvider {
         forward: rule.forward_original_token,
         forward_payload_header: rule.output_payload_to_header.clone(),
         payload_in_metadata: JWT_PAYLOAD_KEY.into(),
-        normalize_payload_in_metadata: Some(NormalizePayload::default()),
+        normalize_payload_in_metadata: Some(NormalizePayload {
+            space_delimited_claims: space_delimited_claims(&rule.space_delimited_claims),
+        }),
         from_headers: rule
             .from_headers
             .iter()
@@ -152,6 +154,16 @@ fn provider(rule: &JwtRule) -> JwtProvider {
         )),
         ..Default::default()
     }
+}
+
+/// istiod's list: `permission` and `scope` always, plus the rule's, sorted, deduplicated.
+fn space_delimited_claims(extra: &[String]) -> Vec<String> {
+    let all: std::collections::BTreeSet<String> = ["permission", "scope"]
+        .into_iter()
+        .map(String::from)
+        .chain(extra.iter().cloned())
+        .collect();
+    all.into_iter().collect()
 }
 
 fn by_name(name: String) -> JwtRequirement {
@@ -262,6 +274,7 @@ mod tests {
         r.from_cookies = vec!["session".into()];
         r.forward_original_token = true;
         r.output_payload_to_header = "x-payload".into();
+        r.space_delimited_claims = vec!["roles".into(), "scope".into()];
         r.output_claim_to_headers = vec![ClaimToHeader {
             header: "x-group".into(),
             claim: "groups".into(),
@@ -280,6 +293,12 @@ mod tests {
         assert_eq!(p.from_params, ["token"]);
         assert_eq!(p.from_cookies, ["session"]);
         assert_eq!(p.claim_to_headers[0].header_name, "x-group");
+        assert_eq!(
+            p.normalize_payload_in_metadata
+                .as_ref()
+                .map(|n| n.space_delimited_claims.clone()),
+            Some(vec!["permission".into(), "roles".into(), "scope".into()])
+        );
         assert!(matches!(
             p.jwks_source_specifier,
             Some(JwksSourceSpecifier::LocalJwks(_))

@@ -273,6 +273,10 @@ pub struct JwtRule {
     /// Claims copied into request headers.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub output_claim_to_headers: Vec<ClaimToHeader>,
+    /// Claims whose space-separated string value is matched as a list (besides `scope`
+    /// and `permission`, which always are).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub space_delimited_claims: Vec<String>,
 }
 
 /// `jwtRules[].fromHeaders[]`.

@@ -76,6 +76,11 @@ pub fn validate_request_authentication(ra: &RequestAuthentication) -> Result<(),
                 return fail(format!("{at}.fromParams[{j}] must not be empty"));
             }
         }
+        for (j, c) in rule.space_delimited_claims.iter().enumerate() {
+            if c.is_empty() {
+                return fail(format!("{at}.spaceDelimitedClaims[{j}] must not be empty"));
+            }
+        }
         for (j, c) in rule.from_cookies.iter().enumerate() {
             if c.is_empty() {
                 return fail(format!("{at}.fromCookies[{j}] must not be empty"));

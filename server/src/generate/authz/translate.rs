@@ -457,7 +457,9 @@ fn request_principal(v: &str) -> Principal {
             Some(sub) if iss == "*" => (any(), exact(sub)),
             Some(sub) => (
                 StringMatcher {
-                    match_pattern: Some(MatchPattern::Suffix(iss.trim_start_matches('*').into())),
+                    match_pattern: Some(MatchPattern::Suffix(
+                        iss.strip_prefix('*').unwrap_or(iss).into(),
+                    )),
                     ignore_case: false,
                 },
                 exact(sub),
@@ -473,7 +475,10 @@ fn request_principal(v: &str) -> Principal {
     } else if let Some(rest) = v.strip_suffix('*') {
         match sub {
             Some("*") => (exact(iss), any()),
-            Some(sub) => (exact(iss), prefix_matcher(sub.trim_end_matches('*'))),
+            Some(sub) => (
+                exact(iss),
+                prefix_matcher(sub.strip_suffix('*').unwrap_or(sub)),
+            ),
             None => (prefix_matcher(rest), any()),
         }
     } else {

@@ -69,7 +69,11 @@ INGESTER_CLUSTER_RULES = {
         "serviceentries",
         "workloadentries",
     },
-    "security.istio.io": {"peerauthentications", "authorizationpolicies"},
+    "security.istio.io": {
+        "peerauthentications",
+        "authorizationpolicies",
+        "requestauthentications",
+    },
     "apiextensions.k8s.io": {"customresourcedefinitions"},
 }
 READ_VERBS = {"get", "list", "watch"}

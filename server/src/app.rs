@@ -519,6 +519,11 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         mesh: mesh_rx,
         gate,
         credential_keys,
+        jwks: Some({
+            let (wanted, keys) =
+                crate::security::jwks::spawn(metrics.security.jwks_fetches.clone());
+            pipeline::JwksLink { wanted, keys }
+        }),
     };
     tokio::spawn(pipeline::run(bus, config, metrics.push.clone(), tx));
 

@@ -167,6 +167,11 @@ pub fn authorization_policy(ns: &str, name: &str, yaml: &str) -> ConfigObject {
     config(ns, name, ConfigSpec::AuthorizationPolicy(spec(yaml)))
 }
 
+/// A RequestAuthentication from its spec in YAML.
+pub fn request_authentication(ns: &str, name: &str, yaml: &str) -> ConfigObject {
+    config(ns, name, ConfigSpec::RequestAuthentication(spec(yaml)))
+}
+
 /// A WorkloadEntry from its spec in YAML.
 pub fn workload_entry(ns: &str, name: &str, yaml: &str) -> ConfigObject {
     config(ns, name, ConfigSpec::WorkloadEntry(spec(yaml)))

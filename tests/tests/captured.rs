@@ -24,6 +24,7 @@ use serde_json::Value;
 use shoal_tests::bootstrap::{bootstrap_with, AdsMode, Node};
 use shoal_tests::mesh::write_manifest;
 use shoal_tests::netns::{self, Pod};
+use shoal_tests::pki::TokenSigner;
 use shoal_tests::ports::free_port_on;
 use shoal_tests::process::Process;
 use shoal_tests::{eventually, Envoy, MeshNet, NatsServer, ShoalIngester, ShoalServer};
@@ -44,6 +45,8 @@ const MYSQL_VIP: &str = "198.19.0.12";
 const RATINGS_VIP: &str = "198.19.0.13";
 const DETAILS_VIP: &str = "198.19.0.14";
 const REVIEWS: &str = "reviews.shop.svc.cluster.local";
+const JWT_ISSUER: &str = "testing@secure.istio.io";
+const FETCHED_ISSUER: &str = "fetched.example";
 const MYSQL: &str = "mysql.shop.svc.cluster.local";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -473,10 +476,17 @@ async fn ingress_into_a_pod(mesh: &CapturedMesh) {
 /// The ingress gateway: a DENY on paths gives 403 for those paths; on its TCP server the rule
 /// loses its HTTP fields and denies every connection (istiod's TCP translation).
 ///
-/// Fail closed on fields shoal does not enforce (JWT): a DENY on details whose `when` is a
-/// JWT claim denies its path to everyone; an ALLOW on ratings whose only rule needs a JWT
-/// principal admits nobody; a CUSTOM policy (no external authorizer) denies its path (before,
-/// all three policies were refused whole: open).
+/// JWT (istio.io's authz-jwt task), with a RequestAuthentication for the namespace whose
+/// key is inline: on ratings, a request with a valid token gets 200, with a token of
+/// another key 401; an ALLOW needing a JWT principal refuses a request without a token
+/// (403); a claim-based ALLOW (`request.auth.claims[groups]`) admits `admin` tokens only;
+/// a DENY on details with a claim condition denies only tokens with that claim; a new
+/// inline key (rotation) is taken: old tokens get 401, new ones 200. A second rule's keys
+/// are at a `jwksUri` (served by the test): the server fetches and inlines them, and that
+/// issuer's tokens get 200. The ingress gateway's own RequestAuthentication refuses a
+/// token of another key (401).
+///
+/// Fail closed: a CUSTOM policy (no external authorizer) denies its path.
 ///
 /// The HTTP requests come from `external` too: each is a new connection. A changed filter
 /// chain applies to new connections; pooled ones (productpage's sidecar keeps some to
@@ -509,6 +519,25 @@ async fn authorization(mesh: &CapturedMesh) {
         let out = external.run(&["http-get", &ratings_url]).await;
         out.http().ok().map(|(status, _)| status)
     };
+    let ratings_ip = mesh.pods["ratings"].ip();
+    let with_token = |path: &'static str, token: String| async move {
+        let url = format!("http://{ratings_ip}:7070{path}");
+        let header = format!("authorization:Bearer {token}");
+        let out = external.run(&["http-get", &url, "-H", &header]).await;
+        out.http().ok().map(|(status, _)| status)
+    };
+    let key = TokenSigner::new(JWT_ISSUER, "key-1");
+    let other_key = TokenSigner::new(JWT_ISSUER, "key-1");
+    let token = |signer: &TokenSigner, group: &str| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs();
+        signer.sign(&serde_json::json!({
+            "iss": JWT_ISSUER, "sub": "alice", "iat": now, "exp": now + 3600,
+            "groups": [group],
+        }))
+    };
     let out = from_external().await;
     assert_eq!(
         out.expect_success("external to mysql").trim(),
@@ -520,10 +549,16 @@ async fn authorization(mesh: &CapturedMesh) {
     assert_eq!(ratings().await, Some(200), "ratings before the policies");
 
     let productpage = mesh.pods["productpage"].ip();
-    mesh.write(
-        "authz.yaml",
-        &AUTHZ_POLICIES.replace("PRODUCTPAGE_IP", &productpage.to_string()),
-    );
+    // The second rule's keys are at a `jwksUri` the server fetches (here, this process).
+    let fetched_key = TokenSigner::new(FETCHED_ISSUER, "fetched");
+    let jwks_uri = serve_jwks(fetched_key.jwks().to_string()).await;
+    let policies_with = |signer: &TokenSigner| {
+        AUTHZ_POLICIES
+            .replace("PRODUCTPAGE_IP", &productpage.to_string())
+            .replace("JWKS_URI", &jwks_uri)
+            .replace("JWKS", &signer.jwks().to_string())
+    };
+    mesh.write("authz.yaml", &policies_with(&key));
     let gw_http = SocketAddr::from((Ipv4Addr::LOCALHOST, mesh.gateway_port));
     let via_gateway = |path: &'static str| async move {
         shoal_tests::http::Request::get(path)
@@ -566,9 +601,9 @@ async fn authorization(mesh: &CapturedMesh) {
     );
     assert_eq!(request("GET", "/allowed", Some("x-block:no")).await.0, 200);
     assert_eq!(
-        request("GET", "/allowed/claims", None).await,
-        denied,
-        "a DENY whose only condition is a JWT claim denies its path to every request"
+        request("GET", "/allowed/claims", None).await.0,
+        200,
+        "a DENY on a JWT claim does not match a request without a token"
     );
     assert_eq!(
         request("GET", "/allowed/ext", None).await,
@@ -584,6 +619,41 @@ async fn authorization(mesh: &CapturedMesh) {
         }
     })
     .await;
+    jwt(mesh, &with_token, &token, &key, &other_key, &policies_with).await;
+    // The fetched keys reach the proxy (inlined by the server) without a config change.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let fetched_token = fetched_key.sign(&serde_json::json!({
+        "iss": FETCHED_ISSUER, "sub": "bob", "iat": now, "exp": now + 3600,
+    }));
+    eventually(PROPAGATE, POLL, || async {
+        match with_token("/jwt", fetched_token.clone()).await {
+            Some(200) => Ok(()),
+            other => Err(format!("the jwksUri keys are not in force: {other:?}")),
+        }
+    })
+    .await;
+    let claims_header = format!("authorization:Bearer {}", token(&key, "admin"));
+    let claims_url = format!("http://{details}/allowed/claims");
+    let out = external
+        .run(&["http-get", &claims_url, "-H", &claims_header])
+        .await;
+    assert_eq!(
+        out.http().map(|(s, _)| s).ok(),
+        Some(403),
+        "the DENY on groups=admin denies an admin token"
+    );
+    let out = external
+        .run(&[
+            "http-get",
+            &claims_url,
+            "-H",
+            &format!("authorization:Bearer {}", token(&key, "dev")),
+        ])
+        .await;
+    assert_eq!(out.http().map(|(s, _)| s).ok(), Some(200), "a dev token");
     let denied_after = mesh.stat("details", "rbac.denied").await;
     assert!(
         denied_after >= denied_before + 3,
@@ -621,6 +691,19 @@ async fn authorization(mesh: &CapturedMesh) {
     // The gateway.
     assert_eq!(via_gateway("/blocked/deeper").await, Ok(403));
     assert_eq!(via_gateway("/open").await, Ok(200));
+    // Its RequestAuthentication: a token of another key is refused at the gateway (401),
+    // a valid one passes.
+    let gw_with_token = |token: String| async move {
+        shoal_tests::http::Request::get("/open")
+            .host("shop.example.com")
+            .header("authorization", &format!("Bearer {token}"))
+            .send(gw_http)
+            .await
+            .map(|r| r.status)
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(gw_with_token(token(&other_key, "dev")).await, Ok(401));
+    assert_eq!(gw_with_token(token(&key, "dev")).await, Ok(200));
     let gw = mesh.gateway.as_ref().expect("gateway");
     let gw_denied_before = gw.stat_sum("tcp.rbac.denied").await;
     let echoed = tcp_roundtrip(SocketAddr::from((
@@ -653,6 +736,91 @@ async fn authorization(mesh: &CapturedMesh) {
         }
     })
     .await;
+}
+
+/// The authz-jwt task on ratings (`/jwt` needs a JWT principal, `/admin` the `admin`
+/// group), then a key rotation (the RequestAuthentication's inline key replaced).
+async fn jwt<W, F>(
+    mesh: &CapturedMesh,
+    with_token: &W,
+    token: &dyn Fn(&TokenSigner, &str) -> String,
+    key: &TokenSigner,
+    other_key: &TokenSigner,
+    policies_with: &dyn Fn(&TokenSigner) -> String,
+) where
+    W: Fn(&'static str, String) -> F,
+    F: std::future::Future<Output = Option<u16>>,
+{
+    assert_eq!(
+        with_token("/jwt", token(key, "dev")).await,
+        Some(200),
+        "valid token"
+    );
+    assert_eq!(
+        with_token("/jwt", token(other_key, "dev")).await,
+        Some(401),
+        "a token signed by another key"
+    );
+    assert_eq!(
+        with_token("/jwt", "not.a.token".into()).await,
+        Some(401),
+        "a malformed token"
+    );
+    assert_eq!(
+        with_token("/admin", token(key, "dev")).await,
+        Some(403),
+        "the claim-based ALLOW refuses the dev group"
+    );
+    assert_eq!(
+        with_token("/admin", token(key, "admin")).await,
+        Some(200),
+        "the claim-based ALLOW admits the admin group"
+    );
+    // Rotation: the RequestAuthentication now holds the other key.
+    mesh.write("authz.yaml", &policies_with(other_key));
+    eventually(PROPAGATE, POLL, || async {
+        match (
+            with_token("/jwt", token(other_key, "dev")).await,
+            with_token("/jwt", token(key, "dev")).await,
+        ) {
+            (Some(200), Some(401)) => Ok(()),
+            other => Err(format!("the new key is not in force yet: {other:?}")),
+        }
+    })
+    .await;
+    mesh.write("authz.yaml", &policies_with(key));
+    eventually(PROPAGATE, POLL, || async {
+        match with_token("/jwt", token(key, "dev")).await {
+            Some(200) => Ok(()),
+            other => Err(format!("the first key is not back: {other:?}")),
+        }
+    })
+    .await;
+}
+
+/// Serves `jwks` over HTTP on a free local port (any path); the URI.
+async fn serve_jwks(jwks: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let jwks = jwks.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\nconnection: close\r\n\r\n{jwks}",
+                    jwks.len()
+                );
+                let _ = conn.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    format!("http://{addr}/jwks.json")
 }
 
 /// Sends a line over TCP and returns what comes back before the peer closes (empty when
@@ -743,6 +911,25 @@ spec:
 
 /// The policies of `authorization` (PRODUCTPAGE_IP is filled in).
 const AUTHZ_POLICIES: &str = r#"apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {name: jwt, namespace: shop}
+spec:
+  jwtRules:
+  - issuer: "testing@secure.istio.io"
+    jwks: 'JWKS'
+  - issuer: "fetched.example"
+    jwksUri: "JWKS_URI"
+---
+apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {name: ingress-jwt, namespace: istio-system}
+spec:
+  selector: {matchLabels: {istio: ingressgateway}}
+  jwtRules:
+  - issuer: "testing@secure.istio.io"
+    jwks: 'JWKS'
+---
+apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
 metadata: {name: details-allow, namespace: shop}
 spec:
@@ -786,6 +973,9 @@ spec:
   selector: {matchLabels: {app: ratings}}
   rules:
   - from: [{source: {requestPrincipals: ["*"]}}]
+    to: [{operation: {notPaths: ["/admin"]}}]
+  - to: [{operation: {paths: ["/admin"]}}]
+    when: [{key: "request.auth.claims[groups]", values: [admin]}]
 ---
 apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy

@@ -302,6 +302,24 @@ async fn crd_created_after_startup_starts_its_kind() {
     })
     .await;
     assert_eq!(bus.keys(Bucket::Services), [svc_key("Kubernetes", "shop")]);
+
+    // A security kind (RequestAuthentication, security.istio.io v1) the same way.
+    let mut crd = istio_crd("RequestAuthentication", "requestauthentications");
+    crd["metadata"]["name"] = json!("requestauthentications.security.istio.io");
+    crd["spec"]["group"] = json!("security.istio.io");
+    config.create(crd).unwrap();
+    config
+        .create(json!({
+            "apiVersion": "security.istio.io/v1", "kind": "RequestAuthentication",
+            "metadata": {"name": "jwt", "namespace": "shop"},
+            "spec": {"jwtRules": [{"issuer": "testing@secure.istio.io",
+                                   "jwksUri": "https://example.com/jwks.json"}]},
+        }))
+        .unwrap();
+    bus.until("the RequestAuthentication", |b| {
+        b.keys(Bucket::Config) == ["RequestAuthentication.shop.jwt"]
+    })
+    .await;
 }
 
 /// `--watch-config=false`: services and endpoints only; no CRD or Istio watch at all.

@@ -187,10 +187,9 @@ async fn rejected_virtual_service_gets_a_status_that_clears_when_fixed() {
         .contains("shoal_ingester_object_status_writes_total{result=\"written\"} 0"));
 }
 
-/// A DENY AuthorizationPolicy "deny requests without a token" (`notRequestPrincipals`, which
-/// needs RequestAuthentication): refusing it would leave the workload open, so it is
-/// published, and its status says which field shoal does not enforce and what it does
-/// instead.
+/// A DENY AuthorizationPolicy on Envoy metadata (`experimental.envoy.filters.*`, which
+/// shoal does not enforce): refusing it would leave the workload open, so it is published,
+/// and its status says which field shoal does not enforce and what it does instead.
 #[tokio::test]
 async fn partially_enforced_authorization_policy_is_published_and_says_so() {
     const POLICIES: &str = "authorizationpolicies.security.istio.io";
@@ -207,7 +206,8 @@ async fn partially_enforced_authorization_policy_is_published_and_says_so() {
             "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
             "metadata": {"name": "require-jwt", "namespace": "shop"},
             "spec": {"action": "DENY",
-                     "rules": [{"from": [{"source": {"notRequestPrincipals": ["*"]}}]}]},
+                     "rules": [{"when": [{"key": "experimental.envoy.filters.a[b]",
+                                          "values": ["c"]}]}]},
         }))
         .unwrap();
     let mut ingester =
@@ -241,7 +241,8 @@ async fn partially_enforced_authorization_policy_is_published_and_says_so() {
     let message = condition["message"].as_str().unwrap();
     assert!(
         message.contains(
-            "rules[0].from[0].source.notRequestPrincipals (ignored, so the rule denies more)"
+            "rules[0].when[0] \"experimental.envoy.filters.a[b]\" (ignored, so the rule \
+             denies more)"
         ),
         "{message}"
     );

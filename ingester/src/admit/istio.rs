@@ -71,6 +71,9 @@ fn typed_spec<'de, D: Deserializer<'de>>(
         ConfigKind::AuthorizationPolicy => {
             ConfigSpec::AuthorizationPolicy(Deserialize::deserialize(spec)?)
         }
+        ConfigKind::RequestAuthentication => {
+            ConfigSpec::RequestAuthentication(Deserialize::deserialize(spec)?)
+        }
         // Not an Istio kind: credentials come from Secrets (`crate::desired::credentials`).
         ConfigKind::Credential => {
             return Err(serde::de::Error::custom(
@@ -129,6 +132,7 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
         ConfigSpec::DestinationRule(dr) => destination_rule::validate(dr)?,
         ConfigSpec::PeerAuthentication(pa) => security::validate_peer_authentication(pa)?,
         ConfigSpec::AuthorizationPolicy(ap) => security::validate_authorization_policy(ap)?,
+        ConfigSpec::RequestAuthentication(ra) => security::validate_request_authentication(ra)?,
         ConfigSpec::Gateway(gw) => {
             for (i, server) in gw.servers.iter().enumerate() {
                 let protocol = server.port.protocol.to_ascii_uppercase();

@@ -5,6 +5,7 @@
 //! order). The same snapshot therefore yields the same bytes, and the same versions, on
 //! every replica.
 
+pub mod authn;
 pub mod authz;
 pub mod cache;
 pub mod cds;

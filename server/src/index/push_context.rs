@@ -11,7 +11,8 @@ use crate::index::store::MeshState;
 use shoal_common::credential::TlsCredential;
 use shoal_common::model::{
     AuthorizationPolicy, ConfigSpec, ConsistentHashLb, DestinationRule, Gateway,
-    PeerAuthentication, Protocol, Resolution, ServicePort, Sidecar, VirtualService, WorkloadEntry,
+    PeerAuthentication, Protocol, RequestAuthentication, Resolution, ServicePort, Sidecar,
+    VirtualService, WorkloadEntry,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -41,6 +42,10 @@ pub struct PushContext {
     pub peer_authentications: BTreeMap<String, Vec<Arc<Config<PeerAuthentication>>>>,
     /// AuthorizationPolicies by namespace, in name order.
     pub authorization_policies: BTreeMap<String, Vec<Arc<Config<AuthorizationPolicy>>>>,
+    /// RequestAuthentications by namespace, in name order.
+    pub request_authentications: BTreeMap<String, Vec<Arc<Config<RequestAuthentication>>>>,
+    /// Keys fetched for RequestAuthentications' `jwksUri`s, by URI (a JWKS document each).
+    pub jwks: Arc<BTreeMap<String, Arc<str>>>,
     /// Mesh-wide settings.
     pub mesh: Arc<MeshSettings>,
     /// Gateway credentials, opened, by (namespace, Secret name), then by the cluster the
@@ -74,6 +79,7 @@ impl PushContext {
         let mut ctx = PushContext {
             mesh: state.mesh.clone(),
             token_issuers: state.token_issuers.clone(),
+            jwks: state.jwks.clone(),
             endpoint_inputs: ENDPOINT_INPUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             ..PushContext::default()
         };
@@ -156,6 +162,14 @@ impl PushContext {
                     .push(Arc::new(Config {
                         meta,
                         spec: ap.clone(),
+                    })),
+                ConfigSpec::RequestAuthentication(ra) => ctx
+                    .request_authentications
+                    .entry(meta.namespace.clone())
+                    .or_default()
+                    .push(Arc::new(Config {
+                        meta,
+                        spec: ra.clone(),
                     })),
                 ConfigSpec::Sidecar(sc) => ctx
                     .sidecars

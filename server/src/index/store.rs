@@ -142,6 +142,9 @@ pub struct MeshState {
     /// the clusters whose tokens the servers accept, and so whose workloads the CA may have
     /// certified.
     pub token_issuers: BTreeSet<String>,
+    /// Key sets fetched for RequestAuthentications' `jwksUri`s, by URI (not from the bus:
+    /// `security::jwks`).
+    pub jwks: Arc<BTreeMap<String, Arc<str>>>,
 }
 
 impl MeshState {

@@ -60,8 +60,8 @@ pub fn affected_types(
             (ConfigKind::PeerAuthentication, _) => {
                 out.extend([XdsType::Listener, XdsType::Cluster]);
             }
-            // RBAC filters live in inbound (and gateway) listeners.
-            (ConfigKind::AuthorizationPolicy, _) => {
+            // RBAC and `jwt_authn` filters live in inbound (and gateway) listeners.
+            (ConfigKind::AuthorizationPolicy | ConfigKind::RequestAuthentication, _) => {
                 out.insert(XdsType::Listener);
             }
             // Subsets and policies: clusters and their endpoints, and the routes that
@@ -198,6 +198,13 @@ mod tests {
             ),
             [XdsType::Cluster, XdsType::Endpoint, XdsType::Route].into()
         );
+        // jwt_authn filters (and fetched keys) live in inbound and gateway listeners.
+        for kind in [ProxyKind::Sidecar, ProxyKind::Router] {
+            assert_eq!(
+                affected_types(&config(&[ConfigKind::RequestAuthentication]), kind, &s),
+                [XdsType::Listener].into()
+            );
+        }
         let full = ChangeSet {
             full: true,
             ..Default::default()

@@ -302,6 +302,17 @@ pub struct PipelineConfig {
     pub gate: FleetGate,
     /// Opens sealed gateway credentials (`--credential-key-file`).
     pub credential_keys: Option<Arc<CredentialKeys>>,
+    /// The JWKS fetcher (`security::jwks`): the pipeline sends the `jwksUri`s of each
+    /// PushContext and receives the fetched key sets, pushed like a config change.
+    pub jwks: Option<JwksLink>,
+}
+
+/// The pipeline's side of the JWKS fetcher.
+pub struct JwksLink {
+    /// The `jwksUri`s the current config names without inline keys.
+    pub wanted: watch::Sender<BTreeSet<String>>,
+    /// The fetched key sets by URI.
+    pub keys: watch::Receiver<Arc<BTreeMap<String, Arc<str>>>>,
 }
 
 /// Runs the pipeline: publishes the first snapshot once every bucket's initial state is
@@ -319,7 +330,12 @@ pub async fn run(
         mut mesh,
         gate,
         credential_keys,
+        jwks,
     } = config;
+    let (jwks_wanted, mut jwks_keys) = match jwks {
+        Some(link) => (Some(link.wanted), Some(link.keys)),
+        None => (None, None),
+    };
     let (tx, mut rx) = mpsc::channel(1024);
     for bucket in WATCHED {
         tokio::spawn(feed_bucket(bus.clone(), bucket, tx.clone()));
@@ -345,10 +361,25 @@ pub async fn run(
             _ = sleep_until(deadline) => {
                 p.sweep_due();
                 if let Some(published) = p.assemble() {
+                    if let Some(wanted) = &jwks_wanted {
+                        let uris = jwks_uris(&published.snapshot.ctx);
+                        wanted.send_if_modified(|w| {
+                            let changed = *w != uris;
+                            *w = uris;
+                            changed
+                        });
+                    }
                     if out.send(Some(published)).is_err() {
                         return;
                     }
                     p.metrics.ready.set(1);
+                }
+            }
+            changed = async { jwks_keys.as_mut()?.changed().await.ok() }, if jwks_keys.is_some() => {
+                match (changed, &mut jwks_keys) {
+                    (Some(()), Some(keys)) => p.jwks_changed(keys.borrow_and_update().clone()),
+                    // The fetcher stopped: the keys fetched so far stay.
+                    _ => jwks_keys = None,
                 }
             }
             changed = mesh.changed(), if mesh_open => match changed {
@@ -358,6 +389,17 @@ pub async fn run(
             },
         }
     }
+}
+
+/// The `jwksUri`s of `ctx`'s RequestAuthentications whose keys are not inline.
+fn jwks_uris(ctx: &PushContext) -> BTreeSet<String> {
+    ctx.request_authentications
+        .values()
+        .flatten()
+        .flat_map(|ra| &ra.spec.jwt_rules)
+        .filter(|r| r.jwks.is_empty() && !r.jwks_uri.is_empty())
+        .map(|r| r.jwks_uri.clone())
+        .collect()
 }
 
 /// The pipeline's state between bus events.
@@ -554,6 +596,16 @@ impl Pipeline {
             }
         }
         count
+    }
+
+    /// New JWKS key sets: the listeners of the workloads whose RequestAuthentications name
+    /// them change, as for a RequestAuthentication change.
+    fn jwks_changed(&mut self, keys: Arc<BTreeMap<String, Arc<str>>>) {
+        self.state.jwks = keys;
+        self.changes
+            .config
+            .insert(ConfigKind::RequestAuthentication);
+        self.window.touch();
     }
 
     fn mesh_changed(&mut self, mesh: Arc<MeshSettings>) {

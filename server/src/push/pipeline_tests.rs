@@ -81,6 +81,7 @@ fn run(
         mesh,
         gate,
         credential_keys: None,
+        jwks: None,
     };
     tokio::spawn(async move {
         let _keep = keep;
@@ -618,4 +619,67 @@ async fn a_bus_that_lost_its_data_is_not_taken_for_mass_deletes() {
         p.snapshot.ctx.destination_rules.is_empty(),
         "not written again either"
     );
+}
+
+/// The JWKS link: after a snapshot, the pipeline names the `jwksUri`s its
+/// RequestAuthentications need (inline keys not); fetched keys make a snapshot of their
+/// own, marked as a RequestAuthentication change, whose PushContext holds them.
+#[tokio::test(start_paused = true)]
+async fn jwks_uris_are_asked_for_and_fetched_keys_are_pushed() {
+    use shoal_common::model::ConfigKind;
+    use std::collections::{BTreeMap, BTreeSet};
+    const URI: &str = "https://issuer.example/jwks.json";
+    let bus = Arc::new(seeded_bus().await);
+    write(
+        &*bus,
+        Bucket::Config,
+        config_put(&request_authentication(
+            "default",
+            "jwt",
+            &format!("jwtRules: [{{issuer: a, jwksUri: \"{URI}\"}}, {{issuer: b, jwks: '{{\"keys\": []}}', jwksUri: \"https://inline.example/k\"}}]"),
+        )),
+    )
+    .await;
+    let (tx, mut rx) = watch::channel(None);
+    let (keep, mesh) = watch::channel(Arc::new(crate::index::mesh_config::MeshSettings::default()));
+    let (wanted_tx, mut wanted) = watch::channel(BTreeSet::new());
+    let (keys, keys_rx) = watch::channel(Arc::new(BTreeMap::<String, Arc<str>>::new()));
+    let config = pipeline::PipelineConfig {
+        debounce: DEBOUNCE,
+        mesh,
+        gate: pipeline::FleetGate::default(),
+        credential_keys: None,
+        jwks: Some(pipeline::JwksLink {
+            wanted: wanted_tx,
+            keys: keys_rx,
+        }),
+    };
+    tokio::spawn(async move {
+        let _keep = keep;
+        pipeline::run(
+            bus,
+            config,
+            PushMetrics::register(&prometheus::Registry::new()),
+            tx,
+        )
+        .await
+    });
+    let first = next(&mut rx).await;
+    assert!(first.snapshot.ctx.jwks.is_empty());
+    wanted.changed().await.expect("pipeline running");
+    assert_eq!(
+        *wanted.borrow_and_update(),
+        BTreeSet::from([URI.to_string()])
+    );
+
+    keys.send_replace(Arc::new(BTreeMap::from([(
+        URI.to_string(),
+        Arc::from(r#"{"keys":[]}"#),
+    )])));
+    let p = next(&mut rx).await;
+    assert!(p
+        .changes
+        .config
+        .contains(&ConfigKind::RequestAuthentication));
+    assert!(p.snapshot.ctx.jwks.contains_key(URI));
 }

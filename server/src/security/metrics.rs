@@ -55,6 +55,9 @@ pub struct SecurityMetrics {
     pub ca_root_expiry: IntGauge,
     /// When the workload CA's signing certificate expires, Unix seconds.
     pub ca_chain_expiry: IntGauge,
+    /// Fetches of RequestAuthentication `jwksUri`s, by result (`ok` or a
+    /// [`crate::security::jwks::JwksError::reason`]).
+    pub jwks_fetches: IntCounterVec,
 }
 
 impl SecurityMetrics {
@@ -122,8 +125,19 @@ impl SecurityMetrics {
                  citadel_server_cert_chain_expiry_timestamp).",
             )
             .expect("valid metric"),
+            jwks_fetches: IntCounterVec::new(
+                opts!(
+                    "shoal_jwks_fetches_total",
+                    "Fetches of RequestAuthentication jwksUri key sets, by result (ok, \
+                     timeout, connect, http, status, too_large, not_jwks, bad_uri); a failed \
+                     refresh keeps the last good keys."
+                ),
+                &["result"],
+            )
+            .expect("valid metric"),
         };
         let collectors: Vec<Box<dyn Collector>> = vec![
+            Box::new(m.jwks_fetches.clone()),
             Box::new(m.tls_reloads.clone()),
             Box::new(m.xds_serving_cert_expiry.clone()),
             Box::new(m.xds_serving_cert_renewals.clone()),
@@ -146,6 +160,9 @@ impl SecurityMetrics {
         for reason in IssuerRefusalReason::ALL {
             m.token_issuers_refused
                 .with_label_values(&[reason.as_str()]);
+        }
+        for result in crate::security::jwks::RESULTS {
+            m.jwks_fetches.with_label_values(&[result]);
         }
         m
     }

@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod ca;
+pub mod jwks;
 pub mod metrics;
 pub mod reload;
 pub mod serving_cert;

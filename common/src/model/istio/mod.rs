@@ -40,6 +40,8 @@ pub enum ConfigKind {
     PeerAuthentication,
     /// `AuthorizationPolicy` (`security.istio.io`).
     AuthorizationPolicy,
+    /// `RequestAuthentication` (`security.istio.io`).
+    RequestAuthentication,
     /// A Gateway TLS credential: a Kubernetes Secret a Gateway names in `credentialName`,
     /// sealed ([`crate::credential`]). Not an Istio kind: never read from Istio manifests.
     Credential,
@@ -52,7 +54,7 @@ pub const SECURITY_GROUP: &str = "security.istio.io";
 
 impl ConfigKind {
     /// The Istio kinds, in a stable order (not [`ConfigKind::Credential`]).
-    pub const ALL: [ConfigKind; 8] = [
+    pub const ALL: [ConfigKind; 9] = [
         ConfigKind::Gateway,
         ConfigKind::VirtualService,
         ConfigKind::DestinationRule,
@@ -61,12 +63,15 @@ impl ConfigKind {
         ConfigKind::WorkloadEntry,
         ConfigKind::PeerAuthentication,
         ConfigKind::AuthorizationPolicy,
+        ConfigKind::RequestAuthentication,
     ];
 
     /// The Kubernetes API group of the kind.
     pub fn group(self) -> &'static str {
         match self {
-            ConfigKind::PeerAuthentication | ConfigKind::AuthorizationPolicy => SECURITY_GROUP,
+            ConfigKind::PeerAuthentication
+            | ConfigKind::AuthorizationPolicy
+            | ConfigKind::RequestAuthentication => SECURITY_GROUP,
             // A Kubernetes Secret: the core group.
             ConfigKind::Credential => "",
             _ => NETWORKING_GROUP,
@@ -99,6 +104,7 @@ impl ConfigKind {
             ConfigKind::WorkloadEntry => "WorkloadEntry",
             ConfigKind::PeerAuthentication => "PeerAuthentication",
             ConfigKind::AuthorizationPolicy => "AuthorizationPolicy",
+            ConfigKind::RequestAuthentication => "RequestAuthentication",
             ConfigKind::Credential => "Credential",
         }
     }
@@ -142,6 +148,7 @@ impl ConfigObject {
             ConfigSpec::WorkloadEntry(_) => ConfigKind::WorkloadEntry,
             ConfigSpec::PeerAuthentication(_) => ConfigKind::PeerAuthentication,
             ConfigSpec::AuthorizationPolicy(_) => ConfigKind::AuthorizationPolicy,
+            ConfigSpec::RequestAuthentication(_) => ConfigKind::RequestAuthentication,
             ConfigSpec::Credential(_) => ConfigKind::Credential,
         }
     }
@@ -166,6 +173,8 @@ pub enum ConfigSpec {
     PeerAuthentication(PeerAuthentication),
     /// An AuthorizationPolicy spec.
     AuthorizationPolicy(AuthorizationPolicy),
+    /// A RequestAuthentication spec.
+    RequestAuthentication(RequestAuthentication),
     /// A sealed gateway TLS credential.
     Credential(crate::credential::SealedCredential),
 }

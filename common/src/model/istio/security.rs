@@ -1,5 +1,5 @@
-//! Istio security config (`security.istio.io/v1`): PeerAuthentication and
-//! AuthorizationPolicy, with Istio's field names.
+//! Istio security config (`security.istio.io/v1`): PeerAuthentication,
+//! RequestAuthentication and AuthorizationPolicy, with Istio's field names.
 //!
 //! Every field of the API that shoal reads is modelled here; the ingester refuses the
 //! fields that are not (with an error naming them) and validates what the server relies on.
@@ -224,4 +224,78 @@ pub struct Condition {
     /// None of these values.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_values: Vec<String>,
+}
+
+/// `RequestAuthentication`: the JWTs a workload accepts. A request with a token that fails
+/// every rule is refused (401); a request without a token passes, and AuthorizationPolicy
+/// (`requestPrincipals`, `request.auth.*`) decides what it may do.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct RequestAuthentication {
+    /// The workloads it applies to; none = the whole namespace (or mesh, in the root
+    /// namespace).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+    /// The token issuers it accepts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub jwt_rules: Vec<JwtRule>,
+}
+
+/// `jwtRules[]`: one issuer, where its keys are and where its tokens are found.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct JwtRule {
+    /// The `iss` a token must carry.
+    pub issuer: String,
+    /// The `aud` values accepted (none = any).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub audiences: Vec<String>,
+    /// Where the issuer publishes its keys (fetched by the server, inlined to proxies).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub jwks_uri: String,
+    /// The keys, inline (a JWKS document); wins over `jwksUri`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub jwks: String,
+    /// Headers carrying the token (default: `Authorization: Bearer`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub from_headers: Vec<JwtHeader>,
+    /// Query parameters carrying the token.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub from_params: Vec<String>,
+    /// Cookies carrying the token.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub from_cookies: Vec<String>,
+    /// Keep the token in the request sent on (default: it is removed).
+    pub forward_original_token: bool,
+    /// A header to put the token's payload in (base64url).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub output_payload_to_header: String,
+    /// Claims copied into request headers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub output_claim_to_headers: Vec<ClaimToHeader>,
+    /// Claims whose space-separated string value is matched as a list (besides `scope`
+    /// and `permission`, which always are).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub space_delimited_claims: Vec<String>,
+}
+
+/// `jwtRules[].fromHeaders[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct JwtHeader {
+    /// The header name.
+    pub name: String,
+    /// A prefix before the token (`Bearer `).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub prefix: String,
+}
+
+/// `jwtRules[].outputClaimToHeaders[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ClaimToHeader {
+    /// The request header to set.
+    pub header: String,
+    /// The claim whose value it gets.
+    pub claim: String,
 }

@@ -1,9 +1,9 @@
-//! Validation of Istio's security kinds (PeerAuthentication, AuthorizationPolicy): what
-//! the server relies on, with errors naming the field.
+//! Validation of Istio's security kinds (PeerAuthentication, RequestAuthentication,
+//! AuthorizationPolicy): what the server relies on, with errors naming the field.
 
 use crate::error::InvalidObject;
 use shoal_common::model::{
-    AuthorizationAction, AuthorizationPolicy, Condition, PeerAuthentication,
+    AuthorizationAction, AuthorizationPolicy, Condition, PeerAuthentication, RequestAuthentication,
 };
 use std::net::IpAddr;
 
@@ -30,9 +30,118 @@ pub fn validate_peer_authentication(pa: &PeerAuthentication) -> Result<(), Inval
     Ok(())
 }
 
+/// Checks a RequestAuthentication as istiod's validation does
+/// (`ValidateRequestAuthentication`, `validateJwtRule`), and what Envoy would refuse: an
+/// inline `jwks` that is not a JWKS document would make every proxy NACK the listener.
+pub fn validate_request_authentication(ra: &RequestAuthentication) -> Result<(), InvalidObject> {
+    let fail = |reason: String| Err(InvalidObject::new(reason));
+    if ra
+        .selector
+        .as_ref()
+        .is_some_and(|s| s.match_labels.iter().any(|(k, _)| k.is_empty()))
+    {
+        return fail("selector.matchLabels: a label key must not be empty".to_string());
+    }
+    for (i, rule) in ra.jwt_rules.iter().enumerate() {
+        let at = format!("jwtRules[{i}]");
+        if rule.issuer.is_empty() {
+            return fail(format!("{at}.issuer must not be empty"));
+        }
+        if !rule.jwks_uri.is_empty() && !jwks_uri_ok(&rule.jwks_uri) {
+            return fail(format!(
+                "{at}.jwksUri {:?} is not an http or https URL with a host",
+                rule.jwks_uri
+            ));
+        }
+        if !rule.jwks.is_empty() {
+            let doc: Result<serde_json::Value, _> = serde_json::from_str(&rule.jwks);
+            let has_keys = doc
+                .as_ref()
+                .ok()
+                .and_then(|d| d.get("keys"))
+                .is_some_and(|k| k.is_array());
+            if !has_keys {
+                return fail(format!(
+                    "{at}.jwks is not a JWKS document (a JSON object with a \"keys\" array)"
+                ));
+            }
+        }
+        for (j, h) in rule.from_headers.iter().enumerate() {
+            if h.name.is_empty() {
+                return fail(format!("{at}.fromHeaders[{j}].name must not be empty"));
+            }
+        }
+        for (j, p) in rule.from_params.iter().enumerate() {
+            if p.is_empty() {
+                return fail(format!("{at}.fromParams[{j}] must not be empty"));
+            }
+        }
+        for (j, c) in rule.space_delimited_claims.iter().enumerate() {
+            if c.is_empty() {
+                return fail(format!("{at}.spaceDelimitedClaims[{j}] must not be empty"));
+            }
+        }
+        for (j, c) in rule.from_cookies.iter().enumerate() {
+            if c.is_empty() {
+                return fail(format!("{at}.fromCookies[{j}] must not be empty"));
+            }
+        }
+        for (j, c) in rule.output_claim_to_headers.iter().enumerate() {
+            let at = format!("{at}.outputClaimToHeaders[{j}]");
+            if c.claim.is_empty() {
+                return fail(format!("{at}.claim must not be empty"));
+            }
+            if !header_name_ok(&c.header) {
+                return fail(format!("{at}.header {:?} is not a header name", c.header));
+            }
+        }
+        if !rule.output_payload_to_header.is_empty()
+            && !header_name_ok(&rule.output_payload_to_header)
+        {
+            return fail(format!(
+                "{at}.outputPayloadToHeader {:?} is not a header name",
+                rule.output_payload_to_header
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `http(s)://host[:port]/...` with a non-empty host.
+fn jwks_uri_ok(uri: &str) -> bool {
+    let Some(rest) = uri
+        .strip_prefix("https://")
+        .or_else(|| uri.strip_prefix("http://"))
+    else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((h, p)) => (h, p.strip_prefix(':')),
+            None => return false,
+        },
+        None => match authority.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        },
+    };
+    !host.is_empty()
+        && port.is_none_or(|p| p.parse::<u16>().is_ok())
+        && !uri.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+/// An HTTP header name (RFC 7230 token), lower or upper case.
+fn header_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
 /// Checks an AuthorizationPolicy as istiod's validation does (`ValidateAuthorizationPolicy`,
 /// `security.ValidateAttribute`). What shoal does not enforce (CUSTOM's external
-/// authorizer, JWT attributes, Envoy metadata) is accepted: the server fails closed on it
+/// authorizer, Envoy metadata) is accepted: the server fails closed on it
 /// ([`unenforced_fields`]).
 pub fn validate_authorization_policy(ap: &AuthorizationPolicy) -> Result<(), InvalidObject> {
     let fail = |reason: String| Err(InvalidObject::new(reason));
@@ -158,9 +267,9 @@ const JWT_KEYS: &[&str] = &[
     "request.auth.presenter",
 ];
 
-/// The fields of a valid AuthorizationPolicy that shoal accepts but cannot enforce (JWT
-/// attributes, which need RequestAuthentication, Envoy metadata, and CUSTOM's external
-/// authorizer), each with what the server does instead. The server fails closed on them,
+/// The fields of a valid AuthorizationPolicy that shoal accepts but cannot enforce (Envoy
+/// metadata and CUSTOM's external authorizer; JWT attributes are enforced through
+/// RequestAuthentication's `jwt_authn` metadata), each with what the server does instead. The server fails closed on them,
 /// as istiod does with what it cannot translate: an ALLOW or AUDIT rule using one is
 /// dropped (allows less), a DENY rule only loses it (denies more), and a CUSTOM policy's
 /// rules deny what they match (istiod's rule for a provider it does not know). Said in the
@@ -182,17 +291,6 @@ pub fn unenforced_fields(ap: &AuthorizationPolicy) -> Vec<String> {
         ));
     }
     for (i, rule) in ap.rules.iter().enumerate() {
-        for (j, from) in rule.from.iter().enumerate() {
-            let s = &from.source;
-            for (field, values) in [
-                ("requestPrincipals", &s.request_principals),
-                ("notRequestPrincipals", &s.not_request_principals),
-            ] {
-                if !values.is_empty() {
-                    out.push(format!("rules[{i}].from[{j}].source.{field} ({effect})"));
-                }
-            }
-        }
         for (j, when) in rule.when.iter().enumerate() {
             if unenforced_key(&when.key) {
                 out.push(format!("rules[{i}].when[{j}] {:?} ({effect})", when.key));
@@ -204,7 +302,7 @@ pub fn unenforced_fields(ap: &AuthorizationPolicy) -> Vec<String> {
 
 /// A `when` key shoal accepts but does not enforce.
 fn unenforced_key(key: &str) -> bool {
-    key.starts_with("request.auth.") || key.starts_with("experimental.envoy.filters.")
+    key.starts_with("experimental.envoy.filters.")
 }
 
 fn condition(at: &str, when: &Condition) -> Result<(), InvalidObject> {
@@ -530,7 +628,8 @@ mod tests {
 
     /// Fields shoal cannot enforce no longer refuse the policy (which would leave its
     /// workloads with fewer rules: open); they are kept, and each is named with what the
-    /// server does instead.
+    /// server does instead. JWT attributes are enforced (RequestAuthentication), so they are
+    /// not named.
     #[test]
     fn authorization_policy_unenforced_fields_are_kept_and_named() {
         use crate::admit::istio::unenforced_fields;
@@ -554,35 +653,24 @@ rules:
 "#
             ),
             [
-                "rules[0].from[0].source.notRequestPrincipals (ignored, so the rule denies more)",
-                "rules[1].from[1].source.requestPrincipals (ignored, so the rule denies more)",
-                "rules[1].when[0] \"request.auth.claims[groups]\" (ignored, so the rule denies more)",
-                "rules[1].when[2] \"request.auth.audiences\" (ignored, so the rule denies more)",
                 "rules[1].when[3] \"experimental.envoy.filters.a.b[c]\" (ignored, so the rule \
-                 denies more)",
+              denies more)"
             ]
         );
+        assert!(named("rules: [{from: [{source: {requestPrincipals: [\"*\"]}}]}]").is_empty());
         assert_eq!(
-            named("rules: [{from: [{source: {requestPrincipals: [\"*\"]}}]}]"),
-            [
-                "rules[0].from[0].source.requestPrincipals (its rule is dropped, so the policy \
-              allows less)"
-            ]
-        );
-        assert_eq!(
-            named("action: AUDIT\nrules: [{when: [{key: request.auth.principal, values: [a]}]}]"),
-            ["rules[0].when[0] \"request.auth.principal\" (its rule is dropped)"]
+            named(
+                "action: AUDIT\nrules: [{when: [{key: \"experimental.envoy.filters.a[b]\", values: [a]}]}]"
+            ),
+            ["rules[0].when[0] \"experimental.envoy.filters.a[b]\" (its rule is dropped)"]
         );
         assert!(named("rules: [{from: [{source: {principals: [a]}}]}]").is_empty());
         assert_eq!(
             named(
                 "action: CUSTOM\nprovider: {name: ext-authz}\nrules: [{when: [{key: request.auth.principal, values: [a]}]}]"
             ),
-            [
-                "provider.name \"ext-authz\" (shoal has no external authorizers, so the requests \
-                 the rules match are denied, as istiod does for an unknown provider)",
-                "rules[0].when[0] \"request.auth.principal\" (ignored, so the rule denies more)",
-            ]
+            ["provider.name \"ext-authz\" (shoal has no external authorizers, so the requests \
+              the rules match are denied, as istiod does for an unknown provider)"]
         );
         // The values are still checked.
         let e = spec(
@@ -593,6 +681,73 @@ rules:
         assert!(
             e.contains("rules[0].from[0].source.requestPrincipals[0] must not be empty"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn request_authentication_fields_and_errors_name_the_field() {
+        let ok = |yaml: &str| {
+            let s = spec(ConfigKind::RequestAuthentication, yaml)
+                .unwrap_or_else(|e| panic!("{yaml}: {e}"));
+            let ConfigSpec::RequestAuthentication(ra) = s else {
+                panic!("{s:?}")
+            };
+            ra
+        };
+        let err = |yaml: &str, want: &str| {
+            let e = spec(ConfigKind::RequestAuthentication, yaml).unwrap_err();
+            assert!(e.contains(want), "{yaml}: {e}");
+        };
+        let ra = ok(r#"
+selector: {matchLabels: {app: httpbin}}
+jwtRules:
+- issuer: testing@secure.istio.io
+  audiences: [a, b]
+  jwksUri: https://example.com:8443/jwks.json
+  fromHeaders: [{name: x-jwt, prefix: "Bearer "}]
+  fromParams: [token]
+  fromCookies: [session]
+  forwardOriginalToken: true
+  outputPayloadToHeader: x-payload
+  outputClaimToHeaders: [{header: x-group, claim: groups}]
+- issuer: other
+  jwks: '{"keys": []}'
+"#);
+        let rule = &ra.jwt_rules[0];
+        assert_eq!(rule.from_headers[0].prefix, "Bearer ");
+        assert_eq!(rule.output_claim_to_headers[0].claim, "groups");
+        assert!(rule.forward_original_token);
+        assert_eq!(ra.jwt_rules[1].jwks, r#"{"keys": []}"#);
+
+        err(
+            "jwtRules: [{jwks: '{\"keys\": []}'}]",
+            "jwtRules[0].issuer must not be empty",
+        );
+        err(
+            "jwtRules: [{issuer: a, jwksUri: 'ftp://x/y'}]",
+            "jwtRules[0].jwksUri",
+        );
+        err(
+            "jwtRules: [{issuer: a, jwksUri: 'https://:80/y'}]",
+            "jwtRules[0].jwksUri",
+        );
+        err(
+            "jwtRules: [{issuer: a, jwks: 'not json'}]",
+            "jwtRules[0].jwks is not a JWKS",
+        );
+        err(
+            "jwtRules: [{issuer: a, fromHeaders: [{prefix: x}]}]",
+            "jwtRules[0].fromHeaders[0].name",
+        );
+        err(
+            "jwtRules: [{issuer: a, outputClaimToHeaders: [{header: 'a b', claim: c}]}]",
+            "jwtRules[0].outputClaimToHeaders[0].header",
+        );
+        err("targetRefs: [{kind: Gateway, name: gw}]", "spec.targetRefs");
+        err("targetRef: {kind: Gateway, name: gw}", "spec.targetRef");
+        err(
+            "jwtRules: [{issuer: a, timeout: 1s}]",
+            "spec.jwtRules[0].timeout",
         );
     }
 }

@@ -5,8 +5,8 @@
 //!
 //! - A rejected version gets `Reconciled: "False"`, reason `Rejected`, the reason naming
 //!   the field as message, and an `IST0106` (SchemaValidationError) validation message.
-//! - A version accepted with fields shoal does not enforce (an AuthorizationPolicy using JWT
-//!   attributes: shoal fails closed on them) gets `Reconciled: "True"`, reason
+//! - A version accepted with fields shoal does not enforce (an AuthorizationPolicy using
+//!   Envoy metadata conditions or CUSTOM: shoal fails closed on them) gets `Reconciled: "True"`, reason
 //!   `PartiallyEnforced`, the fields and their effect as message.
 //! - A later accepted version of an object shoal rejected before gets `Reconciled: "True"`,
 //!   reason `Accepted`, and loses the `IST0106` message. Objects never rejected are left
@@ -532,8 +532,8 @@ mod tests {
     /// happens instead) where its author looks, once; removing them makes it `Accepted`.
     #[test]
     fn partially_enforced_is_said_once_and_cleared() {
-        let fields = "rules[0].from[0].source.requestPrincipals (its rule is dropped, so the \
-                      policy allows less)";
+        let fields = "rules[0].when[0] \"experimental.envoy.filters.a[b]\" (its rule is \
+                      dropped, so the policy allows less)";
         let verdict = Verdict::PartiallyEnforced(fields);
         let status = applied(
             None,

@@ -14,12 +14,18 @@
 //! while in a DENY or AUDIT rule only those values are dropped (wider: denies more). The
 //! same holds for any value that cannot be translated.
 //!
-//! Fields shoal accepts but does not enforce (`requestPrincipals`, `notRequestPrincipals`,
-//! `request.auth.*` and `experimental.envoy.filters.*` conditions) fail closed the same
-//! way, on every chain: an ALLOW rule using one is dropped (an ALLOW policy left without
-//! rules denies everything it selects), a DENY rule loses only that field and so matches
-//! every request its other fields match, and an AUDIT rule using one is dropped. The
-//! policy itself always applies (docs/istio-compatibility.md, "Fail closed").
+//! JWT attributes (`requestPrincipals`, `notRequestPrincipals`, `request.auth.*`) match the
+//! verified token's payload that the `jwt_authn` filter (RequestAuthentication, see
+//! [`authn`](super::authn)) leaves in the dynamic metadata, as istiod's builder does; a
+//! request without a (valid) token has no payload and matches none of their values. They
+//! are HTTP only.
+//!
+//! Fields shoal accepts but does not enforce (`experimental.envoy.filters.*` conditions)
+//! fail closed the same way as untranslatable values, on every chain: an ALLOW rule using
+//! one is dropped (an ALLOW policy left without rules denies everything it selects), a DENY
+//! rule loses only that field and so matches every request its other fields match, and an
+//! AUDIT rule using one is dropped. The policy itself always applies
+//! (docs/istio-compatibility.md, "Fail closed").
 //!
 //! CUSTOM policies name an external authorizer (`provider`), and shoal has none: as istiod
 //! does for a provider missing from MeshConfig, each provider's policies become a DENY
@@ -35,6 +41,7 @@ mod translate;
 
 pub use translate::TranslateError;
 
+use crate::generate::authn::{self, JwtKey};
 use crate::index::config::Config;
 use crate::index::hosts::labels_match;
 use crate::index::proxy::Proxy;
@@ -74,15 +81,18 @@ const BAD_CUSTOM_SUFFIX: &str = "-deny-due-to-bad-CUSTOM-action";
 /// The annotation that puts a policy in the shadow rules.
 pub const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
 
-/// Everything the RBAC filters of one workload are built from: the policies that apply
-/// (root namespace first, then the workload's namespace, each in name order) and the mesh
-/// trust domain principals are rewritten to.
+/// Everything the access-control filters of one workload are built from: the policies that
+/// apply (root namespace first, then the workload's namespace, each in name order), the
+/// mesh trust domain principals are rewritten to, and the JWT rules of its
+/// RequestAuthentications (the `jwt_authn` filter that HTTP chains get before RBAC).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct AuthzKey {
     /// The applicable policies.
     pub policies: Vec<Arc<Config<AuthorizationPolicy>>>,
     /// The mesh trust domain (`cluster.local` in a principal means this one, as in istiod).
     pub trust_domain: String,
+    /// The applicable RequestAuthentication rules.
+    pub authn: JwtKey,
 }
 
 /// The policies that apply to a workload: those of the root namespace and of its own
@@ -107,6 +117,7 @@ pub fn applicable(ctx: &PushContext, proxy: &Proxy) -> AuthzKey {
     AuthzKey {
         policies,
         trust_domain: ctx.mesh.trust_domain.clone(),
+        authn: authn::applicable(ctx, proxy),
     }
 }
 
@@ -129,10 +140,11 @@ impl RbacFilters {
     }
 }
 
-/// The HTTP filters (AUDIT, DENY, ALLOW, those that have policies) to put before the
-/// router of an HTTP chain.
+/// The HTTP filters to put before the router of an HTTP chain: `jwt_authn` (when a
+/// RequestAuthentication applies; before RBAC, which reads its metadata, as in istiod),
+/// then RBAC's AUDIT, DENY, ALLOW (those that have policies).
 pub fn http_filters(key: &AuthzKey) -> Vec<HttpFilter> {
-    filter_configs(key, false)
+    let rbac = filter_configs(key, false)
         .into_iter()
         .map(|config| HttpFilter {
             name: HTTP_RBAC_FILTER.into(),
@@ -141,7 +153,10 @@ pub fn http_filters(key: &AuthzKey) -> Vec<HttpFilter> {
                 value: config,
             })),
             ..Default::default()
-        })
+        });
+    authn::jwt_filter(&key.authn)
+        .into_iter()
+        .chain(rbac)
         .collect()
 }
 

@@ -2,6 +2,7 @@
 //! (pilot/pkg/security/authz/model, .../matcher): sources and `when` keys about the peer
 //! become principals, operations and `when` keys about the destination permissions.
 
+use crate::generate::authn::{JWT_FILTER, JWT_PAYLOAD_KEY};
 use crate::generate::outbound::cidr;
 use shoal_common::model::AuthorizationRule;
 use shoal_proto::pb::envoy::config::core::v3::CidrRange;
@@ -12,7 +13,9 @@ use shoal_proto::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier, HeaderMatcher,
 };
 use shoal_proto::pb::envoy::r#type::matcher::v3::{
-    path_matcher, string_matcher::MatchPattern, PathMatcher, RegexMatcher, StringMatcher,
+    list_matcher, metadata_matcher, path_matcher, string_matcher::MatchPattern, value_matcher,
+    ListMatcher, MetadataMatcher, OrMatcher, PathMatcher, RegexMatcher, StringMatcher,
+    ValueMatcher,
 };
 
 /// Why a value (or, in an ALLOW policy, its whole rule) was left out.
@@ -43,8 +46,7 @@ pub enum TranslateError {
     /// A path template (`{*}`, `{**}`), which Envoy's RBAC filter cannot load.
     #[error("path template {0:?} is not supported")]
     PathTemplate(String),
-    /// A field shoal accepts but does not enforce (JWT attributes, which need
-    /// RequestAuthentication, and Envoy metadata). Fails closed: it drops an ALLOW or AUDIT
+    /// A field shoal accepts but does not enforce (Envoy metadata). Fails closed: it drops an ALLOW or AUDIT
     /// rule and is left out of a DENY rule, which then denies more.
     #[error("{0} is not enforced by shoal")]
     Unenforced(String),
@@ -70,9 +72,9 @@ enum Attr {
     TrustDomain,
     Principal,
     Header(String),
-    /// `requestPrincipals` (JWT `<iss>/<sub>`).
+    /// `requestPrincipals` (JWT `<iss>/<sub>`, from `jwt_authn`'s metadata).
     RequestPrincipal,
-    /// A `request.auth.*` key (JWT attributes).
+    /// A `request.auth.*` key (JWT attributes, from `jwt_authn`'s metadata).
     RequestAuth(String),
     /// An `experimental.envoy.filters.*` key (Envoy dynamic metadata).
     EnvoyMetadata(String),
@@ -420,14 +422,153 @@ impl Ctx<'_> {
                 Identifier::Header(header_matcher(name, v, false))
             }
             Attr::RequestPrincipal => {
-                return Err(TranslateError::Unenforced("requestPrincipals".into()))
+                self.http_only("requestPrincipals")?;
+                return Ok(request_principal(v));
             }
-            Attr::RequestAuth(key) => return Err(TranslateError::Unenforced(key.clone())),
+            Attr::RequestAuth(key) => {
+                self.http_only("request.auth")?;
+                return request_auth(key, v);
+            }
             other => return Err(TranslateError::Misplaced(format!("{other:?}"))),
         };
         Ok(Principal {
             identifier: Some(identifier),
         })
+    }
+}
+
+/// istiod's `requestPrincipalGenerator`: `<iss>/<sub>` split at the last `/` (an issuer
+/// may be a URL), `*` prefix/suffix matching, checked against the `iss` and `sub` claims
+/// of the verified payload that `jwt_authn` left in the dynamic metadata.
+fn request_principal(v: &str) -> Principal {
+    let (iss, sub) = match v.rfind('/') {
+        Some(i) => (&v[..i], Some(&v[i + 1..])),
+        None => (v, None),
+    };
+    let any = || regex_matcher(".+".into());
+    let exact = |s: &str| StringMatcher {
+        match_pattern: Some(MatchPattern::Exact(s.into())),
+        ignore_case: false,
+    };
+    let (iss_m, sub_m) = if v == "*" {
+        (any(), any())
+    } else if let Some(rest) = v.strip_prefix('*') {
+        match sub {
+            Some(sub) if iss == "*" => (any(), exact(sub)),
+            Some(sub) => (
+                StringMatcher {
+                    match_pattern: Some(MatchPattern::Suffix(
+                        iss.strip_prefix('*').unwrap_or(iss).into(),
+                    )),
+                    ignore_case: false,
+                },
+                exact(sub),
+            ),
+            None => (
+                any(),
+                StringMatcher {
+                    match_pattern: Some(MatchPattern::Suffix(rest.into())),
+                    ignore_case: false,
+                },
+            ),
+        }
+    } else if let Some(rest) = v.strip_suffix('*') {
+        match sub {
+            Some("*") => (exact(iss), any()),
+            Some(sub) => (
+                exact(iss),
+                prefix_matcher(sub.strip_suffix('*').unwrap_or(sub)),
+            ),
+            None => (prefix_matcher(rest), any()),
+        }
+    } else {
+        (exact(iss), exact(sub.unwrap_or_default()))
+    };
+    // `metadata` is what istiod sends (Envoy prefers `sourced_metadata` now; both read the
+    // dynamic metadata).
+    #[allow(deprecated)]
+    let claim = |name: &str, m: StringMatcher| Principal {
+        identifier: Some(principal::Identifier::Metadata(jwt_metadata(
+            &[name],
+            ValueMatcher {
+                match_pattern: Some(value_matcher::MatchPattern::StringMatch(m)),
+            },
+        ))),
+    };
+    principal_and(vec![claim("iss", iss_m), claim("sub", sub_m)])
+}
+
+/// A `request.auth.*` condition value (istiod's request audiences, presenter, claims and
+/// principal generators).
+fn request_auth(key: &str, v: &str) -> Result<Principal, TranslateError> {
+    let claims: Vec<String> = match key {
+        "request.auth.principal" => return Ok(request_principal(v)),
+        "request.auth.audiences" => vec!["aud".into()],
+        "request.auth.presenter" => vec!["azp".into()],
+        _ => match key.strip_prefix("request.auth.claims").and_then(claim_path) {
+            Some(path) => path,
+            None => return Err(TranslateError::UnknownKey(key.to_string())),
+        },
+    };
+    let claims: Vec<&str> = claims.iter().map(String::as_str).collect();
+    // A claim may be a list (`groups: [a, b]`) or a single value: match either.
+    let one = ValueMatcher {
+        match_pattern: Some(value_matcher::MatchPattern::StringMatch(string_matcher(
+            v, "",
+        ))),
+    };
+    let either = ValueMatcher {
+        match_pattern: Some(value_matcher::MatchPattern::OrMatch(OrMatcher {
+            value_matchers: vec![
+                ValueMatcher {
+                    match_pattern: Some(value_matcher::MatchPattern::ListMatch(Box::new(
+                        ListMatcher {
+                            match_pattern: Some(list_matcher::MatchPattern::OneOf(Box::new(
+                                one.clone(),
+                            ))),
+                        },
+                    ))),
+                },
+                one,
+            ],
+        })),
+    };
+    #[allow(deprecated)] // as in `request_principal`
+    let identifier = principal::Identifier::Metadata(jwt_metadata(&claims, either));
+    Ok(Principal {
+        identifier: Some(identifier),
+    })
+}
+
+/// `[a][b]` → `[a, b]` (istiod's nested claims); `None` when malformed.
+fn claim_path(brackets: &str) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    let mut rest = brackets;
+    while !rest.is_empty() {
+        let inner = rest.strip_prefix('[')?;
+        let end = inner.find(']')?;
+        let name = &inner[..end];
+        if name.is_empty() || name.contains('[') {
+            return None;
+        }
+        out.push(name.to_string());
+        rest = &inner[end + 1..];
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// A matcher on the `jwt_authn` filter's metadata: `payload.<claims…>`.
+fn jwt_metadata(claims: &[&str], value: ValueMatcher) -> MetadataMatcher {
+    let key = |k: &str| metadata_matcher::PathSegment {
+        segment: Some(metadata_matcher::path_segment::Segment::Key(k.into())),
+    };
+    MetadataMatcher {
+        filter: JWT_FILTER.into(),
+        path: std::iter::once(key(JWT_PAYLOAD_KEY))
+            .chain(claims.iter().map(|c| key(c)))
+            .collect(),
+        value: Some(value),
+        invert: false,
     }
 }
 

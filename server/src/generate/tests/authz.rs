@@ -19,6 +19,7 @@ use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manage
     http_filter, HttpConnectionManager,
 };
 use shoal_proto::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
+use shoal_proto::pb::envoy::r#type::matcher::v3::MetadataMatcher;
 use shoal_proto::pb::envoy::r#type::matcher::v3::{
     path_matcher, string_matcher::MatchPattern, StringMatcher,
 };
@@ -46,6 +47,7 @@ pub(super) fn key(policies: Vec<Arc<Config<AuthorizationPolicy>>>) -> AuthzKey {
     AuthzKey {
         policies,
         trust_domain: "cluster.local".into(),
+        authn: Default::default(),
     }
 }
 
@@ -176,8 +178,48 @@ fn princ(p: &Principal) -> String {
         Identifier::DirectRemoteIp(c) => format!("ip({})", cidr(c)),
         Identifier::RemoteIp(c) => format!("remote_ip({})", cidr(c)),
         Identifier::Header(h) => hm(h),
+        #[allow(deprecated)] // what istiod sends
+        Identifier::Metadata(m) => metadata(m),
         other => format!("{other:?}"),
     }
+}
+
+/// `md(envoy.filters.http.jwt_authn:payload.iss=exact:x)`, `…:payload.groups has exact:a`
+/// for istiod's list-or-value matcher.
+fn metadata(m: &MetadataMatcher) -> String {
+    use shoal_proto::pb::envoy::r#type::matcher::v3::{
+        list_matcher, metadata_matcher::path_segment::Segment, value_matcher::MatchPattern as V,
+    };
+    let path = m
+        .path
+        .iter()
+        .map(|p| match &p.segment {
+            Some(Segment::Key(k)) => k.clone(),
+            None => "?".into(),
+        })
+        .collect::<Vec<_>>()
+        .join(".");
+    let value = match m.value.as_ref().and_then(|v| v.match_pattern.as_ref()) {
+        Some(V::StringMatch(x)) => format!("={}", sm(x)),
+        Some(V::OrMatch(or)) => match &or.value_matchers[..] {
+            [list, one] => {
+                let Some(V::ListMatch(l)) = &list.match_pattern else {
+                    return format!("{m:?}");
+                };
+                let Some(list_matcher::MatchPattern::OneOf(inner)) = &l.match_pattern else {
+                    return format!("{m:?}");
+                };
+                assert_eq!(**inner, *one, "a list holding the value, or the value");
+                match &one.match_pattern {
+                    Some(V::StringMatch(x)) => format!(" has {}", sm(x)),
+                    other => format!("{other:?}"),
+                }
+            }
+            other => format!("{other:?}"),
+        },
+        other => format!("{other:?}"),
+    };
+    format!("md({}:{path}{value})", m.filter)
 }
 
 pub(super) fn strs(v: &[&str]) -> Vec<String> {
@@ -186,6 +228,58 @@ pub(super) fn strs(v: &[&str]) -> Vec<String> {
 
 // ---------------------------------------------------------------------------------------
 // Translations
+
+/// JWT attributes match the payload `jwt_authn` leaves in the metadata, as istiod builds
+/// them: `requestPrincipals` split at the last `/` into `iss` and `sub` (with `*` prefix and
+/// suffix forms), claims as a list holding the value or the value. HTTP only: on TCP the
+/// ALLOW rule is dropped.
+#[test]
+fn jwt_attributes_match_the_jwt_authn_payload() {
+    let k = key(vec![policy(
+        "shop",
+        "jwt",
+        r#"
+rules:
+- from:
+  - source:
+      requestPrincipals: ["https://iss.example/alice", "*"]
+      notRequestPrincipals: ["*/bob", "iss/*", "*ample", "pre*"]
+  when:
+  - {key: "request.auth.claims[groups]", values: [admin, "dev*"]}
+  - {key: "request.auth.claims[nested][key]", values: [v]}
+  - {key: request.auth.audiences, values: [web]}
+  - {key: request.auth.presenter, notValues: [cli]}
+  - {key: request.auth.principal, values: ["iss/sub"]}
+"#,
+    )]);
+    let filters = http(&k);
+    let (permissions, principals) = only_policy(filters[0].rules.as_ref());
+    assert_eq!(permissions, strs(&["and(any)"]));
+    let md = "md(envoy.filters.http.jwt_authn:payload";
+    let want = [
+        format!(
+            "or(and({md}.iss=exact:https://iss.example), {md}.sub=exact:alice)), \
+             and({md}.iss=regex:.+), {md}.sub=regex:.+)))"
+        ),
+        format!(
+            "not(or(and({md}.iss=regex:.+), {md}.sub=exact:bob)), \
+             and({md}.iss=exact:iss), {md}.sub=regex:.+)), \
+             and({md}.iss=regex:.+), {md}.sub=suffix:ample)), \
+             and({md}.iss=prefix:pre), {md}.sub=regex:.+))))"
+        ),
+        format!("or({md}.groups has exact:admin), {md}.groups has prefix:dev))"),
+        format!("or({md}.nested.key has exact:v))"),
+        format!("or({md}.aud has exact:web))"),
+        format!("not(or({md}.azp has exact:cli)))"),
+        format!("or(and({md}.iss=exact:iss), {md}.sub=exact:sub)))"),
+    ];
+    assert_eq!(principals, [format!("and({})", want.join(", "))]);
+    let tcp = tcp(&k);
+    assert!(
+        tcp[0].rules.as_ref().expect("rules").policies.is_empty(),
+        "on TCP the ALLOW rule is dropped: {tcp:?}"
+    );
+}
 
 #[test]
 fn principals_and_namespaces_match_the_peer_identity() {
@@ -786,6 +880,118 @@ servers:
     for (name, l) in listeners(&gen(XdsType::Listener, &p, &snap, &[])) {
         let has_rbac = rbac_by_chain(&l).iter().any(|(_, names)| !names.is_empty());
         assert_eq!(has_rbac, name == "virtualInbound", "{name}");
+    }
+}
+
+/// RequestAuthentication: the selected workloads' HTTP chains (inbound and gateway) get
+/// `jwt_authn` first, before RBAC, as istiod orders them; TCP chains, outbound listeners and
+/// workloads no RequestAuthentication selects get none. A `jwksUri` rule gets the fetched
+/// keys inline once the server has them, and a key set that fails every token before.
+#[test]
+fn request_authentication_puts_jwt_authn_before_rbac_on_http_chains() {
+    use crate::generate::authn::FAIL_ALL_JWKS;
+    use shoal_proto::pb::envoy::extensions::filters::http::jwt_authn::v3::{
+        jwt_provider::JwksSourceSpecifier, JwtAuthentication,
+    };
+    const URI: &str = "https://issuer.example/jwks.json";
+    let m = mesh()
+        .with_service(service("shop", "web", &[("http", 80)]))
+        .with_config(gateway(
+            "istio-system",
+            "edge",
+            "selector: {istio: ingressgateway}
+servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: [\"*\"]}]",
+        ))
+        .with_config(request_authentication(
+            "shop",
+            "reviews",
+            &format!(
+                "selector: {{matchLabels: {{app: reviews}}}}\njwtRules: [{{issuer: b, jwksUri: \"{URI}\"}}, {{issuer: a, jwks: '{{\"keys\": []}}'}}]"
+            ),
+        ))
+        .with_config(request_authentication(
+            "istio-system",
+            "edge",
+            "selector: {matchLabels: {istio: ingressgateway}}\njwtRules: [{issuer: gw, jwks: '{\"keys\": []}'}]",
+        ))
+        .with_config(authorization_policy("shop", "allow", "rules: [{from: [{source: {requestPrincipals: [\"*\"]}}]}]"));
+    let jwt_of = |hcm: &HttpConnectionManager| -> Option<JwtAuthentication> {
+        hcm.http_filters
+            .iter()
+            .find(|f| f.name == "envoy.filters.http.jwt_authn")
+            .map(|f| match &f.config_type {
+                Some(http_filter::ConfigType::TypedConfig(any)) => {
+                    JwtAuthentication::decode(&*any.value).expect("decodes")
+                }
+                other => panic!("{other:?}"),
+            })
+    };
+    let inline = |jwt: &JwtAuthentication, provider: &str| -> String {
+        use shoal_proto::pb::envoy::config::core::v3::data_source::Specifier;
+        match &jwt.providers[provider].jwks_source_specifier {
+            Some(JwksSourceSpecifier::LocalJwks(ds)) => match &ds.specifier {
+                Some(Specifier::InlineString(s)) => s.clone(),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
+    };
+    let l = inbound(&m);
+    let inbound_hcm = chain_hcm(chain(&l, "0.0.0.0_9080", false));
+    let names: Vec<&str> = inbound_hcm
+        .http_filters
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "envoy.filters.http.jwt_authn",
+            "envoy.filters.http.rbac",
+            "envoy.filters.http.fault",
+            "envoy.filters.http.cors",
+            "envoy.filters.http.router"
+        ]
+    );
+    let jwt = jwt_of(&inbound_hcm).expect("jwt_authn");
+    // Sorted by issuer: `a` is origins-0; `b`'s keys are not fetched yet.
+    assert_eq!(jwt.providers["origins-0"].issuer, "a");
+    assert_eq!(inline(&jwt, "origins-0"), r#"{"keys": []}"#);
+    assert_eq!(inline(&jwt, "origins-1"), FAIL_ALL_JWKS);
+    let catchall = chain_hcm(chain(&l, "virtualInbound-catchall-http", false));
+    assert!(jwt_of(&catchall).is_some(), "the sniffed HTTP chain");
+    let tcp_chain = chain(&l, "0.0.0.0_3306", true);
+    assert!(tcp_chain.filters.iter().all(|f| !f.name.contains("jwt")));
+
+    // Fetched keys are inlined.
+    let mut fetched = m;
+    fetched.state.jwks = Arc::new([(URI.to_string(), Arc::from(r#"{"keys":["fetched"]}"#))].into());
+    let fetched_hcm = chain_hcm(chain(&inbound(&fetched), "0.0.0.0_9080", false));
+    let jwt = jwt_of(&fetched_hcm).expect("jwt_authn");
+    assert_eq!(inline(&jwt, "origins-1"), r#"{"keys":["fetched"]}"#);
+
+    // The gateway's HTTP listener: its own RequestAuthentication.
+    let snap = fetched.snapshot();
+    let gw = router_proxy("istio-system", &[("istio", "ingressgateway")]);
+    let ls = listeners(&gen(XdsType::Listener, &gw, &snap, &[]));
+    let gw_hcm = hcm(&ls["0.0.0.0_80"]);
+    assert_eq!(gw_hcm.http_filters[0].name, "envoy.filters.http.jwt_authn");
+    assert_eq!(
+        jwt_of(&gw_hcm).expect("jwt").providers["origins-0"].issuer,
+        "gw"
+    );
+
+    // A workload no RequestAuthentication selects, and outbound listeners: none.
+    let p = captured_proxy("shop", POD_IP, &[("app", "client")]);
+    for (name, l) in listeners(&gen(XdsType::Listener, &p, &snap, &[])) {
+        for c in &l.filter_chains {
+            if c.filters
+                .last()
+                .is_some_and(|f| f.name.ends_with("http_connection_manager"))
+            {
+                assert!(jwt_of(&chain_hcm(c)).is_none(), "{name} {}", c.name);
+            }
+        }
     }
 }
 

@@ -1,10 +1,11 @@
-//! Fail closed: AuthorizationPolicies with fields shoal does not enforce (`requestPrincipals`,
-//! `notRequestPrincipals`, `request.auth.*`, CUSTOM's external authorizer) never let through
-//! a request that they would deny. Requests are evaluated against the RBAC filters shoal
-//! generates, with Envoy's semantics, and compared with (a) the same policies without those
-//! fields and (b) Istio's meaning of the policies, JWT included, for whatever token the
-//! request carries and whatever the external authorizer would say. Then the translation,
-//! rule by rule (`translation`).
+//! Fail closed: AuthorizationPolicies never let through a request that they would deny.
+//! Requests are evaluated against the RBAC filters shoal generates, with Envoy's semantics
+//! (JWT attributes read from `jwt_authn`'s payload metadata), and compared with Istio's
+//! meaning of the policies, JWT included, for whatever token the request carries and
+//! whatever CUSTOM's external authorizer (which shoal does not have) would say: on HTTP
+//! exactly Istio's decision where every field is enforced, never more otherwise; on TCP,
+//! where neither tokens nor methods are seen, never more than Istio grants whatever the
+//! request's method and token. Then the translation, rule by rule (`translation`).
 
 use crate::generate::authz::{self, AuthzKey};
 use crate::index::config::Config;
@@ -23,6 +24,7 @@ use shoal_proto::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRba
 use shoal_proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_filter;
 use shoal_proto::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
 use shoal_proto::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
+use shoal_proto::pb::envoy::r#type::matcher::v3::MetadataMatcher;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -121,6 +123,7 @@ fn string_match(m: &MatchPattern, v: &str) -> bool {
         MatchPattern::Exact(x) => v == x,
         MatchPattern::Prefix(x) => v.starts_with(x.as_str()),
         MatchPattern::Suffix(x) => v.ends_with(x.as_str()),
+        MatchPattern::SafeRegex(r) if r.regex == ".+" => !v.is_empty(),
         other => panic!("no evaluator for {other:?}"),
     }
 }
@@ -158,8 +161,55 @@ fn principal_matches(p: &Principal, r: &Request) -> bool {
             let uri = format!("spiffe://{peer}");
             string_match(name.match_pattern.as_ref().expect("pattern"), &uri)
         }),
+        #[allow(deprecated)] // what istiod sends
+        Identifier::Metadata(m) => jwt_metadata_matches(m, r),
         other => panic!("no evaluator for {other:?}"),
     }
+}
+
+/// A matcher on `jwt_authn`'s metadata: a request without a token has none (no match);
+/// with one, `payload` holds `iss`, `sub` and `groups` (a list).
+fn jwt_metadata_matches(m: &MetadataMatcher, r: &Request) -> bool {
+    use shoal_proto::pb::envoy::r#type::matcher::v3::{
+        list_matcher, metadata_matcher::path_segment::Segment, value_matcher::MatchPattern as V,
+        ValueMatcher,
+    };
+    assert_eq!(m.filter, "envoy.filters.http.jwt_authn");
+    let Some(jwt) = r.jwt else { return false };
+    let path: Vec<&str> = m
+        .path
+        .iter()
+        .map(|p| match &p.segment {
+            Some(Segment::Key(k)) => k.as_str(),
+            None => panic!("a path without a key"),
+        })
+        .collect();
+    let (iss, sub) = jwt.principal.rsplit_once('/').expect("iss/sub");
+    // (scalar, list) values of the claim.
+    let (scalar, list): (Option<&str>, Vec<&str>) = match path[..] {
+        ["payload", "iss"] => (Some(iss), vec![]),
+        ["payload", "sub"] => (Some(sub), vec![]),
+        ["payload", "groups"] => (None, vec![jwt.group]),
+        _ => (None, vec![]),
+    };
+    fn value_matches(v: &ValueMatcher, scalar: Option<&str>, list: &[&str]) -> bool {
+        match v.match_pattern.as_ref().expect("a pattern") {
+            V::StringMatch(m) => {
+                scalar.is_some_and(|s| string_match(m.match_pattern.as_ref().expect("pattern"), s))
+            }
+            V::OrMatch(or) => or
+                .value_matchers
+                .iter()
+                .any(|v| value_matches(v, scalar, list)),
+            V::ListMatch(l) => match l.match_pattern.as_ref().expect("pattern") {
+                list_matcher::MatchPattern::OneOf(one) => {
+                    list.iter().any(|item| value_matches(one, Some(item), &[]))
+                }
+            },
+            other => panic!("no evaluator for {other:?}"),
+        }
+    }
+    value_matches(m.value.as_ref().expect("a value"), scalar, &list)
 }
 
 /// Envoy's decision over the enforced rules of the filters, in order.
@@ -195,6 +245,7 @@ fn key(policies: &[AuthorizationPolicy]) -> AuthzKey {
             })
             .collect(),
         trust_domain: "cluster.local".into(),
+        authn: Default::default(),
     }
 }
 
@@ -222,21 +273,35 @@ fn tcp_rules(policies: &[AuthorizationPolicy]) -> Vec<Option<Rbac>> {
         .collect()
 }
 
-/// The policies without the fields shoal does not enforce.
-fn strip(policies: &[AuthorizationPolicy]) -> Vec<AuthorizationPolicy> {
-    let mut out = policies.to_vec();
-    for rule in out.iter_mut().flat_map(|p| p.rules.iter_mut()) {
-        for from in &mut rule.from {
-            from.source.request_principals.clear();
-            from.source.not_request_principals.clear();
-        }
-        rule.when.retain(|c| !c.key.starts_with("request.auth."));
-    }
-    out
+/// Whether the policies use a field shoal does not enforce (Envoy metadata conditions;
+/// CUSTOM is modelled by the oracle).
+fn has_unenforced(policies: &[AuthorizationPolicy]) -> bool {
+    policies
+        .iter()
+        .flat_map(|p| &p.rules)
+        .flat_map(|r| &r.when)
+        .any(|c| c.key.starts_with("experimental.envoy.filters."))
 }
 
-fn has_unenforced(policies: &[AuthorizationPolicy]) -> bool {
-    strip(policies) != policies
+/// `r` with every method and token (what a TCP chain cannot see).
+fn variants(r: &Request) -> Vec<Request> {
+    let jwts = JWT_PRINCIPALS
+        .iter()
+        .flat_map(|p| {
+            GROUPS.iter().map(|g| {
+                Some(Jwt {
+                    principal: p,
+                    group: g,
+                })
+            })
+        })
+        .chain([None]);
+    jwts.flat_map(|jwt| {
+        METHODS
+            .iter()
+            .map(move |method| Request { method, jwt, ..*r })
+    })
+    .collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -394,8 +459,6 @@ fn edits() -> impl Strategy<Value = Vec<(usize, Option<AuthorizationPolicy>)>> {
 fn check(policies: &[AuthorizationPolicy]) -> Result<(), TestCaseError> {
     let http = http_rules(policies);
     let tcp = tcp_rules(policies);
-    let stripped = strip(policies);
-    let (http_stripped, tcp_stripped) = (http_rules(&stripped), tcp_rules(&stripped));
     let unenforced = has_unenforced(policies);
     for r in all_requests() {
         let granted = rbac_allows(&http, &r, false);
@@ -414,15 +477,15 @@ fn check(policies: &[AuthorizationPolicy]) -> Result<(), TestCaseError> {
                 policies
             );
         }
-        // Never more than the same policies without the unenforced fields, HTTP or TCP.
-        prop_assert!(
-            !granted || rbac_allows(&http_stripped, &r, false),
-            "granted {r:?} that the stripped policies deny: {policies:#?}"
-        );
-        prop_assert!(
-            !rbac_allows(&tcp, &r, true) || rbac_allows(&tcp_stripped, &r, true),
-            "TCP granted {r:?} that the stripped policies deny: {policies:#?}"
-        );
+        // TCP sees neither methods nor tokens: it grants only what every variant gets.
+        if rbac_allows(&tcp, &r, true) {
+            for v in variants(&r) {
+                prop_assert!(
+                    istio_allows(policies, &v),
+                    "TCP granted {r:?}, the policies deny {v:?}: {policies:#?}"
+                );
+            }
+        }
     }
     Ok(())
 }
@@ -435,7 +498,7 @@ proptest! {
 
     /// After every edit of a sequence, the policies in place grant nothing they deny.
     #[test]
-    fn prop_unenforced_fields_never_grant_what_the_policies_deny(edits in edits()) {
+    fn prop_policies_never_grant_what_they_deny(edits in edits()) {
         let mut slots: BTreeMap<usize, AuthorizationPolicy> = BTreeMap::new();
         for (slot, edit) in edits {
             match edit {
@@ -458,41 +521,41 @@ mod translation {
     use shoal_proto::pb::envoy::config::rbac::v3::rbac::Action;
     use std::sync::Arc;
 
-    /// Fields shoal does not enforce (JWT attributes) fail closed as istiod treats what it cannot
-    /// translate: the ALLOW rule goes (here the policy's only rule, so it denies everything),
-    /// the DENY rule loses only the field (so it denies more), the AUDIT rule goes. On TCP
-    /// too. The policy itself always applies.
+    /// Fields shoal does not enforce (Envoy metadata) fail closed as istiod treats what it
+    /// cannot translate: the ALLOW rule goes (here the policy's only rule, so it denies
+    /// everything), the DENY rule loses only the field (so it denies more), the AUDIT rule
+    /// goes. On TCP too. The policy itself always applies.
     #[test]
     fn unenforced_fields_drop_allow_and_audit_rules_and_widen_deny_rules() {
         let k = key(vec![
             policy(
                 "shop",
-                "jwt-allow",
+                "md-allow",
                 r#"
     rules:
-    - from: [{source: {requestPrincipals: ["*"]}}]
+    - when: [{key: "experimental.envoy.filters.a[b]", values: [c]}]
     "#,
             ),
             policy(
                 "shop",
-                "jwt-deny",
+                "md-deny",
                 r#"
     action: DENY
     rules:
-    - from: [{source: {notRequestPrincipals: ["*"]}}]
+    - when: [{key: "experimental.envoy.filters.a[b]", notValues: [c]}]
       to: [{operation: {ports: ["8080"]}}]
-    - when: [{key: "request.auth.claims[groups]", values: [admin]}]
-    - from: [{source: {namespaces: [a], requestPrincipals: [iss/sub]}}]
-      when: [{key: request.auth.audiences, notValues: [x]}, {key: "experimental.envoy.filters.a[b]", values: [c]}]
+    - when: [{key: "experimental.envoy.filters.x.y[z]", values: [admin]}]
+    - from: [{source: {namespaces: [a]}}]
+      when: [{key: "experimental.envoy.filters.a[b]", values: [c]}]
     "#,
             ),
             policy(
                 "shop",
-                "jwt-audit",
+                "md-audit",
                 r#"
     action: AUDIT
     rules:
-    - when: [{key: request.auth.principal, values: [iss/sub]}]
+    - when: [{key: "experimental.envoy.filters.a[b]", values: [c]}]
     - to: [{operation: {ports: ["80"]}}]
     "#,
             ),
@@ -510,22 +573,22 @@ mod translation {
             let audit = render(audit.as_ref().expect("audit rules"));
             assert_eq!(
                 audit.keys().collect::<Vec<_>>(),
-                ["ns[shop]-policy[jwt-audit]-rule[1]"],
+                ["ns[shop]-policy[md-audit]-rule[1]"],
                 "{chain}"
             );
             let deny = render(deny.as_ref().expect("deny rules"));
             assert_eq!(
-                deny["ns[shop]-policy[jwt-deny]-rule[0]"],
+                deny["ns[shop]-policy[md-deny]-rule[0]"],
                 (strs(&["and(or(port(8080)))"]), strs(&["and(any)"])),
-                "{chain}: no token check left, every request to 8080 is denied"
+                "{chain}: no metadata check left, every request to 8080 is denied"
             );
             assert_eq!(
-                deny["ns[shop]-policy[jwt-deny]-rule[1]"],
+                deny["ns[shop]-policy[md-deny]-rule[1]"],
                 (strs(&["and(any)"]), strs(&["and(any)"])),
                 "{chain}: a DENY rule whose only condition is unenforced denies everything"
             );
             assert_eq!(
-                deny["ns[shop]-policy[jwt-deny]-rule[2]"],
+                deny["ns[shop]-policy[md-deny]-rule[2]"],
                 (
                     strs(&["and(any)"]),
                     strs(&["and(or(peer(regex:.*/ns/a/.*)))"])
@@ -602,8 +665,12 @@ mod translation {
         let oauth = render(filters[1].rules.as_ref().expect("rules"));
         assert_eq!(
             oauth["istio-ext-authz-oauth-ns[shop]-policy[ext-b]-rule[1]-deny-due-to-bad-CUSTOM-action"],
-            (strs(&["and(or(port(8080)))"]), strs(&["and(any)"])),
-            "the unenforced requestPrincipals is dropped: every request to 8080 is denied"
+            (
+                strs(&["and(or(port(8080)))"]),
+                strs(&["and(or(and(md(envoy.filters.http.jwt_authn:payload.iss=regex:.+), \
+                        md(envoy.filters.http.jwt_authn:payload.sub=regex:.+))))"])
+            ),
+            "requests to 8080 with a valid token are denied"
         );
         assert_eq!(oauth.len(), 2);
         assert_eq!(

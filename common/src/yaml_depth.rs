@@ -42,7 +42,7 @@ pub fn check(text: &str, limit: usize) -> Result<(), TooDeep> {
         content: false,
         line: 0,
         block: Vec::new(),
-        flow: 0,
+        flow: Vec::new(),
         token_start: false,
         json_key: false,
         node_col: None,
@@ -99,8 +99,10 @@ struct Scanner {
     /// Open block levels: (column, kind), innermost last; the columns are the YAML
     /// scanner's indentation levels.
     block: Vec<(usize, Kind)>,
-    /// Open flow collections.
-    flow: usize,
+    /// Open flow collections, innermost last: `[` (a sequence) or `{`, and whether the
+    /// sequence's current entry is a single-pair mapping (`[a: b]`: the `:` opens a level
+    /// the parser builds, until the entry ends at `,` or `]`).
+    flow: Vec<Flow>,
     /// Inside a flow collection: whether a quote here starts a quoted scalar (a token
     /// starts here), and whether the previous token was quoted or a collection, so a `:`
     /// right after it is a value indicator even without a space (JSON's `"a":"b"`).
@@ -119,13 +121,21 @@ struct Scanner {
     plain_continues: bool,
 }
 
+/// An open flow collection.
+#[derive(Debug, Clone, Copy)]
+struct Flow {
+    seq: bool,
+    pair: bool,
+}
+
 fn is_blank(b: Option<&u8>) -> bool {
     matches!(b, None | Some(b' ' | b'\t'))
 }
 
 impl Scanner {
     fn check_depth(&self) -> Result<(), TooDeep> {
-        if self.block.len() + self.flow > self.limit {
+        let flow: usize = self.flow.iter().map(|f| 1 + usize::from(f.pair)).sum();
+        if self.block.len() + flow > self.limit {
             return Err(TooDeep {
                 document: self.document,
                 line: self.line,
@@ -160,8 +170,8 @@ impl Scanner {
         }
     }
 
-    fn open_flow(&mut self) -> Result<(), TooDeep> {
-        self.flow += 1;
+    fn open_flow(&mut self, seq: bool) -> Result<(), TooDeep> {
+        self.flow.push(Flow { seq, pair: false });
         self.token_start = true;
         self.json_key = false;
         self.check_depth()
@@ -190,7 +200,7 @@ impl Scanner {
                 self.content = false;
             }
             self.block.clear();
-            self.flow = 0;
+            self.flow.clear();
             self.quote = None;
             self.plain_continues = false;
             self.node_col = None;
@@ -202,7 +212,7 @@ impl Scanner {
                 return Ok(());
             };
             self.quote = None;
-            let at = if self.flow > 0 {
+            let at = if !self.flow.is_empty() {
                 self.token_start = false;
                 self.json_key = true;
                 At::Flow
@@ -211,7 +221,7 @@ impl Scanner {
             };
             return self.scan(b, end, at);
         }
-        if self.flow > 0 {
+        if !self.flow.is_empty() {
             return self.scan(b, 0, At::Flow);
         }
         if blank {
@@ -264,7 +274,7 @@ impl Scanner {
                     }
                     match c {
                         b'[' | b'{' => {
-                            self.open_flow()?;
+                            self.open_flow(c == b'[')?;
                             at = At::Flow;
                         }
                         b'\'' | b'"' => {
@@ -323,21 +333,35 @@ impl Scanner {
                     let (mut next_start, mut next_key) = (false, false);
                     match c {
                         b'[' | b'{' => {
-                            self.open_flow()?;
+                            self.open_flow(c == b'[')?;
                             i += 1;
                             continue;
                         }
                         b']' | b'}' => {
-                            self.flow = self.flow.saturating_sub(1);
-                            if self.flow == 0 {
+                            self.flow.pop();
+                            if self.flow.is_empty() {
                                 at = At::AfterScalar;
                                 i += 1;
                                 continue;
                             }
                             next_key = true;
                         }
-                        b',' => next_start = true,
-                        b':' | b'?' if json_key || is_blank(b.get(i + 1)) => next_start = true,
+                        b',' => {
+                            if let Some(f) = self.flow.last_mut() {
+                                f.pair = false;
+                            }
+                            next_start = true;
+                        }
+                        b':' | b'?' if json_key || is_blank(b.get(i + 1)) => {
+                            // In a sequence, a key makes the entry a single-pair mapping.
+                            if let Some(f) = self.flow.last_mut() {
+                                if f.seq && !f.pair {
+                                    f.pair = true;
+                                    self.check_depth()?;
+                                }
+                            }
+                            next_start = true;
+                        }
                         b'\'' | b'"' if token_start => {
                             let Some(end) = close_quote(b, i + 1, c) else {
                                 self.quote = Some(c);
@@ -446,6 +470,10 @@ mod tests {
         assert_eq!(depth("- a: 1\n  b:\n    c: 2\n- d\n"), 3);
         // A flow collection as a key.
         assert_eq!(depth("[a]: {b: c}\n"), 2);
+        // A key in a flow sequence makes its entry a single-pair mapping: a level.
+        assert_eq!(depth("[true: ]"), 2);
+        assert_eq!(depth("[a: [b], c, d: {e: f}]"), 3);
+        assert_eq!(depth("[a, b]"), 1);
     }
 
     #[test]
@@ -465,7 +493,8 @@ g: 'multi
   still quoted'
 h: [\"]]]\", '[[[', \"a\":\"[[\"]
 ";
-        assert_eq!(depth(text), 2);
+        // `h`'s sequence holds a single-pair mapping (`"a":"[["`): three levels.
+        assert_eq!(depth(text), 3);
         // JSON strings hold anything.
         assert_eq!(depth(r#"{"a":"[[[[","b":["{{{{"]}"#), 2);
     }

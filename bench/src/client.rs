@@ -68,6 +68,18 @@ pub struct ActiveChange {
 }
 
 /// What proxies report to the coordinator.
+/// The server ended a stream cleanly (an OK status, no reset).
+#[derive(Debug)]
+pub struct ServerEnded;
+
+impl std::fmt::Display for ServerEnded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the server ended the stream")
+    }
+}
+
+impl std::error::Error for ServerEnded {}
+
 #[derive(Debug)]
 pub enum Event {
     /// A stream has everything: CDS, EDS for each EDS cluster, LDS, RDS for each route
@@ -117,6 +129,9 @@ pub enum Event {
         /// Whether the connection itself (TCP connect and HTTP/2 handshake) failed, rather
         /// than a stream on an established connection.
         connect: bool,
+        /// The server ended the stream cleanly (an OK status: its `--max-connection-age`,
+        /// or a drain), which is not a reset.
+        ended: bool,
         /// What happened.
         error: String,
     },
@@ -624,6 +639,7 @@ pub async fn run_proxy(fleet: Arc<Fleet>, id: ProxyIdentity) {
         if *shutdown.borrow() {
             return;
         }
+        let ended = result.as_ref().is_err_and(|e| e.is::<ServerEnded>());
         let error = match result {
             Ok(()) => "stream ended".to_string(),
             Err(e) => format!("{e:#}"),
@@ -631,6 +647,7 @@ pub async fn run_proxy(fleet: Arc<Fleet>, id: ProxyIdentity) {
         let _ = fleet.events.send(Event::StreamError {
             proxy: id.index,
             connect: connect_failed,
+            ended,
             error: format!("{addr}: {error}"),
         });
         // Like Envoy: back off, then try the next server.
@@ -1012,7 +1029,7 @@ impl Proxy<'_> {
                 _ = shutdown.wait_for(|s| *s) => return Ok(()),
             };
             let Some(resp) = resp else {
-                anyhow::bail!("the server ended the stream");
+                return Err(ServerEnded.into());
             };
             let at_us = now_us();
             self.counters().responses.fetch_add(1, Ordering::Relaxed);
@@ -1163,7 +1180,7 @@ impl Proxy<'_> {
                 _ = shutdown.wait_for(|s| *s) => return Ok(()),
             };
             let Some(resp) = resp else {
-                anyhow::bail!("the server ended the stream");
+                return Err(ServerEnded.into());
             };
             let at_us = now_us();
             self.counters().responses.fetch_add(1, Ordering::Relaxed);

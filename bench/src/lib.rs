@@ -200,6 +200,7 @@ struct Bench<'a> {
     proxy_ns: Vec<usize>,
     next_change: u64,
     stream_errors: usize,
+    streams_ended: usize,
     bad_responses: usize,
     nacks: usize,
     nack_examples: Vec<String>,
@@ -322,6 +323,7 @@ impl Bench<'_> {
             proxy_ns: (0..cfg.proxies).map(|i| i % cfg.namespaces).collect(),
             next_change: 0,
             stream_errors: 0,
+            streams_ended: 0,
             bad_responses: 0,
             nacks: 0,
             nack_examples: Vec::new(),
@@ -452,7 +454,7 @@ impl Bench<'_> {
             Some(duration) => {
                 let sk = self.soak(duration).await?;
                 self.progress(format!(
-                    "soak: {:.0} s, {} endpoint changes (p99 {:.0} ms), {} VS changes (p99 {:.0} ms); RSS {:.1} → {:.1} MiB ({:+.1} %); NACKs {}, stream errors {}, bad responses {}, missed {}",
+                    "soak: {:.0} s, {} endpoint changes (p99 {:.0} ms), {} VS changes (p99 {:.0} ms); RSS {:.1} → {:.1} MiB ({:+.1} %); NACKs {}, stream errors {}, streams ended by the server {}, bad responses {}, missed {}",
                     sk.duration_s,
                     sk.endpoint_change.samples.len(),
                     sk.endpoint_change.latency_ms.p99,
@@ -463,6 +465,7 @@ impl Bench<'_> {
                     sk.rss_growth_pct,
                     sk.nacks,
                     sk.stream_errors,
+                    sk.streams_ended,
                     sk.bad_responses,
                     sk.endpoint_change.missing + sk.vs_change.missing
                 ));
@@ -503,6 +506,7 @@ impl Bench<'_> {
             soak,
             bench_cpu_s: (procs::proc_cpu(std::process::id())? - bench_cpu0).as_secs_f64(),
             stream_errors: self.stream_errors,
+            streams_ended: self.streams_ended,
             bad_responses: self.bad_responses,
             nacks: self.nacks,
             nack_examples: self.nack_examples.clone(),
@@ -523,6 +527,7 @@ impl Bench<'_> {
     /// Records an event that is not what a phase waits for.
     fn note(&mut self, event: Event) {
         match event {
+            Event::StreamError { ended: true, .. } => self.streams_ended += 1,
             Event::StreamError { proxy, error, .. } => {
                 self.stream_errors += 1;
                 if self.error_examples.len() < 5 {
@@ -1045,6 +1050,7 @@ impl Bench<'_> {
     async fn soak(&mut self, duration: Duration) -> anyhow::Result<Soak> {
         self.drain_events();
         let (nacks0, errors0, bad0) = (self.nacks, self.stream_errors, self.bad_responses);
+        let ended0 = self.streams_ended;
         let rss_start_kib = self.servers[0].rss_kib()?;
         let mut rss_kib_per_minute = vec![rss_start_kib];
         let start = Instant::now();
@@ -1090,6 +1096,7 @@ impl Bench<'_> {
             vs_change: ChangeReport::summarize(vs.0, &vs.1),
             nacks: self.nacks - nacks0,
             stream_errors: self.stream_errors - errors0,
+            streams_ended: self.streams_ended - ended0,
             bad_responses: self.bad_responses - bad0,
         })
     }
@@ -1293,6 +1300,7 @@ impl Bench<'_> {
                     done += 1;
                     last = Instant::now();
                 }
+                Event::StreamError { ended: true, .. } => self.streams_ended += 1,
                 Event::StreamError { .. } => self.stream_errors += 1,
                 Event::Configured { .. } | Event::Observed { .. } => {}
                 other => self.note(other),
@@ -1524,6 +1532,7 @@ impl Tally {
                 proxy,
                 connect,
                 ref error,
+                ..
             } => {
                 let failed = if connect {
                     &mut self.connect_failed

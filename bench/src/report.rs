@@ -302,6 +302,9 @@ pub struct Soak {
     pub nacks: usize,
     /// Stream errors (resets) during the soak.
     pub stream_errors: usize,
+    /// Streams the server ended cleanly during the soak (its `--max-connection-age`):
+    /// the proxies reconnect and resume, nothing is resent.
+    pub streams_ended: usize,
     /// Responses the proxies could not understand during the soak.
     pub bad_responses: usize,
 }
@@ -474,6 +477,8 @@ pub struct Report {
     pub bench_cpu_s: f64,
     /// Stream errors seen by proxies (outside the replica move).
     pub stream_errors: usize,
+    /// Streams the server ended cleanly (an OK status: `--max-connection-age`, a drain).
+    pub streams_ended: usize,
     /// Responses proxies could not understand.
     pub bad_responses: usize,
     /// Responses proxies NACKed: they held a resource Envoy would reject.
@@ -724,7 +729,7 @@ impl Report {
         if let Some(sk) = &self.soak {
             let _ = writeln!(
                 o,
-                "{:<50} {:.0} s: {} endpoint changes (p99 {}), {} VS changes (p99 {}); RSS {:.1} → {:.1} MiB ({:+.1} %, ≤ 5 %: {}); NACKs {}, stream errors {}, bad responses {}, missed {}",
+                "{:<50} {:.0} s: {} endpoint changes (p99 {}), {} VS changes (p99 {}); RSS {:.1} → {:.1} MiB ({:+.1} %, ≤ 5 %: {}); NACKs {}, stream errors {}, streams ended by the server {}, bad responses {}, missed {}",
                 "soak",
                 sk.duration_s,
                 sk.endpoint_change.samples.len(),
@@ -737,6 +742,7 @@ impl Report {
                 verdict(sk.rss_growth_pct <= 5.0),
                 sk.nacks,
                 sk.stream_errors,
+                sk.streams_ended,
                 sk.bad_responses,
                 sk.endpoint_change.missing + sk.vs_change.missing
             );
@@ -774,10 +780,11 @@ impl Report {
         let _ = writeln!(o, "{}", "-".repeat(100));
         let _ = writeln!(
             o,
-            "ingest {:.1} s; benchmark process (the proxies) used {:.1} s CPU; stream errors {}, bad responses {}, NACKs {}, config mismatches {}, dangling cluster references on {} proxies; processes {}",
+            "ingest {:.1} s; benchmark process (the proxies) used {:.1} s CPU; stream errors {}, streams ended by the server {}, bad responses {}, NACKs {}, config mismatches {}, dangling cluster references on {} proxies; processes {}",
             self.ingest_s,
             self.bench_cpu_s,
             self.stream_errors,
+            self.streams_ended,
             self.bad_responses,
             self.nacks,
             i.mismatched,

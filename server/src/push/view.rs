@@ -250,8 +250,9 @@ pub struct View {
 #[derive(Default)]
 struct Inner {
     scope: Option<(Arc<PushContext>, Arc<ProxyScope>)>,
-    /// The outbound part for a PushContext (see [`View::for_type`]).
-    part: Option<(Arc<PushContext>, Arc<View>)>,
+    /// The outbound part for a PushContext (see [`View::for_type`]); `None`: the view is
+    /// its own part (not kept as an `Arc` in itself: that cycle would never drop).
+    part: Option<(Arc<PushContext>, Option<Arc<View>>)>,
     /// A sidecar's inbound clusters and listener, per PushContext (see [`View::composed`]).
     inbound: HashMap<XdsType, (Arc<PushContext>, Inbound)>,
     /// A sidecar's clusters and listeners: its part's outbound output with its inbound
@@ -371,19 +372,16 @@ impl View {
     fn part(self: &Arc<Self>, ctx: &Arc<PushContext>) -> Arc<View> {
         if let Some((c, part)) = &lock(&self.inner).part {
             if Arc::ptr_eq(c, ctx) {
-                return part.clone();
+                return part.clone().unwrap_or_else(|| self.clone());
             }
         }
         let key = self.key.outbound_part(&ctx.outbound_label_keys);
-        let part = if key == self.key {
-            self.clone()
-        } else {
+        let other = (key != self.key).then(|| {
             self.views
                 .find_or_insert(&self.views.parts, key, &self.proxy)
-        };
-        // A part that is the view itself is not kept in it (a cycle would never drop).
-        lock(&self.inner).part = (!Arc::ptr_eq(&part, self)).then(|| (ctx.clone(), part.clone()));
-        part
+        });
+        lock(&self.inner).part = Some((ctx.clone(), other.clone()));
+        other.unwrap_or_else(|| self.clone())
     }
 
     /// The proxy scope for a PushContext, computed once per context.

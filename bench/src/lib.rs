@@ -48,7 +48,7 @@ use manifests::{BenchMesh, MeshShape, ScenarioKind};
 use procs::{Binaries, Ingester, Nats, Server};
 use report::{
     ratio, CacheUse, ChangeReport, ChangeSample, Dist, Initial, Machine, Memory, Ratios,
-    ReplayBaseline, ReplicaMove, Report, Scenario, Soak, Storm,
+    ReplayBaseline, ReplicaInitial, ReplicaMove, Report, Scenario, Soak, Storm,
 };
 use shoal_common::bus::nats::{NatsBus, NatsOptions};
 use shoal_common::bus::{Bucket, StateBus, WatchEvent};
@@ -72,6 +72,16 @@ pub enum VsChange {
     Mesh,
     /// `ns-0/routes`: with Sidecar isolation only ns-0's proxies see it.
     Namespace,
+}
+
+/// Where the ingester reads the mesh from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Source {
+    /// `--source file:DIR`: manifests written to a directory the ingester polls.
+    File,
+    /// `--source kube`: the manifests applied to the Kubernetes API test server
+    /// (`shoal_tests::kubeapi`, in this process), which the ingester watches.
+    Kube,
 }
 
 /// What the initial phase is compared with.
@@ -130,6 +140,12 @@ pub struct BenchConfig {
     /// After the changes: a soak of this long (an endpoint change every second, a
     /// VirtualService change every 30 s).
     pub soak: Option<Duration>,
+    /// Scale-out: `replicas` (2 – 8) replicas from one ingester, the proxies spread over
+    /// them, each replica on its own CPU when `server_cpus` lists one per replica; per
+    /// replica figures, no replica move.
+    pub scale_out: bool,
+    /// Where the ingester reads the mesh from.
+    pub source: Source,
 }
 
 impl Default for BenchConfig {
@@ -155,6 +171,8 @@ impl Default for BenchConfig {
             storm: false,
             spread: false,
             soak: None,
+            scale_out: false,
+            source: Source::File,
         }
     }
 }
@@ -162,7 +180,21 @@ impl Default for BenchConfig {
 /// Runs the benchmark; every process it started is gone when this returns.
 pub async fn run(cfg: &BenchConfig) -> anyhow::Result<Report> {
     anyhow::ensure!(cfg.proxies > 0, "--proxies must be at least 1");
-    anyhow::ensure!((1..=2).contains(&cfg.replicas), "--replicas must be 1 or 2");
+    if cfg.scale_out {
+        anyhow::ensure!(
+            (2..=8).contains(&cfg.replicas),
+            "--scale-out needs --replicas 2 to 8"
+        );
+        anyhow::ensure!(
+            cfg.baseline == Baseline::None,
+            "--scale-out has no replay baseline: pass --baseline none and compare with a lone replica (--replicas 1, --proxies divided by the replicas)"
+        );
+    } else {
+        anyhow::ensure!(
+            (1..=2).contains(&cfg.replicas),
+            "--replicas must be 1 or 2 (more with --scale-out)"
+        );
+    }
     match tokio::time::timeout(cfg.timeout, Bench::run(cfg)).await {
         Ok(result) => result,
         Err(_) => bail!(
@@ -196,6 +228,8 @@ struct Bench<'a> {
     ingester: Ingester,
     nats: Nats,
     _dir: tempfile::TempDir,
+    /// With `--source kube`: the API server the ingester watches.
+    _kube: Option<Arc<shoal_tests::kubeapi::KubeApiServer>>,
     /// Proxy namespace index, per proxy.
     proxy_ns: Vec<usize>,
     next_change: u64,
@@ -248,7 +282,21 @@ impl Bench<'_> {
 
         let mut nats = Nats::start().await?;
         let ingest_start = Instant::now();
-        let mut ingester = Ingester::start(&bins, &nats.url(), mesh.dir())?;
+        let mut mesh = mesh;
+        let (mut ingester, kube) = match cfg.source {
+            Source::File => (Ingester::start(&bins, &nats.url(), mesh.dir())?, None),
+            Source::Kube => {
+                let kube = Arc::new(
+                    shoal_tests::kubeapi::KubeApiServer::builder()
+                        .name("shoal-bench")
+                        .start()
+                        .await,
+                );
+                mesh.apply_to_kube(kube.clone())?;
+                let ingester = Ingester::start_kube(&bins, &nats.url(), &kube.kubeconfig())?;
+                (ingester, Some(kube))
+            }
+        };
         let bus = connect_bus(&nats.url()).await?;
         wait_published(&bus, &mesh, &mut ingester, cfg.phase_timeout).await?;
         let ingest_s = ingest_start.elapsed().as_secs_f64();
@@ -277,16 +325,10 @@ impl Bench<'_> {
 
         let mut servers = Vec::new();
         for r in 0..cfg.replicas {
-            let name = format!("shoal-server-{}", ["a", "b"][r]);
+            let name = format!("shoal-server-{}", replica_letter(r));
+            let cpus = replica_cpus(cfg, r);
             servers.push(
-                Server::start(
-                    &bins,
-                    &name,
-                    &nats.url(),
-                    &cfg.server_args,
-                    cfg.server_cpus.as_deref(),
-                )
-                .await?,
+                Server::start(&bins, &name, &nats.url(), &cfg.server_args, cpus.as_deref()).await?,
             );
         }
 
@@ -303,7 +345,7 @@ impl Bench<'_> {
                 events_tx,
                 shutdown_rx,
             )
-            .spread(cfg.spread),
+            .spread(cfg.spread || cfg.scale_out),
         );
         let mut bench = Bench {
             cfg,
@@ -320,6 +362,7 @@ impl Bench<'_> {
             ingester,
             nats,
             _dir: dir,
+            _kube: kube,
             proxy_ns: (0..cfg.proxies).map(|i| i % cfg.namespaces).collect(),
             next_change: 0,
             stream_errors: 0,
@@ -352,6 +395,10 @@ impl Bench<'_> {
                 .unwrap_or_default(),
             debug_build: bins.debug_build,
             server_cpus: cfg.server_cpus.clone(),
+            source: match cfg.source {
+                Source::File => "file write".to_string(),
+                Source::Kube => "API server write".to_string(),
+            },
         };
         bench.progress(format!(
             "mesh published in {ingest_s:.1} s; {} replica(s) ready; connecting {} {} proxies ({})",
@@ -372,8 +419,14 @@ impl Bench<'_> {
     ) -> anyhow::Result<Report> {
         // Idle: state loaded, no proxy.
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let idle_rss_kib = self.servers[0].rss_kib()?;
-        let (initial, loaded_rss_kib, connected, fingerprints) = self.connect_all().await?;
+        let idle_rss: Vec<u64> = self
+            .servers
+            .iter()
+            .map(Server::rss_kib)
+            .collect::<anyhow::Result<_>>()?;
+        let idle_rss_kib = idle_rss[0];
+        let (initial, loaded_rss_kib, connected, fingerprints) =
+            self.connect_all(&idle_rss).await?;
         let memory = Memory {
             idle_rss_kib,
             loaded_rss_kib,
@@ -390,6 +443,17 @@ impl Bench<'_> {
             loaded_rss_kib as f64 / 1024.0,
             memory.per_proxy_kib
         ));
+        for r in &initial.replicas {
+            self.progress(format!(
+                "replica {}: {} proxies configured in {:.2} s, CPU {:.2} s, RSS {:.1} MiB ({:.1} KiB/proxy)",
+                replica_letter(r.replica),
+                r.proxies,
+                r.all_configured_s,
+                r.server_cpu_s,
+                r.rss_kib as f64 / 1024.0,
+                r.per_proxy_kib
+            ));
+        }
         let baseline = match self.cfg.baseline {
             Baseline::None => None,
             Baseline::Replay => {
@@ -473,7 +537,7 @@ impl Bench<'_> {
             }
             None => None,
         };
-        let replica_move = if self.servers.len() > 1 {
+        let replica_move = if self.servers.len() > 1 && !self.cfg.scale_out {
             let mv = self.move_replica().await?;
             self.progress(format!(
                 "moved {} proxies to replica B in {:.2} s: held {}, B sent {}, resent {}, B resumed {}",
@@ -613,7 +677,13 @@ impl Bench<'_> {
     /// each proxy held when configured.
     async fn connect_all(
         &mut self,
+        idle_rss: &[u64],
     ) -> anyhow::Result<(Initial, u64, usize, Vec<Option<Fingerprint>>)> {
+        let replica_cpu0: Vec<Duration> = self
+            .servers
+            .iter()
+            .map(Server::cpu)
+            .collect::<anyhow::Result<_>>()?;
         let server = &self.servers[0];
         let cpu0 = server.cpu()?;
         let m0 = server.metrics().await?;
@@ -660,8 +730,14 @@ impl Bench<'_> {
         let connected = m1.get(CONNECTIONS) as usize;
         let server_cpu_s = (server.cpu()? - cpu0).as_secs_f64();
         let fingerprints = std::mem::take(&mut tally.fingerprints);
+        let replicas = if self.cfg.scale_out {
+            self.replica_figures(&tally, idle_rss, &replica_cpu0)?
+        } else {
+            Vec::new()
+        };
         Ok((
             Initial {
+                replicas,
                 on_first_replica,
                 server_cpu_s,
                 server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
@@ -672,6 +748,41 @@ impl Bench<'_> {
             connected,
             fingerprints,
         ))
+    }
+
+    /// Each replica's share of the initial phase: the proxies on it now, the time until
+    /// the last of them was configured, its CPU since `cpu0` and its RSS growth over
+    /// `idle_rss`.
+    fn replica_figures(
+        &self,
+        tally: &Tally,
+        idle_rss: &[u64],
+        cpu0: &[Duration],
+    ) -> anyhow::Result<Vec<ReplicaInitial>> {
+        let counters = self.fleet.counters();
+        let mut figures = Vec::new();
+        for (r, server) in self.servers.iter().enumerate() {
+            let on_it: Vec<usize> = (0..self.cfg.proxies)
+                .filter(|&p| {
+                    counters[p].server.load(Ordering::Relaxed) as usize % self.servers.len() == r
+                })
+                .collect();
+            let last_ms = on_it
+                .iter()
+                .filter_map(|&p| tally.elapsed[p])
+                .fold(0.0, f64::max);
+            let rss_kib = server.rss_kib()?;
+            figures.push(ReplicaInitial {
+                replica: r,
+                proxies: on_it.len(),
+                all_configured_s: last_ms / 1000.0,
+                server_cpu_s: (server.cpu()? - cpu0[r]).as_secs_f64(),
+                rss_kib,
+                per_proxy_kib: rss_kib.saturating_sub(idle_rss[r]) as f64
+                    / on_it.len().max(1) as f64,
+            });
+        }
+        Ok(figures)
     }
 
     /// Waits for the next event of a side fleet until `deadline`, checking the processes
@@ -1023,6 +1134,7 @@ impl Bench<'_> {
                 observed: receipts.len(),
                 unexpected: 0,
                 latency_ms: Dist::of(&latencies),
+                from_write_ms: Dist::default(),
                 server_cpu_s,
                 server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
                 server_pushes: m1.get(PUSHES) - m0.get(PUSHES),
@@ -1242,6 +1354,11 @@ impl Bench<'_> {
             .filter(|(p, _)| affected[**p])
             .map(|(_, at_us)| *at_us as f64 / 1000.0 - observed_at_ms as f64)
             .collect();
+        let from_write: Vec<f64> = receipts
+            .iter()
+            .filter(|(p, _)| affected[**p])
+            .map(|(_, at_us)| *at_us as f64 / 1000.0 - write_ms as f64)
+            .collect();
         let sample = ChangeSample {
             k,
             key,
@@ -1250,6 +1367,7 @@ impl Bench<'_> {
             observed,
             unexpected,
             latency_ms: Dist::of(&latencies),
+            from_write_ms: Dist::of(&from_write),
             server_cpu_s: (server.cpu()? - cpu0).as_secs_f64(),
             server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
             server_pushes: m1.get(PUSHES) - m0.get(PUSHES),
@@ -1695,5 +1813,22 @@ async fn watch_bucket(
                 return;
             }
         }
+    }
+}
+
+/// The name letter of replica `r`: a, b, c, …
+fn replica_letter(r: usize) -> char {
+    char::from(b'a' + (r % 26) as u8)
+}
+
+/// The CPUs replica `r` is pinned to: with `--scale-out` and one CPU listed per replica
+/// (`1,2,3,4`), its own; otherwise the whole `--server-cpus` list.
+fn replica_cpus(cfg: &BenchConfig, r: usize) -> Option<String> {
+    let list = cfg.server_cpus.as_deref()?;
+    let each: Vec<&str> = list.split(',').map(str::trim).collect();
+    if cfg.scale_out && each.len() == cfg.replicas {
+        Some(each[r].to_string())
+    } else {
+        Some(list.to_string())
     }
 }

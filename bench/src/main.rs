@@ -5,7 +5,7 @@
 use clap::Parser;
 use shoal_bench::client::Mode;
 use shoal_bench::manifests::ScenarioKind;
-use shoal_bench::{Baseline, BenchConfig, VsChange};
+use shoal_bench::{Baseline, BenchConfig, Source, VsChange};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -134,6 +134,23 @@ struct Args {
     #[arg(long, value_name = "SECONDS")]
     soak: Option<u64>,
 
+    /// Scale-out: --replicas N (2 – 8) replicas fed by one ingester, the proxies spread
+    /// over them (proxy i on replica i mod N), each replica pinned to its own CPU when
+    /// --server-cpus lists one per replica (`1,2,3,4`). Reports each replica's CPU, RSS
+    /// per proxy and the time until its proxies were configured; no replica move and no
+    /// replay baseline (pass --baseline none). Compare with a lone replica: the same
+    /// command with --replicas 1 and --proxies divided by N.
+    #[arg(long)]
+    scale_out: bool,
+
+    /// Where the ingester reads the mesh: `file` (a manifest directory, `--source
+    /// file:DIR`) or `kube` (the Kubernetes API test server, run inside this process, with
+    /// the ingester watching it as a cluster: `--source kube`); with `kube`, endpoint
+    /// changes are EndpointSlice writes to the API server and the report gives the time
+    /// from that write to the last affected proxy.
+    #[arg(long, value_enum, default_value_t = Source::File)]
+    source: Source,
+
     /// Print the results as JSON on stdout (progress still goes to stderr).
     #[arg(long)]
     json: bool,
@@ -170,6 +187,8 @@ fn main() -> ExitCode {
         storm: args.storm,
         spread: args.spread,
         soak: args.soak.map(Duration::from_secs),
+        scale_out: args.scale_out,
+        source: args.source,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

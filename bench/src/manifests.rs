@@ -34,9 +34,11 @@
 //! endpoint change rewrites one small file.
 
 use anyhow::Context;
+use shoal_tests::kubeapi::KubeApiServer;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The services' (and the sidecar egress listener's) port.
 pub const SERVICE_PORT: u16 = 8080;
@@ -210,6 +212,8 @@ pub struct BenchMesh {
     dir: PathBuf,
     shape: MeshShape,
     services: Vec<ServiceSpec>,
+    /// With `--source kube`: the API server every manifest is also applied to.
+    kube: Option<Arc<KubeApiServer>>,
 }
 
 /// The namespace name of namespace `k`.
@@ -254,6 +258,35 @@ fn cluster_ip(g: usize) -> String {
     format!("10.96.{}.{}", g / 250, g % 250 + 1)
 }
 
+/// Applies every object of the YAML `content` (manifest `name`) to `kube`.
+fn apply_documents(kube: &KubeApiServer, name: &str, content: &str) -> anyhow::Result<()> {
+    let docs = shoal_common::yaml::documents(content)
+        .map_err(|e| anyhow::anyhow!("parsing {name}: {e}"))?;
+    for doc in docs {
+        kube.apply(doc)
+            .map_err(|e| anyhow::anyhow!("applying {name} to the API server: {e:?}"))?;
+    }
+    Ok(())
+}
+
+/// A `networking.istio.io` CRD (v1 stored, v1beta1 and v1alpha3 served) without schema.
+fn istio_crd(kind: &str, plural: &str) -> serde_json::Value {
+    let version = |name: &str, storage: bool| {
+        serde_json::json!({"name": name, "served": true, "storage": storage,
+            "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}})
+    };
+    serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.networking.istio.io")},
+        "spec": {
+            "group": "networking.istio.io", "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(),
+                      "listKind": format!("{kind}List")},
+            "versions": [version("v1alpha3", false), version("v1beta1", false), version("v1", true)],
+        },
+    })
+}
+
 impl BenchMesh {
     /// Writes every manifest of `shape` into `dir` (which must exist).
     pub fn write(dir: &Path, shape: MeshShape) -> anyhow::Result<BenchMesh> {
@@ -282,6 +315,7 @@ impl BenchMesh {
             dir: dir.to_path_buf(),
             shape,
             services,
+            kube: None,
         };
         mesh.write_all()?;
         Ok(mesh)
@@ -430,7 +464,37 @@ impl BenchMesh {
         }
     }
 
+    /// From now on, every manifest is also applied to `kube` (`--source kube`): installs
+    /// the Istio CRDs the mesh uses, then applies what was written so far, namespaces
+    /// first.
+    pub fn apply_to_kube(&mut self, kube: Arc<KubeApiServer>) -> anyhow::Result<()> {
+        for (kind, plural) in [
+            ("VirtualService", "virtualservices"),
+            ("Sidecar", "sidecars"),
+        ] {
+            kube.apply(istio_crd(kind, plural))
+                .map_err(|e| anyhow::anyhow!("creating the {kind} CRD: {e:?}"))?;
+        }
+        let mut names: Vec<String> = std::fs::read_dir(&self.dir)
+            .with_context(|| format!("reading {}", self.dir.display()))?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".yaml"))
+            .collect();
+        names.sort_by_key(|n| (n != "namespaces.yaml", n.clone()));
+        for name in names {
+            let path = self.dir.join(&name);
+            let content = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            apply_documents(&kube, &name, &content)?;
+        }
+        self.kube = Some(kube);
+        Ok(())
+    }
+
     fn write_file(&self, name: &str, content: &str) -> anyhow::Result<()> {
+        if let Some(kube) = &self.kube {
+            apply_documents(kube, name, content)?;
+        }
         // Write then rename: the ingester never reads a half-written file; the temporary
         // name is hidden and not `.yaml`, so it is never read as a manifest.
         let tmp = self.dir.join(format!(".{name}.tmp"));

@@ -180,6 +180,32 @@ impl Ingester {
         Ok(Ingester { process })
     }
 
+    /// Starts `shoal-ingester --nats-url URL --source kube --admin-addr <free>` with
+    /// `KUBECONFIG` set to a file holding `kubeconfig` (the API test server's).
+    pub fn start_kube(
+        bins: &Binaries,
+        nats_url: &str,
+        kubeconfig: &str,
+    ) -> anyhow::Result<Ingester> {
+        let dir = temp_dir("ingester")?;
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(&path, kubeconfig).with_context(|| format!("writing {}", path.display()))?;
+        let args = vec![
+            "--nats-url".to_string(),
+            nats_url.to_string(),
+            "--source".to_string(),
+            "kube".to_string(),
+            "--admin-addr".to_string(),
+            free_addr().to_string(),
+        ];
+        let mut cmd = shoal_command(&bins.ingester, &args);
+        // Never the service account of a pod this may run in.
+        cmd.env_remove("KUBERNETES_SERVICE_HOST")
+            .env("KUBECONFIG", &path);
+        let process = Process::try_spawn("shoal-ingester", cmd, dir)?;
+        Ok(Ingester { process })
+    }
+
     /// Fails with the log when the ingester has exited.
     pub fn check_running(&mut self) -> anyhow::Result<()> {
         check_running(&mut self.process)

@@ -129,6 +129,8 @@ pub struct Scenario {
     pub debug_build: bool,
     /// CPUs the servers were pinned to (`taskset -c`), if any.
     pub server_cpus: Option<String>,
+    /// Where the ingester read the mesh from: `file write` or `API server write`.
+    pub source: String,
 }
 
 /// The initial connection of every proxy.
@@ -178,6 +180,25 @@ pub struct Initial {
     pub connect_failures: usize,
     /// Proxies whose stream broke at least once after connecting, during the phase.
     pub stream_failures: usize,
+    /// Per replica, with `--scale-out` (empty otherwise).
+    pub replicas: Vec<ReplicaInitial>,
+}
+
+/// One replica's share of the initial phase (`--scale-out`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReplicaInitial {
+    /// The replica's index (0 = A).
+    pub replica: usize,
+    /// Proxies configured from it.
+    pub proxies: usize,
+    /// From the first connection attempt until its last proxy was configured, seconds.
+    pub all_configured_s: f64,
+    /// Its CPU during the phase, seconds.
+    pub server_cpu_s: f64,
+    /// Its RSS after the phase, KiB.
+    pub rss_kib: u64,
+    /// (RSS after − RSS before any proxy) / its proxies, KiB.
+    pub per_proxy_kib: f64,
 }
 
 /// shoal / replay, for one figure (None when the replay figure is 0).
@@ -340,6 +361,9 @@ pub struct ChangeSample {
     pub unexpected: usize,
     /// From `observed_at_ms` to receipt, per affected proxy, ms.
     pub latency_ms: Dist,
+    /// From the write (the file's rename, or the API server's write with `--source kube`)
+    /// to receipt, per affected proxy, ms: what a user feels.
+    pub from_write_ms: Dist,
     /// Server CPU from the write until pushes stopped, seconds.
     pub server_cpu_s: f64,
     /// Resource bytes the server sent for this change.
@@ -359,6 +383,9 @@ pub struct ChangeReport {
     pub latency_ms: Dist,
     /// Per change, the time until its last affected proxy had it, ms.
     pub all_converged_ms: Dist,
+    /// Per change, from the write (file rename or API server write) until its last
+    /// affected proxy had it, ms.
+    pub from_write_all_ms: Dist,
     /// Affected proxies that never received their change.
     pub missing: usize,
     /// Mean server CPU per change, seconds.
@@ -380,6 +407,13 @@ impl ChangeReport {
                     .iter()
                     .filter(|s| s.observed > 0)
                     .map(|s| s.latency_ms.max)
+                    .collect::<Vec<_>>(),
+            ),
+            from_write_all_ms: Dist::of(
+                &samples
+                    .iter()
+                    .filter(|s| s.observed > 0)
+                    .map(|s| s.from_write_ms.max)
                     .collect::<Vec<_>>(),
             ),
             missing: samples.iter().map(|s| s.affected - s.observed).sum(),
@@ -628,6 +662,14 @@ impl Report {
             );
             let _ = writeln!(
                 o,
+                "{:<50} {:>10} {:>10} {:>10}",
+                format!("  per change, {}→all affected had it", s.source),
+                ms(c.from_write_all_ms.p50),
+                ms(c.from_write_all_ms.p99),
+                ms(c.from_write_all_ms.max)
+            );
+            let _ = writeln!(
+                o,
                 "{:<50} server CPU {:.3} s, sent {}, {}{}",
                 "  per change",
                 c.server_cpu_s,
@@ -677,7 +719,7 @@ impl Report {
                 "  capture listeners", i.with_virtual_outbound, i.with_virtual_inbound, s.proxies
             );
         }
-        if i.on_first_replica != s.proxies && s.replicas > 1 {
+        if i.on_first_replica != s.proxies && s.replicas > 1 && i.replicas.is_empty() {
             let _ = writeln!(
                 o,
                 "{:<50} only {} of {} proxies stayed on replica A; the others moved to B during the connection phase",
@@ -745,6 +787,18 @@ impl Report {
                 sk.streams_ended,
                 sk.bad_responses,
                 sk.endpoint_change.missing + sk.vs_change.missing
+            );
+        }
+        for r in &i.replicas {
+            let _ = writeln!(
+                o,
+                "{:<50} {} proxies configured in {:.2} s, CPU {:.2} s, RSS {:.1} MiB ({:.1} KiB/proxy)",
+                format!("  scale-out: replica {}", r.replica),
+                r.proxies,
+                r.all_configured_s,
+                r.server_cpu_s,
+                r.rss_kib as f64 / 1024.0,
+                r.per_proxy_kib
             );
         }
         if let Some(mv) = &self.replica_move {

@@ -13,7 +13,7 @@
 use shoal_bench::client::Mode;
 use shoal_bench::manifests::ScenarioKind;
 use shoal_bench::report::Report;
-use shoal_bench::{Baseline, BenchConfig, VsChange};
+use shoal_bench::{Baseline, BenchConfig, Source, VsChange};
 use std::time::Duration;
 
 fn smoke(mode: Mode, scenario: ScenarioKind, vs_change: VsChange) -> BenchConfig {
@@ -38,6 +38,8 @@ fn smoke(mode: Mode, scenario: ScenarioKind, vs_change: VsChange) -> BenchConfig
         storm: false,
         spread: false,
         soak: None,
+        scale_out: false,
+        source: Source::File,
     }
 }
 
@@ -79,6 +81,10 @@ fn assert_functional(r: &Report, cfg: &BenchConfig) {
             assert_eq!(s.unexpected, 0, "{what}: only affected proxies\n{}", ctx());
         }
     }
+    assert!(r.processes_ok, "{}", ctx());
+    if cfg.scale_out {
+        return;
+    }
     let mv = r.replica_move.as_ref().expect("two replicas: the move ran");
     assert!(mv.expected > 0, "proxies were on replica A\n{}", ctx());
     assert_eq!(mv.reconfigured, mv.expected, "all moved\n{}", ctx());
@@ -100,7 +106,6 @@ fn assert_functional(r: &Report, cfg: &BenchConfig) {
         // SotW has no way to say what the proxy holds: everything comes again.
         Mode::Sotw => assert!(mv.resent > 0, "{}", ctx()),
     }
-    assert!(r.processes_ok, "{}", ctx());
     if cfg.baseline == Baseline::Replay {
         let b = r
             .baseline
@@ -213,6 +218,39 @@ async fn delta_captured() {
     }
     assert!(
         p0.other_clusters.iter().any(|c| c == "inbound|8080||"),
+        "{}",
+        ctx()
+    );
+}
+
+/// The Kubernetes path and the scale-out: the mesh applied to the API test server, the
+/// ingester watching it (`--source kube`), endpoint changes as EndpointSlice writes, three
+/// replicas each serving a third of the proxies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_source_scale_out() {
+    let cfg = BenchConfig {
+        changes: 1,
+        replicas: 3,
+        proxies: 21,
+        scale_out: true,
+        source: Source::Kube,
+        ..smoke(Mode::Delta, ScenarioKind::Captured, VsChange::Mesh)
+    };
+    let r = run(cfg.clone()).await;
+    assert_functional(&r, &cfg);
+    let ctx = || serde_json::to_string_pretty(&r).unwrap_or_default();
+    assert!(r.replica_move.is_none(), "{}", ctx());
+    let per_replica: Vec<usize> = r.initial.replicas.iter().map(|x| x.proxies).collect();
+    assert_eq!(per_replica, vec![7, 7, 7], "{}", ctx());
+    assert!(
+        r.initial.replicas.iter().all(|x| x.server_cpu_s > 0.0),
+        "{}",
+        ctx()
+    );
+    // Measured from the API server write, which precedes the ingester's observation.
+    let ep = &r.endpoint_change;
+    assert!(
+        ep.from_write_all_ms.n == 1 && ep.from_write_all_ms.max >= ep.all_converged_ms.max,
         "{}",
         ctx()
     );

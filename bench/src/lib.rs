@@ -763,9 +763,7 @@ impl Bench<'_> {
         let mut figures = Vec::new();
         for (r, server) in self.servers.iter().enumerate() {
             let on_it: Vec<usize> = (0..self.cfg.proxies)
-                .filter(|&p| {
-                    counters[p].server.load(Ordering::Relaxed) as usize % self.servers.len() == r
-                })
+                .filter(|&p| counters[p].server.load(Ordering::Relaxed) % self.servers.len() == r)
                 .collect();
             let last_ms = on_it
                 .iter()

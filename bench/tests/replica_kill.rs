@@ -11,7 +11,7 @@
 
 use shoal_bench::client::Mode;
 use shoal_bench::manifests::ScenarioKind;
-use shoal_bench::{Baseline, BenchConfig, VsChange};
+use shoal_bench::{BenchConfig, VsChange};
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -31,12 +31,8 @@ async fn replica_kill_with_many_delta_proxies() {
         connect_concurrency: 16,
         bin_dir: Some(shoal_tests::shoal::bin_dir()),
         server_args: Vec::new(),
-        server_cpus: None,
-        progress: true,
-        baseline: Baseline::None,
-        storm: false,
         spread: true,
-        soak: None,
+        ..BenchConfig::default()
     };
     let r = match shoal_bench::run(&cfg).await {
         Ok(r) => r,

@@ -127,8 +127,8 @@ struct Args {
     spread: bool,
 
     /// After the measured changes (before the replica move): a soak of this many seconds,
-    /// an endpoint change every second (each replacing the previous soak endpoint of its
-    /// service, so the mesh does not grow) and a VirtualService change every 30 s, each
+    /// an endpoint change every second (to two services of each namespace in turn, each
+    /// replacing its service's previous soak endpoint, so the mesh does not grow) and a VirtualService change every 30 s, each
     /// measured; reports the server's RSS growth (target ≤ 5 % over 30 minutes), NACKs,
     /// stream errors and missed changes. Raise --timeout to cover it.
     #[arg(long, value_name = "SECONDS")]

@@ -269,24 +269,6 @@ fn apply_documents(kube: &KubeApiServer, name: &str, content: &str) -> anyhow::R
     Ok(())
 }
 
-/// A `networking.istio.io` CRD (v1 stored, v1beta1 and v1alpha3 served) without schema.
-fn istio_crd(kind: &str, plural: &str) -> serde_json::Value {
-    let version = |name: &str, storage: bool| {
-        serde_json::json!({"name": name, "served": true, "storage": storage,
-            "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}})
-    };
-    serde_json::json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("{plural}.networking.istio.io")},
-        "spec": {
-            "group": "networking.istio.io", "scope": "Namespaced",
-            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(),
-                      "listKind": format!("{kind}List")},
-            "versions": [version("v1alpha3", false), version("v1beta1", false), version("v1", true)],
-        },
-    })
-}
-
 impl BenchMesh {
     /// Writes every manifest of `shape` into `dir` (which must exist).
     pub fn write(dir: &Path, shape: MeshShape) -> anyhow::Result<BenchMesh> {
@@ -472,7 +454,7 @@ impl BenchMesh {
             ("VirtualService", "virtualservices"),
             ("Sidecar", "sidecars"),
         ] {
-            kube.apply(istio_crd(kind, plural))
+            kube.apply(shoal_tests::kubeapi::istio_crd(kind, plural))
                 .map_err(|e| anyhow::anyhow!("creating the {kind} CRD: {e:?}"))?;
         }
         let mut names: Vec<String> = std::fs::read_dir(&self.dir)

@@ -759,3 +759,23 @@ impl Drop for KubeApiServer {
         self.stop();
     }
 }
+
+/// The CRD of an Istio networking kind (`plural` its resource), like Istio's: served in
+/// v1alpha3, v1beta1 and v1 (stored), each with a `status` subresource, no schema.
+pub fn istio_crd(kind: &str, plural: &str) -> Value {
+    let version = |name: &str, storage: bool| {
+        json!({"name": name, "served": true, "storage": storage,
+               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+               "subresources": {"status": {}}})
+    };
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.networking.istio.io")},
+        "spec": {
+            "group": "networking.istio.io", "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(),
+                      "listKind": format!("{kind}List")},
+            "versions": [version("v1alpha3", false), version("v1beta1", false), version("v1", true)],
+        },
+    })
+}

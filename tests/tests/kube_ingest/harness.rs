@@ -396,24 +396,7 @@ pub fn virtual_service_crd() -> Value {
     istio_crd("VirtualService", "virtualservices")
 }
 
-/// The CRD of an Istio networking kind (`plural` its resource), served in every version.
-pub fn istio_crd(kind: &str, plural: &str) -> Value {
-    let version = |name: &str, storage: bool| {
-        json!({"name": name, "served": true, "storage": storage,
-               "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-               "subresources": {"status": {}}})
-    };
-    json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("{plural}.networking.istio.io")},
-        "spec": {
-            "group": "networking.istio.io", "scope": "Namespaced",
-            "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(),
-                      "listKind": format!("{kind}List")},
-            "versions": [version("v1alpha3", false), version("v1beta1", false), version("v1", true)],
-        },
-    })
-}
+pub use shoal_tests::kubeapi::istio_crd;
 
 pub fn virtual_service(ns: &str, name: &str) -> Value {
     json!({

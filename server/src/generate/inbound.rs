@@ -473,15 +473,20 @@ fn inbound_hcm(
             name: format!("inbound|http|{port}"),
             domains: vec!["*".into()],
             routes: vec![route],
+            include_request_attempt_count: true,
             ..Default::default()
         }],
         validate_clusters: Some(BoolValue { value: false }),
+        max_direct_response_body_size_bytes: Some(UInt32Value {
+            value: super::lds::MAX_DIRECT_RESPONSE_BODY_BYTES,
+        }),
         ..Default::default()
     };
     let mut hcm = http_connection_manager(stat_prefix, HcmRoutes::Inline(Box::new(rc)));
     // The app sees the caller's identity (its SPIFFE URI) in `x-forwarded-client-cert` when
     // the connection is mTLS (istiod's default proxy headers).
     hcm.forward_client_cert_details = ForwardClientCertDetails::AppendForward as i32;
+    hcm.server_name = super::lds::INBOUND_SERVER_NAME.into();
     hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails {
         subject: Some(BoolValue { value: true }),
         uri: true,

@@ -11,6 +11,7 @@ mod determinism;
 mod eds;
 mod gateway_credentials;
 mod gateway_semantics;
+mod golden;
 mod grpc;
 mod http_features;
 mod lds;

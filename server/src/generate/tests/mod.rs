@@ -19,3 +19,4 @@ mod locality;
 mod mtls;
 mod rds_gateway;
 mod rds_sidecar;
+mod telemetry;

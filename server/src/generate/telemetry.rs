@@ -29,7 +29,6 @@ use crate::index::proxy::{Proxy, ProxyKind};
 use crate::index::push_context::PushContext;
 use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message as _;
-use shoal_proto::pb::envoy::config::cluster::v3::Cluster;
 use shoal_proto::pb::envoy::config::core::v3::TrafficDirection;
 use shoal_proto::pb::envoy::config::listener::v3::{filter, Filter, FilterChain, Listener};
 use shoal_proto::pb::envoy::extensions::filters::http::grpc_stats::v3::{
@@ -64,6 +63,8 @@ const ALPN_TYPE: &str =
 const PEER_METADATA_TYPE: &str = "type.googleapis.com/io.istio.http.peer_metadata.Config";
 const TCP_MX_TYPE: &str = "type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange";
 const TYPED_STRUCT: &str = "type.googleapis.com/xds.type.v3.TypedStruct";
+/// `Cluster.alt_stat_name`'s field number.
+const ALT_STAT_NAME_FIELD: u32 = 28;
 /// MeshConfig `defaultConfig.tracing.sampling`'s default, in percent.
 const DEFAULT_TRACE_SAMPLING: f64 = 1.0;
 
@@ -147,11 +148,20 @@ pub fn build(key: &TelemetryKey) -> Resource {
         decorate_listener(&mut l, key);
         Resource::new(XdsType::Listener, inner.name, &l)
     } else if inner.any.type_url == XdsType::Cluster.type_url() {
-        let Ok(mut c) = Cluster::decode(&*inner.any.value) else {
-            return inner;
+        // Appended to the encoding rather than decoded and encoded again: a cluster's
+        // hand-ordered metadata maps (`cds::with_service_metadata`) keep their bytes.
+        let mut value = inner.any.value.to_vec();
+        delimited(
+            ALT_STAT_NAME_FIELD,
+            format!("{};", inner.name).as_bytes(),
+            &mut value,
+        );
+        let any = Any {
+            type_url: inner.any.type_url.clone(),
+            value: value.into(),
         };
-        c.alt_stat_name = format!("{};", c.name);
-        Resource::new(XdsType::Cluster, inner.name, &c)
+        let version = shoal_proto::content_version(&any.value);
+        Resource::from_parts(inner.name, version, any)
     } else {
         inner
     }
@@ -417,14 +427,14 @@ fn tracing(key: &TelemetryKey) -> Tracing {
 // Deterministic google.protobuf.Struct encoding
 
 /// A JSON value, with object fields in the order given (write them sorted).
-enum J {
+pub(crate) enum J {
     Str(String),
     Bool(bool),
     List(Vec<J>),
     Obj(Vec<(String, J)>),
 }
 
-fn delimited(tag: u32, bytes: &[u8], out: &mut Vec<u8>) {
+pub(crate) fn delimited(tag: u32, bytes: &[u8], out: &mut Vec<u8>) {
     encode_key(tag, WireType::LengthDelimited, out);
     encode_varint(bytes.len() as u64, out);
     out.extend_from_slice(bytes);
@@ -432,7 +442,7 @@ fn delimited(tag: u32, bytes: &[u8], out: &mut Vec<u8>) {
 
 /// `Struct { map<string, Value> fields = 1 }`: one map entry (`key = 1`, `value = 2`) per
 /// field, in the order given.
-fn encode_struct(fields: &[(String, J)]) -> Vec<u8> {
+pub(crate) fn encode_struct(fields: &[(String, J)]) -> Vec<u8> {
     let mut out = Vec::new();
     for (k, v) in fields {
         let mut entry = Vec::new();

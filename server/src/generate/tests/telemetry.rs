@@ -194,3 +194,35 @@ fn inbound_retry_is_gated_on_the_proxy_version() {
     assert_eq!(inbound_retry_on(&proxy(Some("1.27-dev"))), reset);
     assert_eq!(inbound_retry_on(&proxy(Some("1.23.3"))), None);
 }
+
+/// Service clusters carry istiod's `istio.services` metadata (every proxy), in the same
+/// bytes every time; istio-proxy's `alt_stat_name` is added without disturbing them.
+#[test]
+fn service_clusters_carry_istio_service_metadata() {
+    use shoal_proto::pb::google::protobuf::value::Kind;
+    for version in [None, Some("1.26.1")] {
+        let p = proxy(version);
+        let first = gen(XdsType::Cluster, &p, &mesh().snapshot(), &[]);
+        for _ in 0..10 {
+            let again = gen(XdsType::Cluster, &p, &mesh().snapshot(), &[]);
+            let a: Vec<_> = first.iter().map(|r| &r.any.value).collect();
+            let b: Vec<_> = again.iter().map(|r| &r.any.value).collect();
+            assert_eq!(a, b);
+        }
+        let c = &clusters(&first)["outbound|9080||reviews.default.svc.cluster.local"];
+        let istio = &c.metadata.as_ref().expect("metadata").filter_metadata["istio"];
+        let Some(Kind::ListValue(services)) = &istio.fields["services"].kind else {
+            panic!("services list")
+        };
+        let Some(Kind::StructValue(svc)) = &services.values[0].kind else {
+            panic!("a service")
+        };
+        let field = |k: &str| match &svc.fields[k].kind {
+            Some(Kind::StringValue(s)) => s.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(field("host"), "reviews.default.svc.cluster.local");
+        assert_eq!(field("name"), "reviews");
+        assert_eq!(field("namespace"), "default");
+    }
+}

@@ -908,10 +908,6 @@ const GATEWAY_RDS_ALLOWED: &[Allowed] = &[
         "version drift: istiod 1.20 retried 503s by default; istiod at HEAD (retry.go) sets \
          no retriable status codes, as shoal",
     ),
-    allow(
-        "rds/*/decorator",
-        "known gap: routes carry no tracing decorator (docs/istio-compatibility.md)",
-    ),
 ];
 
 // ---------------------------------------------------------------------------------------

@@ -158,7 +158,7 @@ pub fn build(key: &TelemetryKey) -> Resource {
         );
         let any = Any {
             type_url: inner.any.type_url.clone(),
-            value: value.into(),
+            value,
         };
         let version = shoal_proto::content_version(&any.value);
         Resource::from_parts(inner.name, version, any)

@@ -25,7 +25,7 @@ impl IstioVersion {
     /// `ParseIstioVersion`: `<major>.<minor>` at the start, else the newest release.
     pub fn parse(s: &str) -> IstioVersion {
         let s = s.trim_start_matches('v');
-        let mut parts = s.splitn(3, |c: char| c == '.' || c == '-');
+        let mut parts = s.splitn(3, ['.', '-']);
         let num = |p: Option<&str>| p.and_then(|p| p.parse::<u32>().ok());
         match (num(parts.next()), num(parts.next())) {
             (Some(major), Some(minor)) if major > 0 => IstioVersion { major, minor },

@@ -421,7 +421,6 @@ impl ProxyIdentity {
         let mut fields = vec![
             ("NAMESPACE".to_string(), s(&self.namespace)),
             ("CLUSTER_ID".to_string(), s("Kubernetes")),
-            ("ISTIO_VERSION".to_string(), s("1.24.0")),
             (
                 "LABELS".to_string(),
                 Value {

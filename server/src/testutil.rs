@@ -196,6 +196,7 @@ pub fn sidecar_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         locality: Locality::default(),
         service_account: None,
         verified: None,
+        istio_version: None,
     }
 }
 
@@ -232,6 +233,7 @@ pub fn router_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         locality: Locality::default(),
         service_account: None,
         verified: None,
+        istio_version: None,
     }
 }
 

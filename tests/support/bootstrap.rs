@@ -173,7 +173,6 @@ pub fn bootstrap_with(node: &Node, admin_port: u16, xds: &[SocketAddr], mode: Ad
   metadata:
     NAMESPACE: {namespace}
     CLUSTER_ID: Kubernetes
-    ISTIO_VERSION: "1.24.0"
 {interception}    LABELS:
 {labels}admin:
   address:

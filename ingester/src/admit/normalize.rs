@@ -90,14 +90,27 @@ pub fn check_service(svc: &KubeService) -> Result<(), InvalidObject> {
     Ok(())
 }
 
-/// The protocol of a service port: `appProtocol` when set, else Istio's port-name convention.
-fn port_protocol(name: &str, app_protocol: Option<&str>) -> Protocol {
-    match app_protocol {
-        // The one standard Kubernetes appProtocol Istio maps to a mesh protocol.
+/// Ports istiod never sniffs (its `wellKnownPorts`: SMTP, DNS, MySQL, MongoDB): a port
+/// on one of them that names no protocol is TCP. Sniffing would break these protocols,
+/// where the server speaks first or the client sends nothing HTTP-like (kube-dns' TCP 53
+/// gets a plain TCP proxy, as from istiod).
+const WELL_KNOWN_TCP_PORTS: [u16; 4] = [25, 53, 3306, 27017];
+
+/// The protocol of a service port: `appProtocol` when set, else Istio's port-name convention,
+/// else TCP on a well-known port (istiod's `ConvertProtocol`).
+fn port_protocol(name: &str, port: u16, app_protocol: Option<&str>) -> Protocol {
+    let protocol = match app_protocol {
+        // The standard Kubernetes appProtocols Istio maps to mesh protocols.
         Some("kubernetes.io/h2c") => Protocol::Http2,
-        Some(p) if !p.is_empty() => Protocol::parse(p),
+        Some("kubernetes.io/ws") => Protocol::Http,
+        Some("kubernetes.io/wss") => Protocol::Https,
+        Some(p) if !p.is_empty() => Protocol::from_port_name(p),
         _ => Protocol::from_port_name(name),
+    };
+    if protocol == Protocol::Unsupported && WELL_KNOWN_TCP_PORTS.contains(&port) {
+        return Protocol::Tcp;
     }
+    protocol
 }
 
 /// Normalizes a Service seen in `cluster`. `Ok(None)` for services shoal does not model
@@ -136,7 +149,7 @@ pub fn service(svc: &KubeService, cluster: &str) -> Result<Option<Service>, Inva
         // The default, spelled out: keep the stored value small.
         .filter(|t| *t != TargetPort::Number(port));
         ports.push(ServicePort {
-            protocol: port_protocol(&name, p.app_protocol.as_deref()),
+            protocol: port_protocol(&name, port, p.app_protocol.as_deref()),
             name,
             port,
             target_port,
@@ -385,6 +398,35 @@ mod tests {
              kubectl.kubernetes.io/last-applied-configuration: '{{}}'\n\
              spec:\n  clusterIP: 10.0.0.7\n  selector:\n    app: reviews\n  ports:\n{ports}"
         ))
+    }
+
+    /// kube-dns (`dns` UDP 53, `dns-tcp` TCP 53, `metrics` 9153): the TCP DNS port names
+    /// no protocol but is well known, so TCP (a plain TCP proxy, as istiod); `metrics` stays
+    /// sniffed; the UDP port is not proxied.
+    #[test]
+    fn well_known_ports_are_tcp_unless_named() {
+        let s = svc("  - {name: dns, port: 53, protocol: UDP}\n  \
+                     - {name: dns-tcp, port: 53, protocol: TCP}\n  \
+                     - {name: metrics, port: 9153, protocol: TCP}\n  \
+                     - {name: http-smtp, port: 25}\n  - {port: 3306}\n  \
+                     - {name: mongo, port: 27017}\n  - {name: ws, port: 82, appProtocol: kubernetes.io/ws}\n");
+        let s = service(&s, "c1").unwrap().unwrap();
+        let got: Vec<(&str, u16, Protocol)> = s
+            .ports
+            .iter()
+            .map(|p| (p.name.as_str(), p.port, p.protocol))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("dns-tcp", 53, Protocol::Tcp),
+                ("metrics", 9153, Protocol::Unsupported),
+                ("http-smtp", 25, Protocol::Http),
+                ("", 3306, Protocol::Tcp),
+                ("mongo", 27017, Protocol::Tcp),
+                ("ws", 82, Protocol::Http),
+            ]
+        );
     }
 
     #[test]

@@ -232,7 +232,7 @@ pub fn build(key: &ClusterKey) -> Resource {
                 policy.as_deref(),
                 istio_mutual.as_deref(),
             );
-            Resource::new(XdsType::Cluster, name.clone(), &c)
+            with_service_metadata(name, &c, svc)
         }
     }
 }
@@ -593,4 +593,33 @@ fn passthrough() -> Cluster {
     };
     traffic_policy::store_http_options(&mut c, Some(traffic_policy::passthrough_http_options()));
     c
+}
+
+/// A service cluster with istiod's `istio` metadata, `services: [{host, name,
+/// namespace}]` (istio-proxy's stats read the destination service from it when the peer
+/// sent no metadata). Struct maps are encoded by hand in key order (prost writes maps in
+/// hash order), as `Cluster.metadata` (field 25), which shoal sets nowhere else.
+fn with_service_metadata(name: &str, c: &Cluster, svc: &ServiceView) -> Resource {
+    use super::telemetry::{delimited, encode_struct, J};
+    use prost::Message as _;
+    debug_assert!(c.metadata.is_none());
+    let service = J::Obj(vec![
+        ("host".into(), J::Str(svc.hostname.clone())),
+        ("name".into(), J::Str(svc.name.clone())),
+        ("namespace".into(), J::Str(svc.namespace.clone())),
+    ]);
+    let istio = encode_struct(&[("services".into(), J::List(vec![service]))]);
+    let mut entry = Vec::new();
+    delimited(1, b"istio", &mut entry);
+    delimited(2, &istio, &mut entry);
+    let mut metadata = Vec::new();
+    delimited(1, &entry, &mut metadata);
+    let mut value = c.encode_to_vec();
+    delimited(25, &metadata, &mut value);
+    let any = shoal_proto::Any {
+        type_url: XdsType::Cluster.type_url().to_string(),
+        value,
+    };
+    let version = shoal_proto::content_version(&any.value);
+    Resource::from_parts(name.to_string(), version, any)
 }

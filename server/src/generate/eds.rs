@@ -104,14 +104,150 @@ pub fn keys(
 
 /// Builds one load assignment from its key alone.
 pub fn build(key: &EndpointsKey) -> Resource {
-    let cla = match &key.source {
+    let (cla, workloads) = match &key.source {
         Some(src) => load_assignment(&key.name, src),
-        None => ClusterLoadAssignment {
-            cluster_name: key.name.clone(),
-            ..Default::default()
-        },
+        None => (
+            ClusterLoadAssignment {
+                cluster_name: key.name.clone(),
+                ..Default::default()
+            },
+            BTreeMap::new(),
+        ),
     };
-    Resource::new(XdsType::Endpoint, key.name.clone(), &cla)
+    let value = encode_with_workloads(&cla, &workloads);
+    let any = shoal_proto::Any {
+        type_url: XdsType::Endpoint.type_url().to_string(),
+        value,
+    };
+    let version = shoal_proto::content_version(&any.value);
+    Resource::from_parts(key.name.clone(), version, any)
+}
+
+/// Encodes a load assignment with each endpoint's `istio` metadata (`workload`, by the
+/// endpoint's address and port) added beside the metadata
+/// the endpoint already has. `Metadata.filter_metadata` is a protobuf map, which prost
+/// encodes in hash order; an endpoint with both `envoy.transport_socket_match` and `istio`
+/// would encode differently on each replica. So each entry goes in as its own occurrence
+/// of the `metadata` field, which protobuf parsers merge (map entries included): the same
+/// bytes everywhere, and the same message Envoy would decode from one map of two entries.
+fn encode_with_workloads(cla: &ClusterLoadAssignment, workloads: &Workloads) -> Vec<u8> {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    use prost::Message as _;
+    fn delimited(tag: u32, bytes: &[u8], out: &mut Vec<u8>) {
+        encode_key(tag, WireType::LengthDelimited, out);
+        encode_varint(bytes.len() as u64, out);
+        out.extend_from_slice(bytes);
+    }
+    let mut out = ClusterLoadAssignment {
+        endpoints: Vec::new(),
+        ..cla.clone()
+    }
+    .encode_to_vec();
+    for loc in &cla.endpoints {
+        let mut loc_bytes = LocalityLbEndpoints {
+            lb_endpoints: Vec::new(),
+            ..loc.clone()
+        }
+        .encode_to_vec();
+        for ep in &loc.lb_endpoints {
+            let mut ep_bytes = ep.encode_to_vec();
+            if let Some(workload) = workloads.get(&endpoint_socket(ep)) {
+                // LbEndpoint.metadata is field 3.
+                delimited(
+                    3,
+                    &istio_workload_metadata(workload).encode_to_vec(),
+                    &mut ep_bytes,
+                );
+            }
+            // LocalityLbEndpoints.lb_endpoints is field 2.
+            delimited(2, &ep_bytes, &mut loc_bytes);
+        }
+        // ClusterLoadAssignment.endpoints is field 2.
+        delimited(2, &loc_bytes, &mut out);
+    }
+    out
+}
+
+/// Endpoints' `istio.workload` values by address and port.
+type Workloads = BTreeMap<(String, u32), String>;
+
+fn endpoint_socket(ep: &LbEndpoint) -> (String, u32) {
+    use shoal_proto::pb::envoy::config::core::v3::{address, socket_address::PortSpecifier};
+    match &ep.host_identifier {
+        Some(HostIdentifier::Endpoint(e)) => {
+            match e.address.as_ref().and_then(|a| a.address.as_ref()) {
+                Some(address::Address::SocketAddress(sa)) => match sa.port_specifier {
+                    Some(PortSpecifier::PortValue(p)) => (sa.address.clone(), p),
+                    _ => (sa.address.clone(), 0),
+                },
+                _ => Default::default(),
+            }
+        }
+        _ => Default::default(),
+    }
+}
+
+/// `istio: {workload: "<workload>;<namespace>;<canonical service>;<revision>;<cluster>"}`,
+/// istiod's compressed endpoint telemetry labels: the client's istio-proxy reports the
+/// destination workload from it when the server has no sidecar or the request never got
+/// there.
+fn istio_workload_metadata(workload: &str) -> Metadata {
+    let value = Value {
+        kind: Some(value::Kind::StringValue(workload.to_string())),
+    };
+    Metadata {
+        filter_metadata: std::iter::once((
+            "istio".to_string(),
+            Struct {
+                fields: std::iter::once(("workload".to_string(), value)).collect(),
+            },
+        ))
+        .collect(),
+        typed_filter_metadata: Default::default(),
+    }
+}
+
+/// istiod's `istio.workload` value of a Kubernetes endpoint: its workload (the Deployment
+/// of a ReplicaSet pod, else the pod), namespace, canonical service and revision (from the
+/// labels injection sets, else `app.kubernetes.io/*`, `app`/`version`, else the workload
+/// name and no revision), and cluster. An endpoint without a pod (the API server) names
+/// only its cluster.
+fn workload_label(ep: &shoal_common::model::Endpoint, namespace: &str, cluster: &str) -> String {
+    let pod_name = ep.pod.split('.').next().unwrap_or_default();
+    if pod_name.is_empty() {
+        return format!(";;;;{cluster}");
+    }
+    let workload = deployment_of(pod_name, &ep.labels);
+    let label = |keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| ep.labels.get(*k).filter(|v| !v.is_empty()))
+            .cloned()
+    };
+    let service = label(&[
+        "service.istio.io/canonical-name",
+        "app.kubernetes.io/name",
+        "app",
+    ])
+    .unwrap_or_else(|| workload.to_string());
+    let revision = label(&[
+        "service.istio.io/canonical-revision",
+        "app.kubernetes.io/version",
+        "version",
+    ])
+    // istiod does not send its default, `latest`.
+    .filter(|r| r != "latest")
+    .unwrap_or_default();
+    format!("{workload};{namespace};{service};{revision};{cluster}")
+}
+
+/// The Deployment a pod belongs to, as istiod derives it from the ReplicaSet: the pod's
+/// name without `-<pod-template-hash>-<suffix>`; other pods are their own workload.
+fn deployment_of<'a>(pod: &'a str, labels: &BTreeMap<String, String>) -> &'a str {
+    labels
+        .get("pod-template-hash")
+        .filter(|h| !h.is_empty())
+        .and_then(|hash| pod.rfind(&format!("-{hash}-")).map(|i| &pod[..i]))
+        .unwrap_or(pod)
 }
 
 /// One endpoint to send: address, port, weight, `failoverPriority` rank, whether it has a
@@ -122,9 +258,11 @@ struct Target {
     weight: Option<u32>,
     label_priority: u32,
     istio_tls: bool,
+    /// istiod's `istio.workload` metadata (Kubernetes endpoints).
+    workload: Option<String>,
 }
 
-fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
+fn load_assignment(name: &str, src: &EndpointsSource) -> (ClusterLoadAssignment, Workloads) {
     let EndpointsSource {
         svc,
         port,
@@ -174,6 +312,7 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                                     Some(&set.cluster),
                                 ),
                                 istio_tls: tls_mode::pod_has_sidecar(&ep.labels),
+                                workload: Some(workload_label(ep, &set.namespace, &set.cluster)),
                             });
                     }
                 }
@@ -193,6 +332,7 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                             weight: we.weight,
                             label_priority,
                             istio_tls: tls_mode::workload_entry_has_sidecar(we),
+                            workload: None,
                         });
                     }
                 }
@@ -200,6 +340,7 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
         }
     }
     let mut endpoints = Vec::with_capacity(by_locality.len());
+    let mut workloads = Workloads::new();
     for (loc, mut targets) in by_locality {
         targets.sort_by(|a, b| (&a.address, a.port).cmp(&(&b.address, b.port)));
         targets.dedup_by(|a, b| a.address == b.address && a.port == b.port);
@@ -226,7 +367,15 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                             .fold(0u32, u32::saturating_add),
                     }
                 }),
-                lb_endpoints: targets.into_iter().map(lb_endpoint).collect(),
+                lb_endpoints: targets
+                    .into_iter()
+                    .map(|mut t| {
+                        if let Some(w) = t.workload.take() {
+                            workloads.insert((t.address.clone(), t.port), w);
+                        }
+                        lb_endpoint(t)
+                    })
+                    .collect(),
                 priority,
                 ..Default::default()
             });
@@ -235,11 +384,12 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
     if let Some(lb) = locality_lb {
         locality::apply(lb, &mut endpoints);
     }
-    ClusterLoadAssignment {
+    let cla = ClusterLoadAssignment {
         cluster_name: name.into(),
         endpoints,
         ..Default::default()
-    }
+    };
+    (cla, workloads)
 }
 
 /// istiod's endpoint metadata for auto mTLS: `envoy.transport_socket_match: {tlsMode:

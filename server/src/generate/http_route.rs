@@ -13,7 +13,7 @@ use shoal_common::model::{
 };
 use shoal_proto::pb::envoy::config::core::v3::{
     data_source, header_value_option::HeaderAppendAction, DataSource, HeaderValue,
-    HeaderValueOption, RuntimeFractionalPercent,
+    HeaderValueOption, Metadata, RuntimeFractionalPercent,
 };
 use shoal_proto::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier,
@@ -26,8 +26,8 @@ use shoal_proto::pb::envoy::config::route::v3::{
     route_action::{ClusterSpecifier, HostRewriteSpecifier, RequestMirrorPolicy},
     route_match::PathSpecifier,
     weighted_cluster::ClusterWeight,
-    DirectResponseAction, HeaderMatcher, QueryParameterMatcher, RedirectAction, RetryPolicy, Route,
-    RouteAction, RouteMatch, WeightedCluster,
+    Decorator, DirectResponseAction, HeaderMatcher, QueryParameterMatcher, RedirectAction,
+    RetryPolicy, Route, RouteAction, RouteMatch, WeightedCluster,
 };
 use shoal_proto::pb::envoy::extensions::filters::common::fault::v3::{
     fault_delay::FaultDelaySecifier, FaultDelay,
@@ -42,7 +42,7 @@ use shoal_proto::pb::envoy::r#type::matcher::v3::{
     string_matcher::MatchPattern, RegexMatchAndSubstitute, RegexMatcher, StringMatcher,
 };
 use shoal_proto::pb::envoy::r#type::v3::{fractional_percent::DenominatorType, FractionalPercent};
-use shoal_proto::pb::google::protobuf::{BoolValue, UInt32Value};
+use shoal_proto::pb::google::protobuf::{value, BoolValue, Struct, UInt32Value, Value};
 use shoal_proto::{outbound_cluster_name, Any};
 use std::collections::BTreeMap;
 
@@ -117,7 +117,9 @@ pub fn vs_routes(
 ) -> Vec<Route> {
     let mut out = Vec::new();
     for rule in &vs.spec.http {
-        let r = RouteParts::new(rule, env);
+        let mut r = RouteParts::new(rule, env);
+        r.metadata = Some(istio_config_metadata(&vs.meta.namespace, &vs.meta.name));
+        r.operation_fallback = format!("{}:{}", vs.meta.name, env.listener_port);
         let name = rule.name.clone().unwrap_or_default();
         if rule.matches.is_empty() {
             out.push(r.route(&name, catch_all_match()));
@@ -170,6 +172,53 @@ struct RouteParts {
     response_headers_to_add: Vec<HeaderValueOption>,
     response_headers_to_remove: Vec<String>,
     per_filter: Vec<(String, Any)>,
+    /// `istio: {config: <the VirtualService's path>}`, as istiod marks every route it
+    /// builds from a VirtualService (istioctl and access logs read it).
+    metadata: Option<Metadata>,
+    /// `<VirtualService>:<listener port>`: the tracing operation of a route to several
+    /// clusters (see [`route_operation`]).
+    operation_fallback: String,
+}
+
+/// istiod's `GetRouteOperation`, the route's `decorator` (the span name of traces through
+/// it): `<host>:<port><path>` for a route to one cluster, else `<VirtualService>:<listener
+/// port><path>`; the path is the match's (`<prefix>*` for a prefix), `/*` without one.
+fn route_operation(r: &Route, fallback: &str) -> String {
+    let path = match r.r#match.as_ref().and_then(|m| m.path_specifier.as_ref()) {
+        Some(PathSpecifier::Prefix(p)) => format!("{p}*"),
+        Some(PathSpecifier::Path(p)) => p.clone(),
+        Some(PathSpecifier::SafeRegex(re)) => re.regex.clone(),
+        _ => "/*".into(),
+    };
+    let single = match &r.action {
+        Some(Action::Route(a)) => match &a.cluster_specifier {
+            Some(ClusterSpecifier::Cluster(c)) => shoal_proto::parse_outbound_cluster_name(c)
+                .map(|(port, _, host)| format!("{host}:{port}")),
+            _ => None,
+        },
+        _ => None,
+    };
+    format!("{}{path}", single.as_deref().unwrap_or(fallback))
+}
+
+/// istiod's route metadata naming the VirtualService a route comes from. One map entry
+/// (prost encodes maps in hash order; one entry keeps the bytes deterministic).
+fn istio_config_metadata(namespace: &str, name: &str) -> Metadata {
+    let config = Value {
+        kind: Some(value::Kind::StringValue(format!(
+            "/apis/networking.istio.io/v1/namespaces/{namespace}/virtual-service/{name}"
+        ))),
+    };
+    Metadata {
+        filter_metadata: std::iter::once((
+            "istio".to_string(),
+            Struct {
+                fields: std::iter::once(("config".to_string(), config)).collect(),
+            },
+        ))
+        .collect(),
+        typed_filter_metadata: Default::default(),
+    }
 }
 
 impl RouteParts {
@@ -205,11 +254,13 @@ impl RouteParts {
             response_headers_to_add: header_options(resp),
             response_headers_to_remove: resp.map(|o| o.remove.clone()).unwrap_or_default(),
             per_filter,
+            metadata: None,
+            operation_fallback: String::new(),
         }
     }
 
     fn route(&self, name: &str, m: RouteMatch) -> Route {
-        Route {
+        let mut r = Route {
             name: name.to_string(),
             r#match: Some(m),
             action: Some(self.action.clone()),
@@ -218,8 +269,16 @@ impl RouteParts {
             response_headers_to_add: self.response_headers_to_add.clone(),
             response_headers_to_remove: self.response_headers_to_remove.clone(),
             typed_per_filter_config: ordered_map(self.per_filter.clone()),
+            metadata: self.metadata.clone(),
             ..Default::default()
+        };
+        if !self.operation_fallback.is_empty() {
+            r.decorator = Some(Decorator {
+                operation: route_operation(&r, &self.operation_fallback),
+                ..Default::default()
+            });
         }
+        r
     }
 }
 

@@ -82,6 +82,16 @@ pub struct InboundListenerKey {
     pub trust_domain: String,
     /// The AuthorizationPolicies that apply to the workload.
     pub authz: AuthzKey,
+    /// Whether inbound HTTP routes retry `reset-before-request` (see [`inbound_retry`]).
+    pub inbound_retry: bool,
+}
+
+/// Whether a proxy gets istiod's default inbound retry (`reset-before-request`): istiod
+/// 1.24 to 1.26 sent it to proxies of 1.24 or newer (and to those naming no version, which
+/// it counts as newest), since older istio-proxy builds predate it; later istiod sends it
+/// to every proxy, which the same rule gives for every supported istio-proxy.
+pub fn inbound_retry(proxy: &Proxy) -> bool {
+    proxy.istio_version.is_none_or(|v| v.at_least(1, 24))
 }
 
 /// The key of a captured sidecar's `virtualInbound`.
@@ -92,6 +102,7 @@ pub fn listener_key(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Inb
         mtls: peer_authentication::for_workload(ctx, &proxy.namespace, &proxy.labels),
         trust_domain: ctx.mesh.trust_domain.clone(),
         authz: authz::applicable(ctx, proxy),
+        inbound_retry: inbound_retry(proxy),
     }
 }
 
@@ -217,6 +228,7 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
             key.mtls.for_port(p.port.into()),
             &key.trust_domain,
             &rbac,
+            key.inbound_retry,
         ));
     }
     chains.extend(passthrough_chains(
@@ -224,11 +236,18 @@ pub fn listener(key: &InboundListenerKey) -> Listener {
         key.mtls.mode,
         &key.trust_domain,
         &rbac,
+        key.inbound_retry,
     ));
     // `portLevelMtls` on ports no service declares: passthrough chains of their own.
     for (port, mode) in &key.mtls.ports {
         if !key.ports.iter().any(|p| u32::from(p.port) == *port) {
-            chains.extend(passthrough_chains(*port, *mode, &key.trust_domain, &rbac));
+            chains.extend(passthrough_chains(
+                *port,
+                *mode,
+                &key.trust_domain,
+                &rbac,
+                key.inbound_retry,
+            ));
         }
     }
     l.listener_filters = vec![listener_filter(
@@ -248,6 +267,7 @@ fn port_chains(
     mode: MtlsMode,
     trust_domain: &str,
     rbac: &RbacFilters,
+    retry: bool,
 ) -> Vec<FilterChain> {
     let name = format!("0.0.0.0_{}", p.port);
     let cluster = inbound_cluster_name(p.port);
@@ -269,7 +289,8 @@ fn port_chains(
                     &cluster,
                     &format!("{}:{}", p.hostname, p.port),
                     p.port.into(),
-                    p.protocol == Protocol::Grpc,
+                    // Never on gRPC ports: `reset-before-request` breaks streaming.
+                    retry && p.protocol != Protocol::Grpc,
                     &rbac.http,
                 )
             } else {
@@ -288,6 +309,7 @@ fn passthrough_chains(
     mode: MtlsMode,
     trust_domain: &str,
     rbac: &RbacFilters,
+    retry: bool,
 ) -> Vec<FilterChain> {
     chain_options(mode, ListenerProtocol::Auto)
         .into_iter()
@@ -311,7 +333,7 @@ fn passthrough_chains(
                     INBOUND_PASSTHROUGH_CLUSTER,
                     ":0/*",
                     0,
-                    false,
+                    retry,
                     &rbac.http,
                 )
             } else {
@@ -330,7 +352,7 @@ fn http_chain_filters(
     cluster: &str,
     operation: &str,
     port: u32,
-    grpc: bool,
+    retry: bool,
     rbac: &[HttpFilter],
 ) -> Vec<Filter> {
     vec![inbound_hcm(
@@ -338,7 +360,7 @@ fn http_chain_filters(
         cluster,
         operation,
         port,
-        grpc,
+        retry,
         rbac,
     )]
 }
@@ -439,7 +461,7 @@ fn inbound_hcm(
     cluster: &str,
     operation: &str,
     port: u32,
-    grpc: bool,
+    retry: bool,
     rbac: &[HttpFilter],
 ) -> Filter {
     let route = Route {
@@ -458,7 +480,7 @@ fn inbound_hcm(
                 grpc_timeout_header_max: Some(pb_duration(std::time::Duration::ZERO)),
                 ..Default::default()
             }),
-            retry_policy: (!grpc).then(default_inbound_retry_policy),
+            retry_policy: retry.then(default_inbound_retry_policy),
             ..Default::default()
         })),
         decorator: Some(Decorator {
@@ -473,15 +495,20 @@ fn inbound_hcm(
             name: format!("inbound|http|{port}"),
             domains: vec!["*".into()],
             routes: vec![route],
+            include_request_attempt_count: true,
             ..Default::default()
         }],
         validate_clusters: Some(BoolValue { value: false }),
+        max_direct_response_body_size_bytes: Some(UInt32Value {
+            value: super::lds::MAX_DIRECT_RESPONSE_BODY_BYTES,
+        }),
         ..Default::default()
     };
     let mut hcm = http_connection_manager(stat_prefix, HcmRoutes::Inline(Box::new(rc)));
     // The app sees the caller's identity (its SPIFFE URI) in `x-forwarded-client-cert` when
     // the connection is mTLS (istiod's default proxy headers).
     hcm.forward_client_cert_details = ForwardClientCertDetails::AppendForward as i32;
+    hcm.server_name = super::lds::INBOUND_SERVER_NAME.into();
     hcm.set_current_client_cert_details = Some(SetCurrentClientCertDetails {
         subject: Some(BoolValue { value: true }),
         uri: true,

@@ -44,9 +44,19 @@ use std::collections::BTreeMap;
 const GATEWAY_BIND: &str = "0.0.0.0";
 /// Default bind address of a `captureMode: NONE` egress listener, as in Istio.
 const SIDECAR_BIND: &str = "127.0.0.1";
-/// The ALPN values Envoy's HTTP inspector sets for plaintext HTTP (istiod's
-/// `plaintextHTTPALPNs`).
-pub(crate) const PLAINTEXT_HTTP_ALPNS: [&str; 3] = ["http/1.0", "http/1.1", "h2c"];
+/// The ALPN values of Envoy's HTTP inspector that select an HTTP chain (istiod's
+/// `plaintextHTTPALPNs` with `PILOT_HTTP10` unset): HTTP/1.0 is left out, as istiod leaves
+/// it out, because the connection manager would answer it 426; unmatched, it falls to the
+/// listener's TCP chain and reaches the destination as bytes.
+pub(crate) const PLAINTEXT_HTTP_ALPNS: [&str; 2] = ["http/1.1", "h2c"];
+
+/// istiod's `max_direct_response_body_size_bytes` on every route table: 1 MiB, the size its
+/// webhook admits for a VirtualService's `directResponse` body (Envoy's default is 4 KiB).
+pub(crate) const MAX_DIRECT_RESPONSE_BODY_BYTES: u32 = 1024 * 1024;
+
+/// The `server` header inbound connection managers write (istiod's `EnvoyServerName`;
+/// istiod leaves outbound and gateway ones at Envoy's default, `envoy`).
+pub(crate) const INBOUND_SERVER_NAME: &str = "istio-envoy";
 
 /// Everything one listener is built from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -22,6 +22,7 @@ pub mod mtls;
 pub mod outbound;
 pub mod rds;
 pub mod sds;
+pub mod telemetry;
 pub mod traffic_policy;
 
 #[cfg(test)]
@@ -161,6 +162,8 @@ pub enum Key {
     Secret(sds::SecretKey),
     /// A proxyless gRPC node's listener, route table or cluster.
     Grpc(grpc::GrpcKey),
+    /// An istio-proxy's listener or cluster: the same resource with Istio's telemetry.
+    IstioProxy(telemetry::TelemetryKey),
 }
 
 /// Which of a proxy's resources of a type. A captured sidecar's inbound clusters and its
@@ -201,6 +204,19 @@ pub fn keys(
 
 /// The keys of one side of the resources of `ty` for a proxy (see [`keys`]).
 pub fn side_keys(
+    side: Side,
+    ty: XdsType,
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    snap: &Snapshot,
+    names: &[String],
+) -> Vec<Key> {
+    let keys = plain_side_keys(side, ty, proxy, scope, snap, names);
+    telemetry::wrap(ty, keys, proxy, &snap.ctx)
+}
+
+/// [`side_keys`] as an upstream Envoy gets them.
+fn plain_side_keys(
     side: Side,
     ty: XdsType,
     proxy: &Proxy,
@@ -278,6 +294,7 @@ pub fn build(key: &Key) -> Resource {
         Key::Route(k) => rds::build(k),
         Key::Secret(k) => sds::build(k),
         Key::Grpc(k) => grpc::build(k),
+        Key::IstioProxy(k) => telemetry::build(k),
     }
 }
 

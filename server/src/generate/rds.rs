@@ -23,7 +23,7 @@ use shoal_proto::pb::envoy::config::route::v3::{
     virtual_host::TlsRequirementType, DirectResponseAction, Route, RouteAction, RouteConfiguration,
     RouteMatch, VirtualHost,
 };
-use shoal_proto::pb::google::protobuf::BoolValue;
+use shoal_proto::pb::google::protobuf::{BoolValue, UInt32Value};
 use shoal_proto::{gateway_https_route_name, outbound_cluster_name, XdsType};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -347,6 +347,7 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
                 } else {
                     TlsRequirementType::None as i32
                 },
+                include_request_attempt_count: true,
                 ..Default::default()
             })
         })
@@ -355,6 +356,9 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
         name: name.to_string(),
         virtual_hosts,
         validate_clusters: Some(BoolValue { value: false }),
+        max_direct_response_body_size_bytes: Some(UInt32Value {
+            value: super::lds::MAX_DIRECT_RESPONSE_BODY_BYTES,
+        }),
         ignore_port_in_host_matching: true,
         ..Default::default()
     }
@@ -521,6 +525,7 @@ pub(crate) fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
             name: format!("{}:{port}", svc.hostname),
             domains,
             routes,
+            include_request_attempt_count: true,
             ..Default::default()
         });
     }
@@ -531,6 +536,9 @@ pub(crate) fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
         name: name.to_string(),
         virtual_hosts,
         validate_clusters: Some(BoolValue { value: false }),
+        max_direct_response_body_size_bytes: Some(UInt32Value {
+            value: super::lds::MAX_DIRECT_RESPONSE_BODY_BYTES,
+        }),
         ..Default::default()
     }
 }

@@ -5,6 +5,40 @@ use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// An Istio release, major and minor (what istiod's version gates compare).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IstioVersion {
+    /// Major version.
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+}
+
+impl IstioVersion {
+    /// The newest release: what istiod assumes of a version it cannot parse (a dev build).
+    pub const NEWEST: IstioVersion = IstioVersion {
+        major: u32::MAX,
+        minor: u32::MAX,
+    };
+
+    /// Parses `ISTIO_VERSION` (`1.24.2`, `1.25-dev`, `1.26.0-beta.1`) as istiod's
+    /// `ParseIstioVersion`: `<major>.<minor>` at the start, else the newest release.
+    pub fn parse(s: &str) -> IstioVersion {
+        let s = s.trim_start_matches('v');
+        let mut parts = s.splitn(3, ['.', '-']);
+        let num = |p: Option<&str>| p.and_then(|p| p.parse::<u32>().ok());
+        match (num(parts.next()), num(parts.next())) {
+            (Some(major), Some(minor)) if major > 0 => IstioVersion { major, minor },
+            _ => IstioVersion::NEWEST,
+        }
+    }
+
+    /// Whether this release is `major.minor` or newer.
+    pub fn at_least(self, major: u32, minor: u32) -> bool {
+        self >= IstioVersion { major, minor }
+    }
+}
+
 /// Whether a proxy is a sidecar, a gateway (`router`) or a proxyless gRPC application.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -83,6 +117,11 @@ pub struct Proxy {
     pub pod_ports: BTreeMap<String, u16>,
     /// Where the proxy runs, for locality load balancing (see [`proxy_locality`]).
     pub locality: Locality,
+    /// The Istio release of an istio-proxy (node metadata `ISTIO_VERSION`); `None` for
+    /// an upstream Envoy, which sends no such metadata. istio-proxy gets Istio's
+    /// telemetry filters ([`crate::generate::telemetry`]), which an upstream Envoy cannot
+    /// load, and version-gated config as istiod gates it.
+    pub istio_version: Option<IstioVersion>,
     /// The workload's service account (metadata `SERVICE_ACCOUNT`), checked against the
     /// caller's identity on the secure port ([`crate::security::auth::authorize`]).
     pub service_account: Option<String>,
@@ -205,6 +244,11 @@ impl Proxy {
         let service_account = meta
             .and_then(|m| string_field(m, "SERVICE_ACCOUNT"))
             .filter(|sa| !sa.is_empty());
+        // Proxyless gRPC runs no Envoy: no istio-proxy filters, whatever the bootstrap says.
+        let istio_version = meta
+            .and_then(|m| string_field(m, "ISTIO_VERSION"))
+            .filter(|v| !v.is_empty() && kind != ProxyKind::Proxyless)
+            .map(|v| IstioVersion::parse(&v));
         Ok(Proxy {
             id: node.id.clone(),
             kind,
@@ -218,6 +262,7 @@ impl Proxy {
             locality,
             service_account,
             verified: None,
+            istio_version,
         })
     }
 }
@@ -339,6 +384,45 @@ pub(crate) mod tests {
             metadata: Some(Struct { fields }),
             ..Default::default()
         }
+    }
+
+    /// `ISTIO_VERSION` marks istio-proxy, parsed as istiod parses it; upstream Envoy and
+    /// proxyless gRPC have none.
+    #[test]
+    fn istio_version_from_metadata() {
+        let with = |id: &str, v: Option<&str>| {
+            let mut n = node(id, "default", &[]);
+            if let Some(v) = v {
+                n.metadata.as_mut().unwrap().fields.insert(
+                    "ISTIO_VERSION".into(),
+                    Value {
+                        kind: Some(Kind::StringValue(v.into())),
+                    },
+                );
+            }
+            Proxy::from_node(Some(&n)).unwrap().istio_version
+        };
+        let sidecar = "sidecar~10.0.0.1~a-1.default~default.svc.cluster.local";
+        assert_eq!(
+            with(sidecar, Some("1.24.2")),
+            Some(IstioVersion {
+                major: 1,
+                minor: 24
+            })
+        );
+        assert_eq!(
+            with(sidecar, Some("1.25-dev")),
+            Some(IstioVersion {
+                major: 1,
+                minor: 25
+            })
+        );
+        assert_eq!(with(sidecar, Some("master")), Some(IstioVersion::NEWEST));
+        assert_eq!(with(sidecar, None), None);
+        assert_eq!(with(sidecar, Some("")), None);
+        assert!(IstioVersion::parse("1.23.4") < IstioVersion::parse("1.24.0"));
+        assert!(IstioVersion::parse("1.24.0").at_least(1, 24));
+        assert!(!IstioVersion::parse("1.23.9").at_least(1, 24));
     }
 
     #[test]

@@ -34,7 +34,7 @@ mod output;
 
 use crate::generate::cache::GeneratorCache;
 use crate::generate::{Resource, Side, Snapshot};
-use crate::index::proxy::{Interception, Proxy, ProxyKind, VerifiedIdentity};
+use crate::index::proxy::{Interception, IstioVersion, Proxy, ProxyKind, VerifiedIdentity};
 use crate::index::push_context::PushContext;
 use crate::index::scope::ProxyScope;
 pub use names::NameSet;
@@ -59,6 +59,8 @@ pub struct ViewKey {
     /// identities never share an SDS output. Sidecars get no credentials, and no other
     /// generator reads it: leaving it out keeps their views shared.
     verified: Option<VerifiedIdentity>,
+    /// istio-proxy's release: telemetry filters and version gates depend on it.
+    istio_version: Option<IstioVersion>,
 }
 
 impl ViewKey {
@@ -96,6 +98,7 @@ impl ViewKey {
             interception,
             pod_ports,
             locality,
+            istio_version,
         } = proxy;
         ViewKey {
             kind: *kind,
@@ -109,6 +112,7 @@ impl ViewKey {
                 ProxyKind::Router => verified.clone(),
                 ProxyKind::Sidecar | ProxyKind::Proxyless => None,
             },
+            istio_version: *istio_version,
         }
     }
 }

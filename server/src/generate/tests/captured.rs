@@ -186,7 +186,7 @@ fn http_ports_share_a_wildcard_listener_routed_by_rds() {
     assert_eq!(l.filter_chains.len(), 1);
     let c = &l.filter_chains[0];
     let m = c.filter_chain_match.as_ref().unwrap();
-    assert_eq!(m.application_protocols, ["http/1.0", "http/1.1", "h2c"]);
+    assert_eq!(m.application_protocols, ["http/1.1", "h2c"]);
     assert_eq!(rds_of(c), "9080");
     assert_eq!(chain_hcm(c).stat_prefix, "outbound_0.0.0.0_9080");
     assert_eq!(

@@ -405,3 +405,47 @@ endpoints: [{address: a.example.com}]
         .endpoints
         .is_empty());
 }
+
+/// Endpoints carry istiod's `istio.workload` label beside the auto-mTLS mark, and the
+/// two-entry metadata map encodes to the same bytes every time (prost writes maps in hash
+/// order; shoal writes each entry as its own occurrence).
+#[test]
+fn workload_metadata_is_istiods_and_deterministic() {
+    use shoal_proto::pb::google::protobuf::value::Kind;
+    let mut ep = endpoint(
+        "10.0.0.1",
+        &[
+            ("app", "reviews"),
+            ("version", "v2"),
+            ("pod-template-hash", "7f9c"),
+            ("security.istio.io/tlsMode", "istio"),
+        ],
+    );
+    ep.pod = "reviews-v2-7f9c-abcde.default".into();
+    let m = Mesh::new()
+        .with_service(service("default", "reviews", &[("http", 9080)]))
+        .with_slice(slice(
+            "default",
+            "reviews",
+            "s1",
+            &[("http", 9080)],
+            vec![ep],
+        ));
+    let name = "outbound|9080||reviews.default.svc.cluster.local";
+    let p = sidecar_proxy("default", &[]);
+    let first = gen(XdsType::Endpoint, &p, &m.snapshot(), &[name]);
+    for _ in 0..20 {
+        let again = gen(XdsType::Endpoint, &p, &m.snapshot(), &[name]);
+        assert_eq!(again[0].any.value, first[0].any.value);
+    }
+    let cla = &load_assignments(&first)[name];
+    let md = cla.endpoints[0].lb_endpoints[0].metadata.as_ref().unwrap();
+    assert_eq!(md.filter_metadata.len(), 2);
+    let workload = &md.filter_metadata["istio"].fields["workload"].kind;
+    assert_eq!(
+        workload,
+        &Some(Kind::StringValue(
+            "reviews-v2;default;reviews;v2;Kubernetes".into()
+        ))
+    );
+}

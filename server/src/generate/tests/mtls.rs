@@ -440,8 +440,17 @@ fn eds_marks_endpoints_with_a_sidecar() {
         .iter()
         .map(|e| {
             let md = e.metadata.as_ref()?;
-            assert_eq!(md.filter_metadata.len(), 1);
-            match &md.filter_metadata["envoy.transport_socket_match"].fields["tlsMode"].kind {
+            // Beside it, only istiod's `istio.workload` telemetry label.
+            assert!(md
+                .filter_metadata
+                .keys()
+                .all(|k| k == "istio" || k == "envoy.transport_socket_match"));
+            match &md
+                .filter_metadata
+                .get("envoy.transport_socket_match")?
+                .fields["tlsMode"]
+                .kind
+            {
                 Some(Kind::StringValue(s)) => Some(s.clone()),
                 other => panic!("{other:?}"),
             }
@@ -507,7 +516,7 @@ fn permissive_inbound_has_mtls_and_plaintext_chains() {
         ]
     );
     let mtls_http = strs(&["istio-http/1.0", "istio-http/1.1", "istio-h2"]);
-    let plain_http = strs(&["http/1.0", "http/1.1", "h2c"]);
+    let plain_http = strs(&["http/1.1", "h2c"]);
     let http = "virtualInbound-catchall-http".to_string();
     let tcp = "virtualInbound".to_string();
     assert_eq!(

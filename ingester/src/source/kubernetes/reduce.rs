@@ -13,7 +13,8 @@ use crate::error::InvalidObject;
 use crate::selector::Labels;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::{
-    Namespace, Node, Pod, PodIP, PodSpec, PodStatus, Secret, Service, ServicePort, ServiceSpec,
+    LoadBalancerIngress, LoadBalancerStatus, Namespace, Node, Pod, PodIP, PodSpec, PodStatus,
+    Secret, Service, ServicePort, ServiceSpec, ServiceStatus,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -93,9 +94,31 @@ pub fn service(svc: Service) -> Result<Service, InvalidObject> {
             cluster_ips: spec.cluster_ips,
             ports,
             selector: spec.selector,
+            // Where other networks reach an east-west gateway Service.
+            external_ips: spec.external_ips,
             ..ServiceSpec::default()
         }),
-        status: None,
+        // Only the load balancer's addresses: an east-west gateway is reached on them.
+        status: svc
+            .status
+            .and_then(|s| s.load_balancer)
+            .and_then(|lb| lb.ingress)
+            .filter(|ingress| !ingress.is_empty())
+            .map(|ingress| ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: Some(
+                        ingress
+                            .into_iter()
+                            .map(|i| LoadBalancerIngress {
+                                ip: i.ip,
+                                hostname: i.hostname,
+                                ..LoadBalancerIngress::default()
+                            })
+                            .collect(),
+                    ),
+                }),
+                ..ServiceStatus::default()
+            }),
     };
     normalize::check_service(&reduced)?;
     Ok(reduced)
@@ -411,7 +434,7 @@ status: {conditions: [{type: Ready, status: "True"}]}
             .unwrap();
         from_kube.insert(k, v);
         let slice = endpoint_slice(yaml(SLICE)).unwrap();
-        let (k, v) = desired::endpoints_entry(&slice, "c1", &workloads)
+        let (k, v) = desired::endpoints_entry(&slice, "c1", &workloads, "")
             .unwrap()
             .unwrap();
         from_kube.insert(k, v);

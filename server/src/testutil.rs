@@ -66,6 +66,7 @@ pub fn service(ns: &str, name: &str, ports: &[(&str, u16)]) -> Service {
             .collect(),
         selector: BTreeMap::new(),
         export_to: Vec::new(),
+        external_addresses: Vec::new(),
     }
 }
 
@@ -114,6 +115,7 @@ pub fn slice(
             })
             .collect(),
         endpoints,
+        network: String::new(),
     }
 }
 
@@ -196,6 +198,8 @@ pub fn sidecar_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         locality: Locality::default(),
         service_account: None,
         verified: None,
+        network: String::new(),
+        requested_network_view: Vec::new(),
     }
 }
 
@@ -232,6 +236,8 @@ pub fn router_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         locality: Locality::default(),
         service_account: None,
         verified: None,
+        network: String::new(),
+        requested_network_view: Vec::new(),
     }
 }
 

@@ -7,12 +7,14 @@ use super::locality::{self, LocalityLb};
 use super::{cds::entry_port, mtls, socket_address, Resource};
 use crate::index::destination_rule::effective_policy;
 use crate::index::endpoints::{EndpointIndex, HostShards};
+use crate::index::network::{MeshNetworks, NetworkGateway, NetworkGateways};
+use crate::index::peer_authentication::{self, MtlsMode};
 use crate::index::proxy::{parse_locality, Proxy, ProxyKind};
 use crate::index::push_context::PushContext;
 use crate::index::scope::ProxyScope;
 use crate::index::service::{ServiceSource, ServiceView};
 use crate::index::tls_mode;
-use shoal_common::model::{Locality, Resolution, ServicePort};
+use shoal_common::model::{ClientTlsMode, Locality, Resolution, ServicePort, NETWORK_LABEL};
 use shoal_proto::pb::envoy::config::core::v3::{HealthStatus, Locality as PbLocality, Metadata};
 use shoal_proto::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
@@ -48,6 +50,32 @@ pub struct EndpointsSource {
     /// locality without one (proxyless nodes); Envoy reads it only with locality-weighted
     /// load balancing.
     pub weigh_localities: bool,
+    /// How the proxy's network splits the endpoints; `None` when no network has a gateway
+    /// (every endpoint is sent as it is, as istiod does).
+    pub network: Option<Box<NetworkSplit>>,
+    /// `meshNetworks`, for the network of endpoints no label places (empty: none).
+    pub mesh_networks: Arc<MeshNetworks>,
+}
+
+/// istiod's `EndpointsByNetworkFilter` inputs: endpoints of the proxy's network (and of
+/// networks without a gateway) are sent as they are; each other network's endpoints are
+/// replaced by that network's gateways, weighted by how many endpoints sit behind each —
+/// only for a destination reached over Istio mutual TLS, since the gateway routes by the
+/// SNI of that TLS; without it they are dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NetworkSplit {
+    /// The proxy's network (empty: none, and then every endpoint of a network with a
+    /// gateway goes through it, as istiod's `forceGateway`).
+    pub network: String,
+    /// `REQUESTED_NETWORK_VIEW`: only endpoints of these networks (and of none) are sent;
+    /// empty: all.
+    pub view: Vec<String>,
+    /// Every network's gateways.
+    pub gateways: Arc<NetworkGateways>,
+    /// Whether the destination is reached over Istio mutual TLS: its DestinationRule sets
+    /// no TLS or `ISTIO_MUTUAL` (auto mTLS on), and its namespace's PeerAuthentication is
+    /// not `DISABLE`.
+    pub mtls: bool,
 }
 
 /// The load assignments for the requested cluster names the proxy may see. An unknown but
@@ -85,7 +113,10 @@ pub fn keys(
                     u16::try_from(port).unwrap_or_default(),
                 );
                 let shards = endpoints.host(&svc.hostname).cloned();
+                let network = network_split(proxy, ctx, &svc, policy.as_ref());
                 Some(EndpointsSource {
+                    network,
+                    mesh_networks: mesh_networks(ctx),
                     svc,
                     port,
                     subset_labels: subset_spec.map(|s| s.labels.clone()).unwrap_or_default(),
@@ -100,6 +131,56 @@ pub fn keys(
             })
         })
         .collect()
+}
+
+/// `meshNetworks`, shared by `Arc` only when it says something (the common case shares
+/// one empty value).
+fn mesh_networks(ctx: &PushContext) -> Arc<MeshNetworks> {
+    static EMPTY: std::sync::OnceLock<Arc<MeshNetworks>> = std::sync::OnceLock::new();
+    let nets = &ctx.mesh.mesh_networks;
+    if nets.networks.is_empty() {
+        EMPTY.get_or_init(Arc::default).clone()
+    } else {
+        Arc::new(nets.clone())
+    }
+}
+
+/// The proxy's network: node metadata `NETWORK`, else the `meshNetworks` network of its
+/// cluster.
+pub fn proxy_network(proxy: &Proxy, ctx: &PushContext) -> String {
+    if !proxy.network.is_empty() {
+        return proxy.network.clone();
+    }
+    ctx.mesh
+        .mesh_networks
+        .of_cluster(&proxy.cluster_id)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The network split of a proxy's load assignments for `svc`, when any network has a
+/// gateway.
+fn network_split(
+    proxy: &Proxy,
+    ctx: &PushContext,
+    svc: &ServiceView,
+    policy: Option<&shoal_common::model::TrafficPolicy>,
+) -> Option<Box<NetworkSplit>> {
+    if ctx.network_gateways.is_empty() {
+        return None;
+    }
+    let rule_mtls = match policy.and_then(|p| p.tls.as_ref()).map(|t| t.mode) {
+        None => ctx.mesh.enable_auto_mtls,
+        Some(mode) => mode == ClientTlsMode::IstioMutual,
+    };
+    let mtls =
+        rule_mtls && peer_authentication::namespace_mode(ctx, &svc.namespace) != MtlsMode::Disable;
+    Some(Box::new(NetworkSplit {
+        network: proxy_network(proxy, ctx),
+        view: proxy.requested_network_view.clone(),
+        gateways: ctx.network_gateways.clone(),
+        mtls,
+    }))
 }
 
 /// Builds one load assignment from its key alone.
@@ -122,6 +203,10 @@ struct Target {
     weight: Option<u32>,
     label_priority: u32,
     istio_tls: bool,
+    /// The endpoint's network (empty: none).
+    network: String,
+    /// The cluster it is in (empty for ServiceEntry endpoints).
+    cluster: String,
 }
 
 fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
@@ -132,6 +217,8 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
         shards,
         locality: locality_lb,
         weigh_localities,
+        network: split,
+        mesh_networks,
     } = src;
     let port = *port;
     let matches = |labels: &BTreeMap<String, String>| {
@@ -174,6 +261,13 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                                     Some(&set.cluster),
                                 ),
                                 istio_tls: tls_mode::pod_has_sidecar(&ep.labels),
+                                network: endpoint_network(
+                                    set.network_of(ep),
+                                    &set.cluster,
+                                    &ep.address,
+                                    mesh_networks,
+                                ),
+                                cluster: set.cluster.clone(),
                             });
                     }
                 }
@@ -193,6 +287,16 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                             weight: we.weight,
                             label_priority,
                             istio_tls: tls_mode::workload_entry_has_sidecar(we),
+                            network: endpoint_network(
+                                we.network
+                                    .as_deref()
+                                    .or_else(|| we.labels.get(NETWORK_LABEL).map(String::as_str))
+                                    .unwrap_or_default(),
+                                "",
+                                &we.address,
+                                mesh_networks,
+                            ),
+                            cluster: String::new(),
                         });
                     }
                 }
@@ -203,6 +307,9 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
     for (loc, mut targets) in by_locality {
         targets.sort_by(|a, b| (&a.address, a.port).cmp(&(&b.address, b.port)));
         targets.dedup_by(|a, b| a.address == b.address && a.port == b.port);
+        if let Some(split) = split.as_deref() {
+            targets = split_by_network(split, targets);
+        }
         // With `failoverPriority`, one group per label rank (istiod splits each locality's
         // endpoints the same way).
         let mut by_rank: BTreeMap<u32, Vec<Target>> = BTreeMap::new();
@@ -242,6 +349,68 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
     }
 }
 
+/// An endpoint's network: what its labels (or its cluster's system namespace) say, else
+/// the `meshNetworks` network of its cluster, else of its address.
+fn endpoint_network(labelled: &str, cluster: &str, address: &str, nets: &MeshNetworks) -> String {
+    if !labelled.is_empty() {
+        return labelled.to_string();
+    }
+    nets.of_cluster(cluster)
+        .or_else(|| nets.of_address(address))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// istiod's `EndpointsByNetworkFilter` on one locality's endpoints (sorted): see
+/// [`NetworkSplit`]. Every weight is scaled by the gateways' scale factor so that an
+/// endpoint's weight splits evenly among its network's gateways; gateway endpoints follow
+/// the direct ones, in address order, with `tlsMode: istio` (the sidecar originates mTLS
+/// to the gateway, which passes it through by SNI).
+fn split_by_network(split: &NetworkSplit, targets: Vec<Target>) -> Vec<Target> {
+    let scale = split.gateways.scale();
+    let mut out = Vec::with_capacity(targets.len());
+    let mut through: BTreeMap<&NetworkGateway, u32> = BTreeMap::new();
+    for t in targets {
+        if !split.view.is_empty() && !t.network.is_empty() && !split.view.contains(&t.network) {
+            continue;
+        }
+        let weight = t
+            .weight
+            .filter(|w| *w > 0)
+            .unwrap_or(1)
+            .saturating_mul(scale);
+        let gateways = split.gateways.select(&t.network, &t.cluster);
+        let same = !split.network.is_empty() && split.network == t.network;
+        if t.network.is_empty() || same || gateways.is_empty() {
+            out.push(Target {
+                weight: Some(weight),
+                ..t
+            });
+            continue;
+        }
+        // The gateway routes by the SNI of Istio mTLS: without it there is no way in.
+        if !(split.mtls && t.istio_tls) {
+            continue;
+        }
+        let share = weight / u32::try_from(gateways.len()).unwrap_or(u32::MAX);
+        for gw in gateways {
+            *through.entry(gw).or_default() += share;
+        }
+    }
+    for (gw, weight) in through {
+        out.push(Target {
+            address: gw.address.clone(),
+            port: gw.port,
+            weight: Some(weight.max(1)),
+            label_priority: 0,
+            istio_tls: true,
+            network: gw.network.clone(),
+            cluster: gw.cluster.clone(),
+        });
+    }
+    out
+}
+
 /// istiod's endpoint metadata for auto mTLS: `envoy.transport_socket_match: {tlsMode:
 /// istio}` on endpoints with a sidecar, which the cluster's `tlsMode-istio` transport socket
 /// match selects.
@@ -262,9 +431,28 @@ fn tls_mode_metadata() -> Metadata {
     }
 }
 
+/// The endpoint metadata namespace that carries an endpoint's network.
+pub const ISTIO_METADATA: &str = "istio";
+
 fn lb_endpoint(t: Target) -> LbEndpoint {
+    let mut metadata = t.istio_tls.then(tls_mode_metadata);
+    if !t.network.is_empty() {
+        let network = Struct {
+            fields: std::iter::once((
+                "network".to_string(),
+                Value {
+                    kind: Some(value::Kind::StringValue(t.network.clone())),
+                },
+            ))
+            .collect(),
+        };
+        metadata
+            .get_or_insert_with(Metadata::default)
+            .filter_metadata
+            .insert(ISTIO_METADATA.to_string(), network);
+    }
     LbEndpoint {
-        metadata: t.istio_tls.then(tls_mode_metadata),
+        metadata,
         host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
             address: Some(socket_address(&t.address, t.port)),
             ..Default::default()

@@ -1,0 +1,261 @@
+//! Multi-network load assignments, pinned against istiod's `EndpointsByNetworkFilter`
+//! (`pilot/pkg/xds/endpoints/ep_filters.go`): own network as is, other networks through
+//! their gateways weighted by endpoint count (scaled by the gateways' lcm), only for Istio
+//! mTLS destinations; no gateway, no split; `REQUESTED_NETWORK_VIEW`.
+
+use crate::index::network::MeshNetworks;
+use crate::index::proxy::Proxy;
+use crate::testutil::*;
+use shoal_common::model::{EndpointSet, Service, NETWORK_LABEL};
+use shoal_proto::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, LbEndpoint};
+use shoal_proto::pb::google::protobuf::value::Kind;
+use shoal_proto::XdsType;
+use std::sync::Arc;
+
+const NAME: &str = "outbound|9080||reviews.default.svc.cluster.local";
+const SIDECAR: &[(&str, &str)] = &[("security.istio.io/tlsMode", "istio")];
+
+fn slice_in(cluster: &str, network: &str, name: &str, addresses: &[&str]) -> EndpointSet {
+    EndpointSet {
+        cluster: cluster.into(),
+        network: network.into(),
+        ..slice(
+            "default",
+            "reviews",
+            name,
+            &[("http", 8080)],
+            addresses.iter().map(|a| endpoint(a, SIDECAR)).collect(),
+        )
+    }
+}
+
+fn east_west(cluster: &str, network: &str, addresses: &[&str]) -> Service {
+    let mut svc = service("istio-system", "istio-eastwestgateway", &[("tls", 15443)]);
+    svc.cluster = cluster.into();
+    svc.meta.labels.insert(NETWORK_LABEL.into(), network.into());
+    svc.external_addresses = addresses.iter().map(|a| a.to_string()).collect();
+    svc
+}
+
+/// reviews: two endpoints in net1 (c1), three in net2 (c2); gateways 192.0.2.1 (net1) and
+/// 192.0.2.2 (net2).
+fn two_networks() -> Mesh {
+    Mesh::new()
+        .with_service(service("default", "reviews", &[("http", 9080)]))
+        .with_slice(slice_in("c1", "net1", "a", &["10.1.0.1", "10.1.0.2"]))
+        .with_slice(slice_in(
+            "c2",
+            "net2",
+            "b",
+            &["10.2.0.1", "10.2.0.2", "10.2.0.3"],
+        ))
+        .with_service(east_west("c1", "net1", &["192.0.2.1"]))
+        .with_service(east_west("c2", "net2", &["192.0.2.2"]))
+}
+
+fn on(network: &str) -> Proxy {
+    Proxy {
+        network: network.into(),
+        ..captured_proxy("default", "10.1.0.9", &[])
+    }
+}
+
+fn cla(mesh: &Mesh, proxy: &Proxy) -> ClusterLoadAssignment {
+    load_assignments(&gen(XdsType::Endpoint, proxy, &mesh.snapshot(), &[NAME]))
+        .remove(NAME)
+        .expect("assignment")
+}
+
+/// (address:port, weight, network metadata) of every endpoint.
+fn endpoints(cla: &ClusterLoadAssignment) -> Vec<(String, u32, String)> {
+    let addresses = cla_addresses(cla).concat();
+    let eps: Vec<&LbEndpoint> = cla.endpoints.iter().flat_map(|l| &l.lb_endpoints).collect();
+    addresses
+        .into_iter()
+        .zip(eps)
+        .map(|(a, e)| {
+            let network = e
+                .metadata
+                .as_ref()
+                .and_then(|m| m.filter_metadata.get("istio"))
+                .and_then(|s| s.fields.get("network"))
+                .and_then(|v| match &v.kind {
+                    Some(Kind::StringValue(s)) => Some(s.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            (
+                a,
+                e.load_balancing_weight.as_ref().map_or(0, |w| w.value),
+                network,
+            )
+        })
+        .collect()
+}
+
+fn ep(a: &str, w: u32, n: &str) -> (String, u32, String) {
+    (a.to_string(), w, n.to_string())
+}
+
+#[test]
+fn other_networks_are_reached_through_their_gateway_weighted_by_endpoints() {
+    let mesh = two_networks();
+    assert_eq!(
+        endpoints(&cla(&mesh, &on("net1"))),
+        [
+            ep("10.1.0.1:8080", 1, "net1"),
+            ep("10.1.0.2:8080", 1, "net1"),
+            ep("192.0.2.2:15443", 3, "net2"),
+        ]
+    );
+    assert_eq!(
+        endpoints(&cla(&mesh, &on("net2"))),
+        [
+            ep("10.2.0.1:8080", 1, "net2"),
+            ep("10.2.0.2:8080", 1, "net2"),
+            ep("10.2.0.3:8080", 1, "net2"),
+            ep("192.0.2.1:15443", 2, "net1"),
+        ]
+    );
+    // The gateway endpoint takes Istio mTLS (the SNI routes it at the other side).
+    let c = cla(&mesh, &on("net1"));
+    let gw = c.endpoints[0].lb_endpoints.last().unwrap();
+    let tls = gw.metadata.as_ref().unwrap();
+    assert!(tls
+        .filter_metadata
+        .contains_key("envoy.transport_socket_match"));
+}
+
+#[test]
+fn weights_split_evenly_among_a_networks_gateways() {
+    // Two gateways for net2: weights are scaled by lcm(1, 2) = 2, each gateway takes half.
+    let mesh = two_networks().with_service(east_west("c2", "net2", &["192.0.2.2", "192.0.2.3"]));
+    assert_eq!(
+        endpoints(&cla(&mesh, &on("net1"))),
+        [
+            ep("10.1.0.1:8080", 2, "net1"),
+            ep("10.1.0.2:8080", 2, "net1"),
+            ep("192.0.2.2:15443", 3, "net2"),
+            ep("192.0.2.3:15443", 3, "net2"),
+        ]
+    );
+}
+
+#[test]
+fn a_network_without_a_gateway_is_sent_as_it_is() {
+    // net2 loses its gateway: its endpoints are assumed reachable (istiod keeps them).
+    let mut mesh = two_networks();
+    mesh.state
+        .services
+        .retain(|id, _| !(id.cluster == "c2" && id.name == "istio-eastwestgateway"));
+    assert_eq!(
+        cla_addresses(&cla(&mesh, &on("net1"))).concat(),
+        [
+            "10.1.0.1:8080",
+            "10.1.0.2:8080",
+            "10.2.0.1:8080",
+            "10.2.0.2:8080",
+            "10.2.0.3:8080"
+        ]
+    );
+    // No gateway anywhere: no split at all, and no weights (the single-network bytes).
+    let mut none = mesh.clone();
+    none.state.services.retain(|id, _| id.name == "reviews");
+    let c = cla(&none, &on("net1"));
+    assert!(c.endpoints[0]
+        .lb_endpoints
+        .iter()
+        .all(|e| e.load_balancing_weight.is_none()));
+}
+
+#[test]
+fn without_istio_mtls_remote_endpoints_are_dropped() {
+    let mesh = two_networks().with_config(peer_authentication(
+        "default",
+        "off",
+        "mtls: {mode: DISABLE}",
+    ));
+    assert_eq!(
+        cla_addresses(&cla(&mesh, &on("net1"))).concat(),
+        ["10.1.0.1:8080", "10.1.0.2:8080"]
+    );
+    let plain = two_networks().with_config(destination_rule(
+        "default",
+        "reviews",
+        "host: reviews\ntrafficPolicy: {tls: {mode: DISABLE}}",
+    ));
+    assert_eq!(
+        cla_addresses(&cla(&plain, &on("net1"))).concat(),
+        ["10.1.0.1:8080", "10.1.0.2:8080"]
+    );
+    // A remote endpoint without a sidecar cannot be reached through the gateway either.
+    let mut no_sidecar = two_networks();
+    let mut set = slice_in("c2", "net2", "b", &["10.2.0.1"]);
+    set.endpoints[0].labels.clear();
+    no_sidecar.add_slice(set);
+    assert_eq!(
+        cla_addresses(&cla(&no_sidecar, &on("net1"))).concat(),
+        ["10.1.0.1:8080", "10.1.0.2:8080"]
+    );
+}
+
+#[test]
+fn a_proxy_without_a_network_goes_through_every_gateway() {
+    // istiod's forceGateway: an unset proxy network sends labelled endpoints through
+    // their network's gateway.
+    assert_eq!(
+        cla_addresses(&cla(&two_networks(), &on(""))).concat(),
+        ["192.0.2.1:15443", "192.0.2.2:15443"]
+    );
+    // meshNetworks fromRegistry places the proxy's cluster.
+    let mut mesh = two_networks();
+    let mut settings = (*mesh.state.mesh).clone();
+    settings.mesh_networks = serde_saphyr::from_str::<MeshNetworks>(
+        "networks: {net1: {endpoints: [{fromRegistry: Kubernetes}]}}",
+    )
+    .unwrap();
+    mesh.state.mesh = Arc::new(settings);
+    assert_eq!(
+        cla_addresses(&cla(&mesh, &on(""))).concat(),
+        ["10.1.0.1:8080", "10.1.0.2:8080", "192.0.2.2:15443"]
+    );
+}
+
+#[test]
+fn pod_labels_and_mesh_networks_place_endpoints() {
+    // A pod's own label wins over its cluster's network; meshNetworks places what no
+    // label does.
+    let mut mesh = two_networks();
+    let mut set = slice_in("c3", "", "c", &["10.3.0.1", "10.3.0.2"]);
+    set.endpoints[0]
+        .labels
+        .insert(NETWORK_LABEL.into(), "net1".into());
+    mesh.add_slice(set);
+    let mut settings = (*mesh.state.mesh).clone();
+    settings.mesh_networks = serde_saphyr::from_str::<MeshNetworks>(
+        "networks: {net2: {endpoints: [{fromCidr: 10.3.0.2/32}]}}",
+    )
+    .unwrap();
+    mesh.state.mesh = Arc::new(settings);
+    assert_eq!(
+        endpoints(&cla(&mesh, &on("net1"))),
+        [
+            ep("10.1.0.1:8080", 1, "net1"),
+            ep("10.1.0.2:8080", 1, "net1"),
+            ep("10.3.0.1:8080", 1, "net1"),
+            ep("192.0.2.2:15443", 4, "net2"),
+        ]
+    );
+}
+
+#[test]
+fn requested_network_view_hides_other_networks() {
+    let proxy = Proxy {
+        requested_network_view: vec!["net1".into()],
+        ..on("net1")
+    };
+    assert_eq!(
+        cla_addresses(&cla(&two_networks(), &proxy)).concat(),
+        ["10.1.0.1:8080", "10.1.0.2:8080"]
+    );
+}

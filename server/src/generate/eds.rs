@@ -230,11 +230,11 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
         }) => Some(p),
         _ => None,
     };
-    let label_priority = |labels: &BTreeMap<String, String>, loc: &Locality, cluster| {
-        priority_labels.map_or(0, |p| {
-            locality::label_priority(p, |k| locality::topology_label(labels, loc, cluster, k))
-        })
-    };
+    let label_priority =
+        |labels: &BTreeMap<String, String>,
+         loc: &Locality,
+         cluster: Option<&str>,
+         network: &str| { rank(priority_labels, labels, loc, cluster, network) };
     let mut by_locality: BTreeMap<Locality, Vec<Target>> = BTreeMap::new();
     if let Some(svc_port) = svc.port(port) {
         match &svc.source {
@@ -248,6 +248,12 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                         .iter()
                         .filter(|e| e.ready && matches(&e.labels))
                     {
+                        let network = endpoint_network(
+                            set.network_of(ep),
+                            &set.cluster,
+                            &ep.address,
+                            mesh_networks,
+                        );
                         by_locality
                             .entry(ep.locality.clone())
                             .or_default()
@@ -259,14 +265,10 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                                     &ep.labels,
                                     &ep.locality,
                                     Some(&set.cluster),
+                                    &network,
                                 ),
                                 istio_tls: tls_mode::pod_has_sidecar(&ep.labels),
-                                network: endpoint_network(
-                                    set.network_of(ep),
-                                    &set.cluster,
-                                    &ep.address,
-                                    mesh_networks,
-                                ),
+                                network,
                                 cluster: set.cluster.clone(),
                             });
                     }
@@ -280,22 +282,23 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                 if matches!(resolution, Resolution::Static | Resolution::None) {
                     for we in endpoints.iter().filter(|e| matches(&e.labels)) {
                         let loc = parse_locality(we.locality.as_deref().unwrap_or_default());
-                        let label_priority = label_priority(&we.labels, &loc, None);
+                        let network = endpoint_network(
+                            we.network
+                                .as_deref()
+                                .or_else(|| we.labels.get(NETWORK_LABEL).map(String::as_str))
+                                .unwrap_or_default(),
+                            "",
+                            &we.address,
+                            mesh_networks,
+                        );
+                        let label_priority = label_priority(&we.labels, &loc, None, &network);
                         by_locality.entry(loc).or_default().push(Target {
                             address: we.address.clone(),
                             port: entry_port(svc, svc_port, &we.ports),
                             weight: we.weight,
                             label_priority,
                             istio_tls: tls_mode::workload_entry_has_sidecar(we),
-                            network: endpoint_network(
-                                we.network
-                                    .as_deref()
-                                    .or_else(|| we.labels.get(NETWORK_LABEL).map(String::as_str))
-                                    .unwrap_or_default(),
-                                "",
-                                &we.address,
-                                mesh_networks,
-                            ),
+                            network,
                             cluster: String::new(),
                         });
                     }
@@ -308,7 +311,19 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
         targets.sort_by(|a, b| (&a.address, a.port).cmp(&(&b.address, b.port)));
         targets.dedup_by(|a, b| a.address == b.address && a.port == b.port);
         if let Some(split) = split.as_deref() {
-            targets = split_by_network(split, targets);
+            // A gateway endpoint ranks by its network and cluster alone (istiod gives it
+            // only those labels).
+            let no_labels = BTreeMap::new();
+            let no_locality = Locality::default();
+            targets = split_by_network(split, targets, |network, cluster| {
+                rank(
+                    priority_labels,
+                    &no_labels,
+                    &no_locality,
+                    Some(cluster),
+                    network,
+                )
+            });
         }
         // With `failoverPriority`, one group per label rank (istiod splits each locality's
         // endpoints the same way).
@@ -349,6 +364,21 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
     }
 }
 
+/// An endpoint's `failoverPriority` rank (0 without one).
+fn rank(
+    priority_labels: Option<&locality::PriorityLabels>,
+    labels: &BTreeMap<String, String>,
+    loc: &Locality,
+    cluster: Option<&str>,
+    network: &str,
+) -> u32 {
+    priority_labels.map_or(0, |p| {
+        locality::label_priority(p, |k| {
+            locality::topology_label(labels, loc, cluster, Some(network), k)
+        })
+    })
+}
+
 /// An endpoint's network: what its labels (or its cluster's system namespace) say, else
 /// the `meshNetworks` network of its cluster, else of its address.
 fn endpoint_network(labelled: &str, cluster: &str, address: &str, nets: &MeshNetworks) -> String {
@@ -366,7 +396,11 @@ fn endpoint_network(labelled: &str, cluster: &str, address: &str, nets: &MeshNet
 /// endpoint's weight splits evenly among its network's gateways; gateway endpoints follow
 /// the direct ones, in address order, with `tlsMode: istio` (the sidecar originates mTLS
 /// to the gateway, which passes it through by SNI).
-fn split_by_network(split: &NetworkSplit, targets: Vec<Target>) -> Vec<Target> {
+fn split_by_network(
+    split: &NetworkSplit,
+    targets: Vec<Target>,
+    gateway_priority: impl Fn(&str, &str) -> u32,
+) -> Vec<Target> {
     let scale = split.gateways.scale();
     let mut out = Vec::with_capacity(targets.len());
     let mut through: BTreeMap<&NetworkGateway, u32> = BTreeMap::new();
@@ -402,7 +436,7 @@ fn split_by_network(split: &NetworkSplit, targets: Vec<Target>) -> Vec<Target> {
             address: gw.address.clone(),
             port: gw.port,
             weight: Some(weight.max(1)),
-            label_priority: 0,
+            label_priority: gateway_priority(&gw.network, &gw.cluster),
             istio_tls: true,
             network: gw.network.clone(),
             cluster: gw.cluster.clone(),

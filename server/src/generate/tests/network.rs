@@ -259,3 +259,124 @@ fn requested_network_view_hides_other_networks() {
         ["10.1.0.1:8080", "10.1.0.2:8080"]
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// The east-west gateway: AUTO_PASSTHROUGH (istiod's sni-dnat listener chains and clusters)
+
+const SNI: &str = "outbound_.9080_._.reviews.default.svc.cluster.local";
+const SNI_V1: &str = "outbound_.9080_.v1_.reviews.default.svc.cluster.local";
+
+fn east_west_mesh() -> Mesh {
+    two_networks()
+        .with_config(gateway(
+            "istio-system",
+            "cross-network-gateway",
+            r#"
+selector: {istio: eastwestgateway}
+servers:
+- port: {number: 15443, name: tls, protocol: TLS}
+  tls: {mode: AUTO_PASSTHROUGH}
+  hosts: ["*.local"]
+"#,
+        ))
+        .with_config(destination_rule(
+            "default",
+            "reviews",
+            "host: reviews\nsubsets: [{name: v1, labels: {version: v1}}]",
+        ))
+}
+
+fn east_west_gateway(network: &str) -> Proxy {
+    Proxy {
+        network: network.into(),
+        ..router_proxy("istio-system", &[("istio", "eastwestgateway")])
+    }
+}
+
+#[test]
+fn auto_passthrough_gets_istiods_sni_dnat_chains() {
+    use shoal_proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
+        tcp_proxy::ClusterSpecifier, TcpProxy,
+    };
+    let mesh = east_west_mesh();
+    let proxy = east_west_gateway("net2");
+    let lds = listeners(&gen(XdsType::Listener, &proxy, &mesh.snapshot(), &[]));
+    let l = lds.get("0.0.0.0_15443").expect("the 15443 listener");
+    assert_eq!(
+        l.listener_filters[0].name,
+        "envoy.filters.listener.tls_inspector"
+    );
+    let mut snis = Vec::new();
+    for chain in &l.filter_chains {
+        let m = chain.filter_chain_match.as_ref().expect("a match");
+        assert_eq!(
+            m.application_protocols,
+            [
+                "istio",
+                "istio-peer-exchange",
+                "istio-http/1.0",
+                "istio-http/1.1",
+                "istio-h2"
+            ]
+        );
+        assert!(chain.transport_socket.is_none(), "TLS passes through");
+        // No RBAC on these chains, as istiod: the destination's sidecar enforces its own.
+        assert_eq!(chain.filters.len(), 1);
+        assert_eq!(chain.filters[0].name, "envoy.filters.network.tcp_proxy");
+        let Some(shoal_proto::pb::envoy::config::listener::v3::filter::ConfigType::TypedConfig(
+            any,
+        )) = &chain.filters[0].config_type
+        else {
+            panic!("typed config")
+        };
+        let tcp = <TcpProxy as prost::Message>::decode(&*any.value).unwrap();
+        let [sni] = m.server_names.as_slice() else {
+            panic!("one SNI per chain")
+        };
+        assert_eq!(tcp.stat_prefix, *sni);
+        assert_eq!(
+            tcp.cluster_specifier,
+            Some(ClusterSpecifier::Cluster(sni.clone()))
+        );
+        snis.push(sni.clone());
+    }
+    assert!(snis.contains(&SNI.to_string()), "{snis:?}");
+    assert!(snis.contains(&SNI_V1.to_string()), "{snis:?}");
+    // The gateway's own Service is in the mesh too (istiod lists every in-mesh service).
+    assert!(snis
+        .iter()
+        .all(|s| s.starts_with("outbound_.") && s.ends_with(".svc.cluster.local")));
+
+    // Its clusters: EDS, named by the SNI, without TLS (the caller's mTLS passes through).
+    let cds = clusters(&gen(XdsType::Cluster, &proxy, &mesh.snapshot(), &[]));
+    for name in [SNI, SNI_V1] {
+        let c = cds.get(name).unwrap_or_else(|| panic!("cluster {name}"));
+        assert!(c.transport_socket.is_none() && c.transport_socket_matches.is_empty());
+        assert!(c.eds_cluster_config.is_some());
+    }
+    // A sidecar gets none of them.
+    let sidecar = clusters(&gen(XdsType::Cluster, &on("net1"), &mesh.snapshot(), &[]));
+    assert!(!sidecar.contains_key(SNI));
+
+    // Its endpoints: its own network's, as they are; net1's through net1's gateway.
+    let eds = load_assignments(&gen(XdsType::Endpoint, &proxy, &mesh.snapshot(), &[SNI]));
+    assert_eq!(
+        cla_addresses(&eds[SNI]).concat(),
+        [
+            "10.2.0.1:8080",
+            "10.2.0.2:8080",
+            "10.2.0.3:8080",
+            "192.0.2.1:15443"
+        ]
+    );
+}
+
+#[test]
+fn a_gateway_without_auto_passthrough_gets_no_sni_dnat() {
+    let mesh = two_networks();
+    let proxy = east_west_gateway("net2");
+    let cds = clusters(&gen(XdsType::Cluster, &proxy, &mesh.snapshot(), &[]));
+    assert!(!cds.contains_key(SNI));
+    let lds = listeners(&gen(XdsType::Listener, &proxy, &mesh.snapshot(), &[]));
+    assert!(!lds.contains_key("0.0.0.0_15443"));
+}

@@ -480,10 +480,11 @@ fn lb_endpoint(t: Target) -> LbEndpoint {
             ))
             .collect(),
         };
-        metadata
-            .get_or_insert_with(Metadata::default)
-            .filter_metadata
-            .insert(ISTIO_METADATA.to_string(), network);
+        let m = metadata.get_or_insert_with(Metadata::default);
+        let mut entries: Vec<(String, Struct)> = m.filter_metadata.drain().collect();
+        entries.push((ISTIO_METADATA.to_string(), network));
+        // Two namespaces: encoded in key order, so every replica sends the same bytes.
+        m.filter_metadata = super::ordered_map(entries);
     }
     LbEndpoint {
         metadata,

@@ -380,3 +380,16 @@ fn a_gateway_without_auto_passthrough_gets_no_sni_dnat() {
     let lds = listeners(&gen(XdsType::Listener, &proxy, &mesh.snapshot(), &[]));
     assert!(!lds.contains_key("0.0.0.0_15443"));
 }
+
+#[test]
+fn endpoint_metadata_encodes_the_same_every_time() {
+    // Two metadata namespaces (tlsMode and network) in a protobuf map: the bytes must not
+    // depend on a hasher's order (replicas and the view cache compare them).
+    let mesh = two_networks();
+    let snap = mesh.snapshot();
+    let first = gen(XdsType::Endpoint, &on("net1"), &snap, &[NAME]);
+    for _ in 0..32 {
+        let again = gen(XdsType::Endpoint, &on("net1"), &snap, &[NAME]);
+        assert_eq!(again[0].any.value, first[0].any.value);
+    }
+}

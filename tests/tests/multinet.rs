@@ -4,19 +4,22 @@
 //! second interface on net1's bridge is its external address (the gateway Service's
 //! `externalIPs`): net1 reaches net2 on that address only.
 //!
-//! One standalone shoal server (the file source: one cluster, whose pods carry their
-//! network as the `topology.istio.io/network` label, as istiod reads it) serves every
-//! proxy; each pod runs a certificate agent and a real Envoy (sidecars captured by
-//! istio-iptables' rules, the gateway not). `sleep` uses delta ADS, the others SotW.
+//! A shoal ingester (the file source: one cluster, whose pods carry their network as the
+//! `topology.istio.io/network` label, as istiod reads it) publishes through nats-server to
+//! one shoal server, which serves every proxy; each pod runs a certificate agent and a
+//! real Envoy (sidecars captured by istio-iptables' rules, the gateway not). `sleep` uses
+//! delta ADS, the others SotW.
 //!
 //! - sleep → httpbin (only endpoint in net2): through the gateway's sni-dnat chain, mutual
 //!   TLS end to end (httpbin sees sleep's SPIFFE ID); sleep cannot reach httpbin-b's IP.
-//! - With an endpoint in each network, traffic reaches both.
+//! - With endpoints in both networks (one in net1, two in net2), traffic reaches both; the
+//!   gateway endpoint weighs 2, the local one 1.
 //! - Without the gateway's Service, net2's endpoint is sent as it is (istiod's rule for a
 //!   network without a gateway), and so is unreachable from net1.
 //!
-//! Needs root, iptables, Envoy and the binaries (`cargo build --bins -p shoal-server
-//! -p shoal-tests`); fails without netns support unless `SHOAL_SKIP_NETNS=1`.
+//! Needs root, iptables, Envoy, nats-server and the binaries (`cargo build --bins -p
+//! shoal-server -p shoal-ingester -p shoal-tests`); fails without netns support unless
+//! `SHOAL_SKIP_NETNS=1`.
 #![forbid(unsafe_code)]
 
 use serde_json::Value;
@@ -27,7 +30,7 @@ use shoal_tests::netns::{self, Pod, PROXY_UID};
 use shoal_tests::pki::ServerPki;
 use shoal_tests::ports::free_port_on;
 use shoal_tests::process::Process;
-use shoal_tests::{eventually, Envoy, MeshNet, ShoalServer};
+use shoal_tests::{eventually, Envoy, MeshNet, NatsServer, ShoalIngester, ShoalServer};
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -69,6 +72,7 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
     let sleep = net1.add_pod("sleep");
     let httpbin_a = net1.add_pod("httpbin-a");
     let httpbin_b = net2.add_pod("httpbin-b");
+    let httpbin_c = net2.add_pod("httpbin-c");
     let eastwest = net2.add_pod("eastwest");
     let gateway_addr = net1.attach(&eastwest);
 
@@ -76,13 +80,17 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
         sleep: sleep.ip(),
         httpbin_a: httpbin_a.ip(),
         httpbin_b: httpbin_b.ip(),
+        httpbin_c: httpbin_c.ip(),
         eastwest: eastwest.ip(),
         gateway_addr,
     };
     write_manifest(dir.path(), "mesh.yaml", &pods.manifests(false));
     write_manifest(dir.path(), "gateway.yaml", &pods.gateway_manifests());
 
-    let mut args = vec!["--standalone".to_string(), dir.path().display().to_string()];
+    // Through NATS: the ingester publishes the directory, the server reads the bus.
+    let nats = NatsServer::start().await;
+    let _ingester = ShoalIngester::for_dir(&nats.url(), dir.path());
+    let mut args = vec!["--nats-url".to_string(), nats.url()];
     args.extend(pki.server_args(SocketAddr::from((Ipv4Addr::UNSPECIFIED, tls_port))));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let _server =
@@ -100,6 +108,7 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
         (&sleep, host1, "net1"),
         (&httpbin_a, host1, "net1"),
         (&httpbin_b, host2, "net2"),
+        (&httpbin_c, host2, "net2"),
     ] {
         pod.capture();
         let app = match pod.name() {
@@ -203,11 +212,12 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
         .await;
     assert!(!direct.success(), "net1 reached a net2 pod: {direct:?}");
 
-    // An endpoint in each network: traffic reaches both.
+    // Endpoints in both networks (httpbin-a in net1; httpbin-b and httpbin-c in net2):
+    // traffic reaches both networks.
     write_manifest(dir.path(), "mesh.yaml", &pods.manifests(true));
     let mut seen = BTreeSet::new();
     let deadline = std::time::Instant::now() + CONVERGE;
-    while seen.len() < 2 {
+    while !(seen.contains("httpbin-a") && seen.len() >= 2) {
         assert!(
             std::time::Instant::now() < deadline,
             "backends seen: {seen:?}"
@@ -220,16 +230,14 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let clusters = sleep_envoy.admin_get("/clusters").await.expect("/clusters");
-    // One endpoint behind the gateway, one local: weight 1 each (istiod's weighting).
-    for addr in [
-        format!("{gateway_addr}:15443"),
-        format!("{}:8000", pods.httpbin_a),
+    // istiod's weighting: the gateway endpoint weighs the two endpoints behind it, the
+    // local one its own.
+    for (addr, weight) in [
+        (format!("{gateway_addr}:15443"), 2),
+        (format!("{}:8000", pods.httpbin_a), 1),
     ] {
-        let weight = format!("outbound|8000||{HTTPBIN}::{addr}::weight::1");
-        assert!(
-            clusters.lines().any(|l| l == weight),
-            "{weight}\n{clusters}"
-        );
+        let line = format!("outbound|8000||{HTTPBIN}::{addr}::weight::{weight}");
+        assert!(clusters.lines().any(|l| l == line), "{line}\n{clusters}");
     }
 
     // net2 loses its gateway: its endpoint is sent as it is (istiod's rule; unreachable
@@ -336,6 +344,7 @@ struct Pods {
     sleep: Ipv4Addr,
     httpbin_a: Ipv4Addr,
     httpbin_b: Ipv4Addr,
+    httpbin_c: Ipv4Addr,
     eastwest: Ipv4Addr,
     gateway_addr: Ipv4Addr,
 }
@@ -353,6 +362,7 @@ impl Pods {
         let mut endpoints = endpoint("httpbin-b", self.httpbin_b);
         if both {
             endpoints.push_str(&endpoint("httpbin-a", self.httpbin_a));
+            endpoints.push_str(&endpoint("httpbin-c", self.httpbin_c));
         }
         let mut out = format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n---\n\
@@ -368,6 +378,7 @@ impl Pods {
             ("sleep", "sleep", "sleep", self.sleep, "net1"),
             ("httpbin-a", "httpbin", "httpbin", self.httpbin_a, "net1"),
             ("httpbin-b", "httpbin", "httpbin", self.httpbin_b, "net2"),
+            ("httpbin-c", "httpbin", "httpbin", self.httpbin_c, "net2"),
         ] {
             let labels: String = injected_labels(app, network)
                 .iter()

@@ -586,6 +586,49 @@ mod tests {
             .is_empty());
     }
 
+    /// The cluster's network is the label of its system namespace (the configured one),
+    /// carried by every endpoint set.
+    #[test]
+    fn endpoint_sets_carry_the_system_namespace_network() {
+        let mut store = ClusterStore::new("c1");
+        store.namespaces.apply(Change::Init);
+        let labels: Labels = [(
+            shoal_common::model::NETWORK_LABEL.to_string(),
+            "net1".to_string(),
+        )]
+        .into();
+        store
+            .namespaces
+            .apply(Change::InitApply(key("", "mesh-system"), Ok(labels)));
+        store.namespaces.apply(Change::InitDone);
+        assert_eq!(store.network("mesh-system"), "net1");
+        assert_eq!(store.network("istio-system"), "");
+        let slice: EndpointSlice = shoal_common::yaml::from_str(
+            "metadata: {name: web-1, namespace: a, labels: {kubernetes.io/service-name: web}}\n\
+             addressType: IPv4\nports: [{name: http, port: 80}]\n\
+             endpoints: [{addresses: [10.0.0.1]}]",
+        )
+        .unwrap();
+        store.slices.apply(Change::Init);
+        store
+            .slices
+            .apply(Change::InitApply(key("a", "web-1"), Ok(Box::new(slice))));
+        store.slices.apply(Change::InitDone);
+        let all = Dirty {
+            all: true,
+            ..Dirty::default()
+        };
+        let networks: Vec<String> = store
+            .desired("c1", &DiscoverySelectors::all(), &all, "mesh-system")
+            .into_values()
+            .filter_map(|o| match o {
+                desired::StateObject::Endpoints(set) => Some(set.network),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(networks, ["net1"]);
+    }
+
     #[test]
     fn config_kinds_are_sweepable_once_synced_or_unwatched() {
         let mut config = ConfigStore::new("c1");

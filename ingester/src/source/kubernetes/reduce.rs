@@ -390,6 +390,36 @@ status: {conditions: [{type: Ready, status: "True"}]}
             .is_none());
     }
 
+    /// An east-west gateway Service keeps the addresses other networks reach it on: the
+    /// load balancer's ingress and the external IPs, nothing else of its status.
+    #[test]
+    fn gateway_service_keeps_its_external_addresses() {
+        let mut gw: Service = yaml(SERVICE);
+        let mut spec = gw.spec.take().unwrap();
+        spec.external_ips = Some(vec!["192.0.2.9".into()]);
+        gw.spec = Some(spec);
+        gw.status = Some(yaml(
+            "loadBalancer: {ingress: [{ip: 192.0.2.1, ipMode: VIP, ports: [{port: 15443, protocol: TCP}]}]}\nconditions: []",
+        ));
+        let reduced = service(gw).unwrap();
+        let ingress = reduced
+            .status
+            .as_ref()
+            .unwrap()
+            .load_balancer
+            .as_ref()
+            .unwrap();
+        let ingress = &ingress.ingress.as_ref().unwrap()[0];
+        assert!(ingress.ip_mode.is_none() && ingress.ports.is_none());
+        assert!(reduced.status.as_ref().unwrap().conditions.is_none());
+        let normalized = crate::admit::normalize::service(&reduced, "c1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(normalized.external_addresses, ["192.0.2.1", "192.0.2.9"]);
+        // No load balancer address: no status kept at all.
+        assert!(service(yaml(SERVICE)).unwrap().status.is_none());
+    }
+
     #[test]
     fn irrelevant_changes_reduce_to_equal_objects() {
         let mut changed: Pod = yaml(POD);

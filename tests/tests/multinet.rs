@@ -1,8 +1,9 @@
 //! Multi-network end to end (issue 22), with real network isolation: two test networks
 //! (two bridges, `MeshNet`s) with no route between their pod ranges. Network `net1` runs
-//! `sleep`; network `net2` runs `httpbin-b` and the east-west gateway `eastwest`, whose
-//! second interface on net1's bridge is its external address (the gateway Service's
-//! `externalIPs`): net1 reaches net2 on that address only.
+//! `sleep`, `httpbin-a` and the east-west gateway `eastwest1`; network `net2` runs
+//! `httpbin-b`, `httpbin-c` and the east-west gateway `eastwest`. Each gateway pod has a
+//! second interface on the other network's bridge: its external address there (its
+//! Service's `externalIPs`), the only address of its network the other one reaches.
 //!
 //! A shoal ingester (the file source: one cluster, whose pods carry their network as the
 //! `topology.istio.io/network` label, as istiod reads it) publishes through nats-server to
@@ -10,8 +11,9 @@
 //! real Envoy (sidecars captured by istio-iptables' rules, the gateway not). `sleep` uses
 //! delta ADS, the others SotW.
 //!
-//! - sleep → httpbin (only endpoint in net2): through the gateway's sni-dnat chain, mutual
-//!   TLS end to end (httpbin sees sleep's SPIFFE ID); sleep cannot reach httpbin-b's IP.
+//! - sleep → httpbin (only endpoint in net2): through net2's gateway's sni-dnat chain,
+//!   mutual TLS end to end (httpbin sees sleep's SPIFFE ID); sleep cannot reach httpbin-b's
+//!   IP. The other way, httpbin-b → web (only endpoint httpbin-a, net1) through net1's.
 //! - With endpoints in both networks (one in net1, two in net2), traffic reaches both; the
 //!   gateway endpoint weighs 2, the local one 1.
 //! - Without the gateway's Service, net2's endpoint is sent as it is (istiod's rule for a
@@ -41,6 +43,9 @@ const NS: &str = "mn";
 const HTTPBIN: &str = "httpbin.mn.svc.cluster.local";
 const HTTPBIN_VIP: &str = "198.19.0.40";
 const SNI: &str = "outbound_.8000_._.httpbin.mn.svc.cluster.local";
+/// A service whose only endpoint is httpbin-a (net1).
+const WEB: &str = "web.mn.svc.cluster.local";
+const WEB_VIP: &str = "198.19.0.41";
 const GATEWAY_SA: &str = "istio-eastwestgateway-service-account";
 
 fn spiffe(ns: &str, sa: &str) -> String {
@@ -75,6 +80,9 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
     let httpbin_c = net2.add_pod("httpbin-c");
     let eastwest = net2.add_pod("eastwest");
     let gateway_addr = net1.attach(&eastwest);
+    // net1's gateway, reached from net2 on its address there.
+    let eastwest1 = net1.add_pod("eastwest1");
+    let gateway1_addr = net2.attach(&eastwest1);
 
     let pods = Pods {
         sleep: sleep.ip(),
@@ -82,7 +90,9 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
         httpbin_b: httpbin_b.ip(),
         httpbin_c: httpbin_c.ip(),
         eastwest: eastwest.ip(),
+        eastwest1: eastwest1.ip(),
         gateway_addr,
+        gateway1_addr,
     };
     write_manifest(dir.path(), "mesh.yaml", &pods.manifests(false));
     write_manifest(dir.path(), "gateway.yaml", &pods.gateway_manifests());
@@ -133,30 +143,45 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
             _app: app,
         });
     }
-    // The east-west gateway: a router, not captured.
-    let node = Node {
-        id: format!(
-            "router~{}~eastwest.istio-system~istio-system.svc.cluster.local",
-            eastwest.ip()
-        ),
-        cluster: "istio-eastwestgateway".into(),
-        namespace: "istio-system".into(),
-        labels: vec![
-            ("istio".into(), "eastwestgateway".into()),
-            ("topology.istio.io/network".into(), "net2".into()),
-        ],
-        interception: None,
-        service_account: GATEWAY_SA.into(),
-    };
-    let (gw_agent, gateway) = ctx
-        .start(&eastwest, host2, node, ("istio-system", GATEWAY_SA), "net2")
-        .await;
+    // The east-west gateways: routers, not captured.
+    let mut gateways = Vec::new();
+    for (pod, host, network) in [(&eastwest, host2, "net2"), (&eastwest1, host1, "net1")] {
+        let node = Node {
+            id: format!(
+                "router~{}~{}.istio-system~istio-system.svc.cluster.local",
+                pod.ip(),
+                pod.name()
+            ),
+            cluster: "istio-eastwestgateway".into(),
+            namespace: "istio-system".into(),
+            labels: vec![
+                ("istio".into(), "eastwestgateway".into()),
+                ("topology.istio.io/network".into(), network.into()),
+            ],
+            interception: None,
+            service_account: GATEWAY_SA.into(),
+        };
+        gateways.push(
+            ctx.start(pod, host, node, ("istio-system", GATEWAY_SA), network)
+                .await,
+        );
+    }
+    let gateway = &gateways[0].1;
+    let gateway1 = &gateways[1].1;
     let sleep_envoy = &proxied[0].envoy;
 
     // sleep → httpbin, whose only endpoint is in net2: through the gateway.
     let get = |path: &'static str| {
         let sleep = &sleep;
-        async move { http_get(sleep, &format!("http://{HTTPBIN}:8000{path}")).await }
+        async move {
+            http_get(
+                sleep,
+                HTTPBIN,
+                HTTPBIN_VIP,
+                &format!("http://{HTTPBIN}:8000{path}"),
+            )
+            .await
+        }
     };
     let body = eventually(CONVERGE, POLL, || async {
         match get("/headers").await {
@@ -195,6 +220,36 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
             .await
             >= 1
     );
+    // The other way, through net1's gateway: httpbin-b (net2) calls `web`, whose only
+    // endpoint is httpbin-a (net1); httpbin-a sees httpbin-b's identity.
+    let body = eventually(CONVERGE, POLL, || async {
+        match http_get(
+            &httpbin_b,
+            WEB,
+            WEB_VIP,
+            &format!("http://{WEB}:8000/reverse"),
+        )
+        .await
+        {
+            Ok((200, body)) if body["backend"] == "httpbin-a" => Ok(body),
+            other => Err(format!("httpbin-b -> web: {other:?}")),
+        }
+    })
+    .await;
+    let xfcc = body["headers"]["x-forwarded-client-cert"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        xfcc.contains(&format!("URI={}", spiffe(NS, "httpbin"))),
+        "httpbin-a does not see httpbin-b's identity: {body}"
+    );
+    assert!(
+        gateway1
+            .stat_sum("cluster.outbound_.8000_._.web.mn.svc.cluster.local.upstream_cx_total")
+            .await
+            >= 1
+    );
+
     // The networks are isolated: httpbin-b's own address is unreachable from net1 (the
     // proxy uid is not captured, so this goes out as it is).
     let direct = sleep
@@ -257,15 +312,18 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
     })
     .await;
 
-    for (name, envoy) in [("sleep", sleep_envoy), ("eastwest", &gateway)] {
+    for (name, envoy) in [
+        ("sleep", sleep_envoy),
+        ("eastwest", gateway),
+        ("eastwest1", gateway1),
+    ] {
         assert_eq!(
             envoy.stat_sum("update_rejected").await,
             0,
             "{name} rejected config"
         );
     }
-    drop(gateway);
-    drop(gw_agent);
+    drop(gateways);
 }
 
 /// What starting a proxy needs: the CA's PKI and the server's ports.
@@ -312,9 +370,9 @@ impl Ctx<'_> {
     }
 }
 
-/// One GET from the pod's app, through its sidecar.
-async fn http_get(pod: &Pod, url: &str) -> anyhow::Result<(u16, Value)> {
-    let resolve = format!("{HTTPBIN}={HTTPBIN_VIP}");
+/// One GET from the pod's app, through its sidecar, resolving `host` to `vip`.
+async fn http_get(pod: &Pod, host: &str, vip: &str, url: &str) -> anyhow::Result<(u16, Value)> {
+    let resolve = format!("{host}={vip}");
     let args = [
         "http-get",
         url,
@@ -346,7 +404,9 @@ struct Pods {
     httpbin_b: Ipv4Addr,
     httpbin_c: Ipv4Addr,
     eastwest: Ipv4Addr,
+    eastwest1: Ipv4Addr,
     gateway_addr: Ipv4Addr,
+    gateway1_addr: Ipv4Addr,
 }
 
 impl Pods {
@@ -372,7 +432,15 @@ impl Pods {
              apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: httpbin-1\n\
              \x20 namespace: {NS}\n  labels:\n    kubernetes.io/service-name: httpbin\n\
              addressType: IPv4\nports:\n- name: http\n  port: 8000\n  protocol: TCP\n\
-             endpoints:\n{endpoints}---\n"
+             endpoints:\n{endpoints}---\n\
+             apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: {NS}\n\
+             spec:\n  clusterIP: {WEB_VIP}\n  ports:\n\
+             \x20 - name: http\n    port: 8000\n    targetPort: 8000\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n\
+             \x20 namespace: {NS}\n  labels:\n    kubernetes.io/service-name: web\n\
+             addressType: IPv4\nports:\n- name: http\n  port: 8000\n  protocol: TCP\n\
+             endpoints:\n{web}---\n",
+            web = endpoint("httpbin-a", self.httpbin_a),
         );
         for (name, app, sa, ip, network) in [
             ("sleep", "sleep", "sleep", self.sleep, "net1"),
@@ -393,26 +461,34 @@ impl Pods {
         out
     }
 
-    /// net2's east-west gateway: its Service (labelled with the network, reached by other
-    /// networks on its external IP, port 15443) and Istio's `cross-network-gateway`.
+    /// Each network's east-west gateway: its Service (labelled with the network, reached
+    /// by the other network on its external IP, port 15443) and pod, and Istio's
+    /// `cross-network-gateway`, which selects both.
     fn gateway_manifests(&self) -> String {
-        format!(
+        let mut out = format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n---\n\
-             apiVersion: v1\nkind: Service\nmetadata:\n  name: istio-eastwestgateway\n\
-             \x20 namespace: istio-system\n  labels:\n    istio: eastwestgateway\n\
-             \x20   topology.istio.io/network: net2\n\
-             spec:\n  type: LoadBalancer\n  selector:\n    istio: eastwestgateway\n\
-             \x20 externalIPs: [\"{gw}\"]\n  ports:\n  - name: tls\n    port: 15443\n    targetPort: 15443\n---\n\
              apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: cross-network-gateway\n\
              \x20 namespace: istio-system\nspec:\n  selector:\n    istio: eastwestgateway\n  servers:\n\
              \x20 - port:\n      number: 15443\n      name: tls\n      protocol: TLS\n\
-             \x20   tls:\n      mode: AUTO_PASSTHROUGH\n    hosts:\n    - \"*.local\"\n---\n\
-             apiVersion: v1\nkind: Pod\nmetadata:\n  name: eastwest\n  namespace: istio-system\n\
-             \x20 labels:\n    istio: eastwestgateway\n    topology.istio.io/network: net2\n\
-             spec:\n  serviceAccountName: {GATEWAY_SA}\n  containers:\n  - name: proxy\n    image: proxy\n\
-             status:\n  phase: Running\n  podIP: {ip}\n  podIPs:\n  - ip: {ip}\n",
-            gw = self.gateway_addr,
-            ip = self.eastwest,
-        )
+             \x20   tls:\n      mode: AUTO_PASSTHROUGH\n    hosts:\n    - \"*.local\"\n---\n"
+        );
+        for (name, network, external, ip) in [
+            ("eastwest", "net2", self.gateway_addr, self.eastwest),
+            ("eastwest1", "net1", self.gateway1_addr, self.eastwest1),
+        ] {
+            out.push_str(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n\
+                 \x20 namespace: istio-system\n  labels:\n    istio: eastwestgateway\n\
+                 \x20   topology.istio.io/network: {network}\n\
+                 spec:\n  type: LoadBalancer\n  selector:\n    istio: eastwestgateway\n\
+                 \x20   topology.istio.io/network: {network}\n\
+                 \x20 externalIPs: [\"{external}\"]\n  ports:\n  - name: tls\n    port: 15443\n    targetPort: 15443\n---\n\
+                 apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: istio-system\n\
+                 \x20 labels:\n    istio: eastwestgateway\n    topology.istio.io/network: {network}\n\
+                 spec:\n  serviceAccountName: {GATEWAY_SA}\n  containers:\n  - name: proxy\n    image: proxy\n\
+                 status:\n  phase: Running\n  podIP: {ip}\n  podIPs:\n  - ip: {ip}\n---\n"
+            ));
+        }
+        out
     }
 }

@@ -29,6 +29,10 @@
 # Usage (as root):
 #   mesh-netns.sh up NET [N|auto]        create NET on 198.18.N.0/24; prints the subnet
 #   mesh-netns.sh pod NET NAME IP        create pod NAME with address IP (in NET's subnet)
+#   mesh-netns.sh attach NET NAME OTHER IP
+#                                        give pod NAME of NET a second interface, eth1
+#                                        with address IP on network OTHER's bridge (an
+#                                        east-west gateway's address in another network)
 #   mesh-netns.sh capture NET NAME [-d PORTS]
 #                                        install istio-iptables' rules in the pod
 #   mesh-netns.sh uncapture NET NAME     remove them
@@ -153,6 +157,29 @@ cmd_pod() {
   # redirected to Envoy in nat OUTPUT, before anything is sent. (Uncaptured traffic to a
   # ClusterIP reaches the router namespace, which drops it.)
   ip -n "$ns" route add default via "198.18.$n.1" dev eth0
+}
+
+# ---------------------------------------------------------------------------------------
+# attach NET NAME OTHER IP: the pod reaches OTHER's pods (and they it) on OTHER's subnet,
+# nothing more: OTHER's pods still have no route to NET's subnet, and the pod does not
+# forward between its interfaces (a namespace starts with forwarding off).
+cmd_attach() {
+  local net=$1 name=$2 other=$3 ip=$4
+  check_net "$net"
+  check_net "$other"
+  local n r ns host
+  ns="$net-$name"
+  ns_exists "$ns" || die "pod $name does not exist in $net"
+  n=$(subnet_octet "$other")
+  [[ "$ip" =~ ^198\.18\.$n\.([0-9]+)$ ]] || die "$ip is not in $other's subnet 198.18.$n.0/24"
+  host=${BASH_REMATCH[1]}
+  [ "$host" -ge 2 ] && [ "$host" -le 253 ] || die "pod addresses are 198.18.$n.2-253"
+  r=$(router "$other")
+  ip -n "$r" link show "v$host" >/dev/null 2>&1 && die "$ip is already used in $other"
+  ip link add eth1 netns "$ns" type veth peer name "v$host" netns "$r"
+  ip -n "$r" link set "v$host" master br0 up
+  ip -n "$ns" addr add "$ip/24" dev eth1
+  ip -n "$ns" link set eth1 up
 }
 
 # ---------------------------------------------------------------------------------------
@@ -333,6 +360,7 @@ usage() { die "usage: $PROG $sub $1"; }
 case $sub in
 up) if [ "$#" -lt 1 ]; then usage "NET [N|auto]"; fi; cmd_up "$@" ;;
 pod) if [ "$#" -ne 3 ]; then usage "NET NAME IP"; fi; cmd_pod "$@" ;;
+attach) if [ "$#" -ne 4 ]; then usage "NET NAME OTHER IP"; fi; cmd_attach "$@" ;;
 capture) if [ "$#" -lt 2 ]; then usage "NET NAME [-d PORTS]"; fi; cmd_capture "$@" ;;
 uncapture) if [ "$#" -ne 2 ]; then usage "NET NAME"; fi; cmd_uncapture "$@" ;;
 iptables) if [ "$#" -ne 2 ]; then usage "NET NAME"; fi; cmd_iptables "$@" ;;

@@ -11,6 +11,10 @@ pub const DOMAIN_SUFFIX: &str = "cluster.local";
 /// Sidecar, DestinationRules) and where multicluster Secrets live, unless configured.
 pub const ROOT_NAMESPACE: &str = "istio-system";
 
+/// The namespace the control plane runs in (Istio's `istio-system`); its
+/// `topology.istio.io/network` label names its cluster's network.
+pub const SYSTEM_NAMESPACE: &str = "istio-system";
+
 /// The mesh's trust domain when MeshConfig sets none (Istio's `trustDomain` default): the
 /// trust domain of identities read from service-account tokens.
 pub const TRUST_DOMAIN: &str = "cluster.local";

@@ -73,9 +73,11 @@ pub fn endpoints_entry(
     slice: &EndpointSlice,
     cluster: &str,
     workloads: &Workloads<'_>,
+    network: &str,
 ) -> Result<Option<(StateKey, StateObject)>, InvalidObject> {
     Ok(
-        normalize::endpoint_slice(slice, cluster, workloads)?.map(|set| {
+        normalize::endpoint_slice(slice, cluster, workloads)?.map(|mut set| {
+            set.network = network.to_string();
             let key = keys::endpoints_key(cluster, &set.namespace, &set.service, &set.slice);
             ((Bucket::Endpoints, key), StateObject::Endpoints(set))
         }),

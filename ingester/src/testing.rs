@@ -113,6 +113,7 @@ pub(crate) fn service(cluster: &str, name: &str, port: u16) -> (StateKey, StateO
         }],
         selector: Default::default(),
         export_to: vec![],
+        external_addresses: vec![],
     };
     (key, StateObject::Service(svc))
 }

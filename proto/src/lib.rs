@@ -103,8 +103,21 @@ pub fn outbound_cluster_name(port: u32, subset: &str, hostname: &str) -> String 
     format!("outbound|{port}|{subset}|{hostname}")
 }
 
-/// Parses an Istio outbound cluster name into (port, subset, hostname).
+/// istiod's SNI-DNAT cluster name (its `BuildDNSSrvSubsetKey`), which is also the SNI of
+/// Istio mutual TLS to `outbound|<port>|<subset>|<hostname>`:
+/// `outbound_.<port>_.<subset>_.<hostname>`. An `AUTO_PASSTHROUGH` gateway routes by it.
+pub fn sni_dnat_cluster_name(port: u32, subset: &str, hostname: &str) -> String {
+    format!("outbound_.{port}_.{subset}_.{hostname}")
+}
+
+/// Parses an Istio outbound cluster name, `outbound|<port>|<subset>|<hostname>` or the
+/// SNI-DNAT form `outbound_.<port>_.<subset>_.<hostname>`, into (port, subset, hostname).
 pub fn parse_outbound_cluster_name(name: &str) -> Option<(u32, &str, &str)> {
+    if let Some(rest) = name.strip_prefix("outbound_.") {
+        let (port, rest) = rest.split_once("_.")?;
+        let (subset, host) = rest.split_once("_.")?;
+        return Some((port.parse().ok()?, subset, host));
+    }
     let mut parts = name.splitn(4, '|');
     if parts.next()? != "outbound" {
         return None;
@@ -159,6 +172,18 @@ mod tests {
             Some((9080, "v1", "reviews.default.svc.cluster.local"))
         );
         assert_eq!(parse_outbound_cluster_name("inbound|1||x"), None);
+        // istiod's names for the same cluster under AUTO_PASSTHROUGH (its SNI).
+        let n = sni_dnat_cluster_name(9080, "", "reviews.default.svc.cluster.local");
+        assert_eq!(n, "outbound_.9080_._.reviews.default.svc.cluster.local");
+        assert_eq!(
+            parse_outbound_cluster_name(&n),
+            Some((9080, "", "reviews.default.svc.cluster.local"))
+        );
+        assert_eq!(
+            parse_outbound_cluster_name("outbound_.8080_.v1_.a.b.svc.cluster.local"),
+            Some((8080, "v1", "a.b.svc.cluster.local"))
+        );
+        assert_eq!(parse_outbound_cluster_name("outbound_.x_._.a"), None);
     }
 
     #[test]

@@ -66,6 +66,7 @@ pub fn service(ns: &str, name: &str, ports: &[(&str, u16)]) -> Service {
             .collect(),
         selector: BTreeMap::new(),
         export_to: Vec::new(),
+        external_addresses: Vec::new(),
     }
 }
 
@@ -114,6 +115,7 @@ pub fn slice(
             })
             .collect(),
         endpoints,
+        network: String::new(),
     }
 }
 
@@ -197,6 +199,8 @@ pub fn sidecar_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         service_account: None,
         verified: None,
         istio_version: None,
+        network: String::new(),
+        requested_network_view: Vec::new(),
     }
 }
 
@@ -234,6 +238,8 @@ pub fn router_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         service_account: None,
         verified: None,
         istio_version: None,
+        network: String::new(),
+        requested_network_view: Vec::new(),
     }
 }
 

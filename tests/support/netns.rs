@@ -234,6 +234,30 @@ impl MeshNet {
     }
 }
 
+impl MeshNet {
+    /// Gives `pod` (of another network) a second interface on this network, with the next
+    /// free address here, and returns that address: the pod is then reachable from this
+    /// network's pods on it, while the rest of its own network stays unreachable (an
+    /// east-west gateway's external address).
+    pub fn attach(&self, pod: &Pod) -> Ipv4Addr {
+        let host = self.inner.next_host.fetch_add(1, Ordering::Relaxed);
+        assert!(
+            (2..=253).contains(&host),
+            "too many pods in {}",
+            self.name()
+        );
+        let ip = Ipv4Addr::new(198, 18, self.inner.octet, host);
+        recipe(&[
+            "attach",
+            &pod.net.name,
+            &pod.name,
+            &self.inner.name,
+            &ip.to_string(),
+        ]);
+        ip
+    }
+}
+
 impl Drop for NetInner {
     fn drop(&mut self) {
         if let Err(e) = try_recipe(&["down", &self.name]) {

@@ -24,7 +24,16 @@ pub struct Service {
     /// Namespaces this service is exported to (`networking.istio.io/exportTo`); empty = all.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub export_to: Vec<String>,
+    /// Addresses clients outside the cluster reach the service on: the load balancer's
+    /// ingress IPs and hostnames, then `spec.externalIPs`. An east-west gateway Service
+    /// (labelled `topology.istio.io/network`) is reached by other networks on these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external_addresses: Vec<String>,
 }
+
+/// Label naming the network of a workload, a cluster's system namespace, or the network a
+/// gateway Service is the east-west gateway of (Istio's `topology.istio.io/network`).
+pub const NETWORK_LABEL: &str = "topology.istio.io/network";
 
 /// Application protocol of a port, as Istio derives it from the port name or `appProtocol`.
 #[derive(
@@ -164,4 +173,20 @@ pub struct EndpointSet {
     pub ports: Vec<EndpointPort>,
     /// The endpoints, sorted by address.
     pub endpoints: Vec<Endpoint>,
+    /// The network of the cluster the slice was seen in (the `topology.istio.io/network`
+    /// label of its system namespace); empty when unlabelled. An endpoint's own
+    /// [`NETWORK_LABEL`] label (from its pod) wins over it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub network: String,
+}
+
+impl EndpointSet {
+    /// The network of one of its endpoints: the pod's label, else the cluster's.
+    pub fn network_of<'a>(&'a self, ep: &'a Endpoint) -> &'a str {
+        ep.labels
+            .get(NETWORK_LABEL)
+            .map(String::as_str)
+            .filter(|n| !n.is_empty())
+            .unwrap_or(&self.network)
+    }
 }

@@ -142,6 +142,15 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
                 let tls_port = matches!(protocol.as_str(), "TLS" | "HTTPS");
                 match mode {
                     Some("PASSTHROUGH") if tls_port => {}
+                    // An east-west gateway: Istio mTLS passed through by its SNI. istiod
+                    // accepts it on TLS servers only.
+                    Some("AUTO_PASSTHROUGH") if protocol == "TLS" => {}
+                    Some("AUTO_PASSTHROUGH") => {
+                        return invalid(format!(
+                            "servers[{i}].tls.mode \"AUTO_PASSTHROUGH\" needs port.protocol TLS \
+                             (the server's protocol is {protocol})"
+                        ))
+                    }
                     Some("SIMPLE" | "MUTUAL") if tls_port => match credential {
                         None | Some("") => {
                             return invalid(format!(
@@ -169,7 +178,7 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
                     Some(mode) if tls_port => {
                         return invalid(format!(
                             "servers[{i}].tls.mode {mode:?} is not supported (PASSTHROUGH, \
-                             SIMPLE and MUTUAL are)"
+                             AUTO_PASSTHROUGH, SIMPLE and MUTUAL are)"
                         ))
                     }
                     Some(mode) => {
@@ -273,6 +282,7 @@ mod tests {
             server("HTTPS", "{mode: MUTUAL, credentialName: web-cert}"),
             server("TLS", "{mode: SIMPLE, credentialName: db.cert}"),
             server("TLS", "{mode: PASSTHROUGH}"),
+            server("TLS", "{mode: AUTO_PASSTHROUGH}"),
         ] {
             assert!(validate(&spec(gw, &ok)).is_ok(), "{ok}");
         }
@@ -296,6 +306,10 @@ mod tests {
             (
                 server("HTTPS", "{mode: ISTIO_MUTUAL}"),
                 "servers[0].tls.mode \"ISTIO_MUTUAL\" is not supported",
+            ),
+            (
+                server("HTTPS", "{mode: AUTO_PASSTHROUGH}"),
+                "servers[0].tls.mode \"AUTO_PASSTHROUGH\" needs port.protocol TLS",
             ),
             (
                 server("HTTPS", "{credentialName: c}"),

@@ -166,7 +166,19 @@ pub fn service(svc: &KubeService, cluster: &str) -> Result<Option<Service>, Inva
                 .collect()
         })
         .unwrap_or_default();
+    // The load balancer's addresses first (what istiod's `ClusterExternalAddresses`
+    // takes for a LoadBalancer Service), then the external IPs.
+    let external_addresses = svc
+        .status
+        .iter()
+        .filter_map(|s| s.load_balancer.as_ref())
+        .flat_map(|lb| lb.ingress.iter().flatten())
+        .filter_map(|i| i.ip.clone().or_else(|| i.hostname.clone()))
+        .chain(spec.external_ips.iter().flatten().cloned())
+        .filter(|a| !a.is_empty())
+        .collect();
     Ok(Some(Service {
+        external_addresses,
         hostname: service_fqdn(&meta.name, &meta.namespace),
         cluster: cluster.to_string(),
         cluster_ips,
@@ -380,6 +392,8 @@ pub fn endpoint_slice(
         slice: name,
         ports,
         endpoints: endpoints.into_values().collect(),
+        // The cluster's network is set where the cluster's system namespace is known.
+        network: String::new(),
     }))
 }
 

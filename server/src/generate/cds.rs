@@ -35,7 +35,7 @@ use shoal_proto::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions,
 };
 use shoal_proto::pb::google::protobuf::UInt32Value;
-use shoal_proto::{outbound_cluster_name, XdsType};
+use shoal_proto::{outbound_cluster_name, sni_dnat_cluster_name, XdsType};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -180,6 +180,63 @@ pub fn outbound_keys(
                     policy: policy.map(Box::new),
                     subset_labels: subset.labels.clone(),
                     original_dst,
+                });
+            }
+        }
+    }
+    if super::gateway::has_auto_passthrough(proxy, ctx) {
+        out.extend(sni_dnat_keys(proxy, scope, ctx));
+    }
+    out
+}
+
+/// istiod's `buildOutboundSniDnatClusters`, for a gateway with an `AUTO_PASSTHROUGH`
+/// server: per in-mesh service port (and DestinationRule subset) an EDS cluster named
+/// `outbound_.<port>_.<subset>_.<host>` with the rule's traffic policy but no TLS — the
+/// connection it carries is already the caller's Istio mTLS, passed through.
+fn sni_dnat_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<ClusterKey> {
+    let mut out = Vec::new();
+    for svc in &scope.services {
+        if matches!(
+            svc.source,
+            ServiceSource::ServiceEntry {
+                mesh_internal: false,
+                ..
+            }
+        ) {
+            continue;
+        }
+        let dr = ctx.destination_rule(&proxy.namespace, &proxy.labels, svc);
+        let rule_policy = dr.as_ref().and_then(|d| d.spec.traffic_policy.as_deref());
+        let without_tls = |mut p: TrafficPolicy| {
+            p.tls = None;
+            Box::new(p)
+        };
+        for port in &svc.ports {
+            out.push(ClusterKey::Service {
+                name: sni_dnat_cluster_name(port.port.into(), "", &svc.hostname),
+                svc: svc.clone(),
+                port: port.clone(),
+                istio_mutual: None,
+                policy: effective_policy(rule_policy, None, port.port).map(without_tls),
+                subset_labels: BTreeMap::new(),
+                original_dst: false,
+            });
+            for subset in dr
+                .as_ref()
+                .map(|d| d.spec.subsets.as_slice())
+                .unwrap_or_default()
+            {
+                let policy =
+                    effective_policy(rule_policy, subset.traffic_policy.as_ref(), port.port);
+                out.push(ClusterKey::Service {
+                    name: sni_dnat_cluster_name(port.port.into(), &subset.name, &svc.hostname),
+                    svc: svc.clone(),
+                    port: port.clone(),
+                    istio_mutual: None,
+                    policy: policy.map(without_tls),
+                    subset_labels: subset.labels.clone(),
+                    original_dst: false,
                 });
             }
         }

@@ -7,12 +7,14 @@ use super::locality::{self, LocalityLb};
 use super::{cds::entry_port, mtls, socket_address, Resource};
 use crate::index::destination_rule::effective_policy;
 use crate::index::endpoints::{EndpointIndex, HostShards};
+use crate::index::network::{MeshNetworks, NetworkGateway, NetworkGateways};
+use crate::index::peer_authentication::{self, MtlsMode};
 use crate::index::proxy::{parse_locality, Proxy, ProxyKind};
 use crate::index::push_context::PushContext;
 use crate::index::scope::ProxyScope;
 use crate::index::service::{ServiceSource, ServiceView};
 use crate::index::tls_mode;
-use shoal_common::model::{Locality, Resolution, ServicePort};
+use shoal_common::model::{ClientTlsMode, Locality, Resolution, ServicePort, NETWORK_LABEL};
 use shoal_proto::pb::envoy::config::core::v3::{HealthStatus, Locality as PbLocality, Metadata};
 use shoal_proto::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
@@ -48,6 +50,32 @@ pub struct EndpointsSource {
     /// locality without one (proxyless nodes); Envoy reads it only with locality-weighted
     /// load balancing.
     pub weigh_localities: bool,
+    /// How the proxy's network splits the endpoints; `None` when no network has a gateway
+    /// (every endpoint is sent as it is, as istiod does).
+    pub network: Option<Box<NetworkSplit>>,
+    /// `meshNetworks`, for the network of endpoints no label places (empty: none).
+    pub mesh_networks: Arc<MeshNetworks>,
+}
+
+/// istiod's `EndpointsByNetworkFilter` inputs: endpoints of the proxy's network (and of
+/// networks without a gateway) are sent as they are; each other network's endpoints are
+/// replaced by that network's gateways, weighted by how many endpoints sit behind each —
+/// only for a destination reached over Istio mutual TLS, since the gateway routes by the
+/// SNI of that TLS; without it they are dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NetworkSplit {
+    /// The proxy's network (empty: none, and then every endpoint of a network with a
+    /// gateway goes through it, as istiod's `forceGateway`).
+    pub network: String,
+    /// `REQUESTED_NETWORK_VIEW`: only endpoints of these networks (and of none) are sent;
+    /// empty: all.
+    pub view: Vec<String>,
+    /// Every network's gateways.
+    pub gateways: Arc<NetworkGateways>,
+    /// Whether the destination is reached over Istio mutual TLS: its DestinationRule sets
+    /// no TLS or `ISTIO_MUTUAL` (auto mTLS on), and its namespace's PeerAuthentication is
+    /// not `DISABLE`.
+    pub mtls: bool,
 }
 
 /// The load assignments for the requested cluster names the proxy may see. An unknown but
@@ -85,7 +113,10 @@ pub fn keys(
                     u16::try_from(port).unwrap_or_default(),
                 );
                 let shards = endpoints.host(&svc.hostname).cloned();
+                let network = network_split(proxy, ctx, &svc, policy.as_ref());
                 Some(EndpointsSource {
+                    network,
+                    mesh_networks: mesh_networks(ctx),
                     svc,
                     port,
                     subset_labels: subset_spec.map(|s| s.labels.clone()).unwrap_or_default(),
@@ -102,109 +133,66 @@ pub fn keys(
         .collect()
 }
 
+/// `meshNetworks`, shared by `Arc` only when it says something (the common case shares
+/// one empty value).
+fn mesh_networks(ctx: &PushContext) -> Arc<MeshNetworks> {
+    static EMPTY: std::sync::OnceLock<Arc<MeshNetworks>> = std::sync::OnceLock::new();
+    let nets = &ctx.mesh.mesh_networks;
+    if nets.networks.is_empty() {
+        EMPTY.get_or_init(Arc::default).clone()
+    } else {
+        Arc::new(nets.clone())
+    }
+}
+
+/// The proxy's network: node metadata `NETWORK`, else the `meshNetworks` network of its
+/// cluster.
+pub fn proxy_network(proxy: &Proxy, ctx: &PushContext) -> String {
+    if !proxy.network.is_empty() {
+        return proxy.network.clone();
+    }
+    ctx.mesh
+        .mesh_networks
+        .of_cluster(&proxy.cluster_id)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The network split of a proxy's load assignments for `svc`, when any network has a
+/// gateway.
+fn network_split(
+    proxy: &Proxy,
+    ctx: &PushContext,
+    svc: &ServiceView,
+    policy: Option<&shoal_common::model::TrafficPolicy>,
+) -> Option<Box<NetworkSplit>> {
+    if ctx.network_gateways.is_empty() {
+        return None;
+    }
+    let rule_mtls = match policy.and_then(|p| p.tls.as_ref()).map(|t| t.mode) {
+        None => ctx.mesh.enable_auto_mtls,
+        Some(mode) => mode == ClientTlsMode::IstioMutual,
+    };
+    let mtls =
+        rule_mtls && peer_authentication::namespace_mode(ctx, &svc.namespace) != MtlsMode::Disable;
+    Some(Box::new(NetworkSplit {
+        network: proxy_network(proxy, ctx),
+        view: proxy.requested_network_view.clone(),
+        gateways: ctx.network_gateways.clone(),
+        mtls,
+    }))
+}
+
 /// Builds one load assignment from its key alone.
 pub fn build(key: &EndpointsKey) -> Resource {
-    let (cla, workloads) = match &key.source {
+    let cla = match &key.source {
         Some(src) => load_assignment(&key.name, src),
-        None => (
-            ClusterLoadAssignment {
-                cluster_name: key.name.clone(),
-                ..Default::default()
-            },
-            BTreeMap::new(),
-        ),
+        None => ClusterLoadAssignment {
+            cluster_name: key.name.clone(),
+            ..Default::default()
+        },
     };
-    let value = encode_with_workloads(&cla, &workloads);
-    let any = shoal_proto::Any {
-        type_url: XdsType::Endpoint.type_url().to_string(),
-        value,
-    };
-    let version = shoal_proto::content_version(&any.value);
-    Resource::from_parts(key.name.clone(), version, any)
-}
-
-/// Encodes a load assignment with each endpoint's `istio` metadata (`workload`, by the
-/// endpoint's address and port) added beside the metadata
-/// the endpoint already has. `Metadata.filter_metadata` is a protobuf map, which prost
-/// encodes in hash order; an endpoint with both `envoy.transport_socket_match` and `istio`
-/// would encode differently on each replica. So each entry goes in as its own occurrence
-/// of the `metadata` field, which protobuf parsers merge (map entries included): the same
-/// bytes everywhere, and the same message Envoy would decode from one map of two entries.
-fn encode_with_workloads(cla: &ClusterLoadAssignment, workloads: &Workloads) -> Vec<u8> {
-    use prost::encoding::{encode_key, encode_varint, WireType};
-    use prost::Message as _;
-    fn delimited(tag: u32, bytes: &[u8], out: &mut Vec<u8>) {
-        encode_key(tag, WireType::LengthDelimited, out);
-        encode_varint(bytes.len() as u64, out);
-        out.extend_from_slice(bytes);
-    }
-    let mut out = ClusterLoadAssignment {
-        endpoints: Vec::new(),
-        ..cla.clone()
-    }
-    .encode_to_vec();
-    for loc in &cla.endpoints {
-        let mut loc_bytes = LocalityLbEndpoints {
-            lb_endpoints: Vec::new(),
-            ..loc.clone()
-        }
-        .encode_to_vec();
-        for ep in &loc.lb_endpoints {
-            let mut ep_bytes = ep.encode_to_vec();
-            if let Some(workload) = workloads.get(&endpoint_socket(ep)) {
-                // LbEndpoint.metadata is field 3.
-                delimited(
-                    3,
-                    &istio_workload_metadata(workload).encode_to_vec(),
-                    &mut ep_bytes,
-                );
-            }
-            // LocalityLbEndpoints.lb_endpoints is field 2.
-            delimited(2, &ep_bytes, &mut loc_bytes);
-        }
-        // ClusterLoadAssignment.endpoints is field 2.
-        delimited(2, &loc_bytes, &mut out);
-    }
-    out
-}
-
-/// Endpoints' `istio.workload` values by address and port.
-type Workloads = BTreeMap<(String, u32), String>;
-
-fn endpoint_socket(ep: &LbEndpoint) -> (String, u32) {
-    use shoal_proto::pb::envoy::config::core::v3::{address, socket_address::PortSpecifier};
-    match &ep.host_identifier {
-        Some(HostIdentifier::Endpoint(e)) => {
-            match e.address.as_ref().and_then(|a| a.address.as_ref()) {
-                Some(address::Address::SocketAddress(sa)) => match sa.port_specifier {
-                    Some(PortSpecifier::PortValue(p)) => (sa.address.clone(), p),
-                    _ => (sa.address.clone(), 0),
-                },
-                _ => Default::default(),
-            }
-        }
-        _ => Default::default(),
-    }
-}
-
-/// `istio: {workload: "<workload>;<namespace>;<canonical service>;<revision>;<cluster>"}`,
-/// istiod's compressed endpoint telemetry labels: the client's istio-proxy reports the
-/// destination workload from it when the server has no sidecar or the request never got
-/// there.
-fn istio_workload_metadata(workload: &str) -> Metadata {
-    let value = Value {
-        kind: Some(value::Kind::StringValue(workload.to_string())),
-    };
-    Metadata {
-        filter_metadata: std::iter::once((
-            "istio".to_string(),
-            Struct {
-                fields: std::iter::once(("workload".to_string(), value)).collect(),
-            },
-        ))
-        .collect(),
-        typed_filter_metadata: Default::default(),
-    }
+    Resource::new(XdsType::Endpoint, key.name.clone(), &cla)
 }
 
 /// istiod's `istio.workload` value of a Kubernetes endpoint: its workload (the Deployment
@@ -260,9 +248,13 @@ struct Target {
     istio_tls: bool,
     /// istiod's `istio.workload` metadata (Kubernetes endpoints).
     workload: Option<String>,
+    /// The endpoint's network (empty: none).
+    network: String,
+    /// The cluster it is in (empty for ServiceEntry endpoints).
+    cluster: String,
 }
 
-fn load_assignment(name: &str, src: &EndpointsSource) -> (ClusterLoadAssignment, Workloads) {
+fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
     let EndpointsSource {
         svc,
         port,
@@ -270,6 +262,8 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> (ClusterLoadAssignment,
         shards,
         locality: locality_lb,
         weigh_localities,
+        network: split,
+        mesh_networks,
     } = src;
     let port = *port;
     let matches = |labels: &BTreeMap<String, String>| {
@@ -281,11 +275,11 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> (ClusterLoadAssignment,
         }) => Some(p),
         _ => None,
     };
-    let label_priority = |labels: &BTreeMap<String, String>, loc: &Locality, cluster| {
-        priority_labels.map_or(0, |p| {
-            locality::label_priority(p, |k| locality::topology_label(labels, loc, cluster, k))
-        })
-    };
+    let label_priority =
+        |labels: &BTreeMap<String, String>,
+         loc: &Locality,
+         cluster: Option<&str>,
+         network: &str| { rank(priority_labels, labels, loc, cluster, network) };
     let mut by_locality: BTreeMap<Locality, Vec<Target>> = BTreeMap::new();
     if let Some(svc_port) = svc.port(port) {
         match &svc.source {
@@ -299,6 +293,12 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> (ClusterLoadAssignment,
                         .iter()
                         .filter(|e| e.ready && matches(&e.labels))
                     {
+                        let network = endpoint_network(
+                            set.network_of(ep),
+                            &set.cluster,
+                            &ep.address,
+                            mesh_networks,
+                        );
                         by_locality
                             .entry(ep.locality.clone())
                             .or_default()
@@ -310,9 +310,12 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> (ClusterLoadAssignment,
                                     &ep.labels,
                                     &ep.locality,
                                     Some(&set.cluster),
+                                    &network,
                                 ),
                                 istio_tls: tls_mode::pod_has_sidecar(&ep.labels),
                                 workload: Some(workload_label(ep, &set.namespace, &set.cluster)),
+                                network,
+                                cluster: set.cluster.clone(),
                             });
                     }
                 }
@@ -325,7 +328,16 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> (ClusterLoadAssignment,
                 if matches!(resolution, Resolution::Static | Resolution::None) {
                     for we in endpoints.iter().filter(|e| matches(&e.labels)) {
                         let loc = parse_locality(we.locality.as_deref().unwrap_or_default());
-                        let label_priority = label_priority(&we.labels, &loc, None);
+                        let network = endpoint_network(
+                            we.network
+                                .as_deref()
+                                .or_else(|| we.labels.get(NETWORK_LABEL).map(String::as_str))
+                                .unwrap_or_default(),
+                            "",
+                            &we.address,
+                            mesh_networks,
+                        );
+                        let label_priority = label_priority(&we.labels, &loc, None, &network);
                         by_locality.entry(loc).or_default().push(Target {
                             address: we.address.clone(),
                             port: entry_port(svc, svc_port, &we.ports),
@@ -333,6 +345,8 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> (ClusterLoadAssignment,
                             label_priority,
                             istio_tls: tls_mode::workload_entry_has_sidecar(we),
                             workload: None,
+                            network,
+                            cluster: String::new(),
                         });
                     }
                 }
@@ -340,10 +354,24 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> (ClusterLoadAssignment,
         }
     }
     let mut endpoints = Vec::with_capacity(by_locality.len());
-    let mut workloads = Workloads::new();
     for (loc, mut targets) in by_locality {
         targets.sort_by(|a, b| (&a.address, a.port).cmp(&(&b.address, b.port)));
         targets.dedup_by(|a, b| a.address == b.address && a.port == b.port);
+        if let Some(split) = split.as_deref() {
+            // A gateway endpoint ranks by its network and cluster alone (istiod gives it
+            // only those labels).
+            let no_labels = BTreeMap::new();
+            let no_locality = Locality::default();
+            targets = split_by_network(split, targets, |network, cluster| {
+                rank(
+                    priority_labels,
+                    &no_labels,
+                    &no_locality,
+                    Some(cluster),
+                    network,
+                )
+            });
+        }
         // With `failoverPriority`, one group per label rank (istiod splits each locality's
         // endpoints the same way).
         let mut by_rank: BTreeMap<u32, Vec<Target>> = BTreeMap::new();
@@ -367,15 +395,7 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> (ClusterLoadAssignment,
                             .fold(0u32, u32::saturating_add),
                     }
                 }),
-                lb_endpoints: targets
-                    .into_iter()
-                    .map(|mut t| {
-                        if let Some(w) = t.workload.take() {
-                            workloads.insert((t.address.clone(), t.port), w);
-                        }
-                        lb_endpoint(t)
-                    })
-                    .collect(),
+                lb_endpoints: targets.into_iter().map(lb_endpoint).collect(),
                 priority,
                 ..Default::default()
             });
@@ -384,12 +404,93 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> (ClusterLoadAssignment,
     if let Some(lb) = locality_lb {
         locality::apply(lb, &mut endpoints);
     }
-    let cla = ClusterLoadAssignment {
+    ClusterLoadAssignment {
         cluster_name: name.into(),
         endpoints,
         ..Default::default()
-    };
-    (cla, workloads)
+    }
+}
+
+/// An endpoint's `failoverPriority` rank (0 without one).
+fn rank(
+    priority_labels: Option<&locality::PriorityLabels>,
+    labels: &BTreeMap<String, String>,
+    loc: &Locality,
+    cluster: Option<&str>,
+    network: &str,
+) -> u32 {
+    priority_labels.map_or(0, |p| {
+        locality::label_priority(p, |k| {
+            locality::topology_label(labels, loc, cluster, Some(network), k)
+        })
+    })
+}
+
+/// An endpoint's network: what its labels (or its cluster's system namespace) say, else
+/// the `meshNetworks` network of its cluster, else of its address.
+fn endpoint_network(labelled: &str, cluster: &str, address: &str, nets: &MeshNetworks) -> String {
+    if !labelled.is_empty() {
+        return labelled.to_string();
+    }
+    nets.of_cluster(cluster)
+        .or_else(|| nets.of_address(address))
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// istiod's `EndpointsByNetworkFilter` on one locality's endpoints (sorted): see
+/// [`NetworkSplit`]. Every weight is scaled by the gateways' scale factor so that an
+/// endpoint's weight splits evenly among its network's gateways; gateway endpoints follow
+/// the direct ones, in address order, with `tlsMode: istio` (the sidecar originates mTLS
+/// to the gateway, which passes it through by SNI).
+fn split_by_network(
+    split: &NetworkSplit,
+    targets: Vec<Target>,
+    gateway_priority: impl Fn(&str, &str) -> u32,
+) -> Vec<Target> {
+    let scale = split.gateways.scale();
+    let mut out = Vec::with_capacity(targets.len());
+    let mut through: BTreeMap<&NetworkGateway, u32> = BTreeMap::new();
+    for t in targets {
+        if !split.view.is_empty() && !t.network.is_empty() && !split.view.contains(&t.network) {
+            continue;
+        }
+        let weight = t
+            .weight
+            .filter(|w| *w > 0)
+            .unwrap_or(1)
+            .saturating_mul(scale);
+        let gateways = split.gateways.select(&t.network, &t.cluster);
+        let same = !split.network.is_empty() && split.network == t.network;
+        if t.network.is_empty() || same || gateways.is_empty() {
+            out.push(Target {
+                weight: Some(weight),
+                ..t
+            });
+            continue;
+        }
+        // The gateway routes by the SNI of Istio mTLS: without it there is no way in.
+        if !(split.mtls && t.istio_tls) {
+            continue;
+        }
+        let share = weight / u32::try_from(gateways.len()).unwrap_or(u32::MAX);
+        for gw in gateways {
+            *through.entry(gw).or_default() += share;
+        }
+    }
+    for (gw, weight) in through {
+        out.push(Target {
+            address: gw.address.clone(),
+            port: gw.port,
+            weight: Some(weight.max(1)),
+            label_priority: gateway_priority(&gw.network, &gw.cluster),
+            istio_tls: true,
+            workload: None,
+            network: gw.network.clone(),
+            cluster: gw.cluster.clone(),
+        });
+    }
+    out
 }
 
 /// istiod's endpoint metadata for auto mTLS: `envoy.transport_socket_match: {tlsMode:
@@ -412,9 +513,39 @@ fn tls_mode_metadata() -> Metadata {
     }
 }
 
+/// The endpoint metadata namespace that carries an endpoint's network.
+pub const ISTIO_METADATA: &str = "istio";
+
 fn lb_endpoint(t: Target) -> LbEndpoint {
+    let mut metadata = t.istio_tls.then(tls_mode_metadata);
+    // istiod's `istio` endpoint metadata: the endpoint's network, and `workload`
+    // ("<workload>;<namespace>;<canonical service>;<revision>;<cluster>"), the compressed
+    // telemetry labels the client's istio-proxy reports the destination from when the
+    // server has no sidecar or the request never got there.
+    let string = |v: &str| Value {
+        kind: Some(value::Kind::StringValue(v.to_string())),
+    };
+    let mut istio = Vec::new();
+    if !t.network.is_empty() {
+        istio.push(("network".to_string(), string(&t.network)));
+    }
+    if let Some(workload) = &t.workload {
+        istio.push(("workload".to_string(), string(workload)));
+    }
+    if !istio.is_empty() {
+        let m = metadata.get_or_insert_with(Metadata::default);
+        let mut entries: Vec<(String, Struct)> = m.filter_metadata.drain().collect();
+        entries.push((
+            ISTIO_METADATA.to_string(),
+            Struct {
+                fields: super::ordered_map(istio),
+            },
+        ));
+        // Maps encoded in key order, so every replica sends the same bytes.
+        m.filter_metadata = super::ordered_map(entries);
+    }
     LbEndpoint {
-        metadata: t.istio_tls.then(tls_mode_metadata),
+        metadata,
         host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
             address: Some(socket_address(&t.address, t.port)),
             ..Default::default()

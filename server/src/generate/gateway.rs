@@ -41,8 +41,10 @@ use shoal_proto::pb::envoy::extensions::transport_sockets::tls::v3::{
     SdsSecretConfig,
 };
 use shoal_proto::pb::google::protobuf::BoolValue;
-use shoal_proto::{credential_resource_name, gateway_https_route_name, listener_name};
-use std::collections::BTreeMap;
+use shoal_proto::{
+    credential_resource_name, gateway_https_route_name, listener_name, sni_dnat_cluster_name,
+};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// How a gateway server carries traffic.
@@ -58,6 +60,9 @@ pub enum ServerKind {
     TerminatedHttp,
     /// `TLS` with `SIMPLE`/`MUTUAL`: TLS terminated, then `tcp` routes.
     TerminatedTcp,
+    /// `TLS` with `AUTO_PASSTHROUGH` (an east-west gateway): Istio mTLS passed through
+    /// to the service its SNI names (istiod's sni-dnat chains).
+    AutoPassthrough,
 }
 
 /// The kind of a server, or `None` for what shoal does not implement (ingest refuses it).
@@ -72,6 +77,7 @@ pub fn server_kind(server: &GatewayServer) -> Option<ServerKind> {
         "HTTP" | "HTTP2" | "GRPC" => Some(ServerKind::Http),
         "TCP" | "MONGO" | "MYSQL" | "REDIS" => Some(ServerKind::Tcp),
         "TLS" | "HTTPS" if mode == Some("PASSTHROUGH") => Some(ServerKind::TlsPassthrough),
+        "TLS" if mode == Some("AUTO_PASSTHROUGH") => Some(ServerKind::AutoPassthrough),
         "HTTPS" if terminated => Some(ServerKind::TerminatedHttp),
         "TLS" if terminated => Some(ServerKind::TerminatedTcp),
         _ => None,
@@ -198,10 +204,81 @@ pub(crate) fn bound_virtual_services<'a>(
         .filter(move |vs| binds(vs, gw))
 }
 
+/// Whether a Gateway selecting this proxy has an `AUTO_PASSTHROUGH` server: it then gets
+/// the SNI-DNAT clusters ([`super::cds`]) its sni-dnat chains proxy to.
+pub fn has_auto_passthrough(proxy: &Proxy, ctx: &PushContext) -> bool {
+    proxy.kind == crate::index::proxy::ProxyKind::Router
+        && ctx.gateways_for(&proxy.labels).iter().any(|gw| {
+            gw.spec
+                .servers
+                .iter()
+                .any(|s| server_kind(s) == Some(ServerKind::AutoPassthrough))
+        })
+}
+
+/// istiod's `builtAutoPassthroughFilterChains`: for every in-mesh service the server's hosts
+/// cover, one chain per port (and per DestinationRule subset) that matches the SNI of
+/// Istio mTLS to it, `outbound_.<port>_.<subset>_.<host>`, and Istio's mTLS ALPNs, and
+/// proxies the still-encrypted connection to the SNI-DNAT cluster of that name (the local
+/// endpoints; the TLS is the caller's sidecar's, ended by the destination's sidecar).
+fn auto_passthrough_chains(
+    server: &GatewayServer,
+    proxy: &Proxy,
+    scope: &ProxyScope,
+    ctx: &PushContext,
+    chains: &mut Vec<TcpChain>,
+) {
+    let hosts = server_sni(server);
+    let covered = |host: &str| hosts.is_empty() || hosts.iter().any(|h| wildcard_covers(h, host));
+    for svc in &scope.services {
+        let mesh_external = matches!(
+            svc.source,
+            crate::index::service::ServiceSource::ServiceEntry {
+                mesh_internal: false,
+                ..
+            }
+        );
+        if mesh_external || !covered(&svc.hostname) {
+            continue;
+        }
+        let dr = ctx.destination_rule(&proxy.namespace, &proxy.labels, svc);
+        let subsets: Vec<&str> = std::iter::once("")
+            .chain(
+                dr.as_ref()
+                    .map(|d| d.spec.subsets.as_slice())
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|s| s.name.as_str()),
+            )
+            .collect();
+        for port in &svc.ports {
+            for subset in &subsets {
+                let name = sni_dnat_cluster_name(port.port.into(), subset, &svc.hostname);
+                if chains.iter().any(|c| c.sni_hosts.first() == Some(&name)) {
+                    continue;
+                }
+                chains.push(TcpChain {
+                    destination_cidrs: Vec::new(),
+                    sni_hosts: vec![name.clone()],
+                    clusters: vec![(name, 1)],
+                    terminate: None,
+                    application_protocols: super::mtls::ALL_ISTIO_MTLS_ALPNS
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect(),
+                });
+            }
+        }
+    }
+}
+
 /// The TCP/TLS listeners of a gateway proxy.
 pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<ListenerKey> {
     // Listener port → chains, in Gateway and server order.
     let mut listeners: BTreeMap<u32, Vec<TcpChain>> = BTreeMap::new();
+    // Ports whose chains pass Istio mTLS through: istiod builds them without the
+    // gateway's authorization filters (the destination's sidecar enforces its own).
+    let mut passthrough_ports: BTreeSet<u32> = BTreeSet::new();
     for gw in ctx.gateways_for(&proxy.labels) {
         let gw_ref = format!("{}/{}", gw.meta.namespace, gw.meta.name);
         let bound: Vec<_> = bound_virtual_services(proxy, ctx, gw).collect();
@@ -211,9 +288,13 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                 continue;
             }
             let port = server.port.number;
-            let chains = listeners
-                .entry(gateway_listener_port(scope, port))
-                .or_default();
+            let listener_port = gateway_listener_port(scope, port);
+            let chains = listeners.entry(listener_port).or_default();
+            if kind == Some(ServerKind::AutoPassthrough) {
+                passthrough_ports.insert(listener_port);
+                auto_passthrough_chains(server, proxy, scope, ctx, chains);
+                continue;
+            }
             if kind == Some(ServerKind::TerminatedHttp) {
                 // One chain per server, routes or not (istiod's HTTPS server chain); a
                 // second server with the same SNI on the port cannot be told apart.
@@ -224,6 +305,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                         sni_hosts: sni,
                         clusters: Vec::new(),
                         terminate: termination(server, gw),
+                        application_protocols: Vec::new(),
                     });
                 }
                 continue;
@@ -261,6 +343,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                                     sni_hosts: Vec::new(),
                                     clusters: clusters(&rule.route, ns, port, ctx),
                                     terminate: None,
+                                    application_protocols: Vec::new(),
                                 });
                             }
                         }
@@ -277,6 +360,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                                     sni_hosts: sni.clone(),
                                     clusters: clusters(&rule.route, ns, port, ctx),
                                     terminate: termination(server, gw),
+                                    application_protocols: Vec::new(),
                                 });
                             }
                         }
@@ -312,6 +396,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                                     sni_hosts: sni,
                                     clusters: clusters(&rule.route, ns, port, ctx),
                                     terminate: None,
+                                    application_protocols: Vec::new(),
                                 });
                             }
                         }
@@ -326,6 +411,11 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
         .into_iter()
         .filter(|(_, chains)| !chains.is_empty())
         .map(|(port, tcp)| {
+            let authz = if passthrough_ports.contains(&port) {
+                super::authz::AuthzKey::default()
+            } else {
+                authz.clone()
+            };
             ListenerKey::Outbound(OutboundListenerKey {
                 name: listener_name("0.0.0.0", port),
                 bind: "0.0.0.0".into(),
@@ -335,7 +425,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
                 fallthrough: OutboundTrafficMode::RegistryOnly,
                 transparent: false,
                 gateway: true,
-                authz: authz.clone(),
+                authz,
             })
         })
         .collect()

@@ -126,15 +126,23 @@ pub fn weighted_localities(policy: Option<&TrafficPolicy>) -> bool {
 /// A label of the proxy as istiod sees it: its workload labels with its locality and
 /// cluster added (`AugmentLabels`).
 fn proxy_label<'a>(proxy: &'a Proxy, key: &str) -> &'a str {
-    topology_label(&proxy.labels, &proxy.locality, Some(&proxy.cluster_id), key)
+    topology_label(
+        &proxy.labels,
+        &proxy.locality,
+        Some(&proxy.cluster_id),
+        Some(&proxy.network),
+        key,
+    )
 }
 
 /// A workload label with the topology labels istiod adds to proxies and endpoints
-/// (region, zone and subzone when set, the cluster) taking precedence; `""` when absent.
+/// (region, zone and subzone when set, the cluster, the network) taking precedence; `""`
+/// when absent.
 pub fn topology_label<'a>(
     labels: &'a BTreeMap<String, String>,
     locality: &'a Locality,
     cluster: Option<&'a str>,
+    network: Option<&'a str>,
     key: &str,
 ) -> &'a str {
     let topo = match key {
@@ -142,6 +150,7 @@ pub fn topology_label<'a>(
         LABEL_ZONE => Some(locality.zone.as_str()),
         LABEL_SUBZONE => Some(locality.subzone.as_str()),
         LABEL_CLUSTER => cluster,
+        LABEL_NETWORK => network,
         _ => None,
     };
     match topo.filter(|v| !v.is_empty()) {

@@ -93,6 +93,9 @@ pub struct TcpChain {
     pub clusters: Vec<(String, u32)>,
     /// A gateway server that terminates TLS on this chain (`SIMPLE`, `MUTUAL`).
     pub terminate: Option<TlsTermination>,
+    /// ALPN values to match (empty = any): an `AUTO_PASSTHROUGH` chain admits only Istio
+    /// mTLS ALPNs.
+    pub application_protocols: Vec<String>,
 }
 
 /// TLS termination on a gateway chain: the credential (over SDS) and what follows.
@@ -315,6 +318,7 @@ fn tcp_chains(
                     }
                     let chain = TcpChain {
                         terminate: None,
+                        application_protocols: Vec::new(),
                         destination_cidrs: if m.destination_subnets.is_empty() {
                             cidrs.to_vec()
                         } else {
@@ -340,6 +344,7 @@ fn tcp_chains(
             if rule.matches.is_empty() {
                 out.push(TcpChain {
                     terminate: None,
+                    application_protocols: Vec::new(),
                     destination_cidrs: cidrs.to_vec(),
                     sni_hosts: Vec::new(),
                     clusters,
@@ -363,6 +368,7 @@ fn tcp_chains(
                     // can match.
                     out.push(TcpChain {
                         terminate: None,
+                        application_protocols: Vec::new(),
                         destination_cidrs: cidrs.to_vec(),
                         sni_hosts: Vec::new(),
                         clusters,
@@ -376,6 +382,7 @@ fn tcp_chains(
                 subnets.dedup();
                 out.push(TcpChain {
                     terminate: None,
+                    application_protocols: Vec::new(),
                     destination_cidrs: subnets,
                     sni_hosts: Vec::new(),
                     clusters,
@@ -390,6 +397,7 @@ fn tcp_chains(
     {
         out.push(TcpChain {
             terminate: None,
+            application_protocols: Vec::new(),
             destination_cidrs: cidrs.to_vec(),
             sni_hosts: Vec::new(),
             clusters: vec![(outbound_cluster_name(number, "", &svc.hostname), 1)],
@@ -558,6 +566,7 @@ pub fn listener(key: &OutboundListenerKey) -> Listener {
                 filter_chain_match: Some(FilterChainMatch {
                     prefix_ranges: c.destination_cidrs.iter().filter_map(|s| cidr(s)).collect(),
                     server_names: c.sni_hosts.clone(),
+                    application_protocols: c.application_protocols.clone(),
                     ..Default::default()
                 }),
                 ..chain

@@ -26,6 +26,9 @@ pub struct MeshSettings {
     /// Sidecars originate Istio mutual TLS to in-mesh destinations that a DestinationRule
     /// leaves without TLS settings (`enableAutoMtls`, default true).
     pub enable_auto_mtls: bool,
+    /// The networks of a multi-network mesh and their gateways (Istio's `meshNetworks`,
+    /// here a top-level field of the file; see [`crate::index::network`]).
+    pub mesh_networks: crate::index::network::MeshNetworks,
 }
 
 impl Default for MeshSettings {
@@ -35,6 +38,7 @@ impl Default for MeshSettings {
             root_namespace: shoal_common::defaults::ROOT_NAMESPACE.into(),
             trust_domain: shoal_common::defaults::TRUST_DOMAIN.into(),
             enable_auto_mtls: true,
+            mesh_networks: Default::default(),
         }
     }
 }
@@ -73,6 +77,7 @@ struct MeshConfigFile {
     root_namespace: Option<String>,
     trust_domain: Option<String>,
     enable_auto_mtls: Option<bool>,
+    mesh_networks: Option<crate::index::network::MeshNetworks>,
 }
 
 /// Parses MeshConfig YAML (or JSON) into the settings, with Istio's defaults for what it
@@ -98,6 +103,7 @@ pub fn parse(text: &str) -> Result<MeshSettings, String> {
             .filter(|td| !td.is_empty())
             .unwrap_or(defaults.trust_domain),
         enable_auto_mtls: file.enable_auto_mtls.unwrap_or(defaults.enable_auto_mtls),
+        mesh_networks: file.mesh_networks.unwrap_or_default(),
     })
 }
 
@@ -162,6 +168,10 @@ mod tests {
         assert!(!parse("enableAutoMtls: false").unwrap().enable_auto_mtls);
         assert_eq!(parse("").unwrap(), MeshSettings::default());
         assert_eq!(parse("{}").unwrap(), MeshSettings::default());
+        let nets = parse("meshNetworks:\n  networks:\n    n1: {endpoints: [{fromRegistry: c1}]}\n")
+            .unwrap()
+            .mesh_networks;
+        assert_eq!(nets.of_cluster("c1"), Some("n1"));
     }
 
     #[test]

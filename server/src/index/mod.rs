@@ -13,6 +13,7 @@ pub mod destination_rule;
 pub mod endpoints;
 pub mod hosts;
 pub mod mesh_config;
+pub mod network;
 pub mod peer_authentication;
 pub mod proxy;
 pub mod push_context;

@@ -130,6 +130,12 @@ pub struct Proxy {
     /// `None` on the plaintext port. Gateway credentials go by it alone
     /// ([`crate::generate::sds`]).
     pub verified: Option<VerifiedIdentity>,
+    /// The network the proxy is on (metadata `NETWORK`, istio-agent's
+    /// `ISTIO_META_NETWORK`); empty when unset (see [`crate::index::network`]).
+    pub network: String,
+    /// The networks whose endpoints the proxy asks to see besides its own (metadata
+    /// `REQUESTED_NETWORK_VIEW`, comma-separated); empty: all.
+    pub requested_network_view: Vec<String>,
 }
 
 /// What a stream's credential proved about its proxy: the service accounts and the
@@ -249,7 +255,24 @@ impl Proxy {
             .and_then(|m| string_field(m, "ISTIO_VERSION"))
             .filter(|v| !v.is_empty() && kind != ProxyKind::Proxyless)
             .map(|v| IstioVersion::parse(&v));
+        let network = meta
+            .and_then(|m| string_field(m, "NETWORK"))
+            .unwrap_or_default();
+        let mut requested_network_view: Vec<String> = meta
+            .and_then(|m| string_field(m, "REQUESTED_NETWORK_VIEW"))
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        requested_network_view.sort();
+        requested_network_view.dedup();
         Ok(Proxy {
+            network,
+            requested_network_view,
             id: node.id.clone(),
             kind,
             ip: ip.to_string(),

@@ -68,6 +68,9 @@ pub struct PushContext {
     /// pipeline carries it over a change that touched none of them
     /// ([`PushContext::keep_endpoint_inputs`]).
     pub endpoint_inputs: u64,
+    /// The east-west gateways of every network (from gateway Services and `meshNetworks`):
+    /// load assignments replace other networks' endpoints by them.
+    pub network_gateways: Arc<crate::index::network::NetworkGateways>,
 }
 
 /// Source of fresh [`PushContext::endpoint_inputs`] epochs.
@@ -81,6 +84,10 @@ impl PushContext {
             token_issuers: state.token_issuers.clone(),
             jwks: state.jwks.clone(),
             endpoint_inputs: ENDPOINT_INPUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            network_gateways: Arc::new(crate::index::network::NetworkGateways::build(
+                state.services.values().map(|s| &**s),
+                &state.mesh.mesh_networks,
+            )),
             ..PushContext::default()
         };
         // Kubernetes services: merge clusters by hostname. The (cluster, ns, name) order makes

@@ -56,9 +56,10 @@ pub fn affected_types(
                 }
             }
             // Inbound mTLS modes shape inbound listeners; a destination's mode decides
-            // whether auto mTLS originates TLS to it (clusters).
+            // whether auto mTLS originates TLS to it (clusters), and so whether other
+            // networks' endpoints are reached through their gateways (endpoints).
             (ConfigKind::PeerAuthentication, _) => {
-                out.extend([XdsType::Listener, XdsType::Cluster]);
+                out.extend([XdsType::Listener, XdsType::Cluster, XdsType::Endpoint]);
             }
             // RBAC and `jwt_authn` filters live in inbound (and gateway) listeners.
             (ConfigKind::AuthorizationPolicy | ConfigKind::RequestAuthentication, _) => {

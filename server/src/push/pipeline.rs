@@ -173,6 +173,9 @@ impl ChangeSet {
                         | ConfigKind::WorkloadEntry
                         | ConfigKind::Sidecar
                         | ConfigKind::DestinationRule
+                        // Whether a destination takes Istio mTLS decides whether other
+                        // networks' endpoints go through their gateways (`generate::eds`).
+                        | ConfigKind::PeerAuthentication
                 )
             })
     }

@@ -55,6 +55,8 @@ pub struct ViewKey {
     interception: Interception,
     pod_ports: BTreeMap<String, u16>,
     locality: Locality,
+    network: String,
+    requested_network_view: Vec<String>,
     /// Gateways only: SDS authorizes credentials by it, so streams of different verified
     /// identities never share an SDS output. Sidecars get no credentials, and no other
     /// generator reads it: leaving it out keeps their views shared.
@@ -99,6 +101,10 @@ impl ViewKey {
             pod_ports,
             locality,
             istio_version,
+            // Load assignments split endpoints by the proxy's network (and the networks it
+            // asks to see): part of the outbound part's key, so shared per network.
+            network,
+            requested_network_view,
         } = proxy;
         ViewKey {
             kind: *kind,
@@ -108,6 +114,8 @@ impl ViewKey {
             interception: *interception,
             pod_ports: pod_ports.clone(),
             locality: locality.clone(),
+            network: network.clone(),
+            requested_network_view: requested_network_view.clone(),
             verified: match kind {
                 ProxyKind::Router => verified.clone(),
                 ProxyKind::Sidecar | ProxyKind::Proxyless => None,

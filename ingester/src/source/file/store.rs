@@ -62,6 +62,12 @@ pub fn desired_state<'a>(
         .collect();
     let selected =
         |namespace: &str| selectors.selects_namespace(namespace, namespaces.get(namespace));
+    // The directory's cluster is on the network its system namespace's label names, as a
+    // Kubernetes cluster's is.
+    let network = namespaces
+        .get(shoal_common::defaults::SYSTEM_NAMESPACE)
+        .and_then(|labels| labels.get(shoal_common::model::NETWORK_LABEL))
+        .map_or("", String::as_str);
 
     let mut desired = DesiredState::new();
     for (path, obj) in &objects {
@@ -73,7 +79,9 @@ pub fn desired_state<'a>(
         let entry = match &obj.object {
             ManifestObject::Config(config) => Ok(Some(config_entry(config))),
             ManifestObject::Service(svc) => service_entry(svc, cluster),
-            ManifestObject::EndpointSlice(slice) => endpoints_entry(slice, cluster, &workloads),
+            ManifestObject::EndpointSlice(slice) => {
+                endpoints_entry(slice, cluster, &workloads, network)
+            }
             ManifestObject::Namespace(_)
             | ManifestObject::Pod(_)
             | ManifestObject::Node(_)
@@ -269,6 +277,45 @@ spec: {host: reviews, subsets: [{name: v1, labels: {version: v1}}]}
             Some(StateObject::Endpoints(set)) => set,
             other => panic!("no endpoint set: {other:?}"),
         }
+    }
+
+    /// The system namespace's label is the cluster's network, carried by every endpoint
+    /// set; a pod's own label (kept with its labels) overrides it per endpoint; an
+    /// east-west gateway Service keeps its external addresses.
+    #[test]
+    fn networks_and_gateway_addresses() {
+        let extra = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: istio-system, labels: {topology.istio.io/network: net1}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: eastwest, namespace: istio-system, labels: {topology.istio.io/network: net1}}
+spec: {type: LoadBalancer, externalIPs: [192.0.2.9], ports: [{name: tls, port: 15443}]}
+status: {loadBalancer: {ingress: [{ip: 192.0.2.1}, {hostname: gw.example}]}}
+"#;
+        let state =
+            store_with(&[("bookinfo.yaml", BOOKINFO), ("net.yaml", extra)]).desired_state("c1");
+        let set = endpoints(&state);
+        assert_eq!(set.network, "net1");
+        assert_eq!(set.network_of(&set.endpoints[0]), "net1");
+        let mut relabelled = set.endpoints[0].clone();
+        relabelled
+            .labels
+            .insert(shoal_common::model::NETWORK_LABEL.into(), "net2".into());
+        assert_eq!(set.network_of(&relabelled), "net2");
+        let key = (
+            Bucket::Services,
+            keys::service_key("c1", "istio-system", "eastwest"),
+        );
+        let Some(StateObject::Service(gw)) = state.get(&key) else {
+            panic!("no gateway service")
+        };
+        assert_eq!(
+            gw.external_addresses,
+            ["192.0.2.1", "gw.example", "192.0.2.9"]
+        );
     }
 
     #[test]

@@ -400,6 +400,13 @@ impl ClusterTask {
                 }
                 match affects {
                     Affects::Nothing => return,
+                    // The system namespace's labels name the cluster's network, which every
+                    // endpoint set carries.
+                    Affects::Namespace(ns)
+                        if namespaces_changed && ns == self.ctx.system_namespace =>
+                    {
+                        self.dirty.add_all()
+                    }
                     Affects::Namespace(ns) => self.dirty.add_namespace(&ns),
                     Affects::All => self.dirty.add_all(),
                 }
@@ -618,7 +625,9 @@ impl ClusterTask {
             if retry {
                 dirty.add_all();
             }
-            let desired = self.store.desired(&self.id, &selectors, &dirty);
+            let desired =
+                self.store
+                    .desired(&self.id, &selectors, &dirty, &self.ctx.system_namespace);
             let report = self
                 .publisher
                 .publish_scoped(&desired, observed_at_ms, &|k| dirty.contains_key(k))

@@ -36,6 +36,9 @@ pub struct ClusterContext {
     pub ca_root: Option<RootRx>,
     /// Seals gateway credentials (`--credential-key-file`); `None`: Secrets are not read.
     pub credential_keys: Option<Arc<shoal_common::credential::CredentialKeys>>,
+    /// The system namespace: in each cluster, its `topology.istio.io/network` label names
+    /// the cluster's network.
+    pub system_namespace: String,
 }
 
 impl ClusterContext {

@@ -192,6 +192,7 @@ impl KubeSource {
             owners,
             ca_root: cfg.ca_root.clone(),
             credential_keys: cfg.credential_keys.clone(),
+            system_namespace: cfg.system_namespace.clone(),
         };
         KubeSource { cfg, ctx }
     }

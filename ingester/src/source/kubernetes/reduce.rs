@@ -13,7 +13,8 @@ use crate::error::InvalidObject;
 use crate::selector::Labels;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::{
-    Namespace, Node, Pod, PodIP, PodSpec, PodStatus, Secret, Service, ServicePort, ServiceSpec,
+    LoadBalancerIngress, LoadBalancerStatus, Namespace, Node, Pod, PodIP, PodSpec, PodStatus,
+    Secret, Service, ServicePort, ServiceSpec, ServiceStatus,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -93,9 +94,31 @@ pub fn service(svc: Service) -> Result<Service, InvalidObject> {
             cluster_ips: spec.cluster_ips,
             ports,
             selector: spec.selector,
+            // Where other networks reach an east-west gateway Service.
+            external_ips: spec.external_ips,
             ..ServiceSpec::default()
         }),
-        status: None,
+        // Only the load balancer's addresses: an east-west gateway is reached on them.
+        status: svc
+            .status
+            .and_then(|s| s.load_balancer)
+            .and_then(|lb| lb.ingress)
+            .filter(|ingress| !ingress.is_empty())
+            .map(|ingress| ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: Some(
+                        ingress
+                            .into_iter()
+                            .map(|i| LoadBalancerIngress {
+                                ip: i.ip,
+                                hostname: i.hostname,
+                                ..LoadBalancerIngress::default()
+                            })
+                            .collect(),
+                    ),
+                }),
+                ..ServiceStatus::default()
+            }),
     };
     normalize::check_service(&reduced)?;
     Ok(reduced)
@@ -367,6 +390,36 @@ status: {conditions: [{type: Ready, status: "True"}]}
             .is_none());
     }
 
+    /// An east-west gateway Service keeps the addresses other networks reach it on: the
+    /// load balancer's ingress and the external IPs, nothing else of its status.
+    #[test]
+    fn gateway_service_keeps_its_external_addresses() {
+        let mut gw: Service = yaml(SERVICE);
+        let mut spec = gw.spec.take().unwrap();
+        spec.external_ips = Some(vec!["192.0.2.9".into()]);
+        gw.spec = Some(spec);
+        gw.status = Some(yaml(
+            "loadBalancer: {ingress: [{ip: 192.0.2.1, ipMode: VIP, ports: [{port: 15443, protocol: TCP}]}]}\nconditions: []",
+        ));
+        let reduced = service(gw).unwrap();
+        let ingress = reduced
+            .status
+            .as_ref()
+            .unwrap()
+            .load_balancer
+            .as_ref()
+            .unwrap();
+        let ingress = &ingress.ingress.as_ref().unwrap()[0];
+        assert!(ingress.ip_mode.is_none() && ingress.ports.is_none());
+        assert!(reduced.status.as_ref().unwrap().conditions.is_none());
+        let normalized = crate::admit::normalize::service(&reduced, "c1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(normalized.external_addresses, ["192.0.2.1", "192.0.2.9"]);
+        // No load balancer address: no status kept at all.
+        assert!(service(yaml(SERVICE)).unwrap().status.is_none());
+    }
+
     #[test]
     fn irrelevant_changes_reduce_to_equal_objects() {
         let mut changed: Pod = yaml(POD);
@@ -411,7 +464,7 @@ status: {conditions: [{type: Ready, status: "True"}]}
             .unwrap();
         from_kube.insert(k, v);
         let slice = endpoint_slice(yaml(SLICE)).unwrap();
-        let (k, v) = desired::endpoints_entry(&slice, "c1", &workloads)
+        let (k, v) = desired::endpoints_entry(&slice, "c1", &workloads, "")
             .unwrap()
             .unwrap();
         from_kube.insert(k, v);

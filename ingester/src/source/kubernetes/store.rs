@@ -287,6 +287,15 @@ impl ClusterStore {
         }
     }
 
+    /// The cluster's network: the `topology.istio.io/network` label of its system
+    /// namespace (istiod's `networkFromSystemNamespace`); empty when unlabelled.
+    pub fn network(&self, system_namespace: &str) -> &str {
+        self.namespaces
+            .get(&(String::new(), system_namespace.to_string()))
+            .and_then(|labels| labels.get(shoal_common::model::NETWORK_LABEL))
+            .map_or("", String::as_str)
+    }
+
     /// Whether every kind has completed its first relist.
     pub fn synced(&self) -> bool {
         self.namespaces.synced()
@@ -304,7 +313,9 @@ impl ClusterStore {
         cluster: &str,
         selectors: &DiscoverySelectors,
         dirty: &Dirty,
+        system_namespace: &str,
     ) -> DesiredState {
+        let network = self.network(system_namespace);
         let pods = self.pods.values().map(Box::as_ref);
         let workloads = Workloads::new(pods, self.nodes.values().map(Box::as_ref));
         let present = || {
@@ -326,7 +337,7 @@ impl ClusterStore {
                 );
             }
             for slice in self.slices.in_namespace(ns) {
-                let entry = desired::endpoints_entry(slice, cluster, &workloads);
+                let entry = desired::endpoints_entry(slice, cluster, &workloads, network);
                 insert(&mut desired, entry, cluster, ns);
             }
         }
@@ -552,7 +563,7 @@ mod tests {
         let keys_of = |d: DesiredState| d.into_keys().map(|(_, k)| k).collect::<Vec<_>>();
         let everything = DiscoverySelectors::all();
         assert_eq!(
-            keys_of(store.desired("c1", &everything, &all)),
+            keys_of(store.desired("c1", &everything, &all, "istio-system")),
             vec!["c1.a.web", "c1.b.web"]
         );
         let selectors = crate::source::mesh_config::parse(
@@ -561,16 +572,61 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            keys_of(store.desired("c1", &selectors, &all)),
+            keys_of(store.desired("c1", &selectors, &all, "istio-system")),
             vec!["c1.a.web"]
         );
         let mut only_b = Dirty::default();
         only_b.add_namespace("b");
         assert_eq!(
-            keys_of(store.desired("c1", &everything, &only_b)),
+            keys_of(store.desired("c1", &everything, &only_b, "istio-system")),
             vec!["c1.b.web"]
         );
-        assert!(store.desired("c1", &selectors, &only_b).is_empty());
+        assert!(store
+            .desired("c1", &selectors, &only_b, "istio-system")
+            .is_empty());
+    }
+
+    /// The cluster's network is the label of its system namespace (the configured one),
+    /// carried by every endpoint set.
+    #[test]
+    fn endpoint_sets_carry_the_system_namespace_network() {
+        let mut store = ClusterStore::new("c1");
+        store.namespaces.apply(Change::Init);
+        let labels: Labels = [(
+            shoal_common::model::NETWORK_LABEL.to_string(),
+            "net1".to_string(),
+        )]
+        .into();
+        store
+            .namespaces
+            .apply(Change::InitApply(key("", "mesh-system"), Ok(labels)));
+        store.namespaces.apply(Change::InitDone);
+        assert_eq!(store.network("mesh-system"), "net1");
+        assert_eq!(store.network("istio-system"), "");
+        let slice: EndpointSlice = shoal_common::yaml::from_str(
+            "metadata: {name: web-1, namespace: a, labels: {kubernetes.io/service-name: web}}\n\
+             addressType: IPv4\nports: [{name: http, port: 80}]\n\
+             endpoints: [{addresses: [10.0.0.1]}]",
+        )
+        .unwrap();
+        store.slices.apply(Change::Init);
+        store
+            .slices
+            .apply(Change::InitApply(key("a", "web-1"), Ok(Box::new(slice))));
+        store.slices.apply(Change::InitDone);
+        let all = Dirty {
+            all: true,
+            ..Dirty::default()
+        };
+        let networks: Vec<String> = store
+            .desired("c1", &DiscoverySelectors::all(), &all, "mesh-system")
+            .into_values()
+            .filter_map(|o| match o {
+                desired::StateObject::Endpoints(set) => Some(set.network),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(networks, ["net1"]);
     }
 
     #[test]

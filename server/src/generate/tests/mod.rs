@@ -17,6 +17,7 @@ mod http_features;
 mod lds;
 mod locality;
 mod mtls;
+mod network;
 mod rds_gateway;
 mod rds_sidecar;
 mod telemetry;

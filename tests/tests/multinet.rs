@@ -1,0 +1,494 @@
+//! Multi-network end to end (issue 22), with real network isolation: two test networks
+//! (two bridges, `MeshNet`s) with no route between their pod ranges. Network `net1` runs
+//! `sleep`, `httpbin-a` and the east-west gateway `eastwest1`; network `net2` runs
+//! `httpbin-b`, `httpbin-c` and the east-west gateway `eastwest`. Each gateway pod has a
+//! second interface on the other network's bridge: its external address there (its
+//! Service's `externalIPs`), the only address of its network the other one reaches.
+//!
+//! A shoal ingester (the file source: one cluster, whose pods carry their network as the
+//! `topology.istio.io/network` label, as istiod reads it) publishes through nats-server to
+//! one shoal server, which serves every proxy; each pod runs a certificate agent and a
+//! real Envoy (sidecars captured by istio-iptables' rules, the gateway not). `sleep` uses
+//! delta ADS, the others SotW.
+//!
+//! - sleep → httpbin (only endpoint in net2): through net2's gateway's sni-dnat chain,
+//!   mutual TLS end to end (httpbin sees sleep's SPIFFE ID); sleep cannot reach httpbin-b's
+//!   IP. The other way, httpbin-b → web (only endpoint httpbin-a, net1) through net1's.
+//! - With endpoints in both networks (one in net1, two in net2), traffic reaches both; the
+//!   gateway endpoint weighs 2, the local one 1.
+//! - Without the gateway's Service, net2's endpoint is sent as it is (istiod's rule for a
+//!   network without a gateway), and so is unreachable from net1.
+//!
+//! Needs root, iptables, Envoy, nats-server and the binaries (`cargo build --bins -p
+//! shoal-server -p shoal-ingester -p shoal-tests`); fails without netns support unless
+//! `SHOAL_SKIP_NETNS=1`.
+#![forbid(unsafe_code)]
+
+use serde_json::Value;
+use shoal_tests::agent::{Agent, AgentConfig, Credential};
+use shoal_tests::bootstrap::{bootstrap_with, with_sds, AdsMode, Node};
+use shoal_tests::mesh::write_manifest;
+use shoal_tests::netns::{self, Pod, PROXY_UID};
+use shoal_tests::pki::ServerPki;
+use shoal_tests::ports::free_port_on;
+use shoal_tests::process::Process;
+use shoal_tests::{eventually, Envoy, MeshNet, NatsServer, ShoalIngester, ShoalServer};
+use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+const CONVERGE: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(200);
+const NS: &str = "mn";
+const HTTPBIN: &str = "httpbin.mn.svc.cluster.local";
+const HTTPBIN_VIP: &str = "198.19.0.40";
+const SNI: &str = "outbound_.8000_._.httpbin.mn.svc.cluster.local";
+/// A service whose only endpoint is httpbin-a (net1).
+const WEB: &str = "web.mn.svc.cluster.local";
+const WEB_VIP: &str = "198.19.0.41";
+const GATEWAY_SA: &str = "istio-eastwestgateway-service-account";
+
+fn spiffe(ns: &str, sa: &str) -> String {
+    format!("spiffe://cluster.local/ns/{ns}/sa/{sa}")
+}
+
+/// A proxy in a pod: its agent and Envoy (dropped first), and its app.
+struct Proxied {
+    envoy: Envoy,
+    _agent: Agent,
+    _app: Option<Process>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_network_calls_go_through_the_east_west_gateway() {
+    if netns::skip_if_unavailable() {
+        return;
+    }
+    let net1 = MeshNet::create();
+    let net2 = MeshNet::create();
+    let (host1, host2) = (net1.host_ip(), net2.host_ip());
+    // One server for both networks: it listens on every address, each network's pods dial
+    // its own host address.
+    let xds_port = free_port_on(&[host1, host2]);
+    let tls_port = free_port_on(&[host1, host2]);
+    let pki = ServerPki::new();
+    let dir = tempfile::tempdir().expect("manifest dir");
+
+    let sleep = net1.add_pod("sleep");
+    let httpbin_a = net1.add_pod("httpbin-a");
+    let httpbin_b = net2.add_pod("httpbin-b");
+    let httpbin_c = net2.add_pod("httpbin-c");
+    let eastwest = net2.add_pod("eastwest");
+    let gateway_addr = net1.attach(&eastwest);
+    // net1's gateway, reached from net2 on its address there.
+    let eastwest1 = net1.add_pod("eastwest1");
+    let gateway1_addr = net2.attach(&eastwest1);
+
+    let pods = Pods {
+        sleep: sleep.ip(),
+        httpbin_a: httpbin_a.ip(),
+        httpbin_b: httpbin_b.ip(),
+        httpbin_c: httpbin_c.ip(),
+        eastwest: eastwest.ip(),
+        eastwest1: eastwest1.ip(),
+        gateway_addr,
+        gateway1_addr,
+    };
+    write_manifest(dir.path(), "mesh.yaml", &pods.manifests(false));
+    write_manifest(dir.path(), "gateway.yaml", &pods.gateway_manifests());
+
+    // Through NATS: the ingester publishes the directory, the server reads the bus.
+    let nats = NatsServer::start().await;
+    let _ingester = ShoalIngester::for_dir(&nats.url(), dir.path());
+    let mut args = vec!["--nats-url".to_string(), nats.url()];
+    args.extend(pki.server_args(SocketAddr::from((Ipv4Addr::UNSPECIFIED, tls_port))));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _server =
+        ShoalServer::start_with_xds(&args, SocketAddr::from((Ipv4Addr::UNSPECIFIED, xds_port)))
+            .await;
+
+    let ctx = Ctx {
+        pki: &pki,
+        tls_port,
+        xds_port,
+    };
+    // The sidecars.
+    let mut proxied = Vec::new();
+    for (pod, host, network) in [
+        (&sleep, host1, "net1"),
+        (&httpbin_a, host1, "net1"),
+        (&httpbin_b, host2, "net2"),
+        (&httpbin_c, host2, "net2"),
+    ] {
+        pod.capture();
+        let app = match pod.name() {
+            "sleep" => None,
+            name => Some(pod.http_server(name, 8000).await),
+        };
+        let app_label = if pod.name() == "sleep" {
+            "sleep"
+        } else {
+            "httpbin"
+        };
+        let node = Node::captured(
+            &pod.ip().to_string(),
+            pod.name(),
+            NS,
+            &injected_labels(app_label, network),
+        );
+        let (agent, envoy) = ctx.start(pod, host, node, (NS, app_label), network).await;
+        proxied.push(Proxied {
+            envoy,
+            _agent: agent,
+            _app: app,
+        });
+    }
+    // The east-west gateways: routers, not captured.
+    let mut gateways = Vec::new();
+    for (pod, host, network) in [(&eastwest, host2, "net2"), (&eastwest1, host1, "net1")] {
+        let node = Node {
+            id: format!(
+                "router~{}~{}.istio-system~istio-system.svc.cluster.local",
+                pod.ip(),
+                pod.name()
+            ),
+            cluster: "istio-eastwestgateway".into(),
+            namespace: "istio-system".into(),
+            labels: vec![
+                ("istio".into(), "eastwestgateway".into()),
+                ("topology.istio.io/network".into(), network.into()),
+            ],
+            interception: None,
+            service_account: GATEWAY_SA.into(),
+        };
+        gateways.push(
+            ctx.start(pod, host, node, ("istio-system", GATEWAY_SA), network)
+                .await,
+        );
+    }
+    let gateway = &gateways[0].1;
+    let gateway1 = &gateways[1].1;
+    let sleep_envoy = &proxied[0].envoy;
+
+    // sleep → httpbin, whose only endpoint is in net2: through the gateway.
+    let get = |path: &'static str| {
+        let sleep = &sleep;
+        async move {
+            http_get(
+                sleep,
+                HTTPBIN,
+                HTTPBIN_VIP,
+                &format!("http://{HTTPBIN}:8000{path}"),
+            )
+            .await
+        }
+    };
+    let body = eventually(CONVERGE, POLL, || async {
+        match get("/headers").await {
+            Ok((200, body)) if body["backend"] == "httpbin-b" => Ok(body),
+            other => Err(format!("sleep -> httpbin: {other:?}")),
+        }
+    })
+    .await;
+    let xfcc = body["headers"]["x-forwarded-client-cert"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        xfcc.contains(&format!("URI={}", spiffe(NS, "sleep"))),
+        "httpbin-b does not see sleep's identity (mTLS end to end): {body}"
+    );
+    // sleep's endpoint for httpbin is the gateway's address, port 15443, Istio mTLS.
+    let clusters = sleep_envoy.admin_get("/clusters").await.expect("/clusters");
+    let in_cluster = |addr: &str| {
+        clusters
+            .lines()
+            .any(|l| l.starts_with(&format!("outbound|8000||{HTTPBIN}::{addr}")))
+    };
+    assert!(in_cluster(&format!("{gateway_addr}:15443")), "{clusters}");
+    assert!(
+        !in_cluster(&format!("{}:8000", pods.httpbin_b)),
+        "{clusters}"
+    );
+    // The gateway proxied it on the SNI chain, to its local endpoint.
+    let sni_cx = gateway
+        .stat_sum(&format!("cluster.{SNI}.upstream_cx_total"))
+        .await;
+    assert!(sni_cx >= 1, "the gateway's {SNI} cluster saw no connection");
+    assert!(
+        gateway
+            .stat_sum(&format!("tcp.{SNI}.downstream_cx_total"))
+            .await
+            >= 1
+    );
+    // The other way, through net1's gateway: httpbin-b (net2) calls `web`, whose only
+    // endpoint is httpbin-a (net1); httpbin-a sees httpbin-b's identity.
+    let body = eventually(CONVERGE, POLL, || async {
+        match http_get(
+            &httpbin_b,
+            WEB,
+            WEB_VIP,
+            &format!("http://{WEB}:8000/reverse"),
+        )
+        .await
+        {
+            Ok((200, body)) if body["backend"] == "httpbin-a" => Ok(body),
+            other => Err(format!("httpbin-b -> web: {other:?}")),
+        }
+    })
+    .await;
+    let xfcc = body["headers"]["x-forwarded-client-cert"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        xfcc.contains(&format!("URI={}", spiffe(NS, "httpbin"))),
+        "httpbin-a does not see httpbin-b's identity: {body}"
+    );
+    assert!(
+        gateway1
+            .stat_sum("cluster.outbound_.8000_._.web.mn.svc.cluster.local.upstream_cx_total")
+            .await
+            >= 1
+    );
+
+    // The networks are isolated: httpbin-b's own address is unreachable from net1 (the
+    // proxy uid is not captured, so this goes out as it is).
+    let direct = sleep
+        .run_as(
+            PROXY_UID,
+            PROXY_UID,
+            &[
+                "tcp-send",
+                &format!("{}:8000", pods.httpbin_b),
+                "x",
+                "--timeout-ms",
+                "1000",
+            ],
+        )
+        .await;
+    assert!(!direct.success(), "net1 reached a net2 pod: {direct:?}");
+
+    // Endpoints in both networks (httpbin-a in net1; httpbin-b and httpbin-c in net2):
+    // traffic reaches both networks.
+    write_manifest(dir.path(), "mesh.yaml", &pods.manifests(true));
+    let mut seen = BTreeSet::new();
+    let deadline = std::time::Instant::now() + CONVERGE;
+    while !(seen.contains("httpbin-a") && seen.len() >= 2) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "backends seen: {seen:?}"
+        );
+        if let Ok((200, body)) = get("/both").await {
+            if let Some(b) = body["backend"].as_str() {
+                seen.insert(b.to_string());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let clusters = sleep_envoy.admin_get("/clusters").await.expect("/clusters");
+    // istiod's weighting: the gateway endpoint weighs the two endpoints behind it, the
+    // local one its own.
+    for (addr, weight) in [
+        (format!("{gateway_addr}:15443"), 2),
+        (format!("{}:8000", pods.httpbin_a), 1),
+    ] {
+        let line = format!("outbound|8000||{HTTPBIN}::{addr}::weight::{weight}");
+        assert!(clusters.lines().any(|l| l == line), "{line}\n{clusters}");
+    }
+
+    // net2 loses its gateway: its endpoint is sent as it is (istiod's rule; unreachable
+    // here, as the networks are isolated).
+    std::fs::remove_file(dir.path().join("gateway.yaml")).expect("remove gateway.yaml");
+    eventually(CONVERGE, POLL, || async {
+        let clusters = sleep_envoy
+            .admin_get("/clusters")
+            .await
+            .map_err(|e| e.to_string())?;
+        let direct = format!("outbound|8000||{HTTPBIN}::{}:8000", pods.httpbin_b);
+        if clusters.lines().any(|l| l.starts_with(&direct)) {
+            Ok(())
+        } else {
+            Err(format!("no {direct} yet:\n{clusters}"))
+        }
+    })
+    .await;
+
+    for (name, envoy) in [
+        ("sleep", sleep_envoy),
+        ("eastwest", gateway),
+        ("eastwest1", gateway1),
+    ] {
+        assert_eq!(
+            envoy.stat_sum("update_rejected").await,
+            0,
+            "{name} rejected config"
+        );
+    }
+    drop(gateways);
+}
+
+/// What starting a proxy needs: the CA's PKI and the server's ports.
+struct Ctx<'a> {
+    pki: &'a ServerPki,
+    tls_port: u16,
+    xds_port: u16,
+}
+
+impl Ctx<'_> {
+    /// Starts a pod's certificate agent (identity `sa`) and its Envoy on `network`, talking
+    /// to the server at `host` (the pod's network's host address). `sleep` uses delta ADS.
+    async fn start(
+        &self,
+        pod: &Pod,
+        host: Ipv4Addr,
+        node: Node,
+        sa: (&str, &str),
+        network: &str,
+    ) -> (Agent, Envoy) {
+        let mut config = AgentConfig::new(
+            SocketAddr::from((host, self.tls_port)),
+            &self.pki.ca.cert_pem,
+            Credential::Certificate(self.pki.ca.workload(sa.0, sa.1)),
+        );
+        config.ttl = Some("1h".into());
+        let mode = if pod.name() == "sleep" {
+            AdsMode::Delta
+        } else {
+            AdsMode::Sotw
+        };
+        let xds = SocketAddr::from((host, self.xds_port));
+        let agent = Agent::start_in_pod(pod, &config).await;
+        let yaml = with_sds(
+            &bootstrap_with(&node, netns::ADMIN_PORT, &[xds], mode),
+            agent.socket(),
+        )
+        .replace(
+            "    CLUSTER_ID: Kubernetes\n",
+            &format!("    CLUSTER_ID: Kubernetes\n    NETWORK: {network}\n"),
+        );
+        let envoy = Envoy::start_in_pod(pod, &netns::admin_on(&yaml, pod.ip())).await;
+        (agent, envoy)
+    }
+}
+
+/// One GET from the pod's app, through its sidecar, resolving `host` to `vip`.
+async fn http_get(pod: &Pod, host: &str, vip: &str, url: &str) -> anyhow::Result<(u16, Value)> {
+    let resolve = format!("{host}={vip}");
+    let args = [
+        "http-get",
+        url,
+        "--resolve",
+        &resolve,
+        "--timeout-ms",
+        "3000",
+    ];
+    let out = pod.run(&args).await;
+    if !out.success() {
+        anyhow::bail!("http-get {url}: {}", out.stderr.trim());
+    }
+    out.http()
+}
+
+/// The labels Istio's injector puts on a meshed pod, with its network.
+fn injected_labels(app: &'static str, network: &'static str) -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("app", app),
+        ("security.istio.io/tlsMode", "istio"),
+        ("service.istio.io/canonical-name", app),
+        ("topology.istio.io/network", network),
+    ]
+}
+
+struct Pods {
+    sleep: Ipv4Addr,
+    httpbin_a: Ipv4Addr,
+    httpbin_b: Ipv4Addr,
+    httpbin_c: Ipv4Addr,
+    eastwest: Ipv4Addr,
+    eastwest1: Ipv4Addr,
+    gateway_addr: Ipv4Addr,
+    gateway1_addr: Ipv4Addr,
+}
+
+impl Pods {
+    /// The namespace, httpbin (endpoints: httpbin-b in net2, and with `both` httpbin-a in
+    /// net1) and the meshed pods with their network labels.
+    fn manifests(&self, both: bool) -> String {
+        let endpoint = |name: &str, ip: Ipv4Addr| {
+            format!(
+                "- addresses: [\"{ip}\"]\n  conditions:\n    ready: true\n  targetRef:\n\
+                 \x20   kind: Pod\n    name: {name}\n    namespace: {NS}\n"
+            )
+        };
+        let mut endpoints = endpoint("httpbin-b", self.httpbin_b);
+        if both {
+            endpoints.push_str(&endpoint("httpbin-a", self.httpbin_a));
+            endpoints.push_str(&endpoint("httpbin-c", self.httpbin_c));
+        }
+        let mut out = format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n---\n\
+             apiVersion: v1\nkind: Service\nmetadata:\n  name: httpbin\n  namespace: {NS}\n\
+             spec:\n  clusterIP: {HTTPBIN_VIP}\n  selector:\n    app: httpbin\n  ports:\n\
+             \x20 - name: http\n    port: 8000\n    targetPort: 8000\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: httpbin-1\n\
+             \x20 namespace: {NS}\n  labels:\n    kubernetes.io/service-name: httpbin\n\
+             addressType: IPv4\nports:\n- name: http\n  port: 8000\n  protocol: TCP\n\
+             endpoints:\n{endpoints}---\n\
+             apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: {NS}\n\
+             spec:\n  clusterIP: {WEB_VIP}\n  ports:\n\
+             \x20 - name: http\n    port: 8000\n    targetPort: 8000\n---\n\
+             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n\
+             \x20 namespace: {NS}\n  labels:\n    kubernetes.io/service-name: web\n\
+             addressType: IPv4\nports:\n- name: http\n  port: 8000\n  protocol: TCP\n\
+             endpoints:\n{web}---\n",
+            web = endpoint("httpbin-a", self.httpbin_a),
+        );
+        for (name, app, sa, ip, network) in [
+            ("sleep", "sleep", "sleep", self.sleep, "net1"),
+            ("httpbin-a", "httpbin", "httpbin", self.httpbin_a, "net1"),
+            ("httpbin-b", "httpbin", "httpbin", self.httpbin_b, "net2"),
+            ("httpbin-c", "httpbin", "httpbin", self.httpbin_c, "net2"),
+        ] {
+            let labels: String = injected_labels(app, network)
+                .iter()
+                .map(|(k, v)| format!("    {k}: {v}\n"))
+                .collect();
+            out.push_str(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\n  labels:\n{labels}\
+                 spec:\n  serviceAccountName: {sa}\n  containers:\n  - name: app\n    image: app\n\
+                 status:\n  phase: Running\n  podIP: {ip}\n  podIPs:\n  - ip: {ip}\n---\n"
+            ));
+        }
+        out
+    }
+
+    /// Each network's east-west gateway: its Service (labelled with the network, reached
+    /// by the other network on its external IP, port 15443) and pod, and Istio's
+    /// `cross-network-gateway`, which selects both.
+    fn gateway_manifests(&self) -> String {
+        let mut out = format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n---\n\
+             apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: cross-network-gateway\n\
+             \x20 namespace: istio-system\nspec:\n  selector:\n    istio: eastwestgateway\n  servers:\n\
+             \x20 - port:\n      number: 15443\n      name: tls\n      protocol: TLS\n\
+             \x20   tls:\n      mode: AUTO_PASSTHROUGH\n    hosts:\n    - \"*.local\"\n---\n"
+        );
+        for (name, network, external, ip) in [
+            ("eastwest", "net2", self.gateway_addr, self.eastwest),
+            ("eastwest1", "net1", self.gateway1_addr, self.eastwest1),
+        ] {
+            out.push_str(&format!(
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n\
+                 \x20 namespace: istio-system\n  labels:\n    istio: eastwestgateway\n\
+                 \x20   topology.istio.io/network: {network}\n\
+                 spec:\n  type: LoadBalancer\n  selector:\n    istio: eastwestgateway\n\
+                 \x20   topology.istio.io/network: {network}\n\
+                 \x20 externalIPs: [\"{external}\"]\n  ports:\n  - name: tls\n    port: 15443\n    targetPort: 15443\n---\n\
+                 apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: istio-system\n\
+                 \x20 labels:\n    istio: eastwestgateway\n    topology.istio.io/network: {network}\n\
+                 spec:\n  serviceAccountName: {GATEWAY_SA}\n  containers:\n  - name: proxy\n    image: proxy\n\
+                 status:\n  phase: Running\n  podIP: {ip}\n  podIPs:\n  - ip: {ip}\n---\n"
+            ));
+        }
+        out
+    }
+}

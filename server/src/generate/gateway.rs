@@ -202,7 +202,7 @@ pub(crate) fn bound_virtual_services<'a>(
 pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<ListenerKey> {
     // Listener port → chains, in Gateway and server order.
     let mut listeners: BTreeMap<u32, Vec<TcpChain>> = BTreeMap::new();
-    for gw in ctx.gateways_for(&proxy.labels) {
+    for gw in ctx.gateways_for(&proxy.namespace, &proxy.labels) {
         let gw_ref = format!("{}/{}", gw.meta.namespace, gw.meta.name);
         let bound: Vec<_> = bound_virtual_services(proxy, ctx, gw).collect();
         for server in &gw.spec.servers {

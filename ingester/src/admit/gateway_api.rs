@@ -147,7 +147,11 @@ fn parent_refs(refs: &[ParentReference]) -> Result {
     Ok(())
 }
 
-fn backend_ref(at: &str, b: &BackendRef, filters_allowed: bool) -> Result {
+fn backend_ref(at: &str, b: &BackendRef) -> Result {
+    // Per-backend header filters have no place in the translated destination yet.
+    if !b.filters.is_empty() {
+        return invalid(format!("{at}.filters is not supported yet"));
+    }
     let group = b.group.as_deref().unwrap_or("");
     let kind = b.kind.as_deref().unwrap_or("Service");
     match (group, kind) {
@@ -167,22 +171,6 @@ fn backend_ref(at: &str, b: &BackendRef, filters_allowed: bool) -> Result {
     }
     if kind == "Hostname" && b.namespace.is_some() {
         return invalid(format!("{at}.namespace may not be set with kind Hostname"));
-    }
-    if !filters_allowed && !b.filters.is_empty() {
-        return invalid(format!("{at}.filters is not supported here"));
-    }
-    for (j, f) in b.filters.iter().enumerate() {
-        if !matches!(
-            f.kind.as_str(),
-            "RequestHeaderModifier" | "ResponseHeaderModifier"
-        ) {
-            return invalid(format!(
-                "{at}.filters[{j}].type {:?} is not supported on a backendRef \
-                 (RequestHeaderModifier and ResponseHeaderModifier are)",
-                f.kind
-            ));
-        }
-        filter(&format!("{at}.filters[{j}]"), f)?;
     }
     Ok(())
 }
@@ -254,11 +242,7 @@ fn filter(at: &str, f: &HTTPRouteFilter) -> Result {
             if m.backend_ref.weight.is_some() {
                 return invalid(format!("{at}.requestMirror.backendRef.weight is not valid"));
             }
-            backend_ref(
-                &format!("{at}.requestMirror.backendRef"),
-                &m.backend_ref,
-                false,
-            )?;
+            backend_ref(&format!("{at}.requestMirror.backendRef"), &m.backend_ref)?;
             if m.percent.is_some_and(|p| p > 100) {
                 return invalid(format!("{at}.requestMirror.percent is over 100"));
             }
@@ -343,7 +327,7 @@ pub fn validate_http_route(r: &HTTPRoute) -> Result {
             ));
         }
         for (j, b) in rule.backend_refs.iter().enumerate() {
-            backend_ref(&format!("{at}.backendRefs[{j}]"), b, true)?;
+            backend_ref(&format!("{at}.backendRefs[{j}]"), b)?;
         }
     }
     Ok(())
@@ -381,7 +365,7 @@ pub fn validate_grpc_route(r: &GRPCRoute) -> Result {
             filter(&format!("{at}.filters[{j}]"), f)?;
         }
         for (j, b) in rule.backend_refs.iter().enumerate() {
-            backend_ref(&format!("{at}.backendRefs[{j}]"), b, true)?;
+            backend_ref(&format!("{at}.backendRefs[{j}]"), b)?;
         }
     }
     Ok(())
@@ -395,7 +379,7 @@ pub fn validate_l4_route(r: &L4Route, tls: bool) -> Result {
     }
     for (i, rule) in r.rules.iter().enumerate() {
         for (j, b) in rule.backend_refs.iter().enumerate() {
-            backend_ref(&format!("rules[{i}].backendRefs[{j}]"), b, false)?;
+            backend_ref(&format!("rules[{i}].backendRefs[{j}]"), b)?;
         }
     }
     Ok(())

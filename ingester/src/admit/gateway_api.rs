@@ -75,7 +75,7 @@ pub fn validate_gateway(gw: &KubeGateway) -> Result {
                 for (j, r) in tls.certificate_refs.iter().enumerate() {
                     let group = r.group.as_deref().unwrap_or("");
                     let kind = r.kind.as_deref().unwrap_or("Secret");
-                    if group != "" || kind != "Secret" {
+                    if !group.is_empty() || kind != "Secret" {
                         return invalid(format!(
                             "{at}.tls.certificateRefs[{j}] must be a core Secret (is {group}/{kind})"
                         ));

@@ -338,7 +338,8 @@ fn attach_http(
     }
     // GAMMA: a Service parent routes the mesh's traffic to that Service.
     for p in parents {
-        if p.kind.as_deref() != Some("Service") || p.group.as_deref().unwrap_or("") != "" {
+        if p.kind.as_deref() != Some("Service") || p.group.as_deref().is_some_and(|g| !g.is_empty())
+        {
             continue;
         }
         let svc_ns = p.namespace.as_deref().unwrap_or(&meta.namespace);

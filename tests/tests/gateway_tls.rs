@@ -957,3 +957,219 @@ spec:
     );
     assert_eq!(gateway.stat_sum("update_rejected").await, 0);
 }
+
+/// Gateway API listeners beyond HTTP, on one gateway authenticated as its pods' service
+/// account: HTTPS terminated with the certificate of a `certificateRefs` Secret (through
+/// the gateway credential path), TLS passed through by SNI (TLSRoute), and TCP (TCPRoute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_api_https_tls_passthrough_and_tcp() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let web = Backend::start("web", free_addr()).await;
+    let [https, passthrough, tcp] = std::array::from_fn(|_| free_port_on(&[Ipv4Addr::UNSPECIFIED]));
+
+    // The passthrough backend: an OpenSSL server with its own certificate for HOST.
+    let tls_backend = SocketAddr::from((loopback(42), free_port_on(&[loopback(42)])));
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        &format!("/CN={HOST}"),
+        "-keyout",
+        path(&key),
+        "-out",
+        path(&cert),
+    ])
+    .await;
+    let mut server = Command::new("openssl");
+    server.args([
+        "s_server",
+        "-accept",
+        &tls_backend.to_string(),
+        "-cert",
+        path(&cert),
+        "-key",
+        path(&key),
+        "-www",
+        "-quiet",
+    ]);
+    let _tls_backend = Process::spawn(
+        "openssl-s_server",
+        server,
+        tempfile::tempdir().expect("backend dir"),
+        "openssl is needed (Debian package openssl)",
+    );
+
+    let gateway_ca = TestCa::new("gateway-ca");
+    let mut yaml = service_with_backend("apps", "web", web.addr());
+    yaml.push_str(&service_with_backend("infra", "vault", tls_backend));
+    yaml.push_str(&tls_secret(
+        "infra",
+        "web-cert",
+        &gateway_ca.server_for(WEB),
+        None,
+    ));
+    yaml.push_str(&format!(
+        r#"
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: secure-istio-1, namespace: infra, labels: {{gateway.networking.k8s.io/gateway-name: secure}}}}
+spec: {{serviceAccountName: secure-istio, containers: [{{name: istio-proxy, image: envoy}}]}}
+status: {{phase: Running, podIP: 10.3.0.1, podIPs: [{{ip: 10.3.0.1}}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: secure-istio, namespace: infra}}
+spec:
+  selector: {{gateway.networking.k8s.io/gateway-name: secure}}
+  ports: [{{name: https, port: {https}, targetPort: {https}}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: secure-istio-1, namespace: infra, labels: {{kubernetes.io/service-name: secure-istio}}}}
+addressType: IPv4
+ports: [{{name: https, port: {https}}}]
+endpoints:
+- addresses: ["10.3.0.1"]
+  conditions: {{ready: true}}
+  targetRef: {{kind: Pod, name: secure-istio-1, namespace: infra}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: secure, namespace: infra}}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - name: https
+    port: {https}
+    protocol: HTTPS
+    hostname: {WEB}
+    tls: {{certificateRefs: [{{name: web-cert}}]}}
+    allowedRoutes: {{namespaces: {{from: All}}}}
+  - name: passthrough
+    port: {passthrough}
+    protocol: TLS
+    tls: {{mode: Passthrough}}
+  - name: tcp
+    port: {tcp}
+    protocol: TCP
+    allowedRoutes: {{namespaces: {{from: All}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: web, namespace: apps}}
+spec:
+  parentRefs: [{{name: secure, namespace: infra, sectionName: https}}]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TLSRoute
+metadata: {{name: vault, namespace: infra}}
+spec:
+  parentRefs: [{{name: secure, sectionName: passthrough}}]
+  hostnames: [{HOST}]
+  rules: [{{backendRefs: [{{name: vault, port: 80}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TCPRoute
+metadata: {{name: raw, namespace: apps}}
+spec:
+  parentRefs: [{{name: secure, namespace: infra, port: {tcp}}}]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
+"#
+    ));
+    let manifests = tempfile::tempdir().expect("manifest dir");
+    std::fs::write(manifests.path().join("mesh.yaml"), yaml).expect("manifests");
+    let ca_file = dir.path().join("gateway-ca.crt");
+    std::fs::write(&ca_file, &gateway_ca.cert_pem).unwrap();
+
+    // The secure xDS port, and the gateway authenticated as infra/secure-istio.
+    let xds_ca = TestCa::new("mesh-root");
+    xds_ca.server("shoal").write(dir.path(), "server");
+    std::fs::write(dir.path().join("mesh-root.crt"), &xds_ca.cert_pem).unwrap();
+    let p = |n: &str| dir.path().join(n).display().to_string();
+    let tls = free_addr();
+    let args = [
+        "--standalone".to_string(),
+        manifests.path().display().to_string(),
+        "--xds-tls-addr".into(),
+        tls.to_string(),
+        "--xds-tls-cert".into(),
+        p("server.crt"),
+        "--xds-tls-key".into(),
+        p("server.key"),
+        "--xds-client-ca".into(),
+        p("mesh-root.crt"),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _shoal = ShoalServer::start(&args).await;
+    let (cert, key) = xds_ca
+        .workload("infra", "secure-istio")
+        .write(dir.path(), "secure-istio");
+    let files = XdsTlsFiles {
+        ca: dir.path().join("mesh-root.crt"),
+        cert,
+        key,
+    };
+    let node = Node {
+        id: "router~127.0.0.1~secure-istio-1.infra~infra.svc.cluster.local".into(),
+        cluster: "secure-istio".into(),
+        namespace: "infra".into(),
+        labels: vec![(
+            "gateway.networking.k8s.io/gateway-name".into(),
+            "secure".into(),
+        )],
+        interception: None,
+        service_account: "secure-istio".into(),
+    };
+    let bootstrap = bootstrap_with(&node, free_port(), &[tls], AdsMode::Sotw);
+    let gateway = Envoy::start(&with_xds_tls(&bootstrap, &files)).await;
+
+    // HTTPS: the client verifies the Secret's certificate and reaches the route's backend.
+    let out = wait_https(https, &ca_file, &[]).await;
+    assert!(out.contains("Verify return code: 0 (ok)"), "{out}");
+
+    // TLS passthrough by SNI: the backend's own certificate, end to end.
+    let page = eventually(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let out = s_client(passthrough, HOST).await;
+            if out.contains("Ciphers supported in s_server") {
+                Ok(out)
+            } else {
+                Err(out)
+            }
+        },
+    )
+    .await;
+    assert!(page.contains(&format!("CN = {HOST}")) || page.contains(&format!("CN={HOST}")));
+    let other = s_client(passthrough, "other.example.com").await;
+    assert!(
+        !other.contains("s_server"),
+        "unmatched SNI got through:\n{other}"
+    );
+
+    // TCP: the bytes reach the HTTP backend untouched.
+    let answer = eventually(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let r = Request::get("/raw")
+                .send(SocketAddr::from((Ipv4Addr::LOCALHOST, tcp)))
+                .await
+                .map_err(|e| e.to_string())?;
+            r.json().map_err(|e| e.to_string())
+        },
+    )
+    .await;
+    assert_eq!(answer["backend"], "web");
+    assert_eq!(answer["path"], "/raw");
+    assert_eq!(gateway.stat_sum("update_rejected").await, 0);
+}

@@ -958,8 +958,8 @@ spec:
     assert_eq!(gateway.stat_sum("update_rejected").await, 0);
 }
 
-/// Gateway API listeners beyond HTTP, on one gateway authenticated as its pods' service
-/// account: HTTPS terminated with the certificate of a `certificateRefs` Secret (through
+/// Gateway API listeners beyond HTTP, through NATS (file ingester → bus → server), on one
+/// gateway authenticated as its pods' service account: HTTPS terminated with the certificate of a `certificateRefs` Secret (through
 /// the gateway credential path), TLS passed through by SNI (TLSRoute), and TCP (TCPRoute).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_api_https_tls_passthrough_and_tcp() {
@@ -1094,10 +1094,24 @@ spec:
     xds_ca.server("shoal").write(dir.path(), "server");
     std::fs::write(dir.path().join("mesh-root.crt"), &xds_ca.cert_pem).unwrap();
     let p = |n: &str| dir.path().join(n).display().to_string();
+    // Through NATS: the file ingester publishes the Gateway API objects and seals the
+    // Secret a listener's certificateRefs names; the server opens it.
+    let key_file = dir.path().join("credential.key");
+    let key = base64::engine::general_purpose::STANDARD.encode([9u8; 32]);
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let key_arg = key_file.display().to_string();
+    let nats = NatsServer::start().await;
+    let _ingester = ShoalIngester::for_dir_with(
+        &nats.url(),
+        manifests.path(),
+        &["--credential-key-file", &key_arg],
+    );
     let tls = free_addr();
     let args = [
-        "--standalone".to_string(),
-        manifests.path().display().to_string(),
+        "--nats-url".to_string(),
+        nats.url(),
+        "--credential-key-file".into(),
+        key_arg.clone(),
         "--xds-tls-addr".into(),
         tls.to_string(),
         "--xds-tls-cert".into(),

@@ -42,6 +42,10 @@ pub enum ConfigKind {
     AuthorizationPolicy,
     /// `RequestAuthentication` (`security.istio.io`).
     RequestAuthentication,
+    /// A Gateway TLS credential: a Kubernetes Secret a Gateway names in `credentialName`,
+    /// sealed ([`crate::credential`]). Not an Istio kind: never read from Istio manifests.
+    Credential,
+    // New kinds go last: the encoded form of a variant may be its index.
     /// `GatewayClass` (`gateway.networking.k8s.io`, cluster-scoped).
     GatewayClass,
     /// `Gateway` of the Kubernetes Gateway API (`gateway.networking.k8s.io`).
@@ -56,9 +60,6 @@ pub enum ConfigKind {
     TLSRoute,
     /// `ReferenceGrant` (`gateway.networking.k8s.io`).
     ReferenceGrant,
-    /// A Gateway TLS credential: a Kubernetes Secret a Gateway names in `credentialName`,
-    /// sealed ([`crate::credential`]). Not an Istio kind: never read from Istio manifests.
-    Credential,
 }
 
 /// The API group of Istio's networking kinds.
@@ -243,6 +244,9 @@ pub enum ConfigSpec {
     AuthorizationPolicy(AuthorizationPolicy),
     /// A RequestAuthentication spec.
     RequestAuthentication(RequestAuthentication),
+    /// A sealed gateway TLS credential.
+    Credential(crate::credential::SealedCredential),
+    // New kinds go last: the encoded form of a variant may be its index.
     /// A Gateway API GatewayClass spec.
     GatewayClass(super::GatewayClass),
     /// A Gateway API Gateway spec.
@@ -257,6 +261,4 @@ pub enum ConfigSpec {
     TLSRoute(super::L4Route),
     /// A ReferenceGrant spec.
     ReferenceGrant(super::ReferenceGrant),
-    /// A sealed gateway TLS credential.
-    Credential(crate::credential::SealedCredential),
 }

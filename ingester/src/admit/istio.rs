@@ -97,7 +97,11 @@ fn typed_spec<'de, D: Deserializer<'de>>(
 /// open), with a warning naming the object and each field.
 pub fn config_object(meta: ObjectMeta, spec: ConfigSpec) -> Result<ConfigObject, InvalidObject> {
     validate(&spec)?;
-    let object = ConfigObject { meta, spec };
+    let mut object = ConfigObject { meta, spec };
+    // A cluster-scoped kind (GatewayClass) has no namespace, whatever defaulted one.
+    if !object.kind().is_namespaced() {
+        object.meta.namespace.clear();
+    }
     let unenforced = unenforced_fields(&object.spec);
     if !unenforced.is_empty() {
         let meta = &object.meta;

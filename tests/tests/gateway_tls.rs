@@ -16,6 +16,7 @@
 
 use base64::Engine as _;
 use shoal_tests::bootstrap::{bootstrap_with, with_xds_tls, AdsMode, Node, XdsTlsFiles};
+use shoal_tests::grpc_xds::{bootstrap as grpc_bootstrap, GrpcBackends, GrpcClient, ProxylessNode};
 use shoal_tests::http::Request;
 use shoal_tests::pki::{Pem, TestCa};
 use shoal_tests::ports::{free_addr, free_port, free_port_on, loopback};
@@ -672,19 +673,25 @@ fn pem_body(pem: &str) -> String {
 
 /// A Kubernetes Service `ns/name` on port 80 with one ready endpoint: `backend`.
 fn service_with_backend(ns: &str, name: &str, backend: SocketAddr) -> String {
+    service_with_port(ns, name, "http", backend)
+}
+
+/// A Kubernetes Service `ns/name` on port 80 named `port_name` (`grpc`: HTTP/2 upstream)
+/// with one ready endpoint: `backend`.
+fn service_with_port(ns: &str, name: &str, port_name: &str, backend: SocketAddr) -> String {
     format!(
         r#"apiVersion: v1
 kind: Service
 metadata: {{name: {name}, namespace: {ns}}}
 spec:
   selector: {{app: {name}}}
-  ports: [{{name: http, port: 80, targetPort: {port}}}]
+  ports: [{{name: {port_name}, port: 80, targetPort: {port}}}]
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {{name: {name}-1, namespace: {ns}, labels: {{kubernetes.io/service-name: {name}}}}}
 addressType: IPv4
-ports: [{{name: http, port: {port}}}]
+ports: [{{name: {port_name}, port: {port}}}]
 endpoints:
 - addresses: ["{ip}"]
   conditions: {{ready: true}}
@@ -700,7 +707,8 @@ endpoints:
 /// and response header modifiers, redirect, URL rewrite, mirror; weights; a request
 /// timeout; 500 for a missing Service and for another namespace's Service without a
 /// ReferenceGrant, 200 with one; a listener that admits only its own namespace refuses a
-/// route from another.
+/// route from another; a GRPCRoute routes a real gRPC client's calls by service, method
+/// and header.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_api_http_routes() {
     let a = Backend::start("a", free_addr()).await;
@@ -709,7 +717,11 @@ async fn gateway_api_http_routes() {
     let d = Backend::start("d", free_addr()).await;
     let m = Backend::start("m", free_addr()).await;
     let [http, same] = std::array::from_fn(|_| free_port_on(&[Ipv4Addr::UNSPECIFIED]));
+    let (grpc_a, grpc_b) = (free_addr(), free_addr());
+    let _grpc = GrpcBackends::start(&[("grpc-a", grpc_a), ("grpc-b", grpc_b)]).await;
     let mut yaml = String::new();
+    yaml.push_str(&service_with_port("infra", "grpc-a", "grpc", grpc_a));
+    yaml.push_str(&service_with_port("infra", "grpc-b", "grpc", grpc_b));
     for (ns, name, backend) in [
         ("apps", "a", &a),
         ("apps", "b", &b),
@@ -803,6 +815,17 @@ metadata: {{name: outsider, namespace: apps}}
 spec:
   parentRefs: [{{name: web, namespace: infra, sectionName: same}}]
   rules: [{{backendRefs: [{{name: a, port: 80}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {{name: echo, namespace: infra}}
+spec:
+  parentRefs: [{{name: web, sectionName: same}}]
+  rules:
+  - matches: [{{method: {{service: echo.Echo}}}}]
+    backendRefs: [{{name: grpc-a, port: 80}}]
+  - matches: [{{method: {{service: echo.Echo, method: Call}}, headers: [{{name: x-version, value: v2}}]}}]
+    backendRefs: [{{name: grpc-b, port: 80}}]
 "#
     ));
     let manifests = tempfile::tempdir().expect("manifest dir");
@@ -947,6 +970,42 @@ spec:
         backend_of(&send(Request::get("/granted")).await.unwrap()),
         "d"
     );
+
+    // GRPCRoute, with a real gRPC client (plaintext HTTP/2 to the gateway): the exact
+    // service/method match with a header wins over the service-wide one.
+    let client = GrpcClient::start(&grpc_bootstrap(
+        shoal.xds_addr(),
+        &ProxylessNode {
+            ip: "127.0.0.9",
+            pod: "client-1",
+            namespace: "infra",
+            labels: &[],
+        },
+    ))
+    .await;
+    let target = format!("127.0.0.1:{same}");
+    let calls = eventually(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let calls = client
+                .call_with(&target, "insecure", 5, &[])
+                .await
+                .map_err(|e| e.to_string())?;
+            if calls.only(&["grpc-a"]) {
+                Ok(calls)
+            } else {
+                Err(format!("{calls:?}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(calls.backends["grpc-a"], 5);
+    let v2 = client
+        .call_with(&target, "insecure", 5, &[("x-version", "v2")])
+        .await
+        .expect("gRPC calls");
+    assert!(v2.only(&["grpc-b"]), "{v2:?}");
 
     // `same` admits routes of infra only: the apps route got nothing there.
     let other = SocketAddr::from((Ipv4Addr::LOCALHOST, same));

@@ -98,9 +98,19 @@ fn split<const N: usize>(key: &str) -> Result<[String; N], KeyError> {
 
 /// Key of an Istio config object in `shoal-config`: `<kind>.<namespace>.<name>`. Gateway
 /// credentials have keys of their own ([`credential_key`]).
+/// A cluster-scoped kind (GatewayClass) has the namespace token [`CLUSTER_SCOPED`].
 pub fn config_key(kind: ConfigKind, namespace: &str, name: &str) -> String {
+    let namespace = if namespace.is_empty() {
+        CLUSTER_SCOPED
+    } else {
+        namespace
+    };
     join(&[kind.as_str(), namespace, name])
 }
+
+/// The namespace token of cluster-scoped objects: a NATS key token cannot be empty, and no
+/// namespace is named `-` (a DNS label starts with a letter or digit).
+pub const CLUSTER_SCOPED: &str = "-";
 
 /// Key of a gateway credential in `shoal-config`: `Credential.<cluster>.<namespace>.<name>`.
 /// Istio config is cluster-independent, but a Secret is one cluster's: the same
@@ -162,7 +172,10 @@ pub fn parse_config_key(key: &str) -> Result<ConfigId, KeyError> {
             name,
         });
     }
-    let [_, namespace, name] = split::<3>(key)?;
+    let [_, mut namespace, name] = split::<3>(key)?;
+    if namespace == CLUSTER_SCOPED {
+        namespace.clear();
+    }
     Ok(ConfigId {
         kind,
         cluster: None,

@@ -39,7 +39,11 @@ impl ObjectKind {
 
     /// Whether objects of this kind live in a namespace.
     pub fn is_namespaced(self) -> bool {
-        !matches!(self, ObjectKind::Namespace | ObjectKind::Node)
+        match self {
+            ObjectKind::Namespace | ObjectKind::Node => false,
+            ObjectKind::Config(k) => k.is_namespaced(),
+            _ => true,
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 //! vm.internal      ServiceEntry selecting WorkloadEntry app=vm, port 80 -> vm 127.0.0.6:B
 //! Gateway istio-system/ingress, port G; VirtualService demo/frontend bound to it
 //! Sidecar demo/client: egress 127.0.0.1:S, captureMode NONE, hosts ./*
+//! HTTPRoute demo/web-gamma (GAMMA), parent Service web: /gamma -> api, the rest -> web
 //! ```
 //!
 //! S is both the services' port and the sidecar's egress port: a sidecar listener on port P
@@ -169,7 +170,20 @@ impl TestMesh {
         self.write("destinationrule.yaml", DESTINATION_RULE);
         self.write("sidecar.yaml", &self.sidecar());
         self.write("serviceentries.yaml", &self.service_entries());
+        self.write("gamma.yaml", &self.gamma_route());
         self.write_virtual_service(SwitchTarget::Api);
+    }
+
+    /// A Gateway API route for the mesh (GAMMA): its parent is the Service `web`.
+    fn gamma_route(&self) -> String {
+        format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: web-gamma\n\
+             \x20 namespace: demo\nspec:\n  parentRefs:\n  - {{group: \"\", kind: Service, name: web, port: {port}}}\n\
+             \x20 rules:\n  - matches: [{{path: {{type: PathPrefix, value: /gamma}}}}]\n\
+             \x20   backendRefs: [{{name: api, port: {port}}}]\n\
+             \x20 - backendRefs: [{{name: web, port: {port}}}]\n",
+            port = self.egress_port
+        )
     }
 
     fn write_web(&self) {

@@ -289,8 +289,15 @@ async fn static_routing(mesh: &TestMesh, p: &Proxies) {
         .await;
         assert_eq!(body["path"], "/from-client");
     }
+    // GAMMA: an HTTPRoute whose parent is the Service web steers the sidecar's requests
+    // for web under /gamma (whole segments) to api; the rest still reach web.
+    let body = expect_backend(e, Request::get("/gamma/x").host("web"), "api-v1", CONVERGE).await;
+    assert_eq!(body["path"], "/gamma/x");
+    let req = Request::get("/gammax").host("web");
+    let (backend, _) = eventually(CONVERGE, POLL, || backend_of(e, &req)).await;
+    assert!(backend.starts_with("web-"), "/gammax went to {backend}");
     for host in ["web", &format!("web.demo:{port}")] {
-        // No VirtualService applies to sidecars: the default route spreads over v1 and v2.
+        // The GAMMA route's catch-all: web's endpoints, v1 and v2 alike.
         let req = Request::get("/").host(host);
         let (backend, _) = eventually(CONVERGE, POLL, || backend_of(e, &req)).await;
         assert!(

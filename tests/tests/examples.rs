@@ -23,7 +23,7 @@ fn read(path: &Path) -> String {
 
 #[tokio::test]
 async fn bootstraps_are_valid_envoy_config() {
-    for name in ["gateway.yaml", "sidecar.yaml"] {
+    for name in ["gateway.yaml", "gateway-api.yaml", "sidecar.yaml"] {
         let path = examples().join("bootstrap").join(name);
         if let Err(out) = shoal_tests::envoy::validate(&path).await {
             panic!("{} is not valid Envoy config:\n{out}", path.display());
@@ -36,6 +36,7 @@ fn bootstraps_match_the_ones_the_tests_use() {
     let xds = [SocketAddr::from(([127, 0, 0, 1], 15010))];
     for (name, node, admin) in [
         ("gateway.yaml", Node::gateway(), 15000),
+        ("gateway-api.yaml", gateway_api_node(), 15002),
         ("sidecar.yaml", Node::sidecar(), 15001),
     ] {
         let path = examples().join("bootstrap").join(name);
@@ -49,6 +50,20 @@ fn bootstraps_match_the_ones_the_tests_use() {
             "{} differs from support/bootstrap.rs",
             path.display()
         );
+    }
+}
+
+/// The Envoy of the example's Gateway API Gateway `istio-system/web`.
+fn gateway_api_node() -> Node {
+    Node {
+        id: "router~127.0.0.1~web-1.istio-system~istio-system.svc.cluster.local".into(),
+        cluster: "web".into(),
+        namespace: "istio-system".into(),
+        labels: vec![(
+            "gateway.networking.k8s.io/gateway-name".into(),
+            "web".into(),
+        )],
+        ..Node::gateway()
     }
 }
 
@@ -240,6 +255,7 @@ fn mesh_manifests_parse() {
         "DestinationRule",
         "Sidecar",
         "ServiceEntry",
+        "HTTPRoute",
     ] {
         assert!(kinds.contains(&kind), "no {kind} in the example mesh");
     }
@@ -249,6 +265,7 @@ fn mesh_manifests_parse() {
 /// backends 18080, shoal 15010, admin 15000/15001) replaced in copies of the files.
 struct ExamplePorts {
     gateway: u16,
+    gateway_api: u16,
     egress: u16,
     backend: u16,
 }
@@ -263,6 +280,7 @@ fn copy_mesh(to: &Path, ports: &ExamplePorts) {
             .replace("18080", "@BACKEND@")
             .replace("8080", &ports.gateway.to_string())
             .replace("9080", &ports.egress.to_string())
+            .replace("8090", &ports.gateway_api.to_string())
             .replace("@BACKEND@", &ports.backend.to_string());
         std::fs::write(to.join(path.file_name().unwrap()), text).unwrap();
     }
@@ -272,6 +290,7 @@ fn example_bootstrap(name: &str, admin: u16, xds: SocketAddr) -> String {
     read(&examples().join("bootstrap").join(name))
         .replace("port_value: 15000", &format!("port_value: {admin}"))
         .replace("port_value: 15001", &format!("port_value: {admin}"))
+        .replace("port_value: 15002", &format!("port_value: {admin}"))
         .replace("port_value: 15010", &format!("port_value: {}", xds.port()))
 }
 
@@ -280,6 +299,7 @@ async fn example_mesh_routes_as_documented() {
     let ips = [loopback(2), loopback(3), loopback(4)];
     let ports = ExamplePorts {
         gateway: free_port_on(&[Ipv4Addr::UNSPECIFIED]),
+        gateway_api: free_port_on(&[Ipv4Addr::UNSPECIFIED]),
         egress: free_port(),
         backend: free_port_on(&ips),
     };
@@ -302,8 +322,17 @@ async fn example_mesh_routes_as_documented() {
         server.xds_addr(),
     ))
     .await;
+    let gateway_api = Envoy::start(&example_bootstrap(
+        "gateway-api.yaml",
+        free_port(),
+        server.xds_addr(),
+    ))
+    .await;
     gateway
         .wait_listener(&format!("0.0.0.0_{}", ports.gateway))
+        .await;
+    gateway_api
+        .wait_listener(&format!("0.0.0.0_{}", ports.gateway_api))
         .await;
     sidecar
         .wait_listener(&format!("127.0.0.1_{}", ports.egress))
@@ -311,7 +340,10 @@ async fn example_mesh_routes_as_documented() {
 
     let g = SocketAddr::from(([127, 0, 0, 1], ports.gateway));
     let e = SocketAddr::from(([127, 0, 0, 1], ports.egress));
+    let k = SocketAddr::from(([127, 0, 0, 1], ports.gateway_api));
     let checks = [
+        // The Gateway API gateway (80-gateway-api.yaml).
+        (k, Request::get("/api/x"), "api-v1"),
         (g, Request::get("/api/x"), "api-v1"),
         (g, Request::get("/").header("x-canary", "true"), "web-v2"),
         (e, Request::get("/").host("api"), "api-v1"),
@@ -341,6 +373,19 @@ async fn example_mesh_routes_as_documented() {
         )
         .await;
     }
+    // The Gateway API route's default rule: the Service web (v1 or v2).
+    eventually(
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        || async {
+            let r = Request::get("/").send(k).await?;
+            match r.json()?["backend"].as_str() {
+                Some(b) if b.starts_with("web-") => Ok(()),
+                other => Err(anyhow::anyhow!("answered by {other:?}")),
+            }
+        },
+    )
+    .await;
     // The default route splits 90/10: v1 must at least show up.
     eventually(
         Duration::from_secs(5),
@@ -354,7 +399,7 @@ async fn example_mesh_routes_as_documented() {
         },
     )
     .await;
-    for envoy in [&gateway, &sidecar] {
+    for envoy in [&gateway, &gateway_api, &sidecar] {
         assert_eq!(envoy.stat_sum("update_rejected").await, 0);
     }
 }

@@ -16,6 +16,8 @@
 
 use base64::Engine as _;
 use shoal_tests::bootstrap::{bootstrap_with, with_xds_tls, AdsMode, Node, XdsTlsFiles};
+use shoal_tests::grpc_xds::{bootstrap as grpc_bootstrap, GrpcBackends, GrpcClient, ProxylessNode};
+use shoal_tests::http::Request;
 use shoal_tests::pki::{Pem, TestCa};
 use shoal_tests::ports::{free_addr, free_port, free_port_on, loopback};
 use shoal_tests::process::Process;
@@ -663,4 +665,584 @@ fn tls_secret_field(manifest: &str, field: &str) -> String {
 /// The base64 body of a PEM block, on one line.
 fn pem_body(pem: &str) -> String {
     pem.lines().filter(|l| !l.starts_with("-----")).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// The Kubernetes Gateway API: a Gateway of class `istio` and HTTPRoutes, served to the
+// Envoy labelled `gateway.networking.k8s.io/gateway-name` in the Gateway's namespace.
+
+/// A Kubernetes Service `ns/name` on port 80 with one ready endpoint: `backend`.
+fn service_with_backend(ns: &str, name: &str, backend: SocketAddr) -> String {
+    service_with_port(ns, name, "http", backend)
+}
+
+/// A Kubernetes Service `ns/name` on port 80 named `port_name` (`grpc`: HTTP/2 upstream)
+/// with one ready endpoint: `backend`.
+fn service_with_port(ns: &str, name: &str, port_name: &str, backend: SocketAddr) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  selector: {{app: {name}}}
+  ports: [{{name: {port_name}, port: 80, targetPort: {port}}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {name}-1, namespace: {ns}, labels: {{kubernetes.io/service-name: {name}}}}}
+addressType: IPv4
+ports: [{{name: {port_name}, port: {port}}}]
+endpoints:
+- addresses: ["{ip}"]
+  conditions: {{ready: true}}
+---
+"#,
+        ip = backend.ip(),
+        port = backend.port(),
+    )
+}
+
+/// The HTTPRoute features on one gateway, with real traffic: path (segment-wise prefix,
+/// exact, regex), header, query and method matches with the spec's precedence; request
+/// and response header modifiers, redirect, URL rewrite, mirror; weights; a request
+/// timeout; 500 for a missing Service and for another namespace's Service without a
+/// ReferenceGrant, 200 with one; a listener that admits only its own namespace refuses a
+/// route from another; a GRPCRoute routes a real gRPC client's calls by service, method
+/// and header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_api_http_routes() {
+    let a = Backend::start("a", free_addr()).await;
+    let b = Backend::start("b", free_addr()).await;
+    let c = Backend::start("c", free_addr()).await;
+    let d = Backend::start("d", free_addr()).await;
+    let m = Backend::start("m", free_addr()).await;
+    let [http, same] = std::array::from_fn(|_| free_port_on(&[Ipv4Addr::UNSPECIFIED]));
+    let (grpc_a, grpc_b) = (free_addr(), free_addr());
+    let _grpc = GrpcBackends::start(&[("grpc-a", grpc_a), ("grpc-b", grpc_b)]).await;
+    let mut yaml = String::new();
+    yaml.push_str(&service_with_port("infra", "grpc-a", "grpc", grpc_a));
+    yaml.push_str(&service_with_port("infra", "grpc-b", "grpc", grpc_b));
+    for (ns, name, backend) in [
+        ("apps", "a", &a),
+        ("apps", "b", &b),
+        ("apps", "m", &m),
+        ("data", "c", &c),
+        ("data", "d", &d),
+    ] {
+        yaml.push_str(&service_with_backend(ns, name, backend.addr()));
+    }
+    yaml.push_str(&format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: web, namespace: infra}}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - name: http
+    port: {http}
+    protocol: HTTP
+    hostname: "*.example.com"
+    allowedRoutes: {{namespaces: {{from: All}}}}
+  - {{name: same, port: {same}, protocol: HTTP}}
+---
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {{name: apps-to-d, namespace: data}}
+spec:
+  from: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: apps}}]
+  to: [{{group: "", kind: Service, name: d}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: shop, namespace: apps}}
+spec:
+  parentRefs: [{{name: web, namespace: infra}}]
+  hostnames: [shop.example.com, shop.other.org]
+  rules:
+  - matches: [{{path: {{type: PathPrefix, value: /a}}}}]
+    backendRefs: [{{name: a, port: 80}}]
+  - matches: [{{path: {{type: Exact, value: /a/exact}}}}]
+    backendRefs: [{{name: b, port: 80}}]
+  - matches: [{{path: {{type: RegularExpression, value: "/re/[0-9]+"}}}}]
+    backendRefs: [{{name: b, port: 80}}]
+  - matches: [{{path: {{value: /h}}}}]
+    backendRefs: [{{name: a, port: 80}}]
+  - matches: [{{path: {{value: /h}}, headers: [{{name: X-Version, value: "2"}}]}}]
+    backendRefs: [{{name: b, port: 80}}]
+  - matches: [{{path: {{value: /q}}, queryParams: [{{name: v, value: "2"}}]}}, {{path: {{value: /q}}, method: POST}}]
+    backendRefs: [{{name: b, port: 80}}]
+  - matches: [{{path: {{value: /mod}}}}]
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: {{set: [{{name: x-set, value: yes}}], remove: [x-drop]}}
+    - type: ResponseHeaderModifier
+      responseHeaderModifier: {{add: [{{name: x-resp, value: r}}]}}
+    backendRefs: [{{name: a, port: 80}}]
+  - matches: [{{path: {{value: /redirect}}}}]
+    filters:
+    - type: RequestRedirect
+      requestRedirect: {{scheme: https, hostname: secure.example.com, statusCode: 302}}
+  - matches: [{{path: {{value: /old}}}}]
+    filters:
+    - type: URLRewrite
+      urlRewrite: {{path: {{type: ReplacePrefixMatch, replacePrefixMatch: /new}}}}
+    backendRefs: [{{name: a, port: 80}}]
+  - matches: [{{path: {{value: /strip}}}}]
+    filters:
+    - type: URLRewrite
+      urlRewrite: {{hostname: inner.example, path: {{type: ReplacePrefixMatch, replacePrefixMatch: /}}}}
+    backendRefs: [{{name: a, port: 80}}]
+  - matches: [{{path: {{value: /mirror}}}}]
+    filters:
+    - type: RequestMirror
+      requestMirror: {{backendRef: {{name: m, port: 80}}}}
+    backendRefs: [{{name: a, port: 80}}]
+  - matches: [{{path: {{value: /split}}}}]
+    backendRefs: [{{name: a, port: 80, weight: 50}}, {{name: b, port: 80, weight: 50}}]
+  - matches: [{{path: {{value: /slow}}}}]
+    timeouts: {{request: 300ms}}
+    backendRefs: [{{name: a, port: 80}}]
+  - matches: [{{path: {{value: /missing}}}}]
+    backendRefs: [{{name: nope, port: 80}}]
+  - matches: [{{path: {{value: /cross}}}}]
+    backendRefs: [{{name: c, namespace: data, port: 80}}]
+  - matches: [{{path: {{value: /granted}}}}]
+    backendRefs: [{{name: d, namespace: data, port: 80}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: outsider, namespace: apps}}
+spec:
+  parentRefs: [{{name: web, namespace: infra, sectionName: same}}]
+  rules: [{{backendRefs: [{{name: a, port: 80}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {{name: echo, namespace: infra}}
+spec:
+  parentRefs: [{{name: web, sectionName: same}}]
+  rules:
+  - matches: [{{method: {{service: echo.Echo}}}}]
+    backendRefs: [{{name: grpc-a, port: 80}}]
+  - matches: [{{method: {{service: echo.Echo, method: Call}}, headers: [{{name: x-version, value: v2}}]}}]
+    backendRefs: [{{name: grpc-b, port: 80}}]
+"#
+    ));
+    let manifests = tempfile::tempdir().expect("manifest dir");
+    std::fs::write(manifests.path().join("mesh.yaml"), yaml).expect("manifests");
+    let shoal = ShoalServer::standalone(manifests.path()).await;
+    let node = Node {
+        id: "router~127.0.0.1~web-istio-1.infra~infra.svc.cluster.local".into(),
+        cluster: "web-istio".into(),
+        namespace: "infra".into(),
+        labels: vec![(
+            "gateway.networking.k8s.io/gateway-name".into(),
+            "web".into(),
+        )],
+        interception: None,
+        service_account: "web-istio".into(),
+    };
+    let gateway = Envoy::start(&bootstrap_with(
+        &node,
+        free_port(),
+        &[shoal.xds_addr()],
+        AdsMode::Delta,
+    ))
+    .await;
+    gateway.wait_listener(&format!("0.0.0.0_{http}")).await;
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, http));
+    let send = |req: Request| async move { req.host("shop.example.com").send(addr).await };
+    let backend_of = |r: &shoal_tests::http::Response| {
+        r.json()
+            .ok()
+            .and_then(|j| j["backend"].as_str().map(String::from))
+            .unwrap_or_else(|| format!("status {}", r.status))
+    };
+    // Routes arrive with the first push; wait for the first rule to answer.
+    eventually(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            match send(Request::get("/a")).await {
+                Ok(r) if r.status == 200 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    // Paths: segment-wise prefix, exact over prefix, regex.
+    for (path, want) in [
+        ("/a", "a"),
+        ("/a/x", "a"),
+        ("/a/exact", "b"),
+        ("/re/12", "b"),
+    ] {
+        let r = send(Request::get(path)).await.expect(path);
+        assert_eq!(backend_of(&r), want, "{path}");
+    }
+    let r = send(Request::get("/ab")).await.expect("/ab");
+    assert_eq!(r.status, 404, "/ab is not under the prefix /a");
+    // Header, query and method matches win over a bare path of the same length.
+    let r = send(Request::get("/h").header("x-version", "2"))
+        .await
+        .unwrap();
+    assert_eq!(backend_of(&r), "b");
+    assert_eq!(backend_of(&send(Request::get("/h")).await.unwrap()), "a");
+    assert_eq!(
+        backend_of(&send(Request::get("/q?v=2")).await.unwrap()),
+        "b"
+    );
+    assert_eq!(send(Request::get("/q?v=3")).await.unwrap().status, 404);
+    let mut post = Request::get("/q");
+    post.method = "POST".into();
+    assert_eq!(backend_of(&send(post).await.unwrap()), "b");
+    // The host must be one both the listener and the route allow.
+    let r = Request::get("/a")
+        .host("shop.other.org")
+        .send(addr)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status, 404,
+        "shop.other.org is outside the listener's *.example.com"
+    );
+
+    // Filters.
+    let r = send(Request::get("/mod").header("x-drop", "1"))
+        .await
+        .unwrap();
+    let seen = r.json().expect("backend echo");
+    assert_eq!(seen["headers"]["x-set"], "yes", "{seen}");
+    assert!(seen["headers"].get("x-drop").is_none(), "{seen}");
+    assert_eq!(r.header("x-resp"), Some("r"));
+    let r = send(Request::get("/redirect/x")).await.unwrap();
+    assert_eq!(r.status, 302);
+    assert_eq!(
+        r.header("location"),
+        Some("https://secure.example.com/redirect/x")
+    );
+    let seen = send(Request::get("/old/x")).await.unwrap().json().unwrap();
+    assert_eq!(seen["path"], "/new/x", "{seen}");
+    let seen = send(Request::get("/strip/y"))
+        .await
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(seen["path"], "/y", "{seen}");
+    assert_eq!(seen["host"], "inner.example", "{seen}");
+    let mirrored = m.requests();
+    assert_eq!(
+        backend_of(&send(Request::get("/mirror")).await.unwrap()),
+        "a"
+    );
+    eventually(
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || async {
+            if m.requests() > mirrored {
+                Ok(())
+            } else {
+                Err("the mirror got nothing")
+            }
+        },
+    )
+    .await;
+
+    // Weights: both halves get traffic.
+    let (before_a, before_b) = (a.requests(), b.requests());
+    for _ in 0..40 {
+        send(Request::get("/split")).await.unwrap();
+    }
+    assert!(a.requests() - before_a >= 5 && b.requests() - before_b >= 5);
+
+    // A request timeout.
+    let r = send(Request::get("/slow").header("x-delay-ms", "2000"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 504);
+
+    // Missing and refused backends answer 500; a granted one answers.
+    assert_eq!(send(Request::get("/missing")).await.unwrap().status, 500);
+    assert_eq!(send(Request::get("/cross")).await.unwrap().status, 500);
+    assert_eq!(c.requests(), 0);
+    assert_eq!(
+        backend_of(&send(Request::get("/granted")).await.unwrap()),
+        "d"
+    );
+
+    // GRPCRoute, with a real gRPC client (plaintext HTTP/2 to the gateway): the exact
+    // service/method match with a header wins over the service-wide one.
+    let client = GrpcClient::start(&grpc_bootstrap(
+        shoal.xds_addr(),
+        &ProxylessNode {
+            ip: "127.0.0.9",
+            pod: "client-1",
+            namespace: "infra",
+            labels: &[],
+        },
+    ))
+    .await;
+    let target = format!("127.0.0.1:{same}");
+    let calls = eventually(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let calls = client
+                .call_with(&target, "insecure", 5, &[])
+                .await
+                .map_err(|e| e.to_string())?;
+            if calls.only(&["grpc-a"]) {
+                Ok(calls)
+            } else {
+                Err(format!("{calls:?}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(calls.backends["grpc-a"], 5);
+    let v2 = client
+        .call_with(&target, "insecure", 5, &[("x-version", "v2")])
+        .await
+        .expect("gRPC calls");
+    assert!(v2.only(&["grpc-b"]), "{v2:?}");
+
+    // `same` admits routes of infra only: the apps route got nothing there.
+    let other = SocketAddr::from((Ipv4Addr::LOCALHOST, same));
+    let r = Request::get("/").host("x.example.com").send(other).await;
+    assert!(
+        r.as_ref().map_or(true, |r| r.status != 200),
+        "a route from another namespace attached to a Same listener: {r:?}"
+    );
+    assert_eq!(gateway.stat_sum("update_rejected").await, 0);
+}
+
+/// Gateway API listeners beyond HTTP, through NATS (file ingester → bus → server), on one
+/// gateway authenticated as its pods' service account: HTTPS terminated with the certificate of a `certificateRefs` Secret (through
+/// the gateway credential path), TLS passed through by SNI (TLSRoute), and TCP (TCPRoute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_api_https_tls_passthrough_and_tcp() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let web = Backend::start("web", free_addr()).await;
+    let [https, passthrough, tcp] = std::array::from_fn(|_| free_port_on(&[Ipv4Addr::UNSPECIFIED]));
+
+    // The passthrough backend: an OpenSSL server with its own certificate for HOST.
+    let tls_backend = SocketAddr::from((loopback(42), free_port_on(&[loopback(42)])));
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        &format!("/CN={HOST}"),
+        "-keyout",
+        path(&key),
+        "-out",
+        path(&cert),
+    ])
+    .await;
+    let mut server = Command::new("openssl");
+    server.args([
+        "s_server",
+        "-accept",
+        &tls_backend.to_string(),
+        "-cert",
+        path(&cert),
+        "-key",
+        path(&key),
+        "-www",
+        "-quiet",
+    ]);
+    let _tls_backend = Process::spawn(
+        "openssl-s_server",
+        server,
+        tempfile::tempdir().expect("backend dir"),
+        "openssl is needed (Debian package openssl)",
+    );
+
+    let gateway_ca = TestCa::new("gateway-ca");
+    let mut yaml = service_with_backend("apps", "web", web.addr());
+    yaml.push_str(&service_with_backend("infra", "vault", tls_backend));
+    yaml.push_str(&tls_secret(
+        "infra",
+        "web-cert",
+        &gateway_ca.server_for(WEB),
+        None,
+    ));
+    yaml.push_str(&format!(
+        r#"
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: secure-istio-1, namespace: infra, labels: {{gateway.networking.k8s.io/gateway-name: secure}}}}
+spec: {{serviceAccountName: secure-istio, containers: [{{name: istio-proxy, image: envoy}}]}}
+status: {{phase: Running, podIP: 10.3.0.1, podIPs: [{{ip: 10.3.0.1}}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: secure-istio, namespace: infra}}
+spec:
+  selector: {{gateway.networking.k8s.io/gateway-name: secure}}
+  ports: [{{name: https, port: {https}, targetPort: {https}}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: secure-istio-1, namespace: infra, labels: {{kubernetes.io/service-name: secure-istio}}}}
+addressType: IPv4
+ports: [{{name: https, port: {https}}}]
+endpoints:
+- addresses: ["10.3.0.1"]
+  conditions: {{ready: true}}
+  targetRef: {{kind: Pod, name: secure-istio-1, namespace: infra}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: secure, namespace: infra}}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - name: https
+    port: {https}
+    protocol: HTTPS
+    hostname: {WEB}
+    tls: {{certificateRefs: [{{name: web-cert}}]}}
+    allowedRoutes: {{namespaces: {{from: All}}}}
+  - name: passthrough
+    port: {passthrough}
+    protocol: TLS
+    tls: {{mode: Passthrough}}
+  - name: tcp
+    port: {tcp}
+    protocol: TCP
+    allowedRoutes: {{namespaces: {{from: All}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: web, namespace: apps}}
+spec:
+  parentRefs: [{{name: secure, namespace: infra, sectionName: https}}]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TLSRoute
+metadata: {{name: vault, namespace: infra}}
+spec:
+  parentRefs: [{{name: secure, sectionName: passthrough}}]
+  hostnames: [{HOST}]
+  rules: [{{backendRefs: [{{name: vault, port: 80}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TCPRoute
+metadata: {{name: raw, namespace: apps}}
+spec:
+  parentRefs: [{{name: secure, namespace: infra, port: {tcp}}}]
+  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]
+"#
+    ));
+    let manifests = tempfile::tempdir().expect("manifest dir");
+    std::fs::write(manifests.path().join("mesh.yaml"), yaml).expect("manifests");
+    let ca_file = dir.path().join("gateway-ca.crt");
+    std::fs::write(&ca_file, &gateway_ca.cert_pem).unwrap();
+
+    // The secure xDS port, and the gateway authenticated as infra/secure-istio.
+    let xds_ca = TestCa::new("mesh-root");
+    xds_ca.server("shoal").write(dir.path(), "server");
+    std::fs::write(dir.path().join("mesh-root.crt"), &xds_ca.cert_pem).unwrap();
+    let p = |n: &str| dir.path().join(n).display().to_string();
+    // Through NATS: the file ingester publishes the Gateway API objects and seals the
+    // Secret a listener's certificateRefs names; the server opens it.
+    let key_file = dir.path().join("credential.key");
+    let key = base64::engine::general_purpose::STANDARD.encode([9u8; 32]);
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let key_arg = key_file.display().to_string();
+    let nats = NatsServer::start().await;
+    let _ingester = ShoalIngester::for_dir_with(
+        &nats.url(),
+        manifests.path(),
+        &["--credential-key-file", &key_arg],
+    );
+    let tls = free_addr();
+    let args = [
+        "--nats-url".to_string(),
+        nats.url(),
+        "--credential-key-file".into(),
+        key_arg.clone(),
+        "--xds-tls-addr".into(),
+        tls.to_string(),
+        "--xds-tls-cert".into(),
+        p("server.crt"),
+        "--xds-tls-key".into(),
+        p("server.key"),
+        "--xds-client-ca".into(),
+        p("mesh-root.crt"),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _shoal = ShoalServer::start(&args).await;
+    let (cert, key) = xds_ca
+        .workload("infra", "secure-istio")
+        .write(dir.path(), "secure-istio");
+    let files = XdsTlsFiles {
+        ca: dir.path().join("mesh-root.crt"),
+        cert,
+        key,
+    };
+    let node = Node {
+        id: "router~127.0.0.1~secure-istio-1.infra~infra.svc.cluster.local".into(),
+        cluster: "secure-istio".into(),
+        namespace: "infra".into(),
+        labels: vec![(
+            "gateway.networking.k8s.io/gateway-name".into(),
+            "secure".into(),
+        )],
+        interception: None,
+        service_account: "secure-istio".into(),
+    };
+    let bootstrap = bootstrap_with(&node, free_port(), &[tls], AdsMode::Sotw);
+    let gateway = Envoy::start(&with_xds_tls(&bootstrap, &files)).await;
+
+    // HTTPS: the client verifies the Secret's certificate and reaches the route's backend.
+    let out = wait_https(https, &ca_file, &[]).await;
+    assert!(out.contains("Verify return code: 0 (ok)"), "{out}");
+
+    // TLS passthrough by SNI: the backend's own certificate, end to end.
+    let page = eventually(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let out = s_client(passthrough, HOST).await;
+            if out.contains("Ciphers supported in s_server") {
+                Ok(out)
+            } else {
+                Err(out)
+            }
+        },
+    )
+    .await;
+    assert!(page.contains(&format!("CN = {HOST}")) || page.contains(&format!("CN={HOST}")));
+    let other = s_client(passthrough, "other.example.com").await;
+    assert!(
+        !other.contains("s_server"),
+        "unmatched SNI got through:\n{other}"
+    );
+
+    // TCP: the bytes reach the HTTP backend untouched.
+    let answer = eventually(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let r = Request::get("/raw")
+                .send(SocketAddr::from((Ipv4Addr::LOCALHOST, tcp)))
+                .await
+                .map_err(|e| e.to_string())?;
+            r.json().map_err(|e| e.to_string())
+        },
+    )
+    .await;
+    assert_eq!(answer["backend"], "web");
+    assert_eq!(answer["path"], "/raw");
+    assert_eq!(gateway.stat_sum("update_rejected").await, 0);
 }

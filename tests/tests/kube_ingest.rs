@@ -320,6 +320,51 @@ async fn crd_created_after_startup_starts_its_kind() {
         b.keys(Bucket::Config) == ["RequestAuthentication.shop.jwt"]
     })
     .await;
+
+    // The Gateway API (gateway.networking.k8s.io) the same way: a cluster-scoped
+    // GatewayClass (key namespace `-`), a Gateway (key kind `KubeGateway`), an HTTPRoute.
+    for (kind, plural, scope) in [
+        ("GatewayClass", "gatewayclasses", "Cluster"),
+        ("Gateway", "gateways", "Namespaced"),
+        ("HTTPRoute", "httproutes", "Namespaced"),
+    ] {
+        let mut crd = istio_crd(kind, plural);
+        crd["metadata"]["name"] = json!(format!("{plural}.gateway.networking.k8s.io"));
+        crd["spec"]["group"] = json!("gateway.networking.k8s.io");
+        crd["spec"]["scope"] = json!(scope);
+        config.create(crd).unwrap();
+    }
+    for object in [
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+            "metadata": {"name": "istio"},
+            "spec": {"controllerName": "istio.io/gateway-controller"},
+        }),
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": "gw", "namespace": "shop"},
+            "spec": {"gatewayClassName": "istio",
+                     "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]},
+        }),
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"parentRefs": [{"name": "gw"}],
+                     "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]},
+        }),
+    ] {
+        config.create(object).unwrap();
+    }
+    bus.until("the Gateway API objects", |b| {
+        b.keys(Bucket::Config)
+            == [
+                "GatewayClass.-.istio",
+                "HTTPRoute.shop.web",
+                "KubeGateway.shop.gw",
+                "RequestAuthentication.shop.jwt",
+            ]
+    })
+    .await;
 }
 
 /// `--watch-config=false`: services and endpoints only; no CRD or Istio watch at all.

@@ -4,11 +4,13 @@
 //! `networking.istio.io/v1` field names (camelCase on the wire) so manifests map one to one.
 
 pub mod duration;
+pub mod gateway_api;
 pub mod issuer;
 pub mod istio;
 pub mod service;
 
 pub use duration::{Duration, DurationError};
+pub use gateway_api::*;
 pub use issuer::ClusterIssuer;
 pub use istio::*;
 pub use service::*;

@@ -21,7 +21,11 @@ fn rows() -> Vec<Row> {
     let mut kind = None;
     for line in DOC.lines() {
         if let Some(h) = line.strip_prefix("## ") {
-            kind = ConfigKind::parse(h.trim());
+            let h = h.trim();
+            kind = match h.strip_prefix("Gateway API: ") {
+                Some(k) => ConfigKind::parse_in(shoal_common::model::GATEWAY_API_GROUP, k),
+                None => ConfigKind::parse(h),
+            };
             continue;
         }
         let Some(kind) = kind else { continue };
@@ -57,6 +61,8 @@ fn with_base(kind: ConfigKind, mut spec: serde_json::Value) -> serde_json::Value
     let base = match kind {
         ConfigKind::DestinationRule => Some(("host", serde_json::json!("reviews"))),
         ConfigKind::VirtualService => Some(("hosts", serde_json::json!(["reviews"]))),
+        ConfigKind::KubeGateway => Some(("gatewayClassName", serde_json::json!("istio"))),
+        ConfigKind::GatewayClass => Some(("controllerName", serde_json::json!("x/y"))),
         // `provider` goes with CUSTOM only.
         ConfigKind::AuthorizationPolicy if spec.get("provider").is_some() => {
             Some(("action", serde_json::json!("CUSTOM")))

@@ -9,10 +9,11 @@ use crate::error::InvalidObject;
 use serde::{Deserialize, Deserializer};
 use shoal_common::model::{ConfigKind, ConfigObject, ConfigSpec, ObjectMeta};
 
-/// The API groups of the Istio kinds shoal reads.
-pub const GROUPS: [&str; 2] = [
+/// The API groups of the config kinds shoal reads: Istio's and the Gateway API.
+pub const GROUPS: [&str; 3] = [
     shoal_common::model::NETWORKING_GROUP,
     shoal_common::model::SECURITY_GROUP,
+    shoal_common::model::GATEWAY_API_GROUP,
 ];
 
 /// Deserializes the `spec` of an Istio object of the given kind. Generic over the
@@ -74,6 +75,13 @@ fn typed_spec<'de, D: Deserializer<'de>>(
         ConfigKind::RequestAuthentication => {
             ConfigSpec::RequestAuthentication(Deserialize::deserialize(spec)?)
         }
+        ConfigKind::GatewayClass => ConfigSpec::GatewayClass(Deserialize::deserialize(spec)?),
+        ConfigKind::KubeGateway => ConfigSpec::KubeGateway(Deserialize::deserialize(spec)?),
+        ConfigKind::HTTPRoute => ConfigSpec::HTTPRoute(Deserialize::deserialize(spec)?),
+        ConfigKind::GRPCRoute => ConfigSpec::GRPCRoute(Deserialize::deserialize(spec)?),
+        ConfigKind::TCPRoute => ConfigSpec::TCPRoute(Deserialize::deserialize(spec)?),
+        ConfigKind::TLSRoute => ConfigSpec::TLSRoute(Deserialize::deserialize(spec)?),
+        ConfigKind::ReferenceGrant => ConfigSpec::ReferenceGrant(Deserialize::deserialize(spec)?),
         // Not an Istio kind: credentials come from Secrets (`crate::desired::credentials`).
         ConfigKind::Credential => {
             return Err(serde::de::Error::custom(
@@ -89,7 +97,11 @@ fn typed_spec<'de, D: Deserializer<'de>>(
 /// open), with a warning naming the object and each field.
 pub fn config_object(meta: ObjectMeta, spec: ConfigSpec) -> Result<ConfigObject, InvalidObject> {
     validate(&spec)?;
-    let object = ConfigObject { meta, spec };
+    let mut object = ConfigObject { meta, spec };
+    // A cluster-scoped kind (GatewayClass) has no namespace, whatever defaulted one.
+    if !object.kind().is_namespaced() {
+        object.meta.namespace.clear();
+    }
     let unenforced = unenforced_fields(&object.spec);
     if !unenforced.is_empty() {
         let meta = &object.meta;
@@ -251,6 +263,17 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
                 if l.hosts.is_empty() {
                     return invalid(format!("egress[{i}].hosts is empty"));
                 }
+            }
+        }
+        ConfigSpec::KubeGateway(gw) => super::gateway_api::validate_gateway(gw)?,
+        ConfigSpec::HTTPRoute(r) => super::gateway_api::validate_http_route(r)?,
+        ConfigSpec::GRPCRoute(r) => super::gateway_api::validate_grpc_route(r)?,
+        ConfigSpec::TCPRoute(r) => super::gateway_api::validate_l4_route(r, false)?,
+        ConfigSpec::TLSRoute(r) => super::gateway_api::validate_l4_route(r, true)?,
+        ConfigSpec::ReferenceGrant(g) => super::gateway_api::validate_reference_grant(g)?,
+        ConfigSpec::GatewayClass(c) => {
+            if c.controller_name.is_empty() {
+                return invalid("controllerName is empty".into());
             }
         }
         ConfigSpec::WorkloadEntry(_) | ConfigSpec::Credential(_) => {}

@@ -22,6 +22,16 @@ pub const CACERT_SUFFIX: &str = "-cacert";
 pub fn referenced(gateways: impl IntoIterator<Item = ConfigObject>) -> BTreeSet<(String, String)> {
     let mut out = BTreeSet::new();
     for gw in gateways {
+        // A Gateway API listener's certificate: a Secret of the Gateway's namespace
+        // (ingest refuses others), served as the translated server's `credentialName`.
+        if let ConfigSpec::KubeGateway(spec) = &gw.spec {
+            for l in &spec.listeners {
+                for r in l.tls.iter().flat_map(|t| &t.certificate_refs) {
+                    out.insert((gw.meta.namespace.clone(), r.name.clone()));
+                }
+            }
+            continue;
+        }
         let ConfigSpec::Gateway(spec) = &gw.spec else {
             continue;
         };

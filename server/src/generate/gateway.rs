@@ -208,12 +208,15 @@ pub(crate) fn bound_virtual_services<'a>(
 /// the SNI-DNAT clusters ([`super::cds`]) its sni-dnat chains proxy to.
 pub fn has_auto_passthrough(proxy: &Proxy, ctx: &PushContext) -> bool {
     proxy.kind == crate::index::proxy::ProxyKind::Router
-        && ctx.gateways_for(&proxy.labels).iter().any(|gw| {
-            gw.spec
-                .servers
-                .iter()
-                .any(|s| server_kind(s) == Some(ServerKind::AutoPassthrough))
-        })
+        && ctx
+            .gateways_for(&proxy.namespace, &proxy.labels)
+            .iter()
+            .any(|gw| {
+                gw.spec
+                    .servers
+                    .iter()
+                    .any(|s| server_kind(s) == Some(ServerKind::AutoPassthrough))
+            })
 }
 
 /// istiod's `builtAutoPassthroughFilterChains`: for every in-mesh service the server's hosts
@@ -279,7 +282,7 @@ pub fn keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Listene
     // Ports whose chains pass Istio mTLS through: istiod builds them without the
     // gateway's authorization filters (the destination's sidecar enforces its own).
     let mut passthrough_ports: BTreeSet<u32> = BTreeSet::new();
-    for gw in ctx.gateways_for(&proxy.labels) {
+    for gw in ctx.gateways_for(&proxy.namespace, &proxy.labels) {
         let gw_ref = format!("{}/{}", gw.meta.namespace, gw.meta.name);
         let bound: Vec<_> = bound_virtual_services(proxy, ctx, gw).collect();
         for server in &gw.spec.servers {

@@ -23,7 +23,7 @@ use shoal_proto::pb::envoy::config::route::v3::{
         retry_host_predicate, retry_priority, RetryBackOff, RetryHostPredicate, RetryPriority,
     },
     route::Action,
-    route_action::{ClusterSpecifier, HostRewriteSpecifier, RequestMirrorPolicy},
+    route_action::{self, ClusterSpecifier, HostRewriteSpecifier, RequestMirrorPolicy},
     route_match::PathSpecifier,
     weighted_cluster::ClusterWeight,
     Decorator, DirectResponseAction, HeaderMatcher, QueryParameterMatcher, RedirectAction,
@@ -117,7 +117,7 @@ pub fn vs_routes(
 ) -> Vec<Route> {
     let mut out = Vec::new();
     for rule in &vs.spec.http {
-        let mut r = RouteParts::new(rule, env);
+        let mut r = RouteParts::new(rule, env, vs.spec.gateway_semantics);
         r.metadata = Some(istio_config_metadata(&vs.meta.namespace, &vs.meta.name));
         r.operation_fallback = format!("{}:{}", vs.meta.name, env.listener_port);
         let name = rule.name.clone().unwrap_or_default();
@@ -143,7 +143,7 @@ pub fn vs_routes(
                     }
                 })
                 .unwrap_or_else(|| name.clone());
-            out.push(r.route(&name, route_match(m)));
+            out.push(r.route(&name, route_match(m, vs.spec.gateway_semantics)));
         }
     }
     out
@@ -222,7 +222,7 @@ fn istio_config_metadata(namespace: &str, name: &str) -> Metadata {
 }
 
 impl RouteParts {
-    fn new(rule: &HttpRoute, env: &RouteEnv<'_>) -> RouteParts {
+    fn new(rule: &HttpRoute, env: &RouteEnv<'_>, gateway_semantics: bool) -> RouteParts {
         let (req, resp) = rule
             .headers
             .as_ref()
@@ -248,7 +248,7 @@ impl RouteParts {
             ));
         }
         RouteParts {
-            action: action(rule, env),
+            action: action(rule, env, gateway_semantics),
             request_headers_to_add: header_options(req),
             request_headers_to_remove: req.map(|o| o.remove.clone()).unwrap_or_default(),
             response_headers_to_add: header_options(resp),
@@ -313,9 +313,14 @@ pub fn catch_all_match() -> RouteMatch {
     }
 }
 
-fn route_match(m: &HttpMatchRequest) -> RouteMatch {
+/// Under gateway semantics (a Gateway API route) a prefix matches whole path segments, as
+/// istiod builds it: `/a` matches `/a` and `/a/b`, not `/ab`.
+fn route_match(m: &HttpMatchRequest, gateway_semantics: bool) -> RouteMatch {
     let path_specifier = Some(match &m.uri {
         None => PathSpecifier::Prefix("/".into()),
+        Some(StringMatch::Prefix(p)) if gateway_semantics && p != "/" => {
+            PathSpecifier::PathSeparatedPrefix(p.trim_end_matches('/').to_string())
+        }
         Some(StringMatch::Exact(p)) => PathSpecifier::Path(p.clone()),
         Some(StringMatch::Prefix(p)) => PathSpecifier::Prefix(p.clone()),
         Some(StringMatch::Regex(r)) => PathSpecifier::SafeRegex(regex(r)),
@@ -361,6 +366,18 @@ fn route_match(m: &HttpMatchRequest) -> RouteMatch {
     }
 }
 
+/// `s` as a regular expression matching itself literally.
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 fn regex(r: &str) -> RegexMatcher {
     RegexMatcher {
         regex: r.to_string(),
@@ -393,7 +410,7 @@ fn header_matcher(name: &str, hm: &HeaderMatch, invert: bool) -> HeaderMatcher {
     }
 }
 
-fn action(rule: &HttpRoute, env: &RouteEnv<'_>) -> Action {
+fn action(rule: &HttpRoute, env: &RouteEnv<'_>, gateway_semantics: bool) -> Action {
     if let Some(r) = &rule.redirect {
         let mut port = r.port.unwrap_or_default();
         if r.derive_port.as_deref() == Some("FROM_REQUEST_PORT") {
@@ -447,9 +464,28 @@ fn action(rule: &HttpRoute, env: &RouteEnv<'_>) -> Action {
         },
         ..Default::default()
     };
+    if gateway_semantics {
+        // The Gateway API answers 500 for a backend that does not exist (or may not be
+        // referred to), as istiod configures it.
+        ra.cluster_not_found_response_code =
+            route_action::ClusterNotFoundResponseCode::InternalServerError as i32;
+    }
     if let Some(rw) = &rule.rewrite {
-        if let Some(uri) = &rw.uri {
-            ra.prefix_rewrite = uri.clone();
+        // Gateway API `ReplacePrefixMatch: /` removes the matched prefix (istiod's regex;
+        // translated routes have one match each).
+        let matched_prefix = match rule.matches.first().and_then(|m| m.uri.as_ref()) {
+            Some(StringMatch::Prefix(p)) if gateway_semantics => Some(p.trim_end_matches('/')),
+            _ => None,
+        };
+        match (&rw.uri, matched_prefix) {
+            (Some(uri), Some(prefix)) if uri == "/" => {
+                ra.regex_rewrite = Some(RegexMatchAndSubstitute {
+                    pattern: Some(regex(&format!("^{}(/?)(.*)", regex_escape(prefix)))),
+                    substitution: "/\\2".into(),
+                });
+            }
+            (Some(uri), _) => ra.prefix_rewrite = uri.clone(),
+            (None, _) => {}
         }
         if let Some(rr) = &rw.uri_regex_rewrite {
             ra.regex_rewrite = Some(RegexMatchAndSubstitute {

@@ -138,7 +138,7 @@ fn bound_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Bound
     let mut listeners: BTreeMap<(String, u32), (String, bool)> = BTreeMap::new();
     match proxy.kind {
         ProxyKind::Router => {
-            for gw in ctx.gateways_for(&proxy.labels) {
+            for gw in ctx.gateways_for(&proxy.namespace, &proxy.labels) {
                 for server in &gw.spec.servers {
                     // TCP and TLS passthrough servers: `gateway::keys`; others are refused
                     // at ingest.

@@ -186,7 +186,7 @@ fn gateway_key(
     // The Gateway server ports this listener port serves (a Service's port → targetPort).
     let on_port = |n: u32| super::lds::gateway_listener_port(scope, n) == port;
     let gateways: Vec<Arc<Config<Gateway>>> = ctx
-        .gateways_for(&proxy.labels)
+        .gateways_for(&proxy.namespace, &proxy.labels)
         .into_iter()
         .filter(|gw| gw.spec.servers.iter().any(|s| on_port(s.port.number)))
         .cloned()
@@ -222,18 +222,21 @@ fn gateway_key(
 /// The key of an HTTPS server's table, `https.<port>.<port name>.<gateway>.<namespace>`,
 /// if one of the proxy's Gateways has that TLS-terminating server.
 fn https_key(name: &str, proxy: &Proxy, ctx: &PushContext) -> Option<GatewayRouteKey> {
-    let gw = ctx.gateways_for(&proxy.labels).into_iter().find_map(|gw| {
-        let server = gw.spec.servers.iter().find(|s| {
-            super::gateway::server_kind(s) == Some(super::gateway::ServerKind::TerminatedHttp)
-                && gateway_https_route_name(
-                    s.port.number,
-                    &s.port.name,
-                    &gw.meta.name,
-                    &gw.meta.namespace,
-                ) == name
-        })?;
-        Some((gw.clone(), server.port.clone()))
-    });
+    let gw = ctx
+        .gateways_for(&proxy.namespace, &proxy.labels)
+        .into_iter()
+        .find_map(|gw| {
+            let server = gw.spec.servers.iter().find(|s| {
+                super::gateway::server_kind(s) == Some(super::gateway::ServerKind::TerminatedHttp)
+                    && gateway_https_route_name(
+                        s.port.number,
+                        &s.port.name,
+                        &gw.meta.name,
+                        &gw.meta.namespace,
+                    ) == name
+            })?;
+            Some((gw.clone(), server.port.clone()))
+        });
     let (gw, port) = gw?;
     let virtual_services: Vec<_> = bound_virtual_services(proxy, ctx, &gw).cloned().collect();
     Some(GatewayRouteKey {

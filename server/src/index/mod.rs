@@ -11,6 +11,7 @@ pub mod config;
 pub mod delegation;
 pub mod destination_rule;
 pub mod endpoints;
+pub mod gateway_api;
 pub mod hosts;
 pub mod mesh_config;
 pub mod network;

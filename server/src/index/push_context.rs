@@ -133,6 +133,13 @@ impl PushContext {
             }
         }
 
+        // The Gateway API, as istiod serves it: Istio Gateways and VirtualServices.
+        let translated = super::gateway_api::translate(state.config.values().map(|o| &**o));
+        ctx.gateways
+            .extend(translated.gateways.into_iter().map(Arc::new));
+        ctx.virtual_services
+            .extend(translated.virtual_services.into_iter().map(Arc::new));
+
         for obj in state.config.values() {
             let meta = obj.meta.clone();
             match &obj.spec {
@@ -258,6 +265,14 @@ impl PushContext {
                     }
                 }
                 ConfigSpec::WorkloadEntry(_) => {}
+                // Translated above (`gateway_api::translate`).
+                ConfigSpec::GatewayClass(_)
+                | ConfigSpec::KubeGateway(_)
+                | ConfigSpec::HTTPRoute(_)
+                | ConfigSpec::GRPCRoute(_)
+                | ConfigSpec::TCPRoute(_)
+                | ConfigSpec::TLSRoute(_)
+                | ConfigSpec::ReferenceGrant(_) => {}
                 ConfigSpec::Credential(sealed) => {
                     let secret = format!("{}/{}", meta.namespace, meta.name);
                     let Some(keys) = &state.credential_keys else {
@@ -346,9 +361,15 @@ impl PushContext {
 
     /// The Gateways whose selector matches a gateway proxy's labels. A Gateway without a
     /// selector applies to every gateway proxy, as in Istio.
-    pub fn gateways_for(&self, labels: &BTreeMap<String, String>) -> Vec<&Arc<Config<Gateway>>> {
+    /// A Gateway translated from the Gateway API applies only to proxies of its namespace.
+    pub fn gateways_for(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Vec<&Arc<Config<Gateway>>> {
         self.gateways
             .iter()
+            .filter(|g| !g.spec.namespace_scoped || g.meta.namespace == namespace)
             .filter(|g| labels_match(&g.spec.selector, labels))
             .collect()
     }

@@ -32,6 +32,18 @@ pub fn affected_types(
         match (k, kind) {
             // ServiceEntries and WorkloadEntries are services and endpoints.
             (ConfigKind::ServiceEntry | ConfigKind::WorkloadEntry, _) => return all,
+            // The Gateway API becomes Gateways (listeners, the credentials they name) and
+            // VirtualServices for gateways and, through Service parents, for sidecars.
+            (
+                ConfigKind::GatewayClass
+                | ConfigKind::KubeGateway
+                | ConfigKind::HTTPRoute
+                | ConfigKind::GRPCRoute
+                | ConfigKind::TCPRoute
+                | ConfigKind::TLSRoute
+                | ConfigKind::ReferenceGrant,
+                _,
+            ) => return all,
             // A Sidecar changes what a sidecar sees; gateways ignore Sidecars.
             (ConfigKind::Sidecar, ProxyKind::Sidecar) => return all,
             (ConfigKind::Sidecar, ProxyKind::Router) => {}

@@ -10,6 +10,10 @@ pub struct Gateway {
     pub selector: BTreeMap<String, String>,
     /// The servers (listeners) of the gateway.
     pub servers: Vec<GatewayServer>,
+    /// Translated from a Gateway API Gateway (never read from input, never on the bus): it
+    /// applies only to gateway proxies of its own namespace, as istiod scopes them.
+    #[serde(skip)]
+    pub namespace_scoped: bool,
 }
 
 /// One `Server` of a Gateway.

@@ -45,6 +45,21 @@ pub enum ConfigKind {
     /// A Gateway TLS credential: a Kubernetes Secret a Gateway names in `credentialName`,
     /// sealed ([`crate::credential`]). Not an Istio kind: never read from Istio manifests.
     Credential,
+    // New kinds go last: the encoded form of a variant may be its index.
+    /// `GatewayClass` (`gateway.networking.k8s.io`, cluster-scoped).
+    GatewayClass,
+    /// `Gateway` of the Kubernetes Gateway API (`gateway.networking.k8s.io`).
+    KubeGateway,
+    /// `HTTPRoute` (`gateway.networking.k8s.io`).
+    HTTPRoute,
+    /// `GRPCRoute` (`gateway.networking.k8s.io`).
+    GRPCRoute,
+    /// `TCPRoute` (`gateway.networking.k8s.io`, experimental channel).
+    TCPRoute,
+    /// `TLSRoute` (`gateway.networking.k8s.io`, experimental channel).
+    TLSRoute,
+    /// `ReferenceGrant` (`gateway.networking.k8s.io`).
+    ReferenceGrant,
 }
 
 /// The API group of Istio's networking kinds.
@@ -53,8 +68,9 @@ pub const NETWORKING_GROUP: &str = "networking.istio.io";
 pub const SECURITY_GROUP: &str = "security.istio.io";
 
 impl ConfigKind {
-    /// The Istio kinds, in a stable order (not [`ConfigKind::Credential`]).
-    pub const ALL: [ConfigKind; 9] = [
+    /// The kinds read from Kubernetes objects, in a stable order (not
+    /// [`ConfigKind::Credential`]).
+    pub const ALL: [ConfigKind; 16] = [
         ConfigKind::Gateway,
         ConfigKind::VirtualService,
         ConfigKind::DestinationRule,
@@ -64,6 +80,13 @@ impl ConfigKind {
         ConfigKind::PeerAuthentication,
         ConfigKind::AuthorizationPolicy,
         ConfigKind::RequestAuthentication,
+        ConfigKind::GatewayClass,
+        ConfigKind::KubeGateway,
+        ConfigKind::HTTPRoute,
+        ConfigKind::GRPCRoute,
+        ConfigKind::TCPRoute,
+        ConfigKind::TLSRoute,
+        ConfigKind::ReferenceGrant,
     ];
 
     /// The Kubernetes API group of the kind.
@@ -74,6 +97,13 @@ impl ConfigKind {
             | ConfigKind::RequestAuthentication => SECURITY_GROUP,
             // A Kubernetes Secret: the core group.
             ConfigKind::Credential => "",
+            ConfigKind::GatewayClass
+            | ConfigKind::KubeGateway
+            | ConfigKind::HTTPRoute
+            | ConfigKind::GRPCRoute
+            | ConfigKind::TCPRoute
+            | ConfigKind::TLSRoute
+            | ConfigKind::ReferenceGrant => super::GATEWAY_API_GROUP,
             _ => NETWORKING_GROUP,
         }
     }
@@ -81,6 +111,15 @@ impl ConfigKind {
     /// The versions of the kind shoal reads, preferred first; they share one schema for
     /// the fields shoal models.
     pub fn versions(self) -> &'static [&'static str] {
+        match self {
+            // The experimental channel's kinds: v1alpha2 is what Istio reads.
+            ConfigKind::TCPRoute | ConfigKind::TLSRoute => return &["v1alpha2"],
+            ConfigKind::GRPCRoute | ConfigKind::ReferenceGrant => return &["v1", "v1beta1"],
+            ConfigKind::GatewayClass | ConfigKind::KubeGateway | ConfigKind::HTTPRoute => {
+                return &["v1", "v1beta1"]
+            }
+            _ => {}
+        }
         match self.group() {
             SECURITY_GROUP => &["v1", "v1beta1"],
             "" => &["v1"],
@@ -90,10 +129,26 @@ impl ConfigKind {
 
     /// Parses a Kubernetes group and kind (`None` for kinds of other groups).
     pub fn parse_in(group: &str, kind: &str) -> Option<ConfigKind> {
-        ConfigKind::parse(kind).filter(|k| k.group() == group)
+        ConfigKind::ALL
+            .into_iter()
+            .find(|k| k.group() == group && k.kube_kind() == kind)
     }
 
-    /// The Kubernetes `kind` string.
+    /// The Kubernetes `kind` string (`Gateway` for both Gateway kinds; see [`Self::group`]).
+    pub fn kube_kind(self) -> &'static str {
+        match self {
+            ConfigKind::KubeGateway => "Gateway",
+            k => k.as_str(),
+        }
+    }
+
+    /// Whether objects of the kind live in a namespace.
+    pub fn is_namespaced(self) -> bool {
+        self != ConfigKind::GatewayClass
+    }
+
+    /// The kind's token: in keys, logs and metrics; unique among kinds (the Kubernetes
+    /// kind, but `KubeGateway` for the Gateway API's Gateway).
     pub fn as_str(self) -> &'static str {
         match self {
             ConfigKind::Gateway => "Gateway",
@@ -105,11 +160,18 @@ impl ConfigKind {
             ConfigKind::PeerAuthentication => "PeerAuthentication",
             ConfigKind::AuthorizationPolicy => "AuthorizationPolicy",
             ConfigKind::RequestAuthentication => "RequestAuthentication",
+            ConfigKind::GatewayClass => "GatewayClass",
+            ConfigKind::KubeGateway => "KubeGateway",
+            ConfigKind::HTTPRoute => "HTTPRoute",
+            ConfigKind::GRPCRoute => "GRPCRoute",
+            ConfigKind::TCPRoute => "TCPRoute",
+            ConfigKind::TLSRoute => "TLSRoute",
+            ConfigKind::ReferenceGrant => "ReferenceGrant",
             ConfigKind::Credential => "Credential",
         }
     }
 
-    /// Parses a Kubernetes `kind` string of an Istio kind (one of [`ConfigKind::ALL`]).
+    /// Parses a kind token ([`Self::as_str`]) of one of [`ConfigKind::ALL`].
     pub fn parse(kind: &str) -> Option<ConfigKind> {
         ConfigKind::ALL.into_iter().find(|k| k.as_str() == kind)
     }
@@ -149,6 +211,13 @@ impl ConfigObject {
             ConfigSpec::PeerAuthentication(_) => ConfigKind::PeerAuthentication,
             ConfigSpec::AuthorizationPolicy(_) => ConfigKind::AuthorizationPolicy,
             ConfigSpec::RequestAuthentication(_) => ConfigKind::RequestAuthentication,
+            ConfigSpec::GatewayClass(_) => ConfigKind::GatewayClass,
+            ConfigSpec::KubeGateway(_) => ConfigKind::KubeGateway,
+            ConfigSpec::HTTPRoute(_) => ConfigKind::HTTPRoute,
+            ConfigSpec::GRPCRoute(_) => ConfigKind::GRPCRoute,
+            ConfigSpec::TCPRoute(_) => ConfigKind::TCPRoute,
+            ConfigSpec::TLSRoute(_) => ConfigKind::TLSRoute,
+            ConfigSpec::ReferenceGrant(_) => ConfigKind::ReferenceGrant,
             ConfigSpec::Credential(_) => ConfigKind::Credential,
         }
     }
@@ -177,4 +246,19 @@ pub enum ConfigSpec {
     RequestAuthentication(RequestAuthentication),
     /// A sealed gateway TLS credential.
     Credential(crate::credential::SealedCredential),
+    // New kinds go last: the encoded form of a variant may be its index.
+    /// A Gateway API GatewayClass spec.
+    GatewayClass(super::GatewayClass),
+    /// A Gateway API Gateway spec.
+    KubeGateway(super::KubeGateway),
+    /// An HTTPRoute spec.
+    HTTPRoute(super::HTTPRoute),
+    /// A GRPCRoute spec.
+    GRPCRoute(super::GRPCRoute),
+    /// A TCPRoute spec.
+    TCPRoute(super::L4Route),
+    /// A TLSRoute spec.
+    TLSRoute(super::L4Route),
+    /// A ReferenceGrant spec.
+    ReferenceGrant(super::ReferenceGrant),
 }

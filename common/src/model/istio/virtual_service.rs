@@ -18,6 +18,11 @@ pub struct VirtualService {
     pub tls: Vec<TlsRoute>,
     /// Namespaces this VirtualService is exported to; empty = all.
     pub export_to: Vec<String>,
+    /// Translated from a Gateway API route (never read from input, never on the bus):
+    /// istiod's "gateway semantics": path prefixes match whole segments, a rewrite to `/`
+    /// removes the prefix, a missing backend answers 500.
+    #[serde(skip)]
+    pub gateway_semantics: bool,
 }
 
 /// One TCP routing rule.

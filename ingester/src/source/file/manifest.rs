@@ -235,6 +235,7 @@ fn parse_document(path: &Path, value: Value, doc: DocRef, out: &mut ParsedFile) 
     let object_kind = match classify(api_version, kind) {
         Classified::Read(k) => k,
         Classified::Ignored => {
+            crate::admit::report_unread_kind(api_version, kind);
             debug!(
                 %file,
                 document = %doc,

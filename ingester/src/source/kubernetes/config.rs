@@ -245,7 +245,7 @@ impl ConfigSide {
     fn start_kind(&mut self, kind: ConfigKind, version: &'static str, plural: &str) {
         self.next_generation += 1;
         let generation = self.next_generation;
-        let gvk = GroupVersionKind::gvk(kind.group(), version, kind.as_str());
+        let gvk = GroupVersionKind::gvk(kind.group(), version, kind.kube_kind());
         let resource = ApiResource::from_gvk_with_plural(&gvk, plural);
         let api = Api::<DynamicObject>::all_with(self.client.clone(), &resource);
         let sink = Sink {
@@ -309,7 +309,21 @@ impl ConfigSide {
         if !gateways.synced() || !c.store.synced() {
             return Vec::new();
         }
-        let referenced = credentials::referenced(gateways.values().map(|g| (**g).clone()));
+        // Gateway API Gateways name Secrets too; until their kind is listed (or when its
+        // CRD is absent) only Istio Gateways' Secrets are known.
+        let kube_gateways = self
+            .store
+            .kinds
+            .get(&ConfigKind::KubeGateway)
+            .filter(|g| g.synced())
+            .into_iter()
+            .flat_map(|g| g.values());
+        let referenced = credentials::referenced(
+            gateways
+                .values()
+                .chain(kube_gateways)
+                .map(|g| (**g).clone()),
+        );
         let secrets = dirty
             .select(|| c.store.namespaces())
             .into_iter()

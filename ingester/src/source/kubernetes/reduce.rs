@@ -20,6 +20,7 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta as KubeMeta;
 use kube::api::DynamicObject;
+use shoal_common::model::GATEWAY_API_GROUP;
 use shoal_common::model::{ConfigKind, ConfigObject};
 use std::collections::BTreeMap;
 
@@ -242,7 +243,13 @@ impl CrdInfo {
 /// The CRD of an Istio kind shoal reads; `None` for every other CRD.
 pub fn crd(crd: CustomResourceDefinition) -> Option<CrdInfo> {
     let spec = crd.spec;
-    let kind = ConfigKind::parse_in(&spec.group, &spec.names.kind)?;
+    let Some(kind) = ConfigKind::parse_in(&spec.group, &spec.names.kind) else {
+        // Istio's and the Gateway API's kinds shoal does not read: said once, at INFO.
+        if spec.group.ends_with("istio.io") || spec.group == GATEWAY_API_GROUP {
+            crate::admit::report_unread_kind(&format!("{}/*", spec.group), &spec.names.kind);
+        }
+        return None;
+    };
     let served = spec
         .versions
         .into_iter()

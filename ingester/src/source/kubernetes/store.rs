@@ -390,7 +390,8 @@ impl ConfigStore {
         let mut desired = DesiredState::new();
         for store in self.kinds.values().filter(|s| s.synced()) {
             for ns in dirty.select(|| store.namespaces()) {
-                if !selected(namespaces, selectors, ns) {
+                // Cluster-scoped config (GatewayClass) has no namespace to select.
+                if !ns.is_empty() && !selected(namespaces, selectors, ns) {
                     continue;
                 }
                 for config in store.in_namespace(ns) {

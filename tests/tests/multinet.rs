@@ -465,7 +465,7 @@ impl Pods {
     /// by the other network on its external IP, port 15443) and pod, and Istio's
     /// `cross-network-gateway`, which selects both.
     fn gateway_manifests(&self) -> String {
-        let mut out = format!(
+        let mut out = String::from(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n---\n\
              apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: cross-network-gateway\n\
              \x20 namespace: istio-system\nspec:\n  selector:\n    istio: eastwestgateway\n  servers:\n\

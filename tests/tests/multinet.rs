@@ -103,7 +103,7 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
     let mut args = vec!["--nats-url".to_string(), nats.url()];
     args.extend(pki.server_args(SocketAddr::from((Ipv4Addr::UNSPECIFIED, tls_port))));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let _server =
+    let server =
         ShoalServer::start_with_xds(&args, SocketAddr::from((Ipv4Addr::UNSPECIFIED, xds_port)))
             .await;
 
@@ -295,6 +295,15 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
         assert!(clusters.lines().any(|l| l == line), "{line}\n{clusters}");
     }
 
+    let gateways_known = || async {
+        let metrics = server.admin_get("/metrics").await.expect("/metrics").text();
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("shoal_network_gateways "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+    };
+    assert_eq!(gateways_known().await, Some(2));
+
     // net2 loses its gateway: its endpoint is sent as it is (istiod's rule; unreachable
     // here, as the networks are isolated).
     std::fs::remove_file(dir.path().join("gateway.yaml")).expect("remove gateway.yaml");
@@ -311,6 +320,7 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
         }
     })
     .await;
+    assert_eq!(gateways_known().await, Some(0));
 
     for (name, envoy) in [
         ("sleep", sleep_envoy),
@@ -465,7 +475,7 @@ impl Pods {
     /// by the other network on its external IP, port 15443) and pod, and Istio's
     /// `cross-network-gateway`, which selects both.
     fn gateway_manifests(&self) -> String {
-        let mut out = format!(
+        let mut out = String::from(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n---\n\
              apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: cross-network-gateway\n\
              \x20 namespace: istio-system\nspec:\n  selector:\n    istio: eastwestgateway\n  servers:\n\

@@ -116,7 +116,7 @@ pub fn keys(
                 let network = network_split(proxy, ctx, &svc, policy.as_ref());
                 Some(EndpointsSource {
                     network,
-                    mesh_networks: mesh_networks(ctx),
+                    mesh_networks: ctx.mesh_networks.clone(),
                     svc,
                     port,
                     subset_labels: subset_spec.map(|s| s.labels.clone()).unwrap_or_default(),
@@ -131,18 +131,6 @@ pub fn keys(
             })
         })
         .collect()
-}
-
-/// `meshNetworks`, shared by `Arc` only when it says something (the common case shares
-/// one empty value).
-fn mesh_networks(ctx: &PushContext) -> Arc<MeshNetworks> {
-    static EMPTY: std::sync::OnceLock<Arc<MeshNetworks>> = std::sync::OnceLock::new();
-    let nets = &ctx.mesh.mesh_networks;
-    if nets.networks.is_empty() {
-        EMPTY.get_or_init(Arc::default).clone()
-    } else {
-        Arc::new(nets.clone())
-    }
 }
 
 /// The proxy's network: node metadata `NETWORK`, else the `meshNetworks` network of its

@@ -71,6 +71,8 @@ pub struct PushContext {
     /// The east-west gateways of every network (from gateway Services and `meshNetworks`):
     /// load assignments replace other networks' endpoints by them.
     pub network_gateways: Arc<crate::index::network::NetworkGateways>,
+    /// `meshNetworks` of the mesh settings, shared by the load assignments' keys.
+    pub mesh_networks: Arc<crate::index::network::MeshNetworks>,
 }
 
 /// Source of fresh [`PushContext::endpoint_inputs`] epochs.
@@ -88,6 +90,7 @@ impl PushContext {
                 state.services.values().map(|s| &**s),
                 &state.mesh.mesh_networks,
             )),
+            mesh_networks: Arc::new(state.mesh.mesh_networks.clone()),
             ..PushContext::default()
         };
         // Kubernetes services: merge clusters by hostname. The (cluster, ns, name) order makes

@@ -28,6 +28,9 @@ pub struct PushMetrics {
     pub fleets_waiting: IntGauge,
     /// 1 when the server became ready at `--sync-timeout` without every expected fleet.
     pub sync_timed_out: IntGauge,
+    /// East-west gateways known (all networks), as of the last PushContext: a network whose
+    /// gateway disappears has its endpoints sent as they are.
+    pub network_gateways: IntGauge,
 }
 
 impl PushMetrics {
@@ -88,6 +91,12 @@ impl PushMetrics {
                  fleet synced.",
             )
             .expect("valid metric"),
+            network_gateways: IntGauge::new(
+                "shoal_network_gateways",
+                "East-west gateways of all networks (gateway Services' external addresses \
+                 and meshNetworks gateways) in the current PushContext.",
+            )
+            .expect("valid metric"),
         };
         let collectors: Vec<Box<dyn Collector>> = vec![
             Box::new(m.bus_entries.clone()),
@@ -99,6 +108,7 @@ impl PushMetrics {
             Box::new(m.bus_watch_restarts.clone()),
             Box::new(m.fleets_waiting.clone()),
             Box::new(m.sync_timed_out.clone()),
+            Box::new(m.network_gateways.clone()),
         ];
         shoal_common::metrics::register_all(registry, collectors);
         // Every known label value at 0 from the first scrape.

@@ -767,6 +767,9 @@ impl Pipeline {
             self.ctx = Arc::new(ctx);
             self.metrics.push_context_builds.inc();
             self.metrics
+                .network_gateways
+                .set(i64::try_from(self.ctx.network_gateways.all().count()).unwrap_or(i64::MAX));
+            self.metrics
                 .push_context_build_seconds
                 .observe(start.elapsed().as_secs_f64());
         }

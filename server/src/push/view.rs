@@ -928,6 +928,34 @@ mod tests {
         );
     }
 
+    /// The outbound part is shared per network, not per proxy: sidecars of one namespace
+    /// on one network share it, on another network (or asking for another network view)
+    /// they do not — their load assignments differ once networks have gateways.
+    #[tokio::test]
+    async fn the_outbound_part_is_shared_per_network() {
+        use crate::testutil::captured_proxy;
+        let metrics = CacheMetrics::register(&prometheus::Registry::new());
+        let cache = GeneratorCache::new(64 << 20, true, metrics);
+        let views = Views::new(Generation::new(cache, 1));
+        let on = |ip: &str, app: &str, network: &str| Proxy {
+            network: network.into(),
+            ..captured_proxy("a", ip, &[("app", app)])
+        };
+        let web1 = views.view_for(&on("10.0.0.1", "web", "net1"));
+        let api1 = views.view_for(&on("10.0.0.2", "api", "net1"));
+        let web2 = views.view_for(&on("10.0.0.3", "web", "net2"));
+        let narrow = views.view_for(&Proxy {
+            requested_network_view: vec!["net1".into()],
+            ..on("10.0.0.4", "web", "net1")
+        });
+        let snap = Arc::new(mesh().snapshot());
+        let part = |v: &Arc<View>| v.for_type(XdsType::Endpoint, &snap.ctx);
+        assert!(Arc::ptr_eq(&part(&web1), &part(&api1)));
+        assert!(!Arc::ptr_eq(&part(&web1), &part(&web2)));
+        assert!(!Arc::ptr_eq(&part(&web1), &part(&narrow)));
+        assert_eq!(views.live_parts(), 3);
+    }
+
     /// After a change that touched no load-assignment input (a VirtualService), the
     /// PushContext is new but its endpoint inputs are the same: an endpoint change then
     /// rebuilds only its service's assignment, not every subscribed one.

@@ -393,3 +393,36 @@ fn endpoint_metadata_encodes_the_same_every_time() {
         assert_eq!(again[0].any.value, first[0].any.value);
     }
 }
+
+#[test]
+fn failover_priority_on_the_network_ranks_the_gateway_after_local_endpoints() {
+    // failoverPriority [topology.istio.io/network]: the proxy's network first, the gateway
+    // endpoint (other network) at the next priority.
+    let mesh = two_networks().with_config(destination_rule(
+        "default",
+        "reviews",
+        "host: reviews\ntrafficPolicy:\n  outlierDetection: {consecutive5xxErrors: 1}\n  loadBalancer:\n    localityLbSetting:\n      failoverPriority: [topology.istio.io/network]\n",
+    ));
+    let c = cla(&mesh, &on("net1"));
+    let by_priority: Vec<(u32, Vec<String>)> = c
+        .endpoints
+        .iter()
+        .map(|l| {
+            let one = shoal_proto::pb::envoy::config::endpoint::v3::ClusterLoadAssignment {
+                endpoints: vec![l.clone()],
+                ..Default::default()
+            };
+            (l.priority, cla_addresses(&one).concat())
+        })
+        .collect();
+    assert_eq!(
+        by_priority,
+        [
+            (
+                0,
+                vec!["10.1.0.1:8080".to_string(), "10.1.0.2:8080".to_string()]
+            ),
+            (1, vec!["192.0.2.2:15443".to_string()]),
+        ]
+    );
+}

@@ -74,6 +74,15 @@ INGESTER_CLUSTER_RULES = {
         "authorizationpolicies",
         "requestauthentications",
     },
+    "gateway.networking.k8s.io": {
+        "gatewayclasses",
+        "gateways",
+        "httproutes",
+        "grpcroutes",
+        "tcproutes",
+        "tlsroutes",
+        "referencegrants",
+    },
     "apiextensions.k8s.io": {"customresourcedefinitions"},
 }
 READ_VERBS = {"get", "list", "watch"}

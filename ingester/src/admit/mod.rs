@@ -40,3 +40,18 @@ pub fn report_unread_kind(api_version: &str, kind: &str) -> bool {
     }
     first
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unread_kinds_are_reported_once_per_kind() {
+        assert!(super::report_unread_kind("apps/v1", "ShoalTestDeployment"));
+        assert!(!super::report_unread_kind("apps/v1", "ShoalTestDeployment"));
+        // Another version of the same group and kind is the same kind.
+        assert!(!super::report_unread_kind("apps/v2", "ShoalTestDeployment"));
+        assert!(super::report_unread_kind(
+            "other.io/v1",
+            "ShoalTestDeployment"
+        ));
+    }
+}

@@ -346,8 +346,14 @@ fn attach_http(
         let host = service_fqdn(&p.name, svc_ns);
         let mut rules = rules.clone();
         if let Some(port) = p.port {
-            for m in rules.iter_mut().flat_map(|r| r.matches.iter_mut()) {
-                m.port = Some(port);
+            for r in &mut rules {
+                // A catch-all rule too applies to that port only.
+                if r.matches.is_empty() {
+                    r.matches.push(HttpMatchRequest::default());
+                }
+                for m in &mut r.matches {
+                    m.port = Some(port);
+                }
             }
         }
         sort_rules(&mut rules);

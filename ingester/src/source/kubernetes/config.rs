@@ -273,7 +273,13 @@ impl ConfigSide {
                     Ok(_) if !unenforced.is_empty() => Verdict::PartiallyEnforced(&unenforced),
                     Ok(_) => Verdict::Accepted,
                 };
-                statuses.observe(kind, &resource, key, generation, status.as_ref(), verdict);
+                // The Gateway API's status has its own shape (per-parent route conditions,
+                // listener conditions) that Istio's `Reconciled` condition and
+                // `validationMessages` would not fit: a structural schema would prune them
+                // and every event would ask for the write again. Not written yet.
+                if kind.group() != shoal_common::model::GATEWAY_API_GROUP {
+                    statuses.observe(kind, &resource, key, generation, status.as_ref(), verdict);
+                }
                 config.map(|c| Some(Box::new(c)))
             },
             move |change| Update::Config(kind, change),

@@ -707,15 +707,6 @@ const SIDECAR_LDS_ALLOWED: &[Allowed] = &[
          raw_buffer, which is the transport without it, and TLS falls to the TCP chain alike",
     ),
     allow(
-        "lds/*_*/*listener_filters_timeout",
-        "no effect: shoal sets the listener filter timeout (0s, continue) on listeners \
-         without listener filters too",
-    ),
-    allow(
-        "lds/virtualOutbound/*listener_filters_timeout",
-        "no effect: virtualOutbound has no listener filters",
-    ),
-    allow(
         "lds/virtualInbound/chain[virtualInbound|*",
         "version drift: istiod 1.18 named the cluster InboundPassthroughClusterIpv4; \
          since the dual-stack change (Istio 1.20) it is InboundPassthroughCluster, as shoal",

@@ -93,6 +93,9 @@ enum Cmd {
         /// status line.
         #[arg(long)]
         show_headers: bool,
+        /// Send HTTP/1.0 instead of HTTP/1.1.
+        #[arg(long)]
+        http10: bool,
     },
     /// Connects to ADDR, sends MSG and a newline, prints the line answered.
     TcpSend {
@@ -123,13 +126,16 @@ async fn main() -> ExitCode {
             timeout_ms,
             method,
             show_headers,
+            http10,
         } => {
             let timeout = Duration::from_millis(timeout_ms);
             match Get::parse(&url, &headers, &resolve) {
                 Ok(mut get) => match count {
+                    _ if http10 && count.is_some() => Err(anyhow!("--http10 sends one request")),
                     None => {
                         get.request.method = method;
                         get.show_headers = show_headers;
+                        get.request.http10 = http10;
                         get.once(expect_status, timeout).await
                     }
                     Some(n) => get.tally(n, expect_status, timeout).await,

@@ -56,6 +56,8 @@ pub struct Request {
     pub headers: Vec<(String, String)>,
     /// The body.
     pub body: Vec<u8>,
+    /// HTTP/1.0 instead of HTTP/1.1 (the request line's version).
+    pub http10: bool,
 }
 
 impl Request {
@@ -67,6 +69,7 @@ impl Request {
             host: None,
             headers: Vec::new(),
             body: Vec::new(),
+            http10: false,
         }
     }
 
@@ -99,8 +102,9 @@ impl Request {
     async fn exchange(&self, addr: SocketAddr) -> anyhow::Result<Response> {
         let mut stream = TcpStream::connect(addr).await?;
         let host = self.host.clone().unwrap_or_else(|| addr.to_string());
+        let version = if self.http10 { "HTTP/1.0" } else { "HTTP/1.1" };
         let mut head = format!(
-            "{} {} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
+            "{} {} {version}\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
             self.method,
             self.path,
             self.body.len()

@@ -372,6 +372,18 @@ async fn passthrough_and_registry_only(mesh: &CapturedMesh) {
         .run(&["tcp-send", &format!("{ext}:9000"), "raw"])
         .await;
     assert_eq!(out.expect_success("external tcp").trim(), "external:raw");
+    // HTTP/1.0 on an HTTP port: not matched by the HTTP chain (istiod, PILOT_HTTP10
+    // unset), so the connection manager does not answer 426; it is forwarded as TCP.
+    let url10 = format!("http://{ext}:9080/http10");
+    let out = mesh.pods["productpage"]
+        .run(&["http-get", &url10, "--http10"])
+        .await;
+    let (status, body) = out.http().expect("HTTP/1.0 output");
+    assert_eq!(
+        (status, body["backend"].as_str()),
+        (200, Some("external")),
+        "HTTP/1.0 to {url10}: {body}"
+    );
     let after = mesh
         .stat(
             "productpage",
@@ -379,7 +391,7 @@ async fn passthrough_and_registry_only(mesh: &CapturedMesh) {
         )
         .await;
     assert!(
-        after >= before + 2,
+        after >= before + 3,
         "PassthroughCluster: {before} -> {after}"
     );
 
@@ -1088,6 +1100,8 @@ impl CapturedMesh {
         // The outside world: no sidecar, no capture, no Service.
         let external = mesh.net.add_pod("external");
         mesh.apps.push(external.http_server("external", 8080).await);
+        // A port the mesh routes as HTTP (reviews' 9080), for a host it does not know.
+        mesh.apps.push(external.http_server("external", 9080).await);
         mesh.apps.push(external.tcp_echo("external", 9000).await);
         mesh.pods.insert("external".into(), external);
 

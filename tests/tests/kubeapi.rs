@@ -245,6 +245,7 @@ async fn pods_crud_through_the_typed_api() {
             json!([{"op": "replace", "path": "/spec/containers/0/image", "value": "example/app:2"}])
                 .to_string()
                 .into_bytes(),
+        http10: false,
     };
     let response = json_patch.send(server.addr()).await.unwrap();
     assert_eq!(response.status, 200, "{}", response.text());
@@ -1215,6 +1216,7 @@ async fn bad_requests_get_status_bodies() {
             host: None,
             headers: vec![("Content-Type".into(), content_type.into())],
             body: body.as_bytes().to_vec(),
+            http10: false,
         };
         let addr = server.addr();
         async move { request.send(addr).await.unwrap() }

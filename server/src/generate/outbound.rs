@@ -499,6 +499,7 @@ pub fn virtual_listener(key: &VirtualOutboundKey) -> Listener {
             ..Default::default()
         },
     ];
+    without_unused_filter_timeout(&mut l);
     l
 }
 
@@ -589,7 +590,17 @@ pub fn listener(key: &OutboundListenerKey) -> Listener {
         }
     }
     l.filter_chains = chains;
+    without_unused_filter_timeout(&mut l);
     l
+}
+
+/// A listener without listener filters has no listener-filter timeout to set: istiod leaves
+/// both fields unset there (TCP listeners, `virtualOutbound`).
+fn without_unused_filter_timeout(l: &mut Listener) {
+    if l.listener_filters.is_empty() {
+        l.listener_filters_timeout = None;
+        l.continue_on_listener_filters_timeout = false;
+    }
 }
 
 /// A CIDR range from `a.b.c.d/n` or a bare address (a host route).

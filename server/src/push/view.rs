@@ -956,6 +956,56 @@ mod tests {
         assert_eq!(views.live_parts(), 3);
     }
 
+    /// istio-proxy sidecars (`ISTIO_VERSION`) of different workloads still share their
+    /// outbound part, and what a view sends each is what a generation for it alone gives
+    /// (the per-workload tracing tags only go on its own inbound listener); an upstream
+    /// Envoy of the same namespace and labels gets a view of its own.
+    #[tokio::test]
+    async fn istio_proxy_sidecars_share_their_outbound_part_too() {
+        use crate::index::proxy::IstioVersion;
+        use crate::testutil::captured_proxy;
+        let metrics = CacheMetrics::register(&prometheus::Registry::new());
+        let cache = GeneratorCache::new(64 << 20, true, metrics);
+        let views = Views::new(Generation::new(cache, 1));
+        let istio = |app: &str, ip: &str| {
+            let mut p = captured_proxy("a", ip, &[("app", app)]);
+            p.istio_version = Some(IstioVersion::parse("1.26.0"));
+            p
+        };
+        let (web, api) = (istio("web", "10.0.0.1"), istio("api", "10.0.1.1"));
+        let mut upstream = web.clone();
+        upstream.istio_version = None;
+        let (v_web, v_api) = (views.view_for(&web), views.view_for(&api));
+        assert!(!Arc::ptr_eq(&v_web, &views.view_for(&upstream)));
+        let snap = Arc::new(mesh().snapshot());
+        for ty in [XdsType::Endpoint, XdsType::Route] {
+            assert!(Arc::ptr_eq(
+                &v_web.for_type(ty, &snap.ctx),
+                &v_api.for_type(ty, &snap.ctx)
+            ));
+        }
+        for (proxy, view) in [(&web, &v_web), (&api, &v_api)] {
+            for ty in [XdsType::Cluster, XdsType::Listener] {
+                let out = view.output(ty, &Names::default(), &snap).await;
+                let own = Output::new(v_web.views.generation.cache.generate(
+                    ty,
+                    proxy,
+                    &ProxyScope::compute(proxy, &snap.ctx),
+                    &snap,
+                    &[],
+                ));
+                assert_eq!(own.version(), out.version(), "{ty:?} of {}", proxy.id);
+            }
+        }
+        let lds = v_web
+            .output(XdsType::Listener, &Names::default(), &snap)
+            .await;
+        let lds_api = v_api
+            .output(XdsType::Listener, &Names::default(), &snap)
+            .await;
+        assert_eq!(lds.runs_apart_from(&lds_api), 1, "virtualInbound");
+    }
+
     /// After a change that touched no load-assignment input (a VirtualService), the
     /// PushContext is new but its endpoint inputs are the same: an endpoint change then
     /// rebuilds only its service's assignment, not every subscribed one.

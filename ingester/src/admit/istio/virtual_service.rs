@@ -9,6 +9,9 @@ use shoal_common::model::{
     VirtualService,
 };
 
+/// The largest direct response body istiod admits (and the route tables allow).
+const MAX_DIRECT_RESPONSE_BODY_BYTES: usize = 1024 * 1024;
+
 type Result = std::result::Result<(), InvalidObject>;
 
 fn invalid(reason: String) -> Result {
@@ -159,6 +162,19 @@ fn http_rule(rule: &HttpRoute, at: &str, in_delegate: bool) -> Result {
                 if !is_base64(bytes) {
                     return invalid(format!("{at}.directResponse.body.bytes is not base64"));
                 }
+            }
+            // istiod's webhook limit, which is also the route tables'
+            // `max_direct_response_body_size_bytes`: a larger body would make Envoy reject
+            // the whole route table.
+            let size = match (&b.string, &b.bytes) {
+                (Some(text), _) => text.len(),
+                (None, Some(bytes)) => bytes.trim_end_matches('=').len() * 3 / 4,
+                (None, None) => 0,
+            };
+            if size > MAX_DIRECT_RESPONSE_BODY_BYTES {
+                return invalid(format!(
+                    "{at}.directResponse.body: {size} bytes, more than 1 MiB"
+                ));
             }
         }
     }
@@ -407,6 +423,18 @@ mod tests {
             "http:\n- route:\n  - destination: {host: a}\n  - destination: {host: b}\n"
         )
         .contains("http[0].route: 2 destinations without weights"));
+    }
+
+    /// istiod's 1 MiB limit on direct response bodies (Envoy's route tables allow that).
+    #[test]
+    fn direct_response_bodies_stay_within_1_mib() {
+        let vs = |body: &str| format!("http:\n- directResponse: {{status: 200, body: {body}}}\n");
+        ok(&vs(&format!("{{string: {}}}", "a".repeat(1024 * 1024))));
+        let r = reason(&vs(&format!("{{string: {}}}", "a".repeat(1024 * 1024 + 1))));
+        assert!(r.contains("http[0].directResponse.body"), "{r}");
+        // 1 MiB + 3 bytes, base64.
+        let r = reason(&vs(&format!("{{bytes: {}}}", "QUFB".repeat(349_526))));
+        assert!(r.contains("http[0].directResponse.body"), "{r}");
     }
 
     #[test]

@@ -5,34 +5,45 @@
 //! second interface on the other network's bridge: its external address there (its
 //! Service's `externalIPs`), the only address of its network the other one reaches.
 //!
-//! A shoal ingester (the file source: one cluster, whose pods carry their network as the
-//! `topology.istio.io/network` label, as istiod reads it) publishes through nats-server to
-//! one shoal server, which serves every proxy; each pod runs a certificate agent and a
-//! real Envoy (sidecars captured by istio-iptables' rules, the gateway not). `sleep` uses
-//! delta ADS, the others SotW.
+//! Two clusters, one Kubernetes API test server each, as in Istio's "multi-primary on
+//! different networks": `c1` (the config cluster) is net1 and `c2` is net2, each by the
+//! `topology.istio.io/network` label on its `istio-system` namespace (the meshed pods carry
+//! no network label). `c1` holds its pods, its gateway, the `web` Service, the
+//! `cross-network-gateway` Gateway and a multicluster Secret for `c2`; `httpbin` exists in
+//! both clusters (one host, each cluster's EndpointSlice with its own endpoints). One shoal
+//! ingester (`--source kube`, `--cluster-id c1`) watches both and publishes through
+//! nats-server to one shoal server, which serves every proxy; each pod runs a certificate
+//! agent and a real Envoy (sidecars captured by istio-iptables' rules, the gateways not)
+//! whose node metadata names its cluster (`CLUSTER_ID`) and network (`NETWORK`), as Istio's
+//! injector sets them. `sleep` uses delta ADS, the others SotW.
 //!
 //! - sleep → httpbin (only endpoint in net2): through net2's gateway's sni-dnat chain,
 //!   mutual TLS end to end (httpbin sees sleep's SPIFFE ID); sleep cannot reach httpbin-b's
 //!   IP. The other way, httpbin-b → web (only endpoint httpbin-a, net1) through net1's.
 //! - With endpoints in both networks (one in net1, two in net2), traffic reaches both; the
 //!   gateway endpoint weighs 2, the local one 1.
-//! - Without the gateway's Service, net2's endpoint is sent as it is (istiod's rule for a
-//!   network without a gateway), and so is unreachable from net1.
+//! - When net2's gateway Service is deleted from `c2`, net2's endpoints are sent as they are
+//!   (istiod's rule for a network without a gateway), and so are unreachable from net1.
 //!
 //! Needs root, iptables, Envoy, nats-server and the binaries (`cargo build --bins -p
 //! shoal-server -p shoal-ingester -p shoal-tests`); fails without netns support unless
 //! `SHOAL_SKIP_NETNS=1`.
 #![forbid(unsafe_code)]
 
-use serde_json::Value;
+#[path = "kube_ingest/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+use harness::{namespace, remote_secret, Ingester};
+use serde_json::{json, Value};
 use shoal_tests::agent::{Agent, AgentConfig, Credential};
 use shoal_tests::bootstrap::{bootstrap_with, with_sds, AdsMode, Node};
-use shoal_tests::mesh::write_manifest;
+use shoal_tests::kubeapi::{istio_crd, KubeApiServer};
 use shoal_tests::netns::{self, Pod, PROXY_UID};
 use shoal_tests::pki::ServerPki;
 use shoal_tests::ports::free_port_on;
 use shoal_tests::process::Process;
-use shoal_tests::{eventually, Envoy, MeshNet, NatsServer, ShoalIngester, ShoalServer};
+use shoal_tests::{eventually, Envoy, MeshNet, NatsServer, ShoalServer};
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -72,7 +83,6 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
     let xds_port = free_port_on(&[host1, host2]);
     let tls_port = free_port_on(&[host1, host2]);
     let pki = ServerPki::new();
-    let dir = tempfile::tempdir().expect("manifest dir");
 
     let sleep = net1.add_pod("sleep");
     let httpbin_a = net1.add_pod("httpbin-a");
@@ -94,12 +104,20 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
         gateway_addr,
         gateway1_addr,
     };
-    write_manifest(dir.path(), "mesh.yaml", &pods.manifests(false));
-    write_manifest(dir.path(), "gateway.yaml", &pods.gateway_manifests());
+    let c1 = KubeApiServer::builder().name("c1").start().await;
+    let c2 = KubeApiServer::builder().name("c2").start().await;
+    apply(&c2, pods.c2_objects(false));
+    apply(&c1, pods.c1_objects(false));
+    c1.apply(remote_secret(
+        "istio-remote-secret-c2",
+        &[("c2", c2.kubeconfig())],
+    ))
+    .expect("multicluster secret");
 
-    // Through NATS: the ingester publishes the directory, the server reads the bus.
+    // Through NATS: the ingester watches both clusters, the server reads the bus.
     let nats = NatsServer::start().await;
-    let _ingester = ShoalIngester::for_dir(&nats.url(), dir.path());
+    let mut ingester = Ingester::start(&nats.url(), &c1.kubeconfig(), &["--cluster-id", "c1"]);
+    ingester.wait_ready().await;
     let mut args = vec!["--nats-url".to_string(), nats.url()];
     args.extend(pki.server_args(SocketAddr::from((Ipv4Addr::UNSPECIFIED, tls_port))));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -114,11 +132,11 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
     };
     // The sidecars.
     let mut proxied = Vec::new();
-    for (pod, host, network) in [
-        (&sleep, host1, "net1"),
-        (&httpbin_a, host1, "net1"),
-        (&httpbin_b, host2, "net2"),
-        (&httpbin_c, host2, "net2"),
+    for (pod, host, place) in [
+        (&sleep, host1, C1),
+        (&httpbin_a, host1, C1),
+        (&httpbin_b, host2, C2),
+        (&httpbin_c, host2, C2),
     ] {
         pod.capture();
         let app = match pod.name() {
@@ -134,9 +152,9 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
             &pod.ip().to_string(),
             pod.name(),
             NS,
-            &injected_labels(app_label, network),
+            &injected_labels(app_label),
         );
-        let (agent, envoy) = ctx.start(pod, host, node, (NS, app_label), network).await;
+        let (agent, envoy) = ctx.start(pod, host, node, (NS, app_label), place).await;
         proxied.push(Proxied {
             envoy,
             _agent: agent,
@@ -145,7 +163,7 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
     }
     // The east-west gateways: routers, not captured.
     let mut gateways = Vec::new();
-    for (pod, host, network) in [(&eastwest, host2, "net2"), (&eastwest1, host1, "net1")] {
+    for (pod, host, place) in [(&eastwest, host2, C2), (&eastwest1, host1, C1)] {
         let node = Node {
             id: format!(
                 "router~{}~{}.istio-system~istio-system.svc.cluster.local",
@@ -156,13 +174,13 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
             namespace: "istio-system".into(),
             labels: vec![
                 ("istio".into(), "eastwestgateway".into()),
-                ("topology.istio.io/network".into(), network.into()),
+                ("topology.istio.io/network".into(), place.network.into()),
             ],
             interception: None,
             service_account: GATEWAY_SA.into(),
         };
         gateways.push(
-            ctx.start(pod, host, node, ("istio-system", GATEWAY_SA), network)
+            ctx.start(pod, host, node, ("istio-system", GATEWAY_SA), place)
                 .await,
         );
     }
@@ -267,9 +285,12 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
         .await;
     assert!(!direct.success(), "net1 reached a net2 pod: {direct:?}");
 
-    // Endpoints in both networks (httpbin-a in net1; httpbin-b and httpbin-c in net2):
-    // traffic reaches both networks.
-    write_manifest(dir.path(), "mesh.yaml", &pods.manifests(true));
+    // Endpoints in both networks (httpbin-a in c1, net1; httpbin-b and httpbin-c in c2,
+    // net2): traffic reaches both networks.
+    c1.apply(pods.httpbin_slice(C1, true))
+        .expect("c1 httpbin slice");
+    c2.apply(pods.httpbin_slice(C2, true))
+        .expect("c2 httpbin slice");
     let mut seen = BTreeSet::new();
     let deadline = std::time::Instant::now() + CONVERGE;
     while !(seen.contains("httpbin-a") && seen.len() >= 2) {
@@ -304,9 +325,11 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
     };
     assert_eq!(gateways_known().await, Some(2));
 
-    // net2 loses its gateway: its endpoint is sent as it is (istiod's rule; unreachable
-    // here, as the networks are isolated).
-    std::fs::remove_file(dir.path().join("gateway.yaml")).expect("remove gateway.yaml");
+    // net2 loses its gateway (its Service is deleted from c2): its endpoints are sent as
+    // they are (istiod's rule; unreachable here, as the networks are isolated), while
+    // net1's gateway stays.
+    c2.delete("services", Some("istio-system"), "eastwest")
+        .expect("delete net2's gateway service");
     eventually(CONVERGE, POLL, || async {
         let clusters = sleep_envoy
             .admin_get("/clusters")
@@ -320,7 +343,7 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
         }
     })
     .await;
-    assert_eq!(gateways_known().await, Some(0));
+    assert_eq!(gateways_known().await, Some(1));
 
     for (name, envoy) in [
         ("sleep", sleep_envoy),
@@ -344,7 +367,7 @@ struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    /// Starts a pod's certificate agent (identity `sa`) and its Envoy on `network`, talking
+    /// Starts a pod's certificate agent (identity `sa`) and its Envoy in `place`, talking
     /// to the server at `host` (the pod's network's host address). `sleep` uses delta ADS.
     async fn start(
         &self,
@@ -352,7 +375,7 @@ impl Ctx<'_> {
         host: Ipv4Addr,
         node: Node,
         sa: (&str, &str),
-        network: &str,
+        place: Place,
     ) -> (Agent, Envoy) {
         let mut config = AgentConfig::new(
             SocketAddr::from((host, self.tls_port)),
@@ -371,9 +394,14 @@ impl Ctx<'_> {
             &bootstrap_with(&node, netns::ADMIN_PORT, &[xds], mode),
             agent.socket(),
         )
+        // As Istio's injector sets them: the pod's cluster, and its network (the label
+        // of the cluster's system namespace).
         .replace(
             "    CLUSTER_ID: Kubernetes\n",
-            &format!("    CLUSTER_ID: Kubernetes\n    NETWORK: {network}\n"),
+            &format!(
+                "    CLUSTER_ID: {}\n    NETWORK: {}\n",
+                place.cluster, place.network
+            ),
         );
         let envoy = Envoy::start_in_pod(pod, &netns::admin_on(&yaml, pod.ip())).await;
         (agent, envoy)
@@ -398,14 +426,41 @@ async fn http_get(pod: &Pod, host: &str, vip: &str, url: &str) -> anyhow::Result
     out.http()
 }
 
-/// The labels Istio's injector puts on a meshed pod, with its network.
-fn injected_labels(app: &'static str, network: &'static str) -> Vec<(&'static str, &'static str)> {
+/// The labels Istio's injector puts on a meshed pod. No network: the pod's cluster's
+/// system namespace gives it.
+fn injected_labels(app: &'static str) -> Vec<(&'static str, &'static str)> {
     vec![
         ("app", app),
         ("security.istio.io/tlsMode", "istio"),
         ("service.istio.io/canonical-name", app),
-        ("topology.istio.io/network", network),
     ]
+}
+
+/// A cluster and its network.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    cluster: &'static str,
+    network: &'static str,
+}
+
+/// The config cluster, network net1.
+const C1: Place = Place {
+    cluster: "c1",
+    network: "net1",
+};
+/// The remote cluster, network net2.
+const C2: Place = Place {
+    cluster: "c2",
+    network: "net2",
+};
+
+/// Applies `objects` in order (namespaces and CRDs come first).
+fn apply(cluster: &KubeApiServer, objects: Vec<Value>) {
+    for object in objects {
+        if let Err(e) = cluster.apply(&object) {
+            panic!("{}: applying {object}: {e}", cluster.name());
+        }
+    }
 }
 
 struct Pods {
@@ -420,85 +475,150 @@ struct Pods {
 }
 
 impl Pods {
-    /// The namespace, httpbin (endpoints: httpbin-b in net2, and with `both` httpbin-a in
-    /// net1) and the meshed pods with their network labels.
-    fn manifests(&self, both: bool) -> String {
-        let endpoint = |name: &str, ip: Ipv4Addr| {
-            format!(
-                "- addresses: [\"{ip}\"]\n  conditions:\n    ready: true\n  targetRef:\n\
-                 \x20   kind: Pod\n    name: {name}\n    namespace: {NS}\n"
-            )
-        };
-        let mut endpoints = endpoint("httpbin-b", self.httpbin_b);
-        if both {
-            endpoints.push_str(&endpoint("httpbin-a", self.httpbin_a));
-            endpoints.push_str(&endpoint("httpbin-c", self.httpbin_c));
-        }
-        let mut out = format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n---\n\
-             apiVersion: v1\nkind: Service\nmetadata:\n  name: httpbin\n  namespace: {NS}\n\
-             spec:\n  clusterIP: {HTTPBIN_VIP}\n  selector:\n    app: httpbin\n  ports:\n\
-             \x20 - name: http\n    port: 8000\n    targetPort: 8000\n---\n\
-             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: httpbin-1\n\
-             \x20 namespace: {NS}\n  labels:\n    kubernetes.io/service-name: httpbin\n\
-             addressType: IPv4\nports:\n- name: http\n  port: 8000\n  protocol: TCP\n\
-             endpoints:\n{endpoints}---\n\
-             apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: {NS}\n\
-             spec:\n  clusterIP: {WEB_VIP}\n  ports:\n\
-             \x20 - name: http\n    port: 8000\n    targetPort: 8000\n---\n\
-             apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n\
-             \x20 namespace: {NS}\n  labels:\n    kubernetes.io/service-name: web\n\
-             addressType: IPv4\nports:\n- name: http\n  port: 8000\n  protocol: TCP\n\
-             endpoints:\n{web}---\n",
-            web = endpoint("httpbin-a", self.httpbin_a),
-        );
-        for (name, app, sa, ip, network) in [
-            ("sleep", "sleep", "sleep", self.sleep, "net1"),
-            ("httpbin-a", "httpbin", "httpbin", self.httpbin_a, "net1"),
-            ("httpbin-b", "httpbin", "httpbin", self.httpbin_b, "net2"),
-            ("httpbin-c", "httpbin", "httpbin", self.httpbin_c, "net2"),
-        ] {
-            let labels: String = injected_labels(app, network)
-                .iter()
-                .map(|(k, v)| format!("    {k}: {v}\n"))
-                .collect();
-            out.push_str(&format!(
-                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\n  labels:\n{labels}\
-                 spec:\n  serviceAccountName: {sa}\n  containers:\n  - name: app\n    image: app\n\
-                 status:\n  phase: Running\n  podIP: {ip}\n  podIPs:\n  - ip: {ip}\n---\n"
-            ));
-        }
+    /// Cluster c1 (net1): the namespaces, sleep and httpbin-a, `httpbin` (its c1 slice:
+    /// httpbin-a only with `both`), `web` (httpbin-a), net1's gateway and Istio's
+    /// `cross-network-gateway`, which selects both networks' gateways.
+    fn c1_objects(&self, both: bool) -> Vec<Value> {
+        let mut out = vec![
+            namespace(
+                "istio-system",
+                json!({"topology.istio.io/network": C1.network}),
+            ),
+            namespace(NS, json!({})),
+            istio_crd("Gateway", "gateways"),
+            json!({
+                "apiVersion": "networking.istio.io/v1", "kind": "Gateway",
+                "metadata": {"name": "cross-network-gateway", "namespace": "istio-system"},
+                "spec": {
+                    "selector": {"istio": "eastwestgateway"},
+                    "servers": [{
+                        "port": {"number": 15443, "name": "tls", "protocol": "TLS"},
+                        "tls": {"mode": "AUTO_PASSTHROUGH"},
+                        "hosts": ["*.local"],
+                    }],
+                },
+            }),
+            pod("sleep", "sleep", "sleep", self.sleep),
+            pod("httpbin-a", "httpbin", "httpbin", self.httpbin_a),
+            service("httpbin", HTTPBIN_VIP, Some(json!({"app": "httpbin"}))),
+            self.httpbin_slice(C1, both),
+            service("web", WEB_VIP, None),
+            slice("web-1", "web", &[("httpbin-a", self.httpbin_a)]),
+        ];
+        out.extend(gateway(
+            "eastwest1",
+            C1.network,
+            self.gateway1_addr,
+            self.eastwest1,
+        ));
         out
     }
 
-    /// Each network's east-west gateway: its Service (labelled with the network, reached
-    /// by the other network on its external IP, port 15443) and pod, and Istio's
-    /// `cross-network-gateway`, which selects both.
-    fn gateway_manifests(&self) -> String {
-        let mut out = String::from(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n---\n\
-             apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: cross-network-gateway\n\
-             \x20 namespace: istio-system\nspec:\n  selector:\n    istio: eastwestgateway\n  servers:\n\
-             \x20 - port:\n      number: 15443\n      name: tls\n      protocol: TLS\n\
-             \x20   tls:\n      mode: AUTO_PASSTHROUGH\n    hosts:\n    - \"*.local\"\n---\n"
-        );
-        for (name, network, external, ip) in [
-            ("eastwest", "net2", self.gateway_addr, self.eastwest),
-            ("eastwest1", "net1", self.gateway1_addr, self.eastwest1),
-        ] {
-            out.push_str(&format!(
-                "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n\
-                 \x20 namespace: istio-system\n  labels:\n    istio: eastwestgateway\n\
-                 \x20   topology.istio.io/network: {network}\n\
-                 spec:\n  type: LoadBalancer\n  selector:\n    istio: eastwestgateway\n\
-                 \x20   topology.istio.io/network: {network}\n\
-                 \x20 externalIPs: [\"{external}\"]\n  ports:\n  - name: tls\n    port: 15443\n    targetPort: 15443\n---\n\
-                 apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: istio-system\n\
-                 \x20 labels:\n    istio: eastwestgateway\n    topology.istio.io/network: {network}\n\
-                 spec:\n  serviceAccountName: {GATEWAY_SA}\n  containers:\n  - name: proxy\n    image: proxy\n\
-                 status:\n  phase: Running\n  podIP: {ip}\n  podIPs:\n  - ip: {ip}\n---\n"
-            ));
-        }
+    /// Cluster c2 (net2): the namespaces, httpbin-b and httpbin-c, `httpbin` (its c2
+    /// slice: httpbin-b, and httpbin-c with `both`) and net2's gateway.
+    fn c2_objects(&self, both: bool) -> Vec<Value> {
+        let mut out = vec![
+            namespace(
+                "istio-system",
+                json!({"topology.istio.io/network": C2.network}),
+            ),
+            namespace(NS, json!({})),
+            pod("httpbin-b", "httpbin", "httpbin", self.httpbin_b),
+            pod("httpbin-c", "httpbin", "httpbin", self.httpbin_c),
+            service("httpbin", HTTPBIN_VIP, Some(json!({"app": "httpbin"}))),
+            self.httpbin_slice(C2, both),
+        ];
+        out.extend(gateway(
+            "eastwest",
+            C2.network,
+            self.gateway_addr,
+            self.eastwest,
+        ));
         out
     }
+
+    /// `httpbin`'s EndpointSlice in a cluster: httpbin-b in c2, and with `both` httpbin-a
+    /// in c1 and httpbin-c in c2 too.
+    fn httpbin_slice(&self, place: Place, both: bool) -> Value {
+        let endpoints: Vec<(&str, Ipv4Addr)> = match (place.cluster, both) {
+            ("c1", false) => vec![],
+            ("c1", true) => vec![("httpbin-a", self.httpbin_a)],
+            (_, false) => vec![("httpbin-b", self.httpbin_b)],
+            (_, true) => vec![("httpbin-b", self.httpbin_b), ("httpbin-c", self.httpbin_c)],
+        };
+        slice(&format!("httpbin-{}", place.cluster), "httpbin", &endpoints)
+    }
+}
+
+/// A meshed pod of the test namespace, running at `ip`.
+fn pod(name: &str, app: &'static str, sa: &str, ip: Ipv4Addr) -> Value {
+    let labels: serde_json::Map<String, Value> = injected_labels(app)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), Value::from(v)))
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {"serviceAccountName": sa, "containers": [{"name": "app", "image": "app"}]},
+        "status": {"phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}]},
+    })
+}
+
+/// A Service of the test namespace on port 8000.
+fn service(name: &str, vip: &str, selector: Option<Value>) -> Value {
+    let mut svc = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"clusterIP": vip,
+                 "ports": [{"name": "http", "port": 8000, "targetPort": 8000}]},
+    });
+    if let Some(selector) = selector {
+        svc["spec"]["selector"] = selector;
+    }
+    svc
+}
+
+/// An EndpointSlice of `service` (port 8000) with ready pod endpoints.
+fn slice(name: &str, service: &str, endpoints: &[(&str, Ipv4Addr)]) -> Value {
+    let endpoints: Vec<Value> = endpoints
+        .iter()
+        .map(|(pod, ip)| {
+            json!({
+                "addresses": [ip.to_string()], "conditions": {"ready": true},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": NS},
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": NS,
+                     "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}],
+        "endpoints": endpoints,
+    })
+}
+
+/// A network's east-west gateway, as Istio's `gen-eastwest-gateway.sh` deploys it: its
+/// Service (labelled with the network, reached by the other network on its external IP,
+/// port 15443) and its pod (labelled with the network too).
+fn gateway(name: &str, network: &str, external: Ipv4Addr, ip: Ipv4Addr) -> [Value; 2] {
+    let labels = json!({"istio": "eastwestgateway", "topology.istio.io/network": network});
+    [
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": name, "namespace": "istio-system", "labels": labels},
+            "spec": {"type": "LoadBalancer", "selector": labels,
+                     "externalIPs": [external.to_string()],
+                     "ports": [{"name": "tls", "port": 15443, "targetPort": 15443}]},
+        }),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "istio-system", "labels": labels},
+            "spec": {"serviceAccountName": GATEWAY_SA,
+                     "containers": [{"name": "proxy", "image": "proxy"}]},
+            "status": {"phase": "Running", "podIP": ip.to_string(),
+                       "podIPs": [{"ip": ip.to_string()}]},
+        }),
+    ]
 }

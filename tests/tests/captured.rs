@@ -80,6 +80,7 @@ async fn scenario(plane: Plane, mode: AdsMode) {
     tcp_through_tcp_proxy(&mesh).await;
     sniffed_port(&mesh).await;
     http_features(&mesh).await;
+    circuit_breaking(&mesh).await;
     delegation(&mesh).await;
     passthrough_and_registry_only(&mesh).await;
     ingress_into_a_pod(&mesh).await;
@@ -310,6 +311,61 @@ async fn http_features(mesh: &CapturedMesh) {
             .and_then(Value::as_str),
         Some("yes")
     );
+}
+
+/// The istio.io circuit-breaking task's DestinationRule on `details` (one connection, one
+/// pending request, one request per connection), between captured sidecars with auto mTLS:
+/// of 8 concurrent slow requests from productpage, those beyond the pool overflow at once
+/// with 503, the others are served; without the rule, all are served again.
+async fn circuit_breaking(mesh: &CapturedMesh) {
+    const RULE: &str = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\n\
+        metadata: {name: details-breaker, namespace: shop}\nspec:\n  host: details\n  \
+        trafficPolicy:\n    connectionPool:\n      tcp: {maxConnections: 1}\n      \
+        http: {http1MaxPendingRequests: 1, maxRequestsPerConnection: 1}\n";
+    let cluster = "outbound|9080||details.shop.svc.cluster.local";
+    let breaker = format!("{cluster}::default_priority::max_connections::1");
+    let has_breaker = |want: bool| {
+        let breaker = breaker.clone();
+        async move {
+            eventually(CONVERGE, POLL, || async {
+                let clusters = mesh.sidecars["productpage"]
+                    .admin_get("/clusters")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if clusters.lines().any(|l| l == breaker) == want {
+                    Ok(())
+                } else {
+                    Err(format!("breaker present: {}", !want))
+                }
+            })
+            .await;
+        }
+    };
+    mesh.write("dr-details-breaker.yaml", RULE);
+    has_breaker(true).await;
+    let url = format!("http://{DETAILS_VIP}:9080/plain");
+    let slow = || mesh.get("productpage", &url, &["x-delay-ms:1000"]);
+    let statuses: Vec<u16> = futures::future::join_all((0..8).map(|_| slow()))
+        .await
+        .into_iter()
+        .map(|r| r.map(|(status, _)| status).unwrap_or(0))
+        .collect();
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    let overflowed = statuses.iter().filter(|s| **s == 503).count();
+    assert!(
+        ok >= 1 && overflowed >= 1 && ok + overflowed == 8,
+        "{statuses:?}"
+    );
+    assert!(
+        mesh.stat(
+            "productpage",
+            &format!("cluster.{cluster}.upstream_rq_pending_overflow")
+        )
+        .await
+            >= 1
+    );
+    mesh.remove("dr-details-breaker.yaml");
+    has_breaker(false).await;
 }
 
 /// The `details` root delegates `/v2` to `details-v2`, a VirtualService without hosts: its

@@ -78,6 +78,8 @@ pub fn endpoint(address: &str, labels_: &[(&str, &str)]) -> Endpoint {
         service_account: String::new(),
         locality: Locality::default(),
         pod: String::new(),
+        node: String::new(),
+        ambient: false,
     }
 }
 

@@ -36,7 +36,11 @@ pub const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
 
 /// Annotations shoal reads; the rest are dropped so unrelated annotation churn (e.g.
 /// `kubectl.kubernetes.io/last-applied-configuration`) never changes a published value.
-const INTERPRETED_ANNOTATIONS: &[&str] = &[EXPORT_TO_ANNOTATION, DRY_RUN_ANNOTATION];
+const INTERPRETED_ANNOTATIONS: &[&str] = &[
+    EXPORT_TO_ANNOTATION,
+    DRY_RUN_ANNOTATION,
+    shoal_common::model::AMBIENT_REDIRECTION_ANNOTATION,
+];
 
 /// Whether shoal reads this annotation (others never reach the bus).
 pub fn is_interpreted_annotation(key: &str) -> bool {
@@ -356,6 +360,13 @@ pub fn endpoint_slice(
                     pod: pod
                         .and_then(|p| p.metadata.name.clone())
                         .unwrap_or_default(),
+                    node: node_name.unwrap_or_default().to_string(),
+                    ambient: pod
+                        .and_then(|p| p.metadata.annotations.as_ref())
+                        .and_then(|a| {
+                            a.get(shoal_common::model::AMBIENT_REDIRECTION_ANNOTATION)
+                        })
+                        .is_some_and(|v| v == "enabled"),
                 },
             );
         }

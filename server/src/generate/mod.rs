@@ -5,6 +5,7 @@
 //! order). The same snapshot therefore yields the same bytes, and the same versions, on
 //! every replica.
 
+pub mod ambient;
 pub mod authn;
 pub mod authz;
 pub mod cache;
@@ -161,6 +162,8 @@ pub enum Key {
     Secret(sds::SecretKey),
     /// A proxyless gRPC node's listener, route table or cluster.
     Grpc(grpc::GrpcKey),
+    /// A ztunnel's address or authorization policy.
+    Ambient(ambient::AmbientKey),
 }
 
 /// Which of a proxy's resources of a type. A captured sidecar's inbound clusters and its
@@ -208,6 +211,13 @@ pub fn side_keys(
     snap: &Snapshot,
     names: &[String],
 ) -> Vec<Key> {
+    if proxy.kind == crate::index::proxy::ProxyKind::Ztunnel {
+        // ztunnel reads its two types only, the same for every ztunnel.
+        return ambient::keys(ty, &snap.ctx, &snap.endpoints, names)
+            .into_iter()
+            .map(Key::Ambient)
+            .collect();
+    }
     if proxy.kind == crate::index::proxy::ProxyKind::Proxyless {
         // No sides: proxyless views are never composed (see `push::view`).
         if let Some(keys) = grpc::keys(ty, proxy, scope, &snap.ctx, &snap.endpoints, names) {
@@ -266,6 +276,8 @@ fn all_keys(
             .into_iter()
             .map(Key::Secret)
             .collect(),
+        // ztunnel's types only (see `side_keys`).
+        XdsType::Address | XdsType::Authorization => Vec::new(),
     }
 }
 
@@ -278,6 +290,7 @@ pub fn build(key: &Key) -> Resource {
         Key::Route(k) => rds::build(k),
         Key::Secret(k) => sds::build(k),
         Key::Grpc(k) => grpc::build(k),
+        Key::Ambient(k) => ambient::build(k),
     }
 }
 

@@ -5,7 +5,8 @@ use shoal_proto::pb::envoy::config::core::v3::Node;
 use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Whether a proxy is a sidecar, a gateway (`router`) or a proxyless gRPC application.
+/// Whether a proxy is a sidecar, a gateway (`router`), a proxyless gRPC application or an
+/// ambient ztunnel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProxyKind {
@@ -17,15 +18,19 @@ pub enum ProxyKind {
     /// bootstrap sets it; the node id still says `sidecar`): served as istiod's `grpc`
     /// generator serves it (see [`crate::generate::grpc`]).
     Proxyless,
+    /// Ambient mode's per-node proxy (node id `ztunnel~…`): served the mesh-wide workload
+    /// and authorization types of [`crate::generate::ambient`], nothing else.
+    Ztunnel,
 }
 
 impl ProxyKind {
-    /// Its name in metric labels (`sidecar`, `router`, `proxyless`).
+    /// Its name in metric labels (`sidecar`, `router`, `proxyless`, `ztunnel`).
     pub fn label(self) -> &'static str {
         match self {
             ProxyKind::Sidecar => "sidecar",
             ProxyKind::Router => "router",
             ProxyKind::Proxyless => "proxyless",
+            ProxyKind::Ztunnel => "ztunnel",
         }
     }
 
@@ -33,7 +38,10 @@ impl ProxyKind {
     /// and LDS are wildcard; gRPC names every listener and cluster it wants (a target's
     /// `host:port`, the clusters its routes use), so for proxyless nodes no type is.
     pub fn wildcard(self, ty: shoal_proto::XdsType) -> bool {
-        self != ProxyKind::Proxyless && ty.is_wildcard_type()
+        // ztunnel's types are wildcard too, but with `XDS_ON_DEMAND` it unsubscribes `*`
+        // and names addresses: its streams' wildcard-ness is per subscription (see
+        // `xds::delta`), so no ztunnel type is wildcard for the view.
+        !matches!(self, ProxyKind::Proxyless | ProxyKind::Ztunnel) && ty.is_wildcard_type()
     }
 }
 
@@ -135,7 +143,7 @@ pub enum ProxyError {
     MissingNode,
     /// The node id is not `<type>~<ip>~<pod>.<ns>~<ns>.svc.<domain>`.
     #[error(
-        "node id {0:?} is not <sidecar|router>~<ip>~<pod>.<namespace>~<namespace>.svc.<domain>"
+        "node id {0:?} is not <sidecar|router|ztunnel>~<ip>~<pod>.<namespace>~<namespace>.svc.<domain>"
     )]
     BadId(String),
     /// Node metadata `INTERCEPTION_MODE` is not one Istio defines.
@@ -165,6 +173,7 @@ impl Proxy {
             }
             "sidecar" => ProxyKind::Sidecar,
             "router" => ProxyKind::Router,
+            "ztunnel" => ProxyKind::Ztunnel,
             _ => return Err(bad()),
         };
         if ip.is_empty() || pod.is_empty() {

@@ -265,7 +265,12 @@ impl XdsMetrics {
             }
             m.convergence_seconds.with_label_values(&[ty.short()]);
         }
-        for kind in [ProxyKind::Sidecar, ProxyKind::Router, ProxyKind::Proxyless] {
+        for kind in [
+            ProxyKind::Sidecar,
+            ProxyKind::Router,
+            ProxyKind::Proxyless,
+            ProxyKind::Ztunnel,
+        ] {
             m.connections.with_label_values(&[kind.label()]);
         }
         for reason in CloseReason::ALL {

@@ -219,6 +219,18 @@ pub fn proxyless_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
     }
 }
 
+/// A ztunnel (node id `ztunnel~…`) on node `node-1`.
+pub fn ztunnel_proxy() -> Proxy {
+    Proxy {
+        id: "ztunnel~10.1.0.3~ztunnel-1.istio-system~istio-system.svc.cluster.local".into(),
+        kind: ProxyKind::Ztunnel,
+        ip: "10.1.0.3".into(),
+        pod: "ztunnel-1.istio-system".into(),
+        interception: Interception::None,
+        ..router_proxy("istio-system", &[])
+    }
+}
+
 /// A gateway proxy in `ns` with labels.
 pub fn router_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
     Proxy {

@@ -363,9 +363,7 @@ pub fn endpoint_slice(
                     node: node_name.unwrap_or_default().to_string(),
                     ambient: pod
                         .and_then(|p| p.metadata.annotations.as_ref())
-                        .and_then(|a| {
-                            a.get(shoal_common::model::AMBIENT_REDIRECTION_ANNOTATION)
-                        })
+                        .and_then(|a| a.get(shoal_common::model::AMBIENT_REDIRECTION_ANNOTATION))
                         .is_some_and(|v| v == "enabled"),
                 },
             );

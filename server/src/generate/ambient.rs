@@ -269,11 +269,10 @@ fn selecting_policies(
         .flatten()
         .filter(|p| converted(&p.spec))
         .filter(|p| {
-            p.spec.selector.as_ref().is_some_and(|s| {
-                s.match_labels
-                    .iter()
-                    .all(|(k, v)| labels.get(k) == Some(v))
-            })
+            p.spec
+                .selector
+                .as_ref()
+                .is_some_and(|s| s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
         })
         .map(|p| format!("{}/{}", p.meta.namespace, p.meta.name))
         .collect()
@@ -285,8 +284,7 @@ fn services(ctx: &PushContext) -> impl Iterator<Item = ServiceKey> + '_ {
         .values()
         .filter(|s| s.source == ServiceSource::Kubernetes)
         .map(|s| {
-            let mut addresses: Vec<String> =
-                s.cluster_vips.values().flatten().cloned().collect();
+            let mut addresses: Vec<String> = s.cluster_vips.values().flatten().cloned().collect();
             addresses.sort();
             addresses.dedup();
             ServiceKey {
@@ -460,24 +458,23 @@ fn rule(
 ) -> Option<pb::Rule> {
     let mut l7 = false;
     let mut clauses = Vec::new();
-    let to: Vec<pb::Match> = r
-        .to
-        .iter()
-        .map(|t| {
-            let op = &t.operation;
-            l7 |= !(op.hosts.is_empty()
-                && op.not_hosts.is_empty()
-                && op.methods.is_empty()
-                && op.not_methods.is_empty()
-                && op.paths.is_empty()
-                && op.not_paths.is_empty());
-            pb::Match {
-                destination_ports: ports(&op.ports),
-                not_destination_ports: ports(&op.not_ports),
-                ..Default::default()
-            }
-        })
-        .collect();
+    let to: Vec<pb::Match> =
+        r.to.iter()
+            .map(|t| {
+                let op = &t.operation;
+                l7 |= !(op.hosts.is_empty()
+                    && op.not_hosts.is_empty()
+                    && op.methods.is_empty()
+                    && op.not_methods.is_empty()
+                    && op.paths.is_empty()
+                    && op.not_paths.is_empty());
+                pb::Match {
+                    destination_ports: ports(&op.ports),
+                    not_destination_ports: ports(&op.not_ports),
+                    ..Default::default()
+                }
+            })
+            .collect();
     let from: Vec<pb::Match> = r
         .from
         .iter()

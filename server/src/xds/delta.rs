@@ -155,7 +155,10 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         let first = !self.subs.contains_key(&ty);
         let sub = self.subs.entry(ty).or_default();
         if first {
-            sub.wildcard = type_wildcard;
+            // ztunnel's types are wildcard for a first request naming nothing (the legacy
+            // wildcard ztunnel sends); it opts out by unsubscribing `*` (on demand).
+            let ambient = matches!(ty, XdsType::Address | XdsType::Authorization);
+            sub.wildcard = type_wildcard || (ambient && req.resource_names_subscribe.is_empty());
             sub.held = Held::Own(
                 req.initial_resource_versions
                     .iter()

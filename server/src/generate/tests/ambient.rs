@@ -63,13 +63,18 @@ rules:
 }
 
 fn addresses(names: &[&str]) -> BTreeMap<String, pb::Address> {
-    gen(XdsType::Address, &ztunnel_proxy(), &mesh().snapshot(), names)
-        .iter()
-        .map(|r| {
-            assert_eq!(r.any.type_url, shoal_proto::ADDRESS_TYPE);
-            (r.name.clone(), pb::Address::decode(&*r.any.value).unwrap())
-        })
-        .collect()
+    gen(
+        XdsType::Address,
+        &ztunnel_proxy(),
+        &mesh().snapshot(),
+        names,
+    )
+    .iter()
+    .map(|r| {
+        assert_eq!(r.any.type_url, shoal_proto::ADDRESS_TYPE);
+        (r.name.clone(), pb::Address::decode(&*r.any.value).unwrap())
+    })
+    .collect()
 }
 
 fn workload(a: &pb::Address) -> &pb::Workload {
@@ -108,18 +113,27 @@ fn wildcard_serves_every_pod_and_service() {
         panic!("not a service");
     };
     assert_eq!(s.addresses[0].address, vec![10, 96, 0, 10]);
-    assert_eq!((s.ports[0].service_port, s.hostname.as_str()), (9000, "server.demo.svc.cluster.local"));
+    assert_eq!(
+        (s.ports[0].service_port, s.hostname.as_str()),
+        (9000, "server.demo.svc.cluster.local")
+    );
 }
 
 #[test]
 fn on_demand_names_by_name_or_address() {
     assert!(addresses(&[]).is_empty());
     let by_ip = addresses(&["/10.1.0.11"]);
-    assert_eq!(by_ip.keys().collect::<Vec<_>>(), ["Kubernetes//Pod/demo/server-2"]);
+    assert_eq!(
+        by_ip.keys().collect::<Vec<_>>(),
+        ["Kubernetes//Pod/demo/server-2"]
+    );
     let by_vip = addresses(&["/10.96.0.10", "Kubernetes//Pod/demo/server-1"]);
     assert_eq!(
         by_vip.keys().collect::<Vec<_>>(),
-        ["Kubernetes//Pod/demo/server-1", "demo/server.demo.svc.cluster.local"]
+        [
+            "Kubernetes//Pod/demo/server-1",
+            "demo/server.demo.svc.cluster.local"
+        ]
     );
 }
 
@@ -135,13 +149,25 @@ fn sidecars_get_no_ambient_types() {
 
 #[test]
 fn authorization_fails_closed_on_http_fields() {
-    let out: BTreeMap<String, pb::Authorization> =
-        gen(XdsType::Authorization, &ztunnel_proxy(), &mesh().snapshot(), &["*"])
-            .iter()
-            .map(|r| (r.name.clone(), pb::Authorization::decode(&*r.any.value).unwrap()))
-            .collect();
+    let out: BTreeMap<String, pb::Authorization> = gen(
+        XdsType::Authorization,
+        &ztunnel_proxy(),
+        &mesh().snapshot(),
+        &["*"],
+    )
+    .iter()
+    .map(|r| {
+        (
+            r.name.clone(),
+            pb::Authorization::decode(&*r.any.value).unwrap(),
+        )
+    })
+    .collect();
     // AUDIT needs a waypoint: not served.
-    assert_eq!(out.keys().collect::<Vec<_>>(), ["demo/allow-client", "demo/deny-http"]);
+    assert_eq!(
+        out.keys().collect::<Vec<_>>(),
+        ["demo/allow-client", "demo/deny-http"]
+    );
     let allow = &out["demo/allow-client"];
     assert_eq!(allow.scope, pb::Scope::WorkloadSelector as i32);
     assert_eq!(allow.action, pb::Action::Allow as i32);

@@ -14,6 +14,8 @@ pub struct Address {
 /// `Address`'s oneof.
 pub mod address {
     /// A workload or a service.
+    // As prost generates it: the variants are built once per resource, boxing gains nothing.
+    #[allow(clippy::large_enum_variant)]
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Type {
         /// A workload (a pod).

@@ -526,12 +526,15 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             })
             .with_context(|| format!("cannot use --token-issuer-jwks {}", path.display()))?;
         tracing::info!(cluster = %args.cluster_id, %issuer, "token issuer keys from a file");
+        metrics.security.token_issuers.set(1);
     }
     let (mesh_tx, mesh_rx) = watch::channel(Arc::new(settings));
     if let Some(path) = args.mesh_config.clone() {
         tokio::spawn(mesh_config::watch(path, mesh_tx));
     }
-    if tls.is_some() {
+    // Issuer keys from a file take the place of the published ones (the bus's would
+    // replace them at its first sync).
+    if tls.is_some() && args.token_issuer.is_none() {
         tokio::spawn(auth::follow_issuers(
             bus.clone(),
             issuers,

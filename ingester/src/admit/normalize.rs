@@ -488,7 +488,11 @@ status: {podIP: 10.1.0.9}
     const POD_V1: &str = r#"
 apiVersion: v1
 kind: Pod
-metadata: {name: reviews-v1, namespace: bookinfo, labels: {app: reviews, version: v1}}
+metadata:
+  name: reviews-v1
+  namespace: bookinfo
+  labels: {app: reviews, version: v1}
+  annotations: {ambient.istio.io/redirection: enabled}
 spec: {serviceAccountName: reviews-sa, containers: []}
 status: {podIPs: [{ip: 10.1.0.3}]}
 "#;
@@ -540,6 +544,10 @@ metadata: {name: node-b, labels: {topology.kubernetes.io/region: r2, topology.ku
         assert_eq!(e3.service_account, "reviews-sa");
         assert_eq!(e3.locality.region, "r2");
         assert_eq!(e3.locality.zone, "z2");
+        // Ambient: the node a ztunnel serves it from, istio-cni's redirection.
+        assert_eq!(e3.node, "node-b");
+        assert!(e3.ambient);
+        assert!(!set.endpoints[2].ambient);
 
         // No pod, no node: the slice's zone field.
         let e5 = &set.endpoints[1];

@@ -405,6 +405,25 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_ztunnel_node_is_parsed() {
+        let n = node(
+            "ztunnel~10.1.0.3~ztunnel-x1.istio-system~istio-system.svc.cluster.local",
+            "istio-system",
+            &[],
+        );
+        let p = Proxy::from_node(Some(&n)).unwrap();
+        assert_eq!(p.kind, ProxyKind::Ztunnel);
+        assert_eq!(p.kind.label(), "ztunnel");
+        assert_eq!(
+            (p.namespace.as_str(), p.ip.as_str()),
+            ("istio-system", "10.1.0.3")
+        );
+        assert_eq!(p.interception, Interception::None);
+        // Wildcard per subscription (on demand), never per type.
+        assert!(!p.kind.wildcard(shoal_proto::XdsType::Address));
+    }
+
+    #[test]
     fn generator_grpc_is_a_proxyless_node() {
         let sv = |s: &str| Value {
             kind: Some(Kind::StringValue(s.to_string())),

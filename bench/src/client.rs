@@ -478,6 +478,9 @@ struct ProxyState {
     rds: TypeState,
     /// Gateway credentials (the simulated proxies subscribe to none).
     sds: TypeState,
+    /// ztunnel's types (the simulated proxies are Envoys: never subscribed).
+    wds: TypeState,
+    wads: TypeState,
     configured: bool,
     last_observed: Option<u64>,
     /// Recording fleets: the bytes of the latest version of every resource received.
@@ -492,6 +495,8 @@ impl ProxyState {
             XdsType::Listener => &mut self.lds,
             XdsType::Route => &mut self.rds,
             XdsType::Secret => &mut self.sds,
+            XdsType::Address => &mut self.wds,
+            XdsType::Authorization => &mut self.wads,
         }
     }
 
@@ -518,6 +523,8 @@ impl ProxyState {
             XdsType::Listener => &self.lds,
             XdsType::Route => &self.rds,
             XdsType::Secret => &self.sds,
+            XdsType::Address => &self.wds,
+            XdsType::Authorization => &self.wads,
         }
     }
 
@@ -860,7 +867,9 @@ impl Proxy<'_> {
                 cache.insert(version.clone(), Arc::new(facts));
                 Ok(problem)
             }
-            XdsType::Endpoint | XdsType::Secret => Ok(None),
+            XdsType::Endpoint | XdsType::Secret | XdsType::Address | XdsType::Authorization => {
+                Ok(None)
+            }
         }
     }
 
@@ -1075,7 +1084,11 @@ impl Proxy<'_> {
                 // Wildcard types: the response is the whole set.
                 XdsType::Cluster | XdsType::Listener => st.held = items.into_iter().collect(),
                 // Others may be partial: what is not mentioned is kept.
-                XdsType::Endpoint | XdsType::Route | XdsType::Secret => st.held.extend(items),
+                XdsType::Endpoint
+                | XdsType::Route
+                | XdsType::Secret
+                | XdsType::Address
+                | XdsType::Authorization => st.held.extend(items),
             }
             st.received = true;
             st.nonce = resp.nonce.clone();

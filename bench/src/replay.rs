@@ -186,7 +186,7 @@ struct TypeSet {
 /// One class's resources, by type (in [`XdsType::ALL`] order).
 #[derive(Default)]
 struct ClassSet {
-    types: [TypeSet; 5],
+    types: [TypeSet; 7],
 }
 
 fn type_index(ty: XdsType) -> usize {
@@ -196,6 +196,8 @@ fn type_index(ty: XdsType) -> usize {
         XdsType::Listener => 2,
         XdsType::Route => 3,
         XdsType::Secret => 4,
+        XdsType::Address => 5,
+        XdsType::Authorization => 6,
     }
 }
 
@@ -516,7 +518,7 @@ async fn sotw_stream(
     let mut class: Option<Arc<ClassSet>> = None;
     let mut nonce = 0u64;
     // Per type, the names of the last answered request (wildcard types: empty).
-    let mut answered: [Option<Vec<String>>; 4] = Default::default();
+    let mut answered: [Option<Vec<String>>; 7] = Default::default();
     while let Ok(Some(req)) = requests.message().await {
         let Some(set) = stream_class(&replay, &mut class, req.node.as_ref(), &tx).await else {
             return;

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod istio_ca;
+pub mod istio_workload;
 
 pub use envoy_types::pb;
 pub use envoy_types::pb::google::protobuf::Any;
@@ -23,6 +24,11 @@ pub const ROUTE_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteCon
 pub const SECRET_TYPE: &str =
     "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
 
+/// Type URL of Istio's ambient `Address` (a workload or a service), served to ztunnel.
+pub const ADDRESS_TYPE: &str = "type.googleapis.com/istio.workload.Address";
+/// Type URL of Istio's ambient L4 `Authorization`, served to ztunnel.
+pub const AUTHORIZATION_TYPE: &str = "type.googleapis.com/istio.security.Authorization";
+
 /// The xDS resource types shoal serves, in the order a push sends them (CDS before EDS,
 /// LDS before RDS), as Envoy's ADS sequencing requires to avoid traffic loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -38,16 +44,22 @@ pub enum XdsType {
     /// SDS (gateway credentials), last as in istiod: Envoy asks for secrets while it
     /// warms the listeners that name them.
     Secret,
+    /// Ambient workloads and services (ztunnel only).
+    Address,
+    /// Ambient L4 authorization policies (ztunnel only).
+    Authorization,
 }
 
 impl XdsType {
     /// All types in push order.
-    pub const ALL: [XdsType; 5] = [
+    pub const ALL: [XdsType; 7] = [
         XdsType::Cluster,
         XdsType::Endpoint,
         XdsType::Listener,
         XdsType::Route,
         XdsType::Secret,
+        XdsType::Address,
+        XdsType::Authorization,
     ];
 
     /// The type URL.
@@ -58,6 +70,8 @@ impl XdsType {
             XdsType::Listener => LISTENER_TYPE,
             XdsType::Route => ROUTE_TYPE,
             XdsType::Secret => SECRET_TYPE,
+            XdsType::Address => ADDRESS_TYPE,
+            XdsType::Authorization => AUTHORIZATION_TYPE,
         }
     }
 
@@ -66,7 +80,8 @@ impl XdsType {
         XdsType::ALL.into_iter().find(|t| t.type_url() == url)
     }
 
-    /// Short name (`cds`, `eds`, `lds`, `rds`, `sds`) for logs and metrics.
+    /// Short name (`cds`, `eds`, `lds`, `rds`, `sds`; `wds` and `wads` for ztunnel's, as
+    /// istiod names them) for logs and metrics.
     pub fn short(self) -> &'static str {
         match self {
             XdsType::Cluster => "cds",
@@ -74,6 +89,8 @@ impl XdsType {
             XdsType::Listener => "lds",
             XdsType::Route => "rds",
             XdsType::Secret => "sds",
+            XdsType::Address => "wds",
+            XdsType::Authorization => "wads",
         }
     }
 

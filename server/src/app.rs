@@ -147,6 +147,28 @@ pub struct ServerArgs {
     #[arg(long, env = "SHOAL_XDS_CLIENT_CA", value_name = "FILE")]
     pub xds_client_ca: Option<PathBuf>,
 
+    /// The `iss` of the service-account tokens of the cluster --cluster-id (e.g.
+    /// https://kubernetes.default.svc.cluster.local), whose keys --token-issuer-jwks holds.
+    /// Standalone mode has no ingester to publish issuer keys: with these two flags it
+    /// authenticates tokens (of sidecars, gateways, ztunnel) on the TLS endpoint.
+    #[arg(
+        long,
+        env = "SHOAL_TOKEN_ISSUER",
+        value_name = "ISSUER",
+        requires = "token_issuer_jwks"
+    )]
+    pub token_issuer: Option<String>,
+
+    /// A JSON Web Key Set file (the API server's /openid/v1/jwks) that verifies the tokens
+    /// of --token-issuer. Read at startup.
+    #[arg(
+        long,
+        env = "SHOAL_TOKEN_ISSUER_JWKS",
+        value_name = "FILE",
+        requires = "token_issuer"
+    )]
+    pub token_issuer_jwks: Option<PathBuf>,
+
     /// Sign workload certificates (istio-agent's `CreateCertificate`) on the TLS endpoint
     /// with the CA in DIR, Istio's `cacerts` layout: ca-cert.pem, ca-key.pem,
     /// root-cert.pem and optionally cert-chain.pem. Callers get certificates only for
@@ -493,11 +515,26 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         args.token_audiences.clone(),
         &settings.trust_domain,
     );
+    if let (Some(issuer), Some(path)) = (&args.token_issuer, &args.token_issuer_jwks) {
+        let jwks = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read --token-issuer-jwks {}", path.display()))?;
+        issuers
+            .set(&shoal_common::model::ClusterIssuer {
+                cluster: args.cluster_id.clone(),
+                issuer: issuer.clone(),
+                jwks,
+            })
+            .with_context(|| format!("cannot use --token-issuer-jwks {}", path.display()))?;
+        tracing::info!(cluster = %args.cluster_id, %issuer, "token issuer keys from a file");
+        metrics.security.token_issuers.set(1);
+    }
     let (mesh_tx, mesh_rx) = watch::channel(Arc::new(settings));
     if let Some(path) = args.mesh_config.clone() {
         tokio::spawn(mesh_config::watch(path, mesh_tx));
     }
-    if tls.is_some() {
+    // Issuer keys from a file take the place of the published ones (the bus's would
+    // replace them at its first sync).
+    if tls.is_some() && args.token_issuer.is_none() {
         tokio::spawn(auth::follow_issuers(
             bus.clone(),
             issuers,

@@ -79,6 +79,8 @@ pub fn endpoint(address: &str, labels_: &[(&str, &str)]) -> Endpoint {
         service_account: String::new(),
         locality: Locality::default(),
         pod: String::new(),
+        node: String::new(),
+        ambient: false,
     }
 }
 
@@ -219,6 +221,18 @@ pub fn proxyless_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
     Proxy {
         kind: ProxyKind::Proxyless,
         ..sidecar_proxy(ns, labels_)
+    }
+}
+
+/// A ztunnel (node id `ztunnel~…`) on node `node-1`.
+pub fn ztunnel_proxy() -> Proxy {
+    Proxy {
+        id: "ztunnel~10.1.0.3~ztunnel-1.istio-system~istio-system.svc.cluster.local".into(),
+        kind: ProxyKind::Ztunnel,
+        ip: "10.1.0.3".into(),
+        pod: "ztunnel-1.istio-system".into(),
+        interception: Interception::None,
+        ..router_proxy("istio-system", &[])
     }
 }
 

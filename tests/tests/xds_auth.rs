@@ -601,7 +601,7 @@ async fn the_ca_signs_only_the_callers_own_identity_with_a_chain_the_mesh_trusts
         "result",
         &[
             ("issued", 1.0),
-            ("impersonation", 1.0),
+            ("impersonation_not_node_agent", 1.0),
             ("unauthenticated", 1.0),
         ],
     )

@@ -156,7 +156,17 @@ pub struct Endpoint {
     /// The pod's name, for debugging.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub pod: String,
+    /// The node the pod runs on (ambient: a ztunnel serves the pods of its node).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub node: String,
+    /// The pod is captured by a ztunnel (istio-cni's annotation
+    /// `ambient.istio.io/redirection: enabled`), so it is reached over HBONE.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ambient: bool,
 }
+
+/// The pod annotation istio-cni sets on a pod whose traffic it redirected to ztunnel.
+pub const AMBIENT_REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
 
 /// The endpoints of one EndpointSlice of one service in one cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

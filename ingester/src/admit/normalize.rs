@@ -36,7 +36,11 @@ pub const SUBZONE_LABEL: &str = "topology.istio.io/subzone";
 
 /// Annotations shoal reads; the rest are dropped so unrelated annotation churn (e.g.
 /// `kubectl.kubernetes.io/last-applied-configuration`) never changes a published value.
-const INTERPRETED_ANNOTATIONS: &[&str] = &[EXPORT_TO_ANNOTATION, DRY_RUN_ANNOTATION];
+const INTERPRETED_ANNOTATIONS: &[&str] = &[
+    EXPORT_TO_ANNOTATION,
+    DRY_RUN_ANNOTATION,
+    shoal_common::model::AMBIENT_REDIRECTION_ANNOTATION,
+];
 
 /// Whether shoal reads this annotation (others never reach the bus).
 pub fn is_interpreted_annotation(key: &str) -> bool {
@@ -381,6 +385,11 @@ pub fn endpoint_slice(
                     pod: pod
                         .and_then(|p| p.metadata.name.clone())
                         .unwrap_or_default(),
+                    node: node_name.unwrap_or_default().to_string(),
+                    ambient: pod
+                        .and_then(|p| p.metadata.annotations.as_ref())
+                        .and_then(|a| a.get(shoal_common::model::AMBIENT_REDIRECTION_ANNOTATION))
+                        .is_some_and(|v| v == "enabled"),
                 },
             );
         }
@@ -535,7 +544,11 @@ status: {podIP: 10.1.0.9}
     const POD_V1: &str = r#"
 apiVersion: v1
 kind: Pod
-metadata: {name: reviews-v1, namespace: bookinfo, labels: {app: reviews, version: v1}}
+metadata:
+  name: reviews-v1
+  namespace: bookinfo
+  labels: {app: reviews, version: v1}
+  annotations: {ambient.istio.io/redirection: enabled}
 spec: {serviceAccountName: reviews-sa, containers: []}
 status: {podIPs: [{ip: 10.1.0.3}]}
 "#;
@@ -587,6 +600,10 @@ metadata: {name: node-b, labels: {topology.kubernetes.io/region: r2, topology.ku
         assert_eq!(e3.service_account, "reviews-sa");
         assert_eq!(e3.locality.region, "r2");
         assert_eq!(e3.locality.zone, "z2");
+        // Ambient: the node a ztunnel serves it from, istio-cni's redirection.
+        assert_eq!(e3.node, "node-b");
+        assert!(e3.ambient);
+        assert!(!set.endpoints[2].ambient);
 
         // No pod, no node: the slice's zone field.
         let e5 = &set.endpoints[1];

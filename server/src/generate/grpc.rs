@@ -183,7 +183,9 @@ pub fn keys(
             .filter_map(|name| cluster_key(name, proxy, scope, ctx, endpoints))
             .map(GrpcKey::Cluster)
             .collect(),
-        XdsType::Endpoint | XdsType::Secret => return None,
+        XdsType::Endpoint | XdsType::Secret | XdsType::Address | XdsType::Authorization => {
+            return None
+        }
     };
     Some(keys)
 }

@@ -173,12 +173,12 @@ fn bound_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Bound
                     .or_insert_with(|| (sidecar_route_name(port.number), false));
             }
         }
-        // Served by `generate::grpc`.
-        ProxyKind::Proxyless => {}
+        // Served by `generate::grpc`; ztunnel has no listeners.
+        ProxyKind::Proxyless | ProxyKind::Ztunnel => {}
     }
     let gateway_authz = match proxy.kind {
         ProxyKind::Router => authz::applicable(ctx, proxy),
-        ProxyKind::Sidecar | ProxyKind::Proxyless => AuthzKey::default(),
+        ProxyKind::Sidecar | ProxyKind::Proxyless | ProxyKind::Ztunnel => AuthzKey::default(),
     };
     listeners
         .into_iter()

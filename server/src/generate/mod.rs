@@ -5,6 +5,7 @@
 //! order). The same snapshot therefore yields the same bytes, and the same versions, on
 //! every replica.
 
+pub mod ambient;
 pub mod authn;
 pub mod authz;
 pub mod cache;
@@ -164,6 +165,8 @@ pub enum Key {
     Grpc(grpc::GrpcKey),
     /// An istio-proxy's listener or cluster: the same resource with Istio's telemetry.
     IstioProxy(telemetry::TelemetryKey),
+    /// A ztunnel's address or authorization policy.
+    Ambient(ambient::AmbientKey),
 }
 
 /// Which of a proxy's resources of a type. A captured sidecar's inbound clusters and its
@@ -211,6 +214,13 @@ pub fn side_keys(
     snap: &Snapshot,
     names: &[String],
 ) -> Vec<Key> {
+    if proxy.kind == crate::index::proxy::ProxyKind::Ztunnel {
+        // ztunnel reads its two types only, the same for every ztunnel.
+        return ambient::keys(ty, &snap.ctx, &snap.endpoints, names)
+            .into_iter()
+            .map(Key::Ambient)
+            .collect();
+    }
     let keys = plain_side_keys(side, ty, proxy, scope, snap, names);
     telemetry::wrap(ty, keys, proxy, &snap.ctx)
 }
@@ -282,6 +292,8 @@ fn all_keys(
             .into_iter()
             .map(Key::Secret)
             .collect(),
+        // ztunnel's types only (see `side_keys`).
+        XdsType::Address | XdsType::Authorization => Vec::new(),
     }
 }
 
@@ -295,6 +307,7 @@ pub fn build(key: &Key) -> Resource {
         Key::Secret(k) => sds::build(k),
         Key::Grpc(k) => grpc::build(k),
         Key::IstioProxy(k) => telemetry::build(k),
+        Key::Ambient(k) => ambient::build(k),
     }
 }
 

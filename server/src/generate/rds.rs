@@ -124,8 +124,8 @@ pub fn keys(
                     name, host, port, proxy, scope, ctx,
                 )))
             }
-            // Served by `generate::grpc`.
-            ProxyKind::Proxyless => None,
+            // Served by `generate::grpc`; ztunnel has no routes.
+            ProxyKind::Proxyless | ProxyKind::Ztunnel => None,
         })
         .collect()
 }

@@ -39,7 +39,8 @@ impl IstioVersion {
     }
 }
 
-/// Whether a proxy is a sidecar, a gateway (`router`) or a proxyless gRPC application.
+/// Whether a proxy is a sidecar, a gateway (`router`), a proxyless gRPC application or an
+/// ambient ztunnel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProxyKind {
@@ -51,15 +52,19 @@ pub enum ProxyKind {
     /// bootstrap sets it; the node id still says `sidecar`): served as istiod's `grpc`
     /// generator serves it (see [`crate::generate::grpc`]).
     Proxyless,
+    /// Ambient mode's per-node proxy (node id `ztunnel~…`): served the mesh-wide workload
+    /// and authorization types of [`crate::generate::ambient`], nothing else.
+    Ztunnel,
 }
 
 impl ProxyKind {
-    /// Its name in metric labels (`sidecar`, `router`, `proxyless`).
+    /// Its name in metric labels (`sidecar`, `router`, `proxyless`, `ztunnel`).
     pub fn label(self) -> &'static str {
         match self {
             ProxyKind::Sidecar => "sidecar",
             ProxyKind::Router => "router",
             ProxyKind::Proxyless => "proxyless",
+            ProxyKind::Ztunnel => "ztunnel",
         }
     }
 
@@ -67,7 +72,10 @@ impl ProxyKind {
     /// and LDS are wildcard; gRPC names every listener and cluster it wants (a target's
     /// `host:port`, the clusters its routes use), so for proxyless nodes no type is.
     pub fn wildcard(self, ty: shoal_proto::XdsType) -> bool {
-        self != ProxyKind::Proxyless && ty.is_wildcard_type()
+        // ztunnel's types are wildcard too, but with `XDS_ON_DEMAND` it unsubscribes `*`
+        // and names addresses: its streams' wildcard-ness is per subscription (see
+        // `xds::delta`), so no ztunnel type is wildcard for the view.
+        !matches!(self, ProxyKind::Proxyless | ProxyKind::Ztunnel) && ty.is_wildcard_type()
     }
 }
 
@@ -180,7 +188,7 @@ pub enum ProxyError {
     MissingNode,
     /// The node id is not `<type>~<ip>~<pod>.<ns>~<ns>.svc.<domain>`.
     #[error(
-        "node id {0:?} is not <sidecar|router>~<ip>~<pod>.<namespace>~<namespace>.svc.<domain>"
+        "node id {0:?} is not <sidecar|router|ztunnel>~<ip>~<pod>.<namespace>~<namespace>.svc.<domain>"
     )]
     BadId(String),
     /// Node metadata `INTERCEPTION_MODE` is not one Istio defines.
@@ -210,6 +218,7 @@ impl Proxy {
             }
             "sidecar" => ProxyKind::Sidecar,
             "router" => ProxyKind::Router,
+            "ztunnel" => ProxyKind::Ztunnel,
             _ => return Err(bad()),
         };
         if ip.is_empty() || pod.is_empty() {
@@ -500,6 +509,25 @@ pub(crate) mod tests {
             Proxy::from_node(Some(&g)).unwrap().interception,
             Interception::None
         );
+    }
+
+    #[test]
+    fn a_ztunnel_node_is_parsed() {
+        let n = node(
+            "ztunnel~10.1.0.3~ztunnel-x1.istio-system~istio-system.svc.cluster.local",
+            "istio-system",
+            &[],
+        );
+        let p = Proxy::from_node(Some(&n)).unwrap();
+        assert_eq!(p.kind, ProxyKind::Ztunnel);
+        assert_eq!(p.kind.label(), "ztunnel");
+        assert_eq!(
+            (p.namespace.as_str(), p.ip.as_str()),
+            ("istio-system", "10.1.0.3")
+        );
+        assert_eq!(p.interception, Interception::None);
+        // Wildcard per subscription (on demand), never per type.
+        assert!(!p.kind.wildcard(shoal_proto::XdsType::Address));
     }
 
     #[test]

@@ -72,7 +72,7 @@ impl ProxyScope {
             ProxyKind::Sidecar | ProxyKind::Proxyless => ctx
                 .sidecar_for(&proxy.namespace, &proxy.labels, &ctx.mesh.root_namespace)
                 .cloned(),
-            ProxyKind::Router => None,
+            ProxyKind::Router | ProxyKind::Ztunnel => None,
         };
         let outbound_policy = sidecar
             .as_ref()
@@ -113,6 +113,7 @@ impl ProxyScope {
                 inbound_ports(proxy, sidecar.as_deref(), ctx),
                 BTreeMap::new(),
             ),
+            ProxyKind::Ztunnel => (Vec::new(), BTreeMap::new()),
             ProxyKind::Router => (
                 Vec::new(),
                 service_target_ports(proxy, ctx)

@@ -19,7 +19,9 @@ pub fn affected_types(
     scope: &ProxyScope,
 ) -> BTreeSet<XdsType> {
     let all: BTreeSet<XdsType> = XdsType::ALL.into_iter().collect();
-    if changes.full || changes.services {
+    // ztunnel's one mesh-wide view reads services, endpoints and authorization policies:
+    // every change may be one of those.
+    if changes.full || changes.services || kind == ProxyKind::Ztunnel {
         return all;
     }
     let mut out = BTreeSet::new();
@@ -57,7 +59,7 @@ pub fn affected_types(
                 out.insert(XdsType::Secret);
             }
             (ConfigKind::Credential, ProxyKind::Sidecar) => {}
-            (_, ProxyKind::Proxyless) => return all,
+            (_, ProxyKind::Proxyless | ProxyKind::Ztunnel) => return all,
             // HTTP rules shape route tables; `tcp`/`tls` rules shape listeners' filter
             // chains (sidecar outbound, gateway TCP/TLS servers): listeners only when a
             // VirtualService with such rules changed.

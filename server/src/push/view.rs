@@ -106,6 +106,23 @@ impl ViewKey {
             network,
             requested_network_view,
         } = proxy;
+        if *kind == ProxyKind::Ztunnel {
+            // One mesh-wide view: every ztunnel gets every address and policy (as from
+            // istiod), and the ambient generators read nothing of the proxy.
+            return ViewKey {
+                kind: ProxyKind::Ztunnel,
+                namespace: String::new(),
+                labels: BTreeMap::new(),
+                cluster_id: String::new(),
+                interception: Interception::None,
+                pod_ports: BTreeMap::new(),
+                locality: Locality::default(),
+                network: String::new(),
+                requested_network_view: Vec::new(),
+                verified: None,
+                istio_version: None,
+            };
+        }
         ViewKey {
             kind: *kind,
             namespace: namespace.clone(),
@@ -118,7 +135,7 @@ impl ViewKey {
             requested_network_view: requested_network_view.clone(),
             verified: match kind {
                 ProxyKind::Router => verified.clone(),
-                ProxyKind::Sidecar | ProxyKind::Proxyless => None,
+                ProxyKind::Sidecar | ProxyKind::Proxyless | ProxyKind::Ztunnel => None,
             },
             istio_version: *istio_version,
         }
@@ -339,7 +356,10 @@ impl Slot {
     fn valid_for(&self, ty: XdsType, snap: &Snapshot) -> bool {
         Arc::ptr_eq(&self.ctx, &snap.ctx)
             && match ty {
-                XdsType::Endpoint => Arc::ptr_eq(&self.endpoints, &snap.endpoints),
+                // Workloads come from the endpoints.
+                XdsType::Endpoint | XdsType::Address => {
+                    Arc::ptr_eq(&self.endpoints, &snap.endpoints)
+                }
                 XdsType::Cluster => {
                     self.endpoints.identities_epoch() == snap.endpoints.identities_epoch()
                 }

@@ -86,6 +86,10 @@ pub struct Caller {
     /// The cluster its credential proves: a token's is the one cluster whose issuer keys
     /// verify it; a certificate names none.
     pub cluster: ProvenCluster,
+    /// The node the caller's pod runs on, from a bound token's `kubernetes.io.node.name`
+    /// claim (Kubernetes 1.30+); what a ztunnel may impersonate is bound to it
+    /// ([`crate::security::ca`]). None for certificates.
+    pub node: Option<String>,
 }
 
 impl Caller {
@@ -386,6 +390,7 @@ struct Claims {
 struct KubernetesClaims {
     namespace: Option<String>,
     serviceaccount: Option<NameClaim>,
+    node: Option<NameClaim>,
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -436,6 +441,7 @@ impl Authenticator {
                     identities,
                     source: CredentialSource::Certificate,
                     cluster: ProvenCluster::Certificate,
+                    node: None,
                 });
             }
             if creds.token.is_none() {
@@ -508,6 +514,12 @@ impl Authenticator {
             }],
             source: CredentialSource::Token,
             cluster,
+            node: claims
+                .kubernetes
+                .as_ref()
+                .and_then(|k| k.node.as_ref())
+                .and_then(|n| n.name.clone())
+                .filter(|n| !n.is_empty()),
         })
     }
 }

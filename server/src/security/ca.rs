@@ -5,7 +5,9 @@
 //! certificate or service-account token, verified offline), so any server replica can sign.
 //! The certificate's only SAN is the caller's own identity; the CSR contributes its public
 //! key and nothing else (its SANs and subject are ignored, as istiod does). Impersonation
-//! (`ImpersonatedIdentity`, for node agents) is refused. Validity: the requested duration,
+//! (`ImpersonatedIdentity`) is allowed only to a node agent (ztunnel,
+//! [`NODE_AGENT_ACCOUNTS`]) whose token names its node, and only for an identity with a pod
+//! on that node (istiod's `NodeAuthorizer`); every refusal is counted by reason. Validity: the requested duration,
 //! or [`DEFAULT_TTL`] (Istio's `DEFAULT_WORKLOAD_CERT_TTL`) when none is asked; above
 //! [`MAX_TTL`] (Istio's `MAX_WORKLOAD_CERT_TTL`) the request is refused.
 //!
@@ -29,6 +31,11 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Longest validity granted (Istio: 90 days).
 pub const MAX_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
+
+/// The service accounts (`namespace`, `name`) that may ask for other identities'
+/// certificates (`ImpersonatedIdentity`): istiod's default `CA_TRUSTED_NODE_ACCOUNTS`,
+/// ztunnel. Only for identities with a pod on the caller's own node.
+pub const NODE_AGENT_ACCOUNTS: &[(&str, &str)] = &[("istio-system", "ztunnel")];
 
 /// How far back a certificate's validity starts, for clocks slightly behind ours.
 const BACKDATE: Duration = Duration::from_secs(120);
@@ -94,8 +101,15 @@ pub enum CaResult {
     Issued,
     /// The caller did not authenticate (or asked on the plaintext port).
     Unauthenticated,
-    /// The caller asked for another identity (`ImpersonatedIdentity`).
-    Impersonation,
+    /// The caller asked for another identity (`ImpersonatedIdentity`) and is not a node
+    /// agent ([`NODE_AGENT_ACCOUNTS`]).
+    ImpersonationNotNodeAgent,
+    /// A node agent asked to impersonate, but its token names no node.
+    ImpersonationUnknownNode,
+    /// The impersonated identity is not a SPIFFE identity of the caller's trust domain.
+    ImpersonationBadIdentity,
+    /// No pod of the impersonated identity runs on the node agent's node.
+    ImpersonationNotOnNode,
     /// The request could not be read.
     BadRequest,
     /// The CSR does not parse or is not signed by its key.
@@ -108,10 +122,13 @@ pub enum CaResult {
 
 impl CaResult {
     /// Every result.
-    pub const ALL: [CaResult; 7] = [
+    pub const ALL: [CaResult; 10] = [
         CaResult::Issued,
         CaResult::Unauthenticated,
-        CaResult::Impersonation,
+        CaResult::ImpersonationNotNodeAgent,
+        CaResult::ImpersonationUnknownNode,
+        CaResult::ImpersonationBadIdentity,
+        CaResult::ImpersonationNotOnNode,
         CaResult::BadRequest,
         CaResult::BadCsr,
         CaResult::BadTtl,
@@ -123,7 +140,10 @@ impl CaResult {
         match self {
             CaResult::Issued => "issued",
             CaResult::Unauthenticated => "unauthenticated",
-            CaResult::Impersonation => "impersonation",
+            CaResult::ImpersonationNotNodeAgent => "impersonation_not_node_agent",
+            CaResult::ImpersonationUnknownNode => "impersonation_unknown_node",
+            CaResult::ImpersonationBadIdentity => "impersonation_bad_identity",
+            CaResult::ImpersonationNotOnNode => "impersonation_not_on_node",
             CaResult::BadRequest => "bad_request",
             CaResult::BadCsr => "bad_csr",
             CaResult::BadTtl => "bad_ttl",

@@ -255,13 +255,19 @@ impl AdsService {
         };
         let metrics = self.metrics.clone();
         let budget = request.extensions().get::<ConnectionBudget>().cloned();
+        // Which pods run on which node (impersonation), as of the newest snapshot.
+        let endpoints = self
+            .snapshots
+            .borrow()
+            .as_ref()
+            .map(|p| p.snapshot.endpoints.clone());
         let mut requests =
             self.requests::<IstioCertificateRequest>(request.into_body(), MAX_CSR_BYTES, budget);
         let (tx, rx) = mpsc::channel(1);
         tokio::spawn(async move {
             let _slot = slot;
             let outcome = match requests.next().await {
-                Some(Ok(req)) => sign(&ca, &caller, &req),
+                Some(Ok(req)) => sign(&ca, &caller, &req, endpoints.as_deref()),
                 Some(Err(status)) => Err((CaResult::BadRequest, status)),
                 None => Err((CaResult::BadRequest, Status::invalid_argument("no request"))),
             };
@@ -291,26 +297,87 @@ impl AdsService {
     }
 }
 
-/// Signs one request of `caller`: its own identities only.
+/// Signs one request of `caller`: its own identities, or for a node agent the identity it
+/// impersonates, if a pod of it runs on the agent's node (see [`crate::security::ca`]).
 fn sign(
     ca: &Ca,
     caller: &auth::Caller,
     req: &IstioCertificateRequest,
+    endpoints: Option<&crate::index::endpoints::EndpointIndex>,
 ) -> Result<IstioCertificateResponse, (CaResult, Status)> {
     let impersonated = req
         .metadata
         .as_ref()
         .and_then(|m| m.fields.get("ImpersonatedIdentity"))
-        .is_some_and(|v| !matches!(&v.kind, Some(Kind::StringValue(s)) if s.is_empty()));
-    if impersonated {
-        return Err((
-            CaResult::Impersonation,
-            Status::unauthenticated("impersonation (ImpersonatedIdentity) is not allowed"),
-        ));
-    }
-    ca.sign(&req.csr, &caller.identities, req.validity_duration)
+        .filter(|v| !matches!(&v.kind, Some(Kind::StringValue(s)) if s.is_empty()));
+    let identities = match impersonated {
+        None => caller.identities.clone(),
+        Some(v) => vec![impersonate(caller, v, endpoints)?],
+    };
+    ca.sign(&req.csr, &identities, req.validity_duration)
         .map(|cert_chain| IstioCertificateResponse { cert_chain })
         .map_err(|e| (e.result(), Status::invalid_argument(e.to_string())))
+}
+
+/// The identity a node agent may impersonate: `value` (a SPIFFE identity of the caller's
+/// trust domain) when the caller is a node agent whose token names its node, and a pod of
+/// that identity runs there.
+fn impersonate(
+    caller: &auth::Caller,
+    value: &shoal_proto::pb::google::protobuf::Value,
+    endpoints: Option<&crate::index::endpoints::EndpointIndex>,
+) -> Result<auth::Identity, (CaResult, Status)> {
+    let refuse = |result: CaResult, why: String| Err((result, Status::unauthenticated(why)));
+    let Some(agent) = caller.identities.iter().find(|id| {
+        crate::security::ca::NODE_AGENT_ACCOUNTS
+            .iter()
+            .any(|(ns, sa)| id.namespace == *ns && id.service_account == *sa)
+    }) else {
+        return refuse(
+            CaResult::ImpersonationNotNodeAgent,
+            format!(
+                "impersonation (ImpersonatedIdentity) is allowed to node agents only, not to {}",
+                caller.describe()
+            ),
+        );
+    };
+    let Some(node) = caller.node.as_deref() else {
+        return refuse(
+            CaResult::ImpersonationUnknownNode,
+            "impersonation needs a token that names the caller's node (kubernetes.io.node)".into(),
+        );
+    };
+    let requested = match &value.kind {
+        Some(Kind::StringValue(s)) => auth::Identity::parse(s),
+        _ => None,
+    };
+    let Some(target) = requested.filter(|id| id.trust_domain == agent.trust_domain) else {
+        return refuse(
+            CaResult::ImpersonationBadIdentity,
+            format!(
+                "ImpersonatedIdentity {value:?} is not a SPIFFE identity of trust domain {}",
+                agent.trust_domain
+            ),
+        );
+    };
+    let on_node = endpoints.is_some_and(|index| {
+        index.iter().any(|(_, shards)| {
+            shards.values().any(|set| {
+                set.namespace == target.namespace
+                    && set
+                        .endpoints
+                        .iter()
+                        .any(|ep| ep.node == node && ep.service_account == target.service_account)
+            })
+        })
+    });
+    if !on_node {
+        return refuse(
+            CaResult::ImpersonationNotOnNode,
+            format!("no pod of {target} runs on node {node:?}"),
+        );
+    }
+    Ok(target)
 }
 
 /// Largest certificate request accepted.
@@ -386,5 +453,74 @@ impl tower_service::Service<http::Request<tonic::body::Body>> for AdsServer {
             path => Status::unimplemented(format!("no method {path}")).into_http(),
         };
         std::future::ready(Ok(response))
+    }
+}
+
+#[cfg(test)]
+mod impersonation_tests {
+    use super::*;
+    use crate::index::endpoints::EndpointIndex;
+    use crate::index::proxy::ProvenCluster;
+    use crate::security::auth::{Caller, CredentialSource, Identity};
+    use crate::testutil::{endpoint, slice};
+    use shoal_proto::pb::google::protobuf::Value;
+
+    fn id(ns: &str, sa: &str) -> Identity {
+        Identity {
+            trust_domain: "cluster.local".into(),
+            namespace: ns.into(),
+            service_account: sa.into(),
+        }
+    }
+
+    fn caller(identity: Identity, node: Option<&str>) -> Caller {
+        Caller {
+            identities: vec![identity],
+            source: CredentialSource::Token,
+            cluster: ProvenCluster::Token("Kubernetes".into()),
+            node: node.map(str::to_string),
+        }
+    }
+
+    fn index() -> EndpointIndex {
+        let mut index = EndpointIndex::default();
+        let mut ep = endpoint("10.1.0.10", &[]);
+        ep.node = "node-1".into();
+        ep.service_account = "web".into();
+        ep.pod = "web-1".into();
+        index.upsert(
+            "web.demo.svc.cluster.local",
+            slice("demo", "web", "web-a", &[("http", 8080)], vec![ep]),
+        );
+        index
+    }
+
+    fn ask(caller: &Caller, who: &str) -> Result<Identity, CaResult> {
+        let v = Value {
+            kind: Some(Kind::StringValue(who.into())),
+        };
+        impersonate(caller, &v, Some(&index())).map_err(|(r, _)| r)
+    }
+
+    #[test]
+    fn a_ztunnel_impersonates_only_pods_of_its_node() {
+        let web = "spiffe://cluster.local/ns/demo/sa/web";
+        let z1 = caller(id("istio-system", "ztunnel"), Some("node-1"));
+        assert_eq!(ask(&z1, web), Ok(id("demo", "web")));
+        let z2 = caller(id("istio-system", "ztunnel"), Some("node-2"));
+        assert_eq!(ask(&z2, web), Err(CaResult::ImpersonationNotOnNode));
+        assert_eq!(
+            ask(&z1, "spiffe://cluster.local/ns/demo/sa/other"),
+            Err(CaResult::ImpersonationNotOnNode)
+        );
+        assert_eq!(
+            ask(&z1, "spiffe://other.domain/ns/demo/sa/web"),
+            Err(CaResult::ImpersonationBadIdentity)
+        );
+        assert_eq!(ask(&z1, "web"), Err(CaResult::ImpersonationBadIdentity));
+        let nameless = caller(id("istio-system", "ztunnel"), None);
+        assert_eq!(ask(&nameless, web), Err(CaResult::ImpersonationUnknownNode));
+        let app = caller(id("demo", "client"), Some("node-1"));
+        assert_eq!(ask(&app, web), Err(CaResult::ImpersonationNotNodeAgent));
     }
 }

@@ -56,7 +56,15 @@ impl DeltaStream {
         // A wildcard subscription of a non-wildcard type asks for no name in particular
         // (interned like any set of names, so its output is shared, not rebuilt per push).
         let (names, change) = if sub.wildcard && !self.session.wildcard(ty) {
-            (self.session.intern(ty, NameSet::default(), snap), None)
+            // ztunnel's types are wildcard per subscription (see `ProxyKind::wildcard`):
+            // its wildcard is the name `*`.
+            let all = match ty {
+                XdsType::Address | XdsType::Authorization => {
+                    std::iter::once(crate::generate::ambient::WILDCARD.to_string()).collect()
+                }
+                _ => NameSet::default(),
+            };
+            (self.session.intern(ty, all, snap), None)
         } else {
             (sub.names.clone(), sub.change.clone())
         };
@@ -147,7 +155,10 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         let first = !self.subs.contains_key(&ty);
         let sub = self.subs.entry(ty).or_default();
         if first {
-            sub.wildcard = type_wildcard;
+            // ztunnel's types are wildcard for a first request naming nothing (the legacy
+            // wildcard ztunnel sends); it opts out by unsubscribing `*` (on demand).
+            let ambient = matches!(ty, XdsType::Address | XdsType::Authorization);
+            sub.wildcard = type_wildcard || (ambient && req.resource_names_subscribe.is_empty());
             sub.held = Held::Own(
                 req.initial_resource_versions
                     .iter()

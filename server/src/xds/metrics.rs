@@ -202,7 +202,9 @@ impl XdsMetrics {
                 opts!(
                     "shoal_ca_requests_total",
                     "Workload certificate requests, by result: issued, unauthenticated, \
-                     impersonation, bad_request, bad_csr, bad_ttl, signing_error."
+                     impersonation_not_node_agent, impersonation_unknown_node, \
+                     impersonation_bad_identity, impersonation_not_on_node, bad_request, \
+                     bad_csr, bad_ttl, signing_error."
                 ),
                 &["result"],
             )
@@ -265,7 +267,12 @@ impl XdsMetrics {
             }
             m.convergence_seconds.with_label_values(&[ty.short()]);
         }
-        for kind in [ProxyKind::Sidecar, ProxyKind::Router, ProxyKind::Proxyless] {
+        for kind in [
+            ProxyKind::Sidecar,
+            ProxyKind::Router,
+            ProxyKind::Proxyless,
+            ProxyKind::Ztunnel,
+        ] {
             m.connections.with_label_values(&[kind.label()]);
         }
         for reason in CloseReason::ALL {

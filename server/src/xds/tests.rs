@@ -671,3 +671,163 @@ async fn a_reconnecting_proxy_with_an_old_nonce_is_answered() {
         "the reconnect request was not answered"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// ztunnel: delta ADS, the two ambient types
+
+mod ztunnel {
+    use super::*;
+    use shoal_proto::pb::envoy::service::discovery::v3::{
+        DeltaDiscoveryRequest, DeltaDiscoveryResponse,
+    };
+
+    const ZTUNNEL: &str = "ztunnel~10.1.0.3~ztunnel-1.istio-system~istio-system.svc.cluster.local";
+
+    fn ambient_mesh(pods: &[(&str, &str)]) -> Mesh {
+        let eps = pods
+            .iter()
+            .map(|(ip, name)| shoal_common::model::Endpoint {
+                pod: name.to_string(),
+                node: "node-1".into(),
+                ambient: true,
+                ..endpoint(ip, &[("app", "server")])
+            })
+            .collect();
+        Mesh::new()
+            .with_service(service("demo", "server", &[("tcp", 9000)]))
+            .with_slice(slice("demo", "server", "server-a", &[("tcp", 8080)], eps))
+            .with_config(authorization_policy(
+                "demo",
+                "allow",
+                "rules: [{from: [{source: {namespaces: [demo]}}]}]\n",
+            ))
+    }
+
+    struct Delta {
+        tx: mpsc::Sender<DeltaDiscoveryRequest>,
+        responses: Streaming<DeltaDiscoveryResponse>,
+    }
+
+    impl Delta {
+        async fn open(s: &Server) -> Delta {
+            let (tx, rx) = mpsc::channel(16);
+            let responses = s
+                .client
+                .clone()
+                .delta_aggregated_resources(ReceiverStream::new(rx))
+                .await
+                .expect("stream opens")
+                .into_inner();
+            Delta { tx, responses }
+        }
+
+        async fn send(&self, req: DeltaDiscoveryRequest) {
+            self.tx.send(req).await.expect("request sent");
+        }
+
+        async fn recv(&mut self, ty: XdsType) -> DeltaDiscoveryResponse {
+            let r = match tokio::time::timeout(HANG_GUARD, self.responses.message()).await {
+                Ok(Ok(Some(r))) => r,
+                other => panic!("no response: {other:?}"),
+            };
+            assert_eq!(r.type_url, ty.type_url());
+            r
+        }
+
+        async fn subscribe(
+            &mut self,
+            ty: XdsType,
+            sub: &[&str],
+            unsub: &[&str],
+            held: &[(&str, &str)],
+        ) -> DeltaDiscoveryResponse {
+            self.send(DeltaDiscoveryRequest {
+                node: Some(node(ZTUNNEL, "istio-system", &[])),
+                type_url: ty.type_url().into(),
+                resource_names_subscribe: sub.iter().map(|s| s.to_string()).collect(),
+                resource_names_unsubscribe: unsub.iter().map(|s| s.to_string()).collect(),
+                initial_resource_versions: held
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            })
+            .await;
+            self.recv(ty).await
+        }
+
+        async fn ack(&self, r: &DeltaDiscoveryResponse) {
+            self.send(DeltaDiscoveryRequest {
+                type_url: r.type_url.clone(),
+                response_nonce: r.nonce.clone(),
+                ..Default::default()
+            })
+            .await;
+        }
+    }
+
+    fn names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
+        r.resources.iter().map(|r| r.name.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn wildcard_updates_on_demand_and_resume() {
+        let s = server().await;
+        s.publish(
+            numbered(&ambient_mesh(&[("10.1.0.10", "server-1")]), 1),
+            full(),
+        );
+        let mut z = Delta::open(&s).await;
+        // ztunnel's wildcard: no names (or `*`) on the first request.
+        let a = z.subscribe(XdsType::Address, &[], &[], &[]).await;
+        assert_eq!(
+            names(&a),
+            [
+                "Kubernetes//Pod/demo/server-1",
+                "demo/server.demo.svc.cluster.local"
+            ]
+        );
+        z.ack(&a).await;
+        let p = z.subscribe(XdsType::Authorization, &["*"], &[], &[]).await;
+        assert_eq!(names(&p), ["demo/allow"]);
+        z.ack(&p).await;
+
+        // A new pod: only it is sent.
+        let two = ambient_mesh(&[("10.1.0.10", "server-1"), ("10.1.0.11", "server-2")]);
+        s.publish(numbered(&two, 2), full());
+        let a2 = z.recv(XdsType::Address).await;
+        assert_eq!(names(&a2), ["Kubernetes//Pod/demo/server-2"]);
+        assert!(a2.removed_resources.is_empty());
+        z.ack(&a2).await;
+        // The pod goes: removed by name.
+        s.publish(
+            numbered(&ambient_mesh(&[("10.1.0.10", "server-1")]), 3),
+            full(),
+        );
+        let a3 = z.recv(XdsType::Address).await;
+        assert!(a3.resources.is_empty());
+        assert_eq!(a3.removed_resources, ["Kubernetes//Pod/demo/server-2"]);
+        z.ack(&a3).await;
+
+        // Resume: a reconnecting ztunnel holding current versions gets none resent.
+        let held: Vec<(String, String)> = a
+            .resources
+            .iter()
+            .map(|r| (r.name.clone(), r.version.clone()))
+            .collect();
+        let held: Vec<(&str, &str)> = held.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+        let mut again = Delta::open(&s).await;
+        let r = again.subscribe(XdsType::Address, &[], &[], &held).await;
+        assert!(r.resources.is_empty(), "{:?}", names(&r));
+
+        // On demand (`XDS_ON_DEMAND`): `*` unsubscribed, then addresses by IP.
+        let mut od = Delta::open(&s).await;
+        let r = od.subscribe(XdsType::Address, &["*"], &["*"], &[]).await;
+        assert!(r.resources.is_empty());
+        od.ack(&r).await;
+        let r = od
+            .subscribe(XdsType::Address, &["/10.1.0.10"], &[], &[])
+            .await;
+        assert_eq!(names(&r), ["Kubernetes//Pod/demo/server-1"]);
+    }
+}

@@ -1,6 +1,7 @@
 //! Generator tests: build a mesh, generate for a proxy, decode the resources and check them
 //! against Istio's behaviour.
 
+mod ambient;
 mod authz;
 mod authz_fail_closed;
 mod captured;

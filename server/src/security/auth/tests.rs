@@ -241,6 +241,7 @@ fn a_proxy_gets_config_only_for_its_own_namespace_and_service_account() {
         identities: vec![identity("shop", "web")],
         source: CredentialSource::Token,
         cluster: ProvenCluster::Token("east".into()),
+        node: None,
     };
     let mut proxy = sidecar_proxy("shop", &[]);
     assert_eq!(authorize(&proxy, &caller), Ok(identity("shop", "web")));
@@ -302,6 +303,7 @@ fn the_verified_identity_is_the_callers_service_accounts_in_the_proxys_namespace
         ],
         source: CredentialSource::Certificate,
         cluster: ProvenCluster::Certificate,
+        node: None,
     };
     let mut proxy = crate::testutil::router_proxy("istio-system", &[]);
     // What the node claims plays no part.

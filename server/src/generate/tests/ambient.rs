@@ -1,0 +1,192 @@
+//! ztunnel's Address and Authorization resources (istiod's ambient index).
+
+use crate::testutil::*;
+use prost::Message as _;
+use shoal_common::model::Endpoint;
+use shoal_proto::istio_workload::{self as pb, address::Type, string_match::MatchType};
+use shoal_proto::XdsType;
+use std::collections::BTreeMap;
+
+fn pod(ip: &str, name: &str, node: &str, ambient: bool, app: &str) -> Endpoint {
+    Endpoint {
+        pod: name.into(),
+        node: node.into(),
+        ambient,
+        service_account: format!("{app}-sa"),
+        ..endpoint(ip, &[("app", app)])
+    }
+}
+
+fn mesh() -> Mesh {
+    let mut svc = service("demo", "server", &[("tcp", 9000)]);
+    svc.cluster_ips = vec!["10.96.0.10".into()];
+    Mesh::new()
+        .with_service(svc)
+        .with_slice(slice(
+            "demo",
+            "server",
+            "server-a",
+            &[("tcp", 8080)],
+            vec![
+                pod("10.1.0.10", "server-1", "node-1", true, "server"),
+                pod("10.1.0.11", "server-2", "node-2", false, "server"),
+            ],
+        ))
+        .with_config(authorization_policy(
+            "demo",
+            "allow-client",
+            r#"
+selector: {matchLabels: {app: server}}
+action: ALLOW
+rules:
+- from: [{source: {principals: ["cluster.local/ns/demo/sa/client"]}}]
+  to: [{operation: {ports: ["8080"]}}]
+- from: [{source: {namespaces: [demo]}}]
+  to: [{operation: {methods: [GET]}}]
+"#,
+        ))
+        .with_config(authorization_policy(
+            "demo",
+            "deny-http",
+            r#"
+action: DENY
+rules:
+- to: [{operation: {paths: ["/admin"]}}]
+  from: [{source: {notNamespaces: ["demo*"]}}]
+"#,
+        ))
+        .with_config(authorization_policy(
+            "istio-system",
+            "audit",
+            "action: AUDIT\nrules: [{}]\n",
+        ))
+}
+
+fn addresses(names: &[&str]) -> BTreeMap<String, pb::Address> {
+    gen(
+        XdsType::Address,
+        &ztunnel_proxy(),
+        &mesh().snapshot(),
+        names,
+    )
+    .iter()
+    .map(|r| {
+        assert_eq!(r.any.type_url, shoal_proto::ADDRESS_TYPE);
+        (r.name.clone(), pb::Address::decode(&*r.any.value).unwrap())
+    })
+    .collect()
+}
+
+fn workload(a: &pb::Address) -> &pb::Workload {
+    match &a.r#type {
+        Some(Type::Workload(w)) => w,
+        other => panic!("not a workload: {other:?}"),
+    }
+}
+
+#[test]
+fn wildcard_serves_every_pod_and_service() {
+    let all = addresses(&["*"]);
+    assert_eq!(
+        all.keys().collect::<Vec<_>>(),
+        [
+            "Kubernetes//Pod/demo/server-1",
+            "Kubernetes//Pod/demo/server-2",
+            "demo/server.demo.svc.cluster.local",
+        ]
+    );
+    let w = workload(&all["Kubernetes//Pod/demo/server-1"]);
+    assert_eq!(w.uid, "Kubernetes//Pod/demo/server-1");
+    assert_eq!(w.addresses, vec![vec![10, 1, 0, 10]]);
+    assert_eq!(w.tunnel_protocol, pb::TunnelProtocol::Hbone as i32);
+    assert_eq!(w.service_account, "server-sa");
+    assert_eq!(w.trust_domain, "cluster.local");
+    assert_eq!(w.node, "node-1");
+    assert_eq!(w.namespace, "demo");
+    assert_eq!(w.authorization_policies, ["demo/allow-client"]);
+    let ports = &w.services["demo/server.demo.svc.cluster.local"].ports;
+    assert_eq!((ports[0].service_port, ports[0].target_port), (9000, 8080));
+    // Not redirected by istio-cni: plain traffic.
+    let w2 = workload(&all["Kubernetes//Pod/demo/server-2"]);
+    assert_eq!(w2.tunnel_protocol, pb::TunnelProtocol::None as i32);
+    let Some(Type::Service(s)) = &all["demo/server.demo.svc.cluster.local"].r#type else {
+        panic!("not a service");
+    };
+    assert_eq!(s.addresses[0].address, vec![10, 96, 0, 10]);
+    assert_eq!(
+        (s.ports[0].service_port, s.hostname.as_str()),
+        (9000, "server.demo.svc.cluster.local")
+    );
+}
+
+#[test]
+fn on_demand_names_by_name_or_address() {
+    assert!(addresses(&[]).is_empty());
+    let by_ip = addresses(&["/10.1.0.11"]);
+    assert_eq!(
+        by_ip.keys().collect::<Vec<_>>(),
+        ["Kubernetes//Pod/demo/server-2"]
+    );
+    let by_vip = addresses(&["/10.96.0.10", "Kubernetes//Pod/demo/server-1"]);
+    assert_eq!(
+        by_vip.keys().collect::<Vec<_>>(),
+        [
+            "Kubernetes//Pod/demo/server-1",
+            "demo/server.demo.svc.cluster.local"
+        ]
+    );
+}
+
+#[test]
+fn sidecars_get_no_ambient_types() {
+    let snap = mesh().snapshot();
+    let p = sidecar_proxy("demo", &[]);
+    assert!(gen(XdsType::Address, &p, &snap, &["*"]).is_empty());
+    assert!(gen(XdsType::Authorization, &p, &snap, &["*"]).is_empty());
+    // And a ztunnel no Envoy types.
+    assert!(gen(XdsType::Cluster, &ztunnel_proxy(), &snap, &[]).is_empty());
+}
+
+#[test]
+fn authorization_fails_closed_on_http_fields() {
+    let out: BTreeMap<String, pb::Authorization> = gen(
+        XdsType::Authorization,
+        &ztunnel_proxy(),
+        &mesh().snapshot(),
+        &["*"],
+    )
+    .iter()
+    .map(|r| {
+        (
+            r.name.clone(),
+            pb::Authorization::decode(&*r.any.value).unwrap(),
+        )
+    })
+    .collect();
+    // AUDIT needs a waypoint: not served.
+    assert_eq!(
+        out.keys().collect::<Vec<_>>(),
+        ["demo/allow-client", "demo/deny-http"]
+    );
+    let allow = &out["demo/allow-client"];
+    assert_eq!(allow.scope, pb::Scope::WorkloadSelector as i32);
+    assert_eq!(allow.action, pb::Action::Allow as i32);
+    // The rule with `methods` is dropped: it would allow more than it says.
+    assert_eq!(allow.rules.len(), 1);
+    let clauses = &allow.rules[0].clauses;
+    assert_eq!(clauses[0].matches[0].destination_ports, [8080]);
+    assert_eq!(
+        clauses[1].matches[0].principals[0].match_type,
+        Some(MatchType::Exact("cluster.local/ns/demo/sa/client".into()))
+    );
+    let deny = &out["demo/deny-http"];
+    assert_eq!(deny.scope, pb::Scope::Namespace as i32);
+    assert_eq!(deny.action, pb::Action::Deny as i32);
+    // The DENY keeps its layer 4 part (denies more): every caller outside demo*.
+    assert_eq!(deny.rules.len(), 1);
+    let from = &deny.rules[0].clauses[1].matches[0];
+    assert_eq!(
+        from.not_namespaces[0].match_type,
+        Some(MatchType::Prefix("demo".into()))
+    );
+}

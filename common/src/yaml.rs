@@ -269,9 +269,12 @@ mod tests {
                 vec![format!("*a{p}"); 10].join(", ")
             ));
         }
+        // Refused after a bounded amount of work: expanding it would take hours. The bound
+        // is loose on purpose: the refusal takes ~4 s in a debug build on a quiet 2-core
+        // machine, and tests share those cores with compilers and end-to-end tests.
         let started = std::time::Instant::now();
         assert!(from_str::<serde_json::Value>(&bomb).is_err());
-        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert!(started.elapsed() < std::time::Duration::from_secs(60));
     }
 
     #[test]

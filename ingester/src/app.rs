@@ -211,6 +211,30 @@ pub struct IngesterArgs {
     )]
     pub watch_config: bool,
 
+    /// Deploy a proxy for each Gateway API Gateway of an Istio class, as istiod does: the
+    /// leader creates a ServiceAccount, a Deployment and a LoadBalancer Service named
+    /// `<gateway>-<class>`, owned by the Gateway, and keeps them in step with its listeners.
+    /// Needs `--watch-config` and RBAC on deployments, services and serviceaccounts.
+    #[arg(
+        long,
+        env = "SHOAL_GATEWAY_DEPLOYMENT",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_value_t = false,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub gateway_deployment: bool,
+
+    /// The proxy image of the gateways `--gateway-deployment` deploys.
+    #[arg(
+        long,
+        env = "SHOAL_GATEWAY_PROXY_IMAGE",
+        value_name = "IMAGE",
+        default_value = crate::source::kubernetes::gateway_deploy::DEFAULT_PROXY_IMAGE
+    )]
+    pub gateway_proxy_image: String,
+
     /// How long the fleet's lease stays valid after its holder last renewed it (`kube`
     /// only): a standby takes over within about this long after the leader dies. The
     /// holder renews every third of it and stops writing a quarter of it before it ends.
@@ -452,6 +476,9 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 ca_root,
                 credential_keys: credential_keys.clone(),
                 selectors,
+                gateway_proxy_image: args
+                    .gateway_deployment
+                    .then(|| args.gateway_proxy_image.clone()),
             };
             tokio::spawn(announce_synced(
                 bus.clone(),

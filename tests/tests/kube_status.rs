@@ -349,9 +349,17 @@ async fn gateway_api_gateways_are_deployed_by_the_leader() {
     config.create(other).unwrap();
     let uid = config.get(GATEWAYS, Some("shop"), "web").unwrap()["metadata"]["uid"].clone();
 
-    let deploy = ["--gateway-deployment", "--gateway-proxy-image", "proxy:test"];
+    let deploy = [
+        "--gateway-deployment",
+        "--gateway-proxy-image",
+        "proxy:test",
+    ];
     let start = |id: &str| {
-        let args = [&["--cluster-id", "main", "--instance-id", id][..], &deploy[..]].concat();
+        let args = [
+            &["--cluster-id", "main", "--instance-id", id][..],
+            &deploy[..],
+        ]
+        .concat();
         Ingester::start(&nats.url(), &config.kubeconfig(), &args)
     };
     let mut a = start("ingester-a");
@@ -390,7 +398,10 @@ async fn gateway_api_gateways_are_deployed_by_the_leader() {
         unreachable!()
     };
     let deployment = deployment.as_ref().unwrap();
-    assert_eq!(deployment["metadata"]["labels"]["istio.io/gateway-name"], "web");
+    assert_eq!(
+        deployment["metadata"]["labels"]["istio.io/gateway-name"],
+        "web"
+    );
     assert_eq!(deployment["spec"]["replicas"], 1);
     let pod = &deployment["spec"]["template"];
     assert_eq!(
@@ -413,7 +424,9 @@ async fn gateway_api_gateways_are_deployed_by_the_leader() {
     };
     assert_eq!(ports(service), [15021, 80]);
     assert!(
-        config.get("deployments.apps", Some("shop"), "other-someone-else").is_none(),
+        config
+            .get("deployments.apps", Some("shop"), "other-someone-else")
+            .is_none(),
         "another controller's Gateway is not deployed"
     );
 
@@ -423,7 +436,9 @@ async fn gateway_api_gateways_are_deployed_by_the_leader() {
     let verbs: Vec<&str> = writes.iter().map(|w| w.verb).collect();
     assert_eq!(verbs, ["create", "create", "create"], "{writes:?}");
     assert!(
-        writes.iter().all(|w| w.user_agent.contains(leader_id) && w.code == 201),
+        writes
+            .iter()
+            .all(|w| w.user_agent.contains(leader_id) && w.code == 201),
         "{writes:?}"
     );
 

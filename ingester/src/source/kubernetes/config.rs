@@ -307,7 +307,14 @@ impl ConfigSide {
                 // `validationMessages` would not fit: a structural schema would prune them
                 // and every event would ask for the write again. Not written yet.
                 if kind.group() != shoal_common::model::GATEWAY_API_GROUP {
-                    statuses.observe(kind, &resource, key.clone(), generation, status.as_ref(), verdict);
+                    statuses.observe(
+                        kind,
+                        &resource,
+                        key.clone(),
+                        generation,
+                        status.as_ref(),
+                        verdict,
+                    );
                 }
                 if let (Some(book), Ok(c)) = (&deployments, &config) {
                     match &c.spec {

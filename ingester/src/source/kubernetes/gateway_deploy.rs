@@ -224,9 +224,7 @@ fn gateway_objects(cfg: &DeployConfig, key: &ObjKey, g: &SeenGateway) -> Gateway
         "uid": g.uid,
         "controller": true,
     }]);
-    let metadata = |labels: Value| {
-        json!({"name": name, "namespace": namespace, "labels": labels, "ownerReferences": owner})
-    };
+    let metadata = |labels: Value| json!({"name": name, "namespace": namespace, "labels": labels, "ownerReferences": owner});
     let service_account = json!({
         "apiVersion": "v1", "kind": "ServiceAccount",
         "metadata": metadata(json!({GATEWAY_NAME_LABEL: gateway, MANAGED_LABEL: MANAGED_VALUE})),
@@ -563,7 +561,9 @@ impl GatewayDeployer {
             }
             .await;
             match result {
-                Ok(false) => debug!(%namespace, %gateway, %kind, %name, "gateway object already gone"),
+                Ok(false) => {
+                    debug!(%namespace, %gateway, %kind, %name, "gateway object already gone")
+                }
                 Ok(true) => {
                     info!(%namespace, %gateway, %kind, %name, "gateway object deleted");
                     self.metrics
@@ -685,7 +685,10 @@ mod tests {
         assert!(book.desired(&cfg(), &selected).is_empty());
         book.observe_class("other", ISTIO_CONTROLLER);
         assert_eq!(book.desired(&cfg(), &selected).len(), 1);
-        assert!(book.desired(&cfg(), &BTreeSet::new()).is_empty(), "not selected");
+        assert!(
+            book.desired(&cfg(), &BTreeSet::new()).is_empty(),
+            "not selected"
+        );
         book.forget_class("other");
         assert!(book.desired(&cfg(), &selected).is_empty());
         book.observe_gateway(key(), Some("u"), &gateway("istio", vec![]).spec);

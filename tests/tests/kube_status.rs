@@ -347,6 +347,17 @@ async fn gateway_api_gateways_are_deployed_by_the_leader() {
     other["metadata"]["name"] = json!("other");
     other["spec"]["gatewayClassName"] = json!("someone-else");
     config.create(other).unwrap();
+    // A Gateway whose Service name is taken by someone else's Service: that Service is
+    // left alone (its ServiceAccount and Deployment are made).
+    let mut taken = kube_gateway(80);
+    taken["metadata"]["name"] = json!("taken");
+    config.create(taken).unwrap();
+    let theirs = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "taken-istio", "namespace": "shop"},
+        "spec": {"selector": {"app": "theirs"}, "ports": [{"name": "http", "port": 9}]},
+    });
+    config.create(theirs.clone()).unwrap();
     let uid = config.get(GATEWAYS, Some("shop"), "web").unwrap()["metadata"]["uid"].clone();
 
     let deploy = [
@@ -430,11 +441,23 @@ async fn gateway_api_gateways_are_deployed_by_the_leader() {
         "another controller's Gateway is not deployed"
     );
 
-    // Three creates, all by the leader.
+    // Five creates (three for web, two for taken), all by the leader; their Service
+    // untouched.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let writes = deployment_writes(&config);
     let verbs: Vec<&str> = writes.iter().map(|w| w.verb).collect();
-    assert_eq!(verbs, ["create", "create", "create"], "{writes:?}");
+    assert_eq!(verbs, ["create"; 5], "{writes:?}");
+    assert!(
+        config
+            .get("deployments.apps", Some("shop"), "taken-istio")
+            .is_some(),
+        "{writes:?}"
+    );
+    let service = config.get("services", Some("shop"), "taken-istio").unwrap();
+    assert_eq!(
+        service["spec"], theirs["spec"],
+        "someone else's Service was changed"
+    );
     assert!(
         writes
             .iter()
@@ -450,7 +473,7 @@ async fn gateway_api_gateways_are_deployed_by_the_leader() {
     leader.kill().await;
     standby.wait_leader().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(deployment_writes(&config).len(), 3, "a takeover wrote");
+    assert_eq!(deployment_writes(&config).len(), 5, "a takeover wrote");
 
     // A listener moves: the Service follows, nothing else is written.
     config.apply(kube_gateway(8080)).unwrap();
@@ -460,25 +483,30 @@ async fn gateway_api_gateways_are_deployed_by_the_leader() {
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let writes = deployment_writes(&config);
-    let update: Vec<(&str, &str)> = writes[3..]
+    let update: Vec<(&str, &str)> = writes[5..]
         .iter()
         .map(|w| (w.verb, w.resource.as_str()))
         .collect();
     assert_eq!(update, [("patch", "services")], "{writes:?}");
-    assert!(writes[3].user_agent.contains(standby_id), "{writes:?}");
+    assert!(writes[5].user_agent.contains(standby_id), "{writes:?}");
 
-    // The Gateway goes: so do its objects (the test server collects no garbage).
+    // The Gateway goes: so do its objects (the test server collects no garbage); the
+    // other Gateway's stay.
     config.delete(GATEWAYS, Some("shop"), "web").unwrap();
     deployed_until(&config, "the objects deleted", |o| {
         o.iter().all(Option::is_none)
     })
     .await;
+    assert!(config
+        .get("deployments.apps", Some("shop"), "taken-istio")
+        .is_some());
     let metrics = standby.metrics().await;
     for line in [
         "shoal_ingester_gateway_deployment_writes_total{result=\"created\"} 0",
         "shoal_ingester_gateway_deployment_writes_total{result=\"updated\"} 1",
         "shoal_ingester_gateway_deployment_writes_total{result=\"deleted\"} 3",
-        "shoal_ingester_gateway_deployment_writes_total{result=\"error\"} 0",
+        // The taken Service, read once when it took over, not retried every few seconds.
+        "shoal_ingester_gateway_deployment_writes_total{result=\"error\"} 1",
     ] {
         assert!(metrics.contains(line), "{line}\n{metrics}");
     }

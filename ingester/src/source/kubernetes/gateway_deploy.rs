@@ -53,6 +53,38 @@ const RETRY: Duration = Duration::from_secs(5);
 /// A request that takes longer than this counts as failed.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Every deployed Gateway's objects are read again this often (reads only: what still
+/// says what the Gateway asks for is not written), so an object deleted or edited by hand
+/// is put back.
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// Why a deployment request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    /// The API server refused the request.
+    #[error("{reason} ({code}): {message}")]
+    Api {
+        /// The HTTP status.
+        code: u16,
+        /// The Status reason.
+        reason: String,
+        /// The Status message.
+        message: String,
+    },
+    /// The request did not get an answer.
+    #[error("request failed: {0}")]
+    Client(#[source] kube::Error),
+    /// The request took longer than [`WRITE_TIMEOUT`].
+    #[error("timed out")]
+    Timeout,
+    /// An object did not convert.
+    #[error("object does not convert: {0}")]
+    Convert(#[source] serde_json::Error),
+    /// An object of that name exists that no gateway controller manages.
+    #[error("exists and is not managed by a gateway controller")]
+    NotManaged,
+}
+
 /// What the deployed objects are made of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeployConfig {
@@ -401,6 +433,10 @@ impl GatewayDeployer {
     pub async fn run(mut self) {
         let mut retry: Option<Instant> = None;
         let mut selection_open = true;
+        let mut resync = tokio::time::interval_at(Instant::now() + RESYNC, RESYNC);
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Read every Gateway's objects again this round, not only the changed ones.
+        let mut verify = false;
         loop {
             tokio::select! {
                 () = self.book.notify.notified() => {}
@@ -409,6 +445,7 @@ impl GatewayDeployer {
                     selection_open = changed.is_ok();
                 }
                 () = sleep_until(retry), if retry.is_some() => {}
+                _ = resync.tick() => verify = true,
             }
             retry = None;
             if !self.leadership.leads() {
@@ -419,15 +456,16 @@ impl GatewayDeployer {
                 continue;
             };
             let desired = self.book.desired(&self.cfg, &selected);
-            if !self.reconcile(&desired).await {
+            if !self.reconcile(&desired, std::mem::take(&mut verify)).await {
                 retry = Some(Instant::now() + RETRY);
             }
         }
     }
 
-    /// Makes the cluster hold `desired`'s objects, and deletes those of Gateways it no
-    /// longer holds; false when something failed (to be retried).
-    async fn reconcile(&mut self, desired: &Desired) -> bool {
+    /// Makes the cluster hold `desired`'s objects (read again only for changed Gateways,
+    /// or all of them with `verify`), and deletes those of Gateways it no longer holds;
+    /// false when something failed (to be retried).
+    async fn reconcile(&mut self, desired: &Desired, verify: bool) -> bool {
         let mut ok = true;
         let gone: Vec<(ObjKey, GatewayObjects)> = self
             .applied
@@ -446,7 +484,7 @@ impl GatewayDeployer {
             }
         }
         for (key, objects) in desired {
-            if self.applied.get(key) == Some(objects) {
+            if !verify && self.applied.get(key) == Some(objects) {
                 continue;
             }
             if !self.leadership.leads() {
@@ -479,6 +517,13 @@ impl GatewayDeployer {
                     info!(%namespace, %gateway, %kind, %name, result = result.as_str(), "gateway object written");
                     self.metrics.gateway_deployment_written(result);
                 }
+                Err(DeployError::NotManaged) => {
+                    // Not retried every few seconds: it takes a person to resolve. Read
+                    // again when the Gateway changes, and at the next resync.
+                    warn!(%namespace, %gateway, %kind, %name, "an object of that name exists and no gateway controller manages it; left alone");
+                    self.metrics
+                        .gateway_deployment_written(DeploymentWrite::Error);
+                }
                 Err(error) => {
                     warn!(%namespace, %gateway, %kind, %name, %error, "cannot deploy the gateway object; retrying later");
                     self.metrics
@@ -498,7 +543,7 @@ impl GatewayDeployer {
         namespace: &str,
         name: &str,
         want: &Value,
-    ) -> Result<Option<DeploymentWrite>, String> {
+    ) -> Result<Option<DeploymentWrite>, DeployError> {
         let api = self.api(part, namespace);
         let existing = timed(api.get_opt(name)).await?;
         match existing {
@@ -510,12 +555,12 @@ impl GatewayDeployer {
                     body["spec"]["replicas"] = json!(1);
                 }
                 let object: DynamicObject =
-                    serde_json::from_value(body).map_err(|e| e.to_string())?;
+                    serde_json::from_value(body).map_err(DeployError::Convert)?;
                 timed(api.create(&PostParams::default(), &object)).await?;
                 Ok(Some(DeploymentWrite::Created))
             }
             Some(existing) => {
-                let have = serde_json::to_value(&existing).map_err(|e| e.to_string())?;
+                let have = serde_json::to_value(&existing).map_err(DeployError::Convert)?;
                 if contains(&have, want) {
                     return Ok(None);
                 }
@@ -525,10 +570,7 @@ impl GatewayDeployer {
                 ));
                 if managed != Some(&json!(MANAGED_VALUE)) {
                     // Someone else's object of that name: left alone, as istiod does.
-                    return Err(format!(
-                        "{} {namespace}/{name} exists and is not managed by a gateway controller",
-                        part.as_str()
-                    ));
+                    return Err(DeployError::NotManaged);
                 }
                 timed(api.patch(name, &PatchParams::default(), &Patch::Merge(want))).await?;
                 Ok(Some(DeploymentWrite::Updated))
@@ -549,13 +591,13 @@ impl GatewayDeployer {
                 let Some(existing) = timed(api.get_opt(name)).await? else {
                     return Ok(false);
                 };
-                let have = serde_json::to_value(&existing).map_err(|e| e.to_string())?;
+                let have = serde_json::to_value(&existing).map_err(DeployError::Convert)?;
                 if !is_managed_for(&have, &objects.uid) {
                     return Ok(false);
                 }
                 match timed(api.delete(name, &DeleteParams::default())).await {
                     Ok(_) => Ok(true),
-                    Err(e) if e.contains("404") => Ok(false),
+                    Err(DeployError::Api { code: 404, .. }) => Ok(false),
                     Err(e) => Err(e),
                 }
             }
@@ -581,18 +623,19 @@ impl GatewayDeployer {
     }
 }
 
-/// A Kubernetes request with [`WRITE_TIMEOUT`], its error as text.
+/// A Kubernetes request with [`WRITE_TIMEOUT`].
 async fn timed<T>(
     request: impl std::future::Future<Output = Result<T, kube::Error>>,
-) -> Result<T, String> {
+) -> Result<T, DeployError> {
     match tokio::time::timeout(WRITE_TIMEOUT, request).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(kube::Error::Api(status))) => Err(format!(
-            "{} ({}): {}",
-            status.reason, status.code, status.message
-        )),
-        Ok(Err(error)) => Err(error.to_string()),
-        Err(_) => Err("timed out".to_string()),
+        Ok(Err(kube::Error::Api(status))) => Err(DeployError::Api {
+            code: status.code,
+            reason: status.reason,
+            message: status.message,
+        }),
+        Ok(Err(error)) => Err(DeployError::Client(error)),
+        Err(_) => Err(DeployError::Timeout),
     }
 }
 

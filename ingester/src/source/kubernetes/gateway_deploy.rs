@@ -320,7 +320,36 @@ fn gateway_objects(cfg: &DeployConfig, key: &ObjKey, g: &SeenGateway) -> Gateway
                             "periodSeconds": 15,
                             "failureThreshold": 4,
                         },
+                        // Where the Istio agent looks for its token, the mesh root and its
+                        // scratch space, as istiod's gateway template mounts them.
+                        "volumeMounts": [
+                            {"name": "workload-socket", "mountPath": "/var/run/secrets/workload-spiffe-uds"},
+                            {"name": "credential-socket", "mountPath": "/var/run/secrets/credential-uds"},
+                            {"name": "workload-certs", "mountPath": "/var/run/secrets/workload-spiffe-credentials"},
+                            {"name": "istio-envoy", "mountPath": "/etc/istio/proxy"},
+                            {"name": "istio-data", "mountPath": "/var/lib/istio/data"},
+                            {"name": "istio-podinfo", "mountPath": "/etc/istio/pod"},
+                            {"name": "istio-token", "mountPath": "/var/run/secrets/tokens"},
+                            {"name": "istiod-ca-cert", "mountPath": "/var/run/secrets/istio"},
+                        ],
                     }],
+                    "volumes": [
+                        {"name": "workload-socket", "emptyDir": {}},
+                        {"name": "credential-socket", "emptyDir": {}},
+                        {"name": "workload-certs", "emptyDir": {}},
+                        {"name": "istio-envoy", "emptyDir": {"medium": "Memory"}},
+                        {"name": "istio-data", "emptyDir": {}},
+                        {"name": "istio-podinfo", "downwardAPI": {"items": [
+                            {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+                            {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
+                        ]}},
+                        // The token shoal's server verifies (audience istio-ca, 12 h).
+                        {"name": "istio-token", "projected": {"sources": [{"serviceAccountToken": {
+                            "path": "istio-token", "audience": "istio-ca", "expirationSeconds": 43200,
+                        }}]}},
+                        // The mesh root the ingester writes with --ca-root-cert.
+                        {"name": "istiod-ca-cert", "configMap": {"name": "istio-ca-root-cert"}},
+                    ],
                 },
             },
         },

@@ -197,7 +197,32 @@ impl ConfigSide {
                         }
                     }
                 }
+                if let (
+                    Some((book, _)),
+                    Change::Apply(key, Ok(c)) | Change::InitApply(key, Ok(c)),
+                ) = (&self.deployments, &change)
+                {
+                    match &c.spec {
+                        ConfigSpec::KubeGateway(g) => book.observe_gateway(key, g),
+                        ConfigSpec::GatewayClass(class) => {
+                            book.observe_class(&key.1, &class.controller_name);
+                        }
+                        _ => {}
+                    }
+                }
+                let relisted = matches!(change, Change::InitDone);
                 self.dirty.add_touched(&store.apply(change));
+                // A relist ends with what exists: objects deleted while the watch was
+                // down are forgotten too (they never got a Delete).
+                if let (true, Some((book, _))) = (relisted, &self.deployments) {
+                    match kind {
+                        ConfigKind::KubeGateway => book.retain_gateways(|k| store.get(k).is_some()),
+                        ConfigKind::GatewayClass => {
+                            book.retain_classes(|name| store.iter().any(|((_, n), _)| n == name));
+                        }
+                        _ => {}
+                    }
+                }
             }
             Update::Credential(change) => {
                 if let Some(c) = &mut self.credentials {
@@ -254,6 +279,13 @@ impl ConfigSide {
             self.kinds.remove(&kind);
             self.store.kinds.remove(&kind);
             self.statuses.forget_kind(kind);
+            if let Some((book, _)) = &self.deployments {
+                match kind {
+                    ConfigKind::KubeGateway => book.forget_gateways(),
+                    ConfigKind::GatewayClass => book.retain_classes(|_| false),
+                    _ => {}
+                }
+            }
             self.errors.remove(kind.as_str());
             self.dirty.add_all();
         }
@@ -316,14 +348,11 @@ impl ConfigSide {
                         verdict,
                     );
                 }
-                if let (Some(book), Ok(c)) = (&deployments, &config) {
-                    match &c.spec {
-                        ConfigSpec::KubeGateway(g) => book.observe_gateway(key, uid.as_deref(), g),
-                        ConfigSpec::GatewayClass(class) => {
-                            book.observe_class(&key.1, &class.controller_name);
-                        }
-                        _ => {}
-                    }
+                if let Some(book) = deployments
+                    .as_ref()
+                    .filter(|_| kind == ConfigKind::KubeGateway)
+                {
+                    book.note_uid(&key, uid.as_deref());
                 }
                 config.map(|c| Some(Box::new(c)))
             },

@@ -104,6 +104,10 @@ struct SeenGateway {
 #[derive(Debug, Default)]
 struct Book {
     gateways: BTreeMap<ObjKey, SeenGateway>,
+    /// The uid of each Gateway the watch returned (the model has none): noted in the watch
+    /// task, before its change reaches [`GatewayBook::observe_gateway`]. Never pruned but
+    /// with the kind: a name per Gateway ever seen.
+    uids: BTreeMap<ObjKey, String>,
     /// GatewayClass name → controller name.
     classes: BTreeMap<String, String>,
 }
@@ -121,17 +125,30 @@ impl GatewayBook {
         self.book.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records an accepted version of a Gateway (a rejected one keeps the previous good
-    /// version's objects, as its config is kept).
-    pub fn observe_gateway(&self, key: ObjKey, uid: Option<&str>, spec: &KubeGateway) {
-        let Some(uid) = uid.filter(|u| !u.is_empty()) else {
+    /// Notes the uid of a Gateway the watch returned.
+    pub fn note_uid(&self, key: &ObjKey, uid: Option<&str>) {
+        if let Some(uid) = uid.filter(|u| !u.is_empty()) {
+            let mut book = self.lock();
+            if book.uids.get(key).map(String::as_str) != Some(uid) {
+                book.uids.insert(key.clone(), uid.to_string());
+            }
+        }
+    }
+
+    /// Records an accepted version of a Gateway, in the order of the config side's
+    /// changes (a rejected one keeps the previous good version's objects, as its config is
+    /// kept).
+    pub fn observe_gateway(&self, key: &ObjKey, spec: &KubeGateway) {
+        let mut book = self.lock();
+        let Some(uid) = book.uids.get(key).cloned() else {
             return; // no owner reference without a uid; every served object has one
         };
         let seen = SeenGateway {
-            uid: uid.to_string(),
+            uid,
             spec: spec.clone(),
         };
-        let changed = self.lock().gateways.insert(key, seen.clone()) != Some(seen);
+        let changed = book.gateways.insert(key.clone(), seen.clone()) != Some(seen);
+        drop(book);
         if changed {
             self.notify.notify_one();
         }
@@ -140,6 +157,39 @@ impl GatewayBook {
     /// Forgets a deleted Gateway: its objects are deleted.
     pub fn forget_gateway(&self, key: &ObjKey) {
         if self.lock().gateways.remove(key).is_some() {
+            self.notify.notify_one();
+        }
+    }
+
+    /// Keeps only the Gateways for which `keep` holds (after a relist, the ones it
+    /// listed): the others' objects are deleted.
+    pub fn retain_gateways(&self, keep: impl Fn(&ObjKey) -> bool) {
+        let mut book = self.lock();
+        let before = book.gateways.len();
+        book.gateways.retain(|key, _| keep(key));
+
+        if book.gateways.len() != before {
+            drop(book);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Forgets every Gateway and uid: the kind's CRD is gone (so are its objects).
+    pub fn forget_gateways(&self) {
+        let mut book = self.lock();
+        book.uids.clear();
+        book.gateways.clear();
+        drop(book);
+        self.notify.notify_one();
+    }
+
+    /// Keeps only the GatewayClasses for which `keep` holds.
+    pub fn retain_classes(&self, keep: impl Fn(&str) -> bool) {
+        let mut book = self.lock();
+        let before = book.classes.len();
+        book.classes.retain(|name, _| keep(name));
+        if book.classes.len() != before {
+            drop(book);
             self.notify.notify_one();
         }
     }
@@ -753,7 +803,8 @@ mod tests {
     fn only_istio_classes_are_deployed() {
         let book = GatewayBook::default();
         let selected = BTreeSet::from(["shop".to_string()]);
-        book.observe_gateway(key(), Some("u"), &gateway("other", vec![]).spec);
+        book.note_uid(&key(), Some("u"));
+        book.observe_gateway(&key(), &gateway("other", vec![]).spec);
         assert!(book.desired(&cfg(), &selected).is_empty());
         book.observe_class("other", ISTIO_CONTROLLER);
         assert_eq!(book.desired(&cfg(), &selected).len(), 1);
@@ -763,9 +814,13 @@ mod tests {
         );
         book.forget_class("other");
         assert!(book.desired(&cfg(), &selected).is_empty());
-        book.observe_gateway(key(), Some("u"), &gateway("istio", vec![]).spec);
+        book.observe_gateway(&key(), &gateway("istio", vec![]).spec);
         assert_eq!(book.desired(&cfg(), &selected).len(), 1);
         book.forget_gateway(&key());
+        assert!(book.desired(&cfg(), &selected).is_empty());
+        // A relist that no longer lists it, or its CRD gone: forgotten.
+        book.observe_gateway(&key(), &gateway("istio", vec![]).spec);
+        book.retain_gateways(|k| *k != key());
         assert!(book.desired(&cfg(), &selected).is_empty());
     }
 

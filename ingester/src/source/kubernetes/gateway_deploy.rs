@@ -596,10 +596,11 @@ impl GatewayDeployer {
                     info!(%namespace, %gateway, %kind, %name, result = result.as_str(), "gateway object written");
                     self.metrics.gateway_deployment_written(result);
                 }
-                Err(DeployError::NotManaged) => {
-                    // Not retried every few seconds: it takes a person to resolve. Read
-                    // again when the Gateway changes, and at the next resync.
-                    warn!(%namespace, %gateway, %kind, %name, "an object of that name exists and no gateway controller manages it; left alone");
+                Err(error @ (DeployError::NotManaged | DeployError::Api { code: 422, .. })) => {
+                    // Not retried every few seconds: someone else's object, or one the API
+                    // server finds invalid (a name over 63 characters), takes a person to
+                    // resolve. Read again when the Gateway changes, and at the next resync.
+                    warn!(%namespace, %gateway, %kind, %name, %error, "cannot deploy the gateway object; left alone until the Gateway changes");
                     self.metrics
                         .gateway_deployment_written(DeploymentWrite::Error);
                 }

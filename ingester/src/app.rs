@@ -437,6 +437,12 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                      from the local cluster, which this fleet does not watch"
                 );
             }
+            if args.gateway_deployment && !args.watch_config {
+                anyhow::bail!(
+                    "--gateway-deployment needs --watch-config: the Gateways are read with the \
+                     Istio config"
+                );
+            }
             let unlabelled_secrets = args.takes_unlabelled_secrets();
             let ca_root = match args.ca_root_cert.clone() {
                 Some(path) => Some(kubernetes::ca_root::follow(path, kube_metrics.clone())?),
@@ -552,6 +558,20 @@ mod tests {
         assert!(args.watch_config);
         assert!(args.local_cluster);
         assert!(args.takes_unlabelled_secrets());
+        // Gateway deployment is off unless asked for.
+        assert!(!args.gateway_deployment);
+        assert_eq!(args.gateway_proxy_image, "docker.io/istio/proxyv2:1.24.2");
+        let on = IngesterArgs::try_parse_from([
+            "shoal-ingester",
+            "--source",
+            "kube",
+            "--gateway-deployment",
+            "--gateway-proxy-image",
+            "example.com/proxy:1",
+        ])
+        .unwrap();
+        assert!(on.gateway_deployment);
+        assert_eq!(on.gateway_proxy_image, "example.com/proxy:1");
         assert_eq!(
             args.handover_timeout.get(),
             std::time::Duration::from_secs(30)

@@ -91,6 +91,11 @@ READ_VERBS = {"get", "list", "watch"}
 # (istio-ca-root-cert) in every namespace: create and update, never delete.
 STATUS_VERBS = {"update", "patch"}
 CONFIG_MAP_VERBS = {"get", "list", "watch", "create", "update"}
+# gateways.deployment: what the leader writes for each Gateway API Gateway.
+DEPLOY_RULES = [
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "create", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["services", "serviceaccounts"], "verbs": ["get", "create", "patch", "delete"]},
+]
 INGESTER_STATUS_RULES = {
     group: {f"{kind}/status" for kind in INGESTER_CLUSTER_RULES[group]}
     for group in ("networking.istio.io", "security.istio.io")
@@ -130,7 +135,10 @@ def everything_on() -> dict[str, Any]:
             "priorityClassName": "system-cluster-critical",
         },
         "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
-        "gateways": {"credentials": {"enabled": True}},
+        "gateways": {
+            "credentials": {"enabled": True},
+            "deployment": {"enabled": True, "proxyImage": "example.com/proxy:1"},
+        },
     }
 
 
@@ -1000,8 +1008,12 @@ def test_rbac_least_privilege(value_set):
     # ingester's reads them) or wildcards; all are read-only but for the status
     # subresources of the Istio kinds.
     credentials = merged(value_set)["gateways"]["credentials"]["enabled"]
+    deploy = merged(value_set)["gateways"]["deployment"]["enabled"]
     for role in of_kind(objects, "ClusterRole"):
         for rule in role["rules"]:
+            if rule in DEPLOY_RULES:
+                assert deploy, f"ClusterRole {role['metadata']['name']} grants gateway deployment"
+                continue
             if "secrets" in rule.get("resources", []):
                 assert credentials, f"ClusterRole {role['metadata']['name']} grants secrets"
                 assert rule == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}, rule
@@ -1028,8 +1040,10 @@ def test_rbac_least_privilege(value_set):
         status_granted: dict[str, set[str]] = {}
         config_maps = [r for r in cluster_role["rules"] if r["resources"] == ["configmaps"]]
         assert len(config_maps) == int(merged(value_set)["ca"]["enabled"]), config_maps
+        deploy_rules = [r for r in cluster_role["rules"] if r in DEPLOY_RULES]
+        assert deploy_rules == (DEPLOY_RULES if deploy else []), deploy_rules
         for rule in cluster_role["rules"]:
-            if rule in config_maps:
+            if rule in config_maps or rule in DEPLOY_RULES:
                 continue
             assert set(rule["verbs"]) in (READ_VERBS, STATUS_VERBS), rule
             into = granted if set(rule["verbs"]) == READ_VERBS else status_granted
@@ -1105,6 +1119,28 @@ def test_gateway_credentials_key_and_rbac(chart):
     for d, _ in containers(given):
         volumes = {v["name"]: v for v in pod_spec(d)["volumes"]}
         assert volumes["credential-key"]["secret"]["secretName"] == "my-key"
+
+
+def test_gateway_deployment_flag_and_rbac(chart):
+    """gateways.deployment: off, no ingester gets --gateway-deployment and no ClusterRole
+    writes deployments, services or serviceaccounts; on, the fleet with watchConfig gets the
+    flag (and the proxy image) and its ClusterRole exactly the deployment rules."""
+    off = render("default")
+    assert all(arg_value(c, "--gateway-deployment") is None for _, c in containers(off))
+    rules = [r for role in of_kind(off, "ClusterRole") for r in role["rules"]]
+    assert not [r for r in rules if r in DEPLOY_RULES]
+
+    on = render_values(
+        chart,
+        {"gateways": {"deployment": {"enabled": True, "proxyImage": "example.com/proxy:1"}}},
+    )
+    ingesters = [c for d, c in containers(on) if d in deployments(on, "ingester")]
+    assert ingesters
+    for c in ingesters:
+        assert arg_value(c, "--gateway-deployment") == "true", c["args"]
+        assert arg_value(c, "--gateway-proxy-image") == "example.com/proxy:1", c["args"]
+    rules = [r for role in of_kind(on, "ClusterRole") for r in role["rules"]]
+    assert [r for r in rules if r in DEPLOY_RULES] == DEPLOY_RULES
 
 
 def test_secrets_role_follows_system_namespace(chart):

@@ -211,6 +211,30 @@ pub struct IngesterArgs {
     )]
     pub watch_config: bool,
 
+    /// Deploy a proxy for each Gateway API Gateway of an Istio class, as istiod does: the
+    /// leader creates a ServiceAccount, a Deployment and a LoadBalancer Service named
+    /// `<gateway>-<class>`, owned by the Gateway, and keeps them in step with its listeners.
+    /// Needs `--watch-config` and RBAC on deployments, services and serviceaccounts.
+    #[arg(
+        long,
+        env = "SHOAL_GATEWAY_DEPLOYMENT",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_value_t = false,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub gateway_deployment: bool,
+
+    /// The proxy image of the gateways `--gateway-deployment` deploys.
+    #[arg(
+        long,
+        env = "SHOAL_GATEWAY_PROXY_IMAGE",
+        value_name = "IMAGE",
+        default_value = crate::source::kubernetes::gateway_deploy::DEFAULT_PROXY_IMAGE
+    )]
+    pub gateway_proxy_image: String,
+
     /// How long the fleet's lease stays valid after its holder last renewed it (`kube`
     /// only): a standby takes over within about this long after the leader dies. The
     /// holder renews every third of it and stops writing a quarter of it before it ends.
@@ -413,6 +437,12 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                      from the local cluster, which this fleet does not watch"
                 );
             }
+            if args.gateway_deployment && !args.watch_config {
+                anyhow::bail!(
+                    "--gateway-deployment needs --watch-config: the Gateways are read with the \
+                     Istio config"
+                );
+            }
             let unlabelled_secrets = args.takes_unlabelled_secrets();
             let ca_root = match args.ca_root_cert.clone() {
                 Some(path) => Some(kubernetes::ca_root::follow(path, kube_metrics.clone())?),
@@ -452,6 +482,9 @@ pub async fn run(args: IngesterArgs) -> anyhow::Result<()> {
                 ca_root,
                 credential_keys: credential_keys.clone(),
                 selectors,
+                gateway_proxy_image: args
+                    .gateway_deployment
+                    .then(|| args.gateway_proxy_image.clone()),
             };
             tokio::spawn(announce_synced(
                 bus.clone(),
@@ -525,6 +558,20 @@ mod tests {
         assert!(args.watch_config);
         assert!(args.local_cluster);
         assert!(args.takes_unlabelled_secrets());
+        // Gateway deployment is off unless asked for.
+        assert!(!args.gateway_deployment);
+        assert_eq!(args.gateway_proxy_image, "docker.io/istio/proxyv2:1.24.2");
+        let on = IngesterArgs::try_parse_from([
+            "shoal-ingester",
+            "--source",
+            "kube",
+            "--gateway-deployment",
+            "--gateway-proxy-image",
+            "example.com/proxy:1",
+        ])
+        .unwrap();
+        assert!(on.gateway_deployment);
+        assert_eq!(on.gateway_proxy_image, "example.com/proxy:1");
         assert_eq!(
             args.handover_timeout.get(),
             std::time::Duration::from_secs(30)

@@ -24,7 +24,8 @@
 //!
 //! # Resources
 //!
-//! core/v1 `namespaces`, `nodes`, `pods`, `services`, `secrets`, `configmaps`;
+//! core/v1 `namespaces`, `nodes`, `pods`, `services`, `serviceaccounts`, `secrets`,
+//! `configmaps`; `apps/v1` `deployments`;
 //! `discovery.k8s.io/v1` `endpointslices`; `coordination.k8s.io/v1` `leases`;
 //! `apiextensions.k8s.io/v1` `customresourcedefinitions`; and the custom resources of every
 //! CRD that exists, at each served version (Istio's `networking.istio.io` v1/v1beta1/v1alpha3

@@ -273,3 +273,241 @@ async fn eventually_leader<'a>(
         None => panic!("no ingester leads"),
     }
 }
+
+const GATEWAYS: &str = "gateways.gateway.networking.k8s.io";
+/// What is deployed for a Gateway, by the resource name the test server's audit uses.
+const DEPLOYED: [&str; 3] = ["serviceaccounts", "deployments.apps", "services"];
+
+/// The Gateway `shop/web` of class `istio`, one HTTP listener on `port`.
+fn kube_gateway(port: u16) -> Value {
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"gatewayClassName": "istio",
+                 "listeners": [{"name": "http", "port": port, "protocol": "HTTP"}]},
+    })
+}
+
+/// The writes to deployed objects so far.
+fn deployment_writes(cluster: &KubeApiServer) -> Vec<shoal_tests::kubeapi::ObjectWrite> {
+    DEPLOYED
+        .iter()
+        .flat_map(|r| cluster.writes_for(r))
+        .collect()
+}
+
+/// Waits until `check` holds for the objects named `web-istio` (`None` where absent).
+async fn deployed_until(
+    cluster: &KubeApiServer,
+    what: &str,
+    check: impl Fn(&[Option<Value>]) -> bool,
+) -> Vec<Option<Value>> {
+    let objects = || -> Vec<Option<Value>> {
+        DEPLOYED
+            .iter()
+            .map(|r| cluster.get(r, Some("shop"), "web-istio"))
+            .collect()
+    };
+    eventually(TIMEOUT, POLL, || {
+        let objects = objects();
+        let ok = check(&objects);
+        async move {
+            match ok {
+                true => Ok(()),
+                false => Err(format!("waiting for {what}; objects: {objects:?}")),
+            }
+        }
+    })
+    .await;
+    objects()
+}
+
+/// `--gateway-deployment`: a Gateway of class `istio` alone gets its ServiceAccount,
+/// Deployment and LoadBalancer Service (`<gateway>-<class>`), owned by it and labelled as
+/// istiod labels them; only the leader writes, a takeover writes nothing, a listener change
+/// updates the Service alone, and deleting the Gateway deletes them.
+#[tokio::test]
+async fn gateway_api_gateways_are_deployed_by_the_leader() {
+    let nats = NatsServer::start().await;
+    let config = config_cluster().await;
+    populate(&config, "shop", json!({}), "local");
+    for (kind, plural, scope) in [
+        ("GatewayClass", "gatewayclasses", "Cluster"),
+        ("Gateway", "gateways", "Namespaced"),
+    ] {
+        let mut crd = istio_crd(kind, plural);
+        crd["metadata"]["name"] = json!(format!("{plural}.gateway.networking.k8s.io"));
+        crd["spec"]["group"] = json!("gateway.networking.k8s.io");
+        crd["spec"]["scope"] = json!(scope);
+        config.create(crd).unwrap();
+    }
+    config.create(kube_gateway(80)).unwrap();
+    // Another controller's class: not deployed.
+    let mut other = kube_gateway(80);
+    other["metadata"]["name"] = json!("other");
+    other["spec"]["gatewayClassName"] = json!("someone-else");
+    config.create(other).unwrap();
+    // A Gateway whose Service name is taken by someone else's Service: that Service is
+    // left alone (its ServiceAccount and Deployment are made).
+    let mut taken = kube_gateway(80);
+    taken["metadata"]["name"] = json!("taken");
+    config.create(taken).unwrap();
+    let theirs = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "taken-istio", "namespace": "shop"},
+        "spec": {"selector": {"app": "theirs"}, "ports": [{"name": "http", "port": 9}]},
+    });
+    config.create(theirs.clone()).unwrap();
+    let uid = config.get(GATEWAYS, Some("shop"), "web").unwrap()["metadata"]["uid"].clone();
+
+    let deploy = [
+        "--gateway-deployment",
+        "--gateway-proxy-image",
+        "proxy:test",
+    ];
+    let start = |id: &str| {
+        let args = [
+            &["--cluster-id", "main", "--instance-id", id][..],
+            &deploy[..],
+        ]
+        .concat();
+        Ingester::start(&nats.url(), &config.kubeconfig(), &args)
+    };
+    let mut a = start("ingester-a");
+    let mut b = start("ingester-b");
+    a.wait_ready().await;
+    b.wait_ready().await;
+    let leader_pid = eventually_leader(&mut a, &mut b).await.0.pid();
+    let a_leads = leader_pid == a.pid();
+    let (leader_id, standby_id) = match a_leads {
+        true => ("ingester-a", "ingester-b"),
+        false => ("ingester-b", "ingester-a"),
+    };
+
+    let objects = deployed_until(&config, "the deployed objects", |o| {
+        o.iter().all(Option::is_some)
+    })
+    .await;
+    for object in objects.iter().flatten() {
+        let meta = &object["metadata"];
+        assert_eq!(
+            meta["labels"]["gateway.networking.k8s.io/gateway-name"], "web",
+            "{object}"
+        );
+        assert_eq!(
+            meta["labels"]["gateway.istio.io/managed"], "istio.io-gateway-controller",
+            "{object}"
+        );
+        assert_eq!(
+            meta["ownerReferences"],
+            json!([{"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                    "name": "web", "uid": uid, "controller": true}]),
+            "{object}"
+        );
+    }
+    let [_, deployment, service] = &objects[..] else {
+        unreachable!()
+    };
+    let deployment = deployment.as_ref().unwrap();
+    assert_eq!(
+        deployment["metadata"]["labels"]["istio.io/gateway-name"],
+        "web"
+    );
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    let pod = &deployment["spec"]["template"];
+    assert_eq!(
+        pod["metadata"]["labels"]["gateway.networking.k8s.io/gateway-name"],
+        "web"
+    );
+    assert_eq!(pod["spec"]["serviceAccountName"], "web-istio");
+    assert_eq!(pod["spec"]["containers"][0]["image"], "proxy:test");
+    let service = service.as_ref().unwrap();
+    assert_eq!(service["spec"]["type"], "LoadBalancer");
+    assert_eq!(
+        service["spec"]["selector"],
+        json!({"gateway.networking.k8s.io/gateway-name": "web"})
+    );
+    let ports = |s: &Value| -> Vec<u64> {
+        s["spec"]["ports"]
+            .as_array()
+            .map(|p| p.iter().filter_map(|p| p["port"].as_u64()).collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(ports(service), [15021, 80]);
+    assert!(
+        config
+            .get("deployments.apps", Some("shop"), "other-someone-else")
+            .is_none(),
+        "another controller's Gateway is not deployed"
+    );
+
+    // Five creates (three for web, two for taken), all by the leader; their Service
+    // untouched.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let writes = deployment_writes(&config);
+    let verbs: Vec<&str> = writes.iter().map(|w| w.verb).collect();
+    assert_eq!(verbs, ["create"; 5], "{writes:?}");
+    assert!(
+        config
+            .get("deployments.apps", Some("shop"), "taken-istio")
+            .is_some(),
+        "{writes:?}"
+    );
+    let service = config.get("services", Some("shop"), "taken-istio").unwrap();
+    assert_eq!(
+        service["spec"], theirs["spec"],
+        "someone else's Service was changed"
+    );
+    assert!(
+        writes
+            .iter()
+            .all(|w| w.user_agent.contains(leader_id) && w.code == 201),
+        "{writes:?}"
+    );
+
+    // The leader dies; the standby takes over, finds everything in place, writes nothing.
+    let (leader, standby) = match a_leads {
+        true => (&mut a, &mut b),
+        false => (&mut b, &mut a),
+    };
+    leader.kill().await;
+    standby.wait_leader().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(deployment_writes(&config).len(), 5, "a takeover wrote");
+
+    // A listener moves: the Service follows, nothing else is written.
+    config.apply(kube_gateway(8080)).unwrap();
+    deployed_until(&config, "the Service on the new port", |o| {
+        o[2].as_ref().is_some_and(|s| ports(s) == [15021, 8080])
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let writes = deployment_writes(&config);
+    let update: Vec<(&str, &str)> = writes[5..]
+        .iter()
+        .map(|w| (w.verb, w.resource.as_str()))
+        .collect();
+    assert_eq!(update, [("patch", "services")], "{writes:?}");
+    assert!(writes[5].user_agent.contains(standby_id), "{writes:?}");
+
+    // The Gateway goes: so do its objects (the test server collects no garbage); the
+    // other Gateway's stay.
+    config.delete(GATEWAYS, Some("shop"), "web").unwrap();
+    deployed_until(&config, "the objects deleted", |o| {
+        o.iter().all(Option::is_none)
+    })
+    .await;
+    assert!(config
+        .get("deployments.apps", Some("shop"), "taken-istio")
+        .is_some());
+    let metrics = standby.metrics().await;
+    for line in [
+        "shoal_ingester_gateway_deployment_writes_total{result=\"created\"} 0",
+        "shoal_ingester_gateway_deployment_writes_total{result=\"updated\"} 1",
+        "shoal_ingester_gateway_deployment_writes_total{result=\"deleted\"} 3",
+        // The taken Service, read once when it took over, not retried every few seconds.
+        "shoal_ingester_gateway_deployment_writes_total{result=\"error\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
+    }
+}

@@ -15,6 +15,7 @@
 //! object was rejected (see [`super::object_status`]).
 
 use super::context::ClusterContext;
+use super::gateway_deploy::{DeployConfig, GatewayBook, GatewayDeployer};
 use super::metrics::WatchKind;
 use super::object_status::{Selection, StatusBook, StatusReporter, Verdict};
 use super::reduce::{self, CrdInfo};
@@ -31,7 +32,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use shoal_common::credential::CredentialKeys;
-use shoal_common::model::ConfigKind;
+use shoal_common::model::{ConfigKind, ConfigSpec};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch as tokio_watch};
@@ -79,6 +80,9 @@ pub struct ConfigSide {
     /// The namespaces whose objects may get a status, for the reporter.
     selection: tokio_watch::Sender<Selection>,
     _reporter: TaskGuard,
+    /// The Gateways to deploy, when `--gateway-deployment` is on, and the task deploying
+    /// them.
+    deployments: Option<(GatewayBook, TaskGuard)>,
     /// Gateway credentials, when the ingester has keys to seal them.
     credentials: Option<CredentialWatch>,
 }
@@ -128,6 +132,21 @@ impl ConfigSide {
             ctx.metrics.clone(),
             cluster,
         );
+        let deployments = ctx.gateway_proxy_image.clone().map(|proxy_image| {
+            let book = GatewayBook::default();
+            let deployer = GatewayDeployer::new(
+                client.clone(),
+                DeployConfig {
+                    proxy_image,
+                    cluster_id: cluster.to_string(),
+                },
+                book.clone(),
+                ctx.leadership.clone(),
+                selection.subscribe(),
+                ctx.metrics.clone(),
+            );
+            (book, TaskGuard::new(tokio::spawn(deployer.run())))
+        });
         ConfigSide {
             cluster: cluster.to_string(),
             client,
@@ -143,6 +162,7 @@ impl ConfigSide {
             statuses,
             selection,
             _reporter: TaskGuard::new(tokio::spawn(reporter.run())),
+            deployments,
             credentials,
         }
     }
@@ -169,8 +189,40 @@ impl ConfigSide {
                 };
                 if let Change::Delete(key) = &change {
                     self.statuses.forget(kind, key);
+                    if let Some((book, _)) = &self.deployments {
+                        match kind {
+                            ConfigKind::KubeGateway => book.forget_gateway(key),
+                            ConfigKind::GatewayClass => book.forget_class(&key.1),
+                            _ => {}
+                        }
+                    }
                 }
+                if let (
+                    Some((book, _)),
+                    Change::Apply(key, Ok(c)) | Change::InitApply(key, Ok(c)),
+                ) = (&self.deployments, &change)
+                {
+                    match &c.spec {
+                        ConfigSpec::KubeGateway(g) => book.observe_gateway(key, g),
+                        ConfigSpec::GatewayClass(class) => {
+                            book.observe_class(&key.1, &class.controller_name);
+                        }
+                        _ => {}
+                    }
+                }
+                let relisted = matches!(change, Change::InitDone);
                 self.dirty.add_touched(&store.apply(change));
+                // A relist ends with what exists: objects deleted while the watch was
+                // down are forgotten too (they never got a Delete).
+                if let (true, Some((book, _))) = (relisted, &self.deployments) {
+                    match kind {
+                        ConfigKind::KubeGateway => book.retain_gateways(|k| store.get(k).is_some()),
+                        ConfigKind::GatewayClass => {
+                            book.retain_classes(|name| store.iter().any(|((_, n), _)| n == name));
+                        }
+                        _ => {}
+                    }
+                }
             }
             Update::Credential(change) => {
                 if let Some(c) = &mut self.credentials {
@@ -227,6 +279,13 @@ impl ConfigSide {
             self.kinds.remove(&kind);
             self.store.kinds.remove(&kind);
             self.statuses.forget_kind(kind);
+            if let Some((book, _)) = &self.deployments {
+                match kind {
+                    ConfigKind::KubeGateway => book.forget_gateways(),
+                    ConfigKind::GatewayClass => book.retain_classes(|_| false),
+                    _ => {}
+                }
+            }
             self.errors.remove(kind.as_str());
             self.dirty.add_all();
         }
@@ -253,6 +312,7 @@ impl ConfigSide {
             ..self.sink.clone()
         };
         let statuses = self.statuses.clone();
+        let deployments = self.deployments.as_ref().map(|(book, _)| book.clone());
         let resource = Arc::new(resource);
         let task = watch::spawn(
             api,
@@ -262,6 +322,7 @@ impl ConfigSide {
             move |mut obj: DynamicObject| {
                 let key = reduce::key_of(&obj.metadata);
                 let generation = obj.metadata.generation;
+                let uid = obj.metadata.uid.clone();
                 let status = obj.data.get_mut("status").map(serde_json::Value::take);
                 let config = reduce::config(kind, obj);
                 let unenforced = match &config {
@@ -278,7 +339,20 @@ impl ConfigSide {
                 // `validationMessages` would not fit: a structural schema would prune them
                 // and every event would ask for the write again. Not written yet.
                 if kind.group() != shoal_common::model::GATEWAY_API_GROUP {
-                    statuses.observe(kind, &resource, key, generation, status.as_ref(), verdict);
+                    statuses.observe(
+                        kind,
+                        &resource,
+                        key.clone(),
+                        generation,
+                        status.as_ref(),
+                        verdict,
+                    );
+                }
+                if let Some(book) = deployments
+                    .as_ref()
+                    .filter(|_| kind == ConfigKind::KubeGateway)
+                {
+                    book.note_uid(&key, uid.as_deref());
                 }
                 config.map(|c| Some(Box::new(c)))
             },

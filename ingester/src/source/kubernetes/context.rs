@@ -39,6 +39,9 @@ pub struct ClusterContext {
     /// The system namespace: in each cluster, its `topology.istio.io/network` label names
     /// the cluster's network.
     pub system_namespace: String,
+    /// The proxy image of the gateways deployed for Gateway API Gateways
+    /// (`--gateway-deployment`); `None`: nothing is deployed.
+    pub gateway_proxy_image: Option<String>,
 }
 
 impl ClusterContext {

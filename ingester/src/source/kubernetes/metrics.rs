@@ -164,6 +164,39 @@ impl StatusWrite {
     }
 }
 
+/// The `result` label of `shoal_ingester_gateway_deployment_writes_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeploymentWrite {
+    /// An object was created.
+    Created,
+    /// An object was changed to what the Gateway asks for.
+    Updated,
+    /// An object of a deleted (or no longer deployed) Gateway was deleted.
+    Deleted,
+    /// The write failed (retried later).
+    Error,
+}
+
+impl DeploymentWrite {
+    /// Every value.
+    pub const ALL: [DeploymentWrite; 4] = [
+        DeploymentWrite::Created,
+        DeploymentWrite::Updated,
+        DeploymentWrite::Deleted,
+        DeploymentWrite::Error,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeploymentWrite::Created => "created",
+            DeploymentWrite::Updated => "updated",
+            DeploymentWrite::Deleted => "deleted",
+            DeploymentWrite::Error => "error",
+        }
+    }
+}
+
 /// The `result` label of `shoal_ingester_ca_root_writes_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RootWrite {
@@ -229,6 +262,9 @@ pub struct KubeMetrics {
     ca_root_writes: IntCounterVec,
     /// Loads of the root certificate file (--ca-root-cert), by result.
     ca_root_reloads: IntCounterVec,
+    /// Writes of the objects deployed for Gateway API Gateways (--gateway-deployment), by
+    /// result.
+    gateway_deployment_writes: IntCounterVec,
     /// State per cluster, from which the `clusters` gauge is computed.
     cluster_states: Arc<Mutex<BTreeMap<String, ClusterState>>>,
 }
@@ -325,6 +361,16 @@ impl KubeMetrics {
                 &["cluster", "result"],
             )
             .expect("valid metric"),
+            gateway_deployment_writes: IntCounterVec::new(
+                opts!(
+                    "shoal_ingester_gateway_deployment_writes_total",
+                    "Writes of the Deployments, Services and ServiceAccounts deployed for \
+                     Gateway API Gateways (--gateway-deployment), by result: created, updated, \
+                     deleted, error."
+                ),
+                &["result"],
+            )
+            .expect("valid metric"),
             ca_root_reloads: IntCounterVec::new(
                 opts!(
                     "shoal_ingester_ca_root_reloads_total",
@@ -342,6 +388,10 @@ impl KubeMetrics {
         for result in StatusWrite::ALL {
             m.object_status_writes.with_label_values(&[result.as_str()]);
         }
+        for result in DeploymentWrite::ALL {
+            m.gateway_deployment_writes
+                .with_label_values(&[result.as_str()]);
+        }
         for result in RootReload::ALL {
             m.ca_root_reloads.with_label_values(&[result.as_str()]);
         }
@@ -358,6 +408,7 @@ impl KubeMetrics {
             Box::new(self.issuer_readable.clone()),
             Box::new(self.ca_root_writes.clone()),
             Box::new(self.ca_root_reloads.clone()),
+            Box::new(self.gateway_deployment_writes.clone()),
         ]
     }
 
@@ -371,6 +422,13 @@ impl KubeMetrics {
     /// Counts one status write to an Istio config object.
     pub fn object_status_written(&self, result: StatusWrite) {
         self.object_status_writes
+            .with_label_values(&[result.as_str()])
+            .inc();
+    }
+
+    /// Counts one write of an object deployed for a Gateway.
+    pub fn gateway_deployment_written(&self, result: DeploymentWrite) {
+        self.gateway_deployment_writes
             .with_label_values(&[result.as_str()])
             .inc();
     }

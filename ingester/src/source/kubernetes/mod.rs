@@ -27,6 +27,7 @@ pub mod cluster;
 pub mod cluster_status;
 pub mod config;
 pub mod context;
+pub mod gateway_deploy;
 pub mod issuer;
 pub mod metrics;
 pub mod object_status;
@@ -103,6 +104,9 @@ pub struct KubeSourceConfig {
     pub credential_keys: Option<Arc<CredentialKeys>>,
     /// The discovery selectors, followed.
     pub selectors: SelectorsRx,
+    /// The proxy image of the gateways deployed for Gateway API Gateways
+    /// (`--gateway-deployment`); `None`: nothing is deployed.
+    pub gateway_proxy_image: Option<String>,
 }
 
 /// The `User-Agent` of the ingester's Kubernetes clients: the binary, its version, the
@@ -193,6 +197,7 @@ impl KubeSource {
             ca_root: cfg.ca_root.clone(),
             credential_keys: cfg.credential_keys.clone(),
             system_namespace: cfg.system_namespace.clone(),
+            gateway_proxy_image: cfg.gateway_proxy_image.clone(),
         };
         KubeSource { cfg, ctx }
     }

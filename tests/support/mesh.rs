@@ -457,6 +457,7 @@ mod tests {
                 "EndpointSlice",
                 "EndpointSlice",
                 "Gateway",
+                "HTTPRoute",
                 "Namespace",
                 "Namespace",
                 "Pod",

@@ -12,8 +12,6 @@ mod compat_doc;
 pub mod gateway_api;
 pub mod istio;
 pub mod normalize;
-#[cfg(test)]
-mod samples;
 
 /// Says once per process, at INFO, that objects of a kind are ignored: a user whose config
 /// shoal does not read must find out at the default log level, not from one DEBUG line per

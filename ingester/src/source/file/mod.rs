@@ -13,6 +13,8 @@
 //! probe) are not manifests: only `.yaml`, `.yml` and `.json` files are read.
 
 pub mod manifest;
+#[cfg(test)]
+mod samples;
 pub mod store;
 
 use crate::error::IngestError;

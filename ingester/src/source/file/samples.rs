@@ -8,7 +8,7 @@ use crate::source::file::manifest::{parse_file, ManifestObject};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-const DOC: &str = include_str!("../../../docs/istio-compatibility.md");
+const DOC: &str = include_str!("../../../../docs/istio-compatibility.md");
 
 /// Documents shoal refuses, by file (relative to the samples directory), and the field
 /// the error must name. Empty: every sample is accepted today.

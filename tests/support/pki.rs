@@ -368,9 +368,21 @@ impl Default for ServerPki {
 pub async fn create_certificate(
     channel: tonic::transport::Channel,
 ) -> Result<(Vec<String>, String), tonic::Status> {
+    create_certificate_as(channel, None, &[]).await
+}
+
+/// [`create_certificate`] asking for `impersonate` (the `ImpersonatedIdentity` metadata a
+/// node agent such as ztunnel sends), with extra request `headers` (a bearer token, a
+/// `clusterid`).
+pub async fn create_certificate_as(
+    channel: tonic::transport::Channel,
+    impersonate: Option<&str>,
+    headers: &[(&'static str, String)],
+) -> Result<(Vec<String>, String), tonic::Status> {
     use shoal_proto::istio_ca::{
         IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE_PATH,
     };
+    use shoal_proto::pb::google::protobuf::{value::Kind, Struct, Value};
     let key = KeyPair::generate().expect("key");
     let csr = CertificateParams::new(Vec::<String>::new())
         .expect("CSR params")
@@ -378,11 +390,25 @@ pub async fn create_certificate(
         .expect("CSR")
         .pem()
         .expect("CSR PEM");
-    let request = IstioCertificateRequest {
+    let metadata = impersonate.map(|id| Struct {
+        fields: [(
+            "ImpersonatedIdentity".to_string(),
+            Value {
+                kind: Some(Kind::StringValue(id.to_string())),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    });
+    let mut request = tonic::Request::new(IstioCertificateRequest {
         csr,
         validity_duration: 3600,
-        metadata: None,
-    };
+        metadata,
+    });
+    for (name, value) in headers {
+        let value = value.parse().expect("a header value");
+        request.metadata_mut().insert(*name, value);
+    }
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready()
         .await
@@ -390,9 +416,6 @@ pub async fn create_certificate(
     let codec =
         tonic_prost::ProstCodec::<IstioCertificateRequest, IstioCertificateResponse>::default();
     let path = tonic::codegen::http::uri::PathAndQuery::from_static(CREATE_CERTIFICATE_PATH);
-    let response = grpc
-        .unary(tonic::Request::new(request), path, codec)
-        .await?
-        .into_inner();
+    let response = grpc.unary(request, path, codec).await?.into_inner();
     Ok((response.cert_chain, key.serialize_pem()))
 }

@@ -205,46 +205,16 @@ async fn create_certificate(
     token: &str,
     impersonate: &str,
 ) -> Result<Vec<String>, tonic::Status> {
-    use shoal_proto::istio_ca::{
-        IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE_PATH,
-    };
     let channel = pki::tls_channel(addr, pki::client_config(&pki.ca.cert_pem, None))
         .await
         .expect("TLS channel");
-    let key = rcgen::KeyPair::generate().unwrap();
-    let csr = rcgen::CertificateParams::new(Vec::<String>::new())
-        .unwrap()
-        .serialize_request(&key)
-        .unwrap()
-        .pem()
-        .unwrap();
-    let metadata = Some(Struct {
-        fields: [(
-            "ImpersonatedIdentity".to_string(),
-            Value {
-                kind: Some(Kind::StringValue(impersonate.into())),
-            },
-        )]
-        .into_iter()
-        .collect(),
-    });
-    let request = IstioCertificateRequest {
-        csr,
-        validity_duration: 3600,
-        metadata,
-    };
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready()
+    let headers = [
+        ("authorization", format!("Bearer {token}")),
+        ("clusterid", "Kubernetes".to_string()),
+    ];
+    pki::create_certificate_as(channel, Some(impersonate), &headers)
         .await
-        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    let codec =
-        tonic_prost::ProstCodec::<IstioCertificateRequest, IstioCertificateResponse>::default();
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static(CREATE_CERTIFICATE_PATH);
-    Ok(grpc
-        .unary(with_token(request, token), path, codec)
-        .await?
-        .into_inner()
-        .cert_chain)
+        .map(|(chain, _key)| chain)
 }
 
 async fn metric(server: &ShoalServer, series: &str) -> f64 {

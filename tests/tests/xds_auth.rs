@@ -486,39 +486,7 @@ async fn create_certificate(
     channel: tonic::transport::Channel,
     impersonate: Option<&str>,
 ) -> Result<(Vec<String>, String), tonic::Status> {
-    use shoal_proto::istio_ca::{
-        IstioCertificateRequest, IstioCertificateResponse, CREATE_CERTIFICATE_PATH,
-    };
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    let csr = params.serialize_request(&key).unwrap().pem().unwrap();
-    let metadata = impersonate.map(|id| Struct {
-        fields: [(
-            "ImpersonatedIdentity".to_string(),
-            Value {
-                kind: Some(Kind::StringValue(id.to_string())),
-            },
-        )]
-        .into_iter()
-        .collect(),
-    });
-    let request = IstioCertificateRequest {
-        csr,
-        validity_duration: 3600,
-        metadata,
-    };
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready()
-        .await
-        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    let codec =
-        tonic_prost::ProstCodec::<IstioCertificateRequest, IstioCertificateResponse>::default();
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static(CREATE_CERTIFICATE_PATH);
-    let response = grpc
-        .unary(tonic::Request::new(request), path, codec)
-        .await?
-        .into_inner();
-    Ok((response.cert_chain, key.serialize_pem()))
+    shoal_tests::pki::create_certificate_as(channel, impersonate, &[]).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

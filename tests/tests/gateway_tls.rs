@@ -38,43 +38,8 @@ async fn tls_passthrough_routes_by_sni() {
     let backend_port = free_port_on(&[backend_ip]);
     let gateway_port = free_port_on(&[Ipv4Addr::UNSPECIFIED]);
 
-    // A TLS backend with a certificate for the host; it answers `GET /` with a page
-    // naming itself (`-www`), so the client sees whom it reached.
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        &format!("/CN={HOST}"),
-        "-keyout",
-        path(&key),
-        "-out",
-        path(&cert),
-    ])
-    .await;
-    let mut server = Command::new("openssl");
-    server.args([
-        "s_server",
-        "-accept",
-        &format!("{backend_ip}:{backend_port}"),
-        "-cert",
-        path(&cert),
-        "-key",
-        path(&key),
-        "-www",
-        "-quiet",
-    ]);
-    let _backend = Process::spawn(
-        "openssl-s_server",
-        server,
-        tempfile::tempdir().expect("backend dir"),
-        "openssl is needed (Debian package openssl)",
-    );
+    // A TLS backend with a certificate for the host, naming itself on `GET /`.
+    let _backend = tls_backend(dir.path(), SocketAddr::from((backend_ip, backend_port))).await;
 
     let manifests = tempfile::tempdir().expect("manifest dir");
     std::fs::write(
@@ -1027,46 +992,12 @@ async fn gateway_api_https_tls_passthrough_and_tcp() {
     let [https, passthrough, tcp] = std::array::from_fn(|_| free_port_on(&[Ipv4Addr::UNSPECIFIED]));
 
     // The passthrough backend: an OpenSSL server with its own certificate for HOST.
-    let tls_backend = SocketAddr::from((loopback(42), free_port_on(&[loopback(42)])));
-    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        &format!("/CN={HOST}"),
-        "-keyout",
-        path(&key),
-        "-out",
-        path(&cert),
-    ])
-    .await;
-    let mut server = Command::new("openssl");
-    server.args([
-        "s_server",
-        "-accept",
-        &tls_backend.to_string(),
-        "-cert",
-        path(&cert),
-        "-key",
-        path(&key),
-        "-www",
-        "-quiet",
-    ]);
-    let _tls_backend = Process::spawn(
-        "openssl-s_server",
-        server,
-        tempfile::tempdir().expect("backend dir"),
-        "openssl is needed (Debian package openssl)",
-    );
+    let vault_addr = SocketAddr::from((loopback(42), free_port_on(&[loopback(42)])));
+    let _vault = tls_backend(dir.path(), vault_addr).await;
 
     let gateway_ca = TestCa::new("gateway-ca");
     let mut yaml = service_with_backend("apps", "web", web.addr());
-    yaml.push_str(&service_with_backend("infra", "vault", tls_backend));
+    yaml.push_str(&service_with_backend("infra", "vault", vault_addr));
     yaml.push_str(&tls_secret(
         "infra",
         "web-cert",
@@ -1245,4 +1176,45 @@ spec:
     assert_eq!(answer["backend"], "web");
     assert_eq!(answer["path"], "/raw");
     assert_eq!(gateway.stat_sum("update_rejected").await, 0);
+}
+
+/// An OpenSSL TLS server on `addr` with a new self-signed certificate for `HOST` (written
+/// into `dir`); it answers `GET /` with a page naming itself (`-www`), so a client sees
+/// whom it reached.
+async fn tls_backend(dir: &Path, addr: SocketAddr) -> Process {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        &format!("/CN={HOST}"),
+        "-keyout",
+        path(&key),
+        "-out",
+        path(&cert),
+    ])
+    .await;
+    let mut server = Command::new("openssl");
+    server.args([
+        "s_server",
+        "-accept",
+        &addr.to_string(),
+        "-cert",
+        path(&cert),
+        "-key",
+        path(&key),
+        "-www",
+        "-quiet",
+    ]);
+    Process::spawn(
+        "openssl-s_server",
+        server,
+        tempfile::tempdir().expect("backend dir"),
+        "openssl is needed (Debian package openssl)",
+    )
 }

@@ -268,6 +268,16 @@ impl Bench<'_> {
             .prefix("shoal-bench-mesh-")
             .tempdir()
             .context("creating the manifest directory")?;
+        // With `--source kube`, the API server the mesh is applied to as it is written.
+        let kube = match cfg.source {
+            Source::File => None,
+            Source::Kube => Some(Arc::new(
+                shoal_tests::kubeapi::KubeApiServer::builder()
+                    .name("shoal-bench")
+                    .start()
+                    .await,
+            )),
+        };
         let mesh = BenchMesh::write(
             dir.path(),
             MeshShape {
@@ -276,26 +286,16 @@ impl Bench<'_> {
                 endpoints: cfg.endpoints,
                 scenario: cfg.scenario,
             },
+            kube.clone(),
         )?;
         let bench_cpu0 = procs::proc_cpu(std::process::id())?;
         let machine = Machine::detect();
 
         let mut nats = Nats::start().await?;
         let ingest_start = Instant::now();
-        let mut mesh = mesh;
-        let (mut ingester, kube) = match cfg.source {
-            Source::File => (Ingester::start(&bins, &nats.url(), mesh.dir())?, None),
-            Source::Kube => {
-                let kube = Arc::new(
-                    shoal_tests::kubeapi::KubeApiServer::builder()
-                        .name("shoal-bench")
-                        .start()
-                        .await,
-                );
-                mesh.apply_to_kube(kube.clone())?;
-                let ingester = Ingester::start_kube(&bins, &nats.url(), &kube.kubeconfig())?;
-                (ingester, Some(kube))
-            }
+        let mut ingester = match &kube {
+            None => Ingester::start(&bins, &nats.url(), mesh.dir())?,
+            Some(kube) => Ingester::start_kube(&bins, &nats.url(), &kube.kubeconfig())?,
         };
         let bus = connect_bus(&nats.url()).await?;
         wait_published(&bus, &mesh, &mut ingester, cfg.phase_timeout).await?;

@@ -271,7 +271,13 @@ fn apply_documents(kube: &KubeApiServer, name: &str, content: &str) -> anyhow::R
 
 impl BenchMesh {
     /// Writes every manifest of `shape` into `dir` (which must exist).
-    pub fn write(dir: &Path, shape: MeshShape) -> anyhow::Result<BenchMesh> {
+    /// With `kube` (`--source kube`), every manifest is also applied to that API server
+    /// (the Istio CRDs the mesh uses first), now and on every later edit.
+    pub fn write(
+        dir: &Path,
+        shape: MeshShape,
+        kube: Option<Arc<KubeApiServer>>,
+    ) -> anyhow::Result<BenchMesh> {
         anyhow::ensure!(shape.namespaces > 0, "--namespaces must be at least 1");
         anyhow::ensure!(shape.endpoints > 0, "--endpoints must be at least 1");
         anyhow::ensure!(
@@ -293,11 +299,20 @@ impl BenchMesh {
                 added: Vec::new(),
             })
             .collect();
+        if let Some(kube) = &kube {
+            for (kind, plural) in [
+                ("VirtualService", "virtualservices"),
+                ("Sidecar", "sidecars"),
+            ] {
+                kube.apply(shoal_tests::kubeapi::istio_crd(kind, plural))
+                    .map_err(|e| anyhow::anyhow!("creating the {kind} CRD: {e:?}"))?;
+            }
+        }
         let mesh = BenchMesh {
             dir: dir.to_path_buf(),
             shape,
             services,
-            kube: None,
+            kube,
         };
         mesh.write_all()?;
         Ok(mesh)
@@ -444,33 +459,6 @@ impl BenchMesh {
         } else {
             self.write_namespace_vs(0, Some(&marker))
         }
-    }
-
-    /// From now on, every manifest is also applied to `kube` (`--source kube`): installs
-    /// the Istio CRDs the mesh uses, then applies what was written so far, namespaces
-    /// first.
-    pub fn apply_to_kube(&mut self, kube: Arc<KubeApiServer>) -> anyhow::Result<()> {
-        for (kind, plural) in [
-            ("VirtualService", "virtualservices"),
-            ("Sidecar", "sidecars"),
-        ] {
-            kube.apply(shoal_tests::kubeapi::istio_crd(kind, plural))
-                .map_err(|e| anyhow::anyhow!("creating the {kind} CRD: {e:?}"))?;
-        }
-        let mut names: Vec<String> = std::fs::read_dir(&self.dir)
-            .with_context(|| format!("reading {}", self.dir.display()))?
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .filter(|n| n.ends_with(".yaml"))
-            .collect();
-        names.sort_by_key(|n| (n != "namespaces.yaml", n.clone()));
-        for name in names {
-            let path = self.dir.join(&name);
-            let content = std::fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            apply_documents(&kube, &name, &content)?;
-        }
-        self.kube = Some(kube);
-        Ok(())
     }
 
     fn write_file(&self, name: &str, content: &str) -> anyhow::Result<()> {
@@ -686,6 +674,7 @@ mod tests {
                 endpoints: 2,
                 scenario: ScenarioKind::Isolated,
             },
+            None,
         )
         .unwrap();
         let (ns, index) = mesh.endpoint_change_target(4);
@@ -723,6 +712,7 @@ mod tests {
                 endpoints: 2,
                 scenario: ScenarioKind::Captured,
             },
+            None,
         )
         .unwrap();
         let kinds = count_kinds(dir.path()).unwrap();

@@ -5,7 +5,7 @@
 
 use super::locality::{self, LocalityLb};
 use super::{cds::entry_port, mtls, socket_address, Resource};
-use crate::index::destination_rule::effective_policy;
+use crate::index::destination_rule::subset_policy;
 use crate::index::endpoints::{EndpointIndex, HostShards};
 use crate::index::network::{MeshNetworks, NetworkGateway, NetworkGateways};
 use crate::index::peer_authentication::{self, MtlsMode};
@@ -100,18 +100,12 @@ pub fn keys(
                 .map(|i| scope.services[i].clone());
             let source = svc.and_then(|svc| {
                 let dr = ctx.destination_rule(&proxy.namespace, &proxy.labels, &svc);
-                let rule = dr.as_ref().map(|d| &d.spec);
-                let subset_spec = if subset.is_empty() {
-                    None
-                } else {
-                    // A subset no rule defines has no endpoints.
-                    Some(rule?.subsets.iter().find(|s| s.name == subset)?)
-                };
-                let policy = effective_policy(
-                    rule.and_then(|r| r.traffic_policy.as_deref()),
-                    subset_spec.and_then(|s| s.traffic_policy.as_ref()),
+                // A subset no rule defines has no endpoints.
+                let (subset_spec, policy) = subset_policy(
+                    dr.as_ref().map(|d| &d.spec),
+                    subset,
                     u16::try_from(port).unwrap_or_default(),
-                );
+                )?;
                 let shards = endpoints.host(&svc.hostname).cloned();
                 let network = network_split(proxy, ctx, &svc, policy.as_ref());
                 Some(EndpointsSource {

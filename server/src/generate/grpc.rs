@@ -34,7 +34,7 @@ use super::http_route::FAULT_FILTER;
 use super::lds::http_filter;
 use super::rds::{self, SidecarRouteKey};
 use super::{ads_config_source, mtls, socket_address, Resource};
-use crate::index::destination_rule::effective_policy;
+use crate::index::destination_rule::subset_policy;
 use crate::index::endpoints::EndpointIndex;
 use crate::index::peer_authentication::{self, MtlsMode};
 use crate::index::proxy::Proxy;
@@ -610,18 +610,8 @@ fn cluster_key(
     let port = u16::try_from(port).ok()?;
     svc.port(port.into())?;
     let dr = ctx.destination_rule(&proxy.namespace, &proxy.labels, svc);
-    let rule = dr.as_ref().map(|d| &d.spec);
-    let subset_spec = if subset.is_empty() {
-        None
-    } else {
-        // As istiod: only the rule's subsets have clusters.
-        Some(rule?.subsets.iter().find(|s| s.name == subset)?)
-    };
-    let policy = effective_policy(
-        rule.and_then(|r| r.traffic_policy.as_deref()),
-        subset_spec.and_then(|s| s.traffic_policy.as_ref()),
-        port,
-    );
+    // As istiod: only the rule's subsets have clusters.
+    let (_, policy) = subset_policy(dr.as_ref().map(|d| &d.spec), subset, port)?;
     // gRPC cannot know whether its server speaks Istio's mTLS (an xDS server, credentials
     // from the certificate providers), so TLS comes only from an explicit `ISTIO_MUTUAL`,
     // never from auto mTLS, as istiod does.

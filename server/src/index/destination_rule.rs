@@ -19,7 +19,7 @@ use crate::index::config::Config;
 use crate::index::hosts::{labels_match, most_specific, resolve_host};
 use crate::index::service::ServiceView;
 use shoal_common::model::{
-    ConsistentHashLb, DestinationRule, ObjectMeta, PortTrafficPolicy, TrafficPolicy,
+    ConsistentHashLb, DestinationRule, ObjectMeta, PortTrafficPolicy, Subset, TrafficPolicy,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -259,6 +259,27 @@ pub fn port_policy(policy: &TrafficPolicy, port: u16) -> (TrafficPolicy, bool) {
             false,
         ),
     }
+}
+
+/// The cluster of `subset` (empty: the service's own) on `port` under `rule`: the subset's
+/// definition and the effective policy; `None` when the subset is named but the rule does
+/// not define it (istiod builds no cluster, and so no endpoints, for it).
+pub fn subset_policy<'a>(
+    rule: Option<&'a DestinationRule>,
+    subset: &str,
+    port: u16,
+) -> Option<(Option<&'a Subset>, Option<TrafficPolicy>)> {
+    let subset_spec = if subset.is_empty() {
+        None
+    } else {
+        Some(rule?.subsets.iter().find(|s| s.name == subset)?)
+    };
+    let policy = effective_policy(
+        rule.and_then(|r| r.traffic_policy.as_deref()),
+        subset_spec.and_then(|s| s.traffic_policy.as_ref()),
+        port,
+    );
+    Some((subset_spec, policy))
 }
 
 /// The effective policy of a cluster (istiod's `MergeSubsetTrafficPolicy`): the rule's

@@ -37,27 +37,32 @@ impl Chunks {
     }
 
     fn gather<'a>(entries: impl Iterator<Item = &'a Bytes>) -> Chunks {
+        let entries: Vec<&Bytes> = entries.collect();
         let mut out = Chunks::default();
-        let mut gather = BytesMut::new();
-        for entry in entries {
-            out.len += entry.len();
-            if entry.len() >= GATHER_BELOW {
-                if !gather.is_empty() {
-                    out.chunks.push(gather.split().freeze());
-                }
-                out.chunks.push(entry.clone());
+        let mut at = 0;
+        while at < entries.len() {
+            if entries[at].len() >= GATHER_BELOW {
+                out.len += entries[at].len();
+                out.chunks.push(entries[at].clone());
+                at += 1;
                 continue;
             }
-            if gather.is_empty() {
-                gather.reserve(CHUNK);
+            // A run of small entries up to about CHUNK bytes, copied into a buffer of
+            // exactly its size: a chunk outlives the push (outputs and shared diffs keep
+            // theirs), so spare capacity would be held as long as they are.
+            let mut end = at;
+            let mut len = 0;
+            while end < entries.len() && entries[end].len() < GATHER_BELOW && len < CHUNK {
+                len += entries[end].len();
+                end += 1;
             }
-            gather.extend_from_slice(entry);
-            if gather.len() >= CHUNK {
-                out.chunks.push(gather.split().freeze());
+            let mut gather = BytesMut::with_capacity(len);
+            for entry in &entries[at..end] {
+                gather.extend_from_slice(entry);
             }
-        }
-        if !gather.is_empty() {
+            out.len += len;
             out.chunks.push(gather.freeze());
+            at = end;
         }
         out
     }
@@ -83,5 +88,34 @@ impl Gathered {
     pub fn sotw(&self, resources: &[Arc<Resource>]) -> &Chunks {
         self.sotw
             .get_or_init(|| Chunks::gather(resources.iter().map(|r| r.sotw_entry())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gathers_small_entries_in_order_and_shares_large_ones() {
+        let small: Vec<Bytes> = (0..40u8).map(|i| Bytes::from(vec![i; 3000])).collect();
+        let large = Bytes::from(vec![255u8; GATHER_BELOW]);
+        let mut entries: Vec<&Bytes> = small[..30].iter().collect();
+        entries.push(&large);
+        entries.extend(small[30..].iter());
+        let chunks = Chunks::gather(entries.iter().copied());
+
+        let joined: Vec<u8> = chunks
+            .chunks
+            .iter()
+            .flat_map(|c| c.iter().copied())
+            .collect();
+        let want: Vec<u8> = entries.iter().flat_map(|e| e.iter().copied()).collect();
+        assert_eq!(joined, want);
+        assert_eq!(chunks.len, want.len());
+        // 30 small entries (90,000 bytes) make two chunks, the first up to CHUNK; the large
+        // entry is its own (shared) chunk; the 10 after it one more.
+        let lens: Vec<usize> = chunks.chunks.iter().map(Bytes::len).collect();
+        assert_eq!(lens, vec![66_000, 24_000, GATHER_BELOW, 30_000]);
+        assert_eq!(chunks.chunks[2].as_ptr(), large.as_ptr());
     }
 }

@@ -306,8 +306,10 @@ struct Composed {
 /// The slot of a part's outbound side of a wildcard type (names are never at address 1).
 const OUTBOUND_SLOT: usize = 1;
 
-/// A diff between two outputs, and the outputs it was computed between.
-type CachedDiff = (Arc<Output>, Arc<Output>, Arc<Diff>);
+/// A diff between two outputs, and the outputs it was computed between. Held weakly: once
+/// no stream holds the older output, the diff can serve nobody, and must not keep that
+/// output (a whole previous configuration per view) alive.
+type CachedDiff = (Weak<Output>, Weak<Output>, Arc<Diff>);
 
 /// A type and the identity of its requested names (0: wildcard).
 type SlotKey = (XdsType, usize);
@@ -617,15 +619,24 @@ impl View {
             return Arc::new(Diff::between(held, cur));
         };
         let key = slot_key(self.key.kind, ty, names);
+        // A live weak pointer's address is not reused, so equal addresses are the same
+        // outputs.
         if let Some((from, to, d)) = lock(&self.inner).diffs.get(&key) {
-            if Arc::ptr_eq(from, prev) && Arc::ptr_eq(to, cur) {
+            if std::ptr::eq(from.as_ptr(), Arc::as_ptr(prev))
+                && std::ptr::eq(to.as_ptr(), Arc::as_ptr(cur))
+            {
                 return d.clone();
             }
         }
         let d = Arc::new(Diff::between(held, cur));
-        lock(&self.inner)
+        let mut inner = lock(&self.inner);
+        // Diffs from outputs no stream holds any more serve nobody.
+        inner
             .diffs
-            .insert(key, (prev.clone(), cur.clone(), d.clone()));
+            .retain(|_, (from, _, _)| from.strong_count() > 0);
+        inner
+            .diffs
+            .insert(key, (Arc::downgrade(prev), Arc::downgrade(cur), d.clone()));
         d
     }
 

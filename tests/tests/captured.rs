@@ -422,7 +422,13 @@ async fn passthrough_and_registry_only(mesh: &CapturedMesh) {
             "cluster.PassthroughCluster.upstream_cx_total",
         )
         .await;
-    let (status, body) = mesh.get("productpage", &url, &[]).await.expect("external");
+    let (status, body) = match mesh.get("productpage", &url, &[]).await {
+        Ok(answer) => answer,
+        Err(e) => panic!(
+            "external: {e:#}\n{}",
+            mesh.passthrough_diagnostics("productpage").await
+        ),
+    };
     assert_eq!((status, body["backend"].as_str()), (200, Some("external")));
     let out = mesh.pods["productpage"]
         .run(&["tcp-send", &format!("{ext}:9000"), "raw"])
@@ -1440,6 +1446,39 @@ impl CapturedMesh {
 
     async fn stat(&self, pod: &str, name: &str) -> u64 {
         self.sidecars[pod].stat_sum(name).await
+    }
+
+    /// What tells why a connection through `PassthroughCluster` stalled: the sidecar's
+    /// counters for it, and the pod's conntrack and TCP counters (a SYN dropped on a
+    /// conntrack clash of the REDIRECT fan-in to 15001, or answered with a challenge ACK,
+    /// shows there; istio/istio#38982).
+    async fn passthrough_diagnostics(&self, pod: &str) -> String {
+        let stats = self.sidecars[pod]
+            .admin_get("/stats?filter=PassthroughCluster")
+            .await
+            .unwrap_or_else(|e| e.to_string());
+        let run = |program: &'static str, args: &'static [&'static str]| {
+            let mut cmd = self.pods[pod].command(program);
+            cmd.args(args);
+            async move {
+                match cmd.output().await {
+                    Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+                    Err(e) => format!("{program}: {e}"),
+                }
+            }
+        };
+        let conntrack = run("cat", &["/proc/net/stat/nf_conntrack"]).await;
+        let tcp = run(
+            "nstat",
+            &[
+                "-az",
+                "TcpExtTCPChallengeACK",
+                "TcpExtTW*",
+                "TcpAttemptFails",
+            ],
+        )
+        .await;
+        format!("{pod} sidecar:\n{stats}\nconntrack:\n{conntrack}\nTCP:\n{tcp}")
     }
 
     /// The sum of a stat over both reviews pods.

@@ -216,12 +216,6 @@ fn filter(at: &str, f: &HTTPRouteFilter) -> Result {
                 }
             }
             if let Some(p) = &r.path {
-                if p.kind == "ReplacePrefixMatch" {
-                    return invalid(format!(
-                        "{at}.requestRedirect.path.type ReplacePrefixMatch is not supported yet \
-                         (ReplaceFullPath is)"
-                    ));
-                }
                 path_modifier(&format!("{at}.requestRedirect.path"), p)?;
             }
         }
@@ -467,14 +461,7 @@ mod tests {
                 "rules: [{backendRefs: [{name: a}]}]",
                 "rules[0].backendRefs[0].port is required",
             ),
-            (
-                "rules: [{filters: [{type: RequestRedirect, requestRedirect: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /b}}}]}]",
-                "rules[0].filters[0].requestRedirect.path.type ReplacePrefixMatch",
-            ),
-            (
-                "rules: [{retry: {attempts: 2}}]",
-                "spec.rules[0].retry",
-            ),
+            ("rules: [{retry: {attempts: 2}}]", "spec.rules[0].retry"),
             (
                 "parentRefs: [{name: x, kind: Mesh, group: istio.io}]",
                 "parentRefs[0]",

@@ -9,8 +9,8 @@
 //! `gateway.networking.k8s.io/gateway-name` as istiod's deployments are; in-process echo
 //! backends stand for the suite's (`infra-backend-v1..3`, `app-backend-v1..2`,
 //! `web-backend`). The cases that share the suite's `same-namespace` Gateway are kept apart
-//! by a hostname each (the suite runs them one after another instead). Listener port 80 and
-//! parentRef port 80 become a free port per Gateway.
+//! by a hostname each (the suite runs them one after another instead). Each listener port
+//! of a Gateway (and the parentRefs naming it) becomes a free port.
 #![forbid(unsafe_code)]
 
 use serde::Deserialize;
@@ -54,6 +54,8 @@ struct Case {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct Expect {
+    /// The suite's listener port the request goes to (default 80).
+    port: Option<u64>,
     method: Option<String>,
     host: Option<String>,
     path: String,
@@ -142,9 +144,13 @@ fn base_manifests(backends: &BTreeMap<String, Backend>) -> Vec<Value> {
     out
 }
 
-/// Gives every Gateway's port-80 listeners, and the parentRefs to them by port 80, the
-/// Gateway's free port.
-fn assign_ports(docs: &mut [Value], ports: &mut BTreeMap<String, u16>) {
+/// The free port standing for each (Gateway, listener port of the suite).
+type Ports = BTreeMap<(String, u64), u16>;
+
+/// Gives every Gateway listener, and the parentRefs to it by port, a free port per
+/// (Gateway, port): several listeners on one port still share it.
+fn assign_ports(docs: &mut [Value]) -> Ports {
+    let mut ports = Ports::new();
     for d in docs.iter_mut() {
         if d["kind"] != "Gateway" {
             continue;
@@ -153,13 +159,14 @@ fn assign_ports(docs: &mut [Value], ports: &mut BTreeMap<String, u16>) {
             .as_str()
             .expect("gateway name")
             .to_string();
-        let port = *ports
-            .entry(name)
-            .or_insert_with(|| free_port_on(&[Ipv4Addr::UNSPECIFIED]));
         for l in d["spec"]["listeners"].as_array_mut().into_iter().flatten() {
-            if l["port"] == 80 {
-                l["port"] = port.into();
-            }
+            let Some(suite_port) = l["port"].as_u64() else {
+                continue;
+            };
+            let port = *ports
+                .entry((name.clone(), suite_port))
+                .or_insert_with(|| free_port_on(&[Ipv4Addr::UNSPECIFIED]));
+            l["port"] = port.into();
         }
     }
     for d in docs.iter_mut() {
@@ -167,12 +174,25 @@ fn assign_ports(docs: &mut [Value], ports: &mut BTreeMap<String, u16>) {
             continue;
         }
         for p in d["spec"]["parentRefs"].as_array_mut().into_iter().flatten() {
-            let gateway = p["name"].as_str().map(String::from);
-            if let (true, Some(port)) = (p["port"] == 80, gateway.and_then(|g| ports.get(&g))) {
+            let key = (
+                p["name"].as_str().unwrap_or_default().to_string(),
+                p["port"].as_u64().unwrap_or_default(),
+            );
+            if let Some(port) = ports.get(&key) {
                 p["port"] = (*port).into();
             }
         }
     }
+    ports
+}
+
+/// Where a request of `case` goes: its gateway's port for the suite's `e.port` (80).
+fn gateway_addr(ports: &Ports, case: &Case, e: &Expect) -> SocketAddr {
+    let gw = case.gateway.as_deref().unwrap_or(SAME_NAMESPACE);
+    let port = ports
+        .get(&(gw.to_string(), e.port.unwrap_or(80)))
+        .unwrap_or_else(|| panic!("{}: no listener of {gw} on {:?}", case.case, e.port));
+    SocketAddr::from((Ipv4Addr::LOCALHOST, *port))
 }
 
 /// Every value of header `name` in `r`, comma-joined.
@@ -186,13 +206,13 @@ fn response_header(r: &Response, name: &str) -> Option<String> {
     (!values.is_empty()).then(|| values.join(","))
 }
 
-fn request(case: &Case, e: &Expect) -> Request {
+fn request(case: &Case, e: &Expect, port: u16) -> Request {
     let mut req = Request::get(&e.path);
     if let Some(m) = &e.method {
         req.method = m.clone();
     }
     if let Some(host) = e.host.as_ref().or(case.host.as_ref()) {
-        req = req.host(host);
+        req = req.host(&host.replace("{port}", &port.to_string()));
     }
     for (n, v) in &e.headers {
         req = req.header(n, v);
@@ -210,11 +230,12 @@ fn request(case: &Case, e: &Expect) -> Request {
 
 /// Checks one request/response pair; `Err` says how it differs.
 async fn check(
-    addr: SocketAddr,
+    ports: &Ports,
     case: &Case,
     e: &Expect,
     backends: &BTreeMap<String, Backend>,
 ) -> Result<(), String> {
+    let addr = gateway_addr(ports, case, e);
     if !e.weights.is_empty() {
         return check_weights(addr, case, e).await;
     }
@@ -223,7 +244,7 @@ async fn check(
         .iter()
         .map(|m| backends[&backend_id(m)].requests())
         .collect();
-    let r = request(case, e)
+    let r = request(case, e, addr.port())
         .send(addr)
         .await
         .map_err(|err| format!("no answer: {err:#}"))?;
@@ -300,7 +321,7 @@ async fn check_weights(addr: SocketAddr, case: &Case, e: &Expect) -> Result<(), 
     const N: u32 = 100;
     let mut counts: BTreeMap<String, u32> = BTreeMap::new();
     for _ in 0..N {
-        let r = request(case, e)
+        let r = request(case, e, addr.port())
             .send(addr)
             .await
             .map_err(|err| format!("no answer: {err:#}"))?;
@@ -352,8 +373,16 @@ async fn gateway_api_conformance_http_routes() {
         let text = std::fs::read_to_string(f).expect("manifest");
         docs.extend(shoal_common::yaml::documents(&text).expect("manifest yaml"));
     }
-    let mut ports = BTreeMap::new();
-    assign_ports(&mut docs, &mut ports);
+    // The cases share one store: a name used twice would silently drop a case's object.
+    let mut names = std::collections::BTreeSet::new();
+    for d in &docs {
+        let id = format!(
+            "{} {}/{}",
+            d["kind"], d["metadata"]["namespace"], d["metadata"]["name"]
+        );
+        assert!(names.insert(id.clone()), "{id} is defined twice");
+    }
+    let ports = assign_ports(&mut docs);
     let yaml: Vec<String> = docs.iter().map(Value::to_string).collect();
     let manifests = tempfile::tempdir().expect("manifest dir");
     std::fs::write(
@@ -397,22 +426,23 @@ async fn gateway_api_conformance_http_routes() {
         .await;
         envoys.insert(gw.to_string(), envoy);
     }
-    for (gw, envoy) in &envoys {
-        envoy.wait_listener(&format!("0.0.0.0_{}", ports[gw])).await;
+    for ((gw, _), port) in &ports {
+        if let Some(envoy) = envoys.get(gw) {
+            envoy.wait_listener(&format!("0.0.0.0_{port}")).await;
+        }
     }
 
     // Routes arrive with the gateway's first route push: wait until each gateway's first
     // case answers, then every pair is checked once.
     let started = Instant::now();
     for gw in &gateways {
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, ports[*gw]));
         let first = cases
             .iter()
             .find(|c| c.gateway.as_deref().unwrap_or(SAME_NAMESPACE) == *gw)
             .expect("a case");
         let e = &first.requests[0];
         shoal_tests::eventually(Duration::from_secs(15), Duration::from_millis(100), || {
-            check(addr, first, e, &backends)
+            check(&ports, first, e, &backends)
         })
         .await;
     }
@@ -421,13 +451,11 @@ async fn gateway_api_conformance_http_routes() {
     let mut failed = Vec::new();
     let mut requests = 0;
     for case in &cases {
-        let gw = case.gateway.as_deref().unwrap_or(SAME_NAMESPACE);
-        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, ports[gw]));
         let mut errors = Vec::new();
         let case_started = Instant::now();
         for e in &case.requests {
             requests += 1;
-            if let Err(err) = check(addr, case, e, &backends).await {
+            if let Err(err) = check(&ports, case, e, &backends).await {
                 errors.push(format!(
                     "  {} {} (host {:?}): {err}",
                     e.method.as_deref().unwrap_or("GET"),

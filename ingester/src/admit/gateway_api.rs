@@ -452,7 +452,16 @@ mod tests {
             "parentRefs: [{name: gw}]\nrules: [{backendRefs: [{name: a, kind: Pod}]}]\n",
         )
         .unwrap();
+        // Every redirect the spec defines: 301/302 (core), 303/307/308 and ReplacePrefixMatch
+        // (extended).
+        for code in [301, 302, 303, 307, 308] {
+            check(r, &format!("parentRefs: [{{name: gw}}]\nrules: [{{filters: [{{type: RequestRedirect, requestRedirect: {{statusCode: {code}, path: {{type: ReplacePrefixMatch, replacePrefixMatch: /b}}}}}}]}}]\n")).unwrap();
+        }
         for (yaml, names) in [
+            (
+                "rules: [{filters: [{type: RequestRedirect, requestRedirect: {statusCode: 304}}]}]",
+                "requestRedirect.statusCode 304",
+            ),
             (
                 "rules: [{filters: [{type: ExtensionRef}]}]",
                 "rules[0].filters[0].type",

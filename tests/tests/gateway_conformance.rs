@@ -370,7 +370,15 @@ async fn gateway_api_conformance_http_routes() {
         .collect();
     files.sort();
     for f in &files {
-        let text = std::fs::read_to_string(f).expect("manifest");
+        let mut text = std::fs::read_to_string(f).expect("manifest");
+        // Manually managed EndpointSlices name a backend's address: `{<name>.ip}`,
+        // `{<name>.port}` (of gateway-conformance-infra's backends).
+        for (id, b) in &backends {
+            let name = id.rsplit('/').next().unwrap_or(id);
+            text = text
+                .replace(&format!("{{{name}.ip}}"), &b.ip().to_string())
+                .replace(&format!("{{{name}.port}}"), &b.port().to_string());
+        }
         docs.extend(shoal_common::yaml::documents(&text).expect("manifest yaml"));
     }
     // The cases share one store: a name used twice would silently drop a case's object.

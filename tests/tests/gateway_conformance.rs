@@ -75,6 +75,9 @@ struct Expect {
     mirrored_to: Vec<String>,
     #[serde(default)]
     weights: BTreeMap<String, f64>,
+    /// The share of requests each mirror must get a copy of, ±0.1 (200 requests).
+    #[serde(default)]
+    mirrored_share: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -239,6 +242,9 @@ async fn check(
     if !e.weights.is_empty() {
         return check_weights(addr, case, e).await;
     }
+    if !e.mirrored_share.is_empty() {
+        return check_mirrored_share(addr, case, e, backends).await;
+    }
     let mirrored_before: Vec<u64> = e
         .mirrored_to
         .iter()
@@ -346,6 +352,59 @@ async fn check_weights(addr: SocketAddr, case: &Case, e: &Expect) -> Result<(), 
         .collect();
     if !unexpected.is_empty() {
         return Err(format!("unexpected answers: {counts:?}"));
+    }
+    Ok(())
+}
+
+/// 200 requests, each answered by `e.backend`; each mirror got copies of its share of them.
+async fn check_mirrored_share(
+    addr: SocketAddr,
+    case: &Case,
+    e: &Expect,
+    backends: &BTreeMap<String, Backend>,
+) -> Result<(), String> {
+    const N: u32 = 200;
+    let mirrors: Vec<(&String, &Backend)> = e
+        .mirrored_share
+        .keys()
+        .map(|m| (m, &backends[&backend_id(m)]))
+        .collect();
+    let before: Vec<u64> = mirrors.iter().map(|(_, b)| b.requests()).collect();
+    for _ in 0..N {
+        let r = request(case, e, addr.port())
+            .send(addr)
+            .await
+            .map_err(|err| format!("no answer: {err:#}"))?;
+        let got = r
+            .json()
+            .ok()
+            .and_then(|j| j["backend"].as_str().map(String::from));
+        let want = e.backend.as_deref().map(backend_id);
+        if r.status != 200 || got != want {
+            return Err(format!("status {}, answered by {got:?}", r.status));
+        }
+    }
+    // Copies are sent on their own schedule: wait until the counts stop moving.
+    let mut last: Vec<u64> = Vec::new();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now: Vec<u64> = mirrors.iter().map(|(_, b)| b.requests()).collect();
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    for (((m, _), want), (b, n)) in mirrors
+        .iter()
+        .zip(e.mirrored_share.values())
+        .zip(before.iter().zip(&last))
+    {
+        let share = (n - b) as f64 / f64::from(N);
+        if (share - want).abs() > 0.1 {
+            return Err(format!(
+                "{m} got copies of {share} of the requests, not {want}"
+            ));
+        }
     }
     Ok(())
 }

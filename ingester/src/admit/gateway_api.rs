@@ -238,6 +238,20 @@ fn filter(at: &str, f: &HTTPRouteFilter) -> Result {
             if m.percent.is_some_and(|p| p > 100) {
                 return invalid(format!("{at}.requestMirror.percent is over 100"));
             }
+            if let Some(f) = &m.fraction {
+                if m.percent.is_some() {
+                    return invalid(format!(
+                        "{at}.requestMirror: percent and fraction may not both be set"
+                    ));
+                }
+                let denominator = f.denominator.unwrap_or(100);
+                if denominator == 0 || f.numerator > denominator {
+                    return invalid(format!(
+                        "{at}.requestMirror.fraction {}/{denominator} is not between 0 and 1",
+                        f.numerator
+                    ));
+                }
+            }
         }
         other => {
             return invalid(format!(
@@ -461,6 +475,14 @@ mod tests {
             (
                 "rules: [{filters: [{type: RequestRedirect, requestRedirect: {statusCode: 304}}]}]",
                 "requestRedirect.statusCode 304",
+            ),
+            (
+                "rules: [{filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}, percent: 5, fraction: {numerator: 1}}}]}]",
+                "percent and fraction",
+            ),
+            (
+                "rules: [{filters: [{type: RequestMirror, requestMirror: {backendRef: {name: m, port: 80}, fraction: {numerator: 3, denominator: 2}}}]}]",
+                "requestMirror.fraction 3/2",
             ),
             (
                 "rules: [{filters: [{type: ExtensionRef}]}]",

@@ -519,9 +519,17 @@ fn apply_filters(
         if let Some(m) = &f.request_mirror {
             out.mirrors.push(HttpMirrorPolicy {
                 destination: destination(&m.backend_ref, kind, ns, objects),
-                percentage: m.percent.map(|p| Percent {
-                    value: f64::from(p),
-                }),
+                percentage: match (&m.percent, &m.fraction) {
+                    (Some(p), _) => Some(Percent {
+                        value: f64::from(*p),
+                    }),
+                    // Checked at ingest: a denominator above 0, at least the numerator.
+                    (None, Some(f)) => Some(Percent {
+                        value: f64::from(f.numerator) * 100.0
+                            / f64::from(f.denominator.unwrap_or(100).max(1)),
+                    }),
+                    (None, None) => None,
+                },
             });
         }
     }

@@ -415,7 +415,10 @@ fn destination(
     let port = b.port.map(|number| PortSelector { number });
     let group = b.group.as_deref().unwrap_or("");
     let kind = b.kind.as_deref().unwrap_or("Service");
-    if !matches!((group, kind), ("", "Service") | (_, "Hostname")) {
+    if !matches!(
+        (group, kind),
+        ("", "Service") | ("networking.istio.io", "Hostname")
+    ) {
         // A kind shoal cannot resolve: the spec's `InvalidKind`, whose share of requests
         // answers 500 (conformance `HTTPRouteInvalidBackendRefUnknownKind`).
         return Destination {

@@ -4,8 +4,10 @@
 //! `tests/data/gateway-conformance/expectations.yaml`. Status conditions, which upstream
 //! checks too, are not tested here.
 //!
-//! One `shoal-server --standalone` serves every case at once; one gateway Envoy per Gateway
-//! the cases name (alternately on delta and SotW ADS), labelled
+//! One control plane serves every case at once (`shoal-server --standalone`, and again
+//! nats-server + `shoal-ingester` + `shoal-server`); one gateway Envoy per Gateway
+//! the cases name (alternately on delta and SotW ADS, each Gateway on the other in the
+//! second run), labelled
 //! `gateway.networking.k8s.io/gateway-name` as istiod's deployments are; in-process echo
 //! backends stand for the suite's (`infra-backend-v1..3`, `app-backend-v1..2`,
 //! `web-backend`). The cases that share the suite's `same-namespace` Gateway are kept apart
@@ -18,7 +20,7 @@ use serde_json::Value;
 use shoal_tests::bootstrap::{bootstrap_with, AdsMode, Node};
 use shoal_tests::http::{Request, Response};
 use shoal_tests::ports::{free_addr, free_port, free_port_on};
-use shoal_tests::{Backend, Envoy, ShoalServer};
+use shoal_tests::{Backend, Envoy, NatsServer, ShoalIngester, ShoalServer};
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -418,7 +420,18 @@ async fn check_mirrored_share(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gateway_api_conformance_http_routes() {
+async fn gateway_api_conformance_standalone() {
+    conformance(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_api_conformance_through_nats() {
+    conformance(true).await;
+}
+
+/// Every case, served by `shoal-server --standalone`, or `through_nats` by nats-server,
+/// `shoal-ingester` and `shoal-server`.
+async fn conformance(through_nats: bool) {
     let mut backends = BTreeMap::new();
     for (ns, name) in BACKENDS {
         let id = format!("{ns}/{name}");
@@ -465,7 +478,14 @@ async fn gateway_api_conformance_http_routes() {
         yaml.join("\n---\n"),
     )
     .expect("manifests");
-    let shoal = ShoalServer::standalone(manifests.path()).await;
+    let (shoal, _bus) = if through_nats {
+        let nats = NatsServer::start().await;
+        let ingester = ShoalIngester::for_dir(&nats.url(), manifests.path());
+        let server = ShoalServer::with_nats(&nats.url()).await;
+        (server, Some((nats, ingester)))
+    } else {
+        (ShoalServer::standalone(manifests.path()).await, None)
+    };
 
     // One Envoy per Gateway the cases use.
     let mut gateways: Vec<&str> = cases
@@ -487,7 +507,8 @@ async fn gateway_api_conformance_http_routes() {
             interception: None,
             service_account: format!("{gw}-istio"),
         };
-        let mode = if i % 2 == 0 {
+        // Alternately, and the other way round through NATS: each Gateway on both.
+        let mode = if (i % 2 == 0) != through_nats {
             AdsMode::Delta
         } else {
             AdsMode::Sotw

@@ -1,8 +1,10 @@
 //! Tiny HTTP/1.1 backends that say who they are and what they received, as JSON:
 //! `{"backend": name, "path": path-and-query, "host": Host header, "headers": {...}}`.
 //!
-//! A request header `x-delay-ms: N` delays the answer by N ms and `x-status: N` sets the
-//! status, for timeout and retry tests.
+//! A request header `x-delay-ms: N` (or the query `delay=1s`, `delay=500ms`) delays the
+//! answer and `x-status: N` sets the status, for timeout and retry tests;
+//! `x-echo-set-header: Name:value,...` adds response headers. A request header sent more
+//! than once is reported comma-joined.
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -132,20 +134,37 @@ async fn answer(
     if let Some(ms) = header("x-delay-ms").and_then(|v| v.parse().ok()) {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
+    // The Gateway API conformance echo server's `?delay=1s` / `?delay=500ms`.
+    let query_delay = req
+        .uri()
+        .query()
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|kv| {
+            let v = kv.strip_prefix("delay=")?;
+            match v.strip_suffix("ms") {
+                Some(ms) => ms.parse().ok().map(Duration::from_millis),
+                None => v.strip_suffix('s')?.parse().ok().map(Duration::from_secs),
+            }
+        });
+    if let Some(delay) = query_delay {
+        tokio::time::sleep(delay).await;
+    }
     let status = header("x-status")
         .and_then(|v| v.parse().ok())
         .and_then(|s| StatusCode::from_u16(s).ok())
         .unwrap_or(default_status);
-    let headers: serde_json::Map<String, serde_json::Value> = req
-        .headers()
-        .iter()
-        .map(|(n, v)| {
-            (
-                n.as_str().to_string(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned().into(),
-            )
-        })
-        .collect();
+    // A header sent more than once is one comma-joined value, as the conformance echo
+    // server reports it.
+    let mut headers = serde_json::Map::new();
+    for (n, v) in req.headers() {
+        let v = String::from_utf8_lossy(v.as_bytes()).into_owned();
+        let joined = match headers.get(n.as_str()).and_then(|old| old.as_str()) {
+            Some(old) => format!("{old},{v}"),
+            None => v,
+        };
+        headers.insert(n.as_str().to_string(), joined.into());
+    }
     let body = serde_json::json!({
         "backend": name,
         "path": req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/"),
@@ -158,6 +177,22 @@ async fn answer(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("application/json"),
     );
+    // `x-echo-set-header: Name:value,Name:value` adds response headers (the conformance
+    // echo server's way to test response header filters).
+    for pair in header("x-echo-set-header")
+        .iter()
+        .flat_map(|h| h.split(','))
+    {
+        let Some((n, v)) = pair.split_once(':') else {
+            continue;
+        };
+        if let (Ok(n), Ok(v)) = (
+            hyper::header::HeaderName::from_bytes(n.trim().as_bytes()),
+            hyper::header::HeaderValue::from_str(v.trim()),
+        ) {
+            response.headers_mut().append(n, v);
+        }
+    }
     Ok(response)
 }
 

@@ -116,7 +116,29 @@ impl Request {
         stream.write_all(head.as_bytes()).await?;
         stream.write_all(&self.body).await?;
         let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            raw.extend_from_slice(&buf[..n]);
+            // Envoy keeps a connection whose response it generated itself (a 404, a
+            // redirect) open for its delayed-close timeout, 1 s: a response whose length
+            // is known is done when it is all here.
+            let done = if self.method == "HEAD" {
+                raw.windows(4).any(|w| w == b"\r\n\r\n")
+            } else {
+                framed_and_complete(&raw)
+            };
+            if done {
+                break;
+            }
+        }
+        if self.method == "HEAD" {
+            // A HEAD response says how long the body would be, and has none.
+            return parse_head(&raw);
+        }
         parse_response(&raw)
     }
 }
@@ -139,6 +161,45 @@ pub fn blocking_get(addr: SocketAddr, path: &str) -> anyhow::Result<Response> {
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
     parse_response(&raw)
+}
+
+/// Whether `raw` is a whole response whose body is framed (a content-length, or chunked).
+fn framed_and_complete(raw: &[u8]) -> bool {
+    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+    let framed = head.lines().any(|l| {
+        l.starts_with("content-length:")
+            || (l.starts_with("transfer-encoding:") && l.contains("chunked"))
+    });
+    framed && parse_response(raw).is_ok()
+}
+
+/// The status and headers of a response to HEAD.
+fn parse_head(raw: &[u8]) -> anyhow::Result<Response> {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(raw.len(), |end| end + 4);
+    parse_response(&strip_length(&raw[..end]))
+}
+
+/// `head` without its content-length and transfer-encoding lines (the body they describe
+/// is absent), ending with one empty `content-length: 0`.
+fn strip_length(head: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(head);
+    let mut out = String::new();
+    for line in text.split("\r\n").filter(|l| !l.is_empty()) {
+        let lower = line.to_ascii_lowercase();
+        if lower.starts_with("content-length:") || lower.starts_with("transfer-encoding:") {
+            continue;
+        }
+        out.push_str(line);
+        out.push_str("\r\n");
+    }
+    out.push_str("content-length: 0\r\n\r\n");
+    out.into_bytes()
 }
 
 fn parse_response(raw: &[u8]) -> anyhow::Result<Response> {

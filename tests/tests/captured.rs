@@ -48,6 +48,9 @@ const REVIEWS: &str = "reviews.shop.svc.cluster.local";
 const JWT_ISSUER: &str = "testing@secure.istio.io";
 const FETCHED_ISSUER: &str = "fetched.example";
 const MYSQL: &str = "mysql.shop.svc.cluster.local";
+/// Services without pods of their own, which GAMMA routes steer (HTTP and TCP).
+const REVIEWS_GAMMA_VIP: &str = "198.19.0.15";
+const MYSQL_GAMMA_VIP: &str = "198.19.0.16";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_sotw() {
@@ -82,6 +85,7 @@ async fn scenario(plane: Plane, mode: AdsMode) {
     http_features(&mesh).await;
     circuit_breaking(&mesh).await;
     delegation(&mesh).await;
+    gamma_routes(&mesh).await;
     passthrough_and_registry_only(&mesh).await;
     ingress_into_a_pod(&mesh).await;
     authorization(&mesh).await;
@@ -410,6 +414,93 @@ async fn delegation(mesh: &CapturedMesh) {
     .await;
     mesh.write("details-v2.yaml", DETAILS_V2_VS);
 }
+
+/// GAMMA on captured sidecars: an HTTPRoute whose parent is the Service `reviews-gamma`
+/// steers productpage's captured requests for it (a header match, a path prefix with a
+/// request header filter, a catch-all), and a TCPRoute whose parent is `mysql-gamma` sends
+/// its captured connections to mysql, as mesh VirtualServices for those hosts would.
+async fn gamma_routes(mesh: &CapturedMesh) {
+    let url = |path: &str| format!("http://{REVIEWS_GAMMA_VIP}:9080{path}");
+    let (status, body) = mesh
+        .get("productpage", &url("/gamma/x"), &["end-user:jason"])
+        .await
+        .expect("gamma with a header");
+    assert_eq!(
+        (status, &body["backend"]),
+        (200, &Value::from("details")),
+        "{body}"
+    );
+    let (status, body) = mesh
+        .get("productpage", &url("/gamma/x"), &[])
+        .await
+        .expect("gamma");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["backend"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("reviews-")),
+        "{body}"
+    );
+    assert_eq!(body["path"], "/gamma/x", "{body}");
+    assert_eq!(body["headers"]["x-gamma"], "yes", "{body}");
+    // `/gammax` is not under the prefix `/gamma`: the catch-all.
+    let (status, body) = mesh
+        .get("productpage", &url("/gammax"), &[])
+        .await
+        .expect("catch-all");
+    assert_eq!(
+        (status, &body["backend"]),
+        (200, &Value::from("ratings")),
+        "{body}"
+    );
+    assert!(
+        mesh.stat(
+            "productpage",
+            "cluster.outbound|7070||ratings.shop.svc.cluster.local.upstream_rq_total"
+        )
+        .await
+            >= 1
+    );
+
+    let addr = format!("{MYSQL_GAMMA_VIP}:3306");
+    let out = mesh.pods["productpage"]
+        .run(&["tcp-send", &addr, "gamma"])
+        .await;
+    assert_eq!(out.expect_success(&addr).trim(), "mysql:gamma");
+    assert!(
+        mesh.stat(
+            "productpage",
+            "listener.198.19.0.16_3306.downstream_cx_total"
+        )
+        .await
+            >= 1,
+        "the mysql-gamma VIP listener took no connection"
+    );
+}
+
+/// The GAMMA routes of [`gamma_routes`].
+const GAMMA_ROUTES: &str = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: reviews-gamma, namespace: shop}
+spec:
+  parentRefs: [{group: "", kind: Service, name: reviews-gamma, port: 9080}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /gamma}, headers: [{name: end-user, value: jason}]}]
+    backendRefs: [{name: details, port: 9080}]
+  - matches: [{path: {type: PathPrefix, value: /gamma}}]
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: {set: [{name: x-gamma, value: "yes"}]}
+    backendRefs: [{name: reviews, port: 9080}]
+  - backendRefs: [{name: ratings, port: 7070}]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TCPRoute
+metadata: {name: mysql-gamma, namespace: shop}
+spec:
+  parentRefs: [{group: "", kind: Service, name: mysql-gamma, port: 3306}]
+  rules: [{backendRefs: [{name: mysql, port: 3306}]}]
+"#;
 
 /// An address outside the mesh passes through (`PassthroughCluster`) under ALLOW_ANY, and
 /// is blocked once a mesh-wide Sidecar says REGISTRY_ONLY.
@@ -1188,6 +1279,7 @@ impl CapturedMesh {
         mesh.write_manifests();
         mesh.write("istio.yaml", &mesh.istio_config());
         mesh.write("details-v2.yaml", DETAILS_V2_VS);
+        mesh.write("gamma.yaml", GAMMA_ROUTES);
         mesh.write("gateway-service.yaml", &mesh.gateway_service());
 
         let dir = mesh.dir.path().to_str().expect("UTF-8 dir").to_string();
@@ -1276,6 +1368,8 @@ impl CapturedMesh {
             ("mysql", MYSQL_VIP, "tcp-mysql", 3306),
             ("ratings", RATINGS_VIP, "web", 7070),
             ("details", DETAILS_VIP, "http", 9080),
+            ("reviews-gamma", REVIEWS_GAMMA_VIP, "http", 9080),
+            ("mysql-gamma", MYSQL_GAMMA_VIP, "tcp-mysql", 3306),
         ];
         for (svc, vip, port_name, port) in services {
             out.push_str(&format!(

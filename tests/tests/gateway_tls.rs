@@ -667,15 +667,59 @@ endpoints:
     )
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_api_http_routes_standalone() {
+    gateway_api_http_routes(Plane::Standalone).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_api_http_routes_through_nats() {
+    gateway_api_http_routes(Plane::Nats).await;
+}
+
+/// Where the gateway's configuration comes from.
+#[derive(Debug, Clone, Copy)]
+enum Plane {
+    /// `shoal-server --standalone` reads the manifests itself.
+    Standalone,
+    /// nats-server, `shoal-ingester` on the manifests, `shoal-server` on the bus.
+    Nats,
+}
+
+/// A running control plane of either kind; stops on drop.
+struct ControlPlane {
+    server: ShoalServer,
+    _bus: Option<(NatsServer, ShoalIngester)>,
+}
+
+impl ControlPlane {
+    async fn start(plane: Plane, manifests: &Path) -> ControlPlane {
+        match plane {
+            Plane::Standalone => ControlPlane {
+                server: ShoalServer::standalone(manifests).await,
+                _bus: None,
+            },
+            Plane::Nats => {
+                let nats = NatsServer::start().await;
+                let ingester = ShoalIngester::for_dir(&nats.url(), manifests);
+                let server = ShoalServer::with_nats(&nats.url()).await;
+                ControlPlane {
+                    server,
+                    _bus: Some((nats, ingester)),
+                }
+            }
+        }
+    }
+}
+
 /// The HTTPRoute features on one gateway, with real traffic: path (segment-wise prefix,
 /// exact, regex), header, query and method matches with the spec's precedence; request
 /// and response header modifiers, redirect, URL rewrite, mirror; weights; a request
 /// timeout; 500 for a missing Service and for another namespace's Service without a
 /// ReferenceGrant, 200 with one; a listener that admits only its own namespace refuses a
 /// route from another; a GRPCRoute routes a real gRPC client's calls by service, method
-/// and header.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gateway_api_http_routes() {
+/// and header. Served by `plane`, to a gateway on delta ADS and then to one on SotW.
+async fn gateway_api_http_routes(plane: Plane) {
     let a = Backend::start("a", free_addr()).await;
     let b = Backend::start("b", free_addr()).await;
     let c = Backend::start("c", free_addr()).await;
@@ -795,7 +839,26 @@ spec:
     ));
     let manifests = tempfile::tempdir().expect("manifest dir");
     std::fs::write(manifests.path().join("mesh.yaml"), yaml).expect("manifests");
-    let shoal = ShoalServer::standalone(manifests.path()).await;
+    let control = ControlPlane::start(plane, manifests.path()).await;
+    let shoal = &control.server;
+    for mode in [AdsMode::Delta, AdsMode::Sotw] {
+        eprintln!("{plane:?}, gateway on {mode:?}");
+        http_routes_served(shoal, mode, http, same, &a, &b, &c, &m).await;
+    }
+}
+
+/// [`gateway_api_http_routes`]'s checks, on a fresh gateway Envoy on `mode`.
+#[allow(clippy::too_many_arguments)]
+async fn http_routes_served(
+    shoal: &ShoalServer,
+    mode: AdsMode,
+    http: u16,
+    same: u16,
+    a: &Backend,
+    b: &Backend,
+    c: &Backend,
+    m: &Backend,
+) {
     let node = Node {
         id: "router~127.0.0.1~web-istio-1.infra~infra.svc.cluster.local".into(),
         cluster: "web-istio".into(),
@@ -811,7 +874,7 @@ spec:
         &node,
         free_port(),
         &[shoal.xds_addr()],
-        AdsMode::Delta,
+        mode,
     ))
     .await;
     gateway.wait_listener(&format!("0.0.0.0_{http}")).await;

@@ -324,6 +324,20 @@ pub struct HTTPRequestMirror {
     /// Percent of requests mirrored (default 100).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub percent: Option<u32>,
+    /// The share of requests mirrored as a fraction (instead of `percent`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<Fraction>,
+}
+
+/// A fraction, `numerator / denominator`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Fraction {
+    /// Numerator.
+    pub numerator: u32,
+    /// Denominator (default 100).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub denominator: Option<u32>,
 }
 
 /// A backend of a rule.

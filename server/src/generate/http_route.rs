@@ -6,6 +6,7 @@
 
 use super::{ordered_map, pb_duration};
 use crate::index::config::Config;
+use crate::index::gateway_api::REDIRECT_PREFIX_MARKER;
 use crate::index::hosts::resolve_host;
 use shoal_common::model::{
     CorsPolicy, Destination, HeaderMatch, HeaderOperations, HttpFaultInjection, HttpMatchRequest,
@@ -425,7 +426,14 @@ fn action(rule: &HttpRoute, env: &RouteEnv<'_>, gateway_semantics: bool) -> Acti
         return Action::Redirect(RedirectAction {
             host_redirect: r.authority.clone().unwrap_or_default(),
             port_redirect: port,
-            path_rewrite_specifier: r.uri.clone().map(PathRewriteSpecifier::PathRedirect),
+            path_rewrite_specifier: r.uri.as_ref().map(|uri| {
+                match uri.strip_prefix(REDIRECT_PREFIX_MARKER) {
+                    Some(prefix) if gateway_semantics => {
+                        PathRewriteSpecifier::PrefixRewrite(prefix.to_string())
+                    }
+                    _ => PathRewriteSpecifier::PathRedirect(uri.clone()),
+                }
+            }),
             scheme_rewrite_specifier: r.scheme.clone().map(SchemeRewriteSpecifier::SchemeRedirect),
             response_code: redirect_code(r.redirect_code.unwrap_or(301)) as i32,
             ..Default::default()

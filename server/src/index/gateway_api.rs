@@ -4,7 +4,8 @@
 //! (`gateway.networking.k8s.io/gateway-name: <name>`, in its namespace only); the routes
 //! attached to a listener become one VirtualService per (listener, host) with their rules
 //! in the spec's precedence order, marked with istiod's "gateway semantics". An HTTPRoute
-//! whose parent is a Service (GAMMA) becomes a mesh VirtualService for that Service's host.
+//! (GRPCRoute, TCPRoute, TLSRoute) whose parent is a Service (GAMMA) becomes a mesh
+//! VirtualService for that Service's host.
 //!
 //! Nothing here is wider than what the user wrote: a route that attaches nowhere routes
 //! nothing; a cross-namespace backend without a ReferenceGrant answers 500; an
@@ -21,6 +22,12 @@ use shoal_common::model::{
     TlsRoute, VirtualService, GATEWAY_API_GROUP, GATEWAY_NAME_LABEL, ISTIO_CLASS, ISTIO_CONTROLLER,
 };
 use std::collections::{BTreeMap, BTreeSet};
+
+/// Marks a translated redirect's `uri` as a replacement for the matched path prefix (a
+/// `ReplacePrefixMatch` redirect; Envoy's `prefix_rewrite`), which an Istio redirect cannot
+/// say. Only read on routes with gateway semantics, so a VirtualService's own `uri` is never
+/// taken for one.
+pub const REDIRECT_PREFIX_MARKER: &str = "%PREFIX()%";
 
 /// What the Gateway API objects of a snapshot translate to.
 #[derive(Debug, Default)]
@@ -337,11 +344,7 @@ fn attach_http(
         }
     }
     // GAMMA: a Service parent routes the mesh's traffic to that Service.
-    for p in parents {
-        if p.kind.as_deref() != Some("Service") || p.group.as_deref().is_some_and(|g| !g.is_empty())
-        {
-            continue;
-        }
+    for p in service_parents(parents) {
         let svc_ns = p.namespace.as_deref().unwrap_or(&meta.namespace);
         let host = service_fqdn(&p.name, svc_ns);
         let mut rules = rules.clone();
@@ -368,13 +371,7 @@ fn attach_http(
                 hosts: vec![host],
                 gateways: vec!["mesh".into()],
                 http: rules,
-                // A route in the Service's namespace is the producer's, seen by every
-                // namespace; one elsewhere is a consumer's, for its own namespace only.
-                export_to: if svc_ns == meta.namespace {
-                    Vec::new()
-                } else {
-                    vec![meta.namespace.clone()]
-                },
+                export_to: mesh_export_to(svc_ns, &meta.namespace),
                 gateway_semantics: true,
                 ..Default::default()
             },
@@ -416,7 +413,21 @@ fn destination(
     objects: &Objects<'_>,
 ) -> Destination {
     let port = b.port.map(|number| PortSelector { number });
-    if b.kind.as_deref() == Some("Hostname") {
+    let group = b.group.as_deref().unwrap_or("");
+    let kind = b.kind.as_deref().unwrap_or("Service");
+    if !matches!(
+        (group, kind),
+        ("", "Service") | ("networking.istio.io", "Hostname")
+    ) {
+        // A kind shoal cannot resolve: the spec's `InvalidKind`, whose share of requests
+        // answers 500 (conformance `HTTPRouteInvalidBackendRefUnknownKind`).
+        return Destination {
+            host: format!("{}.{kind}.unknown-kind.invalid", b.name),
+            subset: None,
+            port,
+        };
+    }
+    if kind == "Hostname" {
         return Destination {
             host: b.name.clone(),
             subset: None,
@@ -465,12 +476,17 @@ fn apply_filters(
             out.headers.get_or_insert_with(Headers::default).response = Some(header_ops(h));
         }
         if let Some(r) = &f.request_redirect {
+            let uri = r.path.as_ref().and_then(|p| match &p.replace_prefix_match {
+                Some(prefix) => Some(format!("{REDIRECT_PREFIX_MARKER}{prefix}")),
+                None => p.replace_full_path.clone(),
+            });
             out.redirect = Some(HttpRedirect {
-                uri: r.path.as_ref().and_then(|p| p.replace_full_path.clone()),
+                uri,
                 authority: r.hostname.clone(),
                 port: r.port,
                 scheme: r.scheme.clone(),
-                redirect_code: r.status_code,
+                // The Gateway API default is 302 (Istio's own redirect defaults to 301).
+                redirect_code: Some(r.status_code.unwrap_or(302)),
                 // "When empty, the port of the request is used", unless the scheme changes.
                 derive_port: r.port.is_none().then(|| {
                     if r.scheme.is_some() {
@@ -506,9 +522,17 @@ fn apply_filters(
         if let Some(m) = &f.request_mirror {
             out.mirrors.push(HttpMirrorPolicy {
                 destination: destination(&m.backend_ref, kind, ns, objects),
-                percentage: m.percent.map(|p| Percent {
-                    value: f64::from(p),
-                }),
+                percentage: match (&m.percent, &m.fraction) {
+                    (Some(p), _) => Some(Percent {
+                        value: f64::from(*p),
+                    }),
+                    // Checked at ingest: a denominator above 0, at least the numerator.
+                    (None, Some(f)) => Some(Percent {
+                        value: f64::from(f.numerator) * 100.0
+                            / f64::from(f.denominator.unwrap_or(100).max(1)),
+                    }),
+                    (None, None) => None,
+                },
             });
         }
     }
@@ -754,6 +778,72 @@ fn l4_route(
             spec: vs,
         });
     }
+    // GAMMA: a Service parent routes the sidecars' connections to that Service, as a mesh
+    // VirtualService for its host with `tcp` (or, for a TLSRoute, SNI `tls`) rules does.
+    for p in service_parents(&r.parent_refs) {
+        let svc_ns = p.namespace.as_deref().unwrap_or(&meta.namespace);
+        let host = service_fqdn(&p.name, svc_ns);
+        let mut vs = VirtualService {
+            hosts: vec![host.clone()],
+            gateways: vec!["mesh".into()],
+            export_to: mesh_export_to(svc_ns, &meta.namespace),
+            gateway_semantics: true,
+            ..Default::default()
+        };
+        if kind == "TLSRoute" {
+            let sni_hosts = if r.hostnames.is_empty() {
+                vec![host]
+            } else {
+                r.hostnames.clone()
+            };
+            vs.tls = vec![TlsRoute {
+                matches: vec![TlsMatchAttributes {
+                    sni_hosts,
+                    port: p.port,
+                    ..Default::default()
+                }],
+                route: destinations.clone(),
+            }];
+        } else {
+            vs.tcp = vec![TcpRoute {
+                matches: p
+                    .port
+                    .map(|port| L4MatchAttributes {
+                        port: Some(port),
+                        ..Default::default()
+                    })
+                    .into_iter()
+                    .collect(),
+                route: destinations.clone(),
+            }];
+        }
+        out.virtual_services.push(Config {
+            meta: ObjectMeta {
+                name: format!("{}-{}-{}", kind.to_ascii_lowercase(), meta.name, p.name),
+                namespace: meta.namespace.clone(),
+                created: meta.created,
+                ..Default::default()
+            },
+            spec: vs,
+        });
+    }
+}
+
+/// The parents of a route that are core Services (GAMMA).
+fn service_parents(parents: &[ParentReference]) -> impl Iterator<Item = &ParentReference> {
+    parents.iter().filter(|p| {
+        p.kind.as_deref() == Some("Service") && p.group.as_deref().is_none_or(str::is_empty)
+    })
+}
+
+/// Who sees a mesh route: one in the Service's namespace is the producer's, seen by every
+/// namespace; one elsewhere is a consumer's, for its own namespace only.
+fn mesh_export_to(svc_ns: &str, route_ns: &str) -> Vec<String> {
+    if svc_ns == route_ns {
+        Vec::new()
+    } else {
+        vec![route_ns.to_string()]
+    }
 }
 
 #[cfg(test)]
@@ -766,6 +856,8 @@ mod tests {
             "Gateway" => ConfigSpec::KubeGateway(serde_json::from_value(v).expect("gw")),
             "HTTPRoute" => ConfigSpec::HTTPRoute(serde_json::from_value(v).expect("route")),
             "TLSRoute" => ConfigSpec::TLSRoute(serde_json::from_value(v).expect("tls")),
+            "TCPRoute" => ConfigSpec::TCPRoute(serde_json::from_value(v).expect("tcp")),
+            "GRPCRoute" => ConfigSpec::GRPCRoute(serde_json::from_value(v).expect("grpc")),
             "ReferenceGrant" => {
                 ConfigSpec::ReferenceGrant(serde_json::from_value(v).expect("grant"))
             }
@@ -903,5 +995,113 @@ mod tests {
             m.spec.http[0].route[0].destination.host,
             "reviews-v2.apps.svc.cluster.local"
         );
+    }
+
+    fn mesh_vs<'a>(t: &'a Translated, host: &str) -> &'a Config<VirtualService> {
+        t.virtual_services
+            .iter()
+            .find(|v| v.spec.gateways == ["mesh"] && v.spec.hosts == [host])
+            .unwrap_or_else(|| panic!("no mesh route for {host}: {t:?}"))
+    }
+
+    #[test]
+    fn grpc_routes_with_a_service_parent_route_the_mesh() {
+        let grpc = "parentRefs: [{group: '', kind: Service, name: echo, namespace: apps, port: 7070}]\nrules:\n- matches: [{method: {service: echo.Echo, method: Call}}]\n  backendRefs: [{name: echo-v2, namespace: apps, port: 7070}]\n- backendRefs: [{name: echo, namespace: apps, port: 7070}]\n";
+        let grant = "from: [{group: gateway.networking.k8s.io, kind: GRPCRoute, namespace: client}]\nto: [{group: '', kind: Service}]\n";
+        let objects = [
+            obj("GRPCRoute", "client", "g", grpc),
+            obj("ReferenceGrant", "apps", "rg", grant),
+        ];
+        let t = translate(objects.iter());
+        let v = mesh_vs(&t, "echo.apps.svc.cluster.local");
+        // A consumer route (another namespace than the Service's): its namespace only.
+        assert_eq!(v.meta.namespace, "client");
+        assert_eq!(v.spec.export_to, ["client"]);
+        let http = &v.spec.http;
+        assert_eq!(http.len(), 2);
+        assert_eq!(
+            http[0].matches[0].uri,
+            Some(StringMatch::Exact("/echo.Echo/Call".into()))
+        );
+        // Both rules apply to the parent's port only.
+        assert!(http.iter().all(|r| r.matches[0].port == Some(7070)));
+        assert_eq!(
+            http[0].route[0].destination.host,
+            "echo-v2.apps.svc.cluster.local"
+        );
+        assert_eq!(
+            http[1].route[0].destination.host,
+            "echo.apps.svc.cluster.local"
+        );
+    }
+
+    #[test]
+    fn tcp_and_tls_routes_with_a_service_parent_route_the_mesh() {
+        let tcp = "parentRefs: [{group: '', kind: Service, name: mysql, port: 3306}]\nrules: [{backendRefs: [{name: mysql-v2, port: 3306, weight: 3}, {name: mysql, port: 3306}]}]\n";
+        let tls = "parentRefs: [{group: '', kind: Service, name: vault}]\nhostnames: [vault.example.com]\nrules: [{backendRefs: [{name: vault-v2, port: 443}]}]\n";
+        let objects = [
+            obj("TCPRoute", "apps", "t", tcp),
+            obj("TLSRoute", "apps", "s", tls),
+        ];
+        let t = translate(objects.iter());
+        let v = mesh_vs(&t, "mysql.apps.svc.cluster.local");
+        assert!(v.spec.export_to.is_empty(), "the producer's route");
+        assert!(v.spec.http.is_empty());
+        let tcp = &v.spec.tcp[0];
+        assert_eq!(tcp.matches.len(), 1);
+        assert_eq!(tcp.matches[0].port, Some(3306));
+        let routes: Vec<_> = tcp
+            .route
+            .iter()
+            .map(|r| (r.destination.host.as_str(), r.weight))
+            .collect();
+        assert_eq!(
+            routes,
+            [
+                ("mysql-v2.apps.svc.cluster.local", Some(3)),
+                ("mysql.apps.svc.cluster.local", Some(1)),
+            ]
+        );
+        let v = mesh_vs(&t, "vault.apps.svc.cluster.local");
+        assert_eq!(v.spec.tls[0].matches[0].sni_hosts, ["vault.example.com"]);
+        assert_eq!(v.spec.tls[0].matches[0].port, None);
+        assert_eq!(
+            v.spec.tls[0].route[0].destination.host,
+            "vault-v2.apps.svc.cluster.local"
+        );
+        // No Gateway parent: nothing else.
+        assert_eq!(t.virtual_services.len(), 2);
+        assert!(t.gateways.is_empty());
+    }
+
+    #[test]
+    fn a_backend_of_an_unknown_kind_answers_500() {
+        let route = "parentRefs: [{name: gw, sectionName: same}]\nrules:\n- backendRefs: [{group: unknown.example, kind: Unknown, name: a, port: 80}]\n";
+        let objects = [
+            obj("Gateway", "infra", "gw", GW),
+            obj("HTTPRoute", "infra", "r", route),
+        ];
+        let t = translate(objects.iter());
+        let v = vs(&t, "gw-istio-autogenerated-k8s-gateway-same", "*").expect("attached");
+        let host = &v.http[0].route[0].destination.host;
+        assert!(host.ends_with(".invalid"), "{host}");
+    }
+
+    #[test]
+    fn redirects_default_to_302_and_replace_the_matched_prefix() {
+        let route = "parentRefs: [{name: gw, sectionName: same}]\nrules:\n- matches: [{path: {value: /old}}]\n  filters: [{type: RequestRedirect, requestRedirect: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /new}}}]\n";
+        let objects = [
+            obj("Gateway", "infra", "gw", GW),
+            obj("HTTPRoute", "infra", "r", route),
+        ];
+        let t = translate(objects.iter());
+        let v = vs(&t, "gw-istio-autogenerated-k8s-gateway-same", "*").expect("attached");
+        let redirect = v.http[0].redirect.as_ref().expect("redirect");
+        assert_eq!(redirect.redirect_code, Some(302), "the Gateway API default");
+        assert_eq!(
+            redirect.uri.as_deref(),
+            Some(format!("{REDIRECT_PREFIX_MARKER}/new").as_str())
+        );
+        assert!(v.http[0].route.is_empty() && v.http[0].direct_response.is_none());
     }
 }

@@ -468,6 +468,8 @@ fn redirects() {
   redirect: {uri: /new, authority: new.example.com, port: 8443, scheme: https, redirectCode: 302}
 - match: [{uri: {prefix: /moved}}]
   redirect: {uri: /here}
+- match: [{uri: {prefix: /marked}}]
+  redirect: {uri: "%PREFIX()%/x"}
 "#,
     ));
     let redirect = |r: &Route| -> RedirectAction {
@@ -494,6 +496,11 @@ fn redirects() {
         RedirectResponseCode::MovedPermanently as i32
     );
     assert_eq!(r.host_redirect, "");
+    // The Gateway API prefix marker means nothing in a VirtualService's own redirect.
+    assert_eq!(
+        redirect(&rs[2]).path_rewrite_specifier,
+        Some(PathRewriteSpecifier::PathRedirect("%PREFIX()%/x".into()))
+    );
 }
 
 #[test]

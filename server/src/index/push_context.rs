@@ -73,6 +73,23 @@ pub struct PushContext {
     pub network_gateways: Arc<crate::index::network::NetworkGateways>,
     /// `meshNetworks` of the mesh settings, shared by the load assignments' keys.
     pub mesh_networks: Arc<crate::index::network::MeshNetworks>,
+    /// This context's identity, unique in the process: what outputs built from it record
+    /// instead of holding the context (see `push::view`).
+    pub id: ContextId,
+}
+
+/// A PushContext's identity: unique per context made (built or defaulted), so that what
+/// was computed from a context can remember which one without keeping it alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextId(u64);
+
+/// Source of fresh [`ContextId`]s.
+static CONTEXT_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl Default for ContextId {
+    fn default() -> Self {
+        ContextId(CONTEXT_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// Source of fresh [`PushContext::endpoint_inputs`] epochs.

@@ -34,8 +34,9 @@ mod output;
 
 use crate::generate::cache::GeneratorCache;
 use crate::generate::{Resource, Side, Snapshot};
+use crate::index::endpoints::EndpointIndex;
 use crate::index::proxy::{Interception, IstioVersion, Proxy, ProxyKind, VerifiedIdentity};
-use crate::index::push_context::PushContext;
+use crate::index::push_context::{ContextId, PushContext};
 use crate::index::scope::ProxyScope;
 pub use names::NameSet;
 pub use output::{Diff, Held, Output};
@@ -278,12 +279,12 @@ pub struct View {
 
 #[derive(Default)]
 struct Inner {
-    scope: Option<(Arc<PushContext>, Arc<ProxyScope>)>,
+    scope: Option<(ContextId, Arc<ProxyScope>)>,
     /// The outbound part for a PushContext (see [`View::for_type`]); `None`: the view is
     /// its own part (not kept as an `Arc` in itself: that cycle would never drop).
-    part: Option<(Arc<PushContext>, Option<Arc<View>>)>,
+    part: Option<(ContextId, Option<Arc<View>>)>,
     /// A sidecar's inbound clusters and listener, per PushContext (see [`View::composed`]).
-    inbound: HashMap<XdsType, (Arc<PushContext>, Inbound)>,
+    inbound: HashMap<XdsType, (ContextId, Inbound)>,
     /// A sidecar's clusters and listeners: its part's outbound output with its inbound
     /// resources put in, and the two it was made from.
     composed: HashMap<XdsType, Composed>,
@@ -327,8 +328,10 @@ fn slot_key(kind: ProxyKind, ty: XdsType, names: &Names) -> SlotKey {
 struct Slot {
     /// Keeps the names (and so the key's pointer) alive.
     names: Option<Names>,
-    ctx: Arc<PushContext>,
-    endpoints: Arc<crate::index::endpoints::EndpointIndex>,
+    /// The context it was made from (not the context itself: a view untouched by later
+    /// changes would keep every context it was last built from alive).
+    ctx: Stamp,
+    endpoints: EndpointStamp,
     number: u64,
     cell: Arc<OnceCell<Arc<Output>>>,
     /// The requested names by service hostname, made when first needed and kept while
@@ -356,28 +359,63 @@ impl Slot {
     /// the hosts (auto mTLS's SANs and sidecar checks), for gateway credentials the same
     /// workloads (who serves a Secret).
     fn valid_for(&self, ty: XdsType, snap: &Snapshot) -> bool {
-        Arc::ptr_eq(&self.ctx, &snap.ctx)
+        self.ctx.id == snap.ctx.id
             && match ty {
                 // Workloads come from the endpoints.
-                XdsType::Endpoint | XdsType::Address => {
-                    Arc::ptr_eq(&self.endpoints, &snap.endpoints)
-                }
-                XdsType::Cluster => {
-                    self.endpoints.identities_epoch() == snap.endpoints.identities_epoch()
-                }
-                XdsType::Secret => {
-                    self.endpoints.workloads_epoch() == snap.endpoints.workloads_epoch()
-                }
+                XdsType::Endpoint | XdsType::Address => self
+                    .endpoints
+                    .index
+                    .as_ref()
+                    .is_some_and(|i| Arc::ptr_eq(i, &snap.endpoints)),
+                XdsType::Cluster => self.endpoints.identities == snap.endpoints.identities_epoch(),
+                XdsType::Secret => self.endpoints.workloads == snap.endpoints.workloads_epoch(),
                 _ => true,
             }
+    }
+}
+
+/// What an output records of the PushContext it was made from.
+#[derive(Debug, Clone, Copy)]
+struct Stamp {
+    id: ContextId,
+    /// See [`PushContext::endpoint_inputs`].
+    endpoint_inputs: u64,
+}
+
+impl Stamp {
+    fn of(ctx: &PushContext) -> Stamp {
+        Stamp {
+            id: ctx.id,
+            endpoint_inputs: ctx.endpoint_inputs,
+        }
+    }
+}
+
+/// What an output records of the endpoint index it was made from: the index itself only
+/// for the types made from it (a later one is derived from it), else the epochs their
+/// validity reads, so that outputs untouched by endpoint changes keep no old index alive.
+struct EndpointStamp {
+    index: Option<Arc<EndpointIndex>>,
+    identities: u64,
+    workloads: u64,
+}
+
+impl EndpointStamp {
+    fn of(ty: XdsType, endpoints: &Arc<EndpointIndex>) -> EndpointStamp {
+        EndpointStamp {
+            index: matches!(ty, XdsType::Endpoint | XdsType::Address).then(|| endpoints.clone()),
+            identities: endpoints.identities_epoch(),
+            workloads: endpoints.workloads_epoch(),
+        }
     }
 }
 
 /// A previous output a new one may be derived from.
 struct Prev {
     output: Arc<Output>,
-    ctx: Arc<PushContext>,
-    endpoints: Arc<crate::index::endpoints::EndpointIndex>,
+    ctx: Stamp,
+    /// The endpoint index of a load assignment or address output.
+    endpoints: Option<Arc<EndpointIndex>>,
     hosts: Arc<OnceLock<HostNames>>,
     /// `output` is for other names, that these were made from.
     names: Option<NamesChange>,
@@ -405,7 +443,7 @@ impl View {
     /// no config selects outbound configuration by, and the pod's ports, left out.
     fn part(self: &Arc<Self>, ctx: &Arc<PushContext>) -> Arc<View> {
         if let Some((c, part)) = &lock(&self.inner).part {
-            if Arc::ptr_eq(c, ctx) {
+            if *c == ctx.id {
                 return part.clone().unwrap_or_else(|| self.clone());
             }
         }
@@ -414,7 +452,7 @@ impl View {
             self.views
                 .find_or_insert(&self.views.parts, key, &self.proxy)
         });
-        lock(&self.inner).part = Some((ctx.clone(), other.clone()));
+        lock(&self.inner).part = Some((ctx.id, other.clone()));
         other.unwrap_or_else(|| self.clone())
     }
 
@@ -422,10 +460,10 @@ impl View {
     pub fn scope(&self, ctx: &Arc<PushContext>) -> Arc<ProxyScope> {
         let mut inner = lock(&self.inner);
         match &inner.scope {
-            Some((c, s)) if Arc::ptr_eq(c, ctx) => s.clone(),
+            Some((c, s)) if *c == ctx.id => s.clone(),
             _ => {
                 let scope = Arc::new(ProxyScope::compute(&self.proxy, ctx));
-                inner.scope = Some((ctx.clone(), scope.clone()));
+                inner.scope = Some((ctx.id, scope.clone()));
                 scope
             }
         }
@@ -510,7 +548,7 @@ impl View {
     /// on nothing else: the services selecting the workload, its ports, its policies).
     async fn inbound(self: &Arc<Self>, ty: XdsType, snap: &Arc<Snapshot>) -> Inbound {
         if let Some((ctx, inbound)) = lock(&self.inner).inbound.get(&ty) {
-            if Arc::ptr_eq(ctx, &snap.ctx) {
+            if *ctx == snap.ctx.id {
                 return inbound.clone();
             }
         }
@@ -527,7 +565,7 @@ impl View {
         );
         lock(&self.inner)
             .inbound
-            .insert(ty, (snap.ctx.clone(), inbound.clone()));
+            .insert(ty, (snap.ctx.id, inbound.clone()));
         inbound
     }
 
@@ -563,8 +601,8 @@ impl View {
                     let mut prev = slot.and_then(|s| {
                         Some(Prev {
                             output: s.cell.get()?.clone(),
-                            ctx: s.ctx.clone(),
-                            endpoints: s.endpoints.clone(),
+                            ctx: s.ctx,
+                            endpoints: s.endpoints.index.clone(),
                             hosts: s.hosts.clone(),
                             names: None,
                         })
@@ -578,8 +616,8 @@ impl View {
                             }
                             Some(Prev {
                                 output: from.cell.get()?.clone(),
-                                ctx: from.ctx.clone(),
-                                endpoints: from.endpoints.clone(),
+                                ctx: from.ctx,
+                                endpoints: from.endpoints.index.clone(),
                                 hosts: Arc::default(),
                                 names: Some(c.clone()),
                             })
@@ -588,8 +626,8 @@ impl View {
                     let cell = Arc::new(OnceCell::new());
                     let fresh = Slot {
                         names: names.clone(),
-                        ctx: snap.ctx.clone(),
-                        endpoints: snap.endpoints.clone(),
+                        ctx: Stamp::of(&snap.ctx),
+                        endpoints: EndpointStamp::of(ty, &snap.endpoints),
                         number: snap.number,
                         cell: cell.clone(),
                         hosts,
@@ -667,10 +705,12 @@ impl View {
                     return Arc::new(prev.output.with_changes(added, &change.removed));
                 }
                 // Load assignments read the context only through its endpoint inputs.
-                let reusable = prev.as_ref().filter(|p| {
-                    ty == XdsType::Endpoint && p.ctx.endpoint_inputs == snap.ctx.endpoint_inputs
+                let reusable = prev.as_ref().and_then(|p| {
+                    let index = p.endpoints.as_ref()?;
+                    (ty == XdsType::Endpoint && p.ctx.endpoint_inputs == snap.ctx.endpoint_inputs)
+                        .then_some((p, index))
                 });
-                let Some(prev) = reusable else {
+                let Some((prev, prev_endpoints)) = reusable else {
                     return Arc::new(Output::new(generate(&all())));
                 };
                 // Same endpoint inputs: an assignment depends only on its service's endpoint
@@ -678,13 +718,13 @@ impl View {
                 // assignments whose shards are not the same object, keep the rest.
                 let stale = |name: &str| {
                     parse_outbound_cluster_name(name).is_none_or(|(_, _, host)| {
-                        !same_shards(prev.endpoints.host(host), snap.endpoints.host(host))
+                        !same_shards(prev_endpoints.host(host), snap.endpoints.host(host))
                     })
                 };
                 // The hosts changed since the previous output, looked up in the names'
                 // index by host: the cost follows the change, not the subscription.
                 if let (Some(hosts), Some(requested)) =
-                    (snap.endpoints.changed_since(&prev.endpoints), &names)
+                    (snap.endpoints.changed_since(prev_endpoints), &names)
                 {
                     let by_host = prev.hosts.get_or_init(|| host_names(requested));
                     let rebuild: Vec<String> = hosts
@@ -762,6 +802,32 @@ mod tests {
                 &[("http", 9080)],
                 vec![endpoint("10.0.1.1", &[])],
             ))
+    }
+
+    /// A view's outputs record which context and endpoint index they were made from but
+    /// keep neither alive: in a soak, views a change does not touch would otherwise hold
+    /// every context and index they were last built from (issue 19's RSS growth).
+    #[tokio::test]
+    async fn outputs_keep_no_old_context_or_endpoint_index_alive() {
+        let metrics = CacheMetrics::register(&prometheus::Registry::new());
+        let cache = GeneratorCache::new(64 << 20, true, metrics);
+        let views = Views::new(Generation::new(cache, 1));
+        let view = views.view_for(&sidecar_proxy("a", &[("app", "client")]));
+        let m = mesh();
+        let snap = Arc::new(Snapshot {
+            number: 1,
+            ..m.snapshot()
+        });
+        let none = Names::default();
+        let cds = view.output(XdsType::Cluster, &none, &snap).await;
+        let lds = view.output(XdsType::Listener, &none, &snap).await;
+        let (ctx, endpoints) = (Arc::downgrade(&snap.ctx), Arc::downgrade(&snap.endpoints));
+        drop((snap, m));
+        assert!(ctx.upgrade().is_none(), "the context outlived its snapshot");
+        assert!(endpoints.upgrade().is_none(), "the endpoint index outlived its snapshot");
+        // The outputs themselves stay.
+        assert!(!cds.resources().is_empty());
+        drop(lds);
     }
 
     #[tokio::test]

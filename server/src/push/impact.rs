@@ -95,7 +95,9 @@ pub fn affected_types(
                 .is_ok()
         })
     };
-    if in_scope(&changes.endpoints) {
+    // A cluster's network is the network of its proxies that send none: their load
+    // assignments split endpoints by it.
+    if in_scope(&changes.endpoints) || changes.cluster_networks {
         out.insert(XdsType::Endpoint);
     }
     // Service accounts and sidecars behind a destination shape its clusters' mutual TLS.

@@ -136,6 +136,9 @@ pub struct ChangeSet {
     /// The set of clusters with a published token issuer changed: which gateway
     /// credentials a client certificate may have (see `generate::sds`).
     pub token_issuers: bool,
+    /// A cluster's network changed (its system namespace's label): the network of its
+    /// proxies that send none, so how their load assignments split endpoints.
+    pub cluster_networks: bool,
 }
 
 impl ChangeSet {
@@ -166,6 +169,7 @@ impl ChangeSet {
     fn touches_assignments(&self) -> bool {
         self.full
             || self.services
+            || self.cluster_networks
             || self.config.iter().any(|k| {
                 matches!(
                     k,
@@ -182,7 +186,11 @@ impl ChangeSet {
 
     /// Whether the PushContext depends on anything that changed.
     fn needs_context(&self) -> bool {
-        self.full || self.services || self.token_issuers || !self.config.is_empty()
+        self.full
+            || self.services
+            || self.token_issuers
+            || self.cluster_networks
+            || !self.config.is_empty()
     }
 
     /// Whether only endpoints changed (a snapshot can keep the PushContext).
@@ -590,13 +598,11 @@ impl Pipeline {
                 revision: 0,
                 op: shoal_common::bus::Op::Delete,
             };
-            let workloads = self.state.endpoints.workloads_epoch();
+            let epochs = self.endpoint_epochs();
             if let Ok((change, _)) = self.state.apply(bucket, &tombstone) {
                 self.record(&change, None);
             }
-            if self.state.endpoints.workloads_epoch() != workloads {
-                self.changes.workloads = true;
-            }
+            self.note_epochs(epochs);
         }
         count
     }
@@ -629,6 +635,19 @@ impl Pipeline {
         self.live.remove(&bucket);
     }
 
+    /// The endpoint index's epochs that changes are recorded by.
+    fn endpoint_epochs(&self) -> (u64, u64) {
+        let e = &self.state.endpoints;
+        (e.workloads_epoch(), e.cluster_networks_epoch())
+    }
+
+    /// Records what moved the endpoint index's epochs since `before`.
+    fn note_epochs(&mut self, before: (u64, u64)) {
+        let (workloads, networks) = self.endpoint_epochs();
+        self.changes.workloads |= workloads != before.0;
+        self.changes.cluster_networks |= networks != before.1;
+    }
+
     /// One bus entry, of any bucket: applied to the state (or refused, keeping the
     /// previous value), and recorded as a change.
     fn entry(&mut self, bucket: Bucket, entry: &shoal_common::bus::Entry) {
@@ -643,15 +662,13 @@ impl Pipeline {
                 self.fleet_synced(&fleet);
             }
         }
-        let workloads = self.state.endpoints.workloads_epoch();
+        let epochs = self.endpoint_epochs();
         let applied = if self.live.contains(&bucket) {
             self.state.apply_live(bucket, entry)
         } else {
             self.state.apply(bucket, entry)
         };
-        if self.state.endpoints.workloads_epoch() != workloads {
-            self.changes.workloads = true;
-        }
+        self.note_epochs(epochs);
         let result = match applied {
             Ok((Change::None, _)) => "unchanged",
             Ok((change, observed)) => {

@@ -15,8 +15,7 @@
 //! nats-server to one shoal server, which serves every proxy; each pod runs a certificate
 //! agent and a real Envoy (sidecars captured by istio-iptables' rules, the gateways not)
 //! whose node metadata names its cluster (`CLUSTER_ID`) and network (`NETWORK`), as Istio's
-//! injector sets them — but `sleep`'s names no network, so the server takes its cluster's
-//! (its `istio-system` label). `sleep` uses delta ADS, the others SotW.
+//! injector sets them. `sleep` uses delta ADS, the others SotW.
 //!
 //! - sleep → httpbin (only endpoint in net2): through net2's gateway's sni-dnat chain,
 //!   mutual TLS end to end (httpbin sees sleep's SPIFFE ID); sleep cannot reach httpbin-b's
@@ -396,18 +395,13 @@ impl Ctx<'_> {
             agent.socket(),
         )
         // As Istio's injector sets them: the pod's cluster, and its network (the label
-        // of the cluster's system namespace). `sleep` sends no network: the server takes
-        // its cluster's.
+        // of the cluster's system namespace).
         .replace(
             "    CLUSTER_ID: Kubernetes\n",
-            &if pod.name() == "sleep" {
-                format!("    CLUSTER_ID: {}\n", place.cluster)
-            } else {
-                format!(
-                    "    CLUSTER_ID: {}\n    NETWORK: {}\n",
-                    place.cluster, place.network
-                )
-            },
+            &format!(
+                "    CLUSTER_ID: {}\n    NETWORK: {}\n",
+                place.cluster, place.network
+            ),
         );
         let envoy = Envoy::start_in_pod(pod, &netns::admin_on(&yaml, pod.ip())).await;
         (agent, envoy)

@@ -127,19 +127,11 @@ pub fn keys(
         .collect()
 }
 
-/// The proxy's network: node metadata `NETWORK`, else its cluster's (the label on the
-/// cluster's system namespace, which Istio's injector would have put in `NETWORK`), else
-/// the `meshNetworks` network of its cluster.
+/// The proxy's network: node metadata `NETWORK`, else the `meshNetworks` network of its
+/// cluster.
 pub fn proxy_network(proxy: &Proxy, ctx: &PushContext) -> String {
     if !proxy.network.is_empty() {
         return proxy.network.clone();
-    }
-    if let Some(network) = ctx
-        .cluster_networks
-        .get(&proxy.cluster_id)
-        .filter(|n| !n.is_empty())
-    {
-        return network.clone();
     }
     ctx.mesh
         .mesh_networks

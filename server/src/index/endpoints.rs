@@ -70,12 +70,6 @@ pub struct EndpointIndex {
     /// indexes of one lineage with the same count have the same workloads (what gateway
     /// credentials depend on).
     workloads_epoch: u64,
-    /// Each cluster's network (the `topology.istio.io/network` label of its system
-    /// namespace, which the ingester puts on every slice it publishes for the cluster), as
-    /// its latest slice says: the network of its proxies that send none.
-    cluster_networks: Arc<BTreeMap<String, String>>,
-    /// Counts changes of `cluster_networks`.
-    cluster_networks_epoch: u64,
     /// Counts changes of `hosts` in this index's lineage.
     revision: u64,
     /// The hosts recent revisions changed, shared by the copies of one lineage (the
@@ -99,11 +93,6 @@ impl EndpointIndex {
         let shards = self.hosts.entry(host.to_string()).or_default();
         if shards.get(&id).is_some_and(|old| **old == set) {
             return false;
-        }
-        if self.cluster_networks.get(&set.cluster) != Some(&set.network) {
-            Arc::make_mut(&mut self.cluster_networks)
-                .insert(set.cluster.clone(), set.network.clone());
-            self.cluster_networks_epoch += 1;
         }
         let set = Arc::new(set);
         let old = Arc::make_mut(shards).insert(id, set.clone());
@@ -249,17 +238,6 @@ impl EndpointIndex {
             self.record(host);
         }
         removed.is_some()
-    }
-
-    /// Each cluster's network, as its slices last said (empty: unlabelled). Shared by the
-    /// copies of the index until it changes.
-    pub fn cluster_networks(&self) -> &Arc<BTreeMap<String, String>> {
-        &self.cluster_networks
-    }
-
-    /// Counts changes of [`EndpointIndex::cluster_networks`] in this index's lineage.
-    pub fn cluster_networks_epoch(&self) -> u64 {
-        self.cluster_networks_epoch
     }
 
     /// The shards of one hostname.

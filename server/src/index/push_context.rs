@@ -73,9 +73,6 @@ pub struct PushContext {
     pub network_gateways: Arc<crate::index::network::NetworkGateways>,
     /// `meshNetworks` of the mesh settings, shared by the load assignments' keys.
     pub mesh_networks: Arc<crate::index::network::MeshNetworks>,
-    /// Each cluster's network, from its slices (see `EndpointIndex::cluster_networks`):
-    /// the network of its proxies that send none.
-    pub cluster_networks: Arc<BTreeMap<String, String>>,
     /// This context's identity, unique in the process: what outputs built from it record
     /// instead of holding the context (see `push::view`).
     pub id: ContextId,
@@ -111,7 +108,6 @@ impl PushContext {
                 &state.mesh.mesh_networks,
             )),
             mesh_networks: Arc::new(state.mesh.mesh_networks.clone()),
-            cluster_networks: state.endpoints.cluster_networks().clone(),
             ..PushContext::default()
         };
         // Kubernetes services: merge clusters by hostname. The (cluster, ns, name) order makes

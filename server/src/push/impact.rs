@@ -95,9 +95,7 @@ pub fn affected_types(
                 .is_ok()
         })
     };
-    // A cluster's network is the network of its proxies that send none: their load
-    // assignments split endpoints by it.
-    if in_scope(&changes.endpoints) || changes.cluster_networks {
+    if in_scope(&changes.endpoints) {
         out.insert(XdsType::Endpoint);
     }
     // Service accounts and sidecars behind a destination shape its clusters' mutual TLS.

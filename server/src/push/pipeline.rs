@@ -136,9 +136,6 @@ pub struct ChangeSet {
     /// The set of clusters with a published token issuer changed: which gateway
     /// credentials a client certificate may have (see `generate::sds`).
     pub token_issuers: bool,
-    /// A cluster's network changed (its system namespace's label): the network of its
-    /// proxies that send none, so how their load assignments split endpoints.
-    pub cluster_networks: bool,
 }
 
 impl ChangeSet {
@@ -169,7 +166,6 @@ impl ChangeSet {
     fn touches_assignments(&self) -> bool {
         self.full
             || self.services
-            || self.cluster_networks
             || self.config.iter().any(|k| {
                 matches!(
                     k,
@@ -186,11 +182,7 @@ impl ChangeSet {
 
     /// Whether the PushContext depends on anything that changed.
     fn needs_context(&self) -> bool {
-        self.full
-            || self.services
-            || self.token_issuers
-            || self.cluster_networks
-            || !self.config.is_empty()
+        self.full || self.services || self.token_issuers || !self.config.is_empty()
     }
 
     /// Whether only endpoints changed (a snapshot can keep the PushContext).
@@ -598,11 +590,13 @@ impl Pipeline {
                 revision: 0,
                 op: shoal_common::bus::Op::Delete,
             };
-            let epochs = self.endpoint_epochs();
+            let workloads = self.state.endpoints.workloads_epoch();
             if let Ok((change, _)) = self.state.apply(bucket, &tombstone) {
                 self.record(&change, None);
             }
-            self.note_epochs(epochs);
+            if self.state.endpoints.workloads_epoch() != workloads {
+                self.changes.workloads = true;
+            }
         }
         count
     }
@@ -635,19 +629,6 @@ impl Pipeline {
         self.live.remove(&bucket);
     }
 
-    /// The endpoint index's epochs that changes are recorded by.
-    fn endpoint_epochs(&self) -> (u64, u64) {
-        let e = &self.state.endpoints;
-        (e.workloads_epoch(), e.cluster_networks_epoch())
-    }
-
-    /// Records what moved the endpoint index's epochs since `before`.
-    fn note_epochs(&mut self, before: (u64, u64)) {
-        let (workloads, networks) = self.endpoint_epochs();
-        self.changes.workloads |= workloads != before.0;
-        self.changes.cluster_networks |= networks != before.1;
-    }
-
     /// One bus entry, of any bucket: applied to the state (or refused, keeping the
     /// previous value), and recorded as a change.
     fn entry(&mut self, bucket: Bucket, entry: &shoal_common::bus::Entry) {
@@ -662,13 +643,15 @@ impl Pipeline {
                 self.fleet_synced(&fleet);
             }
         }
-        let epochs = self.endpoint_epochs();
+        let workloads = self.state.endpoints.workloads_epoch();
         let applied = if self.live.contains(&bucket) {
             self.state.apply_live(bucket, entry)
         } else {
             self.state.apply(bucket, entry)
         };
-        self.note_epochs(epochs);
+        if self.state.endpoints.workloads_epoch() != workloads {
+            self.changes.workloads = true;
+        }
         let result = match applied {
             Ok((Change::None, _)) => "unchanged",
             Ok((change, observed)) => {

@@ -308,51 +308,6 @@ async fn endpoint_changes_reuse_the_push_context() {
     assert_eq!(s4.ctx.services.len(), 2);
 }
 
-/// A cluster's network (its system namespace's label, carried by its slices) is the
-/// network of its proxies that send none: a relabel rebuilds the context with fresh
-/// endpoint inputs (no load assignment is kept from before) and reaches every proxy's
-/// load assignments.
-#[tokio::test(start_paused = true)]
-async fn a_cluster_network_change_reaches_load_assignments() {
-    let bus = Arc::new(seeded_bus().await);
-    let mut rx = start(bus.clone(), DEBOUNCE);
-    let s1 = next(&mut rx).await.snapshot;
-    let mut labelled = reviews_slice(&["10.0.0.1"]);
-    labelled.network = "net1".into();
-    write(&*bus, Bucket::Endpoints, slice_put(&labelled)).await;
-    let p2 = next(&mut rx).await;
-    assert!(p2.changes.cluster_networks);
-    let s2 = p2.snapshot;
-    assert!(
-        !Arc::ptr_eq(&s1.ctx, &s2.ctx),
-        "the context kept the old network"
-    );
-    assert_ne!(s1.ctx.endpoint_inputs, s2.ctx.endpoint_inputs);
-    let cluster = &labelled.cluster;
-    assert_eq!(
-        s2.ctx.cluster_networks.get(cluster).map(String::as_str),
-        Some("net1")
-    );
-    let proxy = crate::testutil::captured_proxy("default", "10.9.0.1", &[]);
-    let scope = crate::index::scope::ProxyScope::compute(&proxy, &s2.ctx);
-    let affected = crate::push::impact::affected_types(
-        &p2.changes,
-        crate::index::proxy::ProxyKind::Sidecar,
-        &scope,
-    );
-    assert!(
-        affected.contains(&shoal_proto::XdsType::Endpoint),
-        "{affected:?}"
-    );
-
-    // Another endpoint of the same network: an endpoint change only.
-    labelled.endpoints.push(endpoint("10.0.0.3", &[]));
-    write(&*bus, Bucket::Endpoints, slice_put(&labelled)).await;
-    let p3 = next(&mut rx).await;
-    assert!(!p3.changes.cluster_networks);
-    assert!(Arc::ptr_eq(&s2.ctx, &p3.snapshot.ctx));
-}
-
 #[tokio::test(start_paused = true)]
 async fn unchanged_and_invalid_entries_publish_nothing() {
     let bus = Arc::new(seeded_bus().await);

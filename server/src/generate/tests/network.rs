@@ -222,47 +222,6 @@ fn a_proxy_without_a_network_goes_through_every_gateway() {
 }
 
 #[test]
-fn a_proxy_without_a_network_takes_its_clusters() {
-    // Its cluster's network is the label on the cluster's system namespace, which every
-    // slice of the cluster carries (what Istio's injector would have put in `NETWORK`).
-    let in_c1 = Proxy {
-        cluster_id: "c1".into(),
-        ..on("")
-    };
-    assert_eq!(
-        cla_addresses(&cla(&two_networks(), &in_c1)).concat(),
-        ["10.1.0.1:8080", "10.1.0.2:8080", "192.0.2.2:15443"]
-    );
-    // Relabelled: c1 is on net2 now, so c2's endpoints are local and c1's too.
-    let mut mesh = two_networks();
-    mesh.add_slice(slice_in("c1", "net2", "a", &["10.1.0.1", "10.1.0.2"]));
-    assert_eq!(
-        endpoints(&cla(&mesh, &in_c1)),
-        [
-            ep("10.1.0.1:8080", 1, "net2"),
-            ep("10.1.0.2:8080", 1, "net2"),
-            ep("10.2.0.1:8080", 1, "net2"),
-            ep("10.2.0.2:8080", 1, "net2"),
-            ep("10.2.0.3:8080", 1, "net2"),
-        ]
-    );
-    // Metadata wins over the cluster's label.
-    let told = Proxy {
-        network: "net2".into(),
-        ..in_c1
-    };
-    assert_eq!(
-        cla_addresses(&cla(&two_networks(), &told)).concat(),
-        [
-            "10.2.0.1:8080",
-            "10.2.0.2:8080",
-            "10.2.0.3:8080",
-            "192.0.2.1:15443"
-        ]
-    );
-}
-
-#[test]
 fn pod_labels_and_mesh_networks_place_endpoints() {
     // A pod's own label wins over its cluster's network; meshNetworks places what no
     // label does.

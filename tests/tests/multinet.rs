@@ -24,6 +24,8 @@
 //! - With endpoints in both networks (one in net1, two in net2), traffic reaches both; the
 //!   gateway endpoint weighs 2, the local one 1 (sent as it is only because sleep took
 //!   c1's network).
+//! - When c1's `istio-system` is relabelled net2, sleep (no `NETWORK`) is re-pushed as a
+//!   net2 proxy (httpbin-b direct, no gateway); relabelled back, through the gateway again.
 //! - When net2's gateway Service is deleted from `c2`, net2's endpoints are sent as they are
 //!   (istiod's rule for a network without a gateway), and so are unreachable from net1.
 //!
@@ -328,6 +330,47 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
             .and_then(|n| n.trim().parse::<u64>().ok())
     };
     assert_eq!(gateways_known().await, Some(2));
+
+    // c1's istio-system is relabelled net2: the ingester republishes c1's slices with it,
+    // and sleep (no NETWORK metadata) is re-pushed as a net2 proxy: every httpbin endpoint
+    // is on its network, so sent as it is, and none through net2's gateway. Relabelled
+    // back to net1, it goes through the gateway again.
+    let sleep_sees = |direct_b: bool| {
+        let sleep_envoy = &sleep_envoy;
+        async move {
+            eventually(CONVERGE, POLL, || async {
+                let clusters = sleep_envoy
+                    .admin_get("/clusters")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let has = |addr: String| {
+                    clusters
+                        .lines()
+                        .any(|l| l.starts_with(&format!("outbound|8000||{HTTPBIN}::{addr}")))
+                };
+                let b = has(format!("{}:8000", pods.httpbin_b));
+                let gw = has(format!("{gateway_addr}:15443"));
+                if b == direct_b && gw != direct_b {
+                    Ok(())
+                } else {
+                    Err(format!("direct httpbin-b {b}, gateway {gw}:\n{clusters}"))
+                }
+            })
+            .await
+        }
+    };
+    c1.apply(namespace(
+        "istio-system",
+        json!({"topology.istio.io/network": C2.network}),
+    ))
+    .expect("relabel c1");
+    sleep_sees(true).await;
+    c1.apply(namespace(
+        "istio-system",
+        json!({"topology.istio.io/network": C1.network}),
+    ))
+    .expect("relabel c1 back");
+    sleep_sees(false).await;
 
     // net2 loses its gateway (its Service is deleted from c2): its endpoints are sent as
     // they are (istiod's rule; unreachable here, as the networks are isolated), while

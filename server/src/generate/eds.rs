@@ -132,7 +132,12 @@ pub fn keys(
                     port,
                     subset_labels: subset_spec.map(|s| s.labels.clone()).unwrap_or_default(),
                     shards,
-                    locality: locality::for_proxy(policy.as_ref(), proxy).map(Box::new),
+                    locality: locality::for_proxy(
+                        policy.as_ref(),
+                        proxy,
+                        &proxy_network(proxy, ctx),
+                    )
+                    .map(Box::new),
                     weigh_localities: proxy.kind == ProxyKind::Proxyless,
                 })
             });

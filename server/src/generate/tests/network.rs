@@ -425,6 +425,8 @@ fn failover_priority_on_the_network_ranks_the_gateway_after_local_endpoints() {
             (1, vec!["192.0.2.2:15443".to_string()]),
         ]
     );
+    // A proxy without NETWORK metadata ranks by its cluster's network the same way.
+    assert_eq!(cla(&mesh, &unlabelled_in("c1")), c);
 }
 
 /// A proxy without `NETWORK` metadata in c1, as a sidecar Istio did not inject.

@@ -15,13 +15,17 @@
 //! nats-server to one shoal server, which serves every proxy; each pod runs a certificate
 //! agent and a real Envoy (sidecars captured by istio-iptables' rules, the gateways not)
 //! whose node metadata names its cluster (`CLUSTER_ID`) and network (`NETWORK`), as Istio's
-//! injector sets them. `sleep` uses delta ADS, the others SotW.
+//! injector sets them — except `sleep`, which names no `NETWORK` and so takes its cluster's
+//! (c1's label, net1). `sleep` uses delta ADS, the others SotW.
 //!
 //! - sleep → httpbin (only endpoint in net2): through net2's gateway's sni-dnat chain,
 //!   mutual TLS end to end (httpbin sees sleep's SPIFFE ID); sleep cannot reach httpbin-b's
 //!   IP. The other way, httpbin-b → web (only endpoint httpbin-a, net1) through net1's.
 //! - With endpoints in both networks (one in net1, two in net2), traffic reaches both; the
-//!   gateway endpoint weighs 2, the local one 1.
+//!   gateway endpoint weighs 2, the local one 1 (sent as it is only because sleep took
+//!   c1's network).
+//! - When c1's `istio-system` is relabelled net2, sleep (no `NETWORK`) is re-pushed as a
+//!   net2 proxy (httpbin-b direct, no gateway); relabelled back, through the gateway again.
 //! - When net2's gateway Service is deleted from `c2`, net2's endpoints are sent as they are
 //!   (istiod's rule for a network without a gateway), and so are unreachable from net1.
 //!
@@ -307,7 +311,9 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
     }
     let clusters = sleep_envoy.admin_get("/clusters").await.expect("/clusters");
     // istiod's weighting: the gateway endpoint weighs the two endpoints behind it, the
-    // local one its own.
+    // local one its own. sleep has no NETWORK metadata: httpbin-a is local to it only
+    // because it took c1's network (without it, every endpoint would go through a
+    // gateway).
     for (addr, weight) in [
         (format!("{gateway_addr}:15443"), 2),
         (format!("{}:8000", pods.httpbin_a), 1),
@@ -324,6 +330,47 @@ async fn cross_network_calls_go_through_the_east_west_gateway() {
             .and_then(|n| n.trim().parse::<u64>().ok())
     };
     assert_eq!(gateways_known().await, Some(2));
+
+    // c1's istio-system is relabelled net2: the ingester republishes c1's slices with it,
+    // and sleep (no NETWORK metadata) is re-pushed as a net2 proxy: every httpbin endpoint
+    // is on its network, so sent as it is, and none through net2's gateway. Relabelled
+    // back to net1, it goes through the gateway again.
+    let sleep_sees = |direct_b: bool| {
+        let sleep_envoy = &sleep_envoy;
+        async move {
+            eventually(CONVERGE, POLL, || async {
+                let clusters = sleep_envoy
+                    .admin_get("/clusters")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let has = |addr: String| {
+                    clusters
+                        .lines()
+                        .any(|l| l.starts_with(&format!("outbound|8000||{HTTPBIN}::{addr}")))
+                };
+                let b = has(format!("{}:8000", pods.httpbin_b));
+                let gw = has(format!("{gateway_addr}:15443"));
+                if b == direct_b && gw != direct_b {
+                    Ok(())
+                } else {
+                    Err(format!("direct httpbin-b {b}, gateway {gw}:\n{clusters}"))
+                }
+            })
+            .await
+        }
+    };
+    c1.apply(namespace(
+        "istio-system",
+        json!({"topology.istio.io/network": C2.network}),
+    ))
+    .expect("relabel c1");
+    sleep_sees(true).await;
+    c1.apply(namespace(
+        "istio-system",
+        json!({"topology.istio.io/network": C1.network}),
+    ))
+    .expect("relabel c1 back");
+    sleep_sees(false).await;
 
     // net2 loses its gateway (its Service is deleted from c2): its endpoints are sent as
     // they are (istiod's rule; unreachable here, as the networks are isolated), while
@@ -395,13 +442,19 @@ impl Ctx<'_> {
             agent.socket(),
         )
         // As Istio's injector sets them: the pod's cluster, and its network (the label
-        // of the cluster's system namespace).
+        // of the cluster's system namespace). sleep sends no NETWORK, as a proxy not
+        // injected by Istio: the server gives it its cluster's network (c1's label), so
+        // its local httpbin endpoint is sent as it is, not through a gateway.
         .replace(
             "    CLUSTER_ID: Kubernetes\n",
-            &format!(
-                "    CLUSTER_ID: {}\n    NETWORK: {}\n",
-                place.cluster, place.network
-            ),
+            &if pod.name() == "sleep" {
+                format!("    CLUSTER_ID: {}\n", place.cluster)
+            } else {
+                format!(
+                    "    CLUSTER_ID: {}\n    NETWORK: {}\n",
+                    place.cluster, place.network
+                )
+            },
         );
         let envoy = Envoy::start_in_pod(pod, &netns::admin_on(&yaml, pod.ip())).await;
         (agent, envoy)

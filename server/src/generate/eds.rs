@@ -73,9 +73,26 @@ pub struct NetworkSplit {
     /// Every network's gateways.
     pub gateways: Arc<NetworkGateways>,
     /// Whether the destination is reached over Istio mutual TLS: its DestinationRule sets
-    /// no TLS or `ISTIO_MUTUAL` (auto mTLS on), and its namespace's PeerAuthentication is
-    /// not `DISABLE`.
+    /// `ISTIO_MUTUAL`, or sets no TLS and auto mTLS is on.
     pub mtls: bool,
+    /// The destination namespace's PeerAuthentications, consulted per endpoint (its
+    /// workload's labels, its port) when the DestinationRule sets no TLS mode, as istiod's
+    /// `mtlsChecker` does: an endpoint whose workload's mode is `DISABLE` cannot be reached
+    /// through a gateway. `None`: the DestinationRule's mode decides alone.
+    pub peer: Option<Arc<peer_authentication::NamespaceMtls>>,
+}
+
+impl NetworkSplit {
+    /// Whether an endpoint of another network (its labels, its port) may be reached
+    /// through its network's gateway: only over Istio mutual TLS.
+    fn reachable(&self, istio_tls: bool, labels: &BTreeMap<String, String>, port: u32) -> bool {
+        self.mtls
+            && istio_tls
+            && self
+                .peer
+                .as_ref()
+                .is_none_or(|p| p.mode(labels, port) != MtlsMode::Disable)
+    }
 }
 
 /// The load assignments for the requested cluster names the proxy may see. An unknown but
@@ -115,7 +132,12 @@ pub fn keys(
                     port,
                     subset_labels: subset_spec.map(|s| s.labels.clone()).unwrap_or_default(),
                     shards,
-                    locality: locality::for_proxy(policy.as_ref(), proxy).map(Box::new),
+                    locality: locality::for_proxy(
+                        policy.as_ref(),
+                        proxy,
+                        &proxy_network(proxy, ctx),
+                    )
+                    .map(Box::new),
                     weigh_localities: proxy.kind == ProxyKind::Proxyless,
                 })
             });
@@ -127,11 +149,16 @@ pub fn keys(
         .collect()
 }
 
-/// The proxy's network: node metadata `NETWORK`, else the `meshNetworks` network of its
+/// The proxy's network: node metadata `NETWORK`, else its cluster's network (the
+/// `topology.istio.io/network` label of the cluster's system namespace, what Istio's
+/// injector would have set as `ISTIO_META_NETWORK`), else the `meshNetworks` network of its
 /// cluster.
 pub fn proxy_network(proxy: &Proxy, ctx: &PushContext) -> String {
     if !proxy.network.is_empty() {
         return proxy.network.clone();
+    }
+    if let Some(network) = ctx.cluster_networks.get(&proxy.cluster_id) {
+        return network.clone();
     }
     ctx.mesh
         .mesh_networks
@@ -151,17 +178,24 @@ fn network_split(
     if ctx.network_gateways.is_empty() {
         return None;
     }
-    let rule_mtls = match policy.and_then(|p| p.tls.as_ref()).map(|t| t.mode) {
-        None => ctx.mesh.enable_auto_mtls,
-        Some(mode) => mode == ClientTlsMode::IstioMutual,
+    // istiod's mtlsChecker: a DestinationRule TLS mode decides alone; without one, each
+    // endpoint's workload PeerAuthentication does.
+    let (mtls, peer) = match policy.and_then(|p| p.tls.as_ref()).map(|t| t.mode) {
+        None => (
+            ctx.mesh.enable_auto_mtls,
+            Some(Arc::new(peer_authentication::namespace_workloads(
+                ctx,
+                &svc.namespace,
+            ))),
+        ),
+        Some(mode) => (mode == ClientTlsMode::IstioMutual, None),
     };
-    let mtls =
-        rule_mtls && peer_authentication::namespace_mode(ctx, &svc.namespace) != MtlsMode::Disable;
     Some(Box::new(NetworkSplit {
         network: proxy_network(proxy, ctx),
         view: proxy.requested_network_view.clone(),
         gateways: ctx.network_gateways.clone(),
         mtls,
+        peer,
     }))
 }
 
@@ -228,6 +262,9 @@ struct Target {
     weight: Option<u32>,
     label_priority: u32,
     istio_tls: bool,
+    /// Whether another network may reach it through a gateway (see
+    /// [`NetworkSplit::reachable`]); only read when it is on another network.
+    via_gateway: bool,
     /// istiod's `istio.workload` metadata (Kubernetes endpoints).
     workload: Option<String>,
     /// The endpoint's network (empty: none).
@@ -295,6 +332,13 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                                     &network,
                                 ),
                                 istio_tls: tls_mode::pod_has_sidecar(&ep.labels),
+                                via_gateway: split.as_ref().is_some_and(|s| {
+                                    s.reachable(
+                                        tls_mode::pod_has_sidecar(&ep.labels),
+                                        &ep.labels,
+                                        target_port,
+                                    )
+                                }),
                                 workload: Some(workload_label(ep, &set.namespace, &set.cluster)),
                                 network,
                                 cluster: set.cluster.clone(),
@@ -320,12 +364,17 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                             mesh_networks,
                         );
                         let label_priority = label_priority(&we.labels, &loc, None, &network);
+                        let port = entry_port(svc, svc_port, &we.ports);
+                        let istio_tls = tls_mode::workload_entry_has_sidecar(we);
                         by_locality.entry(loc).or_default().push(Target {
                             address: we.address.clone(),
-                            port: entry_port(svc, svc_port, &we.ports),
+                            port,
                             weight: we.weight,
                             label_priority,
-                            istio_tls: tls_mode::workload_entry_has_sidecar(we),
+                            istio_tls,
+                            via_gateway: split
+                                .as_ref()
+                                .is_some_and(|s| s.reachable(istio_tls, &we.labels, port)),
                             workload: None,
                             network,
                             cluster: String::new(),
@@ -452,7 +501,7 @@ fn split_by_network(
             continue;
         }
         // The gateway routes by the SNI of Istio mTLS: without it there is no way in.
-        if !(split.mtls && t.istio_tls) {
+        if !t.via_gateway {
             continue;
         }
         let share = weight / u32::try_from(gateways.len()).unwrap_or(u32::MAX);
@@ -467,6 +516,7 @@ fn split_by_network(
             weight: Some(weight.max(1)),
             label_priority: gateway_priority(&gw.network, &gw.cluster),
             istio_tls: true,
+            via_gateway: true,
             workload: None,
             network: gw.network.clone(),
             cluster: gw.cluster.clone(),

@@ -77,8 +77,13 @@ fn effective(policy: Option<&TrafficPolicy>) -> Option<LocalityLbSetting> {
 }
 
 /// What locality load balancing does to a cluster with this effective policy for this
-/// proxy; `None` when it changes nothing.
-pub fn for_proxy(policy: Option<&TrafficPolicy>, proxy: &Proxy) -> Option<LocalityLb> {
+/// proxy, on `network` (its metadata's, else its cluster's: `eds::proxy_network`); `None`
+/// when it changes nothing.
+pub fn for_proxy(
+    policy: Option<&TrafficPolicy>,
+    proxy: &Proxy,
+    network: &str,
+) -> Option<LocalityLb> {
     let setting = effective(policy)?;
     if !setting.distribute.is_empty() {
         let to = setting
@@ -96,7 +101,10 @@ pub fn for_proxy(policy: Option<&TrafficPolicy>, proxy: &Proxy) -> Option<Locali
             .iter()
             .map(|entry| match entry.split_once('=') {
                 Some((label, value)) => (label.to_string(), value.to_string()),
-                None => (entry.clone(), proxy_label(proxy, entry).to_string()),
+                None => (
+                    entry.clone(),
+                    proxy_label(proxy, network, entry).to_string(),
+                ),
             })
             .collect(),
         network_first: setting.failover_priority[0] == LABEL_NETWORK,
@@ -124,13 +132,13 @@ pub fn weighted_localities(policy: Option<&TrafficPolicy>) -> bool {
 }
 
 /// A label of the proxy as istiod sees it: its workload labels with its locality and
-/// cluster added (`AugmentLabels`).
-fn proxy_label<'a>(proxy: &'a Proxy, key: &str) -> &'a str {
+/// cluster and network added (`AugmentLabels`).
+fn proxy_label<'a>(proxy: &'a Proxy, network: &'a str, key: &str) -> &'a str {
     topology_label(
         &proxy.labels,
         &proxy.locality,
         Some(&proxy.cluster_id),
-        Some(&proxy.network),
+        Some(network),
         key,
     )
 }

@@ -70,6 +70,12 @@ pub struct EndpointIndex {
     /// indexes of one lineage with the same count have the same workloads (what gateway
     /// credentials depend on).
     workloads_epoch: u64,
+    /// Slices by cluster, then by the cluster network they carry (the ingester sets it
+    /// from the cluster's system namespace label on every slice): a proxy without
+    /// `NETWORK` metadata takes its cluster's network from here.
+    networks: BTreeMap<String, BTreeMap<String, usize>>,
+    /// Counts changes of any cluster's network (see [`EndpointIndex::cluster_networks`]).
+    networks_epoch: u64,
     /// Counts changes of `hosts` in this index's lineage.
     revision: u64,
     /// The hosts recent revisions changed, shared by the copies of one lineage (the
@@ -98,6 +104,7 @@ impl EndpointIndex {
         let old = Arc::make_mut(shards).insert(id, set.clone());
         self.refresh_identities(host);
         self.count_workloads(old.as_deref(), Some(&set));
+        self.count_networks(old.as_deref(), Some(&set));
         self.record(host);
         true
     }
@@ -185,6 +192,64 @@ impl EndpointIndex {
         }
     }
 
+    /// Moves one slice's count from `old`'s cluster network to `new`'s, bumping the epoch
+    /// if that changed the cluster's network.
+    fn count_networks(&mut self, old: Option<&EndpointSet>, new: Option<&EndpointSet>) {
+        let Some(cluster) = new.or(old).map(|s| s.cluster.clone()) else {
+            return;
+        };
+        let before = self.cluster_network(&cluster).to_string();
+        let counts = self.networks.entry(cluster.clone()).or_default();
+        if let Some(old) = old {
+            if let Some(n) = counts.get_mut(&old.network) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    counts.remove(&old.network);
+                }
+            }
+        }
+        if let Some(new) = new {
+            *counts.entry(new.network.clone()).or_default() += 1;
+        }
+        if counts.is_empty() {
+            self.networks.remove(&cluster);
+        }
+        if self.cluster_network(&cluster) != before {
+            self.networks_epoch += 1;
+        }
+    }
+
+    /// A cluster's network, as its slices carry it: the one most slices carry (while the
+    /// ingester republishes them after a label change, they disagree for a moment; the
+    /// majority, then the name, decides, so the answer depends on the slices alone).
+    /// Empty when unlabelled or without slices.
+    pub fn cluster_network(&self, cluster: &str) -> &str {
+        self.networks
+            .get(cluster)
+            .and_then(|counts| {
+                counts
+                    .iter()
+                    .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
+            })
+            .map(|(network, _)| network.as_str())
+            .unwrap_or_default()
+    }
+
+    /// Every cluster's labelled network (see [`EndpointIndex::cluster_network`]).
+    pub fn cluster_networks(&self) -> BTreeMap<String, String> {
+        self.networks
+            .keys()
+            .map(|c| (c.clone(), self.cluster_network(c).to_string()))
+            .filter(|(_, n)| !n.is_empty())
+            .collect()
+    }
+
+    /// Changes with any cluster's network: two indexes of one lineage with the same count
+    /// have the same [`EndpointIndex::cluster_networks`].
+    pub fn networks_epoch(&self) -> u64 {
+        self.networks_epoch
+    }
+
     /// The workloads of a namespace of a cluster (none without endpoints).
     pub fn workloads(&self, cluster: &str, namespace: &str) -> Option<&Arc<NamespaceWorkloads>> {
         self.workloads
@@ -235,6 +300,7 @@ impl EndpointIndex {
         if let Some(old) = &removed {
             self.refresh_identities(host);
             self.count_workloads(Some(old), None);
+            self.count_networks(Some(old), None);
             self.record(host);
         }
         removed.is_some()

@@ -7,8 +7,9 @@
 //!   the ingester with every endpoint set), else the `meshNetworks` network whose
 //!   `fromRegistry` names its cluster or whose `fromCidr` holds its address.
 //! - A proxy's network: node metadata `NETWORK` (istio-agent's `ISTIO_META_NETWORK`, which
-//!   Istio's injector sets from the same labels), else the `meshNetworks` network whose
-//!   `fromRegistry` names its cluster.
+//!   Istio's injector sets from the same labels), else its cluster's (the system namespace
+//!   label its endpoint slices carry: `PushContext::cluster_networks`), else the
+//!   `meshNetworks` network whose `fromRegistry` names its cluster.
 //! - Network gateways: Services labelled `topology.istio.io/network` that listen on the
 //!   gateway port (label `networking.istio.io/gatewayPort`, default 15443), one gateway
 //!   per external address (load balancer ingress, external IPs); and `meshNetworks`

@@ -99,11 +99,6 @@ pub fn for_workload(
     labels: &BTreeMap<String, String>,
 ) -> WorkloadMtls {
     let root = ctx.mesh.root_namespace.as_str();
-    let mut mode = MtlsMode::default();
-    let mesh = oldest(ctx, root, namespace_wide);
-    let ns = (namespace != root)
-        .then(|| oldest(ctx, namespace, namespace_wide))
-        .flatten();
     let workload = (namespace != root)
         .then(|| {
             oldest(ctx, namespace, |pa| {
@@ -114,6 +109,21 @@ pub fn for_workload(
                         .is_some_and(|s| labels_match(&s.match_labels, labels))
             })
         })
+        .flatten();
+    compose(ctx, namespace, workload)
+}
+
+/// The mesh, namespace and (when given) workload policies of `namespace`, composed.
+fn compose(
+    ctx: &PushContext,
+    namespace: &str,
+    workload: Option<&Config<PeerAuthentication>>,
+) -> WorkloadMtls {
+    let root = ctx.mesh.root_namespace.as_str();
+    let mut mode = MtlsMode::default();
+    let mesh = oldest(ctx, root, namespace_wide);
+    let ns = (namespace != root)
+        .then(|| oldest(ctx, namespace, namespace_wide))
         .flatten();
     for level in [mesh, ns, workload].into_iter().flatten() {
         if let Some(m) = mode_of(&level.spec) {
@@ -130,6 +140,52 @@ pub fn for_workload(
         })
         .unwrap_or_default();
     WorkloadMtls { mode, ports }
+}
+
+/// Every workload's composed PeerAuthentication in one namespace, resolved once so that a
+/// load assignment can ask per endpoint (istiod's `mtlsChecker`, which checks the mode of
+/// each endpoint's workload at its port before sending it to another network's gateway).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct NamespaceMtls {
+    /// The workload policies with a selector, oldest first, each composed with the mesh
+    /// and namespace policies: the first whose selector matches a workload applies.
+    pub selected: Vec<(BTreeMap<String, String>, WorkloadMtls)>,
+    /// What applies to a workload no selector matches (mesh and namespace policies).
+    pub default: WorkloadMtls,
+}
+
+impl NamespaceMtls {
+    /// The mode of the workload with `labels` at its `port`.
+    pub fn mode(&self, labels: &BTreeMap<String, String>, port: u32) -> MtlsMode {
+        self.selected
+            .iter()
+            .find(|(selector, _)| labels_match(selector, labels))
+            .map_or(&self.default, |(_, m)| m)
+            .for_port(port)
+    }
+}
+
+/// The composed policies of every workload of `namespace` (see [`NamespaceMtls`]).
+pub fn namespace_workloads(ctx: &PushContext, namespace: &str) -> NamespaceMtls {
+    let root = ctx.mesh.root_namespace.as_str();
+    let selected = if namespace == root {
+        Vec::new()
+    } else {
+        ctx.peer_authentications
+            .get(namespace)
+            .into_iter()
+            .flatten()
+            .filter(|c| !namespace_wide(&c.spec))
+            .filter_map(|c| {
+                let selector = c.spec.selector.as_ref()?.match_labels.clone();
+                Some((selector, compose(ctx, namespace, Some(c))))
+            })
+            .collect()
+    };
+    NamespaceMtls {
+        selected,
+        default: compose(ctx, namespace, None),
+    }
 }
 
 /// The mode istiod infers for a destination namespace when deciding auto mTLS (its

@@ -73,6 +73,11 @@ pub struct PushContext {
     pub network_gateways: Arc<crate::index::network::NetworkGateways>,
     /// `meshNetworks` of the mesh settings, shared by the load assignments' keys.
     pub mesh_networks: Arc<crate::index::network::MeshNetworks>,
+    /// Each cluster's network, from its system namespace's `topology.istio.io/network`
+    /// label (as the ingester publishes it with the cluster's endpoint slices): the network
+    /// of a proxy without `NETWORK` metadata. The pipeline rebuilds the context when it
+    /// changes.
+    pub cluster_networks: BTreeMap<String, String>,
     /// This context's identity, unique in the process: what outputs built from it record
     /// instead of holding the context (see `push::view`).
     pub id: ContextId,
@@ -108,6 +113,7 @@ impl PushContext {
                 &state.mesh.mesh_networks,
             )),
             mesh_networks: Arc::new(state.mesh.mesh_networks.clone()),
+            cluster_networks: state.endpoints.cluster_networks(),
             ..PushContext::default()
         };
         // Kubernetes services: merge clusters by hostname. The (cluster, ns, name) order makes

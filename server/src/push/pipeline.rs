@@ -591,12 +591,14 @@ impl Pipeline {
                 op: shoal_common::bus::Op::Delete,
             };
             let workloads = self.state.endpoints.workloads_epoch();
+            let networks = self.state.endpoints.networks_epoch();
             if let Ok((change, _)) = self.state.apply(bucket, &tombstone) {
                 self.record(&change, None);
             }
             if self.state.endpoints.workloads_epoch() != workloads {
                 self.changes.workloads = true;
             }
+            self.cluster_networks_checked(networks);
         }
         count
     }
@@ -609,6 +611,18 @@ impl Pipeline {
             .config
             .insert(ConfigKind::RequestAuthentication);
         self.window.touch();
+    }
+
+    /// A cluster's network changed (its system namespace was relabelled, and the ingester
+    /// republished its slices with the new network): proxies of that cluster without
+    /// `NETWORK` metadata are on another network now, which every load assignment's
+    /// network split reads through the PushContext (`PushContext::cluster_networks`).
+    /// Rare, so a full push: the context is rebuilt and every load assignment regenerated.
+    fn cluster_networks_checked(&mut self, before: u64) {
+        if self.state.endpoints.networks_epoch() != before {
+            tracing::info!("a cluster's network changed: full push");
+            self.changes.full = true;
+        }
     }
 
     fn mesh_changed(&mut self, mesh: Arc<MeshSettings>) {
@@ -644,6 +658,7 @@ impl Pipeline {
             }
         }
         let workloads = self.state.endpoints.workloads_epoch();
+        let networks = self.state.endpoints.networks_epoch();
         let applied = if self.live.contains(&bucket) {
             self.state.apply_live(bucket, entry)
         } else {
@@ -652,6 +667,7 @@ impl Pipeline {
         if self.state.endpoints.workloads_epoch() != workloads {
             self.changes.workloads = true;
         }
+        self.cluster_networks_checked(networks);
         let result = match applied {
             Ok((Change::None, _)) => "unchanged",
             Ok((change, observed)) => {

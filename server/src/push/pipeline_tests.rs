@@ -308,6 +308,39 @@ async fn endpoint_changes_reuse_the_push_context() {
     assert_eq!(s4.ctx.services.len(), 2);
 }
 
+/// A cluster's network label changing (the ingester republishes the cluster's slices with
+/// it) is not an endpoints-only change: proxies without `NETWORK` metadata move network,
+/// so the context is rebuilt and every proxy is pushed.
+#[tokio::test(start_paused = true)]
+async fn a_cluster_network_change_is_a_full_push() {
+    let bus = Arc::new(seeded_bus().await);
+    let mut rx = start(bus.clone(), DEBOUNCE);
+    let s1 = next(&mut rx).await.snapshot;
+    assert!(s1.ctx.cluster_networks.is_empty());
+
+    let mut labelled = reviews_slice(&["10.0.0.1"]);
+    labelled.network = "net1".into();
+    write(&*bus, Bucket::Endpoints, slice_put(&labelled)).await;
+    let p2 = next(&mut rx).await;
+    assert!(p2.changes.full, "a network change is a full push");
+    assert!(!Arc::ptr_eq(&s1.ctx, &p2.snapshot.ctx));
+    assert_eq!(
+        p2.snapshot
+            .ctx
+            .cluster_networks
+            .values()
+            .collect::<Vec<_>>(),
+        ["net1"]
+    );
+
+    // Endpoints changing under the same network keep the context.
+    labelled.endpoints = reviews_slice(&["10.0.0.1", "10.0.0.2"]).endpoints;
+    write(&*bus, Bucket::Endpoints, slice_put(&labelled)).await;
+    let p3 = next(&mut rx).await;
+    assert!(!p3.changes.full);
+    assert!(Arc::ptr_eq(&p2.snapshot.ctx, &p3.snapshot.ctx));
+}
+
 #[tokio::test(start_paused = true)]
 async fn unchanged_and_invalid_entries_publish_nothing() {
     let bus = Arc::new(seeded_bus().await);

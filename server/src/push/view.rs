@@ -824,7 +824,10 @@ mod tests {
         let (ctx, endpoints) = (Arc::downgrade(&snap.ctx), Arc::downgrade(&snap.endpoints));
         drop((snap, m));
         assert!(ctx.upgrade().is_none(), "the context outlived its snapshot");
-        assert!(endpoints.upgrade().is_none(), "the endpoint index outlived its snapshot");
+        assert!(
+            endpoints.upgrade().is_none(),
+            "the endpoint index outlived its snapshot"
+        );
         // The outputs themselves stay.
         assert!(!cds.resources().is_empty());
         drop(lds);

@@ -425,4 +425,166 @@ fn failover_priority_on_the_network_ranks_the_gateway_after_local_endpoints() {
             (1, vec!["192.0.2.2:15443".to_string()]),
         ]
     );
+    // A proxy without NETWORK metadata ranks by its cluster's network the same way.
+    assert_eq!(cla(&mesh, &unlabelled_in("c1")), c);
+}
+
+/// A proxy without `NETWORK` metadata in c1, as a sidecar Istio did not inject.
+fn unlabelled_in(cluster: &str) -> Proxy {
+    Proxy {
+        cluster_id: cluster.into(),
+        ..on("")
+    }
+}
+
+#[test]
+fn a_proxy_without_network_metadata_takes_its_clusters_network() {
+    // c1's system namespace is labelled net1 (its slices carry it): the proxy is split as
+    // a net1 proxy — net1 endpoints direct, net2 through its gateway.
+    let mesh = two_networks();
+    assert_eq!(
+        mesh.snapshot()
+            .ctx
+            .cluster_networks
+            .get("c1")
+            .map(String::as_str),
+        Some("net1")
+    );
+    assert_eq!(
+        endpoints(&cla(&mesh, &unlabelled_in("c1"))),
+        [
+            ep("10.1.0.1:8080", 1, "net1"),
+            ep("10.1.0.2:8080", 1, "net1"),
+            ep("192.0.2.2:15443", 3, "net2"),
+        ]
+    );
+    // The same proxy in c2 is a net2 proxy.
+    assert_eq!(
+        cla_addresses(&cla(&mesh, &unlabelled_in("c2"))).concat(),
+        [
+            "10.2.0.1:8080",
+            "10.2.0.2:8080",
+            "10.2.0.3:8080",
+            "192.0.2.1:15443"
+        ]
+    );
+    // Metadata wins over the cluster's label.
+    assert_eq!(
+        cla_addresses(&cla(
+            &mesh,
+            &Proxy {
+                network: "net2".into(),
+                ..unlabelled_in("c1")
+            }
+        ))
+        .concat(),
+        [
+            "10.2.0.1:8080",
+            "10.2.0.2:8080",
+            "10.2.0.3:8080",
+            "192.0.2.1:15443"
+        ]
+    );
+    // A cluster whose slices carry no network: no cluster network, every gateway.
+    assert_eq!(
+        cla_addresses(&cla(&mesh, &unlabelled_in("c9"))).concat(),
+        ["192.0.2.1:15443", "192.0.2.2:15443"]
+    );
+}
+
+#[test]
+fn relabelling_a_clusters_network_moves_its_unlabelled_proxies() {
+    // c1's system namespace moves to net2: the ingester republishes c1's slices with it.
+    let mut mesh = two_networks();
+    let before = mesh.snapshot();
+    let epoch = before.endpoints.networks_epoch();
+    mesh.add_slice(slice_in("c1", "net2", "a", &["10.1.0.1", "10.1.0.2"]));
+    let after = mesh.snapshot();
+    assert_ne!(
+        after.endpoints.networks_epoch(),
+        epoch,
+        "the change is seen"
+    );
+    assert_eq!(
+        after.ctx.cluster_networks.get("c1").map(String::as_str),
+        Some("net2")
+    );
+    // Every endpoint is on the proxy's network now: all direct, no gateway.
+    assert_eq!(
+        cla_addresses(&cla(&mesh, &unlabelled_in("c1"))).concat(),
+        [
+            "10.1.0.1:8080",
+            "10.1.0.2:8080",
+            "10.2.0.1:8080",
+            "10.2.0.2:8080",
+            "10.2.0.3:8080"
+        ]
+    );
+    // Republishing the same network changes nothing.
+    let epoch = after.endpoints.networks_epoch();
+    mesh.add_slice(slice_in("c1", "net2", "a", &["10.1.0.1"]));
+    assert_eq!(mesh.snapshot().endpoints.networks_epoch(), epoch);
+}
+
+#[test]
+fn a_workload_peer_authentication_disable_drops_its_remote_endpoints() {
+    // net2's reviews: 10.2.0.1 is v1, 10.2.0.2 and 10.2.0.3 are v2; a PeerAuthentication
+    // selecting v2 disables mTLS. istiod's mtlsChecker asks per endpoint: only v1 can be
+    // reached through net2's gateway.
+    let mut set = slice_in("c2", "net2", "b", &["10.2.0.1", "10.2.0.2", "10.2.0.3"]);
+    for (i, ep) in set.endpoints.iter_mut().enumerate() {
+        let version = if i == 0 { "v1" } else { "v2" };
+        ep.labels.insert("version".into(), version.into());
+    }
+    let mesh = two_networks()
+        .with_slice(set.clone())
+        .with_config(peer_authentication(
+            "default",
+            "v2-plain",
+            "selector: {matchLabels: {version: v2}}\nmtls: {mode: DISABLE}",
+        ));
+    assert_eq!(
+        endpoints(&cla(&mesh, &on("net1"))),
+        [
+            ep("10.1.0.1:8080", 1, "net1"),
+            ep("10.1.0.2:8080", 1, "net1"),
+            ep("192.0.2.2:15443", 1, "net2"),
+        ]
+    );
+    // The local network still gets every endpoint directly.
+    assert_eq!(cla_addresses(&cla(&mesh, &on("net2"))).concat().len(), 4);
+    // A port-level DISABLE on another port leaves the workload's 8080 in mTLS.
+    let other_port = two_networks()
+        .with_slice(set.clone())
+        .with_config(peer_authentication(
+            "default",
+            "v2-plain",
+            "selector: {matchLabels: {version: v2}}\nportLevelMtls: {9999: {mode: DISABLE}}",
+        ));
+    assert_eq!(
+        endpoints(&cla(&other_port, &on("net1"))).last(),
+        Some(&ep("192.0.2.2:15443", 3, "net2"))
+    );
+    // A port-level DISABLE on the endpoint's port drops the workloads it selects.
+    let this_port = two_networks()
+        .with_slice(set)
+        .with_config(peer_authentication(
+            "default",
+            "v2-plain",
+            "selector: {matchLabels: {version: v2}}\nportLevelMtls: {8080: {mode: DISABLE}}",
+        ));
+    assert_eq!(
+        endpoints(&cla(&this_port, &on("net1"))).last(),
+        Some(&ep("192.0.2.2:15443", 1, "net2"))
+    );
+    // A DestinationRule setting ISTIO_MUTUAL decides alone, as in istiod.
+    let rule = mesh.with_config(destination_rule(
+        "default",
+        "reviews",
+        "host: reviews\ntrafficPolicy: {tls: {mode: ISTIO_MUTUAL}}",
+    ));
+    assert_eq!(
+        endpoints(&cla(&rule, &on("net1"))).last(),
+        Some(&ep("192.0.2.2:15443", 3, "net2"))
+    );
 }

@@ -78,6 +78,9 @@ pub struct WorkloadKey {
     pub addresses: Vec<String>,
     /// istio-cni redirected it to ztunnel: reached over HBONE.
     pub ambient: bool,
+    /// The pod speaks HBONE itself (`networking.istio.io/tunnel` lists `http`): reached
+    /// over HBONE, and ztunnel does not de-tunnel for it.
+    pub native_tunnel: bool,
     /// Service account.
     pub service_account: String,
     /// Node.
@@ -203,6 +206,7 @@ fn workloads(ctx: &PushContext, endpoints: &EndpointIndex) -> Vec<WorkloadKey> {
                     namespace: set.namespace.clone(),
                     name: ep.pod.clone(),
                     ambient: ep.ambient,
+                    native_tunnel: supports_http_tunnel(&ep.labels),
                     service_account: ep.service_account.clone(),
                     node: ep.node.clone(),
                     trust_domain: ctx.mesh.trust_domain.clone(),
@@ -348,8 +352,23 @@ fn port_list(ports: &BTreeSet<(u32, u32)>) -> pb::PortList {
     }
 }
 
+/// The pod label a workload that terminates HBONE itself carries (istiod's
+/// `model.TunnelLabel`): a comma-separated list of tunnel types.
+const TUNNEL_LABEL: &str = "networking.istio.io/tunnel";
+
+/// istiod's `SupportsTunnel(labels, "http")`.
+fn supports_http_tunnel(labels: &BTreeMap<String, String>) -> bool {
+    labels
+        .get(TUNNEL_LABEL)
+        .is_some_and(|v| v.split(',').any(|t| t == "http"))
+}
+
+/// istiod's `setTunnelProtocol`: HBONE when istio-cni redirected the pod (its
+/// annotation) or the pod terminates HBONE itself. Namespace enrollment
+/// (`istio.io/dataplane-mode`) is istio-cni's decision, seen here through the
+/// annotation it sets once the redirection is in place, as istiod sees it.
 fn workload(w: &WorkloadKey) -> pb::Workload {
-    let tunnel = if w.ambient {
+    let tunnel = if w.ambient || w.native_tunnel {
         pb::TunnelProtocol::Hbone
     } else {
         pb::TunnelProtocol::None
@@ -366,6 +385,7 @@ fn workload(w: &WorkloadKey) -> pb::Workload {
         addresses: w.addresses.iter().filter_map(|a| ip_bytes(a)).collect(),
         network: String::new(),
         tunnel_protocol: tunnel as i32,
+        native_tunnel: w.native_tunnel,
         trust_domain: w.trust_domain.clone(),
         service_account: if w.service_account.is_empty() {
             "default".to_string()

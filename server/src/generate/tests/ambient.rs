@@ -192,20 +192,20 @@ fn authorization_fails_closed_on_http_fields() {
     );
 }
 
-/// istiod's `setTunnelProtocol`: a pod that terminates HBONE itself
-/// (`networking.istio.io/tunnel: http`, alone or in a list) is HBONE with
-/// `native_tunnel`; a namespace label alone changes nothing (istio-cni decides, and
-/// its annotation is what counts).
+/// istiod's `setTunnelProtocol` would serve a pod labelled
+/// `networking.istio.io/tunnel: http` as native HBONE; shoal's sidecars terminate no
+/// HBONE, so it is served without a tunnel (see `generate::ambient::workload`), and a
+/// pod with istio-cni's annotation stays HBONE whatever its labels.
 #[test]
-fn native_tunnel_label_is_hbone() {
+fn native_tunnel_label_is_not_honoured() {
     let mut native = pod("10.1.0.20", "native-1", "node-1", false, "native");
     native
         .labels
         .insert("networking.istio.io/tunnel".into(), "h2c,http".into());
-    let mut other = pod("10.1.0.21", "other-1", "node-1", false, "native");
-    other
+    let mut redirected = pod("10.1.0.21", "redirected-1", "node-1", true, "native");
+    redirected
         .labels
-        .insert("networking.istio.io/tunnel".into(), "h2c".into());
+        .insert("networking.istio.io/tunnel".into(), "http".into());
     let mesh = Mesh::new()
         .with_service(service("demo", "native", &[("tcp", 9000)]))
         .with_slice(slice(
@@ -213,7 +213,7 @@ fn native_tunnel_label_is_hbone() {
             "native",
             "native-a",
             &[("tcp", 8080)],
-            vec![native, other],
+            vec![native, redirected],
         ));
     let all: BTreeMap<String, pb::Address> =
         gen(XdsType::Address, &ztunnel_proxy(), &mesh.snapshot(), &["*"])
@@ -221,9 +221,9 @@ fn native_tunnel_label_is_hbone() {
             .map(|r| (r.name.clone(), pb::Address::decode(&*r.any.value).unwrap()))
             .collect();
     let w = workload(&all["Kubernetes//Pod/demo/native-1"]);
-    assert_eq!(w.tunnel_protocol, pb::TunnelProtocol::Hbone as i32);
-    assert!(w.native_tunnel);
-    let w = workload(&all["Kubernetes//Pod/demo/other-1"]);
     assert_eq!(w.tunnel_protocol, pb::TunnelProtocol::None as i32);
+    assert!(!w.native_tunnel);
+    let w = workload(&all["Kubernetes//Pod/demo/redirected-1"]);
+    assert_eq!(w.tunnel_protocol, pb::TunnelProtocol::Hbone as i32);
     assert!(!w.native_tunnel);
 }

@@ -92,6 +92,10 @@ pub struct Workload {
     /// The controller's name (here: the pod's).
     #[prost(string, tag = "13")]
     pub workload_name: String,
+    /// The workload terminates `tunnel_protocol` itself (a pod labelled
+    /// `networking.istio.io/tunnel: http`), so ztunnel neither tunnels nor de-tunnels it.
+    #[prost(bool, tag = "14")]
+    pub native_tunnel: bool,
     /// Authorization policies (`<ns>/<name>`) that select this workload.
     #[prost(string, repeated, tag = "16")]
     pub authorization_policies: Vec<String>,

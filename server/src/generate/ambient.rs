@@ -78,6 +78,9 @@ pub struct WorkloadKey {
     pub addresses: Vec<String>,
     /// istio-cni redirected it to ztunnel: reached over HBONE.
     pub ambient: bool,
+    /// The pod says it terminates HBONE itself (`networking.istio.io/tunnel` lists
+    /// `http`); not honoured, see [`workload`].
+    pub native_tunnel: bool,
     /// Service account.
     pub service_account: String,
     /// Node.
@@ -203,6 +206,7 @@ fn workloads(ctx: &PushContext, endpoints: &EndpointIndex) -> Vec<WorkloadKey> {
                     namespace: set.namespace.clone(),
                     name: ep.pod.clone(),
                     ambient: ep.ambient,
+                    native_tunnel: supports_http_tunnel(&ep.labels),
                     service_account: ep.service_account.clone(),
                     node: ep.node.clone(),
                     trust_domain: ctx.mesh.trust_domain.clone(),
@@ -348,7 +352,35 @@ fn port_list(ports: &BTreeSet<(u32, u32)>) -> pb::PortList {
     }
 }
 
+/// The pod label a workload that terminates HBONE itself carries (istiod's
+/// `model.TunnelLabel`): a comma-separated list of tunnel types.
+const TUNNEL_LABEL: &str = "networking.istio.io/tunnel";
+
+/// istiod's `SupportsTunnel(labels, "http")`.
+fn supports_http_tunnel(labels: &BTreeMap<String, String>) -> bool {
+    labels
+        .get(TUNNEL_LABEL)
+        .is_some_and(|v| v.split(',').any(|t| t == "http"))
+}
+
+/// istiod's `setTunnelProtocol`, less native tunnels: HBONE when istio-cni redirected
+/// the pod (its annotation). Namespace enrollment (`istio.io/dataplane-mode`) is
+/// istio-cni's decision, seen here through the annotation it sets once the redirection
+/// is in place, as istiod sees it.
+///
+/// istiod also serves a pod labelled `networking.istio.io/tunnel: http` (the sidecar
+/// injector's label when `ISTIO_META_ENABLE_HBONE` is set) as HBONE with
+/// `native_tunnel`: ztunnel then sends to the sidecar's HBONE listener on 15008. shoal
+/// builds no such listener for sidecars, so serving istiod's answer would send
+/// ztunnel's traffic to a port nothing terminates; the pod is served as plain (no
+/// tunnel), which a PERMISSIVE sidecar accepts, and the difference is logged.
 fn workload(w: &WorkloadKey) -> pb::Workload {
+    if w.native_tunnel && !w.ambient {
+        tracing::debug!(
+            pod = %w.uid(),
+            "pod asks for native HBONE (networking.istio.io/tunnel), which shoal's sidecars do not terminate: served without a tunnel"
+        );
+    }
     let tunnel = if w.ambient {
         pb::TunnelProtocol::Hbone
     } else {
@@ -366,6 +398,7 @@ fn workload(w: &WorkloadKey) -> pb::Workload {
         addresses: w.addresses.iter().filter_map(|a| ip_bytes(a)).collect(),
         network: String::new(),
         tunnel_protocol: tunnel as i32,
+        native_tunnel: false,
         trust_domain: w.trust_domain.clone(),
         service_account: if w.service_account.is_empty() {
             "default".to_string()

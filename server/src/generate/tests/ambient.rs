@@ -109,6 +109,7 @@ fn wildcard_serves_every_pod_and_service() {
     // Not redirected by istio-cni: plain traffic.
     let w2 = workload(&all["Kubernetes//Pod/demo/server-2"]);
     assert_eq!(w2.tunnel_protocol, pb::TunnelProtocol::None as i32);
+    assert!(!w.native_tunnel && !w2.native_tunnel);
     let Some(Type::Service(s)) = &all["demo/server.demo.svc.cluster.local"].r#type else {
         panic!("not a service");
     };
@@ -189,4 +190,40 @@ fn authorization_fails_closed_on_http_fields() {
         from.not_namespaces[0].match_type,
         Some(MatchType::Prefix("demo".into()))
     );
+}
+
+/// istiod's `setTunnelProtocol` would serve a pod labelled
+/// `networking.istio.io/tunnel: http` as native HBONE; shoal's sidecars terminate no
+/// HBONE, so it is served without a tunnel (see `generate::ambient::workload`), and a
+/// pod with istio-cni's annotation stays HBONE whatever its labels.
+#[test]
+fn native_tunnel_label_is_not_honoured() {
+    let mut native = pod("10.1.0.20", "native-1", "node-1", false, "native");
+    native
+        .labels
+        .insert("networking.istio.io/tunnel".into(), "h2c,http".into());
+    let mut redirected = pod("10.1.0.21", "redirected-1", "node-1", true, "native");
+    redirected
+        .labels
+        .insert("networking.istio.io/tunnel".into(), "http".into());
+    let mesh = Mesh::new()
+        .with_service(service("demo", "native", &[("tcp", 9000)]))
+        .with_slice(slice(
+            "demo",
+            "native",
+            "native-a",
+            &[("tcp", 8080)],
+            vec![native, redirected],
+        ));
+    let all: BTreeMap<String, pb::Address> =
+        gen(XdsType::Address, &ztunnel_proxy(), &mesh.snapshot(), &["*"])
+            .iter()
+            .map(|r| (r.name.clone(), pb::Address::decode(&*r.any.value).unwrap()))
+            .collect();
+    let w = workload(&all["Kubernetes//Pod/demo/native-1"]);
+    assert_eq!(w.tunnel_protocol, pb::TunnelProtocol::None as i32);
+    assert!(!w.native_tunnel);
+    let w = workload(&all["Kubernetes//Pod/demo/redirected-1"]);
+    assert_eq!(w.tunnel_protocol, pb::TunnelProtocol::Hbone as i32);
+    assert!(!w.native_tunnel);
 }

@@ -105,11 +105,22 @@ struct SeenGateway {
 struct Book {
     gateways: BTreeMap<ObjKey, SeenGateway>,
     /// The uid of each Gateway the watch returned (the model has none): noted in the watch
-    /// task, before its change reaches [`GatewayBook::observe_gateway`]. Never pruned but
-    /// with the kind: a name per Gateway ever seen.
+    /// task, before its change reaches [`GatewayBook::observe_gateway`]. Pruned when the
+    /// Gateway that carried it is forgotten; a uid noted since (the name recreated before
+    /// the delete reached the book) is kept, or the new Gateway would never deploy. A
+    /// Gateway that was never accepted keeps its entry until its name is seen again.
     uids: BTreeMap<ObjKey, String>,
     /// GatewayClass name → controller name.
     classes: BTreeMap<String, String>,
+}
+
+impl Book {
+    /// Drops the noted uid of `key` if it is still `uid` (the forgotten Gateway's).
+    fn forget_uid(&mut self, key: &ObjKey, uid: &str) {
+        if self.uids.get(key).map(String::as_str) == Some(uid) {
+            self.uids.remove(key);
+        }
+    }
 }
 
 /// The Gateways and GatewayClasses, updated from watch events (synchronously, in the watch
@@ -156,19 +167,30 @@ impl GatewayBook {
 
     /// Forgets a deleted Gateway: its objects are deleted.
     pub fn forget_gateway(&self, key: &ObjKey) {
-        if self.lock().gateways.remove(key).is_some() {
-            self.notify.notify_one();
-        }
+        let mut book = self.lock();
+        let Some(gone) = book.gateways.remove(key) else {
+            return;
+        };
+        book.forget_uid(key, &gone.uid);
+        drop(book);
+        self.notify.notify_one();
     }
 
     /// Keeps only the Gateways for which `keep` holds (after a relist, the ones it
     /// listed): the others' objects are deleted.
     pub fn retain_gateways(&self, keep: impl Fn(&ObjKey) -> bool) {
         let mut book = self.lock();
-        let before = book.gateways.len();
-        book.gateways.retain(|key, _| keep(key));
-
-        if book.gateways.len() != before {
+        let gone: Vec<(ObjKey, String)> = book
+            .gateways
+            .iter()
+            .filter(|(key, _)| !keep(key))
+            .map(|(key, g)| (key.clone(), g.uid.clone()))
+            .collect();
+        for (key, uid) in &gone {
+            book.gateways.remove(key);
+            book.forget_uid(key, uid);
+        }
+        if !gone.is_empty() {
             drop(book);
             self.notify.notify_one();
         }
@@ -823,6 +845,31 @@ mod tests {
         book.observe_gateway(&key(), &gateway("istio", vec![]).spec);
         book.retain_gateways(|k| *k != key());
         assert!(book.desired(&cfg(), &selected).is_empty());
+    }
+
+    #[test]
+    fn uids_are_pruned_with_their_gateway() {
+        let book = GatewayBook::default();
+        let spec = gateway("istio", vec![]).spec;
+        book.note_uid(&key(), Some("u1"));
+        book.observe_gateway(&key(), &spec);
+        book.forget_gateway(&key());
+        assert!(book.lock().uids.is_empty(), "deleted: its uid goes");
+
+        // Recreated before the delete reached the book: the new uid stays, and the new
+        // Gateway deploys with it.
+        book.note_uid(&key(), Some("u1"));
+        book.observe_gateway(&key(), &spec);
+        book.note_uid(&key(), Some("u2"));
+        book.forget_gateway(&key());
+        assert_eq!(book.lock().uids.get(&key()).map(String::as_str), Some("u2"));
+        book.observe_gateway(&key(), &spec);
+        assert_eq!(book.lock().gateways[&key()].uid, "u2");
+
+        // A relist that no longer lists it.
+        book.retain_gateways(|k| *k != key());
+        assert!(book.lock().uids.is_empty());
+        assert!(book.lock().gateways.is_empty());
     }
 
     #[test]

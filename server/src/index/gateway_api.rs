@@ -754,29 +754,13 @@ fn l4_route(
         };
         if kind == "TLSRoute" {
             vs.hosts = a.hosts.clone();
-            vs.tls = vec![TlsRoute {
-                matches: vec![TlsMatchAttributes {
-                    sni_hosts: a.hosts.clone(),
-                    ..Default::default()
-                }],
-                route: destinations.clone(),
-            }];
+            l4_rules(&mut vs, kind, a.hosts.clone(), None, &destinations);
         } else {
             vs.hosts = vec!["*".into()];
-            vs.tcp = vec![TcpRoute {
-                matches: Vec::<L4MatchAttributes>::new(),
-                route: destinations.clone(),
-            }];
+            l4_rules(&mut vs, kind, Vec::new(), None, &destinations);
         }
-        out.virtual_services.push(Config {
-            meta: ObjectMeta {
-                name: format!("{}-{}-{}", kind.to_ascii_lowercase(), meta.name, a.gw_name),
-                namespace: a.gw_ns.clone(),
-                created: meta.created,
-                ..Default::default()
-            },
-            spec: vs,
-        });
+        out.virtual_services
+            .push(l4_config(kind, meta, &a.gw_name, &a.gw_ns, vs));
     }
     // GAMMA: a Service parent routes the sidecars' connections to that Service, as a mesh
     // VirtualService for its host with `tcp` (or, for a TLSRoute, SNI `tls`) rules does.
@@ -790,42 +774,66 @@ fn l4_route(
             gateway_semantics: true,
             ..Default::default()
         };
-        if kind == "TLSRoute" {
-            let sni_hosts = if r.hostnames.is_empty() {
-                vec![host]
-            } else {
-                r.hostnames.clone()
-            };
-            vs.tls = vec![TlsRoute {
-                matches: vec![TlsMatchAttributes {
-                    sni_hosts,
-                    port: p.port,
-                    ..Default::default()
-                }],
-                route: destinations.clone(),
-            }];
+        let sni_hosts = if r.hostnames.is_empty() {
+            vec![host]
         } else {
-            vs.tcp = vec![TcpRoute {
-                matches: p
-                    .port
-                    .map(|port| L4MatchAttributes {
-                        port: Some(port),
-                        ..Default::default()
-                    })
-                    .into_iter()
-                    .collect(),
-                route: destinations.clone(),
-            }];
-        }
-        out.virtual_services.push(Config {
-            meta: ObjectMeta {
-                name: format!("{}-{}-{}", kind.to_ascii_lowercase(), meta.name, p.name),
-                namespace: meta.namespace.clone(),
-                created: meta.created,
+            r.hostnames.clone()
+        };
+        l4_rules(&mut vs, kind, sni_hosts, p.port, &destinations);
+        out.virtual_services
+            .push(l4_config(kind, meta, &p.name, &meta.namespace, vs));
+    }
+}
+
+/// A TLSRoute's one `tls` rule (by SNI, on `port` if set), or a TCPRoute's one `tcp` rule
+/// (on `port` if set), to `destinations`.
+fn l4_rules(
+    vs: &mut VirtualService,
+    kind: &str,
+    sni_hosts: Vec<String>,
+    port: Option<u32>,
+    destinations: &[RouteDestination],
+) {
+    if kind == "TLSRoute" {
+        vs.tls = vec![TlsRoute {
+            matches: vec![TlsMatchAttributes {
+                sni_hosts,
+                port,
                 ..Default::default()
-            },
-            spec: vs,
-        });
+            }],
+            route: destinations.to_vec(),
+        }];
+    } else {
+        vs.tcp = vec![TcpRoute {
+            matches: port
+                .map(|port| L4MatchAttributes {
+                    port: Some(port),
+                    ..Default::default()
+                })
+                .into_iter()
+                .collect(),
+            route: destinations.to_vec(),
+        }];
+    }
+}
+
+/// The VirtualService an L4 route becomes for one parent (`parent`: a Gateway's or a
+/// Service's name), in `namespace`.
+fn l4_config(
+    kind: &str,
+    meta: &ObjectMeta,
+    parent: &str,
+    namespace: &str,
+    spec: VirtualService,
+) -> Config<VirtualService> {
+    Config {
+        meta: ObjectMeta {
+            name: format!("{}-{}-{}", kind.to_ascii_lowercase(), meta.name, parent),
+            namespace: namespace.to_string(),
+            created: meta.created,
+            ..Default::default()
+        },
+        spec,
     }
 }
 

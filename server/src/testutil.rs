@@ -203,6 +203,7 @@ pub fn sidecar_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         istio_version: None,
         network: String::new(),
         requested_network_view: Vec::new(),
+        node_name: String::new(),
     }
 }
 
@@ -254,6 +255,7 @@ pub fn router_proxy(ns: &str, labels_: &[(&str, &str)]) -> Proxy {
         istio_version: None,
         network: String::new(),
         requested_network_view: Vec::new(),
+        node_name: String::new(),
     }
 }
 

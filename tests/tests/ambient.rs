@@ -327,11 +327,19 @@ async fn ztunnel_gets_addresses_policies_and_its_nodes_certificates() {
         }
     }
 
-    // On demand: `*` out, then one address by IP.
+    // On demand: `*` out, which still sends the workloads of the ztunnel's node (its
+    // NODE_NAME, node-1), as istiod does; then one address by IP.
     let mut od = Ztunnel::connect(tls, &pki, &token).await;
     od.subscribe(shoal_proto::ADDRESS_TYPE, &["*"], &["*"])
         .await;
-    assert!(od.recv().await.resources.is_empty());
+    let local = addresses(&od.recv().await);
+    assert!(!local.is_empty());
+    for (name, address) in &local {
+        let Type::Workload(w) = address else {
+            panic!("{name}: not a workload")
+        };
+        assert_eq!(w.node, "node-1", "{name}");
+    }
     od.subscribe(shoal_proto::ADDRESS_TYPE, &["/10.1.0.11"], &[])
         .await;
     let one = addresses(&od.recv().await);

@@ -53,6 +53,9 @@ impl AmbientKey {
         if name == resource_name {
             return true;
         }
+        if name.starts_with(NODE_PREFIX) {
+            return false;
+        }
         // `<network>/<ip>`: shoal knows one network, the default (empty) one.
         let Some(ip) = name.rsplit_once('/').map(|(_, ip)| ip) else {
             return false;
@@ -157,12 +160,34 @@ pub fn keys(
     if names.iter().any(|n| n == WILDCARD) {
         return all;
     }
+    // What istiod sends an on-demand ztunnel unasked: the workloads of its node, and the
+    // pods behind the Services it subscribed to.
+    let nodes: Vec<&str> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix(NODE_PREFIX))
+        .collect();
     all.into_iter()
         .filter(|k| {
             let own = k.name();
             names.iter().any(|n| k.requested_by(n, &own))
+                || match k {
+                    AmbientKey::Workload(w) => {
+                        nodes.contains(&w.node.as_str())
+                            || w.services.keys().any(|s| names.contains(s))
+                    }
+                    _ => false,
+                }
         })
         .collect()
+}
+
+/// Names an on-demand ztunnel's subscription is given for its node (see
+/// `Session::intern`); no resource has a name of this form.
+const NODE_PREFIX: &str = "\u{0}node/";
+
+/// The subscription name that selects the workloads on `node`.
+pub fn node_name(node: &str) -> String {
+    format!("{NODE_PREFIX}{node}")
 }
 
 /// Builds a resource from its key.

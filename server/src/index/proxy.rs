@@ -144,6 +144,9 @@ pub struct Proxy {
     /// The networks whose endpoints the proxy asks to see besides its own (metadata
     /// `REQUESTED_NETWORK_VIEW`, comma-separated); empty: all.
     pub requested_network_view: Vec<String>,
+    /// The Kubernetes node it runs on (metadata `NODE_NAME`; ztunnel sends it): an
+    /// on-demand ztunnel gets its node's workloads unasked, as from istiod.
+    pub node_name: String,
 }
 
 /// What a stream's credential proved about its proxy: the service accounts and the
@@ -279,9 +282,13 @@ impl Proxy {
             .unwrap_or_default();
         requested_network_view.sort();
         requested_network_view.dedup();
+        let node_name = meta
+            .and_then(|m| string_field(m, "NODE_NAME"))
+            .unwrap_or_default();
         Ok(Proxy {
             network,
             requested_network_view,
+            node_name,
             id: node.id.clone(),
             kind,
             ip: ip.to_string(),

@@ -106,6 +106,8 @@ impl ViewKey {
             // asks to see): part of the outbound part's key, so shared per network.
             network,
             requested_network_view,
+            // Only ztunnel's on-demand names read it (`Session::intern`), not its view.
+            node_name: _,
         } = proxy;
         if *kind == ProxyKind::Ztunnel {
             // One mesh-wide view: every ztunnel gets every address and policy (as from

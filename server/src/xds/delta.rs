@@ -214,6 +214,11 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             // The proxy dropped it: if subscribed again, it must be sent again.
             sub.held.forget(name);
         }
+        // An on-demand ztunnel that names nothing yet still gets its node's workloads
+        // (see `Session::intern`): its first set of names is interned even if empty.
+        if first && ty == XdsType::Address && names.is_none() {
+            names = Some((*sub.names).clone());
+        }
         if let Some(names) = names {
             if names.len() > MAX_NAMES_PER_SUBSCRIPTION {
                 return Err(too_many_names(ty, names.len()));

@@ -7,7 +7,7 @@ use super::registry::{Connection, Nack, Registry};
 use crate::generate::cache::compare;
 use crate::generate::sds;
 use crate::generate::{Resource, Snapshot};
-use crate::index::proxy::Proxy;
+use crate::index::proxy::{Proxy, ProxyKind};
 use crate::index::scope::ProxyScope;
 use crate::push::view::{Diff, Held, NameSet, Names, NamesChange, Output, View, Views};
 use crate::security::auth::{authorize, verified_identity, Caller};
@@ -132,11 +132,21 @@ impl Session {
     /// The shared instance of a set of requested names (see [`View::intern`]). SDS names a
     /// proxy may not have are counted and logged when an output is made for them
     /// ([`Session::output`]), not here.
-    pub fn intern(&self, ty: XdsType, names: NameSet, snap: &Snapshot) -> Names {
-        match self.identified.as_ref().map(|i| &i.view) {
-            Some(view) => view.for_type(ty, &snap.ctx).intern(ty, names),
-            None => Arc::new(names),
+    pub fn intern(&self, ty: XdsType, mut names: NameSet, snap: &Snapshot) -> Names {
+        let Some(identified) = self.identified.as_ref() else {
+            return Arc::new(names);
+        };
+        // An on-demand ztunnel also gets its node's workloads unasked (istiod's
+        // `AdditionalPodSubscriptions`): it never names its own pods.
+        let proxy = &identified.conn.proxy;
+        if proxy.kind == ProxyKind::Ztunnel
+            && ty == XdsType::Address
+            && !proxy.node_name.is_empty()
+            && !names.contains(crate::generate::ambient::WILDCARD)
+        {
+            names.insert(crate::generate::ambient::node_name(&proxy.node_name));
         }
+        identified.view.for_type(ty, &snap.ctx).intern(ty, names)
     }
 
     /// Counts and logs the requested gateway credentials `snap` refuses this stream

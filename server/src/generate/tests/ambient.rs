@@ -139,6 +139,27 @@ fn on_demand_names_by_name_or_address() {
 }
 
 #[test]
+fn on_demand_gets_its_nodes_workloads_and_subscribed_services_pods() {
+    // What istiod sends an on-demand ztunnel unasked (`AdditionalPodSubscriptions`).
+    let node = crate::generate::ambient::node_name("node-1");
+    assert_eq!(
+        addresses(&[&node]).keys().collect::<Vec<_>>(),
+        ["Kubernetes//Pod/demo/server-1"]
+    );
+    assert!(addresses(&[&crate::generate::ambient::node_name("node-9")]).is_empty());
+    assert_eq!(
+        addresses(&["demo/server.demo.svc.cluster.local"])
+            .keys()
+            .collect::<Vec<_>>(),
+        [
+            "Kubernetes//Pod/demo/server-1",
+            "Kubernetes//Pod/demo/server-2",
+            "demo/server.demo.svc.cluster.local"
+        ]
+    );
+}
+
+#[test]
 fn sidecars_get_no_ambient_types() {
     let snap = mesh().snapshot();
     let p = sidecar_proxy("demo", &[]);

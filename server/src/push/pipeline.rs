@@ -590,15 +590,11 @@ impl Pipeline {
                 revision: 0,
                 op: shoal_common::bus::Op::Delete,
             };
-            let workloads = self.state.endpoints.workloads_epoch();
-            let networks = self.state.endpoints.networks_epoch();
+            let epochs = self.endpoint_epochs();
             if let Ok((change, _)) = self.state.apply(bucket, &tombstone) {
                 self.record(&change, None);
             }
-            if self.state.endpoints.workloads_epoch() != workloads {
-                self.changes.workloads = true;
-            }
-            self.cluster_networks_checked(networks);
+            self.note_endpoint_epochs(epochs);
         }
         count
     }
@@ -618,8 +614,21 @@ impl Pipeline {
     /// `NETWORK` metadata are on another network now, which every load assignment's
     /// network split reads through the PushContext (`PushContext::cluster_networks`).
     /// Rare, so a full push: the context is rebuilt and every load assignment regenerated.
-    fn cluster_networks_checked(&mut self, before: u64) {
-        if self.state.endpoints.networks_epoch() != before {
+    /// The endpoint index's (workloads, networks) epochs, taken before applying an entry.
+    fn endpoint_epochs(&self) -> (u64, u64) {
+        let e = &self.state.endpoints;
+        (e.workloads_epoch(), e.networks_epoch())
+    }
+
+    /// Records what applying an entry moved since `before` ([`Self::endpoint_epochs`]):
+    /// changed workloads reach gateway credentials; a changed cluster network is a full
+    /// push.
+    fn note_endpoint_epochs(&mut self, before: (u64, u64)) {
+        let (workloads, networks) = self.endpoint_epochs();
+        if workloads != before.0 {
+            self.changes.workloads = true;
+        }
+        if networks != before.1 {
             tracing::info!("a cluster's network changed: full push");
             self.changes.full = true;
         }
@@ -657,17 +666,13 @@ impl Pipeline {
                 self.fleet_synced(&fleet);
             }
         }
-        let workloads = self.state.endpoints.workloads_epoch();
-        let networks = self.state.endpoints.networks_epoch();
+        let epochs = self.endpoint_epochs();
         let applied = if self.live.contains(&bucket) {
             self.state.apply_live(bucket, entry)
         } else {
             self.state.apply(bucket, entry)
         };
-        if self.state.endpoints.workloads_epoch() != workloads {
-            self.changes.workloads = true;
-        }
-        self.cluster_networks_checked(networks);
+        self.note_endpoint_epochs(epochs);
         let result = match applied {
             Ok((Change::None, _)) => "unchanged",
             Ok((change, observed)) => {

@@ -155,6 +155,8 @@ async fn all_acked(server: &ShoalServer, node: &str, types: &[&str]) -> anyhow::
         .flatten()
         .filter(|c| c["node_id"] == node)
         .collect();
+    // No stream yet is not "all acknowledged": the node may not have connected.
+    anyhow::ensure!(!streams.is_empty(), "no stream of {node} yet");
     for c in &streams {
         anyhow::ensure!(c["proxy_type"] == "proxyless", "{c}");
         for url in types {

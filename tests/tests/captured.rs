@@ -515,10 +515,12 @@ async fn passthrough_and_registry_only(mesh: &CapturedMesh) {
         .await;
     let (status, body) = match mesh.get("productpage", &url, &[]).await {
         Ok(answer) => answer,
-        Err(e) => panic!(
-            "external: {e:#}\n{}",
-            mesh.passthrough_diagnostics("productpage").await
-        ),
+        Err(e) => {
+            let diagnostics = mesh.passthrough_diagnostics("productpage").await;
+            // Whether the stall outlives the request: a second one, after the evidence.
+            let again = mesh.get("productpage", &url, &[]).await;
+            panic!("external: {e:#}\n{diagnostics}\nsecond request: {again:?}")
+        }
     };
     assert_eq!((status, body["backend"].as_str()), (200, Some("external")));
     let out = mesh.pods["productpage"]
@@ -1572,7 +1574,26 @@ impl CapturedMesh {
             ],
         )
         .await;
-        format!("{pod} sidecar:\n{stats}\nconntrack:\n{conntrack}\nTCP:\n{tcp}")
+        // Socket states on both ends: where the bytes stopped (SYN-SENT, an unread
+        // receive queue, a connection the external pod never saw).
+        let sockets = run("ss", &["-tanoi"]).await;
+        let external = match self.pods["external"]
+            .command("ss")
+            .args(["-tanoi"])
+            .output()
+            .await
+        {
+            Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+            Err(e) => format!("ss: {e}"),
+        };
+        let listeners = self.sidecars[pod]
+            .admin_get("/stats?filter=^listener\\.0\\.0\\.0\\.0_15001|^tcp\\.")
+            .await
+            .unwrap_or_else(|e| e.to_string());
+        format!(
+            "{pod} sidecar:\n{stats}\n{listeners}\nconntrack:\n{conntrack}\nTCP:\n{tcp}\n\
+             {pod} sockets:\n{sockets}\nexternal sockets:\n{external}"
+        )
     }
 
     /// The sum of a stat over both reviews pods.

@@ -221,13 +221,13 @@ fn xds_rejections(stats: &str) -> u64 {
     })
 }
 
-/// Writes Envoy's config dump (without EDS, which is long) to a file that outlives the test
-/// and prints its path, plus the xDS update stats.
+/// Writes Envoy's config dump (with EDS: warming clusters and their endpoints) to a file
+/// that outlives the test and prints its path, plus the xDS update stats.
 fn save_failure_dump(admin: SocketAddr, name: &str) {
     let dir = std::env::temp_dir().join("shoal-test-failures");
     let _ = std::fs::create_dir_all(&dir);
     let path = dir.join(format!("{name}-{}-config_dump.json", std::process::id()));
-    match http::blocking_get(admin, "/config_dump") {
+    match http::blocking_get(admin, "/config_dump?include_eds") {
         Ok(r) => match std::fs::write(&path, &r.body) {
             Ok(()) => eprintln!("----- {name} config dump: {}", path.display()),
             Err(e) => eprintln!("----- {name} config dump not saved: {e}"),

@@ -804,6 +804,20 @@ async fn authorization(mesh: &CapturedMesh) {
     .await;
     let claims_header = format!("authorization:Bearer {}", token(&key, "admin"));
     let claims_url = format!("http://{details}/allowed/claims");
+    // The rotation back to `key` was seen on ratings' sidecar; details' may take longer.
+    eventually(PROPAGATE, POLL, || async {
+        let header = format!("authorization:Bearer {}", token(&key, "dev"));
+        let out = external
+            .run(&["http-get", &claims_url, "-H", &header])
+            .await;
+        match out.http().map(|(s, _)| s).ok() {
+            Some(200) => Ok(()),
+            other => Err(format!(
+                "details does not take the first key back: {other:?}"
+            )),
+        }
+    })
+    .await;
     let out = external
         .run(&["http-get", &claims_url, "-H", &claims_header])
         .await;
@@ -1212,9 +1226,9 @@ struct PodInfo {
     labels: Vec<(&'static str, &'static str)>,
 }
 
+/// Fields drop in order: the Envoys (which save their config dumps when a test failed)
+/// and processes go before the network namespaces they run in, the manifests last.
 struct CapturedMesh {
-    net: MeshNet,
-    dir: TempDir,
     mode: AdsMode,
     xds: SocketAddr,
     pods: BTreeMap<String, Pod>,
@@ -1227,6 +1241,8 @@ struct CapturedMesh {
     _nats: Option<NatsServer>,
     ingester: Option<ShoalIngester>,
     server: Option<ShoalServer>,
+    net: MeshNet,
+    dir: TempDir,
 }
 
 impl CapturedMesh {

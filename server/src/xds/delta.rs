@@ -10,7 +10,7 @@ use super::limits::MAX_NAMES_PER_SUBSCRIPTION;
 use super::session::Session;
 use super::sotw::too_many_names;
 use super::stream::StreamHandler;
-use super::subscription::Subscription;
+use super::subscription::{Subscription, Warming};
 use super::wire::{Encoded, Responses};
 use crate::generate::Snapshot;
 use crate::push::view::{Held, NameSet, NamesChange};
@@ -25,6 +25,7 @@ use tonic::Status;
 pub(crate) struct DeltaStream {
     session: Session,
     subs: BTreeMap<XdsType, Subscription>,
+    warming: Warming,
     nonce: u64,
     tx: Responses,
 }
@@ -34,9 +35,24 @@ impl DeltaStream {
         DeltaStream {
             session,
             subs: BTreeMap::new(),
+            warming: Warming::default(),
             nonce: 0,
             tx,
         }
+    }
+
+    /// After a CDS response: the assignments of the clusters it changed (see [`Warming`]).
+    async fn resend_warming(
+        &mut self,
+        snap: &Arc<Snapshot>,
+        observed_at_ms: Option<u64>,
+    ) -> Result<(), Status> {
+        if !self.warming.pending() || !self.subs.contains_key(&XdsType::Endpoint) {
+            return Ok(());
+        }
+        self.respond(XdsType::Endpoint, snap, false, observed_at_ms)
+            .await
+            .map(|_| ())
     }
 
     /// Sends what changed for `ty` since what the proxy holds. `force`: respond even when
@@ -76,6 +92,9 @@ impl DeltaStream {
             return Ok(0);
         };
         sub.change = None;
+        if ty == XdsType::Endpoint {
+            self.warming.apply(&mut sub.held);
+        }
         let diff = self.session.diff(ty, &names, &sub.held, &output, snap);
         if diff.is_empty() && !force {
             self.session
@@ -87,6 +106,10 @@ impl DeltaStream {
             // the view's output (skipping what both share), not a pass over an own copy.
             sub.held = Held::Shared(output);
             return Ok(diff.unchanged);
+        }
+        if ty == XdsType::Cluster {
+            self.warming
+                .clusters_sent(diff.changed.iter().map(|r| r.name.as_str()));
         }
         sub.held = Held::Shared(output.clone());
         self.nonce += 1;
@@ -248,6 +271,9 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
                     .inc_by(unchanged as u64);
                 self.session.resumed(ty, unchanged);
             }
+            if ty == XdsType::Cluster {
+                self.resend_warming(snap, None).await?;
+            }
         }
         Ok(())
     }
@@ -262,9 +288,11 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         snap: &Arc<Snapshot>,
         observed_at_ms: Option<u64>,
     ) -> Result<(), Status> {
-        self.respond(ty, snap, false, observed_at_ms)
-            .await
-            .map(|_| ())
+        self.respond(ty, snap, false, observed_at_ms).await?;
+        if ty == XdsType::Cluster {
+            self.resend_warming(snap, observed_at_ms).await?;
+        }
+        Ok(())
     }
 
     async fn fail(&mut self, status: Status) {

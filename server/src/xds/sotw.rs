@@ -9,10 +9,10 @@
 use super::limits::MAX_NAMES_PER_SUBSCRIPTION;
 use super::session::Session;
 use super::stream::StreamHandler;
-use super::subscription::Subscription;
+use super::subscription::{Subscription, Warming};
 use super::wire::{Encoded, Responses};
 use crate::generate::{Resource, Snapshot};
-use crate::push::view::{Held, NameSet};
+use crate::push::view::{Diff, Held, NameSet};
 use shoal_proto::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use shoal_proto::XdsType;
 use std::collections::BTreeMap;
@@ -22,6 +22,7 @@ use tonic::Status;
 pub(crate) struct SotwStream {
     session: Session,
     subs: BTreeMap<XdsType, Subscription>,
+    warming: Warming,
     nonce: u64,
     tx: Responses,
 }
@@ -31,9 +32,23 @@ impl SotwStream {
         SotwStream {
             session,
             subs: BTreeMap::new(),
+            warming: Warming::default(),
             nonce: 0,
             tx,
         }
+    }
+
+    /// After a CDS response: the assignments of the clusters it changed (see [`Warming`]).
+    async fn resend_warming(
+        &mut self,
+        snap: &Arc<Snapshot>,
+        observed_at_ms: Option<u64>,
+    ) -> Result<(), Status> {
+        if !self.warming.pending() || !self.subs.contains_key(&XdsType::Endpoint) {
+            return Ok(());
+        }
+        self.respond(XdsType::Endpoint, snap, false, observed_at_ms)
+            .await
     }
 
     /// Generates `ty` and sends it. `force`: answer even if the proxy has this version (a
@@ -55,7 +70,11 @@ impl SotwStream {
         let Some(w) = self.subs.get_mut(&ty) else {
             return Ok(());
         };
-        if !force && self.session.last_sent(ty).0 == version {
+        let owed = ty == XdsType::Endpoint && self.warming.pending();
+        if owed {
+            self.warming.apply(&mut w.held);
+        }
+        if !force && !owed && self.session.last_sent(ty).0 == version {
             self.session
                 .metrics
                 .pushes_unchanged
@@ -71,6 +90,11 @@ impl SotwStream {
         } else {
             (output.resources(), output.sotw_entries())
         };
+        if ty == XdsType::Cluster {
+            let changed = Diff::between(&w.held, &output).changed;
+            self.warming
+                .clusters_sent(changed.iter().map(|r| r.name.as_str()));
+        }
         w.held = Held::Shared(output.clone());
         self.nonce += 1;
         let nonce = format!("{}-{}", snap.number, self.nonce);
@@ -138,7 +162,11 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
             w.names = self.session.intern(ty, names, snap);
             self.session.requested(ty, &w.names);
         }
-        self.respond(ty, snap, true, None).await
+        self.respond(ty, snap, true, None).await?;
+        if ty == XdsType::Cluster {
+            self.resend_warming(snap, None).await?;
+        }
+        Ok(())
     }
 
     fn watched_types(&self) -> Vec<XdsType> {
@@ -151,9 +179,11 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         snap: &Arc<Snapshot>,
         observed_at_ms: Option<u64>,
     ) -> Result<(), Status> {
-        self.respond(ty, snap, false, observed_at_ms)
-            .await
-            .map(|_| ())
+        self.respond(ty, snap, false, observed_at_ms).await?;
+        if ty == XdsType::Cluster {
+            self.resend_warming(snap, observed_at_ms).await?;
+        }
+        Ok(())
     }
 
     async fn fail(&mut self, status: Status) {

@@ -18,8 +18,8 @@ use prost::Message;
 use shoal_proto::pb::envoy::config::cluster::v3::Cluster;
 use shoal_proto::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use shoal_proto::pb::envoy::service::discovery::v3::{
-    aggregated_discovery_service_client::AggregatedDiscoveryServiceClient, DiscoveryRequest,
-    DiscoveryResponse,
+    aggregated_discovery_service_client::AggregatedDiscoveryServiceClient, DeltaDiscoveryRequest,
+    DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use shoal_proto::pb::google::rpc::Status as RpcStatus;
 use shoal_proto::XdsType;
@@ -450,6 +450,62 @@ async fn a_new_snapshot_pushes_only_what_changed() {
     stream.request(XdsType::Listener, &[]).await;
 }
 
+/// A cluster that changed while its endpoints did not still gets its assignment: Envoy
+/// warms an updated cluster until it receives it (go-control-plane#245).
+#[tokio::test]
+async fn a_changed_cluster_gets_its_assignment_again() {
+    let s = server().await;
+    s.publish(numbered(&mesh(&["10.0.0.1"]), 1), full());
+    let mut stream = subscribed(&s).await;
+
+    // A DestinationRule changes the reviews cluster, not its endpoints.
+    let with_dr = mesh(&["10.0.0.1"]).with_config(destination_rule(
+        "default",
+        "reviews",
+        "host: reviews\ntrafficPolicy: {loadBalancer: {simple: RANDOM}}",
+    ));
+    s.publish(numbered(&with_dr, 2), full());
+    let cds = stream.recv_type(XdsType::Cluster).await;
+    stream.ack(&cds, &[]).await;
+    let eds = stream.recv_type(XdsType::Endpoint).await;
+    let names: Vec<String> = decode::<ClusterLoadAssignment>(&eds)
+        .into_iter()
+        .map(|c| c.cluster_name)
+        .collect();
+    assert_eq!(names, [REVIEWS], "the changed cluster's assignment, only");
+    stream.ack(&eds, &[REVIEWS, RATINGS]).await;
+    // Owed once: nothing else follows.
+    stream.request(XdsType::Listener, &[]).await;
+}
+
+/// The same on a delta stream: the changed cluster's assignment follows, at its version.
+#[tokio::test]
+async fn a_changed_cluster_gets_its_assignment_again_on_delta() {
+    let s = server().await;
+    s.publish(numbered(&mesh(&["10.0.0.1"]), 1), full());
+    let mut stream = Delta::open_as(&s, node(NODE_ID, "default", &[("app", "productpage")])).await;
+    let cds = stream.subscribe(XdsType::Cluster, &[], &[], &[]).await;
+    stream.ack(&cds).await;
+    let eds = stream
+        .subscribe(XdsType::Endpoint, &[REVIEWS, RATINGS], &[], &[])
+        .await;
+    assert_eq!(names(&eds), [RATINGS, REVIEWS]);
+    stream.ack(&eds).await;
+
+    let with_dr = mesh(&["10.0.0.1"]).with_config(destination_rule(
+        "default",
+        "reviews",
+        "host: reviews\ntrafficPolicy: {loadBalancer: {simple: RANDOM}}",
+    ));
+    s.publish(numbered(&with_dr, 2), full());
+    let cds = stream.recv(XdsType::Cluster).await;
+    assert!(names(&cds).contains(&REVIEWS), "{:?}", names(&cds));
+    stream.ack(&cds).await;
+    let again = stream.recv(XdsType::Endpoint).await;
+    assert_eq!(names(&again), [REVIEWS]);
+    assert_eq!(again.resources[0].version, eds.resources[1].version);
+}
+
 #[tokio::test]
 async fn a_bad_node_id_closes_the_stream_with_invalid_argument() {
     let s = server().await;
@@ -672,16 +728,91 @@ async fn a_reconnecting_proxy_with_an_old_nonce_is_answered() {
     );
 }
 
+/// A delta ADS stream; requests carry `node` (ztunnel's unless opened as another proxy).
+struct Delta {
+    node: shoal_proto::pb::envoy::config::core::v3::Node,
+    tx: mpsc::Sender<DeltaDiscoveryRequest>,
+    responses: Streaming<DeltaDiscoveryResponse>,
+}
+
+impl Delta {
+    async fn open(s: &Server) -> Delta {
+        Delta::open_as(s, node(ztunnel::ZTUNNEL, "istio-system", &[])).await
+    }
+
+    async fn open_as(s: &Server, node: shoal_proto::pb::envoy::config::core::v3::Node) -> Delta {
+        let (tx, rx) = mpsc::channel(16);
+        let responses = s
+            .client
+            .clone()
+            .delta_aggregated_resources(ReceiverStream::new(rx))
+            .await
+            .expect("stream opens")
+            .into_inner();
+        Delta {
+            node,
+            tx,
+            responses,
+        }
+    }
+
+    async fn send(&self, req: DeltaDiscoveryRequest) {
+        self.tx.send(req).await.expect("request sent");
+    }
+
+    async fn recv(&mut self, ty: XdsType) -> DeltaDiscoveryResponse {
+        let r = match tokio::time::timeout(HANG_GUARD, self.responses.message()).await {
+            Ok(Ok(Some(r))) => r,
+            other => panic!("no response: {other:?}"),
+        };
+        assert_eq!(r.type_url, ty.type_url());
+        r
+    }
+
+    async fn subscribe(
+        &mut self,
+        ty: XdsType,
+        sub: &[&str],
+        unsub: &[&str],
+        held: &[(&str, &str)],
+    ) -> DeltaDiscoveryResponse {
+        self.send(DeltaDiscoveryRequest {
+            node: Some(self.node.clone()),
+            type_url: ty.type_url().into(),
+            resource_names_subscribe: sub.iter().map(|s| s.to_string()).collect(),
+            resource_names_unsubscribe: unsub.iter().map(|s| s.to_string()).collect(),
+            initial_resource_versions: held
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        })
+        .await;
+        self.recv(ty).await
+    }
+
+    async fn ack(&self, r: &DeltaDiscoveryResponse) {
+        self.send(DeltaDiscoveryRequest {
+            type_url: r.type_url.clone(),
+            response_nonce: r.nonce.clone(),
+            ..Default::default()
+        })
+        .await;
+    }
+}
+
+fn names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
+    r.resources.iter().map(|r| r.name.as_str()).collect()
+}
+
 // ---------------------------------------------------------------------------------------
 // ztunnel: delta ADS, the two ambient types
 
 mod ztunnel {
     use super::*;
-    use shoal_proto::pb::envoy::service::discovery::v3::{
-        DeltaDiscoveryRequest, DeltaDiscoveryResponse,
-    };
 
-    const ZTUNNEL: &str = "ztunnel~10.1.0.3~ztunnel-1.istio-system~istio-system.svc.cluster.local";
+    pub(super) const ZTUNNEL: &str =
+        "ztunnel~10.1.0.3~ztunnel-1.istio-system~istio-system.svc.cluster.local";
 
     fn ambient_mesh(pods: &[(&str, &str)]) -> Mesh {
         let eps = pods
@@ -701,73 +832,6 @@ mod ztunnel {
                 "allow",
                 "rules: [{from: [{source: {namespaces: [demo]}}]}]\n",
             ))
-    }
-
-    struct Delta {
-        tx: mpsc::Sender<DeltaDiscoveryRequest>,
-        responses: Streaming<DeltaDiscoveryResponse>,
-    }
-
-    impl Delta {
-        async fn open(s: &Server) -> Delta {
-            let (tx, rx) = mpsc::channel(16);
-            let responses = s
-                .client
-                .clone()
-                .delta_aggregated_resources(ReceiverStream::new(rx))
-                .await
-                .expect("stream opens")
-                .into_inner();
-            Delta { tx, responses }
-        }
-
-        async fn send(&self, req: DeltaDiscoveryRequest) {
-            self.tx.send(req).await.expect("request sent");
-        }
-
-        async fn recv(&mut self, ty: XdsType) -> DeltaDiscoveryResponse {
-            let r = match tokio::time::timeout(HANG_GUARD, self.responses.message()).await {
-                Ok(Ok(Some(r))) => r,
-                other => panic!("no response: {other:?}"),
-            };
-            assert_eq!(r.type_url, ty.type_url());
-            r
-        }
-
-        async fn subscribe(
-            &mut self,
-            ty: XdsType,
-            sub: &[&str],
-            unsub: &[&str],
-            held: &[(&str, &str)],
-        ) -> DeltaDiscoveryResponse {
-            self.send(DeltaDiscoveryRequest {
-                node: Some(node(ZTUNNEL, "istio-system", &[])),
-                type_url: ty.type_url().into(),
-                resource_names_subscribe: sub.iter().map(|s| s.to_string()).collect(),
-                resource_names_unsubscribe: unsub.iter().map(|s| s.to_string()).collect(),
-                initial_resource_versions: held
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                ..Default::default()
-            })
-            .await;
-            self.recv(ty).await
-        }
-
-        async fn ack(&self, r: &DeltaDiscoveryResponse) {
-            self.send(DeltaDiscoveryRequest {
-                type_url: r.type_url.clone(),
-                response_nonce: r.nonce.clone(),
-                ..Default::default()
-            })
-            .await;
-        }
-    }
-
-    fn names(r: &DeltaDiscoveryResponse) -> Vec<&str> {
-        r.resources.iter().map(|r| r.name.as_str()).collect()
     }
 
     #[tokio::test]

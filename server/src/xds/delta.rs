@@ -66,7 +66,7 @@ impl DeltaStream {
         force: bool,
         observed_at_ms: Option<u64>,
     ) -> Result<usize, Status> {
-        let Some(sub) = self.subs.get(&ty) else {
+        let Some(sub) = self.subs.get_mut(&ty) else {
             return Ok(0);
         };
         // A wildcard subscription of a non-wildcard type asks for no name in particular
@@ -80,9 +80,12 @@ impl DeltaStream {
                 }
                 _ => NameSet::default(),
             };
+            sub.change = None;
             (self.session.intern(ty, all, snap), None)
         } else {
-            (sub.names.clone(), sub.change.clone())
+            // Taken, not cloned: a first request's change names every resource (a
+            // thousand names per proxy at once when a fleet connects).
+            (sub.names.clone(), sub.change.take())
         };
         let output = self
             .session
@@ -91,7 +94,6 @@ impl DeltaStream {
         let Some(sub) = self.subs.get_mut(&ty) else {
             return Ok(0);
         };
-        sub.change = None;
         if ty == XdsType::Endpoint {
             self.warming.apply(&mut sub.held);
         }

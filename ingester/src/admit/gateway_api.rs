@@ -95,11 +95,16 @@ pub fn validate_gateway(gw: &KubeGateway) -> Result {
                 match ns.from.as_deref().unwrap_or("Same") {
                     "Same" | "All" => {}
                     "Selector" => {
-                        if ns.selector.is_none() {
+                        let Some(selector) = &ns.selector else {
                             return invalid(format!(
                                 "{at}.allowedRoutes.namespaces.selector is required with from: \
                                  Selector"
                             ));
+                        };
+                        // Kubernetes refuses such a selector; the server would admit no
+                        // route with it.
+                        if let Err(e) = selector.validate() {
+                            return invalid(format!("{at}.allowedRoutes.namespaces.selector.{e}"));
                         }
                     }
                     other => {

@@ -454,6 +454,14 @@ mod tests {
                 "gatewayClassName: istio\nlisteners: [{name: a, port: 80, protocol: HTTP}]\naddresses: [{value: 1.2.3.4}]",
                 "spec.addresses",
             ),
+            (
+                "gatewayClassName: istio\nlisteners: [{name: a, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Selector, selector: {matchExpressions: [{key: k, operator: In}]}}}}]",
+                "listeners[0].allowedRoutes.namespaces.selector.matchExpressions[0]: operator In needs values",
+            ),
+            (
+                "gatewayClassName: istio\nlisteners: [{name: a, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Selector, selector: {matchExpressions: [{key: k, operator: Near, values: [v]}]}}}}]",
+                "listeners[0].allowedRoutes.namespaces.selector.matchExpressions[0]: unknown operator",
+            ),
         ] {
             let e = check(gw, yaml).unwrap_err();
             assert!(e.contains(names), "{yaml}: {e}");

@@ -84,6 +84,25 @@ pub fn endpoints_entry(
     )
 }
 
+/// The bus entry of a selected Namespace: its name and labels, which the Gateway API's
+/// `allowedRoutes.namespaces.from: Selector` reads. A namespace the discovery selectors do
+/// not select has none. The `kubernetes.io/metadata.name` label is implied, as the API
+/// server sets it (a Namespace in a manifest file may lack it).
+pub fn namespace_entry(name: &str, labels: &BTreeMap<String, String>) -> (StateKey, StateObject) {
+    let mut labels = labels.clone();
+    labels
+        .entry(crate::selector::NAMESPACE_NAME_LABEL.to_string())
+        .or_insert_with(|| name.to_string());
+    config_entry(&ConfigObject {
+        meta: shoal_common::model::ObjectMeta {
+            name: name.to_string(),
+            labels,
+            ..Default::default()
+        },
+        spec: shoal_common::model::ConfigSpec::Namespace(Default::default()),
+    })
+}
+
 /// The bus entry of an Istio config object.
 pub fn config_entry(config: &ConfigObject) -> (StateKey, StateObject) {
     let key = keys::config_key(config.kind(), &config.meta.namespace, &config.meta.name);

@@ -725,7 +725,7 @@ async fn gateway_api_http_routes(plane: Plane) {
     let c = Backend::start("c", free_addr()).await;
     let d = Backend::start("d", free_addr()).await;
     let m = Backend::start("m", free_addr()).await;
-    let [http, same] = std::array::from_fn(|_| free_port_on(&[Ipv4Addr::UNSPECIFIED]));
+    let [http, same, sel] = std::array::from_fn(|_| free_port_on(&[Ipv4Addr::UNSPECIFIED]));
     let (grpc_a, grpc_b) = (free_addr(), free_addr());
     let _grpc = GrpcBackends::start(&[("grpc-a", grpc_a), ("grpc-b", grpc_b)]).await;
     let mut yaml = String::new();
@@ -753,6 +753,26 @@ spec:
     hostname: "*.example.com"
     allowedRoutes: {{namespaces: {{from: All}}}}
   - {{name: same, port: {same}, protocol: HTTP}}
+  - name: sel
+    port: {sel}
+    protocol: HTTP
+    allowedRoutes: {{namespaces: {{from: Selector, selector: {{matchLabels: {{expose: "yes"}}}}}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: chosen, namespace: apps}}
+spec:
+  parentRefs: [{{name: web, namespace: infra, sectionName: sel}}]
+  hostnames: [apps.example.com]
+  rules: [{{backendRefs: [{{name: a, port: 80}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: unchosen, namespace: data}}
+spec:
+  parentRefs: [{{name: web, namespace: infra, sectionName: sel}}]
+  hostnames: [data.example.com]
+  rules: [{{backendRefs: [{{name: d, port: 80}}]}}]
 ---
 apiVersion: gateway.networking.k8s.io/v1beta1
 kind: ReferenceGrant
@@ -839,25 +859,37 @@ spec:
     ));
     let manifests = tempfile::tempdir().expect("manifest dir");
     std::fs::write(manifests.path().join("mesh.yaml"), yaml).expect("manifests");
+    let namespaces = manifests.path().join("namespaces.yaml");
+    std::fs::write(&namespaces, namespace_labels("apps")).expect("namespaces");
     let control = ControlPlane::start(plane, manifests.path()).await;
     let shoal = &control.server;
     for mode in [AdsMode::Delta, AdsMode::Sotw] {
         eprintln!("{plane:?}, gateway on {mode:?}");
-        http_routes_served(shoal, mode, http, same, &a, &b, &c, &m).await;
+        let ports = [http, same, sel];
+        http_routes_served(shoal, mode, ports, &namespaces, [&a, &b, &c, &m]).await;
     }
 }
 
-/// [`gateway_api_http_routes`]'s checks, on a fresh gateway Envoy on `mode`.
-#[allow(clippy::too_many_arguments)]
+/// Namespaces `apps` and `data`, with `expose: "yes"` on `exposed` only.
+fn namespace_labels(exposed: &str) -> String {
+    ["apps", "data"]
+        .iter()
+        .map(|ns| {
+            let labels = if *ns == exposed { "{expose: \"yes\"}" } else { "{}" };
+            format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}, labels: {labels}}}\n---\n")
+        })
+        .collect()
+}
+
+/// [`gateway_api_http_routes`]'s checks, on a fresh gateway Envoy on `mode`; the
+/// listener ports are `http`, `same` and `sel`, and `namespaces` is the manifest of the
+/// Namespaces ([`namespace_labels`]), rewritten to relabel them.
 async fn http_routes_served(
     shoal: &ShoalServer,
     mode: AdsMode,
-    http: u16,
-    same: u16,
-    a: &Backend,
-    b: &Backend,
-    c: &Backend,
-    m: &Backend,
+    [http, same, sel]: [u16; 3],
+    namespaces: &Path,
+    [a, b, c, m]: [&Backend; 4],
 ) {
     let node = Node {
         id: "router~127.0.0.1~web-istio-1.infra~infra.svc.cluster.local".into(),
@@ -1042,6 +1074,40 @@ async fn http_routes_served(
         r.as_ref().map_or(true, |r| r.status != 200),
         "a route from another namespace attached to a Same listener: {r:?}"
     );
+
+    // `sel` admits the routes of namespaces labelled `expose: "yes"`: apps's, not data's
+    // (404); relabelling the Namespaces flips it, and back.
+    let sel = SocketAddr::from((Ipv4Addr::LOCALHOST, sel));
+    let served = |apps: &'static str, data: &'static str| async move {
+        eventually(
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            || async move {
+                let mut got = Vec::new();
+                for host in ["apps.example.com", "data.example.com"] {
+                    let r = Request::get("/")
+                        .host(host)
+                        .send(sel)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    got.push(backend_of(&r));
+                }
+                if got == [apps, data] {
+                    Ok(())
+                } else {
+                    Err(format!("{got:?}"))
+                }
+            },
+        )
+        .await
+    };
+    served("a", "status 404").await;
+    let started = std::time::Instant::now();
+    std::fs::write(namespaces, namespace_labels("data")).expect("relabel");
+    served("status 404", "d").await;
+    eprintln!("namespace relabel served in {:?}", started.elapsed());
+    std::fs::write(namespaces, namespace_labels("apps")).expect("relabel back");
+    served("a", "status 404").await;
     assert_eq!(gateway.stat_sum("update_rejected").await, 0);
 }
 

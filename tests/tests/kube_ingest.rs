@@ -220,6 +220,20 @@ async fn discovery_selectors_follow_namespace_labels() {
         .decode(Bucket::Config, "VirtualService.shop.web")
         .unwrap();
     assert_eq!(vs.meta.namespace, "shop");
+    // The selected namespace's labels are on the bus (Gateway API namespace selectors),
+    // the unselected one's are not; a relabel reaches them.
+    assert_eq!(bus.namespace_keys(), ["Namespace.-.shop"]);
+    config
+        .apply(namespace("shop", json!({"mesh": "on", "expose": "yes"})))
+        .unwrap();
+    bus.until("shop's new label", |b| {
+        b.decode::<ConfigObject>(Bucket::Config, "Namespace.-.shop")
+            .is_some_and(|ns| {
+                ns.meta.labels.get("expose").map(String::as_str) == Some("yes")
+                    && ns.meta.labels.get("mesh").map(String::as_str) == Some("on")
+            })
+    })
+    .await;
 
     config
         .apply(namespace("shop", json!({"mesh": "off"})))
@@ -228,6 +242,7 @@ async fn discovery_selectors_follow_namespace_labels() {
         [Bucket::Services, Bucket::Endpoints, Bucket::Config]
             .iter()
             .all(|bucket| b.keys(*bucket).is_empty())
+            && b.namespace_keys().is_empty()
     })
     .await;
     config
@@ -241,6 +256,10 @@ async fn discovery_selectors_follow_namespace_labels() {
         b.keys(Bucket::Services) == [svc_key("c1", "other"), svc_key("c1", "shop")]
             && b.keys(Bucket::Endpoints).len() == 2
             && b.keys(Bucket::Config) == ["VirtualService.other.web", "VirtualService.shop.web"]
+            // Every namespace now (the API server's own ones too).
+            && ["Namespace.-.other", "Namespace.-.shop", "Namespace.-.kube-system"]
+                .iter()
+                .all(|k| b.namespace_keys().iter().any(|n| n == k))
     })
     .await;
 }

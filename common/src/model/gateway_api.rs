@@ -108,13 +108,107 @@ pub struct RouteNamespaces {
     pub selector: Option<RouteLabelSelector>,
 }
 
-/// A Kubernetes label selector (`matchLabels` only).
+/// A Kubernetes label selector (`metav1.LabelSelector`): every `matchLabels` pair and
+/// every `matchExpressions` requirement must hold.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
 pub struct RouteLabelSelector {
     /// Labels that must all match.
     pub match_labels: std::collections::BTreeMap<String, String>,
+    /// Requirements that must all hold.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<LabelSelectorRequirement>,
 }
+
+/// One `matchExpressions` requirement of a label selector.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct LabelSelectorRequirement {
+    /// The label key.
+    pub key: String,
+    /// `In`, `NotIn`, `Exists` or `DoesNotExist`.
+    pub operator: String,
+    /// The values of `In`/`NotIn` (non-empty); empty for `Exists`/`DoesNotExist`.
+    pub values: Vec<String>,
+}
+
+/// Why a label selector selects nothing: Kubernetes refuses these selectors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelSelectorError {
+    /// An operator Kubernetes does not define.
+    #[error("matchExpressions[{index}]: unknown operator {operator:?}")]
+    UnknownOperator {
+        /// The requirement's index.
+        index: usize,
+        /// The operator given.
+        operator: String,
+    },
+    /// `In`/`NotIn` without values, or `Exists`/`DoesNotExist` with some.
+    #[error("matchExpressions[{index}]: operator {operator} {why}")]
+    BadValues {
+        /// The requirement's index.
+        index: usize,
+        /// The operator given.
+        operator: String,
+        /// What is wrong with the values.
+        why: &'static str,
+    },
+}
+
+impl RouteLabelSelector {
+    /// Whether the selector is one Kubernetes accepts.
+    pub fn validate(&self) -> Result<(), LabelSelectorError> {
+        for (index, r) in self.match_expressions.iter().enumerate() {
+            let why = match r.operator.as_str() {
+                "In" | "NotIn" if r.values.is_empty() => "needs values",
+                "Exists" | "DoesNotExist" if !r.values.is_empty() => "takes no values",
+                "In" | "NotIn" | "Exists" | "DoesNotExist" => continue,
+                _ => {
+                    return Err(LabelSelectorError::UnknownOperator {
+                        index,
+                        operator: r.operator.clone(),
+                    })
+                }
+            };
+            return Err(LabelSelectorError::BadValues {
+                index,
+                operator: r.operator.clone(),
+                why,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether `labels` satisfy the selector, as Kubernetes defines it (an empty selector
+    /// matches everything; `NotIn` and `DoesNotExist` hold where the label is absent). An
+    /// invalid selector ([`Self::validate`]) matches nothing.
+    pub fn matches(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        if self.validate().is_err() {
+            return false;
+        }
+        let pairs = self
+            .match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v));
+        pairs
+            && self.match_expressions.iter().all(|r| {
+                let value = labels.get(&r.key);
+                match r.operator.as_str() {
+                    "In" => value.is_some_and(|v| r.values.contains(v)),
+                    "NotIn" => value.is_none_or(|v| !r.values.contains(v)),
+                    "Exists" => value.is_some(),
+                    "DoesNotExist" => value.is_none(),
+                    _ => false,
+                }
+            })
+    }
+}
+
+/// A Kubernetes Namespace as the Gateway API reads it: its labels (in the object's
+/// metadata), for `allowedRoutes.namespaces.from: Selector`. Published by the ingester
+/// for each selected namespace; not a Gateway API kind.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub struct NamespaceLabels {}
 
 /// A route kind (`group` defaults to the Gateway API group).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -480,4 +574,80 @@ pub struct ReferenceGrantTo {
     /// One object only, when set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn req(key: &str, operator: &str, values: &[&str]) -> LabelSelectorRequirement {
+        LabelSelectorRequirement {
+            key: key.into(),
+            operator: operator.into(),
+            values: values.iter().map(|v| v.to_string()).collect(),
+        }
+    }
+
+    fn selector(
+        match_labels: &[(&str, &str)],
+        exprs: Vec<LabelSelectorRequirement>,
+    ) -> RouteLabelSelector {
+        RouteLabelSelector {
+            match_labels: labels(match_labels),
+            match_expressions: exprs,
+        }
+    }
+
+    #[test]
+    fn label_selectors_match_as_kubernetes_defines_them() {
+        let ns = labels(&[("env", "prod"), ("team", "a")]);
+        // An empty selector selects everything.
+        assert!(selector(&[], vec![]).matches(&ns));
+        assert!(selector(&[], vec![]).matches(&labels(&[])));
+        assert!(selector(&[("env", "prod")], vec![]).matches(&ns));
+        assert!(!selector(&[("env", "dev")], vec![]).matches(&ns));
+        assert!(!selector(&[("env", "prod"), ("x", "y")], vec![]).matches(&ns));
+        let one = |r| selector(&[], vec![r]);
+        assert!(one(req("env", "In", &["dev", "prod"])).matches(&ns));
+        assert!(!one(req("env", "In", &["dev"])).matches(&ns));
+        assert!(!one(req("absent", "In", &["x"])).matches(&ns));
+        assert!(one(req("env", "NotIn", &["dev"])).matches(&ns));
+        assert!(!one(req("env", "NotIn", &["prod"])).matches(&ns));
+        // NotIn and DoesNotExist hold where the label is absent.
+        assert!(one(req("absent", "NotIn", &["x"])).matches(&ns));
+        assert!(one(req("team", "Exists", &[])).matches(&ns));
+        assert!(!one(req("absent", "Exists", &[])).matches(&ns));
+        assert!(one(req("absent", "DoesNotExist", &[])).matches(&ns));
+        assert!(!one(req("team", "DoesNotExist", &[])).matches(&ns));
+        // Labels and expressions must all hold.
+        let both = selector(&[("env", "prod")], vec![req("team", "In", &["b"])]);
+        assert!(!both.matches(&ns));
+    }
+
+    #[test]
+    fn invalid_label_selectors_select_nothing_and_say_why() {
+        let ns = labels(&[("env", "prod")]);
+        for (r, why) in [
+            (req("env", "Near", &["prod"]), "unknown operator"),
+            (req("env", "In", &[]), "needs values"),
+            (req("env", "NotIn", &[]), "needs values"),
+            (req("env", "Exists", &["prod"]), "takes no values"),
+        ] {
+            let s = selector(&[], vec![r]);
+            let e = s.validate().expect_err("invalid").to_string();
+            assert!(
+                e.contains(why) && e.starts_with("matchExpressions[0]"),
+                "{e}"
+            );
+            assert!(!s.matches(&ns));
+        }
+    }
 }

@@ -95,11 +95,16 @@ pub fn validate_gateway(gw: &KubeGateway) -> Result {
                 match ns.from.as_deref().unwrap_or("Same") {
                     "Same" | "All" => {}
                     "Selector" => {
-                        if ns.selector.is_none() {
+                        let Some(selector) = &ns.selector else {
                             return invalid(format!(
                                 "{at}.allowedRoutes.namespaces.selector is required with from: \
                                  Selector"
                             ));
+                        };
+                        // Kubernetes refuses such a selector; the server would admit no
+                        // route with it.
+                        if let Err(e) = selector.validate() {
+                            return invalid(format!("{at}.allowedRoutes.namespaces.selector.{e}"));
                         }
                     }
                     other => {
@@ -448,6 +453,14 @@ mod tests {
             (
                 "gatewayClassName: istio\nlisteners: [{name: a, port: 80, protocol: HTTP}]\naddresses: [{value: 1.2.3.4}]",
                 "spec.addresses",
+            ),
+            (
+                "gatewayClassName: istio\nlisteners: [{name: a, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Selector, selector: {matchExpressions: [{key: k, operator: In}]}}}}]",
+                "listeners[0].allowedRoutes.namespaces.selector.matchExpressions[0]: operator In needs values",
+            ),
+            (
+                "gatewayClassName: istio\nlisteners: [{name: a, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Selector, selector: {matchExpressions: [{key: k, operator: Near, values: [v]}]}}}}]",
+                "listeners[0].allowedRoutes.namespaces.selector.matchExpressions[0]: unknown operator",
             ),
         ] {
             let e = check(gw, yaml).unwrap_err();

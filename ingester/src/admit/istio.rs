@@ -88,6 +88,12 @@ fn typed_spec<'de, D: Deserializer<'de>>(
                 "Credential is not an Istio kind (gateway credentials come from Secrets)",
             ))
         }
+        // Not an Istio kind: published from Namespaces (`crate::desired::namespace_entry`).
+        ConfigKind::Namespace => {
+            return Err(serde::de::Error::custom(
+                "Namespace is not an Istio kind (namespace labels come from Namespaces)",
+            ))
+        }
     })
 }
 
@@ -276,7 +282,7 @@ pub fn validate(spec: &ConfigSpec) -> Result<(), InvalidObject> {
                 return invalid("controllerName is empty".into());
             }
         }
-        ConfigSpec::WorkloadEntry(_) | ConfigSpec::Credential(_) => {}
+        ConfigSpec::WorkloadEntry(_) | ConfigSpec::Credential(_) | ConfigSpec::Namespace(_) => {}
     }
     Ok(())
 }

@@ -8,8 +8,12 @@
 //! VirtualService for that Service's host.
 //!
 //! Nothing here is wider than what the user wrote: a route that attaches nowhere routes
-//! nothing; a cross-namespace backend without a ReferenceGrant answers 500; an
-//! `allowedRoutes` namespace selector (namespace labels are not on the bus) admits no route.
+//! nothing; a cross-namespace backend without a ReferenceGrant answers 500. An
+//! `allowedRoutes.namespaces.from: Selector` listener admits the routes of namespaces whose
+//! labels (the `Namespace` entries the ingester publishes for the namespaces its discovery
+//! selectors select) match the selector; a namespace without published labels, or an
+//! invalid selector, admits none. Those entries are config, so a relabel rebuilds the
+//! translation and pushes gateways only (`push::impact`).
 
 use crate::index::config::Config;
 use shoal_common::model::{
@@ -48,6 +52,8 @@ struct Objects<'a> {
     classes: BTreeSet<&'a str>,
     gateways: BTreeMap<(&'a str, &'a str), &'a KubeGateway>,
     grants: Vec<(&'a str, &'a ReferenceGrant)>,
+    /// Namespace name → labels, for `allowedRoutes` namespace selectors.
+    namespace_labels: BTreeMap<&'a str, &'a BTreeMap<String, String>>,
 }
 
 /// Translates the Gateway API objects among `config`.
@@ -57,6 +63,7 @@ pub fn translate<'a>(config: impl Iterator<Item = &'a ConfigObject> + Clone) -> 
         classes: BTreeSet::from([ISTIO_CLASS]),
         gateways: BTreeMap::new(),
         grants: Vec::new(),
+        namespace_labels: BTreeMap::new(),
     };
     for obj in config.clone() {
         match &obj.spec {
@@ -64,6 +71,11 @@ pub fn translate<'a>(config: impl Iterator<Item = &'a ConfigObject> + Clone) -> 
                 objects.classes.insert(obj.meta.name.as_str());
             }
             ConfigSpec::ReferenceGrant(g) => objects.grants.push((&obj.meta.namespace, g)),
+            ConfigSpec::Namespace(_) => {
+                objects
+                    .namespace_labels
+                    .insert(obj.meta.name.as_str(), &obj.meta.labels);
+            }
             _ => {}
         }
     }
@@ -233,7 +245,12 @@ fn admits_kind(l: &Listener, kind: &str) -> bool {
     }
 }
 
-fn admits_namespace(l: &Listener, gw_ns: &str, route_ns: &str) -> bool {
+fn admits_namespace(
+    l: &Listener,
+    gw_ns: &str,
+    route_ns: &str,
+    namespace_labels: &BTreeMap<&str, &BTreeMap<String, String>>,
+) -> bool {
     let from = l
         .allowed_routes
         .as_ref()
@@ -243,7 +260,20 @@ fn admits_namespace(l: &Listener, gw_ns: &str, route_ns: &str) -> bool {
     match from {
         "All" => true,
         "Same" => gw_ns == route_ns,
-        // Namespace labels are not on the bus: a selector admits nothing rather than all.
+        // A namespace with no published labels (unknown, or not selected by the discovery
+        // selectors) matches no selector; an invalid selector (refused by the ingester)
+        // matches nothing rather than all.
+        "Selector" => {
+            let selector = l
+                .allowed_routes
+                .as_ref()
+                .and_then(|a| a.namespaces.as_ref())
+                .and_then(|n| n.selector.as_ref());
+            match (selector, namespace_labels.get(route_ns)) {
+                (Some(selector), Some(labels)) => selector.matches(labels),
+                _ => false,
+            }
+        }
         _ => false,
     }
 }
@@ -304,7 +334,7 @@ fn attachments(
             if p.section_name.as_ref().is_some_and(|s| *s != l.name)
                 || p.port.is_some_and(|port| port != l.port)
                 || !admits_kind(l, kind)
-                || !admits_namespace(l, gw_ns, &meta.namespace)
+                || !admits_namespace(l, gw_ns, &meta.namespace, &objects.namespace_labels)
             {
                 continue;
             }
@@ -949,6 +979,54 @@ mod tests {
             v.http[2].route[0].destination.host,
             "a.apps.svc.cluster.local"
         );
+    }
+
+    fn namespace(name: &str, labels: &[(&str, &str)]) -> ConfigObject {
+        ConfigObject {
+            meta: ObjectMeta {
+                name: name.into(),
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            },
+            spec: ConfigSpec::Namespace(Default::default()),
+        }
+    }
+
+    #[test]
+    fn selector_listeners_admit_routes_of_namespaces_with_matching_labels() {
+        let gw = "gatewayClassName: istio\nlisteners:\n- {name: sel, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Selector, selector: {matchLabels: {expose: 'yes'}, matchExpressions: [{key: tier, operator: NotIn, values: [internal]}]}}}}\n";
+        let route = "parentRefs: [{name: gw, namespace: infra}]\nhostnames: [a.example.com]\nrules:\n- backendRefs: [{name: a, port: 80}]\n";
+        let sel = "gw-istio-autogenerated-k8s-gateway-sel";
+        let attached = |labels: Option<&[(&str, &str)]>| {
+            let mut objects = vec![
+                obj("Gateway", "infra", "gw", gw),
+                obj("HTTPRoute", "apps", "r", route),
+                namespace("infra", &[("expose", "yes")]),
+            ];
+            objects.extend(labels.map(|l| namespace("apps", l)));
+            vs(&translate(objects.iter()), sel, "a.example.com").is_some()
+        };
+        assert!(
+            attached(Some(&[("expose", "yes")])),
+            "matching labels admit"
+        );
+        assert!(!attached(Some(&[])), "unlabelled namespace is refused");
+        // A relabel flips it: the same route, the namespace's labels changed.
+        assert!(!attached(Some(&[("expose", "yes"), ("tier", "internal")])));
+        assert!(attached(Some(&[("expose", "yes"), ("tier", "web")])));
+        // No labels published (an unknown or unselected namespace): refused.
+        assert!(!attached(None));
+        // An invalid selector (the ingester refuses it) admits nothing.
+        let bad = gw.replace("operator: NotIn", "operator: Near");
+        let objects = [
+            obj("Gateway", "infra", "gw", &bad),
+            obj("HTTPRoute", "apps", "r", route),
+            namespace("apps", &[("expose", "yes")]),
+        ];
+        assert!(vs(&translate(objects.iter()), sel, "a.example.com").is_none());
     }
 
     #[test]

@@ -298,7 +298,9 @@ impl PushContext {
                 | ConfigSpec::GRPCRoute(_)
                 | ConfigSpec::TCPRoute(_)
                 | ConfigSpec::TLSRoute(_)
-                | ConfigSpec::ReferenceGrant(_) => {}
+                | ConfigSpec::ReferenceGrant(_)
+                // Read by the translation: namespace labels for `allowedRoutes` selectors.
+                | ConfigSpec::Namespace(_) => {}
                 ConfigSpec::Credential(sealed) => {
                     let secret = format!("{}/{}", meta.namespace, meta.name);
                     let Some(keys) = &state.credential_keys else {

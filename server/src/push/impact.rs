@@ -46,6 +46,12 @@ pub fn affected_types(
                 | ConfigKind::ReferenceGrant,
                 _,
             ) => return all,
+            // Namespace labels decide only which routes a Gateway listener admits
+            // (`allowedRoutes` selectors); routes with Service parents never read them.
+            (ConfigKind::Namespace, ProxyKind::Router) => {
+                out.extend([XdsType::Listener, XdsType::Route]);
+            }
+            (ConfigKind::Namespace, ProxyKind::Sidecar) => {}
             // A Sidecar changes what a sidecar sees; gateways ignore Sidecars.
             (ConfigKind::Sidecar, ProxyKind::Sidecar) => return all,
             (ConfigKind::Sidecar, ProxyKind::Router) => {}
@@ -183,6 +189,15 @@ mod tests {
         assert_eq!(
             affected_types(&config(&[ConfigKind::Sidecar]), ProxyKind::Sidecar, &s).len(),
             XdsType::ALL.len()
+        );
+        // Namespace labels (Gateway API namespace selectors) reach gateways' listeners and
+        // routes only.
+        assert!(
+            affected_types(&config(&[ConfigKind::Namespace]), ProxyKind::Sidecar, &s).is_empty()
+        );
+        assert_eq!(
+            affected_types(&config(&[ConfigKind::Namespace]), ProxyKind::Router, &s),
+            [XdsType::Listener, XdsType::Route].into()
         );
         // Credentials reach gateways' SDS only.
         assert!(

@@ -243,8 +243,21 @@ impl BusRecorder {
         state
     }
 
+    /// The Namespace label entries of `shoal-config` are left out ([`Self::namespace_keys`]):
+    /// the tests that read config keys are about Istio and Gateway API objects.
     pub fn keys(&self, bucket: Bucket) -> Vec<String> {
-        self.state(bucket).into_keys().collect()
+        self.state(bucket)
+            .into_keys()
+            .filter(|k| bucket != Bucket::Config || !k.starts_with("Namespace."))
+            .collect()
+    }
+
+    /// The keys of the Namespace label entries in `shoal-config`.
+    pub fn namespace_keys(&self) -> Vec<String> {
+        self.state(Bucket::Config)
+            .into_keys()
+            .filter(|k| k.starts_with("Namespace."))
+            .collect()
     }
 
     /// The keys of a bucket without the fleets' own records (leases, sync markers): the

@@ -60,6 +60,10 @@ pub enum ConfigKind {
     TLSRoute,
     /// `ReferenceGrant` (`gateway.networking.k8s.io`).
     ReferenceGrant,
+    /// A Kubernetes Namespace's labels, for the Gateway API's `allowedRoutes` namespace
+    /// selectors. Not an Istio kind: published from Namespaces, never read from manifests
+    /// of Istio kinds (cluster-scoped).
+    Namespace,
 }
 
 /// The API group of Istio's networking kinds.
@@ -95,8 +99,8 @@ impl ConfigKind {
             ConfigKind::PeerAuthentication
             | ConfigKind::AuthorizationPolicy
             | ConfigKind::RequestAuthentication => SECURITY_GROUP,
-            // A Kubernetes Secret: the core group.
-            ConfigKind::Credential => "",
+            // A Kubernetes Secret or Namespace: the core group.
+            ConfigKind::Credential | ConfigKind::Namespace => "",
             ConfigKind::GatewayClass
             | ConfigKind::KubeGateway
             | ConfigKind::HTTPRoute
@@ -144,7 +148,7 @@ impl ConfigKind {
 
     /// Whether objects of the kind live in a namespace.
     pub fn is_namespaced(self) -> bool {
-        self != ConfigKind::GatewayClass
+        !matches!(self, ConfigKind::GatewayClass | ConfigKind::Namespace)
     }
 
     /// The kind's token: in keys, logs and metrics; unique among kinds (the Kubernetes
@@ -168,6 +172,7 @@ impl ConfigKind {
             ConfigKind::TLSRoute => "TLSRoute",
             ConfigKind::ReferenceGrant => "ReferenceGrant",
             ConfigKind::Credential => "Credential",
+            ConfigKind::Namespace => "Namespace",
         }
     }
 
@@ -176,10 +181,12 @@ impl ConfigKind {
         ConfigKind::ALL.into_iter().find(|k| k.as_str() == kind)
     }
 
-    /// Parses the kind token of a `shoal-config` key: an Istio kind or `Credential`.
+    /// Parses the kind token of a `shoal-config` key: an Istio kind, `Credential` or
+    /// `Namespace`.
     pub fn parse_key_token(kind: &str) -> Option<ConfigKind> {
-        ConfigKind::parse(kind)
-            .or((kind == ConfigKind::Credential.as_str()).then_some(ConfigKind::Credential))
+        ConfigKind::parse(kind).or([ConfigKind::Credential, ConfigKind::Namespace]
+            .into_iter()
+            .find(|k| k.as_str() == kind))
     }
 }
 
@@ -219,6 +226,7 @@ impl ConfigObject {
             ConfigSpec::TLSRoute(_) => ConfigKind::TLSRoute,
             ConfigSpec::ReferenceGrant(_) => ConfigKind::ReferenceGrant,
             ConfigSpec::Credential(_) => ConfigKind::Credential,
+            ConfigSpec::Namespace(_) => ConfigKind::Namespace,
         }
     }
 }
@@ -261,4 +269,6 @@ pub enum ConfigSpec {
     TLSRoute(super::L4Route),
     /// A ReferenceGrant spec.
     ReferenceGrant(super::ReferenceGrant),
+    /// A Namespace: its labels are the object's metadata labels.
+    Namespace(super::NamespaceLabels),
 }

@@ -25,7 +25,8 @@ use tracing::debug;
 /// objects (they are joined later); Istio config is already typed and validated.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ManifestObject {
-    /// A Namespace (read for the coming discovery selectors; it publishes nothing).
+    /// A Namespace: read for the discovery selectors and the network of the system
+    /// namespace; a selected one publishes its labels (`desired::namespace_entry`).
     Namespace(Box<Namespace>),
     /// A Service.
     Service(Box<Service>),

@@ -1006,13 +1006,13 @@ mod tests {
         assert_eq!(f.keys(Bucket::Services).await, vec!["c1.bookinfo.reviews"]);
         assert_eq!(f.dr_host().await.as_deref(), Some("reviews"));
 
-        // Relabelled out: its service and config go; back in: they return.
+        // Relabelled out: its service, config and labels entry go; back in: they return.
         f.write("ns.yaml", &ns("{mesh: 'off'}"));
-        assert_eq!(src.sync_once().await.unwrap().deletes, 2);
+        assert_eq!(src.sync_once().await.unwrap().deletes, 3);
         assert!(f.keys(Bucket::Services).await.is_empty());
         assert_eq!(f.dr_host().await, None);
         f.write("ns.yaml", &ns("{mesh: 'on'}"));
-        assert_eq!(src.sync_once().await.unwrap().writes, 2);
+        assert_eq!(src.sync_once().await.unwrap().writes, 3);
 
         // A selector change applies without any file change.
         tx.send_replace(Arc::new(crate::selector::DiscoverySelectors::all()));

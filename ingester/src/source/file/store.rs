@@ -82,10 +82,15 @@ pub fn desired_state<'a>(
             ManifestObject::EndpointSlice(slice) => {
                 endpoints_entry(slice, cluster, &workloads, network)
             }
-            ManifestObject::Namespace(_)
-            | ManifestObject::Pod(_)
-            | ManifestObject::Node(_)
-            | ManifestObject::Secret(_) => Ok(None),
+            ManifestObject::Namespace(ns) => Ok(selected(&obj.id.name).then(|| {
+                crate::desired::namespace_entry(
+                    &obj.id.name,
+                    ns.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
+                )
+            })),
+            ManifestObject::Pod(_) | ManifestObject::Node(_) | ManifestObject::Secret(_) => {
+                Ok(None)
+            }
         };
         match entry {
             Ok(Some((key, object))) => {
@@ -338,6 +343,29 @@ status: {loadBalancer: {ingress: [{ip: 192.0.2.1}, {hostname: gw.example}]}}
         let set = endpoints(&state);
         assert_eq!(set.cluster, "c1");
         assert_eq!(set.endpoints[0].service_account, "bookinfo-reviews");
+    }
+
+    /// A selected Namespace publishes its labels (for Gateway API namespace selectors); an
+    /// unselected one publishes nothing.
+    #[test]
+    fn namespaces_publish_their_labels_when_selected() {
+        let text = "apiVersion: v1\nkind: Namespace\nmetadata: {name: apps, labels: {expose: 'yes'}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: hidden}\n";
+        let store = store_with(&[("ns.yaml", text)]);
+        let key = |name: &str| (Bucket::Config, format!("Namespace.-.{name}"));
+        let state = store.desired_state("c1");
+        let Some(StateObject::Config(apps)) = state.get(&key("apps")) else {
+            panic!("no Namespace entry: {state:?}")
+        };
+        assert!(matches!(apps.spec, ConfigSpec::Namespace(_)));
+        assert_eq!(apps.meta.labels["expose"], "yes");
+        assert_eq!(apps.meta.labels["kubernetes.io/metadata.name"], "apps");
+        assert!(state.contains_key(&key("hidden")));
+        let list: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector> =
+            shoal_common::yaml::from_str("[{matchLabels: {expose: 'yes'}}]").unwrap();
+        let selectors = DiscoverySelectors::new(&list).unwrap();
+        let state = store.desired_state_selected("c1", &selectors);
+        assert!(state.contains_key(&key("apps")));
+        assert!(!state.contains_key(&key("hidden")));
     }
 
     #[test]

@@ -478,6 +478,18 @@ impl ConfigSide {
                 dirty.add_all();
             }
             let mut desired = self.store.desired(namespaces, selectors, &dirty);
+            // The labels of the dirty, selected namespaces (Gateway API namespace selectors).
+            desired.extend(
+                dirty
+                    .select(|| namespaces.iter().map(|((_, ns), _)| ns.as_str()).collect())
+                    .into_iter()
+                    .filter_map(|ns| {
+                        let labels = namespaces.get(&(String::new(), ns.to_string()))?;
+                        selectors
+                            .selects_namespace(ns, Some(labels))
+                            .then(|| crate::desired::namespace_entry(ns, labels))
+                    }),
+            );
             if let Some(c) = &self.credentials {
                 desired.extend(self.credential_entries(c, namespaces, selectors, &dirty));
             }

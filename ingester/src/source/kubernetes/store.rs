@@ -240,7 +240,12 @@ impl Dirty {
 /// The namespace of a bus key.
 pub fn key_namespace((bucket, key): &StateKey) -> Option<String> {
     match bucket {
-        Bucket::Config => keys::parse_config_key(key).ok().map(|id| id.namespace),
+        // A Namespace's labels entry belongs to the namespace it describes, so that a
+        // relabel (which dirties that namespace) recomputes it.
+        Bucket::Config => keys::parse_config_key(key).ok().map(|id| match id.kind {
+            shoal_common::model::ConfigKind::Namespace => id.name,
+            _ => id.namespace,
+        }),
         Bucket::Services => keys::parse_service_key(key).ok().map(|id| id.namespace),
         Bucket::Endpoints => keys::parse_endpoints_key(key).ok().map(|id| id.namespace),
         Bucket::Meta => None,

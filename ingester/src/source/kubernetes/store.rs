@@ -321,6 +321,7 @@ impl ClusterStore {
         let present = || {
             let mut present = self.services.namespaces();
             present.extend(self.slices.namespaces());
+            present.extend(self.pods.namespaces());
             present
         };
         let mut desired = DesiredState::new();
@@ -336,9 +337,24 @@ impl ClusterStore {
                     ns,
                 );
             }
+            // The pods the namespace's slices name; the others are published one set each
+            // (ambient serves every pod with an IP), so a pod on a slice costs nothing more.
+            let mut behind_service: BTreeSet<String> = BTreeSet::new();
             for slice in self.slices.in_namespace(ns) {
                 let entry = desired::endpoints_entry(slice, cluster, &workloads, network);
+                if let Ok(Some((_, desired::StateObject::Endpoints(set)))) = &entry {
+                    behind_service.extend(set.endpoints.iter().map(|e| e.pod.clone()));
+                }
                 insert(&mut desired, entry, cluster, ns);
+            }
+            for pod in self.pods.in_namespace(ns) {
+                let named = pod.metadata.name.as_ref();
+                if named.is_none_or(|n| behind_service.contains(n)) {
+                    continue;
+                }
+                if let Some(entry) = desired::lone_pod_entry(pod, cluster, &workloads, network) {
+                    insert(&mut desired, Ok(Some(entry)), cluster, ns);
+                }
             }
         }
         desired

@@ -428,6 +428,27 @@ endpoints:
         assert!(!addresses(&r).contains_key(CLIENT_0), "{r:?}");
     }
 
+    // A ServiceEntry host is a Service address.
+    let se = r#"---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db, namespace: demo}
+spec:
+  hosts: [db.example.com]
+  addresses: [240.0.0.5]
+  ports: [{number: 5432, name: tcp, protocol: TCP}]
+  resolution: STATIC
+  location: MESH_INTERNAL
+"#;
+    manifests_with(&mesh, &pods, 9001, other, se);
+    let s = loop {
+        if let Some(Type::Service(s)) = addresses(&z.recv().await).remove("demo/db.example.com") {
+            break s;
+        }
+    };
+    assert_eq!(s.addresses[0].address, [240, 0, 0, 5]);
+    assert_eq!(s.ports[0].service_port, 5432);
+
     // On demand: `*` out, which still sends the workloads of the ztunnel's node (its
     // NODE_NAME, node-1), as istiod does; then one address by IP.
     let mut od = Ztunnel::connect(tls, &pki, &token).await;

@@ -305,3 +305,42 @@ fn pods_behind_no_service_are_workloads() {
     );
     assert_eq!(w.addresses, vec![vec![10, 1, 0, 20]]);
 }
+
+/// A ServiceEntry host is a `Service` named `<ns>/<host>`, with the entry's addresses and
+/// ports (its `targetPort` where given), found on demand by its address too.
+#[test]
+fn service_entries_are_services() {
+    let snapshot = mesh()
+        .with_config(service_entry(
+            "demo",
+            "db",
+            r#"
+hosts: [db.example.com]
+addresses: [240.0.0.5]
+ports: [{number: 5432, name: tcp, protocol: TCP, targetPort: 6432}]
+resolution: STATIC
+location: MESH_INTERNAL
+"#,
+        ))
+        .snapshot();
+    let get = |names: &[&str]| -> BTreeMap<String, pb::Address> {
+        gen(XdsType::Address, &ztunnel_proxy(), &snapshot, names)
+            .iter()
+            .map(|r| (r.name.clone(), pb::Address::decode(&*r.any.value).unwrap()))
+            .collect()
+    };
+    let all = get(&["*"]);
+    let Some(Type::Service(s)) = &all["demo/db.example.com"].r#type else {
+        panic!("{all:?}");
+    };
+    assert_eq!(s.hostname, "db.example.com");
+    assert_eq!(s.addresses[0].address, vec![240, 0, 0, 5]);
+    assert_eq!(
+        (s.ports[0].service_port, s.ports[0].target_port),
+        (5432, 6432)
+    );
+    assert_eq!(
+        get(&["/240.0.0.5"]).keys().collect::<Vec<_>>(),
+        ["demo/db.example.com"]
+    );
+}

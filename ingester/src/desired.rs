@@ -8,7 +8,7 @@ pub mod credentials;
 
 use crate::admit::normalize::{self, Workloads};
 use crate::error::InvalidObject;
-use k8s_openapi::api::core::v1::Service as KubeService;
+use k8s_openapi::api::core::v1::{Pod, Service as KubeService};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::Serialize;
 use shoal_common::bus::Bucket;
@@ -101,6 +101,19 @@ pub fn namespace_entry(name: &str, labels: &BTreeMap<String, String>) -> (StateK
         },
         spec: shoal_common::model::ConfigSpec::Namespace(Default::default()),
     })
+}
+
+/// The bus entry of a pod that no EndpointSlice names (see [`normalize::lone_pod`]).
+pub fn lone_pod_entry(
+    pod: &Pod,
+    cluster: &str,
+    workloads: &Workloads<'_>,
+    network: &str,
+) -> Option<(StateKey, StateObject)> {
+    let mut set = normalize::lone_pod(pod, cluster, workloads)?;
+    set.network = network.to_string();
+    let key = keys::endpoints_key(cluster, &set.namespace, &set.service, &set.slice);
+    Some(((Bucket::Endpoints, key), StateObject::Endpoints(set)))
 }
 
 /// The bus entry of an Istio config object.

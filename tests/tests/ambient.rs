@@ -25,6 +25,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 const SERVER_1: &str = "Kubernetes//Pod/demo/server-1";
 const SERVICE: &str = "demo/server.demo.svc.cluster.local";
+const CLIENT_0: &str = "Kubernetes//Pod/demo/client-0";
 
 fn pod(name: &str, ip: &str, node: &str) -> String {
     format!(
@@ -45,6 +46,17 @@ status: {{phase: Running, podIP: {ip}, podIPs: [{{ip: {ip}}}]}}
 /// The manifests: the `server` service with `pods` (name, IP), on node-1 unless named
 /// `*-n2`, and an ALLOW policy for `principal`.
 fn manifests(dir: &Path, pods: &[(&str, &str)], service_port: u16, principal: &str) {
+    manifests_with(dir, pods, service_port, principal, "");
+}
+
+/// The manifests of [`manifests`] plus `extra` (more objects, each starting with `---`).
+fn manifests_with(
+    dir: &Path,
+    pods: &[(&str, &str)],
+    service_port: u16,
+    principal: &str,
+    extra: &str,
+) {
     let mut yaml = format!(
         r#"apiVersion: v1
 kind: Service
@@ -84,10 +96,30 @@ endpoints:
         };
         yaml.push_str(&pod(name, ip, node));
     }
+    yaml.push_str(extra);
+    write(dir, &yaml);
+}
+
+fn write(dir: &Path, yaml: &str) {
     // Written beside, then renamed: the watcher never reads half a file.
     let tmp = dir.join(".mesh.yaml.tmp");
     std::fs::write(&tmp, yaml).unwrap();
     std::fs::rename(&tmp, dir.join("mesh.yaml")).unwrap();
+}
+
+/// The next push of workload `name`; it must not be removed meanwhile (a pod that joins or
+/// leaves a Service stays one workload).
+async fn next_workload(z: &mut Ztunnel, name: &str) -> pb::Workload {
+    loop {
+        let r = z.recv().await;
+        assert!(
+            !r.removed_resources.iter().any(|n| n == name),
+            "{name} removed: {r:?}"
+        );
+        if let Some(Type::Workload(w)) = addresses(&r).remove(name) {
+            return w;
+        }
+    }
 }
 
 /// A bound token of `istio-system/ztunnel` on `node`, as the kubelet projects it.
@@ -326,6 +358,96 @@ async fn ztunnel_gets_addresses_policies_and_its_nodes_certificates() {
             seen_service = true;
         }
     }
+
+    // A pod behind no Service is a workload of its own; it gets a Service (still one
+    // workload, now with the service), loses it (still a workload), and is deleted.
+    let pods = [("server-1", "10.1.0.10"), ("server-2-n2", "10.1.0.11")];
+    let other = "cluster.local/ns/demo/sa/other";
+    let lone = r#"---
+apiVersion: v1
+kind: Pod
+metadata: {name: client-0, namespace: demo, labels: {app: client}, annotations: {ambient.istio.io/redirection: enabled}}
+spec: {serviceAccountName: client, nodeName: node-1, containers: [{name: app, image: app}]}
+status: {phase: Running, podIP: 10.1.0.20, podIPs: [{ip: 10.1.0.20}], conditions: [{type: Ready, status: "True"}]}
+"#;
+    let client_service = r#"---
+apiVersion: v1
+kind: Service
+metadata: {name: client, namespace: demo}
+spec:
+  clusterIP: 10.96.0.20
+  selector: {app: client}
+  ports: [{name: tcp, port: 7000, targetPort: 7000}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: client-a, namespace: demo, labels: {kubernetes.io/service-name: client}}
+addressType: IPv4
+ports: [{name: tcp, port: 7000}]
+endpoints:
+- addresses: ["10.1.0.20"]
+  conditions: {ready: true}
+  targetRef: {kind: Pod, name: client-0, namespace: demo}
+"#;
+    manifests_with(&mesh, &pods, 9001, other, lone);
+    let w = next_workload(&mut z, CLIENT_0).await;
+    assert_eq!(w.addresses, [vec![10, 1, 0, 20]]);
+    assert_eq!(w.tunnel_protocol, pb::TunnelProtocol::Hbone as i32);
+    assert_eq!(
+        (
+            w.node.as_str(),
+            w.service_account.as_str(),
+            w.namespace.as_str()
+        ),
+        ("node-1", "client", "demo")
+    );
+    assert_eq!(w.status, pb::WorkloadStatus::Healthy as i32);
+    assert!(w.services.is_empty(), "{w:?}");
+    manifests_with(
+        &mesh,
+        &pods,
+        9001,
+        other,
+        &format!("{lone}{client_service}"),
+    );
+    let w = next_workload(&mut z, CLIENT_0).await;
+    assert_eq!(
+        w.services.keys().collect::<Vec<_>>(),
+        ["demo/client.demo.svc.cluster.local"]
+    );
+    assert_eq!(w.addresses, [vec![10, 1, 0, 20]]);
+    manifests_with(&mesh, &pods, 9001, other, lone);
+    let w = next_workload(&mut z, CLIENT_0).await;
+    assert!(w.services.is_empty(), "{w:?}");
+    manifests(&mesh, &pods, 9001, other);
+    loop {
+        let r = z.recv().await;
+        if r.removed_resources.iter().any(|n| n == CLIENT_0) {
+            break;
+        }
+        assert!(!addresses(&r).contains_key(CLIENT_0), "{r:?}");
+    }
+
+    // A ServiceEntry host is a Service address.
+    let se = r#"---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db, namespace: demo}
+spec:
+  hosts: [db.example.com]
+  addresses: [240.0.0.5]
+  ports: [{number: 5432, name: tcp, protocol: TCP}]
+  resolution: STATIC
+  location: MESH_INTERNAL
+"#;
+    manifests_with(&mesh, &pods, 9001, other, se);
+    let s = loop {
+        if let Some(Type::Service(s)) = addresses(&z.recv().await).remove("demo/db.example.com") {
+            break s;
+        }
+    };
+    assert_eq!(s.addresses[0].address, [240, 0, 0, 5]);
+    assert_eq!(s.ports[0].service_port, 5432);
 
     // On demand: `*` out, which still sends the workloads of the ztunnel's node (its
     // NODE_NAME, node-1), as istiod does; then one address by IP.

@@ -168,6 +168,11 @@ pub struct Endpoint {
 /// The pod annotation istio-cni sets on a pod whose traffic it redirected to ztunnel.
 pub const AMBIENT_REDIRECTION_ANNOTATION: &str = "ambient.istio.io/redirection";
 
+/// The service name of the endpoint set a pod behind no Service is published as (one set
+/// per pod, named after the pod). A Kubernetes service name starts with a letter, so no
+/// Service has this name: the set feeds ambient's workloads only, never a cluster.
+pub const NO_SERVICE: &str = "-pod";
+
 /// The endpoints of one EndpointSlice of one service in one cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct EndpointSet {

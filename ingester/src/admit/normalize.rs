@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta as KubeMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use shoal_common::model::{
     service_fqdn, Endpoint, EndpointPort, EndpointSet, Locality, ObjectMeta, Protocol, Service,
-    ServicePort, TargetPort,
+    ServicePort, TargetPort, NO_SERVICE,
 };
 use std::collections::BTreeMap;
 use tracing::debug;
@@ -312,6 +312,91 @@ pub fn node_locality(node: &Node) -> Locality {
     }
 }
 
+/// A pod's service account.
+fn service_account(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| {
+            s.service_account_name
+                .as_ref()
+                .or(s.service_account.as_ref())
+        })
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Whether istio-cni redirected the pod's traffic to ztunnel.
+fn redirected(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(shoal_common::model::AMBIENT_REDIRECTION_ANNOTATION))
+        .is_some_and(|v| v == "enabled")
+}
+
+/// A pod that no EndpointSlice names, as an endpoint set of its own (service
+/// [`NO_SERVICE`], slice: the pod's name), so that ambient serves it as a workload as
+/// istiod's ambient index serves every pod with an IP. `None` for what istiod does not
+/// serve either: a pod without an IP yet (pending), a host-network pod (its IP is its
+/// node's), a finished pod (its IP may already be another pod's).
+pub fn lone_pod(pod: &Pod, cluster: &str, workloads: &Workloads<'_>) -> Option<EndpointSet> {
+    let name = pod.metadata.name.as_deref()?;
+    let spec = pod.spec.as_ref();
+    let status = pod.status.as_ref()?;
+    if spec.and_then(|s| s.host_network).unwrap_or(false)
+        || matches!(status.phase.as_deref(), Some("Succeeded") | Some("Failed"))
+    {
+        return None;
+    }
+    let mut ips: Vec<&str> = status
+        .pod_ip
+        .iter()
+        .chain(status.pod_ips.iter().flatten().map(|p| &p.ip))
+        .map(String::as_str)
+        .filter(|ip| !ip.is_empty())
+        .collect();
+    ips.sort();
+    ips.dedup();
+    if ips.is_empty() {
+        return None;
+    }
+    // Kubernetes' pod readiness: the Ready condition is True.
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let node = spec.and_then(|s| s.node_name.clone()).unwrap_or_default();
+    let locality = workloads
+        .nodes
+        .get(node.as_str())
+        .map(|n| node_locality(n))
+        .unwrap_or_default();
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let endpoints = ips
+        .into_iter()
+        .map(|ip| Endpoint {
+            address: ip.to_string(),
+            ready,
+            labels: labels.clone(),
+            service_account: service_account(pod),
+            locality: locality.clone(),
+            pod: name.to_string(),
+            node: node.clone(),
+            ambient: redirected(pod),
+        })
+        .collect();
+    Some(EndpointSet {
+        cluster: cluster.to_string(),
+        namespace: namespace_of(&pod.metadata).to_string(),
+        service: NO_SERVICE.to_string(),
+        slice: name.to_string(),
+        ports: Vec::new(),
+        endpoints,
+        network: String::new(),
+    })
+}
+
 /// Normalizes an EndpointSlice seen in `cluster`, joining each address with its pod
 /// (labels, service account, name) and node (locality). `Ok(None)` for slices shoal does
 /// not model (address type `FQDN`).
@@ -363,15 +448,7 @@ pub fn endpoint_slice(
                     ..Locality::default()
                 },
             };
-            let spec = pod.and_then(|p| p.spec.as_ref());
-            let service_account = spec
-                .and_then(|s| {
-                    s.service_account_name
-                        .as_ref()
-                        .or(s.service_account.as_ref())
-                })
-                .cloned()
-                .unwrap_or_default();
+            let service_account = pod.map(service_account).unwrap_or_default();
             endpoints.insert(
                 address,
                 Endpoint {
@@ -386,10 +463,7 @@ pub fn endpoint_slice(
                         .and_then(|p| p.metadata.name.clone())
                         .unwrap_or_default(),
                     node: node_name.unwrap_or_default().to_string(),
-                    ambient: pod
-                        .and_then(|p| p.metadata.annotations.as_ref())
-                        .and_then(|a| a.get(shoal_common::model::AMBIENT_REDIRECTION_ANNOTATION))
-                        .is_some_and(|v| v == "enabled"),
+                    ambient: pod.is_some_and(redirected),
                 },
             );
         }

@@ -2,8 +2,8 @@
 //! ztunnel gets every address and policy, as from istiod):
 //!
 //! - `istio.workload.Address`: a `Workload` per pod behind a Kubernetes service (named
-//!   `<cluster>//Pod/<namespace>/<pod>`) and a `Service` per Kubernetes service (named
-//!   `<namespace>/<hostname>`);
+//!   `<cluster>//Pod/<namespace>/<pod>`; pods behind no Service too) and a `Service` per
+//!   Kubernetes service or ServiceEntry host (named `<namespace>/<hostname>`);
 //! - `istio.security.Authorization`: each ALLOW or DENY AuthorizationPolicy (named
 //!   `<namespace>/<name>`), converted as istiod's ambient index converts it
 //!   (`pilot/pkg/serviceregistry/ambient/authorization.go`): what layer 4 cannot enforce
@@ -33,7 +33,7 @@ pub const WILDCARD: &str = "*";
 pub enum AmbientKey {
     /// A pod.
     Workload(Arc<WorkloadKey>),
-    /// A Kubernetes service.
+    /// A Kubernetes service or a ServiceEntry host.
     Service(Arc<ServiceKey>),
     /// An AuthorizationPolicy.
     Authorization(Arc<AuthorizationKey>),
@@ -107,7 +107,7 @@ impl WorkloadKey {
     }
 }
 
-/// A Kubernetes service.
+/// A Kubernetes service or a ServiceEntry host.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServiceKey {
     /// Service name.
@@ -307,33 +307,38 @@ fn selecting_policies(
         .collect()
 }
 
-/// Kubernetes services (ServiceEntries are not served to ztunnel yet).
+/// Kubernetes services and ServiceEntry hosts (istiod's ambient index serves both: a
+/// ServiceEntry host is a `Service` named `<ns>/<host>` with the entry's addresses).
+/// A host a Kubernetes Service already has, or one defined again in another namespace,
+/// is served once, as the push context keeps it.
 fn services(ctx: &PushContext) -> impl Iterator<Item = ServiceKey> + '_ {
-    ctx.services
-        .values()
-        .filter(|s| s.source == ServiceSource::Kubernetes)
-        .map(|s| {
-            let mut addresses: Vec<String> = s.cluster_vips.values().flatten().cloned().collect();
-            addresses.sort();
-            addresses.dedup();
-            ServiceKey {
-                name: s.name.clone(),
-                namespace: s.namespace.clone(),
-                hostname: s.hostname.clone(),
-                addresses,
-                ports: s
-                    .ports
-                    .iter()
-                    .map(|p| {
-                        let target = match &p.target_port {
-                            Some(TargetPort::Number(n)) => u32::from(*n),
-                            Some(TargetPort::Name(_)) | None => 0,
-                        };
-                        (u32::from(p.port), target)
-                    })
-                    .collect(),
-            }
-        })
+    ctx.services.values().map(|s| {
+        let mut addresses: Vec<String> = match s.source {
+            ServiceSource::Kubernetes => s.cluster_vips.values().flatten().cloned().collect(),
+            ServiceSource::ServiceEntry { .. } => s.vips.clone(),
+        };
+        addresses.sort();
+        addresses.dedup();
+        ServiceKey {
+            name: s.name.clone(),
+            namespace: s.namespace.clone(),
+            hostname: s.hostname.clone(),
+            addresses,
+            ports: s
+                .ports
+                .iter()
+                .map(|p| {
+                    let target = match &p.target_port {
+                        Some(TargetPort::Number(n)) => u32::from(*n),
+                        Some(TargetPort::Name(_)) => 0,
+                        // A ServiceEntry's `targetPort`, where it has one.
+                        None => s.target_ports.get(&p.port).map_or(0, |t| u32::from(*t)),
+                    };
+                    (u32::from(p.port), target)
+                })
+                .collect(),
+        }
+    })
 }
 
 /// Whether a policy is served to ztunnel: istiod converts ALLOW and DENY only (AUDIT and

@@ -5,13 +5,14 @@
 use super::manifest::{ManifestObject, ParsedFile, ParsedObject};
 use crate::admit::normalize::Workloads;
 use crate::desired::{
-    config_entry, credentials, endpoints_entry, service_entry, DesiredState, StateObject,
+    config_entry, credentials, endpoints_entry, lone_pod_entry, service_entry, DesiredState,
+    StateObject,
 };
 use crate::error::IngestError;
 use crate::object::ObjectId;
 use crate::selector::{DiscoverySelectors, Labels};
 use shoal_common::credential::CredentialKeys;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use tracing::warn;
 
@@ -104,6 +105,32 @@ pub fn desired_state<'a>(
                 %error,
                 "skipping object",
             ),
+        }
+    }
+    // Pods that no slice names are published one set each (ambient serves every pod with
+    // an IP), as the Kubernetes source publishes them.
+    let behind_service: BTreeSet<(String, String)> = desired
+        .values()
+        .filter_map(|o| match o {
+            StateObject::Endpoints(set) => Some(set),
+            _ => None,
+        })
+        .flat_map(|set| {
+            set.endpoints
+                .iter()
+                .map(|e| (set.namespace.clone(), e.pod.clone()))
+        })
+        .collect();
+    for (_, obj) in &objects {
+        let ManifestObject::Pod(pod) = &obj.object else {
+            continue;
+        };
+        let id = (obj.id.namespace.clone(), obj.id.name.clone());
+        if !selected(&obj.id.namespace) || behind_service.contains(&id) {
+            continue;
+        }
+        if let Some((key, object)) = lone_pod_entry(pod, cluster, &workloads, network) {
+            desired.insert(key, object);
         }
     }
     let gateways = desired.values().filter_map(|o| match o {

@@ -13,8 +13,8 @@ use crate::error::InvalidObject;
 use crate::selector::Labels;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::core::v1::{
-    LoadBalancerIngress, LoadBalancerStatus, Namespace, Node, Pod, PodIP, PodSpec, PodStatus,
-    Secret, Service, ServicePort, ServiceSpec, ServiceStatus,
+    LoadBalancerIngress, LoadBalancerStatus, Namespace, Node, Pod, PodCondition, PodIP, PodSpec,
+    PodStatus, Secret, Service, ServicePort, ServiceSpec, ServiceStatus,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -185,6 +185,18 @@ pub fn pod(pod: Pod) -> Pod {
         pod_ips: s
             .pod_ips
             .map(|ips| ips.into_iter().map(|p| PodIP { ip: p.ip }).collect()),
+        // Only the Ready condition (a pod behind no Service is healthy when it is ready),
+        // without its timestamps: other conditions and probes' times change nothing here.
+        conditions: s.conditions.map(|c| {
+            c.into_iter()
+                .filter(|c| c.type_ == "Ready")
+                .map(|c| PodCondition {
+                    type_: c.type_,
+                    status: c.status,
+                    ..PodCondition::default()
+                })
+                .collect()
+        }),
         ..PodStatus::default()
     });
     Pod {
@@ -278,6 +290,26 @@ pub fn config(kind: ConfigKind, obj: DynamicObject) -> Result<ConfigObject, Inva
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reduced pod keeps its Ready condition (ambient's status of a pod behind no
+    /// Service), and nothing of the other conditions.
+    #[test]
+    fn pod_keeps_only_its_ready_condition() {
+        let full: Pod = shoal_common::yaml::from_str(
+            "metadata: {name: p, namespace: a}\n\
+             status: {phase: Running, podIP: 10.0.0.1, conditions: [\
+             {type: PodScheduled, status: 'True', lastTransitionTime: '2026-01-01T00:00:00Z'},\
+             {type: Ready, status: 'True', lastTransitionTime: '2026-01-01T00:00:00Z'}]}",
+        )
+        .unwrap();
+        let conditions = pod(full).status.unwrap().conditions.unwrap();
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(
+            (conditions[0].type_.as_str(), conditions[0].status.as_str()),
+            ("Ready", "True")
+        );
+        assert!(conditions[0].last_transition_time.is_none());
+    }
     use crate::admit::normalize::Workloads;
     use crate::desired;
     use crate::source::file::manifest::{parse_file, test_path, ManifestObject};
@@ -380,7 +412,9 @@ status: {conditions: [{type: Ready, status: "True"}]}
         assert!(spec.containers.is_empty(), "no container specs");
         assert!(spec.volumes.is_none());
         let status = pod.status.as_ref().unwrap();
-        assert!(status.conditions.is_none() && status.container_statuses.is_none());
+        assert!(status.container_statuses.is_none());
+        // Only the Ready condition is kept (ambient: a pod behind no Service's status).
+        assert_eq!(status.conditions.as_ref().map(Vec::len), Some(1));
 
         let node = node(yaml(NODE));
         assert_eq!(node.metadata.labels.as_ref().map(|l| l.len()), Some(2));
@@ -431,7 +465,13 @@ status: {conditions: [{type: Ready, status: "True"}]}
     fn irrelevant_changes_reduce_to_equal_objects() {
         let mut changed: Pod = yaml(POD);
         let status = changed.status.as_mut().unwrap();
-        status.conditions = None;
+        // Another condition, or the Ready condition's timestamps, change nothing.
+        let mut conditions: Vec<PodCondition> = yaml(
+            "[{type: Ready, status: 'True', lastProbeTime: '2026-01-01T00:00:00Z'}, \
+             {type: PodScheduled, status: 'True'}]",
+        );
+        conditions.rotate_left(1);
+        status.conditions = Some(conditions);
         status.host_ip = Some("192.168.0.2".into());
         changed.metadata.resource_version = Some("100".into());
         assert_eq!(pod(yaml(POD)), pod(changed));

@@ -326,6 +326,7 @@ impl ClusterStore {
         let present = || {
             let mut present = self.services.namespaces();
             present.extend(self.slices.namespaces());
+            present.extend(self.pods.namespaces());
             present
         };
         let mut desired = DesiredState::new();
@@ -341,9 +342,24 @@ impl ClusterStore {
                     ns,
                 );
             }
+            // The pods the namespace's slices name; the others are published one set each
+            // (ambient serves every pod with an IP), so a pod on a slice costs nothing more.
+            let mut behind_service: BTreeSet<String> = BTreeSet::new();
             for slice in self.slices.in_namespace(ns) {
                 let entry = desired::endpoints_entry(slice, cluster, &workloads, network);
+                if let Ok(Some((_, desired::StateObject::Endpoints(set)))) = &entry {
+                    behind_service.extend(set.endpoints.iter().map(|e| e.pod.clone()));
+                }
                 insert(&mut desired, entry, cluster, ns);
+            }
+            for pod in self.pods.in_namespace(ns) {
+                let named = pod.metadata.name.as_ref();
+                if named.is_none_or(|n| behind_service.contains(n)) {
+                    continue;
+                }
+                if let Some(entry) = desired::lone_pod_entry(pod, cluster, &workloads, network) {
+                    insert(&mut desired, Ok(Some(entry)), cluster, ns);
+                }
             }
         }
         desired
@@ -633,6 +649,95 @@ mod tests {
             })
             .collect();
         assert_eq!(networks, ["net1"]);
+    }
+
+    fn pod(ns: &str, name: &str, extra_spec: &str, status: &str) -> Box<Pod> {
+        Box::new(
+            shoal_common::yaml::from_str(&format!(
+                "metadata: {{name: {name}, namespace: {ns}}}\n\
+                 spec: {{nodeName: n1, serviceAccountName: sa, containers: [{{name: c}}]{extra_spec}}}\n\
+                 status: {status}"
+            ))
+            .unwrap(),
+        )
+    }
+
+    /// Pods no slice names are published one set each (service `-pod`); pods on a slice,
+    /// pending pods without an IP, host-network pods and pods of unselected namespaces
+    /// are not.
+    #[test]
+    fn pods_behind_no_service_are_published_alone() {
+        let mut store = ClusterStore::new("c1");
+        store.namespaces.apply(Change::Init);
+        let labels: Labels = [("mesh".to_string(), "on".to_string())].into();
+        store
+            .namespaces
+            .apply(Change::InitApply(key("", "a"), Ok(labels)));
+        store.namespaces.apply(Change::InitDone);
+        let running = |ip: &str| {
+            format!(
+                "{{phase: Running, podIP: {ip}, conditions: [{{type: Ready, status: 'True'}}]}}"
+            )
+        };
+        store.pods.apply(Change::Init);
+        for (ns, name, spec, status) in [
+            ("a", "lone", String::new(), running("10.0.0.2")),
+            ("a", "behind", String::new(), running("10.0.0.1")),
+            (
+                "a",
+                "pending",
+                String::new(),
+                "{phase: Pending}".to_string(),
+            ),
+            (
+                "a",
+                "host",
+                ", hostNetwork: true".to_string(),
+                running("10.9.0.1"),
+            ),
+            ("b", "unselected", String::new(), running("10.0.0.3")),
+        ] {
+            store.pods.apply(Change::InitApply(
+                key(ns, name),
+                Ok(pod(ns, name, &spec, &status)),
+            ));
+        }
+        store.pods.apply(Change::InitDone);
+        let slice: EndpointSlice = shoal_common::yaml::from_str(
+            "metadata: {name: web-1, namespace: a, labels: {kubernetes.io/service-name: web}}\n\
+             addressType: IPv4\nports: [{name: http, port: 80}]\n\
+             endpoints: [{addresses: [10.0.0.1], targetRef: {kind: Pod, name: behind}}]",
+        )
+        .unwrap();
+        store.slices.apply(Change::Init);
+        store
+            .slices
+            .apply(Change::InitApply(key("a", "web-1"), Ok(Box::new(slice))));
+        store.slices.apply(Change::InitDone);
+        let all = Dirty {
+            all: true,
+            ..Dirty::default()
+        };
+        let selectors = crate::source::mesh_config::parse(
+            std::path::Path::new("mesh"),
+            "discoverySelectors: [{matchLabels: {mesh: 'on'}}]",
+        )
+        .unwrap();
+        let desired = store.desired("c1", &selectors, &all, "istio-system");
+        let keys: Vec<&str> = desired.keys().map(|(_, k)| k.as_str()).collect();
+        assert_eq!(keys, ["c1.a.-pod.lone", "c1.a.web.web-1"]);
+        let Some(desired::StateObject::Endpoints(set)) =
+            desired.get(&(Bucket::Endpoints, "c1.a.-pod.lone".to_string()))
+        else {
+            panic!("{desired:?}")
+        };
+        let ep = &set.endpoints[0];
+        assert_eq!(
+            (ep.address.as_str(), ep.pod.as_str(), ep.node.as_str()),
+            ("10.0.0.2", "lone", "n1")
+        );
+        assert!(ep.ready);
+        assert_eq!(ep.service_account, "sa");
     }
 
     #[test]

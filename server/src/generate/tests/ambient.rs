@@ -248,3 +248,99 @@ fn native_tunnel_label_is_not_honoured() {
     assert_eq!(w.tunnel_protocol, pb::TunnelProtocol::Hbone as i32);
     assert!(!w.native_tunnel);
 }
+
+/// A pod behind no Service (published as its own `-pod` set) is a workload without
+/// services; while it is also on a Service's slice (the moment it joins one) it is still
+/// one workload, with that service.
+#[test]
+fn pods_behind_no_service_are_workloads() {
+    use shoal_common::model::NO_SERVICE;
+    let lone = |mesh: Mesh| {
+        mesh.with_slice(slice(
+            "demo",
+            NO_SERVICE,
+            "client-1",
+            &[],
+            vec![pod("10.1.0.20", "client-1", "node-1", true, "server")],
+        ))
+    };
+    let snapshot = lone(mesh()).snapshot();
+    let all: BTreeMap<String, pb::Address> =
+        gen(XdsType::Address, &ztunnel_proxy(), &snapshot, &["*"])
+            .iter()
+            .map(|r| (r.name.clone(), pb::Address::decode(&*r.any.value).unwrap()))
+            .collect();
+    let w = workload(&all["Kubernetes//Pod/demo/client-1"]);
+    assert_eq!(w.addresses, vec![vec![10, 1, 0, 20]]);
+    assert!(w.services.is_empty(), "{w:?}");
+    assert_eq!(w.tunnel_protocol, pb::TunnelProtocol::Hbone as i32);
+    assert_eq!(
+        (w.node.as_str(), w.service_account.as_str()),
+        ("node-1", "server-sa")
+    );
+    assert_eq!(w.status, pb::WorkloadStatus::Healthy as i32);
+    // Selected by labels like any pod.
+    assert_eq!(w.authorization_policies, ["demo/allow-client"]);
+    // No service named `-pod` is served.
+    assert_eq!(all.len(), 4, "{:?}", all.keys().collect::<Vec<_>>());
+
+    let both = lone(mesh()).with_slice(slice(
+        "demo",
+        "server",
+        "server-b",
+        &[("tcp", 8080)],
+        vec![pod("10.1.0.20", "client-1", "node-1", true, "server")],
+    ));
+    let all: Vec<(String, pb::Address)> =
+        gen(XdsType::Address, &ztunnel_proxy(), &both.snapshot(), &["*"])
+            .iter()
+            .map(|r| (r.name.clone(), pb::Address::decode(&*r.any.value).unwrap()))
+            .filter(|(n, _)| n.ends_with("/client-1"))
+            .collect();
+    assert_eq!(all.len(), 1);
+    let w = workload(&all[0].1);
+    assert_eq!(
+        w.services.keys().collect::<Vec<_>>(),
+        ["demo/server.demo.svc.cluster.local"]
+    );
+    assert_eq!(w.addresses, vec![vec![10, 1, 0, 20]]);
+}
+
+/// A ServiceEntry host is a `Service` named `<ns>/<host>`, with the entry's addresses and
+/// ports (its `targetPort` where given), found on demand by its address too.
+#[test]
+fn service_entries_are_services() {
+    let snapshot = mesh()
+        .with_config(service_entry(
+            "demo",
+            "db",
+            r#"
+hosts: [db.example.com]
+addresses: [240.0.0.5]
+ports: [{number: 5432, name: tcp, protocol: TCP, targetPort: 6432}]
+resolution: STATIC
+location: MESH_INTERNAL
+"#,
+        ))
+        .snapshot();
+    let get = |names: &[&str]| -> BTreeMap<String, pb::Address> {
+        gen(XdsType::Address, &ztunnel_proxy(), &snapshot, names)
+            .iter()
+            .map(|r| (r.name.clone(), pb::Address::decode(&*r.any.value).unwrap()))
+            .collect()
+    };
+    let all = get(&["*"]);
+    let Some(Type::Service(s)) = &all["demo/db.example.com"].r#type else {
+        panic!("{all:?}");
+    };
+    assert_eq!(s.hostname, "db.example.com");
+    assert_eq!(s.addresses[0].address, vec![240, 0, 0, 5]);
+    assert_eq!(
+        (s.ports[0].service_port, s.ports[0].target_port),
+        (5432, 6432)
+    );
+    assert_eq!(
+        get(&["/240.0.0.5"]).keys().collect::<Vec<_>>(),
+        ["demo/db.example.com"]
+    );
+}

@@ -578,3 +578,85 @@ async fn upstream_envoy_gets_config_it_loads_istio_proxy_gets_telemetry() {
         Err(out) => assert!(out.contains("istio."), "{out}"),
     }
 }
+
+/// HBONE origination (issue 21): the `connect_originate` listener and cluster and the
+/// `hbone` transport socket match istio-proxy gets load in a real Envoy when its bootstrap
+/// has the internal listener extension (istio-proxy's always has), and not without it —
+/// which is why they go only to istio-proxy (`ISTIO_VERSION`), never to an upstream Envoy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hbone_origination_loads_with_the_internal_listener_extension() {
+    use prost::Message;
+    use shoal_proto::pb::envoy::config::cluster::v3::Cluster;
+    use shoal_proto::pb::envoy::config::core::v3::TypedExtensionConfig;
+    use shoal_proto::pb::envoy::config::listener::v3::Listener;
+    let pools = connection_pools();
+    let (manifests, _) = pool_manifests(&pools);
+    let dir = tempfile::tempdir().expect("manifest dir");
+    std::fs::write(dir.path().join("pools.yaml"), manifests).expect("write manifests");
+    let server = ShoalServer::standalone(dir.path()).await;
+    let istio = Some("1.26.0");
+    // istio-proxy's service clusters carry its telemetry too; what is checked here is the
+    // HBONE part, so the upstream flavour of each service cluster gets istio-proxy's
+    // transport socket matches (the `hbone` one first).
+    let istio_clusters: Vec<Cluster> =
+        sidecar_resources(server.xds_addr(), shoal_proto::CLUSTER_TYPE, istio)
+            .await
+            .iter()
+            .map(|a| Cluster::decode(&*a.value).expect("a Cluster"))
+            .collect();
+    let connect = istio_clusters
+        .iter()
+        .find(|c| c.name == "connect_originate")
+        .expect("istio-proxy gets connect_originate")
+        .clone();
+    let matches: BTreeMap<String, _> = istio_clusters
+        .iter()
+        .map(|c| (c.name.clone(), c.transport_socket_matches.clone()))
+        .collect();
+    let mut clusters = sidecar_clusters(server.xds_addr()).await;
+    assert!(clusters.iter().all(|c| c.name != "connect_originate"));
+    let mut tunnelled = 0;
+    for c in clusters
+        .iter_mut()
+        .filter(|c| c.name.contains(".demo.mesh"))
+    {
+        let m = &matches[&c.name];
+        if m.first().is_some_and(|m| m.name == "hbone") {
+            tunnelled += 1;
+            c.transport_socket = None;
+            c.transport_socket_matches = m.clone();
+        }
+    }
+    assert!(tunnelled > 0, "service clusters get the hbone match");
+    clusters.push(connect);
+    let listener: Vec<Listener> =
+        sidecar_resources(server.xds_addr(), shoal_proto::LISTENER_TYPE, istio)
+            .await
+            .iter()
+            .map(|a| Listener::decode(&*a.value).expect("a Listener"))
+            .filter(|l| l.name == "connect_originate")
+            .collect();
+    assert_eq!(listener.len(), 1, "istio-proxy gets the internal listener");
+
+    let mut with_extension = bootstrap_with(clusters.clone(), listener.clone());
+    with_extension.bootstrap_extensions = vec![TypedExtensionConfig {
+        name: "envoy.bootstrap.internal_listener".into(),
+        typed_config: Some(shoal_proto::Any {
+            type_url: "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener".into(),
+            value: Vec::new(),
+        }),
+    }];
+    let path = dir.path().join("hbone.pb");
+    std::fs::write(&path, with_extension.encode_to_vec()).expect("write bootstrap");
+    if let Err(out) = shoal_tests::envoy::validate(&path).await {
+        panic!("Envoy with the internal listener extension rejects HBONE origination:\n{out}");
+    }
+
+    let path = dir.path().join("hbone-no-extension.pb");
+    std::fs::write(&path, bootstrap_with(clusters, listener).encode_to_vec())
+        .expect("write bootstrap");
+    match shoal_tests::envoy::validate(&path).await {
+        Ok(()) => panic!("Envoy loaded an internal listener without the extension"),
+        Err(out) => assert!(out.to_lowercase().contains("internal"), "{out}"),
+    }
+}

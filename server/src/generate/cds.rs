@@ -67,6 +67,8 @@ pub enum ClusterKey {
     Passthrough,
     /// Istio's `InboundPassthroughCluster` (captured sidecars).
     InboundPassthrough,
+    /// istiod's `connect_originate`: HBONE to ambient endpoints (see [`super::hbone`]).
+    ConnectOriginate,
     /// `inbound|<port>||`: a captured sidecar's path to its app on one port.
     Inbound {
         /// The workload port.
@@ -96,6 +98,8 @@ pub enum ClusterKey {
         /// The Istio mutual TLS the cluster originates (the rule's `ISTIO_MUTUAL`, or auto
         /// mTLS); boxed to keep keys small.
         istio_mutual: Option<Box<IstioMutual>>,
+        /// The proxy sends HBONE: ambient endpoints go through `connect_originate`.
+        hbone: bool,
     },
 }
 
@@ -136,6 +140,10 @@ pub fn outbound_keys(
     endpoints: &EndpointIndex,
 ) -> Vec<ClusterKey> {
     let mut out = vec![ClusterKey::Blackhole, ClusterKey::Passthrough];
+    let hbone = super::hbone::sends_hbone(proxy);
+    if hbone {
+        out.push(ClusterKey::ConnectOriginate);
+    }
     let captured = proxy.kind == ProxyKind::Sidecar && proxy.interception.captured();
     for svc in &scope.services {
         // Forward to the original destination: a headless Service seen by a captured
@@ -162,6 +170,7 @@ pub fn outbound_keys(
                 policy: policy.map(Box::new),
                 subset_labels: BTreeMap::new(),
                 original_dst,
+                hbone,
             });
             for subset in dr
                 .as_ref()
@@ -180,6 +189,7 @@ pub fn outbound_keys(
                     policy: policy.map(Box::new),
                     subset_labels: subset.labels.clone(),
                     original_dst,
+                    hbone,
                 });
             }
         }
@@ -221,6 +231,7 @@ fn sni_dnat_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Cl
                 policy: effective_policy(rule_policy, None, port.port).map(without_tls),
                 subset_labels: BTreeMap::new(),
                 original_dst: false,
+                hbone: false,
             });
             for subset in dr
                 .as_ref()
@@ -237,6 +248,7 @@ fn sni_dnat_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Vec<Cl
                     policy: policy.map(without_tls),
                     subset_labels: subset.labels.clone(),
                     original_dst: false,
+                    hbone: false,
                 });
             }
         }
@@ -258,6 +270,7 @@ pub fn build(key: &ClusterKey) -> Resource {
             INBOUND_PASSTHROUGH_CLUSTER.into(),
             &inbound_passthrough(),
         ),
+        ClusterKey::ConnectOriginate => super::hbone::cluster(),
         ClusterKey::Inbound {
             port,
             http2,
@@ -275,6 +288,7 @@ pub fn build(key: &ClusterKey) -> Resource {
             subset_labels,
             original_dst,
             istio_mutual,
+            hbone,
         } => {
             let mut c = cluster(name, svc, port, subset_labels);
             if *original_dst {
@@ -289,6 +303,10 @@ pub fn build(key: &ClusterKey) -> Resource {
                 policy.as_deref(),
                 istio_mutual.as_deref(),
             );
+            // An ORIGINAL_DST cluster has no endpoints to tunnel.
+            if *hbone && !*original_dst {
+                super::hbone::add_transport_socket_match(&mut c);
+            }
             with_service_metadata(name, &c, svc)
         }
     }

@@ -55,6 +55,9 @@ pub struct EndpointsSource {
     pub network: Option<Box<NetworkSplit>>,
     /// `meshNetworks`, for the network of endpoints no label places (empty: none).
     pub mesh_networks: Arc<MeshNetworks>,
+    /// The proxy sends HBONE: ambient endpoints (pods captured by ztunnel) are reached
+    /// through `connect_originate` (see [`super::hbone`]).
+    pub hbone: bool,
 }
 
 /// istiod's `EndpointsByNetworkFilter` inputs: endpoints of the proxy's network (and of
@@ -139,6 +142,7 @@ pub fn keys(
                     )
                     .map(Box::new),
                     weigh_localities: proxy.kind == ProxyKind::Proxyless,
+                    hbone: super::hbone::sends_hbone(proxy),
                 })
             });
             Some(EndpointsKey {
@@ -271,6 +275,9 @@ struct Target {
     network: String,
     /// The cluster it is in (empty for ServiceEntry endpoints).
     cluster: String,
+    /// Reached over HBONE through `connect_originate` (an ambient pod, for a proxy that
+    /// sends HBONE).
+    tunnel: bool,
 }
 
 fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
@@ -283,6 +290,7 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
         weigh_localities,
         network: split,
         mesh_networks,
+        hbone,
     } = src;
     let port = *port;
     let matches = |labels: &BTreeMap<String, String>| {
@@ -342,6 +350,11 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                                 workload: Some(workload_label(ep, &set.namespace, &set.cluster)),
                                 network,
                                 cluster: set.cluster.clone(),
+                                // istiod tunnels to an endpoint that takes HBONE unless it
+                                // has a sidecar (Istio mTLS is used then).
+                                tunnel: *hbone
+                                    && ep.ambient
+                                    && !tls_mode::pod_has_sidecar(&ep.labels),
                             });
                     }
                 }
@@ -378,6 +391,7 @@ fn load_assignment(name: &str, src: &EndpointsSource) -> ClusterLoadAssignment {
                             workload: None,
                             network,
                             cluster: String::new(),
+                            tunnel: false,
                         });
                     }
                 }
@@ -520,6 +534,7 @@ fn split_by_network(
             workload: None,
             network: gw.network.clone(),
             cluster: gw.cluster.clone(),
+            tunnel: false,
         });
     }
     out
@@ -564,22 +579,35 @@ fn lb_endpoint(t: Target) -> LbEndpoint {
     if let Some(workload) = &t.workload {
         istio.push(("workload".to_string(), string(workload)));
     }
+    let target = super::hbone::join_host_port(&t.address, t.port);
+    let mut extra: Vec<(String, Struct)> = Vec::new();
+    if t.tunnel {
+        extra.extend(super::hbone::endpoint_metadata(&target));
+    }
     if !istio.is_empty() {
-        let m = metadata.get_or_insert_with(Metadata::default);
-        let mut entries: Vec<(String, Struct)> = m.filter_metadata.drain().collect();
-        entries.push((
+        extra.push((
             ISTIO_METADATA.to_string(),
             Struct {
                 fields: super::ordered_map(istio),
             },
         ));
+    }
+    if !extra.is_empty() {
+        let m = metadata.get_or_insert_with(Metadata::default);
+        let mut entries: Vec<(String, Struct)> = m.filter_metadata.drain().collect();
+        entries.append(&mut extra);
         // Maps encoded in key order, so every replica sends the same bytes.
         m.filter_metadata = super::ordered_map(entries);
     }
+    let address = if t.tunnel {
+        super::hbone::internal_address(&target)
+    } else {
+        socket_address(&t.address, t.port)
+    };
     LbEndpoint {
         metadata,
         host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
-            address: Some(socket_address(&t.address, t.port)),
+            address: Some(address),
             ..Default::default()
         })),
         health_status: HealthStatus::Healthy as i32,

@@ -69,6 +69,8 @@ pub enum ListenerKey {
     VirtualInbound(InboundListenerKey),
     /// A per-destination outbound listener (`0.0.0.0_<port>`, `<vip>_<port>`).
     Outbound(OutboundListenerKey),
+    /// istiod's `connect_originate` internal listener (see [`super::hbone`]).
+    ConnectOriginate,
 }
 
 /// Everything a bound HTTP listener is built from.
@@ -119,6 +121,9 @@ pub fn outbound_keys(proxy: &Proxy, scope: &ProxyScope, ctx: &PushContext) -> Ve
     }
     if proxy.kind == ProxyKind::Sidecar && proxy.interception.captured() {
         out.extend(outbound::keys(proxy, scope, ctx));
+    }
+    if super::hbone::sends_hbone(proxy) {
+        out.push(ListenerKey::ConnectOriginate);
     }
     out
 }
@@ -204,6 +209,7 @@ pub fn build(key: &ListenerKey) -> Resource {
         ListenerKey::VirtualOutbound(k) => outbound::virtual_listener(k),
         ListenerKey::VirtualInbound(k) => inbound::listener(k),
         ListenerKey::Outbound(k) => outbound::listener(k),
+        ListenerKey::ConnectOriginate => return super::hbone::listener(),
     };
     Resource::new(XdsType::Listener, l.name.clone(), &l)
 }

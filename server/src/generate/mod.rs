@@ -13,6 +13,7 @@ pub mod cds;
 pub mod eds;
 pub mod gateway;
 pub mod grpc;
+pub mod hbone;
 pub mod http_route;
 pub mod inbound;
 pub mod intern;

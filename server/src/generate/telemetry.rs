@@ -98,6 +98,15 @@ pub fn wrap(ty: XdsType, keys: Vec<Key>, proxy: &Proxy, ctx: &PushContext) -> Ve
     let gateway = proxy.kind == ProxyKind::Router;
     keys.into_iter()
         .map(|k| {
+            // HBONE's internal plumbing carries no telemetry of its own in istiod (the
+            // service cluster and listener in front of it do).
+            if matches!(
+                &k,
+                Key::Listener(super::lds::ListenerKey::ConnectOriginate)
+                    | Key::Cluster(super::cds::ClusterKey::ConnectOriginate)
+            ) {
+                return k;
+            }
             let own = gateway
                 || matches!(
                     &k,

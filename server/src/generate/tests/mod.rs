@@ -14,6 +14,7 @@ mod gateway_credentials;
 mod gateway_semantics;
 mod golden;
 mod grpc;
+mod hbone;
 mod http_features;
 mod lds;
 mod locality;

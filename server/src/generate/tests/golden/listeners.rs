@@ -608,10 +608,6 @@ const CDS_ALLOWED: &[Allowed] = &[
         "version drift: InboundPassthroughCluster since Istio 1.20 (present in shoal)",
     ),
     allow(
-        "cds/connect_originate/type",
-        "ambient: HBONE tunnel cluster",
-    ),
-    allow(
         "cds/outbound|*istio-waypoint.ambient*",
         "ambient: waypoint Services are not in shoal's mesh",
     ),

@@ -4,9 +4,9 @@
 //! condition reasons a route's parent status carries when it does not attach or a backend
 //! does not resolve.
 //!
-//! Pure decisions on the model, no Envoy or Kubernetes types: the server's translation
-//! (what is routed) and the ingester's status writer (what users read) both decide with
-//! these functions, so what is routed and what status says can never disagree.
+//! Pure decisions on the model, no Envoy or Kubernetes types, so that the server's
+//! translation (what is routed) and the ingester (what status users read; no status writer
+//! uses them yet) can decide with the same functions and never disagree.
 
 use crate::model::{
     BackendRef, KubeGateway, Listener, ParentReference, ReferenceGrant, GATEWAY_API_GROUP,
@@ -422,10 +422,13 @@ mod tests {
         assert!(admits_kind(&l, "GRPCRoute"));
         assert!(!admits_kind(&l, "HTTPRoute"));
         assert!(admits_namespace(&l, "gw", "any"));
-        l.allowed_routes
+        if let Some(n) = l
+            .allowed_routes
             .as_mut()
             .and_then(|a| a.namespaces.as_mut())
-            .map(|n| n.from = Some("Selector".into()));
+        {
+            n.from = Some("Selector".into());
+        }
         // Namespace labels are not on the bus: a selector admits nothing.
         assert!(!admits_namespace(&l, "gw", "gw"));
     }
@@ -444,8 +447,7 @@ mod tests {
         assert_eq!(intersect_hosts(Some("a.com"), &hosts(&["b.com"])), None);
     }
 
-    fn grant(ns: &str, name: Option<&str>) -> ReferenceGrant {
-        let _ = ns;
+    fn grant(name: Option<&str>) -> ReferenceGrant {
         ReferenceGrant {
             from: vec![ReferenceGrantFrom {
                 group: GATEWAY_API_GROUP.into(),
@@ -471,7 +473,7 @@ mod tests {
 
     #[test]
     fn resolved_refs_reasons_are_the_specs() {
-        let g = grant("backends", Some("svc"));
+        let g = grant(Some("svc"));
         let grants = [("backends", &g)];
         let exists = |name: &str, ns: &str| (name, ns) == ("svc", "backends") || ns == "routes";
         let none = |_: &str| false;

@@ -9,6 +9,7 @@ pub mod bus;
 pub mod credential;
 pub mod defaults;
 pub mod envelope;
+pub mod gateway_api;
 pub mod keys;
 pub mod lease;
 pub mod logging;

@@ -16,6 +16,7 @@
 //! translation and pushes gateways only (`push::impact`).
 
 use crate::index::config::Config;
+use shoal_common::gateway_api as attach;
 use shoal_common::model::{
     service_fqdn, BackendRef, ConfigObject, ConfigSpec, Destination, GRPCRoute, Gateway,
     GatewayServer, HTTPRoute, HTTPRouteFilter, HTTPRouteMatch, HTTPValueMatch, HeaderMatch,
@@ -23,7 +24,7 @@ use shoal_common::model::{
     HttpRedirect, HttpRewrite, HttpRoute, HttpRouteDestination, KubeGateway, L4MatchAttributes,
     L4Route, Listener, ObjectMeta, ParentReference, Percent, Port, PortSelector, ReferenceGrant,
     RegexRewrite, RouteDestination, ServerTlsSettings, StringMatch, TcpRoute, TlsMatchAttributes,
-    TlsRoute, VirtualService, GATEWAY_API_GROUP, GATEWAY_NAME_LABEL, ISTIO_CLASS, ISTIO_CONTROLLER,
+    TlsRoute, VirtualService, GATEWAY_NAME_LABEL, ISTIO_CLASS, ISTIO_CONTROLLER,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -220,100 +221,6 @@ struct Attachment {
     hosts: Vec<String>,
 }
 
-/// The route kinds a listener admits by default: those of its protocol.
-fn default_kinds(l: &Listener) -> &'static [&'static str] {
-    match l.protocol.as_str() {
-        "HTTP" | "HTTPS" => &["HTTPRoute", "GRPCRoute"],
-        "TLS" if l.tls.as_ref().and_then(|t| t.mode.as_deref()) == Some("Passthrough") => {
-            &["TLSRoute"]
-        }
-        "TLS" => &["TLSRoute", "TCPRoute"],
-        "TCP" => &["TCPRoute"],
-        _ => &[],
-    }
-}
-
-fn admits_kind(l: &Listener, kind: &str) -> bool {
-    match l.allowed_routes.as_ref().filter(|a| !a.kinds.is_empty()) {
-        Some(a) => {
-            a.kinds.iter().any(|k| {
-                k.kind == kind
-                    && k.group.as_deref().unwrap_or(GATEWAY_API_GROUP) == GATEWAY_API_GROUP
-            }) && default_kinds(l).contains(&kind)
-        }
-        None => default_kinds(l).contains(&kind),
-    }
-}
-
-fn admits_namespace(
-    l: &Listener,
-    gw_ns: &str,
-    route_ns: &str,
-    namespace_labels: &BTreeMap<&str, &BTreeMap<String, String>>,
-) -> bool {
-    let from = l
-        .allowed_routes
-        .as_ref()
-        .and_then(|a| a.namespaces.as_ref())
-        .and_then(|n| n.from.as_deref())
-        .unwrap_or("Same");
-    match from {
-        "All" => true,
-        "Same" => gw_ns == route_ns,
-        // A namespace with no published labels (unknown, or not selected by the discovery
-        // selectors) matches no selector; an invalid selector (refused by the ingester)
-        // matches nothing rather than all.
-        "Selector" => {
-            let selector = l
-                .allowed_routes
-                .as_ref()
-                .and_then(|a| a.namespaces.as_ref())
-                .and_then(|n| n.selector.as_ref());
-            match (selector, namespace_labels.get(route_ns)) {
-                (Some(selector), Some(labels)) => selector.matches(labels),
-                _ => false,
-            }
-        }
-        _ => false,
-    }
-}
-
-/// The hostnames both a listener and a route allow (Gateway API hostname intersection);
-/// `None` when they share none.
-fn intersect_hosts(listener: Option<&str>, route: &[String]) -> Option<Vec<String>> {
-    let Some(l) = listener.filter(|l| !l.is_empty() && *l != "*") else {
-        return Some(if route.is_empty() {
-            vec!["*".into()]
-        } else {
-            route.to_vec()
-        });
-    };
-    if route.is_empty() {
-        return Some(vec![l.to_string()]);
-    }
-    let covers = |pattern: &str, host: &str| match pattern.strip_prefix('*') {
-        // `*.example.com` covers `a.example.com` and `*.a.example.com`, not `example.com`.
-        Some(suffix) => {
-            host.strip_prefix('*').unwrap_or(host).ends_with(suffix) && host.len() > suffix.len()
-        }
-        None => pattern == host,
-    };
-    let mut out: Vec<String> = Vec::new();
-    for r in route {
-        let host = if covers(l, r) {
-            r.clone()
-        } else if covers(r, l) {
-            l.to_string()
-        } else {
-            continue;
-        };
-        if !out.contains(&host) {
-            out.push(host);
-        }
-    }
-    (!out.is_empty()).then_some(out)
-}
-
 fn attachments(
     meta: &ObjectMeta,
     kind: &str,
@@ -322,34 +229,25 @@ fn attachments(
     objects: &Objects<'_>,
 ) -> Vec<Attachment> {
     let mut out = Vec::new();
-    for p in parents {
-        if p.kind.as_deref().unwrap_or("Gateway") != "Gateway" {
-            continue;
-        }
+    for p in parents.iter().filter(|p| attach::is_gateway_parent(p)) {
         let gw_ns = p.namespace.as_deref().unwrap_or(&meta.namespace);
-        let Some(gw) = objects.gateways.get(&(gw_ns, p.name.as_str())) else {
+        let gateway = objects.gateways.get(&(gw_ns, p.name.as_str())).copied();
+        // Why a parent attaches nowhere is the status writer's to report.
+        let labels = objects
+            .namespace_labels
+            .get(meta.namespace.as_str())
+            .copied();
+        let Ok(listeners) =
+            attach::attach(kind, &meta.namespace, labels, hostnames, p, gw_ns, gateway)
+        else {
             continue;
         };
-        for l in &gw.listeners {
-            if p.section_name.as_ref().is_some_and(|s| *s != l.name)
-                || p.port.is_some_and(|port| port != l.port)
-                || !admits_kind(l, kind)
-                || !admits_namespace(l, gw_ns, &meta.namespace, &objects.namespace_labels)
-            {
-                continue;
-            }
-            let hosts = if kind == "TCPRoute" {
-                Some(vec!["*".to_string()])
-            } else {
-                intersect_hosts(l.hostname.as_deref(), hostnames)
-            };
-            if let Some(hosts) = hosts {
-                out.push(Attachment {
-                    gw_ns: gw_ns.to_string(),
-                    gw_name: listener_gateway_name(&p.name, &l.name),
-                    hosts,
-                });
-            }
+        for a in listeners {
+            out.push(Attachment {
+                gw_ns: gw_ns.to_string(),
+                gw_name: listener_gateway_name(&p.name, &a.listener.name),
+                hosts: a.hosts,
+            });
         }
     }
     out
@@ -409,30 +307,6 @@ fn attach_http(
     }
 }
 
-/// Whether `grants` let an object of `from_kind` in `from_ns` refer to the core `to_kind`
-/// `name` in `to_ns`.
-fn granted(
-    objects: &Objects<'_>,
-    from_kind: &str,
-    from_ns: &str,
-    to_kind: &str,
-    to_ns: &str,
-    name: &str,
-) -> bool {
-    from_ns == to_ns
-        || objects.grants.iter().any(|(ns, g)| {
-            *ns == to_ns
-                && g.from.iter().any(|f| {
-                    f.group == GATEWAY_API_GROUP && f.kind == from_kind && f.namespace == from_ns
-                })
-                && g.to.iter().any(|t| {
-                    t.group.is_empty()
-                        && t.kind == to_kind
-                        && t.name.as_deref().is_none_or(|n| n == name)
-                })
-        })
-}
-
 /// A backend's destination. A backend the route may not refer to gets a host no cluster
 /// has, so its share of requests answers 500 (istiod's invalid backend), never another
 /// backend's.
@@ -443,32 +317,22 @@ fn destination(
     objects: &Objects<'_>,
 ) -> Destination {
     let port = b.port.map(|number| PortSelector { number });
-    let group = b.group.as_deref().unwrap_or("");
-    let kind = b.kind.as_deref().unwrap_or("Service");
-    if !matches!(
-        (group, kind),
-        ("", "Service") | ("networking.istio.io", "Hostname")
-    ) {
+    let grants = objects.grants.iter().map(|(ns, g)| (*ns, *g));
+    let host = match attach::backend(b, route_kind, route_ns, grants) {
+        attach::Backend::Service { name, namespace } => service_fqdn(&name, &namespace),
+        attach::Backend::Hostname(host) => host,
         // A kind shoal cannot resolve: the spec's `InvalidKind`, whose share of requests
         // answers 500 (conformance `HTTPRouteInvalidBackendRefUnknownKind`).
-        return Destination {
-            host: format!("{}.{kind}.unknown-kind.invalid", b.name),
-            subset: None,
-            port,
-        };
-    }
-    if kind == "Hostname" {
-        return Destination {
-            host: b.name.clone(),
-            subset: None,
-            port,
-        };
-    }
-    let ns = b.namespace.as_deref().unwrap_or(route_ns);
-    let host = if granted(objects, route_kind, route_ns, "Service", ns, &b.name) {
-        service_fqdn(&b.name, ns)
-    } else {
-        format!("{}.{ns}.not-granted.invalid", b.name)
+        attach::Backend::Unresolved(attach::Unresolved::InvalidKind) => format!(
+            "{}.{}.unknown-kind.invalid",
+            b.name,
+            b.kind.as_deref().unwrap_or("Service")
+        ),
+        attach::Backend::Unresolved(_) => format!(
+            "{}.{}.not-granted.invalid",
+            b.name,
+            b.namespace.as_deref().unwrap_or(route_ns)
+        ),
     };
     Destination {
         host,

@@ -565,14 +565,7 @@ fn set_http2(c: &mut Cluster) {
             )),
             ..Default::default()
         };
-        // One entry only: prost encodes maps in hash order (see the module docs).
-        c.typed_extension_protocol_options.insert(
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_string(),
-            shoal_proto::pack(
-                "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                &opts,
-            ),
-        );
+        traffic_policy::set_http_protocol_options(c, &opts);
     }
 }
 

@@ -227,14 +227,7 @@ pub fn cluster() -> Resource {
         transport_socket: Some(mtls::upstream_socket(&tls)),
         ..Default::default()
     };
-    // One entry only: prost encodes maps in hash order.
-    c.typed_extension_protocol_options.insert(
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_string(),
-        shoal_proto::pack(
-            "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            &opts,
-        ),
-    );
+    super::traffic_policy::set_http_protocol_options(&mut c, &opts);
     Resource::new(XdsType::Cluster, CONNECT_ORIGINATE.into(), &c)
 }
 

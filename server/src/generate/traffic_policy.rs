@@ -133,11 +133,17 @@ pub fn store_http_options(c: &mut Cluster, opts: Option<HttpProtocolOptions>) {
                 },
             ));
         }
-        c.typed_extension_protocol_options.insert(
-            HTTP_PROTOCOL_OPTIONS.to_string(),
-            shoal_proto::pack(HTTP_PROTOCOL_OPTIONS_TYPE, &opts),
-        );
+        set_http_protocol_options(c, &opts);
     }
+}
+
+/// Sets a cluster's upstream HTTP protocol options (its only typed extension protocol
+/// options entry: prost encodes maps in hash order, so one entry keeps the bytes stable).
+pub fn set_http_protocol_options(c: &mut Cluster, opts: &HttpProtocolOptions) {
+    c.typed_extension_protocol_options.insert(
+        HTTP_PROTOCOL_OPTIONS.to_string(),
+        shoal_proto::pack(HTTP_PROTOCOL_OPTIONS_TYPE, opts),
+    );
 }
 
 fn h2_options(opts: &mut HttpProtocolOptions) -> Option<&mut Http2ProtocolOptions> {

@@ -53,6 +53,7 @@ use report::{
 use shoal_common::bus::nats::{NatsBus, NatsOptions};
 use shoal_common::bus::{Bucket, StateBus, WatchEvent};
 use shoal_common::envelope::now_ms;
+use shoal_common::keys;
 use shoal_common::model::ConfigKind;
 use shoal_common::Envelope;
 use shoal_proto::XdsType;
@@ -1753,11 +1754,20 @@ async fn wait_published(
         ingester.check_running()?;
         let mut have = BTreeMap::new();
         for bucket in want.keys() {
-            let n = bus
+            let keys = bus
                 .keys(*bucket)
                 .await
-                .with_context(|| format!("listing {bucket}"))?
-                .len();
+                .with_context(|| format!("listing {bucket}"))?;
+            // Namespace label entries (for Gateway API listener selectors) are the
+            // ingester's, one per selected namespace, not the mesh's objects.
+            let n = keys
+                .iter()
+                .filter(|k| {
+                    *bucket != Bucket::Config
+                        || keys::parse_config_key(k)
+                            .map_or(true, |id| id.kind != ConfigKind::Namespace)
+                })
+                .count();
             have.insert(*bucket, n);
         }
         if have == want {

@@ -579,11 +579,15 @@ fn lb_endpoint(t: Target) -> LbEndpoint {
     if let Some(workload) = &t.workload {
         istio.push(("workload".to_string(), string(workload)));
     }
-    let target = super::hbone::join_host_port(&t.address, t.port);
-    let mut extra: Vec<(String, Struct)> = Vec::new();
-    if t.tunnel {
-        extra.extend(super::hbone::endpoint_metadata(&target));
-    }
+    // Only a tunnelled endpoint needs its `<ip>:<port>` as a string (EDS builds every
+    // endpoint of every assignment through here).
+    let target = t
+        .tunnel
+        .then(|| super::hbone::join_host_port(&t.address, t.port));
+    let mut extra: Vec<(String, Struct)> = target
+        .as_deref()
+        .map(super::hbone::endpoint_metadata)
+        .unwrap_or_default();
     if !istio.is_empty() {
         extra.push((
             ISTIO_METADATA.to_string(),
@@ -599,10 +603,9 @@ fn lb_endpoint(t: Target) -> LbEndpoint {
         // Maps encoded in key order, so every replica sends the same bytes.
         m.filter_metadata = super::ordered_map(entries);
     }
-    let address = if t.tunnel {
-        super::hbone::internal_address(&target)
-    } else {
-        socket_address(&t.address, t.port)
+    let address = match &target {
+        Some(target) => super::hbone::internal_address(target),
+        None => socket_address(&t.address, t.port),
     };
     LbEndpoint {
         metadata,

@@ -12,7 +12,7 @@ use super::stream::StreamHandler;
 use super::subscription::{Subscription, Warming};
 use super::wire::{Encoded, Responses};
 use crate::generate::{Resource, Snapshot};
-use crate::push::view::{Diff, Held, NameSet};
+use crate::push::view::{Held, NameSet};
 use shoal_proto::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use shoal_proto::XdsType;
 use std::collections::BTreeMap;
@@ -91,9 +91,10 @@ impl SotwStream {
             (output.resources(), output.sotw_entries())
         };
         if ty == XdsType::Cluster {
-            let changed = Diff::between(&w.held, &output).changed;
+            // The view's shared diff: every stream of the view sent the same clusters.
+            let changed = self.session.diff(ty, &names, &w.held, &output, snap);
             self.warming
-                .clusters_sent(changed.iter().map(|r| r.name.as_str()));
+                .clusters_sent(changed.changed.iter().map(|r| r.name.as_str()));
         }
         w.held = Held::Shared(output.clone());
         self.nonce += 1;

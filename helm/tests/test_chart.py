@@ -87,7 +87,7 @@ INGESTER_CLUSTER_RULES = {
 }
 READ_VERBS = {"get", "list", "watch"}
 # The only writes: the status subresource of the Istio kinds it reads (a rejected object's
-# reason), never their spec; and, with the workload CA on, the root-certificate ConfigMap
+# reason) and of the Gateway API kinds (their conditions), never their spec; and, with the workload CA on, the root-certificate ConfigMap
 # (istio-ca-root-cert) in every namespace: create and update, never delete.
 STATUS_VERBS = {"update", "patch"}
 CONFIG_MAP_VERBS = {"get", "list", "watch", "create", "update"}
@@ -97,8 +97,8 @@ DEPLOY_RULES = [
     {"apiGroups": [""], "resources": ["services", "serviceaccounts"], "verbs": ["get", "create", "patch", "delete"]},
 ]
 INGESTER_STATUS_RULES = {
-    group: {f"{kind}/status" for kind in INGESTER_CLUSTER_RULES[group]}
-    for group in ("networking.istio.io", "security.istio.io")
+    group: {f"{kind}/status" for kind in INGESTER_CLUSTER_RULES[group] if kind != "referencegrants"}
+    for group in ("networking.istio.io", "security.istio.io", "gateway.networking.k8s.io")
 }
 
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "Namespace", "CustomResourceDefinition"}
@@ -1022,7 +1022,7 @@ def test_rbac_least_privilege(value_set):
                 assert rule["apiGroups"] == [""] and set(rule["verbs"]) == CONFIG_MAP_VERBS, rule
             elif set(rule["verbs"]) - READ_VERBS:
                 assert set(rule["verbs"]) == STATUS_VERBS, rule
-                assert rule["apiGroups"] in (["networking.istio.io"], ["security.istio.io"]), rule
+                assert rule["apiGroups"] in (["networking.istio.io"], ["security.istio.io"], ["gateway.networking.k8s.io"]), rule
                 assert all(r.endswith("/status") for r in rule["resources"]), rule
             assert not rule.get("nonResourceURLs")
 
@@ -1053,7 +1053,8 @@ def test_rbac_least_privilege(value_set):
         if credentials:
             expected[""] = expected[""] | {"secrets"}
         assert granted == expected
-        # Exactly the six Istio kinds' status subresources: update/patch, nothing else.
+        # Exactly the status subresources of the Istio kinds and of the Gateway API kinds
+        # (ReferenceGrant has none): update/patch, nothing else.
         assert status_granted == INGESTER_STATUS_RULES
         assert len(INGESTER_STATUS_RULES["networking.istio.io"]) == 6
     for ingester_sa in remote_sas:

@@ -379,7 +379,7 @@ impl ClusterTask {
             Update::Crd(_) | Update::Config(..) | Update::Credential(_) => {
                 if let Some(config) = &mut self.config {
                     config.handle(generation, update);
-                    if !config.dirty.is_empty() {
+                    if config.wants_round() {
                         self.schedule();
                     }
                 }
@@ -388,8 +388,18 @@ impl ClusterTask {
             Update::Issuer(result) => self.issuer_read(result),
             core if generation == self.active.generation => {
                 let namespaces_changed = matches!(core, Update::Namespace(_));
+                // What Gateway API statuses read: backends, gateway Services and endpoints.
+                let gateway_inputs = matches!(
+                    core,
+                    Update::Namespace(_) | Update::Service(_) | Update::Slice(_)
+                );
                 let endpoints_only = matches!(core, Update::Slice(_) | Update::Pod(_));
                 let affects = apply(&mut self.store, core);
+                if let Some(config) = self.config.as_mut().filter(|_| gateway_inputs) {
+                    if !matches!(affects, Affects::Nothing) {
+                        config.cluster_changed();
+                    }
+                }
                 // Namespace labels decide the selection of config too.
                 if let Some(config) = self.config.as_mut().filter(|_| namespaces_changed) {
                     match &affects {
@@ -669,12 +679,7 @@ impl ClusterTask {
         };
         let selectors = self.ctx.selectors.borrow().clone();
         config
-            .publish(
-                &self.ctx,
-                &self.store.namespaces,
-                &selectors,
-                observed_at_ms,
-            )
+            .publish(&self.ctx, &self.store, &selectors, observed_at_ms)
             .await;
         config.needs_retry()
     }

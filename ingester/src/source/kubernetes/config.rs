@@ -16,10 +16,13 @@
 
 use super::context::ClusterContext;
 use super::gateway_deploy::{DeployConfig, GatewayBook, GatewayDeployer};
+use super::gateway_status::{self, GatewayStatuses};
 use super::metrics::WatchKind;
-use super::object_status::{Selection, StatusBook, StatusReporter, Verdict};
+use super::object_status::{self, Selection, StatusBook, StatusReporter, Verdict};
 use super::reduce::{self, CrdInfo};
-use super::store::{key_config_kind, selected, Change, ConfigStore, Dirty, KindStore, Touched};
+use super::store::{
+    key_config_kind, selected, Change, ClusterStore, ConfigStore, Dirty, KindStore, Touched,
+};
 use super::watch::{self, Sink, Tagged, Update};
 use crate::admit::istio;
 use crate::desired::{credentials, StateKey, StateObject};
@@ -32,11 +35,12 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use shoal_common::credential::CredentialKeys;
-use shoal_common::model::{ConfigKind, ConfigSpec};
+use shoal_common::model::ConfigObject;
+use shoal_common::model::{ConfigKind, ConfigSpec, GATEWAY_API_GROUP};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch as tokio_watch};
-use tracing::info;
+use tracing::{debug, info};
 
 /// Secrets that never hold gateway credentials, left out of the watch.
 const CREDENTIAL_FIELDS: &str =
@@ -85,6 +89,12 @@ pub struct ConfigSide {
     deployments: Option<(GatewayBook, TaskGuard)>,
     /// Gateway credentials, when the ingester has keys to seal them.
     credentials: Option<CredentialWatch>,
+    /// The Gateway API objects' statuses, as watch events carry them.
+    gateway_statuses: GatewayStatuses,
+    /// Whether the Gateway API statuses must be recomputed (besides `dirty`).
+    gateway_dirty: bool,
+    /// The served resource of each watched kind, for status writes.
+    resources: BTreeMap<ConfigKind, Arc<ApiResource>>,
 }
 
 impl ConfigSide {
@@ -164,7 +174,21 @@ impl ConfigSide {
             _reporter: TaskGuard::new(tokio::spawn(reporter.run())),
             deployments,
             credentials,
+            gateway_statuses: GatewayStatuses::default(),
+            gateway_dirty: false,
+            resources: BTreeMap::new(),
         }
+    }
+
+    /// Whether a publishing round has work: config to recompute, or Gateway API statuses.
+    pub fn wants_round(&self) -> bool {
+        !self.dirty.is_empty() || self.gateway_dirty
+    }
+
+    /// Services, EndpointSlices or Namespaces of the config cluster changed: the Gateway
+    /// API statuses (backends, gateway addresses) are recomputed.
+    pub fn cluster_changed(&mut self) {
+        self.gateway_dirty = true;
     }
 
     /// Applies a CRD or config update.
@@ -187,8 +211,12 @@ impl ConfigSide {
                 let Some(store) = self.store.kinds.get_mut(&kind) else {
                     return;
                 };
+                if kind.group() == GATEWAY_API_GROUP || kind == ConfigKind::ServiceEntry {
+                    self.gateway_dirty = true;
+                }
                 if let Change::Delete(key) = &change {
                     self.statuses.forget(kind, key);
+                    self.gateway_statuses.forget(kind, key);
                     if let Some((book, _)) = &self.deployments {
                         match kind {
                             ConfigKind::KubeGateway => book.forget_gateway(key),
@@ -279,6 +307,9 @@ impl ConfigSide {
             self.kinds.remove(&kind);
             self.store.kinds.remove(&kind);
             self.statuses.forget_kind(kind);
+            self.gateway_statuses.forget_kind(kind);
+            self.resources.remove(&kind);
+            self.gateway_dirty = true;
             if let Some((book, _)) = &self.deployments {
                 match kind {
                     ConfigKind::KubeGateway => book.forget_gateways(),
@@ -312,8 +343,10 @@ impl ConfigSide {
             ..self.sink.clone()
         };
         let statuses = self.statuses.clone();
+        let gateway_statuses = self.gateway_statuses.clone();
         let deployments = self.deployments.as_ref().map(|(book, _)| book.clone());
         let resource = Arc::new(resource);
+        self.resources.insert(kind, resource.clone());
         let task = watch::spawn(
             api,
             watcher::Config::default(),
@@ -337,8 +370,11 @@ impl ConfigSide {
                 // The Gateway API's status has its own shape (per-parent route conditions,
                 // listener conditions) that Istio's `Reconciled` condition and
                 // `validationMessages` would not fit: a structural schema would prune them
-                // and every event would ask for the write again. Not written yet.
-                if kind.group() != shoal_common::model::GATEWAY_API_GROUP {
+                // and every event would ask for the write again. It is computed from the
+                // whole config ([`super::gateway_status`]).
+                if kind.group() == GATEWAY_API_GROUP {
+                    gateway_statuses.observe(kind, key.clone(), generation, status);
+                } else {
                     statuses.observe(
                         kind,
                         &resource,
@@ -417,6 +453,48 @@ impl ConfigSide {
         credentials::entries(&self.cluster, secrets, &referenced, Some(&c.keys))
     }
 
+    /// Recomputes the Gateway API objects' statuses and hands the writer those that
+    /// differ; waits until the kinds, Services, EndpointSlices and Namespaces are listed,
+    /// so that nothing is reported missing that is merely not listed yet.
+    fn gateway_status(&mut self, cluster: &ClusterStore, selected: &BTreeSet<String>) {
+        let kinds: Vec<&KindStore<Box<ConfigObject>>> = self
+            .store
+            .kinds
+            .iter()
+            .filter(|(k, _)| k.group() == GATEWAY_API_GROUP || **k == ConfigKind::ServiceEntry)
+            .map(|(_, store)| store)
+            .collect();
+        let listed = kinds.iter().all(|k| k.synced())
+            && cluster.services.synced()
+            && cluster.slices.synced()
+            && cluster.namespaces.synced();
+        if !listed {
+            self.gateway_dirty = true;
+            return;
+        }
+        let config: Vec<&ConfigObject> = kinds
+            .iter()
+            .flat_map(|k| k.values())
+            .map(Box::as_ref)
+            .collect();
+        let world = gateway_status::World {
+            services: &cluster.services,
+            slices: &cluster.slices,
+            namespaces: &cluster.namespaces,
+            selected,
+        };
+        let reports = gateway_status::reports(&config, &world);
+        let queued = self.gateway_statuses.reconcile(
+            &reports,
+            &self.resources,
+            &self.statuses,
+            &object_status::now_rfc3339(),
+        );
+        if queued > 0 {
+            debug!(cluster = %self.cluster, queued, "Gateway API status writes queued");
+        }
+    }
+
     /// Whether the next round must publish everything (see [`Publisher::needs_retry`]).
     pub fn needs_retry(&self) -> bool {
         self.publisher.needs_retry()
@@ -452,10 +530,11 @@ impl ConfigSide {
     pub async fn publish(
         &mut self,
         ctx: &ClusterContext,
-        namespaces: &KindStore<Labels>,
+        cluster: &ClusterStore,
         selectors: &DiscoverySelectors,
         observed_at_ms: u64,
     ) {
+        let namespaces = &cluster.namespaces;
         if !self.store.crds.synced() || !namespaces.synced() {
             return;
         }
@@ -464,6 +543,9 @@ impl ConfigSide {
             .filter(|((_, ns), labels)| selectors.selects_namespace(ns, Some(labels)))
             .map(|((_, ns), _)| ns.clone())
             .collect();
+        if std::mem::take(&mut self.gateway_dirty) || !self.dirty.is_empty() {
+            self.gateway_status(cluster, &selected);
+        }
         self.selection.send_if_modified(|current| {
             let changed = current.as_deref() != Some(&selected);
             if changed {

@@ -28,6 +28,7 @@ pub mod cluster_status;
 pub mod config;
 pub mod context;
 pub mod gateway_deploy;
+pub mod gateway_status;
 pub mod issuer;
 pub mod metrics;
 pub mod object_status;

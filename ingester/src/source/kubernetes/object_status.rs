@@ -112,8 +112,21 @@ impl StatusBook {
         status: Option<&Value>,
         verdict: Verdict<'_>,
     ) {
-        let key = (kind, key);
         let patch = status_patch(status, generation, verdict, &now_rfc3339());
+        self.set(kind, resource, key, patch);
+    }
+
+    /// Sets (or, with `None`, withdraws) the merge patch of the object's status computed
+    /// elsewhere (the Gateway API's, [`super::gateway_status`]). A cluster-scoped object
+    /// has the namespace `""`.
+    pub fn set(
+        &self,
+        kind: ConfigKind,
+        resource: &Arc<ApiResource>,
+        key: ObjKey,
+        patch: Option<Value>,
+    ) {
+        let key = (kind, key);
         let mut book = self.lock();
         match patch {
             Some(patch) => {
@@ -155,7 +168,8 @@ impl StatusBook {
         let due = book
             .pending
             .iter()
-            .filter(|((_, (ns, _)), _)| selected.contains(ns))
+            // Cluster-scoped objects (namespace "") are in every selection.
+            .filter(|((_, (ns, _)), _)| ns.is_empty() || selected.contains(ns))
             .filter(|(_, p)| match p.not_before {
                 Some(at) if at > now => {
                     next = Some(next.map_or(at, |n| n.min(at)));
@@ -264,8 +278,10 @@ impl StatusReporter {
     /// Writes one status; false when it failed and is to be retried.
     async fn write(&self, key: &BookKey, pending: &Pending) -> bool {
         let (kind, (namespace, name)) = key;
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), namespace, pending.resource.as_ref());
+        let api: Api<DynamicObject> = match namespace.as_str() {
+            "" => Api::all_with(self.client.clone(), pending.resource.as_ref()),
+            ns => Api::namespaced_with(self.client.clone(), ns, pending.resource.as_ref()),
+        };
         let patch = Patch::Merge(&pending.patch);
         let result = tokio::time::timeout(
             WRITE_TIMEOUT,
@@ -309,7 +325,7 @@ impl StatusReporter {
 }
 
 /// Now, as a Kubernetes timestamp.
-fn now_rfc3339() -> String {
+pub fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now()
         .round(k8s_openapi::jiff::Unit::Second)
         .map(|t| t.to_string())

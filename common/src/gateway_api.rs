@@ -5,8 +5,8 @@
 //! does not resolve.
 //!
 //! Pure decisions on the model, no Envoy or Kubernetes types, so that the server's
-//! translation (what is routed) and the ingester (what status users read; no status writer
-//! uses them yet) can decide with the same functions and never disagree.
+//! translation (what is routed) and the ingester's status writer (what users read with
+//! kubectl) decide with the same functions and never disagree.
 
 use crate::model::{
     BackendRef, KubeGateway, Listener, ParentReference, ReferenceGrant, GATEWAY_API_GROUP,

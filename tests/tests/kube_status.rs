@@ -511,3 +511,351 @@ async fn gateway_api_gateways_are_deployed_by_the_leader() {
         assert!(metrics.contains(line), "{line}\n{metrics}");
     }
 }
+
+/// The CRDs of the Gateway API kinds, with their scope and a `status` subresource.
+fn gateway_api_crds(config: &KubeApiServer, kinds: &[(&str, &str, &str)]) {
+    for (kind, plural, scope) in kinds {
+        let mut crd = istio_crd(kind, plural);
+        crd["metadata"]["name"] = json!(format!("{plural}.gateway.networking.k8s.io"));
+        crd["spec"]["group"] = json!("gateway.networking.k8s.io");
+        crd["spec"]["scope"] = json!(scope);
+        config.create(crd).unwrap();
+    }
+}
+
+const HTTP_ROUTES: &str = "httproutes.gateway.networking.k8s.io";
+const GATEWAY_CLASSES: &str = "gatewayclasses.gateway.networking.k8s.io";
+
+/// An HTTPRoute `shop/<name>` with one parent, hostnames and one backend.
+fn http_route(name: &str, parent: &str, hostnames: Value, backend: Value) -> Value {
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": name, "namespace": "shop"},
+        "spec": {"parentRefs": [{"name": parent}], "hostnames": hostnames,
+                 "rules": [{"backendRefs": [backend]}]},
+    })
+}
+
+/// Waits until `check` holds for the object's status; returns it.
+async fn object_status_until(
+    cluster: &KubeApiServer,
+    resource: &str,
+    namespace: Option<&str>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let status = || {
+        cluster
+            .get(resource, namespace, name)
+            .and_then(|o| o.get("status").cloned())
+            .unwrap_or(Value::Null)
+    };
+    eventually(TIMEOUT, POLL, || {
+        let status = status();
+        let ok = check(&status);
+        async move {
+            match ok {
+                true => Ok(()),
+                false => Err(format!("waiting for {what}; status: {status}")),
+            }
+        }
+    })
+    .await;
+    status()
+}
+
+/// `(type, status, reason)` of each condition.
+fn conditions(conditions: &Value) -> Vec<(String, String, String)> {
+    conditions
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .map(|c| {
+                    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+                    (s("type"), s("status"), s("reason"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn condition(kind: &str, status: &str, reason: &str) -> (String, String, String) {
+    (kind.into(), status.into(), reason.into())
+}
+
+/// The conditions of a route's one parent entry (shoal's), once it has one.
+fn route_conditions(status: &Value) -> Vec<(String, String, String)> {
+    match status["parents"].as_array().map(Vec::as_slice) {
+        Some([parent]) if parent["controllerName"] == "istio.io/gateway-controller" => {
+            conditions(&parent["conditions"])
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Gateway API status, as users read it with kubectl: the leader writes the GatewayClass's
+/// `Accepted`, the Gateway's `Accepted`/`Programmed` with its address and listener status,
+/// each route's parent conditions with the spec's reasons; a ReferenceGrant resolves a
+/// cross-namespace backend with one write; the standby writes nothing, before or after it
+/// takes over; a Gateway whose Service loses its endpoints is no longer `Programmed`.
+#[tokio::test]
+async fn gateway_api_status_is_written_by_the_leader() {
+    let nats = NatsServer::start().await;
+    let config = config_cluster().await;
+    populate(&config, "shop", json!({}), "local");
+    populate(&config, "other", json!({}), "local");
+    gateway_api_crds(
+        &config,
+        &[
+            ("GatewayClass", "gatewayclasses", "Cluster"),
+            ("Gateway", "gateways", "Namespaced"),
+            ("HTTPRoute", "httproutes", "Namespaced"),
+            ("ReferenceGrant", "referencegrants", "Namespaced"),
+        ],
+    );
+    config
+        .create(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+            "metadata": {"name": "istio"},
+            "spec": {"controllerName": "istio.io/gateway-controller"},
+        }))
+        .unwrap();
+    let mut gateway = kube_gateway(80);
+    gateway["spec"]["listeners"][0]["hostname"] = json!("*.example.com");
+    config.create(gateway).unwrap();
+    // The gateway's Service (as the deployment makes it) and a ready endpoint.
+    config
+        .create(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web-istio", "namespace": "shop"},
+            "spec": {"clusterIP": "10.0.0.20", "ports": [{"name": "http", "port": 80}],
+                     "selector": {"gateway.networking.k8s.io/gateway-name": "web"}},
+        }))
+        .unwrap();
+    let gateway_slice = json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "web-istio-1", "namespace": "shop",
+                     "labels": {"kubernetes.io/service-name": "web-istio"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 80}],
+        "endpoints": [{"addresses": ["10.1.0.9"], "conditions": {"ready": true}}],
+    });
+    config.create(gateway_slice).unwrap();
+    let web = json!({"name": "web", "port": 80});
+    let hosts = json!(["a.example.com"]);
+    for route in [
+        http_route("ok", "web", hosts.clone(), web.clone()),
+        http_route(
+            "missing",
+            "web",
+            hosts.clone(),
+            json!({"name": "nope", "port": 80}),
+        ),
+        http_route(
+            "cross",
+            "web",
+            hosts.clone(),
+            json!({"name": "web", "namespace": "other", "port": 80}),
+        ),
+        http_route("elsewhere", "web", json!(["a.example.org"]), web.clone()),
+        http_route("ghost", "nowhere", hosts.clone(), web.clone()),
+    ] {
+        config.create(route).unwrap();
+    }
+
+    let start = |id: &str| {
+        Ingester::start(
+            &nats.url(),
+            &config.kubeconfig(),
+            &["--cluster-id", "main", "--instance-id", id],
+        )
+    };
+    let mut a = start("ingester-a");
+    let mut b = start("ingester-b");
+    a.wait_ready().await;
+    b.wait_ready().await;
+    let a_leads = eventually_leader(&mut a, &mut b).await.0.pid() == a.pid();
+
+    let class = object_status_until(
+        &config,
+        GATEWAY_CLASSES,
+        None,
+        "istio",
+        "the class accepted",
+        |s| conditions(&s["conditions"]) == [condition("Accepted", "True", "Accepted")],
+    )
+    .await;
+    assert_eq!(
+        class["conditions"][0]["message"],
+        "Handled by Istio controller"
+    );
+    let status = object_status_until(
+        &config,
+        GATEWAYS,
+        Some("shop"),
+        "web",
+        "the gateway programmed",
+        |s| {
+            conditions(&s["conditions"])
+                == [
+                    condition("Accepted", "True", "Accepted"),
+                    condition("Programmed", "True", "Programmed"),
+                ]
+        },
+    )
+    .await;
+    assert_eq!(
+        status["addresses"],
+        json!([{"type": "Hostname", "value": "web-istio.shop.svc.cluster.local"}])
+    );
+    let listener = &status["listeners"][0];
+    assert_eq!(listener["name"], "http");
+    // ok, missing and cross attach; elsewhere's hostname does not match.
+    assert_eq!(listener["attachedRoutes"], 3, "{listener}");
+    assert_eq!(
+        listener["supportedKinds"],
+        json!([{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute"},
+               {"group": "gateway.networking.k8s.io", "kind": "GRPCRoute"}])
+    );
+    assert_eq!(
+        conditions(&listener["conditions"]),
+        [
+            condition("Accepted", "True", "Accepted"),
+            condition("Programmed", "True", "Programmed"),
+            condition("ResolvedRefs", "True", "ResolvedRefs"),
+            condition("Conflicted", "False", "NoConflicts"),
+        ]
+    );
+    let accepted = condition("Accepted", "True", "Accepted");
+    for (route, expected) in [
+        (
+            "ok",
+            [
+                accepted.clone(),
+                condition("ResolvedRefs", "True", "ResolvedRefs"),
+            ],
+        ),
+        (
+            "missing",
+            [
+                accepted.clone(),
+                condition("ResolvedRefs", "False", "BackendNotFound"),
+            ],
+        ),
+        (
+            "cross",
+            [
+                accepted.clone(),
+                condition("ResolvedRefs", "False", "RefNotPermitted"),
+            ],
+        ),
+        (
+            "elsewhere",
+            [
+                condition("Accepted", "False", "NoMatchingListenerHostname"),
+                condition("ResolvedRefs", "True", "ResolvedRefs"),
+            ],
+        ),
+        (
+            "ghost",
+            [
+                condition("Accepted", "False", "NoMatchingParent"),
+                condition("ResolvedRefs", "True", "ResolvedRefs"),
+            ],
+        ),
+    ] {
+        let status = object_status_until(&config, HTTP_ROUTES, Some("shop"), route, route, |s| {
+            route_conditions(s) == expected
+        })
+        .await;
+        let parent = &status["parents"][0];
+        assert_eq!(
+            parent["parentRef"]["name"],
+            if route == "ghost" { "nowhere" } else { "web" }
+        );
+        assert_eq!(parent["conditions"][0]["observedGeneration"], 1, "{status}");
+    }
+    let missing = config.get(HTTP_ROUTES, Some("shop"), "missing").unwrap();
+    assert_eq!(
+        missing["status"]["parents"][0]["conditions"][1]["message"],
+        "backend(nope.shop.svc.cluster.local) not found"
+    );
+
+    // Exactly one write per object, all by the leader.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let writes = |c: &KubeApiServer| {
+        [GATEWAY_CLASSES, GATEWAYS, HTTP_ROUTES].map(|r| c.status_writes_for(r))
+    };
+    assert_eq!(writes(&config), [1, 1, 5]);
+    let (leader, standby) = match a_leads {
+        true => (&mut a, &mut b),
+        false => (&mut b, &mut a),
+    };
+    let written =
+        |n: u64| format!("shoal_ingester_object_status_writes_total{{result=\"written\"}} {n}");
+    assert!(leader.metrics().await.contains(&written(7)));
+    assert!(standby.metrics().await.contains(&written(0)));
+
+    // A ReferenceGrant resolves the cross-namespace backend: one write, that route's.
+    config
+        .create(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+            "metadata": {"name": "shop-routes", "namespace": "other"},
+            "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "shop"}],
+                     "to": [{"group": "", "kind": "Service"}]},
+        }))
+        .unwrap();
+    object_status_until(
+        &config,
+        HTTP_ROUTES,
+        Some("shop"),
+        "cross",
+        "the grant",
+        |s| {
+            route_conditions(s)
+                == [
+                    accepted.clone(),
+                    condition("ResolvedRefs", "True", "ResolvedRefs"),
+                ]
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(writes(&config), [1, 1, 6]);
+
+    // The leader dies; the standby takes over, finds every status in place, writes nothing.
+    leader.kill().await;
+    standby.wait_leader().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(writes(&config), [1, 1, 6], "a takeover wrote");
+
+    // The gateway's endpoints go: not Programmed, its address kept.
+    config
+        .delete(
+            "endpointslices.discovery.k8s.io",
+            Some("shop"),
+            "web-istio-1",
+        )
+        .unwrap();
+    let status = object_status_until(
+        &config,
+        GATEWAYS,
+        Some("shop"),
+        "web",
+        "the gateway unprogrammed",
+        |s| {
+            conditions(&s["conditions"]).get(1)
+                == Some(&condition("Programmed", "False", "AddressNotAssigned"))
+        },
+    )
+    .await;
+    assert_eq!(
+        status["addresses"][0]["value"],
+        "web-istio.shop.svc.cluster.local"
+    );
+    assert_eq!(status["conditions"][0]["reason"], "Accepted");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(writes(&config), [1, 2, 6]);
+    assert!(standby.metrics().await.contains(&written(1)));
+}

@@ -13,7 +13,8 @@
 //! - With `--ca-root-cert`, the leader writes the mesh's root certificate into every
 //!   selected namespace of every cluster it publishes ([`ca_root`]), as istiod does.
 //! - A rejected Istio config object gets the reason in its `status`, written by the leader
-//!   ([`object_status`]).
+//!   ([`object_status`]); Gateway API objects get the status istiod writes
+//!   ([`gateway_status`]).
 //! - Watches reduce objects to what shoal reads ([`reduce`]) and follow kube-rs relist
 //!   semantics ([`store`]): a relist is a reset, never a series of guessed deletes.
 //! - What is published goes through the same normalization as the file source

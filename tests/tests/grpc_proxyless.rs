@@ -118,6 +118,33 @@ fn write_mesh(dir: &Path, port: u16) {
     write_manifest(dir, "virtualservice.yaml", &virtual_service("v1"));
 }
 
+/// A GRPCRoute on the Service echo (GAMMA): `x-canary: yes` to echo-canary, the rest to
+/// echo.
+const GAMMA_GRPC_ROUTE: &str = r#"apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: echo-canary, namespace: default}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo, port: 7070}]
+  rules:
+  - matches: [{headers: [{name: x-canary, value: "yes"}]}]
+    backendRefs: [{name: echo-canary, port: 7070}]
+  - backendRefs: [{name: echo, port: 7070}]
+"#;
+
+/// The Service echo-canary: echo-v2 alone.
+fn canary_service(port: u16) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: echo-canary\n  namespace: default\n\
+         spec:\n  clusterIP: 10.96.0.71\n  selector:\n    app: echo\n    version: v2\n  ports:\n\
+         \x20 - name: grpc\n    port: 7070\n    targetPort: grpc\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: echo-canary-1\n\
+         \x20 namespace: default\n  labels:\n    kubernetes.io/service-name: echo-canary\n\
+         addressType: IPv4\nports:\n- name: grpc\n  port: {port}\n  protocol: TCP\nendpoints:\n\
+         - addresses: [\"127.0.0.3\"]\n  conditions:\n    ready: true\n  targetRef:\n\
+         \x20   kind: Pod\n    name: echo-v2\n    namespace: default\n"
+    )
+}
+
 /// Polls `target` until a batch of `n` calls satisfies `ok`, and returns it.
 async fn until(
     client: &GrpcClient,
@@ -296,6 +323,20 @@ async fn grpcio_client_routes_through_shoal() {
     // A route changed reaches it too.
     write_manifest(dir.path(), "virtualservice.yaml", &virtual_service("v2"));
     until(&client, PROPAGATE, SHORT, 10, &[], |c| c.only(&["echo-v2"])).await;
+
+    // GAMMA: with the VirtualService gone, a GRPCRoute whose parent is the Service echo
+    // routes the mesh's calls to echo: a header to the Service echo-canary (echo-v2 alone),
+    // the rest to echo's pods.
+    write_manifest(dir.path(), "virtualservice.yaml", GAMMA_GRPC_ROUTE);
+    write_manifest(dir.path(), "canary.yaml", &canary_service(port));
+    until(&client, PROPAGATE, FQDN, 10, &[("x-canary", "yes")], |c| {
+        c.only(&["echo-v2"])
+    })
+    .await;
+    until(&client, PROPAGATE, FQDN, 30, &[], |c| {
+        c.errors.is_empty() && c.backends.len() == 3
+    })
+    .await;
 
     eventually(PROPAGATE, POLL, || {
         all_acked(&server, &node_id, &[LDS, RDS, CDS, EDS])

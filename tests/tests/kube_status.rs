@@ -596,7 +596,8 @@ fn route_conditions(status: &Value) -> Vec<(String, String, String)> {
 
 /// Gateway API status, as users read it with kubectl: the leader writes the GatewayClass's
 /// `Accepted`, the Gateway's `Accepted`/`Programmed` with its address and listener status,
-/// each route's parent conditions with the spec's reasons; a ReferenceGrant resolves a
+/// each route's parent conditions with the spec's reasons (a route shoal refuses names the
+/// field); a ReferenceGrant resolves a
 /// cross-namespace backend with one write; the standby writes nothing, before or after it
 /// takes over; a Gateway whose Service loses its endpoints is no longer `Programmed`.
 #[tokio::test]
@@ -663,6 +664,10 @@ async fn gateway_api_status_is_written_by_the_leader() {
     ] {
         config.create(route).unwrap();
     }
+    // A field shoal refuses: the route is not served, and its status says why.
+    let mut refused = http_route("refused", "web", hosts.clone(), web.clone());
+    refused["spec"]["rules"][0]["retry"] = json!({"attempts": 2});
+    config.create(refused).unwrap();
 
     let start = |id: &str| {
         Ingester::start(
@@ -776,6 +781,21 @@ async fn gateway_api_status_is_written_by_the_leader() {
         );
         assert_eq!(parent["conditions"][0]["observedGeneration"], 1, "{status}");
     }
+    let refused = object_status_until(
+        &config,
+        HTTP_ROUTES,
+        Some("shop"),
+        "refused",
+        "refused",
+        |s| {
+            route_conditions(s).first() == Some(&condition("Accepted", "False", "UnsupportedValue"))
+        },
+    )
+    .await;
+    let message = refused["parents"][0]["conditions"][0]["message"]
+        .as_str()
+        .unwrap();
+    assert!(message.contains("rules[0].retry"), "{message}");
     let missing = config.get(HTTP_ROUTES, Some("shop"), "missing").unwrap();
     assert_eq!(
         missing["status"]["parents"][0]["conditions"][1]["message"],
@@ -787,14 +807,14 @@ async fn gateway_api_status_is_written_by_the_leader() {
     let writes = |c: &KubeApiServer| {
         [GATEWAY_CLASSES, GATEWAYS, HTTP_ROUTES].map(|r| c.status_writes_for(r))
     };
-    assert_eq!(writes(&config), [1, 1, 5]);
+    assert_eq!(writes(&config), [1, 1, 6]);
     let (leader, standby) = match a_leads {
         true => (&mut a, &mut b),
         false => (&mut b, &mut a),
     };
     let written =
         |n: u64| format!("shoal_ingester_object_status_writes_total{{result=\"written\"}} {n}");
-    assert!(leader.metrics().await.contains(&written(7)));
+    assert!(leader.metrics().await.contains(&written(8)));
     assert!(standby.metrics().await.contains(&written(0)));
 
     // A ReferenceGrant resolves the cross-namespace backend: one write, that route's.
@@ -822,13 +842,13 @@ async fn gateway_api_status_is_written_by_the_leader() {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(writes(&config), [1, 1, 6]);
+    assert_eq!(writes(&config), [1, 1, 7]);
 
     // The leader dies; the standby takes over, finds every status in place, writes nothing.
     leader.kill().await;
     standby.wait_leader().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(writes(&config), [1, 1, 6], "a takeover wrote");
+    assert_eq!(writes(&config), [1, 1, 7], "a takeover wrote");
 
     // The gateway's endpoints go: not Programmed, its address kept.
     config
@@ -856,6 +876,6 @@ async fn gateway_api_status_is_written_by_the_leader() {
     );
     assert_eq!(status["conditions"][0]["reason"], "Accepted");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(writes(&config), [1, 2, 6]);
+    assert_eq!(writes(&config), [1, 2, 7]);
     assert!(standby.metrics().await.contains(&written(1)));
 }

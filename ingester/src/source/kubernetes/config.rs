@@ -16,7 +16,7 @@
 
 use super::context::ClusterContext;
 use super::gateway_deploy::{DeployConfig, GatewayBook, GatewayDeployer};
-use super::gateway_status::{self, GatewayStatuses};
+use super::gateway_status::{self, GatewayStatuses, Rejection};
 use super::metrics::WatchKind;
 use super::object_status::{self, Selection, StatusBook, StatusReporter, Verdict};
 use super::reduce::{self, CrdInfo};
@@ -357,6 +357,10 @@ impl ConfigSide {
                 let generation = obj.metadata.generation;
                 let uid = obj.metadata.uid.clone();
                 let status = obj.data.get_mut("status").map(serde_json::Value::take);
+                // A refused route's parents, read before the object is consumed.
+                let raw_spec = (kind.group() == GATEWAY_API_GROUP)
+                    .then(|| obj.data.get("spec").cloned())
+                    .flatten();
                 let config = reduce::config(kind, obj);
                 let unenforced = match &config {
                     Ok(c) => istio::unenforced_fields(&c.spec).join("; "),
@@ -373,7 +377,16 @@ impl ConfigSide {
                 // and every event would ask for the write again. It is computed from the
                 // whole config ([`super::gateway_status`]).
                 if kind.group() == GATEWAY_API_GROUP {
-                    gateway_statuses.observe(kind, key.clone(), generation, status);
+                    let rejection = match &config {
+                        Err(e) => Some(Rejection::new(&e.reason, raw_spec.as_ref())),
+                        Ok(_) => None,
+                    };
+                    let event = gateway_status::Event {
+                        generation,
+                        status,
+                        rejection,
+                    };
+                    gateway_statuses.observe(kind, key.clone(), event);
                 } else {
                     statuses.observe(
                         kind,
@@ -483,7 +496,8 @@ impl ConfigSide {
             namespaces: &cluster.namespaces,
             selected,
         };
-        let reports = gateway_status::reports(&config, &world);
+        let rejected = self.gateway_statuses.rejected();
+        let reports = gateway_status::reports(&config, &world, &rejected);
         let queued = self.gateway_statuses.reconcile(
             &reports,
             &self.resources,

@@ -208,10 +208,42 @@ fn human_join(items: &[String]) -> String {
     }
 }
 
-/// The reports of every Gateway API object among `config` that shoal serves.
+/// A Gateway API object the ingester refused: why (naming the field), and the parents a
+/// route names (read leniently, so that its status can say so where its author looks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// The reason, naming the field.
+    pub reason: String,
+    /// A route's parentRefs, as far as they could be read.
+    pub parents: Vec<ParentReference>,
+}
+
+impl Rejection {
+    /// The rejection of an object whose raw `spec` is `spec`.
+    pub fn new(reason: &str, spec: Option<&Value>) -> Rejection {
+        let parents = spec
+            .and_then(|s| s.get("parentRefs"))
+            .and_then(Value::as_array)
+            .map(|refs| {
+                refs.iter()
+                    .filter_map(|r| serde_json::from_value(r.clone()).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Rejection {
+            reason: reason.to_string(),
+            parents,
+        }
+    }
+}
+
+/// The reports of every Gateway API object among `config` that shoal serves, and of the
+/// `rejected` ones (whose last good version, if any, is among `config`): a refused
+/// Gateway or class is not `Accepted`, a refused route's parents say why.
 pub fn reports(
     config: &[&ConfigObject],
     world: &World<'_>,
+    rejected: &BTreeMap<(ConfigKind, ObjKey), Rejection>,
 ) -> BTreeMap<(ConfigKind, ObjKey), Report> {
     let in_scope = |o: &&&ConfigObject| {
         o.meta.namespace.is_empty() || world.selected.contains(&o.meta.namespace)
@@ -364,7 +396,7 @@ pub fn reports(
             .count();
         let accepted = match (valid, listeners.len()) {
             (v, n) if v == n => Condition::new("Accepted", true, "Accepted", "Resource accepted"),
-            (0, _) => Condition::new(
+            (0, _) if !listeners.is_empty() => Condition::new(
                 "Accepted",
                 false,
                 "ListenersNotValid",
@@ -386,6 +418,57 @@ pub fn reports(
                 listeners,
             },
         );
+    }
+    for ((kind, (ns, name)), r) in rejected {
+        if !ns.is_empty() && !world.selected.contains(ns) {
+            continue;
+        }
+        let message = format!("refused by shoal: {}", r.reason);
+        let report = match kind {
+            ConfigKind::GatewayClass => Report::Class(vec![Condition::new(
+                "Accepted",
+                false,
+                "Unsupported",
+                message,
+            )]),
+            ConfigKind::KubeGateway => Report::Gateway {
+                conditions: vec![
+                    Condition::new("Accepted", false, "Invalid", message.clone()),
+                    Condition::new("Programmed", false, "Invalid", message),
+                ],
+                addresses: Vec::new(),
+                listeners: Vec::new(),
+            },
+            _ => {
+                let ours = |p: &&ParentReference| {
+                    let gw_ns = p.namespace.as_deref().unwrap_or(ns);
+                    is_service_parent(p)
+                        || (attach::is_gateway_parent(p)
+                            && gateways
+                                .get(&(gw_ns, p.name.as_str()))
+                                .is_none_or(|(_, ours)| *ours))
+                };
+                let parents = r
+                    .parents
+                    .iter()
+                    .filter(ours)
+                    .map(|p| ParentReport {
+                        parent_ref: parent_ref_json(p),
+                        conditions: vec![
+                            Condition::new("Accepted", false, "UnsupportedValue", message.clone()),
+                            Condition::new(
+                                "ResolvedRefs",
+                                true,
+                                "ResolvedRefs",
+                                "All references resolved",
+                            ),
+                        ],
+                    })
+                    .collect();
+                Report::Route(parents)
+            }
+        };
+        out.insert((*kind, (ns.clone(), name.clone())), report);
     }
     out
 }
@@ -754,11 +837,24 @@ struct Observed {
     status: Value,
 }
 
+/// One watch event's object, as [`GatewayStatuses::observe`] records it.
+#[derive(Debug)]
+pub struct Event {
+    /// Its generation.
+    pub generation: Option<i64>,
+    /// Its status.
+    pub status: Option<Value>,
+    /// Why the ingester refused this version, if it did.
+    pub rejection: Option<Rejection>,
+}
+
 type Key = (ConfigKind, ObjKey);
 
 #[derive(Debug, Default)]
 struct Inner {
     observed: BTreeMap<Key, Observed>,
+    /// The objects whose latest version was refused.
+    rejected: BTreeMap<Key, Rejection>,
     /// What was last handed to the writer per object, and the status observed then: the
     /// same write is not queued again before the object's next event.
     queued: BTreeMap<Key, (Map<String, Value>, Observed)>,
@@ -776,21 +872,26 @@ impl GatewayStatuses {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records an object's status and generation from a watch event.
-    pub fn observe(
-        &self,
-        kind: ConfigKind,
-        key: ObjKey,
-        generation: Option<i64>,
-        status: Option<Value>,
-    ) {
-        self.lock().observed.insert(
-            (kind, key),
+    /// Records an object's status, generation and verdict from a watch event.
+    pub fn observe(&self, kind: ConfigKind, key: ObjKey, event: Event) {
+        let mut inner = self.lock();
+        let key = (kind, key);
+        match event.rejection {
+            Some(r) => inner.rejected.insert(key.clone(), r),
+            None => inner.rejected.remove(&key),
+        };
+        inner.observed.insert(
+            key,
             Observed {
-                generation,
-                status: status.unwrap_or(Value::Null),
+                generation: event.generation,
+                status: event.status.unwrap_or(Value::Null),
             },
         );
+    }
+
+    /// The objects whose latest version was refused.
+    pub fn rejected(&self) -> BTreeMap<Key, Rejection> {
+        self.lock().rejected.clone()
     }
 
     /// Forgets a deleted object.
@@ -798,6 +899,7 @@ impl GatewayStatuses {
         let mut inner = self.lock();
         let key = (kind, key.clone());
         inner.observed.remove(&key);
+        inner.rejected.remove(&key);
         inner.queued.remove(&key);
     }
 
@@ -805,6 +907,7 @@ impl GatewayStatuses {
     pub fn forget_kind(&self, kind: ConfigKind) {
         let mut inner = self.lock();
         inner.observed.retain(|(k, _), _| *k != kind);
+        inner.rejected.retain(|(k, _), _| *k != kind);
         inner.queued.retain(|(k, _), _| *k != kind);
     }
 
@@ -887,6 +990,7 @@ mod tests {
         slices: KindStore<Box<EndpointSlice>>,
         namespaces: KindStore<Labels>,
         selected: BTreeSet<String>,
+        rejected: BTreeMap<(ConfigKind, ObjKey), Rejection>,
     }
 
     impl Cluster {
@@ -900,6 +1004,7 @@ mod tests {
                 slices: KindStore::new("c", "EndpointSlice"),
                 namespaces,
                 selected: ["shop".to_string(), "other".to_string()].into(),
+                rejected: BTreeMap::new(),
             }
         }
 
@@ -934,6 +1039,7 @@ mod tests {
                     namespaces: &self.namespaces,
                     selected: &self.selected,
                 },
+                &self.rejected,
             )
         }
     }
@@ -1241,14 +1347,74 @@ mod tests {
         let resource = Arc::new(ApiResource::erase::<Service>(&()));
         let resources = BTreeMap::from([(ConfigKind::HTTPRoute, resource)]);
         let reports = BTreeMap::from([(key.clone(), report)]);
-        statuses.observe(key.0, key.1.clone(), Some(2), Some(current));
+        let event = |status| Event {
+            generation: Some(2),
+            status: Some(status),
+            rejection: None,
+        };
+        statuses.observe(key.0, key.1.clone(), event(current));
         assert_eq!(statuses.reconcile(&reports, &resources, &book, "t1"), 1);
         assert_eq!(book.len(), 1);
         assert_eq!(statuses.reconcile(&reports, &resources, &book, "t2"), 0);
         let written =
             json!({"parents": owned_fields(&reports[&key], None, Some(2), "t1")["parents"]});
-        statuses.observe(key.0, key.1.clone(), Some(2), Some(written));
+        statuses.observe(key.0, key.1.clone(), event(written));
         assert_eq!(statuses.reconcile(&reports, &resources, &book, "t3"), 0);
         assert!(book.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod rejection_tests {
+    use super::*;
+
+    #[test]
+    fn refused_objects_say_why_where_their_authors_look() {
+        let services = KindStore::new("c", "Service");
+        let slices = KindStore::new("c", "EndpointSlice");
+        let namespaces = KindStore::new("c", "Namespace");
+        let selected = BTreeSet::from(["shop".to_string()]);
+        let world = World {
+            services: &services,
+            slices: &slices,
+            namespaces: &namespaces,
+            selected: &selected,
+        };
+        let spec = json!({"parentRefs": [{"name": "gw"}, {"kind": "Service", "group": "", "name": "web"}, "junk"]});
+        let key = |kind, ns: &str| (kind, (ns.to_string(), "r".to_string()));
+        let rejected = BTreeMap::from([
+            (
+                key(ConfigKind::HTTPRoute, "shop"),
+                Rejection::new(
+                    "rules[0].filters[0].type: CORS is not supported",
+                    Some(&spec),
+                ),
+            ),
+            (
+                key(ConfigKind::KubeGateway, "shop"),
+                Rejection::new("spec.addresses: not supported", None),
+            ),
+            (
+                key(ConfigKind::HTTPRoute, "elsewhere"),
+                Rejection::new("unselected", None),
+            ),
+        ]);
+        let r = reports(&[], &world, &rejected);
+        assert_eq!(r.len(), 2, "{r:?}");
+        let Report::Route(parents) = &r[&key(ConfigKind::HTTPRoute, "shop")] else {
+            panic!()
+        };
+        assert_eq!(parents.len(), 2);
+        assert_eq!(parents[0].conditions[0].reason, "UnsupportedValue");
+        assert!(parents[0].conditions[0]
+            .message
+            .contains("rules[0].filters[0].type"));
+        let Report::Gateway { conditions, .. } = &r[&key(ConfigKind::KubeGateway, "shop")] else {
+            panic!()
+        };
+        assert_eq!(
+            (conditions[0].holds, conditions[0].reason.as_str()),
+            (false, "Invalid")
+        );
     }
 }

@@ -5,10 +5,13 @@
 //! `matchLabels` and `matchExpressions` do (ANDed). No selectors at all selects every
 //! namespace. An empty entry (`{}`) matches every namespace, as in Kubernetes.
 //!
-//! Pure logic, shared by the file and Kubernetes sources, so both select alike.
+//! Pure logic, shared by the file and Kubernetes sources, so both select alike; a selector
+//! is matched and validated by `shoal_common`'s label selector, as the Gateway API's
+//! namespace selectors are.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
-use std::collections::{BTreeMap, BTreeSet};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use shoal_common::model::{LabelSelectorRequirement, RouteLabelSelector};
+use std::collections::BTreeMap;
 
 /// The label the API server puts on every Namespace, naming it. Namespaces read from files
 /// (or not read at all) get it too, so selectors on it work the same in every source.
@@ -27,73 +30,10 @@ pub struct SelectorError {
     pub reason: String,
 }
 
-/// One requirement of a `matchExpressions` entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Requirement {
-    In(String, BTreeSet<String>),
-    NotIn(String, BTreeSet<String>),
-    Exists(String),
-    DoesNotExist(String),
-}
-
-impl Requirement {
-    fn parse(r: &LabelSelectorRequirement) -> Result<Requirement, String> {
-        let values: BTreeSet<String> = r.values.iter().flatten().cloned().collect();
-        let key = r.key.clone();
-        if key.is_empty() {
-            return Err("matchExpressions key is empty".into());
-        }
-        match r.operator.as_str() {
-            "In" | "NotIn" if values.is_empty() => Err(format!(
-                "matchExpressions {key:?}: operator {} needs at least one value",
-                r.operator
-            )),
-            "In" => Ok(Requirement::In(key, values)),
-            "NotIn" => Ok(Requirement::NotIn(key, values)),
-            "Exists" | "DoesNotExist" if !values.is_empty() => Err(format!(
-                "matchExpressions {key:?}: operator {} takes no values",
-                r.operator
-            )),
-            "Exists" => Ok(Requirement::Exists(key)),
-            "DoesNotExist" => Ok(Requirement::DoesNotExist(key)),
-            other => Err(format!(
-                "matchExpressions {key:?}: unknown operator {other:?} \
-                 (expected In, NotIn, Exists or DoesNotExist)"
-            )),
-        }
-    }
-
-    fn matches(&self, labels: &Labels) -> bool {
-        match self {
-            Requirement::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
-            // Kubernetes: NotIn also matches objects without the label.
-            Requirement::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
-            Requirement::Exists(k) => labels.contains_key(k),
-            Requirement::DoesNotExist(k) => !labels.contains_key(k),
-        }
-    }
-}
-
-/// One entry: `matchLabels` and `matchExpressions`, all of which must match.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Entry {
-    match_labels: Labels,
-    requirements: Vec<Requirement>,
-}
-
-impl Entry {
-    fn matches(&self, labels: &Labels) -> bool {
-        self.match_labels
-            .iter()
-            .all(|(k, v)| labels.get(k) == Some(v))
-            && self.requirements.iter().all(|r| r.matches(labels))
-    }
-}
-
 /// Parsed discovery selectors. The default selects every namespace.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DiscoverySelectors {
-    entries: Vec<Entry>,
+    entries: Vec<RouteLabelSelector>,
 }
 
 impl DiscoverySelectors {
@@ -106,17 +46,24 @@ impl DiscoverySelectors {
     pub fn new(selectors: &[LabelSelector]) -> Result<Self, SelectorError> {
         let mut entries = Vec::with_capacity(selectors.len());
         for (index, s) in selectors.iter().enumerate() {
-            let requirements = s
-                .match_expressions
-                .iter()
-                .flatten()
-                .map(Requirement::parse)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|reason| SelectorError { index, reason })?;
-            entries.push(Entry {
+            let entry = RouteLabelSelector {
                 match_labels: s.match_labels.clone().unwrap_or_default(),
-                requirements,
-            });
+                match_expressions: s
+                    .match_expressions
+                    .iter()
+                    .flatten()
+                    .map(|r| LabelSelectorRequirement {
+                        key: r.key.clone(),
+                        operator: r.operator.clone(),
+                        values: r.values.clone().unwrap_or_default(),
+                    })
+                    .collect(),
+            };
+            entry.validate().map_err(|e| SelectorError {
+                index,
+                reason: e.to_string(),
+            })?;
+            entries.push(entry);
         }
         Ok(DiscoverySelectors { entries })
     }
@@ -226,11 +173,11 @@ mod tests {
         for (yaml, want) in [
             (
                 "[{}, {matchExpressions: [{key: a, operator: In}]}]",
-                "discoverySelectors[1]: matchExpressions \"a\": operator In needs at least one value",
+                "discoverySelectors[1]: matchExpressions[0] \"a\": operator In needs at least one value",
             ),
             (
                 "[{matchExpressions: [{key: a, operator: Exists, values: [x]}]}]",
-                "discoverySelectors[0]: matchExpressions \"a\": operator Exists takes no values",
+                "discoverySelectors[0]: matchExpressions[0] \"a\": operator Exists takes no values",
             ),
             (
                 "[{matchExpressions: [{key: a, operator: Gt, values: ['1']}]}]",

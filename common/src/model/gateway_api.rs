@@ -135,19 +135,32 @@ pub struct LabelSelectorRequirement {
 /// Why a label selector selects nothing: Kubernetes refuses these selectors.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LabelSelectorError {
+    /// A requirement without a key.
+    #[error("matchExpressions[{index}]: key is empty")]
+    EmptyKey {
+        /// The requirement's index.
+        index: usize,
+    },
     /// An operator Kubernetes does not define.
-    #[error("matchExpressions[{index}]: unknown operator {operator:?}")]
+    #[error(
+        "matchExpressions[{index}] {key:?}: unknown operator {operator:?} \
+         (expected In, NotIn, Exists or DoesNotExist)"
+    )]
     UnknownOperator {
         /// The requirement's index.
         index: usize,
+        /// Its key.
+        key: String,
         /// The operator given.
         operator: String,
     },
     /// `In`/`NotIn` without values, or `Exists`/`DoesNotExist` with some.
-    #[error("matchExpressions[{index}]: operator {operator} {why}")]
+    #[error("matchExpressions[{index}] {key:?}: operator {operator} {why}")]
     BadValues {
         /// The requirement's index.
         index: usize,
+        /// Its key.
+        key: String,
         /// The operator given.
         operator: String,
         /// What is wrong with the values.
@@ -159,19 +172,24 @@ impl RouteLabelSelector {
     /// Whether the selector is one Kubernetes accepts.
     pub fn validate(&self) -> Result<(), LabelSelectorError> {
         for (index, r) in self.match_expressions.iter().enumerate() {
+            if r.key.is_empty() {
+                return Err(LabelSelectorError::EmptyKey { index });
+            }
             let why = match r.operator.as_str() {
-                "In" | "NotIn" if r.values.is_empty() => "needs values",
+                "In" | "NotIn" if r.values.is_empty() => "needs at least one value",
                 "Exists" | "DoesNotExist" if !r.values.is_empty() => "takes no values",
                 "In" | "NotIn" | "Exists" | "DoesNotExist" => continue,
                 _ => {
                     return Err(LabelSelectorError::UnknownOperator {
                         index,
+                        key: r.key.clone(),
                         operator: r.operator.clone(),
                     })
                 }
             };
             return Err(LabelSelectorError::BadValues {
                 index,
+                key: r.key.clone(),
                 operator: r.operator.clone(),
                 why,
             });
@@ -637,8 +655,9 @@ mod tests {
         let ns = labels(&[("env", "prod")]);
         for (r, why) in [
             (req("env", "Near", &["prod"]), "unknown operator"),
-            (req("env", "In", &[]), "needs values"),
-            (req("env", "NotIn", &[]), "needs values"),
+            (req("env", "In", &[]), "needs at least one value"),
+            (req("env", "NotIn", &[]), "needs at least one value"),
+            (req("", "Exists", &[]), "key is empty"),
             (req("env", "Exists", &["prod"]), "takes no values"),
         ] {
             let s = selector(&[], vec![r]);

@@ -456,11 +456,11 @@ mod tests {
             ),
             (
                 "gatewayClassName: istio\nlisteners: [{name: a, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Selector, selector: {matchExpressions: [{key: k, operator: In}]}}}}]",
-                "listeners[0].allowedRoutes.namespaces.selector.matchExpressions[0]: operator In needs values",
+                "listeners[0].allowedRoutes.namespaces.selector.matchExpressions[0] \"k\": operator In needs at least one value",
             ),
             (
                 "gatewayClassName: istio\nlisteners: [{name: a, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Selector, selector: {matchExpressions: [{key: k, operator: Near, values: [v]}]}}}}]",
-                "listeners[0].allowedRoutes.namespaces.selector.matchExpressions[0]: unknown operator",
+                "listeners[0].allowedRoutes.namespaces.selector.matchExpressions[0] \"k\": unknown operator",
             ),
         ] {
             let e = check(gw, yaml).unwrap_err();

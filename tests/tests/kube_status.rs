@@ -41,10 +41,22 @@ async fn status_until(
     what: &str,
     check: impl Fn(&Value) -> bool,
 ) -> Value {
+    object_status_until(cluster, VIRTUAL_SERVICES, Some("shop"), "web", what, check).await
+}
+
+/// An object's status, once `check` holds for it.
+async fn object_status_until(
+    cluster: &KubeApiServer,
+    resource: &str,
+    namespace: Option<&str>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
     let status = || {
         cluster
-            .get(VIRTUAL_SERVICES, Some("shop"), "web")
-            .and_then(|vs| vs.get("status").cloned())
+            .get(resource, namespace, name)
+            .and_then(|o| o.get("status").cloned())
             .unwrap_or(Value::Null)
     };
     eventually(TIMEOUT, POLL, || {
@@ -534,35 +546,6 @@ fn http_route(name: &str, parent: &str, hostnames: Value, backend: Value) -> Val
         "spec": {"parentRefs": [{"name": parent}], "hostnames": hostnames,
                  "rules": [{"backendRefs": [backend]}]},
     })
-}
-
-/// Waits until `check` holds for the object's status; returns it.
-async fn object_status_until(
-    cluster: &KubeApiServer,
-    resource: &str,
-    namespace: Option<&str>,
-    name: &str,
-    what: &str,
-    check: impl Fn(&Value) -> bool,
-) -> Value {
-    let status = || {
-        cluster
-            .get(resource, namespace, name)
-            .and_then(|o| o.get("status").cloned())
-            .unwrap_or(Value::Null)
-    };
-    eventually(TIMEOUT, POLL, || {
-        let status = status();
-        let ok = check(&status);
-        async move {
-            match ok {
-                true => Ok(()),
-                false => Err(format!("waiting for {what}; status: {status}")),
-            }
-        }
-    })
-    .await;
-    status()
 }
 
 /// `(type, status, reason)` of each condition.

@@ -46,6 +46,10 @@ pub async fn serve(addr: SocketAddr, identity: Identity<'_>) -> anyhow::Result<(
         .await
         .with_context(|| format!("binding {addr}"))?;
     super::announce(listener.local_addr()?);
+    serve_on(listener, acceptor).await
+}
+
+async fn serve_on(listener: TcpListener, acceptor: TlsAcceptor) -> anyhow::Result<()> {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -178,4 +182,105 @@ async fn tunnel(
         }
     });
     status(StatusCode::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_tests::pki::{client_config, Pem, TestCa};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A terminator on 127.0.0.1 with a serving certificate for `localhost` from `root`
+    /// (the test client checks the server's name; Envoy's `connect_originate` does not).
+    async fn terminator(root: &TestCa, dir: &Path) -> SocketAddr {
+        let (cert, key) = root.server("ambient").write(dir, "server");
+        let root_path = dir.join("root.pem");
+        std::fs::write(&root_path, &root.cert_pem).unwrap();
+        let config = server_config(&Identity {
+            cert: &cert,
+            key: &key,
+            root: &root_path,
+        })
+        .unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve_on(listener, TlsAcceptor::from(Arc::new(config))));
+        addr
+    }
+
+    /// A TCP echo server: the tunnel's destination.
+    async fn echo() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// CONNECTs to `target` through the terminator at `addr` as `client` (trusting
+    /// `root`), sends `ping` and returns what came back.
+    async fn through(
+        addr: SocketAddr,
+        root: &TestCa,
+        client: Option<&Pem>,
+        target: SocketAddr,
+    ) -> anyhow::Result<String> {
+        let tls =
+            shoal_tests::pki::tls_connect(addr, "localhost", client_config(&root.cert_pem, client))
+                .await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls)).await?;
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .method(Method::CONNECT)
+            .uri(target.to_string())
+            .body(Empty::<Bytes>::new())?;
+        let response = sender.send_request(req).await?;
+        anyhow::ensure!(response.status() == StatusCode::OK, "{}", response.status());
+        let mut tunnel = TokioIo::new(hyper::upgrade::on(response).await?);
+        tunnel.write_all(b"ping").await?;
+        let mut buf = [0u8; 4];
+        tunnel.read_exact(&mut buf).await?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    /// A caller with a mesh certificate gets its tunnel; one without a certificate, or
+    /// with one of another root, gets none.
+    #[tokio::test]
+    async fn tunnels_for_mesh_identities_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = TestCa::new("mesh root");
+        let addr = terminator(&root, dir.path()).await;
+        let target = echo().await;
+        let caller = root.workload("shop", "productpage");
+        let got = through(addr, &root, Some(&caller), target).await.unwrap();
+        assert_eq!(got, "ping");
+
+        let timeout = Duration::from_secs(5);
+        let anonymous = tokio::time::timeout(timeout, through(addr, &root, None, target)).await;
+        assert!(matches!(anonymous, Ok(Err(_))), "{anonymous:?}");
+        let other = TestCa::new("another root").workload("shop", "productpage");
+        let foreign =
+            tokio::time::timeout(timeout, through(addr, &root, Some(&other), target)).await;
+        assert!(matches!(foreign, Ok(Err(_))), "{foreign:?}");
+    }
+
+    #[test]
+    fn reads_the_spiffe_id() {
+        let pem = TestCa::new("mesh root").workload("shop", "productpage");
+        let der = CertificateDer::from_pem_slice(pem.cert.as_bytes()).unwrap();
+        assert_eq!(
+            spiffe_id(&der).unwrap(),
+            "spiffe://cluster.local/ns/shop/sa/productpage"
+        );
+        let plain = TestCa::new("mesh root").client("no SAN");
+        let der = CertificateDer::from_pem_slice(plain.cert.as_bytes()).unwrap();
+        assert!(spiffe_id(&der).is_err());
+    }
 }

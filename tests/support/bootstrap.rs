@@ -287,6 +287,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn loads_the_internal_listener_and_says_so() {
+        let node = Node::sidecar();
+        let yaml = with_internal_listener(&bootstrap(
+            &node,
+            15000,
+            &["127.0.0.1:15010".parse().unwrap()],
+        ));
+        let doc: serde_json::Value = shoal_common::yaml::from_str(&yaml).unwrap();
+        assert_eq!(
+            doc["node"]["metadata"]["SHOAL_INTERNAL_LISTENER"].as_str(),
+            Some("true")
+        );
+        assert_eq!(doc["node"]["metadata"]["NAMESPACE"].as_str(), Some("demo"));
+        assert_eq!(
+            doc["bootstrap_extensions"][0]["name"].as_str(),
+            Some("envoy.bootstrap.internal_listener")
+        );
+    }
+
+    #[test]
     fn adds_the_sds_cluster_on_the_socket() {
         let node = Node::sidecar();
         let yaml = with_sds(

@@ -7,6 +7,8 @@
 //! print a clear error and exit non-zero.
 #![forbid(unsafe_code)]
 
+mod hbone;
+
 use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
@@ -97,6 +99,26 @@ enum Cmd {
         #[arg(long)]
         http10: bool,
     },
+    /// HBONE terminator (ztunnel's inbound side, for the tests): mutual TLS 1.3 with ALPN
+    /// `h2`, HTTP/2 CONNECT to `ip:port` in the pod; prints `hbone <caller's SPIFFE id> ->
+    /// <ip:port>` for every tunnel.
+    HboneServer {
+        /// Port to listen on (HBONE's is 15008).
+        #[arg(long, default_value_t = 15008)]
+        port: u16,
+        /// The pod's certificate chain (PEM).
+        #[arg(long)]
+        cert: std::path::PathBuf,
+        /// The pod's private key (PEM).
+        #[arg(long)]
+        key: std::path::PathBuf,
+        /// The mesh root callers' certificates must chain to (PEM).
+        #[arg(long)]
+        root: std::path::PathBuf,
+        /// Address to listen on.
+        #[arg(long, default_value = "0.0.0.0")]
+        bind: IpAddr,
+    },
     /// Connects to ADDR, sends MSG and a newline, prints the line answered.
     TcpSend {
         /// `IP:PORT`.
@@ -117,6 +139,20 @@ async fn main() -> ExitCode {
             http_server(SocketAddr::new(bind, port), name).await
         }
         Cmd::TcpEcho { port, name, bind } => tcp_echo(SocketAddr::new(bind, port), name).await,
+        Cmd::HboneServer {
+            port,
+            cert,
+            key,
+            root,
+            bind,
+        } => {
+            let identity = hbone::Identity {
+                cert: &cert,
+                key: &key,
+                root: &root,
+            };
+            hbone::serve(SocketAddr::new(bind, port), identity).await
+        }
         Cmd::HttpGet {
             url,
             headers,

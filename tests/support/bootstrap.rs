@@ -264,9 +264,47 @@ pub fn with_sds(bootstrap_yaml: &str, socket: &std::path::Path) -> String {
     shoal_common::yaml::to_string(&doc).expect("serializing the bootstrap")
 }
 
+/// `bootstrap_yaml` loading Envoy's internal listener extension
+/// (`envoy.bootstrap.internal_listener`, as istio-proxy's bootstrap does) and saying so to
+/// shoal with node metadata `SHOAL_INTERNAL_LISTENER: "true"`: shoal then sends this
+/// upstream Envoy HBONE origination to ambient pods (the `connect_originate` internal
+/// listener and cluster), which Envoy would reject without the extension.
+pub fn with_internal_listener(bootstrap_yaml: &str) -> String {
+    let mut doc: serde_json::Value =
+        shoal_common::yaml::from_str(bootstrap_yaml).expect("the bootstrap is YAML");
+    doc["node"]["metadata"]["SHOAL_INTERNAL_LISTENER"] = "true".into();
+    doc["bootstrap_extensions"] = serde_json::json!([{
+        "name": "envoy.bootstrap.internal_listener",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"
+        }
+    }]);
+    shoal_common::yaml::to_string(&doc).expect("serializing the bootstrap")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loads_the_internal_listener_and_says_so() {
+        let node = Node::sidecar();
+        let yaml = with_internal_listener(&bootstrap(
+            &node,
+            15000,
+            &["127.0.0.1:15010".parse().unwrap()],
+        ));
+        let doc: serde_json::Value = shoal_common::yaml::from_str(&yaml).unwrap();
+        assert_eq!(
+            doc["node"]["metadata"]["SHOAL_INTERNAL_LISTENER"].as_str(),
+            Some("true")
+        );
+        assert_eq!(doc["node"]["metadata"]["NAMESPACE"].as_str(), Some("demo"));
+        assert_eq!(
+            doc["bootstrap_extensions"][0]["name"].as_str(),
+            Some("envoy.bootstrap.internal_listener")
+        );
+    }
 
     #[test]
     fn adds_the_sds_cluster_on_the_socket() {

@@ -514,7 +514,7 @@ async fn run(mut cmd: Command, args: &[&str]) -> RunOutput {
 
 /// Waits until a `shoal-testapp` server printed `listening on`; panics with its log if it
 /// exits or takes too long.
-async fn wait_listening(process: &mut Process) {
+pub async fn wait_listening(process: &mut Process) {
     let deadline = tokio::time::Instant::now() + LISTEN_TIMEOUT;
     while !process.log().contains("listening on ") {
         process.assert_running();

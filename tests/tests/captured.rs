@@ -9,6 +9,10 @@
 //! The mesh (namespace `shop`): `productpage` (the client), `reviews` v1/v2 (HTTP), `mysql`
 //! (TCP echo), `ratings` (a port without protocol: sniffed), and `external`, a pod outside
 //! the mesh (no sidecar, no Service). An ingress gateway Envoy runs in the root namespace.
+//! `ambient` is an ambient pod (istio-cni's `ambient.istio.io/redirection: enabled`, no
+//! sidecar) behind a Service, whose HBONE port 15008 is served by the test app's HBONE
+//! terminator in place of ztunnel. The sidecars' bootstraps load Envoy's internal listener
+//! extension and say so (`SHOAL_INTERNAL_LISTENER`), so shoal sends them HBONE to it.
 //!
 //! AuthorizationPolicies are checked on the server side's virtualInbound: HTTP (`details`)
 //! by method, path and header, TCP (`mysql`) by source address.
@@ -21,7 +25,7 @@
 #![forbid(unsafe_code)]
 
 use serde_json::Value;
-use shoal_tests::bootstrap::{bootstrap_with, AdsMode, Node};
+use shoal_tests::bootstrap::{bootstrap_with, with_internal_listener, AdsMode, Node};
 use shoal_tests::mesh::write_manifest;
 use shoal_tests::netns::{self, Pod};
 use shoal_tests::pki::TokenSigner;
@@ -51,6 +55,8 @@ const MYSQL: &str = "mysql.shop.svc.cluster.local";
 /// Services without pods of their own, which GAMMA routes steer (HTTP and TCP).
 const REVIEWS_GAMMA_VIP: &str = "198.19.0.15";
 const MYSQL_GAMMA_VIP: &str = "198.19.0.16";
+/// The Service of the ambient pod.
+const AMBIENT_VIP: &str = "198.19.0.17";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_sotw() {
@@ -89,6 +95,8 @@ async fn scenario(plane: Plane, mode: AdsMode) {
     passthrough_and_registry_only(&mesh).await;
     ingress_into_a_pod(&mesh).await;
     authorization(&mesh).await;
+    sidecar_to_ambient_over_hbone(&mesh).await;
+    ambient_to_sidecar_in_plain_tcp(&mesh).await;
     endpoint_added(&mut mesh).await;
 
     mesh.assert_nothing_rejected().await;
@@ -1023,6 +1031,79 @@ async fn tcp_roundtrip(addr: SocketAddr) -> String {
 }
 
 /// A pod added to reviews (v1) receives traffic within seconds.
+/// Sidecar → ambient pod (issue 21): productpage's sidecar sends its request to the
+/// ambient pod's Service over HBONE — the endpoint is the `connect_originate` internal
+/// listener, whose cluster opens mutual TLS to `<podIP>:15008` and CONNECTs to
+/// `<podIP>:9080` — and the terminator saw productpage's SPIFFE identity.
+async fn sidecar_to_ambient_over_hbone(mesh: &CapturedMesh) {
+    let ambient_ip = mesh.pods["ambient"].ip();
+    let tunnels_before = mesh
+        .stat("productpage", "cluster.connect_originate.upstream_cx_total")
+        .await;
+    let url = format!("http://{AMBIENT_VIP}:9080/over-hbone");
+    let (status, body) = mesh
+        .get("productpage", &url, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}\n{}", mesh.hbone_log()));
+    assert_eq!(status, 200, "{url}: {body}\n{}", mesh.hbone_log());
+    assert_eq!(body["backend"], "ambient", "{body}");
+    // The app's caller is the terminator, inside the pod (no sidecar in between).
+    assert_eq!(
+        body["peer"].as_str().unwrap_or_default().split(':').next(),
+        Some(ambient_ip.to_string().as_str()),
+        "{body}"
+    );
+    let seen = format!("hbone spiffe://cluster.local/ns/{NS}/sa/productpage -> {ambient_ip}:9080");
+    assert!(
+        mesh.hbone_log().contains(&seen),
+        "the terminator did not see productpage's identity ({seen}):\n{}",
+        mesh.hbone_log()
+    );
+    let tunnels_after = mesh
+        .stat("productpage", "cluster.connect_originate.upstream_cx_total")
+        .await;
+    assert!(
+        tunnels_after > tunnels_before,
+        "productpage's connect_originate opened no connection: {tunnels_before} -> {tunnels_after}"
+    );
+    assert!(
+        mesh.stat(
+            "productpage",
+            "cluster.outbound|9080||ambient.shop.svc.cluster.local.upstream_rq_total"
+        )
+        .await
+            >= 1,
+        "productpage's request did not go through the ambient Service's cluster"
+    );
+}
+
+/// Ambient pod → sidecar pod: ztunnel sends plain TCP to a sidecar pod's IP (shoal serves
+/// it no tunnel), and the sidecar accepts plaintext (PERMISSIVE). The ambient pod's app
+/// (no sidecar, no ztunnel here) connects to a reviews pod as ztunnel would.
+async fn ambient_to_sidecar_in_plain_tcp(mesh: &CapturedMesh) {
+    let reviews_ip = mesh.pods["reviews-v1"].ip();
+    let before = mesh
+        .stat("reviews-v1", "cluster.inbound|9080||.upstream_rq_total")
+        .await;
+    let url = format!("http://{reviews_ip}:9080/from-ambient");
+    let (status, body) = mesh
+        .get("ambient", &url, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    assert_eq!(status, 200, "{url}: {body}");
+    assert_eq!(body["backend"], "reviews-v1", "{body}");
+    // Through reviews-v1's sidecar (virtualInbound, from 127.0.0.6).
+    assert_eq!(
+        body["peer"].as_str().unwrap_or_default().split(':').next(),
+        Some("127.0.0.6"),
+        "{body}"
+    );
+    let after = mesh
+        .stat("reviews-v1", "cluster.inbound|9080||.upstream_rq_total")
+        .await;
+    assert!(after > before, "reviews-v1 inbound: {before} -> {after}");
+}
+
 async fn endpoint_added(mesh: &mut CapturedMesh) {
     mesh.add_pod(
         "reviews-v1b",
@@ -1224,6 +1305,8 @@ enum App {
 
 struct PodInfo {
     labels: Vec<(&'static str, &'static str)>,
+    /// An ambient pod: istio-cni's redirection annotation, no sidecar.
+    ambient: bool,
 }
 
 /// Fields drop in order: the Envoys (which save their config dumps when a test failed)
@@ -1238,6 +1321,10 @@ struct CapturedMesh {
     gateway_port: u16,
     gateway_tcp_port: u16,
     apps: Vec<Process>,
+    /// The ambient pod's HBONE terminator (its log names the callers).
+    hbone: Option<Process>,
+    /// The ambient pod's certificate and the mesh root, for the terminator.
+    certs: TempDir,
     _nats: Option<NatsServer>,
     ingester: Option<ShoalIngester>,
     server: Option<ShoalServer>,
@@ -1264,6 +1351,8 @@ impl CapturedMesh {
             gateway_port,
             gateway_tcp_port,
             apps: Vec::new(),
+            hbone: None,
+            certs: tempfile::tempdir().expect("certificate dir"),
             _nats: None,
             ingester: None,
             server: None,
@@ -1294,6 +1383,7 @@ impl CapturedMesh {
         ] {
             mesh.add_pod_only(name, &labels, app).await;
         }
+        mesh.add_ambient_pod("ambient").await;
         mesh.write_manifests();
         mesh.write("istio.yaml", &mesh.istio_config());
         mesh.write("details-v2.yaml", DETAILS_V2_VS);
@@ -1313,7 +1403,12 @@ impl CapturedMesh {
                 mesh._nats = Some(nats);
             }
         }
-        let names: Vec<String> = mesh.info.keys().cloned().collect();
+        let names: Vec<String> = mesh
+            .info
+            .iter()
+            .filter(|(_, i)| !i.ambient)
+            .map(|(n, _)| n.clone())
+            .collect();
         for name in names {
             mesh.start_sidecar(&name).await;
         }
@@ -1346,8 +1441,48 @@ impl CapturedMesh {
             name.into(),
             PodInfo {
                 labels: labels.to_vec(),
+                ambient: false,
             },
         );
+    }
+
+    /// An ambient pod (in the manifests from the next write): its HTTP app on 9080 and,
+    /// on 15008, the HBONE terminator with the pod's workload certificate from the test
+    /// mesh root (the root the sidecars' SDS serves). No capture: no ztunnel redirects it.
+    async fn add_ambient_pod(&mut self, name: &str) {
+        let pod = self.net.add_pod(name);
+        self.apps.push(pod.http_server(name, 9080).await);
+        let root = shoal_tests::sds::mesh_root();
+        let (cert, key) = root.workload(NS, name).write(self.certs.path(), name);
+        let root_path = self.certs.path().join("root.pem");
+        std::fs::write(&root_path, &root.cert_pem).expect("writing the mesh root");
+        let path = |p: &std::path::Path| p.to_str().expect("UTF-8 path").to_string();
+        let (cert, key, root_path) = (path(&cert), path(&key), path(&root_path));
+        let args = [
+            "hbone-server",
+            "--cert",
+            &cert,
+            "--key",
+            &key,
+            "--root",
+            &root_path,
+        ];
+        let mut hbone = pod.spawn_app("hbone", &args);
+        netns::wait_listening(&mut hbone).await;
+        self.hbone = Some(hbone);
+        self.pods.insert(name.into(), pod);
+        self.info.insert(
+            name.into(),
+            PodInfo {
+                labels: vec![("app", "ambient")],
+                ambient: true,
+            },
+        );
+    }
+
+    /// What the ambient pod's HBONE terminator printed.
+    fn hbone_log(&self) -> String {
+        self.hbone.as_ref().map(Process::log).unwrap_or_default()
     }
 
     /// A pod in the mesh with its app and its sidecar (manifests not rewritten).
@@ -1360,8 +1495,15 @@ impl CapturedMesh {
         let pod = &self.pods[name];
         let ip = pod.ip().to_string();
         let labels = &self.info[name].labels;
-        let node = Node::captured(&ip, name, NS, labels);
-        let yaml = bootstrap_with(&node, netns::ADMIN_PORT, &[self.xds], self.mode);
+        // The pod's own service account (as in its manifest), so its workload certificate
+        // names it: the HBONE terminator checks which identity called.
+        let node = Node::captured(&ip, name, NS, labels).with_service_account(name);
+        let yaml = with_internal_listener(&bootstrap_with(
+            &node,
+            netns::ADMIN_PORT,
+            &[self.xds],
+            self.mode,
+        ));
         let envoy = Envoy::start_in_pod(pod, &netns::admin_on(&yaml, pod.ip())).await;
         self.sidecars.insert(name.into(), envoy);
     }
@@ -1388,6 +1530,7 @@ impl CapturedMesh {
             ("details", DETAILS_VIP, "http", 9080),
             ("reviews-gamma", REVIEWS_GAMMA_VIP, "http", 9080),
             ("mysql-gamma", MYSQL_GAMMA_VIP, "tcp-mysql", 3306),
+            ("ambient", AMBIENT_VIP, "http", 9080),
         ];
         for (svc, vip, port_name, port) in services {
             out.push_str(&format!(
@@ -1425,8 +1568,14 @@ impl CapturedMesh {
                 .iter()
                 .map(|(k, v)| format!("    {k}: {v}\n"))
                 .collect();
+            // istio-cni marks the pods it redirected to ztunnel.
+            let annotations = if info.ambient {
+                "  annotations:\n    ambient.istio.io/redirection: enabled\n"
+            } else {
+                ""
+            };
             out.push_str(&format!(
-                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\n  labels:\n{labels}\
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {NS}\n{annotations}  labels:\n{labels}\
                  spec:\n  serviceAccountName: {name}\n  containers:\n  - name: app\n    image: app\n\
                  status:\n  phase: Running\n  podIP: {ip}\n  podIPs:\n  - ip: {ip}\n---\n",
                 ip = self.pods[name].ip()

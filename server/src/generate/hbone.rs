@@ -23,8 +23,9 @@
 //! Internal listeners need Envoy's `envoy.bootstrap.internal_listener` bootstrap
 //! extension, which istio-proxy's bootstrap always loads and an upstream Envoy's bootstrap
 //! may not: without it Envoy rejects the listener. So only istio-proxy (node metadata
-//! `ISTIO_VERSION`) gets any of this; every other proxy is served as before (plain TCP to
-//! ambient pods, see docs/ambient.md).
+//! `ISTIO_VERSION`) and an upstream Envoy whose node metadata says it loads the extension
+//! (`SHOAL_INTERNAL_LISTENER: "true"`, [`Proxy::internal_listener`]) get any of this;
+//! every other proxy is served as before (plain TCP to ambient pods, see docs/ambient.md).
 
 use super::mtls;
 use super::traffic_policy::default_circuit_breakers;
@@ -82,9 +83,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const HBONE_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Whether the proxy is sent HBONE to ambient endpoints: a sidecar or a gateway whose
-/// bootstrap loads the internal listener extension (istio-proxy; see the module docs).
+/// bootstrap loads the internal listener extension (istio-proxy, or an upstream Envoy that
+/// says so; see the module docs).
 pub fn sends_hbone(proxy: &Proxy) -> bool {
-    matches!(proxy.kind, ProxyKind::Sidecar | ProxyKind::Router) && proxy.istio_version.is_some()
+    matches!(proxy.kind, ProxyKind::Sidecar | ProxyKind::Router) && proxy.internal_listener
 }
 
 /// `<host>:<port>`, the host bracketed when it is IPv6 (Go's `net.JoinHostPort`).

@@ -130,6 +130,12 @@ pub struct Proxy {
     /// telemetry filters ([`crate::generate::telemetry`]), which an upstream Envoy cannot
     /// load, and version-gated config as istiod gates it.
     pub istio_version: Option<IstioVersion>,
+    /// The proxy's bootstrap loads Envoy's internal listener extension
+    /// (`envoy.bootstrap.internal_listener`), which internal listeners need: istio-proxy's
+    /// always does; an upstream Envoy says so with node metadata
+    /// [`INTERNAL_LISTENER_METADATA`]` = "true"`. Only such a proxy is sent HBONE to
+    /// ambient pods ([`crate::generate::hbone`]); Envoy rejects the listener otherwise.
+    pub internal_listener: bool,
     /// The workload's service account (metadata `SERVICE_ACCOUNT`), checked against the
     /// caller's identity on the secure port ([`crate::security::auth::authorize`]).
     pub service_account: Option<String>,
@@ -267,6 +273,13 @@ impl Proxy {
             .and_then(|m| string_field(m, "ISTIO_VERSION"))
             .filter(|v| !v.is_empty() && kind != ProxyKind::Proxyless)
             .map(|v| IstioVersion::parse(&v));
+        // Only Envoys load internal listeners: proxyless gRPC and ztunnel have none,
+        // whatever their metadata says.
+        let internal_listener = matches!(kind, ProxyKind::Sidecar | ProxyKind::Router)
+            && (istio_version.is_some()
+                || meta
+                    .and_then(|m| m.fields.get(INTERNAL_LISTENER_METADATA))
+                    .is_some_and(metadata_true));
         let network = meta
             .and_then(|m| string_field(m, "NETWORK"))
             .unwrap_or_default();
@@ -302,6 +315,7 @@ impl Proxy {
             service_account,
             verified: None,
             istio_version,
+            internal_listener,
         })
     }
 }
@@ -379,6 +393,22 @@ fn pod_ports(json: &str) -> BTreeMap<String, u16> {
             tracing::debug!(%error, "ignoring unparsable POD_PORTS node metadata");
             BTreeMap::new()
         }
+    }
+}
+
+/// The node metadata key by which an upstream Envoy says its bootstrap loads the internal
+/// listener extension (see [`Proxy::internal_listener`]). istio-proxy needs none: its
+/// bootstrap always loads it, and `ISTIO_VERSION` says it is istio-proxy.
+pub const INTERNAL_LISTENER_METADATA: &str = "SHOAL_INTERNAL_LISTENER";
+
+/// A boolean metadata value as istio-agent writes them (Istio's `StringBool`: the string
+/// `"true"`), or a JSON `true` a hand-written bootstrap may hold. Anything else is false:
+/// the extension is opt-in.
+fn metadata_true(v: &Value) -> bool {
+    match &v.kind {
+        Some(Kind::StringValue(s)) => s.trim().eq_ignore_ascii_case("true"),
+        Some(Kind::BoolValue(b)) => *b,
+        _ => false,
     }
 }
 
@@ -462,6 +492,52 @@ pub(crate) mod tests {
         assert!(IstioVersion::parse("1.23.4") < IstioVersion::parse("1.24.0"));
         assert!(IstioVersion::parse("1.24.0").at_least(1, 24));
         assert!(!IstioVersion::parse("1.23.9").at_least(1, 24));
+    }
+
+    /// istio-proxy loads internal listeners; an upstream Envoy only when its metadata says
+    /// `SHOAL_INTERNAL_LISTENER: "true"` (a string, as istio-agent writes booleans, or a
+    /// JSON boolean); proxyless gRPC never.
+    #[test]
+    fn internal_listener_from_metadata() {
+        let with = |id: &str, fields: &[(&str, Kind)]| {
+            let mut n = node(id, "default", &[]);
+            for (k, v) in fields {
+                n.metadata.as_mut().unwrap().fields.insert(
+                    k.to_string(),
+                    Value {
+                        kind: Some(v.clone()),
+                    },
+                );
+            }
+            Proxy::from_node(Some(&n)).unwrap().internal_listener
+        };
+        let s = |v: &str| Kind::StringValue(v.into());
+        let sidecar = "sidecar~10.0.0.1~a-1.default~default.svc.cluster.local";
+        let router = "router~10.0.0.1~gw-1.default~default.svc.cluster.local";
+        let grpc = sidecar;
+        let grpc_meta = |k: &'static str, v: Kind| [("GENERATOR", s("grpc")), (k, v)];
+        assert!(!with(sidecar, &[]));
+        assert!(with(sidecar, &[("ISTIO_VERSION", s("1.26.0"))]));
+        assert!(with(sidecar, &[(INTERNAL_LISTENER_METADATA, s("true"))]));
+        assert!(with(router, &[(INTERNAL_LISTENER_METADATA, s("TRUE"))]));
+        assert!(with(
+            sidecar,
+            &[(INTERNAL_LISTENER_METADATA, Kind::BoolValue(true))]
+        ));
+        assert!(!with(sidecar, &[(INTERNAL_LISTENER_METADATA, s("false"))]));
+        assert!(!with(
+            sidecar,
+            &[(INTERNAL_LISTENER_METADATA, s("yes please"))]
+        ));
+        assert!(!with(
+            sidecar,
+            &[(INTERNAL_LISTENER_METADATA, Kind::NumberValue(1.0))]
+        ));
+        assert!(!with(
+            grpc,
+            &grpc_meta(INTERNAL_LISTENER_METADATA, s("true"))
+        ));
+        assert!(!with(grpc, &grpc_meta("ISTIO_VERSION", s("1.26.0"))));
     }
 
     #[test]

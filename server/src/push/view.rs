@@ -64,6 +64,8 @@ pub struct ViewKey {
     verified: Option<VerifiedIdentity>,
     /// istio-proxy's release: telemetry filters and version gates depend on it.
     istio_version: Option<IstioVersion>,
+    /// Whether the proxy loads internal listeners: HBONE origination depends on it.
+    internal_listener: bool,
 }
 
 impl ViewKey {
@@ -102,6 +104,7 @@ impl ViewKey {
             pod_ports,
             locality,
             istio_version,
+            internal_listener,
             // Load assignments split endpoints by the proxy's network (and the networks it
             // asks to see): part of the outbound part's key, so shared per network.
             network,
@@ -124,6 +127,7 @@ impl ViewKey {
                 requested_network_view: Vec::new(),
                 verified: None,
                 istio_version: None,
+                internal_listener: false,
             };
         }
         ViewKey {
@@ -141,6 +145,7 @@ impl ViewKey {
                 ProxyKind::Sidecar | ProxyKind::Proxyless | ProxyKind::Ztunnel => None,
             },
             istio_version: *istio_version,
+            internal_listener: *internal_listener,
         }
     }
 }
@@ -1072,11 +1077,13 @@ mod tests {
         let istio = |app: &str, ip: &str| {
             let mut p = captured_proxy("a", ip, &[("app", app)]);
             p.istio_version = Some(IstioVersion::parse("1.26.0"));
+            p.internal_listener = true;
             p
         };
         let (web, api) = (istio("web", "10.0.0.1"), istio("api", "10.0.1.1"));
         let mut upstream = web.clone();
         upstream.istio_version = None;
+        upstream.internal_listener = false;
         let (v_web, v_api) = (views.view_for(&web), views.view_for(&api));
         assert!(!Arc::ptr_eq(&v_web, &views.view_for(&upstream)));
         let snap = Arc::new(mesh().snapshot());

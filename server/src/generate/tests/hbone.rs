@@ -48,6 +48,12 @@ fn mesh() -> Mesh {
 
 fn istio_proxy(mut p: Proxy) -> Proxy {
     p.istio_version = Some(IstioVersion::parse("1.26.0"));
+    p.internal_listener = true;
+    p
+}
+
+fn upstream_with_internal_listener(mut p: Proxy) -> Proxy {
+    p.internal_listener = true;
     p
 }
 
@@ -84,6 +90,13 @@ fn istio_proxy_tunnels_to_ambient_endpoints_only() {
             &[("app", "productpage")],
         )),
         istio_proxy(router_proxy("istio-system", &[("istio", "ingressgateway")])),
+        // An upstream Envoy whose bootstrap loads the extension
+        // (`SHOAL_INTERNAL_LISTENER: "true"`): the same, without istio-proxy's telemetry.
+        upstream_with_internal_listener(captured_proxy(
+            "default",
+            "10.1.0.7",
+            &[("app", "productpage")],
+        )),
     ] {
         let eps = endpoints(&p);
         assert_eq!(eps.len(), 3, "{eps:?}");

@@ -32,6 +32,7 @@ fn proxy(version: Option<&str>) -> Proxy {
         &[("app", "productpage"), ("version", "v2")],
     );
     p.istio_version = version.map(IstioVersion::parse);
+    p.internal_listener = p.istio_version.is_some();
     p
 }
 

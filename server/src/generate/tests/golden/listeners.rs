@@ -473,6 +473,7 @@ fn httpbin_sidecar() -> Proxy {
         &[("app", "httpbin"), ("version", "v1")],
     );
     p.istio_version = Some(crate::index::proxy::IstioVersion::parse("1.18.0"));
+    p.internal_listener = true;
     p
 }
 

@@ -1030,7 +1030,6 @@ async fn tcp_roundtrip(addr: SocketAddr) -> String {
     }
 }
 
-/// A pod added to reviews (v1) receives traffic within seconds.
 /// Sidecar → ambient pod (issue 21): productpage's sidecar sends its request to the
 /// ambient pod's Service over HBONE — the endpoint is the `connect_originate` internal
 /// listener, whose cluster opens mutual TLS to `<podIP>:15008` and CONNECTs to
@@ -1104,6 +1103,7 @@ async fn ambient_to_sidecar_in_plain_tcp(mesh: &CapturedMesh) {
     assert!(after > before, "reviews-v1 inbound: {before} -> {after}");
 }
 
+/// A pod added to reviews (v1) receives traffic within seconds.
 async fn endpoint_added(mesh: &mut CapturedMesh) {
     mesh.add_pod(
         "reviews-v1b",

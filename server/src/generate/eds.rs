@@ -4,7 +4,7 @@
 //! balancing (see [`super::locality`]).
 
 use super::locality::{self, LocalityLb};
-use super::{cds::entry_port, mtls, socket_address, Resource};
+use super::{cds::entry_port, mtls, socket_address, string_struct, Resource};
 use crate::index::destination_rule::subset_policy;
 use crate::index::endpoints::{EndpointIndex, HostShards};
 use crate::index::network::{MeshNetworks, NetworkGateway, NetworkGateways};
@@ -544,15 +544,7 @@ fn split_by_network(
 /// istio}` on endpoints with a sidecar, which the cluster's `tlsMode-istio` transport socket
 /// match selects.
 fn tls_mode_metadata() -> Metadata {
-    let tls_mode = Struct {
-        fields: std::iter::once((
-            mtls::TLS_MODE_KEY.to_string(),
-            Value {
-                kind: Some(value::Kind::StringValue(tls_mode::TLS_MODE_ISTIO.into())),
-            },
-        ))
-        .collect(),
-    };
+    let tls_mode = string_struct(mtls::TLS_MODE_KEY, tls_mode::TLS_MODE_ISTIO);
     Metadata {
         filter_metadata: std::iter::once((mtls::TRANSPORT_SOCKET_MATCH.to_string(), tls_mode))
             .collect(),

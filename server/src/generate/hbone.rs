@@ -29,7 +29,7 @@
 
 use super::mtls;
 use super::traffic_policy::default_circuit_breakers;
-use super::{pb_duration, Resource};
+use super::{pb_duration, string_struct, Resource};
 use crate::index::proxy::{Proxy, ProxyKind};
 use shoal_proto::pb::envoy::config::cluster::v3::cluster::{
     ClusterDiscoveryType, DiscoveryType, LbConfig, LbPolicy, OriginalDstLbConfig,
@@ -62,7 +62,7 @@ use shoal_proto::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions,
 };
 use shoal_proto::pb::envoy::r#type::metadata::v3::{metadata_kind, MetadataKind};
-use shoal_proto::pb::google::protobuf::{value, BoolValue, Struct, UInt32Value, Value};
+use shoal_proto::pb::google::protobuf::{BoolValue, Struct, UInt32Value};
 use shoal_proto::XdsType;
 use std::time::Duration;
 
@@ -98,18 +98,6 @@ pub fn join_host_port(host: &str, port: u32) -> String {
     }
 }
 
-fn string_value(s: &str) -> Value {
-    Value {
-        kind: Some(value::Kind::StringValue(s.to_string())),
-    }
-}
-
-fn one_field(key: &str, v: &str) -> Struct {
-    Struct {
-        fields: std::iter::once((key.to_string(), string_value(v))).collect(),
-    }
-}
-
 /// The address of a tunnelled endpoint: the `connect_originate` internal listener, the
 /// endpoint id `<ip>:<port>` keeping endpoints apart.
 pub fn internal_address(target: &str) -> Address {
@@ -129,10 +117,10 @@ pub fn internal_address(target: &str) -> Address {
 /// destination behind the tunnel, and the transport socket match that selects `hbone`.
 pub fn endpoint_metadata(target: &str) -> Vec<(String, Struct)> {
     vec![
-        (ORIGINAL_DST_METADATA.into(), one_field("local", target)),
+        (ORIGINAL_DST_METADATA.into(), string_struct("local", target)),
         (
             mtls::TRANSPORT_SOCKET_MATCH.into(),
-            one_field(TUNNEL_KEY, TUNNEL_HTTP),
+            string_struct(TUNNEL_KEY, TUNNEL_HTTP),
         ),
     ]
 }
@@ -152,7 +140,7 @@ pub fn transport_socket_match() -> TransportSocketMatch {
     };
     TransportSocketMatch {
         name: "hbone".into(),
-        r#match: Some(one_field(TUNNEL_KEY, TUNNEL_HTTP)),
+        r#match: Some(string_struct(TUNNEL_KEY, TUNNEL_HTTP)),
         transport_socket: Some(TransportSocket {
             name: "envoy.transport_sockets.internal_upstream".into(),
             config_type: Some(transport_socket::ConfigType::TypedConfig(shoal_proto::pack(

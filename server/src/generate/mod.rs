@@ -43,7 +43,7 @@ use shoal_proto::pb::envoy::config::core::v3::{
 use shoal_proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryResponse, DiscoveryResponse, Resource as PbResource,
 };
-use shoal_proto::pb::google::protobuf::Duration as PbDuration;
+use shoal_proto::pb::google::protobuf::{value, Duration as PbDuration, Struct, Value};
 use shoal_proto::{content_version, Any, XdsType};
 use std::sync::{Arc, OnceLock};
 
@@ -389,6 +389,20 @@ pub(crate) fn socket_address(ip: &str, port: u32) -> Address {
             port_specifier: Some(PortSpecifier::PortValue(port)),
             ..Default::default()
         })),
+    }
+}
+
+/// A protobuf Struct of one string field (endpoint metadata, transport socket matches):
+/// one entry, so that its encoding does not depend on map order.
+pub(crate) fn string_struct(key: &str, value: &str) -> Struct {
+    Struct {
+        fields: std::iter::once((
+            key.to_string(),
+            Value {
+                kind: Some(value::Kind::StringValue(value.to_string())),
+            },
+        ))
+        .collect(),
     }
 }
 

@@ -7,7 +7,7 @@
 //! circuit breakers (all four thresholds at `u32::MAX`) apply to every one of them.
 
 use super::mtls::{self, IstioMutual};
-use super::pb_duration;
+use super::{pb_duration, string_struct};
 use crate::index::tls_mode;
 use shoal_common::model::{
     ClientTlsMode, ClientTlsSettings, ConsistentHashLb, H2UpgradePolicy, OutlierDetection,
@@ -42,7 +42,7 @@ use shoal_proto::pb::envoy::extensions::upstreams::http::v3::{
 };
 use shoal_proto::pb::envoy::r#type::matcher::v3::{string_matcher::MatchPattern, StringMatcher};
 use shoal_proto::pb::envoy::r#type::v3::Percent;
-use shoal_proto::pb::google::protobuf::{value, Struct, UInt32Value, UInt64Value, Value};
+use shoal_proto::pb::google::protobuf::{Struct, UInt32Value, UInt64Value};
 
 /// The key of the upstream HTTP protocol options in `typed_extension_protocol_options`.
 pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
@@ -414,15 +414,7 @@ fn istio_mutual_tls(c: &mut Cluster, m: &IstioMutual, h2: bool) {
         c.transport_socket_matches = vec![
             TransportSocketMatch {
                 name: format!("tlsMode-{}", tls_mode::TLS_MODE_ISTIO),
-                r#match: Some(Struct {
-                    fields: std::iter::once((
-                        mtls::TLS_MODE_KEY.to_string(),
-                        Value {
-                            kind: Some(value::Kind::StringValue(tls_mode::TLS_MODE_ISTIO.into())),
-                        },
-                    ))
-                    .collect(),
-                }),
+                r#match: Some(string_struct(mtls::TLS_MODE_KEY, tls_mode::TLS_MODE_ISTIO)),
                 transport_socket: Some(socket),
             },
             TransportSocketMatch {

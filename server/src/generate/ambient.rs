@@ -338,11 +338,7 @@ fn workloads(ctx: &PushContext, endpoints: &EndpointIndex, aliases: bool) -> Vec
                         trust_domain: ctx.mesh.trust_domain.clone(),
                         ready: true,
                         canonical: canonical(&ep.labels, &ep.pod),
-                        authorization_policies: selecting_policies(
-                            ctx,
-                            &set.namespace,
-                            &ep.labels,
-                        ),
+                        authorization_policies: selecting_policies(ctx, &set.namespace, &ep.labels),
                         aliases,
                         ..WorkloadKey::default()
                     };

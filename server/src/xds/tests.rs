@@ -914,7 +914,9 @@ mod ztunnel {
         assert_eq!(r.resources[0].aliases, ["/10.1.0.11"]);
         assert!(r.removed_resources.is_empty());
         od.ack(&r).await;
-        let r = od.subscribe(XdsType::Address, &["/10.9.9.9"], &[], &[]).await;
+        let r = od
+            .subscribe(XdsType::Address, &["/10.9.9.9"], &[], &[])
+            .await;
         assert!(r.resources.is_empty(), "{:?}", names(&r));
         assert_eq!(r.removed_resources, ["/10.9.9.9"]);
         od.ack(&r).await;
@@ -969,7 +971,10 @@ mod ztunnel {
         let Some(shoal_proto::istio_workload::address::Type::Workload(w)) = address.r#type else {
             panic!("not a workload: {address:?}");
         };
-        assert_eq!(w.services.keys().collect::<Vec<_>>(), ["demo/vm.example.com"]);
+        assert_eq!(
+            w.services.keys().collect::<Vec<_>>(),
+            ["demo/vm.example.com"]
+        );
         z.ack(&r).await;
         s.publish(numbered(&base, 3), entry_change());
         let r = z.recv(XdsType::Address).await;

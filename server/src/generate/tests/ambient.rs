@@ -157,7 +157,10 @@ fn on_demand_answers_carry_aliases() {
     let by_name = aliases(&["Kubernetes//Pod/demo/server-1"]);
     assert_eq!(by_name["Kubernetes//Pod/demo/server-1"], ["/10.1.0.10"]);
     let by_vip = aliases(&["/10.96.0.10"]);
-    assert_eq!(by_vip["demo/server.demo.svc.cluster.local"], ["/10.96.0.10"]);
+    assert_eq!(
+        by_vip["demo/server.demo.svc.cluster.local"],
+        ["/10.96.0.10"]
+    );
     assert_eq!(by_vip["Kubernetes//Pod/demo/server-2"], ["/10.1.0.11"]);
     assert!(aliases(&["*"]).values().all(Vec::is_empty));
     // The delta entry carries them; the version does not depend on them.
@@ -194,10 +197,9 @@ network: vm-net
 ports: {tcp: 5433}
 "#,
     );
-    vm.meta.annotations.insert(
-        "ambient.istio.io/redirection".into(),
-        "enabled".into(),
-    );
+    vm.meta
+        .annotations
+        .insert("ambient.istio.io/redirection".into(), "enabled".into());
     vm.meta
         .labels
         .insert("service.istio.io/workload-name".into(), "vms".into());
@@ -226,13 +228,25 @@ workloadSelector: {labels: {app: server}}
 "#,
         ))
         .with_config(vm)
-        .with_config(workload_entry("demo", "by-name", "address: vm.example.com
-"))
-        .with_config(workload_entry("other", "elsewhere", "address: 10.3.0.1
+        .with_config(workload_entry(
+            "demo",
+            "by-name",
+            "address: vm.example.com
+",
+        ))
+        .with_config(workload_entry(
+            "other",
+            "elsewhere",
+            "address: 10.3.0.1
 labels: {app: vm}
-"))
-        .with_config(workload_entry("demo", "no-address", "labels: {app: vm}
-"))
+",
+        ))
+        .with_config(workload_entry(
+            "demo",
+            "no-address",
+            "labels: {app: vm}
+",
+        ))
         .snapshot();
     let get = |names: &[&str]| -> BTreeMap<String, pb::Address> {
         gen(XdsType::Address, &ztunnel_proxy(), &snapshot, names)
@@ -263,7 +277,10 @@ labels: {app: vm}
         .map(|(k, v)| {
             (
                 k.as_str(),
-                v.ports.iter().map(|p| (p.service_port, p.target_port)).collect(),
+                v.ports
+                    .iter()
+                    .map(|p| (p.service_port, p.target_port))
+                    .collect(),
             )
         })
         .collect();
@@ -291,7 +308,9 @@ labels: {app: vm}
     let pod = workload(&all["Kubernetes//Pod/demo/server-1"]);
     let cache = &pod.services["demo/cache.example.com"].ports;
     assert_eq!((cache[0].service_port, cache[0].target_port), (6379, 6379));
-    assert!(pod.services.contains_key("demo/server.demo.svc.cluster.local"));
+    assert!(pod
+        .services
+        .contains_key("demo/server.demo.svc.cluster.local"));
     // On demand: found by `<its network>/<ip>` only, and with the service that selects it.
     assert_eq!(get(&["vm-net/10.2.0.5"]).keys().collect::<Vec<_>>(), [uid]);
     assert!(get(&["/10.2.0.5"]).is_empty());
@@ -300,7 +319,6 @@ labels: {app: vm}
         [uid, "demo/db.example.com"]
     );
 }
-
 
 #[test]
 fn on_demand_gets_its_nodes_workloads_and_subscribed_services_pods() {

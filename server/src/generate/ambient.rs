@@ -310,8 +310,8 @@ fn alias_names(network: &str, addresses: &[String]) -> Vec<String> {
 /// `PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES`, both on by default).
 fn workloads(ctx: &PushContext, endpoints: &EndpointIndex, aliases: bool) -> Vec<WorkloadKey> {
     let selecting = selecting_services(ctx);
-    let mut out: BTreeMap<(String, String, String), (WorkloadKey, &BTreeMap<String, String>)> =
-        BTreeMap::new();
+    // By (cluster, namespace, pod): the workload and its pod's labels.
+    let mut out: BTreeMap<(String, String, String), (WorkloadKey, &Labels)> = BTreeMap::new();
     for (host, shards) in endpoints.iter() {
         let service = ctx.services.get(host);
         for set in shards.values() {
@@ -389,6 +389,8 @@ fn workloads(ctx: &PushContext, endpoints: &EndpointIndex, aliases: bool) -> Vec
     );
     workloads
 }
+
+type Labels = BTreeMap<String, String>;
 
 /// The services of each namespace that select their workloads by labels: Kubernetes
 /// Services by `selector`, ServiceEntries by `workloadSelector`. An empty selector selects

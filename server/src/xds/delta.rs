@@ -280,7 +280,10 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             };
         }
         let resuming = first && !sub.held.is_empty();
-        // What an on-demand ztunnel asked for by this request (see `respond`).
+        // What an on-demand ztunnel asked for by this request (see `respond`): answered
+        // even when already subscribed, as istiod answers every request. ztunnel asks
+        // again for an address it was told names nothing (a workload, then a service by
+        // that address), and waits until it is answered.
         let asked: Vec<String> = if ty == XdsType::Address && !sub.wildcard {
             req.resource_names_subscribe
                 .iter()
@@ -290,7 +293,7 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         } else {
             Vec::new()
         };
-        if first || changed {
+        if first || changed || !asked.is_empty() {
             let unchanged = self.respond(ty, snap, first, None, &asked).await?;
             if resuming {
                 self.session

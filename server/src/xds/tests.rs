@@ -920,6 +920,10 @@ mod ztunnel {
         assert!(r.resources.is_empty(), "{:?}", names(&r));
         assert_eq!(r.removed_resources, ["/10.9.9.9"]);
         od.ack(&r).await;
+        // Asked again (ztunnel does): answered again.
+        let r = od.subscribe(XdsType::Address, &["/10.9.9.9"], &[], &[]).await;
+        assert_eq!(r.removed_resources, ["/10.9.9.9"]);
+        od.ack(&r).await;
         // The pod asked for by address goes: removed by its own name.
         s.publish(
             numbered(&ambient_mesh(&[("10.1.0.10", "server-1")]), 2),

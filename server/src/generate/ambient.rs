@@ -3,7 +3,9 @@
 //!
 //! - `istio.workload.Address`: a `Workload` per pod behind a Kubernetes service (named
 //!   `<cluster>//Pod/<namespace>/<pod>`; pods behind no Service too), per WorkloadEntry
-//!   (`<cluster>/networking.istio.io/WorkloadEntry/<namespace>/<name>`), and a `Service`
+//!   (`<cluster>/networking.istio.io/WorkloadEntry/<namespace>/<name>`), per ServiceEntry
+//!   endpoint (`<cluster>/networking.istio.io/ServiceEntry/<namespace>/<name>/<address>`),
+//!   and a `Service`
 //!   per Kubernetes service or ServiceEntry host (named `<namespace>/<hostname>`);
 //! - `istio.security.Authorization`: each ALLOW or DENY AuthorizationPolicy (named
 //!   `<namespace>/<name>`), converted as istiod's ambient index converts it
@@ -23,7 +25,7 @@ use crate::index::hosts::labels_match;
 use crate::index::push_context::PushContext;
 use crate::index::service::{ServiceSource, ServiceView};
 use shoal_common::model::{
-    AuthorizationAction, AuthorizationPolicy, TargetPort, WorkloadEntry,
+    AuthorizationAction, AuthorizationPolicy, Resolution, ServiceEntry, TargetPort, WorkloadEntry,
     AMBIENT_REDIRECTION_ANNOTATION,
 };
 use shoal_proto::istio_workload as pb;
@@ -81,13 +83,16 @@ impl AmbientKey {
 }
 
 /// What a workload is made from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub enum WorkloadSource {
     /// A pod (its endpoints).
     #[default]
     Pod,
     /// A WorkloadEntry.
     WorkloadEntry,
+    /// One of a ServiceEntry's endpoints, by its address as written (or, for a DNS entry
+    /// without endpoints, one of its hosts).
+    ServiceEntry(String),
 }
 
 /// A pod, as the endpoints of the services it is behind describe it, or a WorkloadEntry.
@@ -138,13 +143,17 @@ pub struct WorkloadKey {
 impl WorkloadKey {
     /// istiod's workload uid.
     pub fn uid(&self) -> String {
-        match self.source {
+        match &self.source {
             WorkloadSource::Pod => {
                 format!("{}//Pod/{}/{}", self.cluster, self.namespace, self.name)
             }
             WorkloadSource::WorkloadEntry => format!(
                 "{}/networking.istio.io/WorkloadEntry/{}/{}",
                 self.cluster, self.namespace, self.name
+            ),
+            WorkloadSource::ServiceEntry(address) => format!(
+                "{}/networking.istio.io/ServiceEntry/{}/{}/{}",
+                self.cluster, self.namespace, self.name, address
             ),
         }
     }
@@ -387,7 +396,109 @@ fn workloads(ctx: &PushContext, endpoints: &EndpointIndex, aliases: bool) -> Vec
             .iter()
             .filter_map(|we| workload_entry(ctx, &selecting, we, aliases)),
     );
+    for se in &ctx.service_entries {
+        workloads.extend(service_entry_workloads(ctx, se, aliases));
+    }
     workloads
+}
+
+/// A ServiceEntry's inline endpoints as workloads, as istiod's
+/// `serviceEntryWorkloadBuilder`: each behind every host of the entry, with the entry's
+/// name, labels (canonical names, policies, tunnel) and namespace, and the endpoint's
+/// address, network, service account and ports. A DNS entry without endpoints or
+/// `workloadSelector` has one implicit endpoint per host: the host itself, as a hostname
+/// workload behind that host only (ztunnel resolves it). A host whose served definition is
+/// not a ServiceEntry of this namespace (a Kubernetes Service, or a definition kept from
+/// another namespace) is not one of the entry's services; an entry left with none has no
+/// workloads (istiod: "pruned by deduplication").
+fn service_entry_workloads(
+    ctx: &PushContext,
+    se: &Config<ServiceEntry>,
+    aliases: bool,
+) -> Vec<WorkloadKey> {
+    let spec = &se.spec;
+    let implicit = spec.endpoints.is_empty()
+        && matches!(
+            spec.resolution,
+            Some(Resolution::Dns | Resolution::DnsRoundRobin)
+        )
+        && spec.workload_selector.is_none();
+    if spec.endpoints.is_empty() && !implicit {
+        return Vec::new();
+    }
+    let namespace = &se.meta.namespace;
+    let services: Vec<&ServiceView> = spec
+        .hosts
+        .iter()
+        .filter_map(|h| ctx.services.get(h))
+        .filter(|s| {
+            s.namespace == *namespace && matches!(s.source, ServiceSource::ServiceEntry { .. })
+        })
+        .map(|s| &**s)
+        .collect();
+    let endpoints: Vec<(WorkloadEntry, Vec<&ServiceView>)> = if implicit {
+        services
+            .iter()
+            .map(|s| {
+                let ep = WorkloadEntry {
+                    address: s.hostname.clone(),
+                    ..WorkloadEntry::default()
+                };
+                (ep, vec![*s])
+            })
+            .collect()
+    } else if services.is_empty() {
+        Vec::new()
+    } else {
+        spec.endpoints
+            .iter()
+            .map(|ep| (ep.clone(), services.clone()))
+            .collect()
+    };
+    let labels = &se.meta.labels;
+    let policies = selecting_policies(ctx, namespace, labels);
+    endpoints
+        .into_iter()
+        .filter(|(ep, _)| !ep.address.is_empty())
+        .map(|(ep, services)| {
+            let (addresses, hostname) = match ep.address.parse::<IpAddr>() {
+                Ok(ip) => (vec![ip.to_string()], String::new()),
+                Err(_) => (Vec::new(), ep.address.clone()),
+            };
+            WorkloadKey {
+                source: WorkloadSource::ServiceEntry(ep.address.clone()),
+                cluster: shoal_common::defaults::CLUSTER_ID.to_string(),
+                namespace: namespace.clone(),
+                name: se.meta.name.clone(),
+                workload_name: se.meta.name.clone(),
+                canonical: canonical(labels, &se.meta.name),
+                addresses,
+                hostname,
+                network: ep.network.clone().unwrap_or_default(),
+                ambient: se
+                    .meta
+                    .annotations
+                    .get(AMBIENT_REDIRECTION_ANNOTATION)
+                    .is_some_and(|v| v == "enabled"),
+                native_tunnel: supports_http_tunnel(labels),
+                service_account: ep.service_account.clone().unwrap_or_default(),
+                node: String::new(),
+                trust_domain: ctx.mesh.trust_domain.clone(),
+                ready: true,
+                services: services
+                    .iter()
+                    .map(|svc| {
+                        (
+                            format!("{}/{}", svc.namespace, svc.hostname),
+                            entry_ports(svc, Some(&ep.ports)),
+                        )
+                    })
+                    .collect(),
+                authorization_policies: policies.clone(),
+                aliases,
+            }
+        })
+        .collect()
 }
 
 type Labels = BTreeMap<String, String>;

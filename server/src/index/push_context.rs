@@ -11,8 +11,8 @@ use crate::index::store::MeshState;
 use shoal_common::credential::TlsCredential;
 use shoal_common::model::{
     AuthorizationPolicy, ConfigSpec, ConsistentHashLb, DestinationRule, Gateway,
-    PeerAuthentication, Protocol, RequestAuthentication, Resolution, ServicePort, Sidecar,
-    VirtualService, WorkloadEntry,
+    PeerAuthentication, Protocol, RequestAuthentication, Resolution, ServiceEntry, ServicePort,
+    Sidecar, VirtualService, WorkloadEntry,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -46,6 +46,9 @@ pub struct PushContext {
     /// metadata labels (the metadata's win), as istiod's ambient index reads them
     /// (`ConvertClientWorkloadEntry`): ztunnel's workloads (`generate::ambient`).
     pub workload_entries: Vec<Arc<Config<WorkloadEntry>>>,
+    /// ServiceEntries in (namespace, name) order: ztunnel's workloads of their inline
+    /// endpoints (`generate::ambient`).
+    pub service_entries: Vec<Arc<Config<ServiceEntry>>>,
     /// RequestAuthentications by namespace, in name order.
     pub request_authentications: BTreeMap<String, Vec<Arc<Config<RequestAuthentication>>>>,
     /// Keys fetched for RequestAuthentications' `jwksUri`s, by URI (a JWKS document each).
@@ -224,6 +227,10 @@ impl PushContext {
                         spec: sc.clone(),
                     })),
                 ConfigSpec::ServiceEntry(se) => {
+                    ctx.service_entries.push(Arc::new(Config {
+                        meta: meta.clone(),
+                        spec: se.clone(),
+                    }));
                     let mut endpoints = se.endpoints.clone();
                     if let Some(sel) = &se.workload_selector {
                         for (_, we) in workload_entries.get(&meta.namespace).into_iter().flatten() {
@@ -343,6 +350,9 @@ impl PushContext {
             policies.sort_by(|a, b| a.meta.precedence().cmp(&b.meta.precedence()));
         }
         ctx.virtual_services = crate::index::delegation::merge_delegates(&ctx.virtual_services);
+        ctx.service_entries.sort_by(|a, b| {
+            (&a.meta.namespace, &a.meta.name).cmp(&(&b.meta.namespace, &b.meta.name))
+        });
         ctx.workload_entries.sort_by(|a, b| {
             (&a.meta.namespace, &a.meta.name).cmp(&(&b.meta.namespace, &b.meta.name))
         });

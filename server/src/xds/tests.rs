@@ -921,7 +921,9 @@ mod ztunnel {
         assert_eq!(r.removed_resources, ["/10.9.9.9"]);
         od.ack(&r).await;
         // Asked again (ztunnel does): answered again.
-        let r = od.subscribe(XdsType::Address, &["/10.9.9.9"], &[], &[]).await;
+        let r = od
+            .subscribe(XdsType::Address, &["/10.9.9.9"], &[], &[])
+            .await;
         assert_eq!(r.removed_resources, ["/10.9.9.9"]);
         od.ack(&r).await;
         // The pod asked for by address goes: removed by its own name.

@@ -526,3 +526,89 @@ location: MESH_INTERNAL
         ["demo/db.example.com"]
     );
 }
+
+/// A ServiceEntry's inline endpoints are workloads behind each of its hosts, named
+/// `<cluster>/networking.istio.io/ServiceEntry/<ns>/<name>/<address>`; a DNS entry without
+/// endpoints has one hostname workload per host (istiod's `serviceEntryWorkloadBuilder`).
+#[test]
+fn service_entry_endpoints_are_workloads() {
+    let mut api = service_entry(
+        "demo",
+        "api",
+        r#"
+hosts: [api.example.com, api2.example.com]
+addresses: [240.0.0.7]
+ports: [{number: 443, name: https, protocol: TLS}]
+resolution: STATIC
+endpoints:
+- {address: 10.4.0.1, ports: {https: 8443}, serviceAccount: api}
+- {address: api.internal}
+"#,
+    );
+    api.meta.labels.insert("app".into(), "api".into());
+    let snapshot = mesh()
+        .with_config(api)
+        .with_config(service_entry(
+            "demo",
+            "ext",
+            "hosts: [httpbin.org]\nports: [{number: 80, name: http, protocol: HTTP}]\nresolution: DNS\n",
+        ))
+        .with_config(service_entry(
+            "demo",
+            "selected",
+            "hosts: [sel.example.com]\nports: [{number: 80, name: http, protocol: HTTP}]\n\
+             resolution: DNS\nworkloadSelector: {labels: {app: none}}\n",
+        ))
+        .snapshot();
+    let all: BTreeMap<String, pb::Address> =
+        gen(XdsType::Address, &ztunnel_proxy(), &snapshot, &["*"])
+            .iter()
+            .map(|r| (r.name.clone(), pb::Address::decode(&*r.any.value).unwrap()))
+            .collect();
+    let prefix = "Kubernetes/networking.istio.io/ServiceEntry/demo/";
+    let entries: Vec<&str> = all.keys().filter_map(|k| k.strip_prefix(prefix)).collect();
+    assert_eq!(
+        entries,
+        ["api/10.4.0.1", "api/api.internal", "ext/httpbin.org"]
+    );
+    let ip = workload(&all[&format!("{prefix}api/10.4.0.1")]);
+    assert_eq!(
+        (ip.name.as_str(), ip.workload_name.as_str()),
+        ("api", "api")
+    );
+    assert_eq!(ip.addresses, vec![vec![10, 4, 0, 1]]);
+    assert_eq!(ip.service_account, "api");
+    assert_eq!(ip.canonical_name, "api");
+    let ports = |w: &pb::Workload| -> BTreeMap<String, Vec<(u32, u32)>> {
+        w.services
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v.ports
+                        .iter()
+                        .map(|p| (p.service_port, p.target_port))
+                        .collect(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        ports(ip),
+        BTreeMap::from([
+            ("demo/api.example.com".to_string(), vec![(443, 8443)]),
+            ("demo/api2.example.com".to_string(), vec![(443, 8443)]),
+        ])
+    );
+    let named = workload(&all[&format!("{prefix}api/api.internal")]);
+    assert!(named.addresses.is_empty());
+    assert_eq!(named.hostname, "api.internal");
+    assert_eq!(ports(named)["demo/api.example.com"], [(443, 443)]);
+    let dns = workload(&all[&format!("{prefix}ext/httpbin.org")]);
+    assert_eq!(dns.hostname, "httpbin.org");
+    assert_eq!(
+        ports(dns),
+        BTreeMap::from([("demo/httpbin.org".to_string(), vec![(80, 80)])])
+    );
+    assert_eq!(dns.tunnel_protocol, pb::TunnelProtocol::None as i32);
+}

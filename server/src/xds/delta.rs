@@ -102,17 +102,23 @@ impl DeltaStream {
             self.warming.apply(&mut sub.held);
         }
         let diff = self.session.diff(ty, &names, &sub.held, &output, snap);
-        // Answered: a resource of that name, or one with it among its aliases.
-        let unresolved: Vec<String> = asked
-            .iter()
-            .filter(|n| {
-                !output
-                    .resources()
-                    .iter()
-                    .any(|r| &r.name == *n || r.aliases.contains(n))
-            })
-            .cloned()
-            .collect();
+        // Answered: a resource of that name, or one with it among its aliases. (A set, so
+        // a request of many names costs names + resources, not their product.)
+        let unresolved: Vec<String> = if asked.is_empty() {
+            Vec::new()
+        } else {
+            let answered: std::collections::HashSet<&str> = output
+                .resources()
+                .iter()
+                .flat_map(|r| std::iter::once(&r.name).chain(&r.aliases))
+                .map(String::as_str)
+                .collect();
+            asked
+                .iter()
+                .filter(|n| !answered.contains(n.as_str()))
+                .cloned()
+                .collect()
+        };
         if diff.is_empty() && !force && unresolved.is_empty() {
             self.session
                 .metrics
@@ -294,7 +300,8 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             Vec::new()
         };
         if first || changed || !asked.is_empty() {
-            let unchanged = self.respond(ty, snap, first, None, &asked).await?;
+            let force = first || !asked.is_empty();
+            let unchanged = self.respond(ty, snap, force, None, &asked).await?;
             if resuming {
                 self.session
                     .metrics

@@ -920,11 +920,19 @@ mod ztunnel {
         assert!(r.resources.is_empty(), "{:?}", names(&r));
         assert_eq!(r.removed_resources, ["/10.9.9.9"]);
         od.ack(&r).await;
-        // Asked again (ztunnel does): answered again.
+        // Asked again (ztunnel does): answered again; so is a name it holds.
         let r = od
             .subscribe(XdsType::Address, &["/10.9.9.9"], &[], &[])
             .await;
         assert_eq!(r.removed_resources, ["/10.9.9.9"]);
+        od.ack(&r).await;
+        let r = od
+            .subscribe(XdsType::Address, &["/10.1.0.11"], &[], &[])
+            .await;
+        assert!(
+            r.resources.is_empty() && r.removed_resources.is_empty(),
+            "{r:?}"
+        );
         od.ack(&r).await;
         // The pod asked for by address goes: removed by its own name.
         s.publish(

@@ -635,25 +635,35 @@ fn canonical(labels: &BTreeMap<String, String>, pod: &str) -> (String, String) {
     )
 }
 
-/// The ALLOW/DENY policies of the workload's namespace whose selector selects its labels.
+/// The ALLOW/DENY policies with a selector that selects the workload's labels, of its
+/// namespace and of the root namespace (istiod's `buildWorkloadPolicies`, as sidecars get
+/// them in `generate::authz`), sorted by name. ztunnel applies a workload-selector policy
+/// only to the workloads that list it: one left out is not enforced.
 fn selecting_policies(
     ctx: &PushContext,
     namespace: &str,
     labels: &BTreeMap<String, String>,
 ) -> Vec<String> {
-    ctx.authorization_policies
-        .get(namespace)
-        .into_iter()
-        .flatten()
+    let root = ctx.mesh.root_namespace.as_str();
+    let namespaces: &[&str] = if namespace == root {
+        &[root]
+    } else {
+        &[root, namespace]
+    };
+    let mut out: Vec<String> = namespaces
+        .iter()
+        .flat_map(|ns| ctx.authorization_policies.get(*ns).into_iter().flatten())
         .filter(|p| converted(&p.spec))
         .filter(|p| {
             p.spec
                 .selector
                 .as_ref()
-                .is_some_and(|s| s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
+                .is_some_and(|s| labels_match(&s.match_labels, labels))
         })
         .map(|p| format!("{}/{}", p.meta.namespace, p.meta.name))
-        .collect()
+        .collect();
+    out.sort();
+    out
 }
 
 /// Kubernetes services and ServiceEntry hosts (istiod's ambient index serves both: a

@@ -612,3 +612,32 @@ endpoints:
     );
     assert_eq!(dns.tunnel_protocol, pb::TunnelProtocol::None as i32);
 }
+
+/// A root-namespace policy with a selector selects workloads of every namespace (as for
+/// sidecars, and istiod's `buildWorkloadPolicies`): ztunnel enforces a selector policy
+/// only on the workloads that list it, so leaving it out would not enforce it.
+#[test]
+fn root_namespace_selector_policies_select_every_namespace() {
+    let snapshot = mesh()
+        .with_config(authorization_policy(
+            "istio-system",
+            "deny-server",
+            "selector: {matchLabels: {app: server}}\naction: DENY\nrules: [{from: [{source: {namespaces: [bad]}}]}]\n",
+        ))
+        .with_config(authorization_policy(
+            "other",
+            "elsewhere",
+            "selector: {matchLabels: {app: server}}\nrules: [{}]\n",
+        ))
+        .snapshot();
+    let all: BTreeMap<String, pb::Address> =
+        gen(XdsType::Address, &ztunnel_proxy(), &snapshot, &["*"])
+            .iter()
+            .map(|r| (r.name.clone(), pb::Address::decode(&*r.any.value).unwrap()))
+            .collect();
+    let w = workload(&all["Kubernetes//Pod/demo/server-1"]);
+    assert_eq!(
+        w.authorization_policies,
+        ["demo/allow-client", "istio-system/deny-server"]
+    );
+}

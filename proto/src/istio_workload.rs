@@ -53,7 +53,8 @@ pub struct Service {
 /// A workload.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Workload {
-    /// Unique id: `<cluster>//Pod/<namespace>/<name>`.
+    /// Unique id: `<cluster>//Pod/<namespace>/<name>` for a pod,
+    /// `<cluster>/networking.istio.io/WorkloadEntry/<namespace>/<name>` for a WorkloadEntry.
     #[prost(string, tag = "20")]
     pub uid: String,
     /// Pod name.
@@ -68,6 +69,10 @@ pub struct Workload {
     /// Network (empty: the default network).
     #[prost(string, tag = "4")]
     pub network: String,
+    /// A DNS name ztunnel resolves, for a workload without addresses (a WorkloadEntry
+    /// whose address is a name).
+    #[prost(string, tag = "21")]
+    pub hostname: String,
     /// How to reach the workload: [`TunnelProtocol`].
     #[prost(enumeration = "TunnelProtocol", tag = "5")]
     pub tunnel_protocol: i32,

@@ -1,6 +1,7 @@
 //! Ambient mode: a client speaking what ztunnel speaks against a real `shoal-server`
 //! (standalone mode, issuer keys from a JWKS file): delta ADS over TLS with a bearer token
-//! for both ambient types, updates on pod/service/policy changes, on-demand names, and the
+//! for both ambient types, updates on pod/service/policy/WorkloadEntry changes, on-demand
+//! names (with their aliases), and the
 //! CA's impersonation for the pods of the ztunnel's own node (and its refusals).
 
 use prost::Message;
@@ -449,6 +450,45 @@ spec:
     assert_eq!(s.addresses[0].address, [240, 0, 0, 5]);
     assert_eq!(s.ports[0].service_port, 5432);
 
+    // A WorkloadEntry the ServiceEntry selects is a workload behind it; deleted, removed.
+    let vm = r#"---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db, namespace: demo}
+spec:
+  hosts: [db.example.com]
+  addresses: [240.0.0.5]
+  ports: [{number: 5432, name: tcp, protocol: TCP}]
+  resolution: STATIC
+  location: MESH_INTERNAL
+  workloadSelector: {labels: {app: db}}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: db-vm, namespace: demo, annotations: {ambient.istio.io/redirection: enabled}}
+spec:
+  address: 10.2.0.5
+  labels: {app: db}
+  serviceAccount: db
+  ports: {tcp: 6432}
+"#;
+    const DB_VM: &str = "Kubernetes/networking.istio.io/WorkloadEntry/demo/db-vm";
+    manifests_with(&mesh, &pods, 9001, other, vm);
+    let w = next_workload(&mut z, DB_VM).await;
+    assert_eq!(w.addresses, [vec![10, 2, 0, 5]]);
+    assert_eq!(w.service_account, "db");
+    assert_eq!(w.tunnel_protocol, pb::TunnelProtocol::Hbone as i32);
+    let ports = &w.services["demo/db.example.com"].ports;
+    assert_eq!((ports[0].service_port, ports[0].target_port), (5432, 6432));
+    manifests_with(&mesh, &pods, 9001, other, se);
+    loop {
+        let r = z.recv().await;
+        if r.removed_resources.iter().any(|n| n == DB_VM) {
+            break;
+        }
+        assert!(!addresses(&r).contains_key(DB_VM), "{r:?}");
+    }
+
     // On demand: `*` out, which still sends the workloads of the ztunnel's node (its
     // NODE_NAME, node-1), as istiod does; then one address by IP.
     let mut od = Ztunnel::connect(tls, &pki, &token).await;
@@ -464,11 +504,20 @@ spec:
     }
     od.subscribe(shoal_proto::ADDRESS_TYPE, &["/10.1.0.11"], &[])
         .await;
-    let one = addresses(&od.recv().await);
+    let r = od.recv().await;
+    let one = addresses(&r);
     assert_eq!(
         one.keys().collect::<Vec<_>>(),
         ["Kubernetes//Pod/demo/server-2-n2"]
     );
+    // Under its own name, with the name it was asked by as an alias (as istiod sends it).
+    assert_eq!(r.resources[0].aliases, ["/10.1.0.11"]);
+    // An address that names nothing is answered at once, as removed (as istiod does).
+    od.subscribe(shoal_proto::ADDRESS_TYPE, &["/10.9.9.9"], &[])
+        .await;
+    let r = od.recv().await;
+    assert!(r.resources.is_empty(), "{r:?}");
+    assert_eq!(r.removed_resources, ["/10.9.9.9"]);
 
     // The CA: a pod of node-1's identity, with a chain ending at the root.
     let chain = create_certificate(

@@ -456,6 +456,54 @@ async fn one_service_published() -> (NatsServer, BusRecorder, KubeApiServer, Ing
     (nats, bus, config, ingester)
 }
 
+/// A pod that no EndpointSlice names is published as an endpoint set of its own (service
+/// `-pod`, ambient's workload for it) with its IP, node, service account and istio-cni's
+/// redirection, and deleted with the pod; a pod behind a Service gets no such set.
+#[tokio::test]
+async fn a_pod_behind_no_service_is_published_until_deleted() {
+    let (_nats, bus, config, _ingester) = one_service_published().await;
+    let lone = shoal_common::keys::endpoints_key(
+        "Kubernetes",
+        "shop",
+        shoal_common::model::NO_SERVICE,
+        "lone-1",
+    );
+    config
+        .apply(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "lone-1", "namespace": "shop", "labels": {"app": "lone"},
+                         "annotations": {"ambient.istio.io/redirection": "enabled"}},
+            "spec": {"serviceAccountName": "lone-sa", "nodeName": "node-r1",
+                     "containers": [{"name": "lone", "image": "lone:1"}]},
+            "status": {"phase": "Running", "podIP": "10.1.0.9", "podIPs": [{"ip": "10.1.0.9"}],
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .unwrap();
+    bus.until("the lone pod's endpoint set", |b| {
+        b.keys(Bucket::Endpoints).contains(&lone)
+    })
+    .await;
+    let set: EndpointSet = bus.decode(Bucket::Endpoints, &lone).unwrap();
+    assert_eq!(set.service, shoal_common::model::NO_SERVICE);
+    let ep = &set.endpoints[0];
+    assert_eq!(
+        (ep.address.as_str(), ep.pod.as_str(), ep.node.as_str()),
+        ("10.1.0.9", "lone-1", "node-r1")
+    );
+    assert_eq!(ep.service_account, "lone-sa");
+    assert!(ep.ambient && ep.ready, "{ep:?}");
+    // The pod behind `web` is published through its slice only.
+    assert_eq!(
+        bus.keys(Bucket::Endpoints),
+        [lone.clone(), eps_key("Kubernetes", "shop")]
+    );
+    config.delete("pods", Some("shop"), "lone-1").unwrap();
+    bus.until("the lone pod's set deleted", |b| {
+        b.keys(Bucket::Endpoints) == [eps_key("Kubernetes", "shop")]
+    })
+    .await;
+}
+
 /// Dropped watches and a 410 Gone relist (compaction) change nothing on the bus: no
 /// delete of a live object, not even briefly, and no write either.
 #[tokio::test]

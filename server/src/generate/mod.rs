@@ -56,6 +56,10 @@ pub struct Resource {
     pub version: String,
     /// The encoded resource.
     pub any: Any,
+    /// Other names of the resource (delta `Resource.aliases`): the `<network>/<ip>` names
+    /// an on-demand ztunnel may have asked for it by (see `ambient`); empty elsewhere.
+    /// Not part of the version: the same resource sent with or without them is the same.
+    pub aliases: Vec<String>,
     /// Its entry in a delta response, encoded once (see [`Resource::delta_entry`]).
     delta_entry: OnceLock<Bytes>,
     /// Its entry in a State-of-the-World response, encoded once.
@@ -66,8 +70,11 @@ pub struct Resource {
 
 impl PartialEq for Resource {
     fn eq(&self, other: &Resource) -> bool {
-        // The entries are encodings of these three.
-        self.name == other.name && self.version == other.version && self.any == other.any
+        // The entries are encodings of these four.
+        self.name == other.name
+            && self.version == other.version
+            && self.any == other.any
+            && self.aliases == other.aliases
     }
 }
 
@@ -87,10 +94,17 @@ impl Resource {
             name,
             version,
             any,
+            aliases: Vec::new(),
             delta_entry: OnceLock::new(),
             sotw_entry: OnceLock::new(),
             digest: OnceLock::new(),
         }
+    }
+
+    /// The resource with other names it answers to (see [`Resource::aliases`]).
+    pub fn with_aliases(mut self, aliases: Vec<String>) -> Resource {
+        self.aliases = aliases;
+        self
     }
 
     /// sha256 of the name and the version: what a set version sums (see
@@ -115,6 +129,7 @@ impl Resource {
                     name: self.name.clone(),
                     version: self.version.clone(),
                     resource: Some(self.any.clone()),
+                    aliases: self.aliases.clone(),
                     ..Default::default()
                 }],
                 ..Default::default()

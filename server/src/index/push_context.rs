@@ -11,8 +11,8 @@ use crate::index::store::MeshState;
 use shoal_common::credential::TlsCredential;
 use shoal_common::model::{
     AuthorizationPolicy, ConfigSpec, ConsistentHashLb, DestinationRule, Gateway,
-    PeerAuthentication, Protocol, RequestAuthentication, Resolution, ServicePort, Sidecar,
-    VirtualService, WorkloadEntry,
+    PeerAuthentication, Protocol, RequestAuthentication, Resolution, ServiceEntry, ServicePort,
+    Sidecar, VirtualService, WorkloadEntry,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -42,6 +42,13 @@ pub struct PushContext {
     pub peer_authentications: BTreeMap<String, Vec<Arc<Config<PeerAuthentication>>>>,
     /// AuthorizationPolicies by namespace, in name order.
     pub authorization_policies: BTreeMap<String, Vec<Arc<Config<AuthorizationPolicy>>>>,
+    /// WorkloadEntries in (namespace, name) order, their `spec.labels` merged with their
+    /// metadata labels (the metadata's win), as istiod's ambient index reads them
+    /// (`ConvertClientWorkloadEntry`): ztunnel's workloads (`generate::ambient`).
+    pub workload_entries: Vec<Arc<Config<WorkloadEntry>>>,
+    /// ServiceEntries in (namespace, name) order: ztunnel's workloads of their inline
+    /// endpoints (`generate::ambient`).
+    pub service_entries: Vec<Arc<Config<ServiceEntry>>>,
     /// RequestAuthentications by namespace, in name order.
     pub request_authentications: BTreeMap<String, Vec<Arc<Config<RequestAuthentication>>>>,
     /// Keys fetched for RequestAuthentications' `jwksUri`s, by URI (a JWKS document each).
@@ -220,6 +227,10 @@ impl PushContext {
                         spec: sc.clone(),
                     })),
                 ConfigSpec::ServiceEntry(se) => {
+                    ctx.service_entries.push(Arc::new(Config {
+                        meta: meta.clone(),
+                        spec: se.clone(),
+                    }));
                     let mut endpoints = se.endpoints.clone();
                     if let Some(sel) = &se.workload_selector {
                         for (_, we) in workload_entries.get(&meta.namespace).into_iter().flatten() {
@@ -290,7 +301,12 @@ impl PushContext {
                         }
                     }
                 }
-                ConfigSpec::WorkloadEntry(_) => {}
+                ConfigSpec::WorkloadEntry(we) => {
+                    let mut spec = we.clone();
+                    spec.labels
+                        .extend(meta.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+                    ctx.workload_entries.push(Arc::new(Config { meta, spec }));
+                }
                 // Translated above (`gateway_api::translate`).
                 ConfigSpec::GatewayClass(_)
                 | ConfigSpec::KubeGateway(_)
@@ -334,6 +350,12 @@ impl PushContext {
             policies.sort_by(|a, b| a.meta.precedence().cmp(&b.meta.precedence()));
         }
         ctx.virtual_services = crate::index::delegation::merge_delegates(&ctx.virtual_services);
+        ctx.service_entries.sort_by(|a, b| {
+            (&a.meta.namespace, &a.meta.name).cmp(&(&b.meta.namespace, &b.meta.name))
+        });
+        ctx.workload_entries.sort_by(|a, b| {
+            (&a.meta.namespace, &a.meta.name).cmp(&(&b.meta.namespace, &b.meta.name))
+        });
         ctx.outbound_label_keys = outbound_label_keys(&ctx);
         ctx
     }

@@ -615,8 +615,13 @@ impl View {
                         })
                     });
                     // New names made from others whose output is for this snapshot.
+                    // ztunnel's addresses are no function of each name alone once a name
+                    // goes (a workload asked for by address, by its service and by its
+                    // node is still asked for): built afresh then.
+                    let derivable =
+                        |c: &&NamesChange| ty != XdsType::Address || c.removed.is_empty();
                     if prev.is_none() && !wildcard {
-                        prev = change.and_then(|c| {
+                        prev = change.filter(derivable).and_then(|c| {
                             let from = inner.slots.get(&slot_key(self.key.kind, ty, &c.from))?;
                             if !from.valid_for(ty, snap) {
                                 return None;

@@ -50,7 +50,7 @@ impl DeltaStream {
         if !self.warming.pending() || !self.subs.contains_key(&XdsType::Endpoint) {
             return Ok(());
         }
-        self.respond(XdsType::Endpoint, snap, false, observed_at_ms)
+        self.respond(XdsType::Endpoint, snap, false, observed_at_ms, &[])
             .await
             .map(|_| ())
     }
@@ -58,13 +58,17 @@ impl DeltaStream {
     /// Sends what changed for `ty` since what the proxy holds. `force`: respond even when
     /// nothing changed (the first request of a type must be answered, or Envoy waits for
     /// its initial fetch timeout). Returns how many resources the proxy already held at
-    /// their current version (and so were not sent).
+    /// their current version (and so were not sent). `asked`: the names an on-demand
+    /// ztunnel's request just subscribed to; those that name nothing are answered in
+    /// `removed_resources`, as istiod does (ztunnel waits until a name it asked for is
+    /// answered, as a resource or a removal).
     async fn respond(
         &mut self,
         ty: XdsType,
         snap: &Arc<Snapshot>,
         force: bool,
         observed_at_ms: Option<u64>,
+        asked: &[String],
     ) -> Result<usize, Status> {
         let Some(sub) = self.subs.get_mut(&ty) else {
             return Ok(0);
@@ -98,7 +102,24 @@ impl DeltaStream {
             self.warming.apply(&mut sub.held);
         }
         let diff = self.session.diff(ty, &names, &sub.held, &output, snap);
-        if diff.is_empty() && !force {
+        // Answered: a resource of that name, or one with it among its aliases. (A set, so
+        // a request of many names costs names + resources, not their product.)
+        let unresolved: Vec<String> = if asked.is_empty() {
+            Vec::new()
+        } else {
+            let answered: std::collections::HashSet<&str> = output
+                .resources()
+                .iter()
+                .flat_map(|r| std::iter::once(&r.name).chain(&r.aliases))
+                .map(String::as_str)
+                .collect();
+            asked
+                .iter()
+                .filter(|n| !answered.contains(n.as_str()))
+                .cloned()
+                .collect()
+        };
+        if diff.is_empty() && !force && unresolved.is_empty() {
             self.session
                 .metrics
                 .pushes_unchanged
@@ -125,10 +146,12 @@ impl DeltaStream {
             output.len(),
             observed_at_ms,
         );
+        let mut removed = diff.removed.clone();
+        removed.extend(unresolved);
         let head = DeltaDiscoveryResponse {
             system_version_info: version,
             type_url: ty.type_url().to_string(),
-            removed_resources: diff.removed.clone(),
+            removed_resources: removed,
             nonce,
             ..Default::default()
         };
@@ -263,8 +286,22 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             };
         }
         let resuming = first && !sub.held.is_empty();
-        if first || changed {
-            let unchanged = self.respond(ty, snap, first, None).await?;
+        // What an on-demand ztunnel asked for by this request (see `respond`): answered
+        // even when already subscribed, as istiod answers every request. ztunnel asks
+        // again for an address it was told names nothing (a workload, then a service by
+        // that address), and waits until it is answered.
+        let asked: Vec<String> = if ty == XdsType::Address && !sub.wildcard {
+            req.resource_names_subscribe
+                .iter()
+                .filter(|n| n.as_str() != "*")
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if first || changed || !asked.is_empty() {
+            let force = first || !asked.is_empty();
+            let unchanged = self.respond(ty, snap, force, None, &asked).await?;
             if resuming {
                 self.session
                     .metrics
@@ -290,7 +327,7 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         snap: &Arc<Snapshot>,
         observed_at_ms: Option<u64>,
     ) -> Result<(), Status> {
-        self.respond(ty, snap, false, observed_at_ms).await?;
+        self.respond(ty, snap, false, observed_at_ms, &[]).await?;
         if ty == XdsType::Cluster {
             self.resend_warming(snap, observed_at_ms).await?;
         }

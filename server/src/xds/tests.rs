@@ -894,4 +894,105 @@ mod ztunnel {
             .await;
         assert_eq!(names(&r), ["Kubernetes//Pod/demo/server-1"]);
     }
+
+    /// On demand, as istiod's `WorkloadGenerator` answers: the resource under its own
+    /// name with its `<network>/<ip>` names as `aliases`; an address that names nothing
+    /// answered in `removed_resources` (so ztunnel stops waiting for it); the resource
+    /// removed under its own name when it goes.
+    #[tokio::test]
+    async fn on_demand_aliases_and_removals() {
+        let s = server().await;
+        let two = ambient_mesh(&[("10.1.0.10", "server-1"), ("10.1.0.11", "server-2")]);
+        s.publish(numbered(&two, 1), full());
+        let mut od = Delta::open(&s).await;
+        let r = od.subscribe(XdsType::Address, &["*"], &["*"], &[]).await;
+        od.ack(&r).await;
+        let r = od
+            .subscribe(XdsType::Address, &["/10.1.0.11"], &[], &[])
+            .await;
+        assert_eq!(names(&r), ["Kubernetes//Pod/demo/server-2"]);
+        assert_eq!(r.resources[0].aliases, ["/10.1.0.11"]);
+        assert!(r.removed_resources.is_empty());
+        od.ack(&r).await;
+        let r = od
+            .subscribe(XdsType::Address, &["/10.9.9.9"], &[], &[])
+            .await;
+        assert!(r.resources.is_empty(), "{:?}", names(&r));
+        assert_eq!(r.removed_resources, ["/10.9.9.9"]);
+        od.ack(&r).await;
+        // Asked again (ztunnel does): answered again; so is a name it holds.
+        let r = od
+            .subscribe(XdsType::Address, &["/10.9.9.9"], &[], &[])
+            .await;
+        assert_eq!(r.removed_resources, ["/10.9.9.9"]);
+        od.ack(&r).await;
+        let r = od
+            .subscribe(XdsType::Address, &["/10.1.0.11"], &[], &[])
+            .await;
+        assert!(
+            r.resources.is_empty() && r.removed_resources.is_empty(),
+            "{r:?}"
+        );
+        od.ack(&r).await;
+        // The pod asked for by address goes: removed by its own name.
+        s.publish(
+            numbered(&ambient_mesh(&[("10.1.0.10", "server-1")]), 2),
+            full(),
+        );
+        let r = od.recv(XdsType::Address).await;
+        assert!(r.resources.is_empty(), "{:?}", names(&r));
+        assert_eq!(r.removed_resources, ["Kubernetes//Pod/demo/server-2"]);
+        od.ack(&r).await;
+        // It comes back at that address: sent again, as asked before.
+        s.publish(numbered(&two, 3), full());
+        let r = od.recv(XdsType::Address).await;
+        assert_eq!(names(&r), ["Kubernetes//Pod/demo/server-2"]);
+        assert_eq!(r.resources[0].aliases, ["/10.1.0.11"]);
+    }
+
+    /// A WorkloadEntry change pushes ztunnels (a config change of that kind alone): the
+    /// entry appears with the ServiceEntry that selects it, and is removed when deleted.
+    #[tokio::test]
+    async fn workload_entries_push_ztunnels() {
+        let s = server().await;
+        let base = ambient_mesh(&[("10.1.0.10", "server-1")]).with_config(service_entry(
+            "demo",
+            "vm",
+            "hosts: [vm.example.com]\nports: [{number: 80, name: http, protocol: HTTP}]\n\
+             resolution: STATIC\nworkloadSelector: {labels: {app: vm}}\n",
+        ));
+        s.publish(numbered(&base, 1), full());
+        let mut z = Delta::open(&s).await;
+        let a = z.subscribe(XdsType::Address, &[], &[], &[]).await;
+        z.ack(&a).await;
+        let entry_change = || ChangeSet {
+            config: [shoal_common::model::ConfigKind::WorkloadEntry].into(),
+            ..Default::default()
+        };
+        let with_vm = base.clone().with_config(workload_entry(
+            "demo",
+            "vm-1",
+            "address: 10.2.0.5\nlabels: {app: vm}\nserviceAccount: vm\n",
+        ));
+        s.publish(numbered(&with_vm, 2), entry_change());
+        let r = z.recv(XdsType::Address).await;
+        let uid = "Kubernetes/networking.istio.io/WorkloadEntry/demo/vm-1";
+        assert_eq!(names(&r), [uid]);
+        let address = shoal_proto::istio_workload::Address::decode(
+            &*r.resources[0].resource.as_ref().unwrap().value,
+        )
+        .unwrap();
+        let Some(shoal_proto::istio_workload::address::Type::Workload(w)) = address.r#type else {
+            panic!("not a workload: {address:?}");
+        };
+        assert_eq!(
+            w.services.keys().collect::<Vec<_>>(),
+            ["demo/vm.example.com"]
+        );
+        z.ack(&r).await;
+        s.publish(numbered(&base, 3), entry_change());
+        let r = z.recv(XdsType::Address).await;
+        assert!(r.resources.is_empty());
+        assert_eq!(r.removed_resources, [uid]);
+    }
 }

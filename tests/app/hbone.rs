@@ -25,7 +25,6 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
@@ -51,14 +50,7 @@ pub async fn serve(addr: SocketAddr, identity: Identity<'_>) -> anyhow::Result<(
 
 async fn serve_on(listener: TcpListener, acceptor: TlsAcceptor) -> anyhow::Result<()> {
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                eprintln!("accept: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (stream, peer) = super::accept(&listener).await;
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
             if let Err(e) = connection(acceptor, stream).await {
@@ -188,6 +180,7 @@ async fn tunnel(
 mod tests {
     use super::*;
     use shoal_tests::pki::{client_config, Pem, TestCa};
+    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A terminator on 127.0.0.1 with a serving certificate for `localhost` from `root`

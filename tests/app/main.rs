@@ -194,6 +194,20 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The next connection; an accept error (out of file descriptors, a connection reset
+/// before it was taken) is logged and the listener tried again shortly.
+async fn accept(listener: &TcpListener) -> (tokio::net::TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(e) => {
+                eprintln!("accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
 /// Tells the harness the server is up (stdout goes to a log file: flush).
 fn announce(addr: SocketAddr) {
     println!("listening on {addr}");
@@ -206,14 +220,7 @@ async fn http_server(addr: SocketAddr, name: String) -> anyhow::Result<()> {
         .with_context(|| format!("binding {addr}"))?;
     announce(listener.local_addr()?);
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                eprintln!("accept: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (stream, peer) = accept(&listener).await;
         let local = stream.local_addr().ok();
         let name = name.clone();
         tokio::spawn(async move {
@@ -278,14 +285,7 @@ async fn tcp_echo(addr: SocketAddr, name: String) -> anyhow::Result<()> {
         .with_context(|| format!("binding {addr}"))?;
     announce(listener.local_addr()?);
     loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                eprintln!("accept: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (stream, _) = accept(&listener).await;
         let name = name.clone();
         tokio::spawn(async move {
             let (read, mut write) = stream.into_split();

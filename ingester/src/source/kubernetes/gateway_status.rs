@@ -323,7 +323,17 @@ pub fn reports(
                 continue; // a duplicate parentRef gets one entry
             }
             let accepted = if is_service_parent(p) {
-                Condition::new("Accepted", true, "Accepted", "Route was valid")
+                // GAMMA: the Service must exist (istiod's `referenceAllowed`).
+                let svc_ns = p.namespace.as_deref().unwrap_or(route_ns);
+                match world.service(svc_ns, &p.name) {
+                    Some(_) => Condition::new("Accepted", true, "Accepted", "Route was valid"),
+                    None => Condition::new(
+                        "Accepted",
+                        false,
+                        "NoMatchingParent",
+                        format!("parent service: {:?} not found", p.name),
+                    ),
+                }
             } else if attach::is_gateway_parent(p)
                 && p.group.as_deref().is_none_or(|g| g == GATEWAY_API_GROUP)
             {
@@ -1092,6 +1102,7 @@ mod tests {
             obj("HTTPRoute", "other", "not-allowed", "parentRefs: [{name: gw, namespace: shop, sectionName: same}]\nrules: [{backendRefs: [{name: db, port: 5432}]}]\n"),
             obj("HTTPRoute", "shop", "no-gateway", "parentRefs: [{name: ghost}]\nrules: [{backendRefs: [{name: web, port: 80}]}]\n"),
             obj("HTTPRoute", "shop", "mesh", "parentRefs: [{group: '', kind: Service, name: web, port: 80}]\nrules: [{backendRefs: [{name: web, port: 80}]}]\n"),
+            obj("HTTPRoute", "shop", "mesh-ghost", "parentRefs: [{group: '', kind: Service, name: ghost}]\nrules: [{backendRefs: [{name: web, port: 80}]}]\n"),
             obj("TCPRoute", "shop", "tcp", "parentRefs: [{name: gw, sectionName: tcp}]\nrules: [{backendRefs: [{name: web, port: 80}]}]\n"),
         ];
         let r = cluster.reports(&config);
@@ -1129,6 +1140,10 @@ mod tests {
             ("Accepted", false, "NoMatchingParent")
         );
         assert_eq!(route("mesh"), [("web".to_string(), ok.clone())]);
+        assert_eq!(
+            route("mesh-ghost")[0].1[0],
+            ("Accepted", false, "NoMatchingParent")
+        );
         assert_eq!(
             parents(&r[&key(ConfigKind::TCPRoute, "shop", "tcp")]),
             [("gw".to_string(), ok)]

@@ -862,3 +862,310 @@ async fn gateway_api_status_is_written_by_the_leader() {
     assert_eq!(writes(&config), [1, 2, 7]);
     assert!(standby.metrics().await.contains(&written(1)));
 }
+
+/// A Gateway of class `istio` in `infra` with `listeners` (YAML flow sequence).
+fn gateway(name: &str, listeners: &str) -> Value {
+    let listeners: Value = shoal_common::yaml::from_str(listeners).expect("listeners");
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": name, "namespace": "infra"},
+        "spec": {"gatewayClassName": "istio", "listeners": listeners},
+    })
+}
+
+/// An HTTPRoute `<ns>/<name>` with `spec` (YAML).
+fn route(ns: &str, name: &str, spec: &str) -> Value {
+    let spec: Value = shoal_common::yaml::from_str(spec).expect("route spec");
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    })
+}
+
+/// The Gateway API conformance suite's core cases that check status alone, restated
+/// here (the suite's own manifests and checks, read from gateway-api's
+/// `conformance/tests`): GatewayWithAttachedRoutes, GatewayInvalidRouteKind,
+/// HTTPRouteInvalidCrossNamespaceParentRef, HTTPRouteDisallowedKind,
+/// HTTPRouteInvalidParentRefNotMatchingSectionName,
+/// HTTPRouteInvalidParentRefNotMatchingListenerPort, HTTPRouteInvalidBackendRefUnknownKind
+/// and HTTPRouteInvalidNonExistentBackendRef (their status part),
+/// HTTPRouteInvalidCrossNamespaceBackendRef, and the ObservedGenerationBump cases of
+/// GatewayClass, Gateway and HTTPRoute.
+#[tokio::test]
+async fn gateway_api_conformance_status_cases() {
+    let nats = NatsServer::start().await;
+    let config = config_cluster().await;
+    populate(&config, "infra", json!({}), "local");
+    populate(&config, "web", json!({}), "local");
+    gateway_api_crds(
+        &config,
+        &[
+            ("GatewayClass", "gatewayclasses", "Cluster"),
+            ("Gateway", "gateways", "Namespaced"),
+            ("HTTPRoute", "httproutes", "Namespaced"),
+        ],
+    );
+    let class = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": {"name": "istio"},
+        "spec": {"controllerName": "istio.io/gateway-controller"},
+    });
+    config.create(class.clone()).unwrap();
+    let infra_only = "namespaces: {from: Selector, selector: {matchLabels: {kubernetes.io/metadata.name: infra}}}";
+    for gw in [
+        gateway(
+            "attached-one",
+            &format!("[{{name: http, port: 80, protocol: HTTP, allowedRoutes: {{kinds: [{{kind: HTTPRoute}}], {infra_only}}}}}]"),
+        ),
+        gateway(
+            "attached-two",
+            &format!("[{{name: http, port: 80, protocol: HTTP, hostname: foo.example.com, allowedRoutes: {{kinds: [{{kind: HTTPRoute}}], {infra_only}}}}}]"),
+        ),
+        gateway(
+            "only-invalid-kind",
+            "[{name: http, port: 80, protocol: HTTP, allowedRoutes: {kinds: [{kind: InvalidRoute}]}}]",
+        ),
+        gateway(
+            "supported-and-invalid-kind",
+            "[{name: http, port: 80, protocol: HTTP, allowedRoutes: {kinds: [{kind: HTTPRoute}, {kind: InvalidRoute}]}}]",
+        ),
+        gateway("same-namespace", "[{name: http, port: 80, protocol: HTTP}]"),
+        gateway(
+            "tlsroutes-only",
+            "[{name: tls, port: 443, protocol: TLS, tls: {mode: Passthrough}, allowedRoutes: {kinds: [{kind: TLSRoute}]}}]",
+        ),
+    ] {
+        config.create(gw).unwrap();
+    }
+    let backend = "rules: [{backendRefs: [{name: web, port: 80}]}]";
+    for r in [
+        route("infra", "one", &format!("parentRefs: [{{name: attached-one}}]\n{backend}")),
+        route("infra", "two-a", &format!("parentRefs: [{{name: attached-two}}]\n{backend}")),
+        route(
+            "infra",
+            "two-b",
+            &format!("parentRefs: [{{name: attached-two}}]\nhostnames: [foo.example.com]\n{backend}"),
+        ),
+        route(
+            "infra",
+            "not-accepted",
+            &format!("parentRefs: [{{name: attached-two}}]\nhostnames: [bar.example.com]\n{backend}"),
+        ),
+        route("infra", "disallowed-kind", &format!("parentRefs: [{{name: tlsroutes-only}}]\n{backend}")),
+        route(
+            "infra",
+            "wrong-section",
+            &format!("parentRefs: [{{name: same-namespace, sectionName: nope}}]\n{backend}"),
+        ),
+        route(
+            "infra",
+            "wrong-port",
+            &format!("parentRefs: [{{name: same-namespace, port: 81}}]\n{backend}"),
+        ),
+        route(
+            "infra",
+            "unknown-kind-backend",
+            "parentRefs: [{name: same-namespace}]\nrules: [{backendRefs: [{group: unknown.example.com, kind: Unknown, name: web, port: 80}]}]",
+        ),
+        route(
+            "infra",
+            "missing-backend",
+            "parentRefs: [{name: same-namespace}]\nrules: [{backendRefs: [{name: nope, port: 80}]}]",
+        ),
+        route(
+            "infra",
+            "cross-backend",
+            "parentRefs: [{name: same-namespace}]\nrules: [{backendRefs: [{name: web, namespace: web, port: 80}]}]",
+        ),
+        route(
+            "web",
+            "cross-parent",
+            &format!("parentRefs: [{{name: same-namespace, namespace: infra}}]\n{backend}"),
+        ),
+    ] {
+        config.create(r).unwrap();
+    }
+
+    let mut ingester = Ingester::start(
+        &nats.url(),
+        &config.kubeconfig(),
+        &["--cluster-id", "main", "--instance-id", "ingester-a"],
+    );
+    ingester.wait_ready().await;
+    ingester.wait_leader().await;
+
+    let listener_of = |gw: &str| {
+        let gw = gw.to_string();
+        let config = &config;
+        async move {
+            object_status_until(config, GATEWAYS, Some("infra"), &gw, &gw, |s| {
+                s["listeners"][0]["conditions"].is_array()
+            })
+            .await["listeners"][0]
+                .clone()
+        }
+    };
+    let kinds = |l: &Value| -> Vec<String> {
+        l["supportedKinds"]
+            .as_array()
+            .map(|k| {
+                k.iter()
+                    .filter_map(|k| k["kind"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let listener_condition = |l: &Value, kind: &str| -> (String, String) {
+        conditions(&l["conditions"])
+            .into_iter()
+            .find(|(t, _, _)| t == kind)
+            .map(|(_, s, r)| (s, r))
+            .unwrap_or_default()
+    };
+    let holds = |reason: &str| ("True".to_string(), reason.to_string());
+
+    // GatewayWithAttachedRoutes: 1 and 2 routes attached; a route whose hostname no
+    // listener has is NoMatchingListenerHostname.
+    let one = listener_of("attached-one").await;
+    assert_eq!(
+        (one["attachedRoutes"].as_u64(), kinds(&one)),
+        (Some(1), vec!["HTTPRoute".to_string()]),
+        "{one}"
+    );
+    assert_eq!(listener_condition(&one, "Accepted"), holds("Accepted"));
+    assert_eq!(
+        listener_condition(&one, "ResolvedRefs"),
+        holds("ResolvedRefs")
+    );
+    let two = listener_of("attached-two").await;
+    assert_eq!(two["attachedRoutes"], 2, "{two}");
+    let route_reason = |ns: &'static str, name: &'static str, kind: &'static str| {
+        let config = &config;
+        async move {
+            let status = object_status_until(config, HTTP_ROUTES, Some(ns), name, name, |s| {
+                !route_conditions(s).is_empty()
+            })
+            .await;
+            route_conditions(&status)
+                .into_iter()
+                .find(|(t, _, _)| t == kind)
+                .map(|(_, s, r)| (s, r))
+                .unwrap_or_default()
+        }
+    };
+    let fails = |reason: &str| ("False".to_string(), reason.to_string());
+    assert_eq!(
+        route_reason("infra", "not-accepted", "Accepted").await,
+        fails("NoMatchingListenerHostname")
+    );
+
+    // GatewayInvalidRouteKind: no supported kind and InvalidRouteKinds; HTTPRoute kept
+    // beside an invalid kind.
+    let only = listener_of("only-invalid-kind").await;
+    assert!(kinds(&only).is_empty(), "{only}");
+    assert_eq!(
+        listener_condition(&only, "ResolvedRefs"),
+        fails("InvalidRouteKinds")
+    );
+    assert_eq!(only["attachedRoutes"], 0);
+    let both = listener_of("supported-and-invalid-kind").await;
+    assert_eq!(kinds(&both), ["HTTPRoute"], "{both}");
+    assert_eq!(
+        listener_condition(&both, "ResolvedRefs"),
+        fails("InvalidRouteKinds")
+    );
+
+    // HTTPRouteDisallowedKind, HTTPRouteInvalidCrossNamespaceParentRef: not allowed by the
+    // listeners (references resolved), nothing attached.
+    assert_eq!(
+        route_reason("infra", "disallowed-kind", "Accepted").await,
+        fails("NotAllowedByListeners")
+    );
+    assert_eq!(
+        route_reason("web", "cross-parent", "Accepted").await,
+        fails("NotAllowedByListeners")
+    );
+    assert_eq!(
+        route_reason("web", "cross-parent", "ResolvedRefs").await,
+        holds("ResolvedRefs")
+    );
+    assert_eq!(listener_of("tlsroutes-only").await["attachedRoutes"], 0);
+
+    // HTTPRouteInvalidParentRefNotMatchingSectionName / ...ListenerPort.
+    for name in ["wrong-section", "wrong-port"] {
+        assert_eq!(
+            route_reason("infra", name, "Accepted").await,
+            fails("NoMatchingParent"),
+            "{name}"
+        );
+    }
+
+    // Backends: an unknown kind, a missing Service, another namespace's without a grant;
+    // each route is still accepted.
+    for (name, reason) in [
+        ("unknown-kind-backend", "InvalidKind"),
+        ("missing-backend", "BackendNotFound"),
+        ("cross-backend", "RefNotPermitted"),
+    ] {
+        assert_eq!(
+            route_reason("infra", name, "Accepted").await,
+            holds("Accepted"),
+            "{name}"
+        );
+        assert_eq!(
+            route_reason("infra", name, "ResolvedRefs").await,
+            fails(reason),
+            "{name}"
+        );
+    }
+    // same-namespace: the four routes above that reach its listener.
+    assert_eq!(listener_of("same-namespace").await["attachedRoutes"], 3);
+
+    // ObservedGenerationBump (GatewayClass, Gateway, HTTPRoute): a spec change bumps the
+    // generation, and every condition follows it.
+    let mut bumped = class;
+    bumped["spec"]["description"] = json!("new");
+    config.apply(bumped).unwrap();
+    config
+        .apply(gateway(
+            "same-namespace",
+            "[{name: http, port: 8080, protocol: HTTP}]",
+        ))
+        .unwrap();
+    config
+        .apply(route("infra", "one", "parentRefs: [{name: attached-one}]\nrules: [{backendRefs: [{name: web, port: 80, weight: 2}]}]"))
+        .unwrap();
+    let at_generation_2 = |conditions: &Value| {
+        conditions
+            .as_array()
+            .is_some_and(|c| !c.is_empty() && c.iter().all(|c| c["observedGeneration"] == 2))
+    };
+    object_status_until(
+        &config,
+        GATEWAY_CLASSES,
+        None,
+        "istio",
+        "the class at generation 2",
+        |s| at_generation_2(&s["conditions"]),
+    )
+    .await;
+    object_status_until(
+        &config,
+        GATEWAYS,
+        Some("infra"),
+        "same-namespace",
+        "the gateway at generation 2",
+        |s| at_generation_2(&s["conditions"]) && at_generation_2(&s["listeners"][0]["conditions"]),
+    )
+    .await;
+    object_status_until(
+        &config,
+        HTTP_ROUTES,
+        Some("infra"),
+        "one",
+        "the route at generation 2",
+        |s| at_generation_2(&s["parents"][0]["conditions"]),
+    )
+    .await;
+}

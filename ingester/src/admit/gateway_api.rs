@@ -115,19 +115,9 @@ pub fn validate_gateway(gw: &KubeGateway) -> Result {
                     }
                 }
             }
-            for (j, k) in allowed.kinds.iter().enumerate() {
-                if k.group.as_deref().unwrap_or(GATEWAY_API_GROUP) != GATEWAY_API_GROUP
-                    || !matches!(
-                        k.kind.as_str(),
-                        "HTTPRoute" | "GRPCRoute" | "TCPRoute" | "TLSRoute"
-                    )
-                {
-                    return invalid(format!(
-                        "{at}.allowedRoutes.kinds[{j}] {:?} is not a route kind shoal serves",
-                        k.kind
-                    ));
-                }
-            }
+            // A kind shoal does not serve, or one the listener's protocol does not carry,
+            // admits nothing and is reported in the listener's status
+            // (`ResolvedRefs: False`, `InvalidRouteKinds`), as istiod reports it.
         }
     }
     Ok(())

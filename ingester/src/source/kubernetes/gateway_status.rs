@@ -22,7 +22,7 @@ use super::object_status::StatusBook;
 use super::reduce::ObjKey;
 use super::store::KindStore;
 use crate::admit::normalize::SERVICE_NAME_LABEL;
-use crate::selector::Labels;
+use crate::selector::{Labels, NAMESPACE_NAME_LABEL};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::ApiResource;
@@ -285,7 +285,21 @@ pub fn reports(
             _ => None,
         })
         .collect();
-    let labels_of = |ns: &str| world.namespaces.get(&(String::new(), ns.to_string()));
+    // The selected namespaces' labels, with the name label the API server sets, as the
+    // server reads them from the bus (`desired::namespace_entry`).
+    let namespace_labels: BTreeMap<&str, Labels> = world
+        .namespaces
+        .iter()
+        .filter(|((_, ns), _)| world.selected.contains(ns))
+        .map(|((_, ns), labels)| {
+            let mut labels = labels.clone();
+            labels
+                .entry(NAMESPACE_NAME_LABEL.to_string())
+                .or_insert_with(|| ns.clone());
+            (ns.as_str(), labels)
+        })
+        .collect();
+    let labels_of = |ns: &str| namespace_labels.get(ns);
     // (gateway namespace, name, listener) → routes attached.
     let mut attached: BTreeMap<(&str, &str, &str), u32> = BTreeMap::new();
     for o in config.iter().filter(in_scope) {

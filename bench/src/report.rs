@@ -131,6 +131,10 @@ pub struct Scenario {
     pub server_cpus: Option<String>,
     /// Where the ingester read the mesh from: `file write` or `API server write`.
     pub source: String,
+    /// The proxies ran in one process per replica (`--fleet-processes`).
+    pub fleet_processes: bool,
+    /// CPUs divided among the fleet processes (`--fleet-cpus`), if any.
+    pub fleet_cpus: Option<String>,
 }
 
 /// The initial connection of every proxy.
@@ -199,6 +203,29 @@ pub struct ReplicaInitial {
     pub rss_kib: u64,
     /// (RSS after − RSS before any proxy) / its proxies, KiB.
     pub per_proxy_kib: f64,
+    /// The process running its proxies, with `--fleet-processes`.
+    pub fleet: Option<FleetProcess>,
+}
+
+/// A fleet process (`--fleet-processes`) over the initial phase: whether the load
+/// generator kept up.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FleetProcess {
+    /// Its process id (not the benchmark's).
+    pub pid: u32,
+    /// Proxies it runs.
+    pub proxies: usize,
+    /// The CPUs it is pinned to, if any.
+    pub cpus: Option<String>,
+    /// Cores it may use (its pinned CPUs, else the machine's).
+    pub cores: usize,
+    /// Its CPU from the phase's start until the figures were taken, seconds.
+    pub cpu_s: f64,
+    /// `cpu_s` / (wall time of the same interval × `cores`), %: near 100 means the load
+    /// generator, not the replica, set the pace.
+    pub busy_pct: f64,
+    /// Its RSS at the end of the phase, KiB.
+    pub rss_kib: u64,
 }
 
 /// shoal / replay, for one figure (None when the replay figure is 0).
@@ -800,6 +827,23 @@ impl Report {
                 r.rss_kib as f64 / 1024.0,
                 r.per_proxy_kib
             );
+            if let Some(f) = &r.fleet {
+                let _ = writeln!(
+                    o,
+                    "{:<50} pid {}, {} proxies{}: CPU {:.2} s ({:.0} % of {} core(s)), RSS {:.1} MiB",
+                    "    its fleet process",
+                    f.pid,
+                    f.proxies,
+                    f.cpus
+                        .as_ref()
+                        .map(|c| format!(" on CPUs {c}"))
+                        .unwrap_or_default(),
+                    f.cpu_s,
+                    f.busy_pct,
+                    f.cores,
+                    f.rss_kib as f64 / 1024.0
+                );
+            }
         }
         if let Some(mv) = &self.replica_move {
             let target = if s.mode == "delta" {

@@ -503,12 +503,7 @@ pub fn split_cpus(list: &str, n: usize) -> anyhow::Result<Vec<String>> {
     Ok(cpus
         .chunks(each)
         .take(n)
-        .map(|c| {
-            c.iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        })
+        .map(|c| c.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
         .collect())
 }
 
@@ -564,8 +559,7 @@ impl FleetProcs {
             let reader = tokio::spawn(read_child(r, stdout, events.clone(), control_tx.clone()));
             for id in &ids {
                 if let Some(c) = counters.get(id.index) {
-                    c.server
-                        .store(r, std::sync::atomic::Ordering::Relaxed);
+                    c.server.store(r, std::sync::atomic::Ordering::Relaxed);
                 }
             }
             let proxies = ids.iter().map(|id| id.index).collect();

@@ -48,8 +48,8 @@ use futures::StreamExt;
 use manifests::{BenchMesh, MeshShape, ScenarioKind};
 use procs::{Binaries, Ingester, Nats, Server};
 use report::{
-    ratio, CacheUse, ChangeReport, ChangeSample, Dist, Initial, Machine, Memory, Ratios,
-    FleetProcess, ReplayBaseline, ReplicaInitial, ReplicaMove, Report, Scenario, Soak, Storm,
+    ratio, CacheUse, ChangeReport, ChangeSample, Dist, FleetProcess, Initial, Machine, Memory,
+    Ratios, ReplayBaseline, ReplicaInitial, ReplicaMove, Report, Scenario, Soak, Storm,
 };
 use shoal_common::bus::nats::{NatsBus, NatsOptions};
 use shoal_common::bus::{Bucket, StateBus, WatchEvent};
@@ -142,7 +142,7 @@ pub struct BenchConfig {
     /// After the changes: a soak of this long (an endpoint change every second, a
     /// VirtualService change every 30 s).
     pub soak: Option<Duration>,
-    /// Scale-out: `replicas` (2 – 8) replicas from one ingester, the proxies spread over
+    /// Scale-out: `replicas` (1 – 8; 1 is the lone replica to compare with) replicas from one ingester, the proxies spread over
     /// them, each replica on its own CPU when `server_cpus` lists one per replica; per
     /// replica figures, no replica move.
     pub scale_out: bool,
@@ -192,18 +192,15 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<Report> {
     anyhow::ensure!(cfg.proxies > 0, "--proxies must be at least 1");
     if cfg.scale_out {
         anyhow::ensure!(
-            (2..=8).contains(&cfg.replicas),
-            "--scale-out needs --replicas 2 to 8"
+            (1..=8).contains(&cfg.replicas),
+            "--scale-out needs --replicas 1 to 8"
         );
         anyhow::ensure!(
             cfg.baseline == Baseline::None,
             "--scale-out has no replay baseline: pass --baseline none and compare with a lone replica (--replicas 1, --proxies divided by the replicas)"
         );
         if let Some(list) = &cfg.fleet_cpus {
-            anyhow::ensure!(
-                cfg.fleet_processes,
-                "--fleet-cpus needs --fleet-processes"
-            );
+            anyhow::ensure!(cfg.fleet_processes, "--fleet-cpus needs --fleet-processes");
             fleetproc::split_cpus(list, cfg.replicas)?;
         }
     } else {
@@ -289,7 +286,15 @@ impl Bench<'_> {
         } else {
             1
         };
-        procs::ensure_open_files(cfg.proxies as u64 * sets + 1024)?;
+        // With fleet processes, this process holds none of the main fleet's sockets: each
+        // fleet process (which inherits the limit) holds its replica's share.
+        let main_fleet = if cfg.fleet_processes {
+            cfg.proxies.div_ceil(cfg.replicas)
+        } else {
+            cfg.proxies
+        };
+        let side_fleet = if sets > 1 { cfg.proxies } else { 0 };
+        procs::ensure_open_files((main_fleet + side_fleet) as u64 + 1024)?;
         let dir = tempfile::Builder::new()
             .prefix("shoal-bench-mesh-")
             .tempdir()
@@ -599,6 +604,14 @@ impl Bench<'_> {
             storm,
             soak,
             bench_cpu_s: (procs::proc_cpu(std::process::id())? - bench_cpu0).as_secs_f64(),
+            fleet_cpu_s: match &self.fleet_procs {
+                Some(p) => p
+                    .children
+                    .iter()
+                    .map(|c| procs::proc_cpu(c.pid).map(|d| d.as_secs_f64()))
+                    .collect::<anyhow::Result<_>>()?,
+                None => Vec::new(),
+            },
             stream_errors: self.stream_errors,
             streams_ended: self.streams_ended,
             bad_responses: self.bad_responses,
@@ -755,7 +768,11 @@ impl Bench<'_> {
                     tally.done,
                     self.cfg.proxies,
                     self.cfg.phase_timeout,
-                    tally.pending(self.fleet.counters()),
+                    if self.fleet_procs.is_some() {
+                        vec!["(not reported by the fleet processes)".to_string()]
+                    } else {
+                        tally.pending(self.fleet.counters())
+                    },
                     self.stream_errors,
                     self.nacks,
                     self.nack_examples,
@@ -847,15 +864,11 @@ impl Bench<'_> {
         cpu0: &[Duration],
         wall_s: f64,
     ) -> anyhow::Result<Option<FleetProcess>> {
-        let Some(c) = self
-            .fleet_procs
-            .as_ref()
-            .and_then(|p| p.children.get(r))
-        else {
+        let Some(c) = self.fleet_procs.as_ref().and_then(|p| p.children.get(r)) else {
             return Ok(None);
         };
-        let cpu_s = (procs::proc_cpu(c.pid)? - cpu0.get(r).copied().unwrap_or_default())
-            .as_secs_f64();
+        let cpu_s =
+            (procs::proc_cpu(c.pid)? - cpu0.get(r).copied().unwrap_or_default()).as_secs_f64();
         let cores = match &c.cpus {
             Some(list) => fleetproc::parse_cpu_list(list)?.len(),
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -864,6 +877,7 @@ impl Bench<'_> {
             pid: c.pid,
             proxies: c.proxies.len(),
             cpus: c.cpus.clone(),
+            allowed_cpus: procs::proc_allowed_cpus(c.pid)?,
             cores,
             cpu_s,
             busy_pct: cpu_s * 100.0 / (wall_s * cores as f64).max(f64::MIN_POSITIVE),

@@ -134,7 +134,8 @@ struct Args {
     #[arg(long, value_name = "SECONDS")]
     soak: Option<u64>,
 
-    /// Scale-out: --replicas N (2 – 8) replicas fed by one ingester, the proxies spread
+    /// Scale-out: --replicas N (1 – 8; 1: the lone replica to compare with, measured the
+    /// same way) replicas fed by one ingester, the proxies spread
     /// over them (proxy i on replica i mod N), each replica pinned to its own CPU when
     /// --server-cpus lists one per replica (`1,2,3,4`). Reports each replica's CPU, RSS
     /// per proxy and the time until its proxies were configured; no replica move and no

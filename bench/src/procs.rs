@@ -466,6 +466,18 @@ pub fn proc_rss_kib(pid: u32) -> anyhow::Result<u64> {
         .with_context(|| format!("no VmRSS in {path}"))
 }
 
+/// The CPUs a process may run on (`Cpus_allowed_list` of `/proc/<pid>/status`, e.g.
+/// `4-6`): shows that a `taskset` pinning took.
+pub fn proc_allowed_cpus(pid: u32) -> anyhow::Result<String> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_string())
+        .with_context(|| format!("no Cpus_allowed_list in {path}"))
+}
+
 /// The soft and hard limits on open files of this process, from `/proc/self/limits`.
 pub fn open_files_limit() -> anyhow::Result<(u64, u64)> {
     let limits =

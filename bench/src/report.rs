@@ -215,8 +215,10 @@ pub struct FleetProcess {
     pub pid: u32,
     /// Proxies it runs.
     pub proxies: usize,
-    /// The CPUs it is pinned to, if any.
+    /// The CPUs it was asked to be pinned to (`--fleet-cpus`), if any.
     pub cpus: Option<String>,
+    /// The CPUs it may run on, as the kernel says (`Cpus_allowed_list`).
+    pub allowed_cpus: String,
     /// Cores it may use (its pinned CPUs, else the machine's).
     pub cores: usize,
     /// Its CPU from the phase's start until the figures were taken, seconds.
@@ -536,6 +538,9 @@ pub struct Report {
     pub soak: Option<Soak>,
     /// CPU the benchmark process itself used (the simulated proxies), seconds.
     pub bench_cpu_s: f64,
+    /// With `--fleet-processes`: each fleet process's CPU over the whole run (up to the
+    /// report), seconds, by replica.
+    pub fleet_cpu_s: Vec<f64>,
     /// Stream errors seen by proxies (outside the replica move).
     pub stream_errors: usize,
     /// Streams the server ended cleanly (an OK status: `--max-connection-age`, a drain).
@@ -830,14 +835,11 @@ impl Report {
             if let Some(f) = &r.fleet {
                 let _ = writeln!(
                     o,
-                    "{:<50} pid {}, {} proxies{}: CPU {:.2} s ({:.0} % of {} core(s)), RSS {:.1} MiB",
+                    "{:<50} pid {}, {} proxies on CPUs {}: CPU {:.2} s ({:.0} % of {} core(s)), RSS {:.1} MiB",
                     "    its fleet process",
                     f.pid,
                     f.proxies,
-                    f.cpus
-                        .as_ref()
-                        .map(|c| format!(" on CPUs {c}"))
-                        .unwrap_or_default(),
+                    f.allowed_cpus,
                     f.cpu_s,
                     f.busy_pct,
                     f.cores,
@@ -878,9 +880,26 @@ impl Report {
         let _ = writeln!(o, "{}", "-".repeat(100));
         let _ = writeln!(
             o,
-            "ingest {:.1} s; benchmark process (the proxies) used {:.1} s CPU; stream errors {}, streams ended by the server {}, bad responses {}, NACKs {}, config mismatches {}, dangling cluster references on {} proxies; processes {}",
+            "ingest {:.1} s; benchmark process ({}) used {:.1} s CPU{}; stream errors {}, streams ended by the server {}, bad responses {}, NACKs {}, config mismatches {}, dangling cluster references on {} proxies; processes {}",
             self.ingest_s,
+            if s.fleet_processes {
+                "without the proxies"
+            } else {
+                "the proxies"
+            },
             self.bench_cpu_s,
+            if self.fleet_cpu_s.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", the fleet processes {}",
+                    self.fleet_cpu_s
+                        .iter()
+                        .map(|c| format!("{c:.1} s"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            },
             self.stream_errors,
             self.streams_ended,
             self.bad_responses,

@@ -280,9 +280,16 @@ async fn scale_out_fleet_processes() {
     assert_eq!(per_replica, vec![7, 7, 7], "{}", ctx());
     let mut pids = Vec::new();
     for x in &r.initial.replicas {
-        let f = x.fleet.as_ref().expect("each replica has its fleet process");
+        let f = x
+            .fleet
+            .as_ref()
+            .expect("each replica has its fleet process");
         assert_eq!(f.proxies, 7, "{}", ctx());
-        assert!(f.cpu_s > 0.0 && f.rss_kib > 0, "the child did the work\n{}", ctx());
+        assert!(
+            f.cpu_s > 0.0 && f.rss_kib > 0,
+            "the child did the work\n{}",
+            ctx()
+        );
         assert_ne!(f.pid, std::process::id(), "{}", ctx());
         pids.push(f.pid);
     }

@@ -895,7 +895,7 @@ impl Report {
                     ", the fleet processes {}",
                     self.fleet_cpu_s
                         .iter()
-                        .map(|c| format!("{c:.1} s"))
+                        .map(|c| format!("{c:.2} s"))
                         .collect::<Vec<_>>()
                         .join(", ")
                 )

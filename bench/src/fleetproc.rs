@@ -96,6 +96,9 @@ pub enum ToChild {
     },
     /// No change to watch for.
     Clear,
+    /// Say what the first few unconfigured proxies still lack (a diagnostic, when the
+    /// parent gives up waiting).
+    Pending,
     /// Disconnect every proxy and exit.
     Shutdown,
 }
@@ -113,6 +116,12 @@ pub enum FromChild {
     },
     /// A proxy's event.
     Event(WireEvent),
+    /// The answer to [`ToChild::Pending`]: up to three unconfigured proxies and what each
+    /// lacks.
+    Pending {
+        /// `proxy <index>: <what it lacks>`.
+        proxies: Vec<String>,
+    },
 }
 
 /// [`Event`] on the wire (a fleet process never records bodies).
@@ -362,11 +371,20 @@ async fn run_child() -> anyhow::Result<()> {
         events_tx,
         shutdown_rx,
     ));
+    // Which of the child's proxies were configured (for `Pending`), kept by the forwarder.
+    let configured = Arc::new(std::sync::Mutex::new(vec![false; proxies.len()]));
     let forward = {
         let out_tx = out_tx.clone();
         let global = global.clone();
+        let configured = configured.clone();
         tokio::spawn(async move {
             while let Some(e) = events.recv().await {
+                if let Event::Configured { proxy, .. } = &e {
+                    let mut c = configured.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(done) = c.get_mut(*proxy) {
+                        *done = true;
+                    }
+                }
                 if let Some(w) = WireEvent::from_event(e, &global) {
                     if out_tx.send(FromChild::Event(w)).is_err() {
                         return;
@@ -418,6 +436,25 @@ async fn run_child() -> anyhow::Result<()> {
             ToChild::Clear => {
                 let _ = active.send(None);
             }
+            ToChild::Pending => {
+                let done = configured.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let proxies = fleet
+                    .counters()
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !done.get(*i).copied().unwrap_or(true))
+                    .take(3)
+                    .map(|(i, c)| {
+                        let p = c.pending.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                        format!(
+                            "proxy {}: {}",
+                            global.get(i).copied().unwrap_or(i),
+                            p.as_deref().unwrap_or("nothing received")
+                        )
+                    })
+                    .collect();
+                let _ = out_tx.send(FromChild::Pending { proxies });
+            }
             ToChild::Shutdown => break,
         }
     }
@@ -442,6 +479,7 @@ async fn run_child() -> anyhow::Result<()> {
 enum Control {
     Ready,
     Ack(u64),
+    Pending(Vec<String>),
     /// Its stdout ended or carried garbage.
     Gone(String),
 }
@@ -587,7 +625,7 @@ impl FleetProcs {
         while ready.iter().any(|r| !r) {
             match procs.control_until(deadline).await? {
                 (r, Control::Ready) => ready[r] = true,
-                (_, Control::Ack(_)) => {}
+                (_, Control::Ack(_) | Control::Pending(_)) => {}
                 (r, Control::Gone(why)) => bail!("fleet process {r}: {why}"),
             }
         }
@@ -632,11 +670,39 @@ impl FleetProcs {
         while acked.iter().any(|a| !a) {
             match self.control_until(deadline).await? {
                 (r, Control::Ack(id)) if id == change.id => acked[r] = true,
-                (_, Control::Ack(_) | Control::Ready) => {}
+                (_, Control::Ack(_) | Control::Ready | Control::Pending(_)) => {}
                 (r, Control::Gone(why)) => bail!("fleet process {r}: {why}"),
             }
         }
         Ok(())
+    }
+
+    /// Up to three unconfigured proxies of each child and what they lack, as far as the
+    /// children answer within a few seconds (a diagnostic: never fails).
+    pub async fn pending(&mut self) -> Vec<String> {
+        if self.send_all(&ToChild::Pending).await.is_err() {
+            return vec!["(a fleet process did not take the question)".to_string()];
+        }
+        let mut out = Vec::new();
+        let mut answered = 0;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while answered < self.children.len() {
+            match self.control_until(deadline).await {
+                Ok((_, Control::Pending(p))) => {
+                    answered += 1;
+                    out.extend(p);
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        if answered < self.children.len() {
+            out.push(format!(
+                "({} fleet process(es) did not answer)",
+                self.children.len() - answered
+            ));
+        }
+        out
     }
 
     /// Fails when a child exited.
@@ -714,6 +780,9 @@ async fn read_child(
             }
             Ok(FromChild::Ack { change }) => {
                 let _ = control.send((r, Control::Ack(change)));
+            }
+            Ok(FromChild::Pending { proxies }) => {
+                let _ = control.send((r, Control::Pending(proxies)));
             }
             Err(e) => {
                 let _ = control.send((r, Control::Gone(format!("bad line {line:?}: {e}"))));

@@ -763,16 +763,16 @@ impl Bench<'_> {
         let captured = self.cfg.scenario.captured();
         while tally.done < self.cfg.proxies {
             let Some(event) = self.next_event(deadline, false).await? else {
+                let pending = match &mut self.fleet_procs {
+                    Some(procs) => procs.pending().await,
+                    None => tally.pending(self.fleet.counters()),
+                };
                 bail!(
                     "only {} of {} proxies were configured within {:?}; waiting for: {:?} (stream errors: {}; NACKs: {} {:?}; {:?})",
                     tally.done,
                     self.cfg.proxies,
                     self.cfg.phase_timeout,
-                    if self.fleet_procs.is_some() {
-                        vec!["(not reported by the fleet processes)".to_string()]
-                    } else {
-                        tally.pending(self.fleet.counters())
-                    },
+                    pending,
                     self.stream_errors,
                     self.nacks,
                     self.nack_examples,

@@ -21,7 +21,11 @@
 //!   figures can be given as ratios to a server that does nothing but send bytes;
 //! - the connection storm (`--storm`, after 3, before 4): a VirtualService change seen by
 //!   every proxy and, at the same moment, as many fresh proxies connecting to replica A;
-//!   they are disconnected afterwards, so the replica move concerns the first proxies only.
+//!   they are disconnected afterwards, so the replica move concerns the first proxies only;
+//! - the scale-out (`--scale-out`, instead of the replica move): N replicas, the proxies
+//!   spread over them, per-replica figures; with `--fleet-processes` the proxies of each
+//!   replica run in a process of their own ([`fleetproc`]), so the load generator is not
+//!   what sets the wall time.
 //!
 //! Everything is bounded by timeouts, and every process is killed when [`run`] returns,
 //! whether it succeeds or fails.

@@ -35,7 +35,9 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 
 /// Which ADS variant the proxies speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// State of the world (`StreamAggregatedResources`).
@@ -152,7 +154,7 @@ pub enum Event {
 }
 
 /// The names of what a proxy holds (for the report: what the server generated).
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct HeldNames {
     /// Listeners.
     pub listeners: Vec<String>,
@@ -167,7 +169,7 @@ pub struct HeldNames {
 /// What a proxy holds, in two order-independent hashes: of the (type, name) pairs, and of
 /// the (type, name, version) triples. Two proxies with equal fingerprints hold the same
 /// resources (names), at the same versions (versions).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Fingerprint {
     /// Over names.
     pub names: u64,

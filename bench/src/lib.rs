@@ -21,7 +21,11 @@
 //!   figures can be given as ratios to a server that does nothing but send bytes;
 //! - the connection storm (`--storm`, after 3, before 4): a VirtualService change seen by
 //!   every proxy and, at the same moment, as many fresh proxies connecting to replica A;
-//!   they are disconnected afterwards, so the replica move concerns the first proxies only.
+//!   they are disconnected afterwards, so the replica move concerns the first proxies only;
+//! - the scale-out (`--scale-out`, instead of the replica move): N replicas, the proxies
+//!   spread over them, per-replica figures; with `--fleet-processes` the proxies of each
+//!   replica run in a process of their own ([`fleetproc`]), so the load generator is not
+//!   what sets the wall time.
 //!
 //! Everything is bounded by timeouts, and every process is killed when [`run`] returns,
 //! whether it succeeds or fails.
@@ -32,6 +36,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod fleetproc;
 pub mod manifests;
 pub mod procs;
 pub mod replay;
@@ -47,8 +52,8 @@ use futures::StreamExt;
 use manifests::{BenchMesh, MeshShape, ScenarioKind};
 use procs::{Binaries, Ingester, Nats, Server};
 use report::{
-    ratio, CacheUse, ChangeReport, ChangeSample, Dist, Initial, Machine, Memory, Ratios,
-    ReplayBaseline, ReplicaInitial, ReplicaMove, Report, Scenario, Soak, Storm,
+    ratio, CacheUse, ChangeReport, ChangeSample, Dist, FleetProcess, Initial, Machine, Memory,
+    Ratios, ReplayBaseline, ReplicaInitial, ReplicaMove, Report, Scenario, Soak, Storm,
 };
 use shoal_common::bus::nats::{NatsBus, NatsOptions};
 use shoal_common::bus::{Bucket, StateBus, WatchEvent};
@@ -141,12 +146,18 @@ pub struct BenchConfig {
     /// After the changes: a soak of this long (an endpoint change every second, a
     /// VirtualService change every 30 s).
     pub soak: Option<Duration>,
-    /// Scale-out: `replicas` (2 – 8) replicas from one ingester, the proxies spread over
+    /// Scale-out: `replicas` (1 – 8; 1 is the lone replica to compare with) replicas from one ingester, the proxies spread over
     /// them, each replica on its own CPU when `server_cpus` lists one per replica; per
     /// replica figures, no replica move.
     pub scale_out: bool,
     /// Where the ingester reads the mesh from.
     pub source: Source,
+    /// With `scale_out`: the proxies of each replica in a process of their own
+    /// ([`fleetproc`]) instead of in the benchmark's.
+    pub fleet_processes: bool,
+    /// With `fleet_processes`: CPUs (`taskset` list) divided among the fleet processes in
+    /// equal consecutive shares, one share per process.
+    pub fleet_cpus: Option<String>,
 }
 
 impl Default for BenchConfig {
@@ -174,6 +185,8 @@ impl Default for BenchConfig {
             soak: None,
             scale_out: false,
             source: Source::File,
+            fleet_processes: false,
+            fleet_cpus: None,
         }
     }
 }
@@ -183,14 +196,22 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<Report> {
     anyhow::ensure!(cfg.proxies > 0, "--proxies must be at least 1");
     if cfg.scale_out {
         anyhow::ensure!(
-            (2..=8).contains(&cfg.replicas),
-            "--scale-out needs --replicas 2 to 8"
+            (1..=8).contains(&cfg.replicas),
+            "--scale-out needs --replicas 1 to 8"
         );
         anyhow::ensure!(
             cfg.baseline == Baseline::None,
             "--scale-out has no replay baseline: pass --baseline none and compare with a lone replica (--replicas 1, --proxies divided by the replicas)"
         );
+        if let Some(list) = &cfg.fleet_cpus {
+            anyhow::ensure!(cfg.fleet_processes, "--fleet-cpus needs --fleet-processes");
+            fleetproc::split_cpus(list, cfg.replicas)?;
+        }
     } else {
+        anyhow::ensure!(
+            !cfg.fleet_processes && cfg.fleet_cpus.is_none(),
+            "--fleet-processes and --fleet-cpus need --scale-out"
+        );
         anyhow::ensure!(
             (1..=2).contains(&cfg.replicas),
             "--replicas must be 1 or 2 (more with --scale-out)"
@@ -220,6 +241,11 @@ struct Bench<'a> {
     // Field order is drop order: proxies stop before the servers, servers before NATS.
     fleet: Arc<Fleet>,
     proxies: JoinSet<()>,
+    /// With `--fleet-processes`: the processes running the main fleet's proxies (then
+    /// `fleet` only holds the counters, marked with each proxy's replica).
+    fleet_procs: Option<fleetproc::FleetProcs>,
+    /// Where the fleet processes' events go (the same channel as `fleet`'s).
+    events_tx: mpsc::UnboundedSender<Event>,
     shutdown: watch::Sender<bool>,
     active: watch::Sender<Option<Arc<ActiveChange>>>,
     events: mpsc::UnboundedReceiver<Event>,
@@ -264,7 +290,15 @@ impl Bench<'_> {
         } else {
             1
         };
-        procs::ensure_open_files(cfg.proxies as u64 * sets + 1024)?;
+        // With fleet processes, this process holds none of the main fleet's sockets: each
+        // fleet process (which inherits the limit) holds its replica's share.
+        let main_fleet = if cfg.fleet_processes {
+            cfg.proxies.div_ceil(cfg.replicas)
+        } else {
+            cfg.proxies
+        };
+        let side_fleet = if sets > 1 { cfg.proxies } else { 0 };
+        procs::ensure_open_files((main_fleet + side_fleet) as u64 + 1024)?;
         let dir = tempfile::Builder::new()
             .prefix("shoal-bench-mesh-")
             .tempdir()
@@ -343,7 +377,7 @@ impl Bench<'_> {
                 cfg.proxies,
                 cfg.connect_concurrency,
                 active_rx,
-                events_tx,
+                events_tx.clone(),
                 shutdown_rx,
             )
             .spread(cfg.spread || cfg.scale_out),
@@ -354,6 +388,8 @@ impl Bench<'_> {
             mesh,
             fleet,
             proxies: JoinSet::new(),
+            fleet_procs: None,
+            events_tx,
             shutdown,
             active,
             events,
@@ -400,6 +436,8 @@ impl Bench<'_> {
                 Source::File => "file write".to_string(),
                 Source::Kube => "API server write".to_string(),
             },
+            fleet_processes: cfg.fleet_processes,
+            fleet_cpus: cfg.fleet_cpus.clone(),
         };
         bench.progress(format!(
             "mesh published in {ingest_s:.1} s; {} replica(s) ready; connecting {} {} proxies ({})",
@@ -570,6 +608,14 @@ impl Bench<'_> {
             storm,
             soak,
             bench_cpu_s: (procs::proc_cpu(std::process::id())? - bench_cpu0).as_secs_f64(),
+            fleet_cpu_s: match &self.fleet_procs {
+                Some(p) => p
+                    .children
+                    .iter()
+                    .map(|c| procs::proc_cpu(c.pid).map(|d| d.as_secs_f64()))
+                    .collect::<anyhow::Result<_>>()?,
+                None => Vec::new(),
+            },
             stream_errors: self.stream_errors,
             streams_ended: self.streams_ended,
             bad_responses: self.bad_responses,
@@ -582,6 +628,9 @@ impl Bench<'_> {
 
     /// Stops the proxies (the processes stop when `self` drops).
     async fn stop(&mut self) {
+        if let Some(procs) = &mut self.fleet_procs {
+            procs.stop().await;
+        }
         let _ = self.shutdown.send(true);
         let deadline = Instant::now() + Duration::from_secs(10);
         while let Ok(Some(_)) = tokio::time::timeout_at(deadline, self.proxies.join_next()).await {}
@@ -635,6 +684,9 @@ impl Bench<'_> {
             );
         }
         self.ingester.check_running()?;
+        if let Some(procs) = &mut self.fleet_procs {
+            procs.check_running()?;
+        }
         let skip = usize::from(skip_first_server);
         for s in &mut self.servers[skip..] {
             s.check_running()?;
@@ -685,26 +737,46 @@ impl Bench<'_> {
             .iter()
             .map(Server::cpu)
             .collect::<anyhow::Result<_>>()?;
+        if self.cfg.fleet_processes {
+            self.start_fleet_processes().await?;
+        }
+        let fleet_cpu0: Vec<Duration> = match &self.fleet_procs {
+            Some(procs) => procs
+                .children
+                .iter()
+                .map(|c| procs::proc_cpu(c.pid))
+                .collect::<anyhow::Result<_>>()?,
+            None => Vec::new(),
+        };
         let server = &self.servers[0];
         let cpu0 = server.cpu()?;
         let m0 = server.metrics().await?;
         let start = Instant::now();
-        for i in 0..self.cfg.proxies {
-            let id = self.identity(i);
-            self.proxies
-                .spawn(client::run_proxy(self.fleet.clone(), id));
+        match &mut self.fleet_procs {
+            Some(procs) => procs.send_all(&fleetproc::ToChild::Connect).await?,
+            None => {
+                for i in 0..self.cfg.proxies {
+                    let id = self.identity(i);
+                    self.proxies
+                        .spawn(client::run_proxy(self.fleet.clone(), id));
+                }
+            }
         }
         let deadline = start + self.cfg.phase_timeout;
         let mut tally = Tally::new(self.cfg.proxies, start);
         let captured = self.cfg.scenario.captured();
         while tally.done < self.cfg.proxies {
             let Some(event) = self.next_event(deadline, false).await? else {
+                let pending = match &mut self.fleet_procs {
+                    Some(procs) => procs.pending().await,
+                    None => tally.pending(self.fleet.counters()),
+                };
                 bail!(
                     "only {} of {} proxies were configured within {:?}; waiting for: {:?} (stream errors: {}; NACKs: {} {:?}; {:?})",
                     tally.done,
                     self.cfg.proxies,
                     self.cfg.phase_timeout,
-                    tally.pending(self.fleet.counters()),
+                    pending,
                     self.stream_errors,
                     self.nacks,
                     self.nack_examples,
@@ -732,7 +804,7 @@ impl Bench<'_> {
         let server_cpu_s = (server.cpu()? - cpu0).as_secs_f64();
         let fingerprints = std::mem::take(&mut tally.fingerprints);
         let replicas = if self.cfg.scale_out {
-            self.replica_figures(&tally, idle_rss, &replica_cpu0)?
+            self.replica_figures(&tally, idle_rss, &replica_cpu0, &fleet_cpu0, start)?
         } else {
             Vec::new()
         };
@@ -759,7 +831,10 @@ impl Bench<'_> {
         tally: &Tally,
         idle_rss: &[u64],
         cpu0: &[Duration],
+        fleet_cpu0: &[Duration],
+        start: Instant,
     ) -> anyhow::Result<Vec<ReplicaInitial>> {
+        let wall_s = start.elapsed().as_secs_f64();
         let counters = self.fleet.counters();
         let mut figures = Vec::new();
         for (r, server) in self.servers.iter().enumerate() {
@@ -779,9 +854,102 @@ impl Bench<'_> {
                 rss_kib,
                 per_proxy_kib: rss_kib.saturating_sub(idle_rss[r]) as f64
                     / on_it.len().max(1) as f64,
+                fleet: self.fleet_figures(r, fleet_cpu0, wall_s)?,
             });
         }
         Ok(figures)
+    }
+
+    /// Replica `r`'s fleet process over the phase so far (`wall_s` since its start, CPU
+    /// since `cpu0`), if the proxies run in fleet processes.
+    fn fleet_figures(
+        &self,
+        r: usize,
+        cpu0: &[Duration],
+        wall_s: f64,
+    ) -> anyhow::Result<Option<FleetProcess>> {
+        let Some(c) = self.fleet_procs.as_ref().and_then(|p| p.children.get(r)) else {
+            return Ok(None);
+        };
+        let cpu_s =
+            (procs::proc_cpu(c.pid)? - cpu0.get(r).copied().unwrap_or_default()).as_secs_f64();
+        let cores = match &c.cpus {
+            Some(list) => fleetproc::parse_cpu_list(list)?.len(),
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        Ok(Some(FleetProcess {
+            pid: c.pid,
+            proxies: c.proxies.len(),
+            cpus: c.cpus.clone(),
+            allowed_cpus: procs::proc_allowed_cpus(c.pid)?,
+            cores,
+            cpu_s,
+            busy_pct: cpu_s * 100.0 / (wall_s * cores as f64).max(f64::MIN_POSITIVE),
+            rss_kib: procs::proc_rss_kib(c.pid)?,
+        }))
+    }
+
+    /// Starts one fleet process per replica, each with the proxies of its replica (proxy
+    /// i on replica i mod N, as in-process), pinned to its share of `--fleet-cpus`.
+    async fn start_fleet_processes(&mut self) -> anyhow::Result<()> {
+        let Some(exe) = self.bins.bench.clone() else {
+            bail!(
+                "--fleet-processes: the shoal-bench binary was found neither as this program nor next to shoal-server ({})",
+                self.bins.server.display()
+            );
+        };
+        let n = self.servers.len();
+        let mut shares: Vec<(std::net::SocketAddr, Vec<ProxyIdentity>)> = self
+            .servers
+            .iter()
+            .map(|s| (s.xds_addr(), Vec::new()))
+            .collect();
+        for i in 0..self.cfg.proxies {
+            shares[i % n].1.push(self.identity(i));
+        }
+        let cpus = match &self.cfg.fleet_cpus {
+            Some(list) => Some(fleetproc::split_cpus(list, n)?),
+            None => None,
+        };
+        let procs = fleetproc::FleetProcs::start(
+            &exe,
+            self.cfg.mode,
+            self.cfg.connect_concurrency,
+            shares,
+            cpus,
+            self.events_tx.clone(),
+            self.fleet.counters(),
+            self.cfg.phase_timeout,
+        )
+        .await?;
+        for c in &procs.children {
+            self.progress(format!(
+                "fleet process {} (pid {}): {} proxies of replica {}{}",
+                c.replica,
+                c.pid,
+                c.proxies.len(),
+                replica_letter(c.replica),
+                c.cpus
+                    .as_ref()
+                    .map(|l| format!(", on CPUs {l}"))
+                    .unwrap_or_default()
+            ));
+        }
+        self.fleet_procs = Some(procs);
+        Ok(())
+    }
+
+    /// Makes `change` the one the proxies watch for (None: none), in this process and in
+    /// the fleet processes; returns once every fleet process has it in place.
+    async fn announce(&mut self, change: Option<ActiveChange>) -> anyhow::Result<()> {
+        let change = change.map(Arc::new);
+        if let Some(procs) = &mut self.fleet_procs {
+            procs
+                .announce(change.as_deref(), self.cfg.phase_timeout)
+                .await?;
+        }
+        let _ = self.active.send(change);
+        Ok(())
     }
 
     /// Waits for the next event of a side fleet until `deadline`, checking the processes
@@ -1034,12 +1202,13 @@ impl Bench<'_> {
         self.progress(format!(
             "storm: VirtualService change and {n} fresh proxies connecting at once"
         ));
-        let _ = self.active.send(Some(Arc::new(ActiveChange {
+        self.announce(Some(ActiveChange {
             id,
             ty: XdsType::Route,
             resource: manifests::ROUTE_NAME.to_string(),
             marker: memchr::memmem::Finder::new(manifests::vs_marker(k).as_bytes()).into_owned(),
-        })));
+        }))
+        .await?;
         let write_ms = now_ms();
         self.mesh.change_virtual_service(true, k)?;
         let start = Instant::now();
@@ -1086,7 +1255,7 @@ impl Bench<'_> {
                 }
             }
         }
-        let _ = self.active.send(None);
+        self.announce(None).await?;
         let all_configured_s = (tally.last - start).as_secs_f64();
         let Some((key, observed_at_ms)) = observed_at else {
             bail!(
@@ -1307,12 +1476,13 @@ impl Bench<'_> {
         let server = &self.servers[0];
         let cpu0 = server.cpu()?;
         let m0 = server.metrics().await?;
-        let _ = self.active.send(Some(Arc::new(ActiveChange {
+        self.announce(Some(ActiveChange {
             id,
             ty,
             resource,
             marker: memchr::memmem::Finder::new(marker.as_bytes()).into_owned(),
-        })));
+        }))
+        .await?;
         let write_ms = now_ms();
         edit(&mut self.mesh)?;
         let deadline = Instant::now() + self.cfg.phase_timeout;
@@ -1345,7 +1515,7 @@ impl Bench<'_> {
                 }
             }
         }
-        let _ = self.active.send(None);
+        self.announce(None).await?;
         let Some((key, observed_at_ms)) = observed_at else {
             bail!(
                 "change {k}: the ingester did not publish it within {:?}",

@@ -134,7 +134,8 @@ struct Args {
     #[arg(long, value_name = "SECONDS")]
     soak: Option<u64>,
 
-    /// Scale-out: --replicas N (2 – 8) replicas fed by one ingester, the proxies spread
+    /// Scale-out: --replicas N (1 – 8; 1: the lone replica to compare with, measured the
+    /// same way) replicas fed by one ingester, the proxies spread
     /// over them (proxy i on replica i mod N), each replica pinned to its own CPU when
     /// --server-cpus lists one per replica (`1,2,3,4`). Reports each replica's CPU, RSS
     /// per proxy and the time until its proxies were configured; no replica move and no
@@ -151,6 +152,24 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Source::File)]
     source: Source,
 
+    /// With --scale-out: run the simulated proxies of each replica in a process of their
+    /// own (this program, started as a fleet process), so that the load generator does
+    /// not saturate the benchmark's cores; the benchmark keeps the mesh, the ingester,
+    /// NATS, the replicas, the changes and the report. Each replica's line in the report
+    /// then gives its fleet process's CPU (and how busy its cores were) and RSS.
+    #[arg(long, requires = "scale_out")]
+    fleet_processes: bool,
+
+    /// With --fleet-processes: CPUs (`taskset -c` list, e.g. `5-16`) divided among the
+    /// fleet processes in equal consecutive shares (4 replicas, `5-16`: 5-7, 8-10, 11-13,
+    /// 14-16), so that no fleet process shares a core with a server (--server-cpus).
+    #[arg(long, value_name = "LIST", requires = "fleet_processes")]
+    fleet_cpus: Option<String>,
+
+    /// Internal: run as a fleet process of --fleet-processes (messages on stdin/stdout).
+    #[arg(long = "fleet-child", hide = true)]
+    fleet_child: bool,
+
     /// Print the results as JSON on stdout (progress still goes to stderr).
     #[arg(long)]
     json: bool,
@@ -162,6 +181,9 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.fleet_child {
+        return shoal_bench::fleetproc::child_main();
+    }
     let cfg = BenchConfig {
         proxies: args.proxies,
         namespaces: args.namespaces,
@@ -189,6 +211,8 @@ fn main() -> ExitCode {
         soak: args.soak.map(Duration::from_secs),
         scale_out: args.scale_out,
         source: args.source,
+        fleet_processes: args.fleet_processes,
+        fleet_cpus: args.fleet_cpus,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -23,6 +23,10 @@ pub struct Binaries {
     /// `shoal-replay` (the replay baseline's server), when found: next to the shoal
     /// binaries, else next to the running executable.
     pub replay: Option<PathBuf>,
+    /// `shoal-bench` itself (what `--fleet-processes` runs as `--fleet-child`): the
+    /// running executable when it is shoal-bench, else next to the shoal binaries (a test
+    /// runs from `target/<profile>/deps/`, cargo builds the benchmark next to them).
+    pub bench: Option<PathBuf>,
     /// Whether they come from a debug build (results are then not representative).
     pub debug_build: bool,
 }
@@ -65,10 +69,15 @@ impl Binaries {
                     .flatten()
                     .map(|d| d.join("shoal-replay"))
                     .find(|p| p.is_file());
+                let own = std::env::current_exe()
+                    .ok()
+                    .filter(|e| e.file_name().is_some_and(|n| n == "shoal-bench"));
+                let bench = own.or_else(|| Some(dir.join("shoal-bench")).filter(|p| p.is_file()));
                 return Ok(Binaries {
                     server,
                     ingester,
                     replay,
+                    bench,
                     debug_build,
                 });
             }
@@ -455,6 +464,18 @@ pub fn proc_rss_kib(pid: u32) -> anyhow::Result<u64> {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .with_context(|| format!("no VmRSS in {path}"))
+}
+
+/// The CPUs a process may run on (`Cpus_allowed_list` of `/proc/<pid>/status`, e.g.
+/// `4-6`): shows that a `taskset` pinning took.
+pub fn proc_allowed_cpus(pid: u32) -> anyhow::Result<String> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_string())
+        .with_context(|| format!("no Cpus_allowed_list in {path}"))
 }
 
 /// The soft and hard limits on open files of this process, from `/proc/self/limits`.

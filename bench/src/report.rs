@@ -131,6 +131,10 @@ pub struct Scenario {
     pub server_cpus: Option<String>,
     /// Where the ingester read the mesh from: `file write` or `API server write`.
     pub source: String,
+    /// The proxies ran in one process per replica (`--fleet-processes`).
+    pub fleet_processes: bool,
+    /// CPUs divided among the fleet processes (`--fleet-cpus`), if any.
+    pub fleet_cpus: Option<String>,
 }
 
 /// The initial connection of every proxy.
@@ -199,6 +203,31 @@ pub struct ReplicaInitial {
     pub rss_kib: u64,
     /// (RSS after − RSS before any proxy) / its proxies, KiB.
     pub per_proxy_kib: f64,
+    /// The process running its proxies, with `--fleet-processes`.
+    pub fleet: Option<FleetProcess>,
+}
+
+/// A fleet process (`--fleet-processes`) over the initial phase: whether the load
+/// generator kept up.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FleetProcess {
+    /// Its process id (not the benchmark's).
+    pub pid: u32,
+    /// Proxies it runs.
+    pub proxies: usize,
+    /// The CPUs it was asked to be pinned to (`--fleet-cpus`), if any.
+    pub cpus: Option<String>,
+    /// The CPUs it may run on, as the kernel says (`Cpus_allowed_list`).
+    pub allowed_cpus: String,
+    /// Cores it may use (its pinned CPUs, else the machine's).
+    pub cores: usize,
+    /// Its CPU from the phase's start until the figures were taken, seconds.
+    pub cpu_s: f64,
+    /// `cpu_s` / (wall time of the same interval × `cores`), %: near 100 means the load
+    /// generator, not the replica, set the pace.
+    pub busy_pct: f64,
+    /// Its RSS at the end of the phase, KiB.
+    pub rss_kib: u64,
 }
 
 /// shoal / replay, for one figure (None when the replay figure is 0).
@@ -509,6 +538,9 @@ pub struct Report {
     pub soak: Option<Soak>,
     /// CPU the benchmark process itself used (the simulated proxies), seconds.
     pub bench_cpu_s: f64,
+    /// With `--fleet-processes`: each fleet process's CPU over the whole run (up to the
+    /// report), seconds, by replica.
+    pub fleet_cpu_s: Vec<f64>,
     /// Stream errors seen by proxies (outside the replica move).
     pub stream_errors: usize,
     /// Streams the server ended cleanly (an OK status: `--max-connection-age`, a drain).
@@ -800,6 +832,20 @@ impl Report {
                 r.rss_kib as f64 / 1024.0,
                 r.per_proxy_kib
             );
+            if let Some(f) = &r.fleet {
+                let _ = writeln!(
+                    o,
+                    "{:<50} pid {}, {} proxies on CPUs {}: CPU {:.2} s ({:.0} % of {} core(s)), RSS {:.1} MiB",
+                    "    its fleet process",
+                    f.pid,
+                    f.proxies,
+                    f.allowed_cpus,
+                    f.cpu_s,
+                    f.busy_pct,
+                    f.cores,
+                    f.rss_kib as f64 / 1024.0
+                );
+            }
         }
         if let Some(mv) = &self.replica_move {
             let target = if s.mode == "delta" {
@@ -834,9 +880,26 @@ impl Report {
         let _ = writeln!(o, "{}", "-".repeat(100));
         let _ = writeln!(
             o,
-            "ingest {:.1} s; benchmark process (the proxies) used {:.1} s CPU; stream errors {}, streams ended by the server {}, bad responses {}, NACKs {}, config mismatches {}, dangling cluster references on {} proxies; processes {}",
+            "ingest {:.1} s; benchmark process ({}) used {:.1} s CPU{}; stream errors {}, streams ended by the server {}, bad responses {}, NACKs {}, config mismatches {}, dangling cluster references on {} proxies; processes {}",
             self.ingest_s,
+            if s.fleet_processes {
+                "without the proxies"
+            } else {
+                "the proxies"
+            },
             self.bench_cpu_s,
+            if self.fleet_cpu_s.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", the fleet processes {}",
+                    self.fleet_cpu_s
+                        .iter()
+                        .map(|c| format!("{c:.2} s"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            },
             self.stream_errors,
             self.streams_ended,
             self.bad_responses,

@@ -40,6 +40,8 @@ fn smoke(mode: Mode, scenario: ScenarioKind, vs_change: VsChange) -> BenchConfig
         soak: None,
         scale_out: false,
         source: Source::File,
+        fleet_processes: false,
+        fleet_cpus: None,
     }
 }
 
@@ -254,4 +256,48 @@ async fn kube_source_scale_out() {
         "{}",
         ctx()
     );
+}
+
+/// The scale-out with one simulated-proxy process per replica (`--fleet-processes`):
+/// three replicas, each with its seven proxies in a `shoal-bench --fleet-child` process of
+/// its own; every proxy configured, every change seen by every proxy through its child,
+/// nothing NACKed, and each replica's line naming a separate process that did the work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_out_fleet_processes() {
+    let cfg = BenchConfig {
+        changes: 2,
+        replicas: 3,
+        proxies: 21,
+        scale_out: true,
+        fleet_processes: true,
+        ..smoke(Mode::Delta, ScenarioKind::Captured, VsChange::Mesh)
+    };
+    let r = run(cfg.clone()).await;
+    assert_functional(&r, &cfg);
+    let ctx = || serde_json::to_string_pretty(&r).unwrap_or_default();
+    assert!(r.scenario.fleet_processes, "{}", ctx());
+    let per_replica: Vec<usize> = r.initial.replicas.iter().map(|x| x.proxies).collect();
+    assert_eq!(per_replica, vec![7, 7, 7], "{}", ctx());
+    let mut pids = Vec::new();
+    for x in &r.initial.replicas {
+        let f = x
+            .fleet
+            .as_ref()
+            .expect("each replica has its fleet process");
+        assert_eq!(f.proxies, 7, "{}", ctx());
+        assert!(f.rss_kib > 0 && !f.allowed_cpus.is_empty(), "{}", ctx());
+        assert_ne!(f.pid, std::process::id(), "{}", ctx());
+        pids.push(f.pid);
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    assert_eq!(pids.len(), 3, "one process per replica\n{}", ctx());
+    // The children did the proxies' work (CPU is counted in 10 ms ticks: the sum over the
+    // run, not each child's share of the short initial phase).
+    assert_eq!(r.fleet_cpu_s.len(), 3, "{}", ctx());
+    assert!(r.fleet_cpu_s.iter().sum::<f64>() > 0.0, "{}", ctx());
+    // Every change reached all 21 proxies, each through its replica's child.
+    for c in [&r.endpoint_change, &r.vs_change] {
+        assert!(c.samples.iter().all(|s| s.observed == 21), "{}", ctx());
+    }
 }

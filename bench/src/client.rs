@@ -82,7 +82,8 @@ impl std::fmt::Display for ServerEnded {
 
 impl std::error::Error for ServerEnded {}
 
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Event {
     /// A stream has everything: CDS, EDS for each EDS cluster, LDS, RDS for each route
     /// table, all ACKed.
@@ -112,7 +113,9 @@ pub enum Event {
         names: Option<Box<HeldNames>>,
         /// What it holds, as a fingerprint (to compare two servers' configurations).
         fingerprint: Fingerprint,
-        /// A recording fleet's proxies: every resource held, with its bytes.
+        /// A recording fleet's proxies: every resource held, with its bytes (never sent
+        /// by a fleet process).
+        #[serde(skip)]
         recording: Option<Vec<RecordedItem>>,
     },
     /// A proxy received an [`ActiveChange`].
@@ -151,6 +154,19 @@ pub enum Event {
         /// What was wrong.
         error: String,
     },
+}
+
+impl Event {
+    /// The index of the proxy the event is of.
+    pub fn proxy_mut(&mut self) -> &mut usize {
+        match self {
+            Event::Configured { proxy, .. }
+            | Event::Observed { proxy, .. }
+            | Event::StreamError { proxy, .. }
+            | Event::Nack { proxy, .. }
+            | Event::BadResponse { proxy, .. } => proxy,
+        }
+    }
 }
 
 /// The names of what a proxy holds (for the report: what the server generated).

@@ -19,7 +19,7 @@
 //!
 //! The child writes nothing else on stdout; its diagnostics go to stderr.
 
-use crate::client::{self, ActiveChange, Event, Fingerprint, Fleet, HeldNames, Mode};
+use crate::client::{self, ActiveChange, Event, Fleet, Mode};
 use crate::client::{ProxyCounters, ProxyIdentity};
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
@@ -104,7 +104,7 @@ pub enum ToChild {
 }
 
 /// Child → parent.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FromChild {
     /// The fleet is set up; waiting for [`ToChild::Connect`].
@@ -115,7 +115,7 @@ pub enum FromChild {
         change: u64,
     },
     /// A proxy's event.
-    Event(WireEvent),
+    Event(Event),
     /// The answer to [`ToChild::Pending`]: up to three unconfigured proxies and what each
     /// lacks.
     Pending {
@@ -124,168 +124,26 @@ pub enum FromChild {
     },
 }
 
-/// [`Event`] on the wire (a fleet process never records bodies).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WireEvent {
-    Configured {
-        proxy: usize,
-        stream: u32,
-        elapsed_us: u64,
-        clusters: usize,
-        endpoints: usize,
-        listeners: usize,
-        routes: usize,
-        capture_listeners: (bool, bool),
-        inbound_clusters: usize,
-        dangling: Option<(String, usize)>,
-        names: Option<HeldNames>,
-        fingerprint: Fingerprint,
-    },
-    Observed {
-        proxy: usize,
-        change: u64,
-        at_us: u64,
-    },
-    StreamError {
-        proxy: usize,
-        connect: bool,
-        ended: bool,
-        error: String,
-    },
-    Nack {
-        proxy: usize,
-        error: String,
-    },
-    BadResponse {
-        proxy: usize,
-        error: String,
-    },
-}
-
-impl WireEvent {
-    /// `event` of the child's proxy `local`, renumbered with `global` (child index →
-    /// benchmark index). None for an index outside `global` (cannot happen).
-    fn from_event(event: Event, global: &[usize]) -> Option<WireEvent> {
-        let g = |p: usize| global.get(p).copied();
-        Some(match event {
-            Event::Configured {
-                proxy,
-                stream,
-                elapsed,
-                clusters,
-                endpoints,
-                listeners,
-                routes,
-                capture_listeners,
-                inbound_clusters,
-                dangling,
-                names,
-                fingerprint,
-                recording: _,
-            } => {
-                let proxy = g(proxy)?;
-                WireEvent::Configured {
-                    proxy,
-                    stream,
-                    elapsed_us: elapsed.as_micros() as u64,
-                    clusters,
-                    endpoints,
-                    listeners,
-                    routes,
-                    capture_listeners,
-                    inbound_clusters,
-                    dangling,
-                    // The report's example is the benchmark's proxy 0, as in-process.
-                    names: names.filter(|_| proxy == 0).map(|n| *n),
-                    fingerprint,
-                }
-            }
-            Event::Observed {
-                proxy,
-                change,
-                at_us,
-            } => WireEvent::Observed {
-                proxy: g(proxy)?,
-                change,
-                at_us,
-            },
-            Event::StreamError {
-                proxy,
-                connect,
-                ended,
-                error,
-            } => WireEvent::StreamError {
-                proxy: g(proxy)?,
-                connect,
-                ended,
-                error,
-            },
-            Event::Nack { proxy, error } => WireEvent::Nack {
-                proxy: g(proxy)?,
-                error,
-            },
-            Event::BadResponse { proxy, error } => WireEvent::BadResponse {
-                proxy: g(proxy)?,
-                error,
-            },
-        })
-    }
-
-    fn into_event(self) -> Event {
-        match self {
-            WireEvent::Configured {
-                proxy,
-                stream,
-                elapsed_us,
-                clusters,
-                endpoints,
-                listeners,
-                routes,
-                capture_listeners,
-                inbound_clusters,
-                dangling,
-                names,
-                fingerprint,
-            } => Event::Configured {
-                proxy,
-                stream,
-                elapsed: Duration::from_micros(elapsed_us),
-                clusters,
-                endpoints,
-                listeners,
-                routes,
-                capture_listeners,
-                inbound_clusters,
-                dangling,
-                names: names.map(Box::new),
-                fingerprint,
-                recording: None,
-            },
-            WireEvent::Observed {
-                proxy,
-                change,
-                at_us,
-            } => Event::Observed {
-                proxy,
-                change,
-                at_us,
-            },
-            WireEvent::StreamError {
-                proxy,
-                connect,
-                ended,
-                error,
-            } => Event::StreamError {
-                proxy,
-                connect,
-                ended,
-                error,
-            },
-            WireEvent::Nack { proxy, error } => Event::Nack { proxy, error },
-            WireEvent::BadResponse { proxy, error } => Event::BadResponse { proxy, error },
+/// `event` of the child's proxy `local`, renumbered with `global` (child index →
+/// benchmark index), as it goes on the wire: a fleet process records no bodies, and the
+/// report's example of what a proxy holds is the benchmark's proxy 0, as in-process.
+/// None for an index outside `global` (cannot happen).
+fn renumbered(mut event: Event, global: &[usize]) -> Option<Event> {
+    let proxy = event.proxy_mut();
+    *proxy = global.get(*proxy).copied()?;
+    if let Event::Configured {
+        proxy,
+        names,
+        recording,
+        ..
+    } = &mut event
+    {
+        if *proxy != 0 {
+            *names = None;
         }
+        *recording = None;
     }
+    Some(event)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -385,7 +243,7 @@ async fn run_child() -> anyhow::Result<()> {
                         *done = true;
                     }
                 }
-                if let Some(w) = WireEvent::from_event(e, &global) {
+                if let Some(w) = renumbered(e, &global) {
                     if out_tx.send(FromChild::Event(w)).is_err() {
                         return;
                     }
@@ -773,7 +631,7 @@ async fn read_child(
         };
         match serde_json::from_str::<FromChild>(&line) {
             Ok(FromChild::Event(w)) => {
-                let _ = events.send(w.into_event());
+                let _ = events.send(w);
             }
             Ok(FromChild::Ready) => {
                 let _ = control.send((r, Control::Ready));
@@ -817,13 +675,13 @@ mod tests {
             change: 3,
             at_us: 42,
         };
-        let w = WireEvent::from_event(e, &global).unwrap();
+        let w = renumbered(e, &global).unwrap();
         let line = serde_json::to_string(&FromChild::Event(w)).unwrap();
         let FromChild::Event(w) = serde_json::from_str(&line).unwrap() else {
             panic!("an event");
         };
         assert!(matches!(
-            w.into_event(),
+            w,
             Event::Observed {
                 proxy: 10,
                 change: 3,
@@ -834,6 +692,6 @@ mod tests {
             proxy: 2,
             error: "x".into(),
         };
-        assert!(WireEvent::from_event(e, &global).is_none());
+        assert!(renumbered(e, &global).is_none());
     }
 }

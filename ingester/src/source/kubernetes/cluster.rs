@@ -29,8 +29,9 @@ use super::context::ClusterContext;
 use super::issuer;
 use super::metrics::{ClusterState, WatchKind};
 use super::reduce;
-use super::store::{ClusterStore, Dirty, Touched};
+use super::store::{Change, ClusterStore, Dirty, Touched};
 use super::watch::{self, Sink, Tagged, Update};
+use crate::admit::normalize::SERVICE_NAME_LABEL;
 use crate::coordination::lease::Leadership;
 use crate::coordination::ownership::{ClaimError, OwnerEvents, Standing};
 use crate::publish::{Ownership, Publisher};
@@ -388,16 +389,22 @@ impl ClusterTask {
             Update::Issuer(result) => self.issuer_read(result),
             core if generation == self.active.generation => {
                 let namespaces_changed = matches!(core, Update::Namespace(_));
-                // What Gateway API statuses read: backends, gateway Services and endpoints.
-                let gateway_inputs = matches!(
-                    core,
-                    Update::Namespace(_) | Update::Service(_) | Update::Slice(_)
-                );
+                // What Gateway API statuses read: namespaces, backend Services, and the
+                // endpoints of gateways' own Services (a slice names its Service; a
+                // deleted one is looked up before it goes).
+                let gateway_input = match &core {
+                    Update::Namespace(_) | Update::Service(_) => Some(None),
+                    Update::Slice(change) => Some(slice_service(&self.store, change)),
+                    _ => None,
+                };
                 let endpoints_only = matches!(core, Update::Slice(_) | Update::Pod(_));
                 let affects = apply(&mut self.store, core);
-                if let Some(config) = self.config.as_mut().filter(|_| gateway_inputs) {
+                if let (Some(config), Some(slice)) = (self.config.as_mut(), gateway_input) {
                     if !matches!(affects, Affects::Nothing) {
-                        config.cluster_changed();
+                        match slice {
+                            Some((ns, service)) => config.slice_changed(&ns, &service),
+                            None => config.cluster_changed(),
+                        }
                     }
                 }
                 // Namespace labels decide the selection of config too.
@@ -707,6 +714,30 @@ enum Affects {
     Nothing,
     Namespace(String),
     All,
+}
+
+/// The namespace and Service of the EndpointSlice a change is of, when known (a relist
+/// touches many).
+fn slice_service(
+    store: &ClusterStore,
+    change: &Change<Box<EndpointSlice>>,
+) -> Option<(String, String)> {
+    let service_of = |slice: &EndpointSlice| {
+        slice
+            .metadata
+            .labels
+            .as_ref()?
+            .get(SERVICE_NAME_LABEL)
+            .cloned()
+    };
+    let (key, service) = match change {
+        Change::Apply(key, Ok(slice)) | Change::InitApply(key, Ok(slice)) => {
+            (key, service_of(slice))
+        }
+        Change::Delete(key) => (key, store.slices.get(key).and_then(|s| service_of(s))),
+        _ => return None,
+    };
+    Some((key.0.clone(), service?))
 }
 
 /// Applies a core (non-config) update to a store.

@@ -185,10 +185,29 @@ impl ConfigSide {
         !self.dirty.is_empty() || self.gateway_dirty
     }
 
-    /// Services, EndpointSlices or Namespaces of the config cluster changed: the Gateway
-    /// API statuses (backends, gateway addresses) are recomputed.
+    /// Services or Namespaces of the config cluster changed: the Gateway API statuses
+    /// (backends, gateway addresses) are recomputed.
     pub fn cluster_changed(&mut self) {
         self.gateway_dirty = true;
+    }
+
+    /// An EndpointSlice of `service` in `namespace` changed: the Gateway API statuses are
+    /// recomputed only when it is a Gateway's own Service (`<gateway>-<class>`, whose
+    /// endpoints decide `Programmed`), so endpoint churn elsewhere costs nothing here.
+    pub fn slice_changed(&mut self, namespace: &str, service: &str) {
+        let Some(gateways) = self.store.kinds.get(&ConfigKind::KubeGateway) else {
+            return;
+        };
+        let of_a_gateway = gateways.in_namespace(namespace).any(|gw| match &gw.spec {
+            ConfigSpec::KubeGateway(g) => service
+                .strip_prefix(gw.meta.name.as_str())
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(|class| class == g.gateway_class_name),
+            _ => false,
+        });
+        if of_a_gateway {
+            self.gateway_dirty = true;
+        }
     }
 
     /// Applies a CRD or config update.

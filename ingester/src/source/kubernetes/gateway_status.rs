@@ -848,7 +848,11 @@ pub fn owned_fields(
                     "conditions": conditions_json(&p.conditions, old.and_then(|o| o.get("conditions")), generation, now, false),
                 }));
             }
-            m.insert("parents".into(), Value::Array(out));
+            // A route none of whose parents is shoal's, and whose status has no parents,
+            // is left alone (no write of an empty list to another controller's route).
+            if !(parents.is_empty() && status.get("parents").is_none()) {
+                m.insert("parents".into(), Value::Array(out));
+            }
         }
     }
     m
@@ -1367,6 +1371,14 @@ mod tests {
         assert_eq!(conditions[0]["observedGeneration"], 2);
         assert_eq!(conditions[1]["lastTransitionTime"], "2026-11-27T00:00:00Z");
         assert_eq!(conditions[1]["status"], "False");
+
+        // A route none of whose parents is shoal's: nothing to write while its status has
+        // no parents; shoal's stale entry is removed, another controller's kept.
+        let none = Report::Route(Vec::new());
+        assert!(owned_fields(&none, None, Some(1), "t").is_empty());
+        let fields = owned_fields(&none, Some(&current), Some(1), "t");
+        assert_eq!(fields["parents"].as_array().map(Vec::len), Some(1));
+        assert_eq!(fields["parents"][0]["controllerName"], "example.com/other");
 
         // The writes: one while the status differs, none again before the next event, none
         // once the status says it.

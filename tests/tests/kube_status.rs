@@ -12,7 +12,8 @@
 mod harness;
 
 use harness::{
-    config_cluster, istio_crd, populate, virtual_service_crd, BusRecorder, Ingester, POLL, TIMEOUT,
+    config_cluster, istio_crd, populate, remote_secret, virtual_service_crd, BusRecorder, Ingester,
+    POLL, TIMEOUT,
 };
 use serde_json::{json, Value};
 use shoal_common::bus::Bucket;
@@ -1166,6 +1167,85 @@ async fn gateway_api_conformance_status_cases() {
         "one",
         "the route at generation 2",
         |s| at_generation_2(&s["parents"][0]["conditions"]),
+    )
+    .await;
+}
+
+/// A backend Service that exists only in a remote cluster the ingester watches resolves
+/// (the proxies route to it there): `BackendNotFound` until that cluster is added, then
+/// `ResolvedRefs`.
+#[tokio::test]
+async fn gateway_api_backends_in_remote_clusters_resolve() {
+    let nats = NatsServer::start().await;
+    let config = config_cluster().await;
+    populate(&config, "shop", json!({}), "local");
+    let east = KubeApiServer::builder().name("east").start().await;
+    populate(&east, "shop", json!({}), "east");
+    east.create(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "db", "namespace": "shop"},
+        "spec": {"clusterIP": "10.0.0.30", "ports": [{"name": "tcp", "port": 5432}]},
+    }))
+    .unwrap();
+    gateway_api_crds(
+        &config,
+        &[
+            ("GatewayClass", "gatewayclasses", "Cluster"),
+            ("Gateway", "gateways", "Namespaced"),
+            ("HTTPRoute", "httproutes", "Namespaced"),
+        ],
+    );
+    config.create(kube_gateway(80)).unwrap();
+    config
+        .create(http_route(
+            "remote",
+            "web",
+            json!([]),
+            json!({"name": "db", "port": 5432}),
+        ))
+        .unwrap();
+    let mut ingester = Ingester::start(
+        &nats.url(),
+        &config.kubeconfig(),
+        &["--cluster-id", "main", "--instance-id", "ingester-a"],
+    );
+    ingester.wait_ready().await;
+    ingester.wait_leader().await;
+    let accepted = condition("Accepted", "True", "Accepted");
+    object_status_until(
+        &config,
+        HTTP_ROUTES,
+        Some("shop"),
+        "remote",
+        "BackendNotFound",
+        |s| {
+            route_conditions(s)
+                == [
+                    accepted.clone(),
+                    condition("ResolvedRefs", "False", "BackendNotFound"),
+                ]
+        },
+    )
+    .await;
+    config
+        .apply(remote_secret(
+            "istio-remote-secret",
+            &[("east", east.kubeconfig())],
+        ))
+        .unwrap();
+    object_status_until(
+        &config,
+        HTTP_ROUTES,
+        Some("shop"),
+        "remote",
+        "resolved in east",
+        |s| {
+            route_conditions(s)
+                == [
+                    accepted.clone(),
+                    condition("ResolvedRefs", "True", "ResolvedRefs"),
+                ]
+        },
     )
     .await;
 }

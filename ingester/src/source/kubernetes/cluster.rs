@@ -223,6 +223,9 @@ impl ClusterTask {
 
     async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
         let mut selectors_open = true;
+        // The config side's Gateway API status reads the other clusters' Services too.
+        let mut services_elsewhere = self.ctx.services.subscribe();
+        let with_config = self.config.is_some();
         loop {
             let publish_at = self.publish_at;
             tokio::select! {
@@ -258,6 +261,12 @@ impl ClusterTask {
                 () = self.publisher.bus_changed() => self.schedule_soon(),
                 () = self.owner_events.next() => self.owners_changed(),
                 () = config_bus_changed(&mut self.config) => self.schedule_soon(),
+                Ok(()) = services_elsewhere.changed(), if with_config => {
+                    if let Some(config) = &mut self.config {
+                        config.cluster_changed();
+                    }
+                    self.schedule();
+                }
             }
         }
     }
@@ -397,8 +406,24 @@ impl ClusterTask {
                     Update::Slice(change) => Some(slice_service(&self.store, change)),
                     _ => None,
                 };
+                // The Service a change is of (`None`: a relist's start or end).
+                let service = match &core {
+                    Update::Service(
+                        Change::Apply(key, _) | Change::InitApply(key, _) | Change::Delete(key),
+                    ) => Some(Some(key.clone())),
+                    Update::Service(_) => Some(None),
+                    _ => None,
+                };
                 let endpoints_only = matches!(core, Update::Slice(_) | Update::Pod(_));
                 let affects = apply(&mut self.store, core);
+                match service {
+                    Some(Some(key)) => {
+                        let present = self.store.services.get(&key).is_some();
+                        self.ctx.services.update(&self.id, &key, present);
+                    }
+                    Some(None) => self.share_services(),
+                    None => {}
+                }
                 if let (Some(config), Some(slice)) = (self.config.as_mut(), gateway_input) {
                     if !matches!(affects, Affects::Nothing) {
                         match slice {
@@ -448,12 +473,20 @@ impl ClusterTask {
         }
     }
 
+    /// Tells the other cluster tasks (the config side's Gateway API status) which Services
+    /// this cluster has.
+    fn share_services(&self) {
+        let keys = self.store.services.iter().map(|(k, _)| k.clone()).collect();
+        self.ctx.services.set(&self.id, keys);
+    }
+
     /// Makes the synced pending connection the active one and stops the old one.
     fn swap(&mut self) {
         let Some(pending) = self.pending.take() else {
             return;
         };
         self.store = pending.store;
+        self.share_services();
         // Dropping the old connection aborts its watches.
         self.active = pending.connection;
         let generation = self.active.generation;
@@ -696,6 +729,7 @@ impl ClusterTask {
         self.pending = None;
         self.active._watches.clear();
         self.config = None;
+        self.ctx.services.remove(&self.id);
         self.ctx.metrics.cluster_removed(&self.id);
         self.ctx.readiness.forget(&readiness_name(&self.id));
     }

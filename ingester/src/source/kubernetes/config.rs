@@ -488,7 +488,12 @@ impl ConfigSide {
     /// Recomputes the Gateway API objects' statuses and hands the writer those that
     /// differ; waits until the kinds, Services, EndpointSlices and Namespaces are listed,
     /// so that nothing is reported missing that is merely not listed yet.
-    fn gateway_status(&mut self, cluster: &ClusterStore, selected: &BTreeSet<String>) {
+    fn gateway_status(
+        &mut self,
+        ctx: &ClusterContext,
+        cluster: &ClusterStore,
+        selected: &BTreeSet<String>,
+    ) {
         let kinds: Vec<&KindStore<Box<ConfigObject>>> = self
             .store
             .kinds
@@ -509,11 +514,13 @@ impl ConfigSide {
             .flat_map(|k| k.values())
             .map(Box::as_ref)
             .collect();
+        let elsewhere = ctx.services.elsewhere(&self.cluster);
         let world = gateway_status::World {
             services: &cluster.services,
             slices: &cluster.slices,
             namespaces: &cluster.namespaces,
             selected,
+            elsewhere: &elsewhere,
         };
         let rejected = self.gateway_statuses.rejected();
         let reports = gateway_status::reports(&config, &world, &rejected);
@@ -577,7 +584,7 @@ impl ConfigSide {
             .map(|((_, ns), _)| ns.clone())
             .collect();
         if std::mem::take(&mut self.gateway_dirty) || !self.dirty.is_empty() {
-            self.gateway_status(cluster, &selected);
+            self.gateway_status(ctx, cluster, &selected);
         }
         self.selection.send_if_modified(|current| {
             let changed = current.as_deref() != Some(&selected);

@@ -4,6 +4,7 @@
 
 use super::ca_root::RootRx;
 use super::metrics::KubeMetrics;
+use super::reduce::ObjKey;
 use crate::coordination::lease::Leadership;
 use crate::coordination::ownership::Owners;
 use crate::coordination::readiness::Readiness;
@@ -11,7 +12,9 @@ use crate::publish::metrics::PublishMetrics;
 use crate::publish::{Ownership, Publisher};
 use crate::source::mesh_config::SelectorsRx;
 use shoal_common::bus::StateBus;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use tokio::sync::watch;
 
 /// What every cluster task shares.
 #[derive(Clone)]
@@ -42,6 +45,84 @@ pub struct ClusterContext {
     /// The proxy image of the gateways deployed for Gateway API Gateways
     /// (`--gateway-deployment`); `None`: nothing is deployed.
     pub gateway_proxy_image: Option<String>,
+    /// The Services of every cluster this ingester watches.
+    pub services: ServiceDirectory,
+}
+
+/// The Services (namespace, name) of every cluster this ingester watches, by cluster: the
+/// Gateway API status asks it whether a backend or parent Service not in the config
+/// cluster exists in another, as the proxies would route to it there. Cheap to clone.
+#[derive(Clone)]
+pub struct ServiceDirectory {
+    clusters: Arc<Mutex<BTreeMap<String, BTreeSet<ObjKey>>>>,
+    changed: Arc<watch::Sender<u64>>,
+}
+
+impl Default for ServiceDirectory {
+    fn default() -> Self {
+        ServiceDirectory {
+            clusters: Arc::default(),
+            changed: Arc::new(watch::channel(0).0),
+        }
+    }
+}
+
+impl ServiceDirectory {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, BTreeSet<ObjKey>>> {
+        self.clusters.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Sets `cluster`'s Services (after a relist or a kubeconfig switch).
+    pub fn set(&self, cluster: &str, services: BTreeSet<ObjKey>) {
+        let changed = {
+            let mut clusters = self.lock();
+            let old = clusters.insert(cluster.to_string(), services);
+            old.as_ref() != clusters.get(cluster)
+        };
+        if changed {
+            self.bump();
+        }
+    }
+
+    /// Records that `cluster` has (`present`) or no longer has the Service `key`.
+    pub fn update(&self, cluster: &str, key: &ObjKey, present: bool) {
+        let changed = {
+            let mut clusters = self.lock();
+            let services = clusters.entry(cluster.to_string()).or_default();
+            match present {
+                true => services.insert(key.clone()),
+                false => services.remove(key),
+            }
+        };
+        if changed {
+            self.bump();
+        }
+    }
+
+    /// Forgets a cluster that left.
+    pub fn remove(&self, cluster: &str) {
+        if self.lock().remove(cluster).is_some() {
+            self.bump();
+        }
+    }
+
+    /// Every Service of every cluster but `except`.
+    pub fn elsewhere(&self, except: &str) -> BTreeSet<ObjKey> {
+        self.lock()
+            .iter()
+            .filter(|(c, _)| c.as_str() != except)
+            .flat_map(|(_, s)| s.iter().cloned())
+            .collect()
+    }
+
+    /// Changes whenever a cluster's Services do.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
 }
 
 impl ClusterContext {

@@ -116,6 +116,9 @@ pub struct World<'a> {
     pub namespaces: &'a KindStore<Labels>,
     /// The namespaces the discovery selectors select.
     pub selected: &'a BTreeSet<String>,
+    /// The Services of the other clusters this ingester watches (namespace, name): a
+    /// backend or parent there exists too, as the proxies route to it.
+    pub elsewhere: &'a BTreeSet<ObjKey>,
 }
 
 impl World<'_> {
@@ -123,6 +126,14 @@ impl World<'_> {
         self.services
             .get(&(namespace.to_string(), name.to_string()))
             .map(Box::as_ref)
+    }
+
+    /// Whether the Service exists in the config cluster or another watched cluster.
+    fn service_exists(&self, namespace: &str, name: &str) -> bool {
+        self.service(namespace, name).is_some()
+            || self
+                .elsewhere
+                .contains(&(namespace.to_string(), name.to_string()))
     }
 
     /// Whether any endpoint of the Service is ready.
@@ -312,7 +323,7 @@ pub fn reports(
             kind,
             route_ns,
             grants.iter().copied(),
-            |name, ns| world.service(ns, name).is_some(),
+            |name, ns| world.service_exists(ns, name),
             |host| hosts.contains(host),
         );
         let resolved_refs = match resolved {
@@ -339,9 +350,9 @@ pub fn reports(
             let accepted = if is_service_parent(p) {
                 // GAMMA: the Service must exist (istiod's `referenceAllowed`).
                 let svc_ns = p.namespace.as_deref().unwrap_or(route_ns);
-                match world.service(svc_ns, &p.name) {
-                    Some(_) => Condition::new("Accepted", true, "Accepted", "Route was valid"),
-                    None => Condition::new(
+                match world.service_exists(svc_ns, &p.name) {
+                    true => Condition::new("Accepted", true, "Accepted", "Route was valid"),
+                    false => Condition::new(
                         "Accepted",
                         false,
                         "NoMatchingParent",
@@ -528,8 +539,7 @@ fn unresolved_message(
         let found = match attach::backend(b, kind, route_ns, grants.iter().copied()) {
             attach::Backend::Unresolved(x) => x == u,
             attach::Backend::Service { name, namespace } => {
-                u == attach::Unresolved::BackendNotFound
-                    && world.service(&namespace, &name).is_none()
+                u == attach::Unresolved::BackendNotFound && !world.service_exists(&namespace, &name)
             }
             attach::Backend::Hostname(h) => {
                 u == attach::Unresolved::BackendNotFound && !hosts.contains(h.as_str())
@@ -1066,6 +1076,7 @@ mod tests {
                     slices: &self.slices,
                     namespaces: &self.namespaces,
                     selected: &self.selected,
+                    elsewhere: &BTreeSet::new(),
                 },
                 &self.rejected,
             )
@@ -1420,6 +1431,7 @@ mod rejection_tests {
             slices: &slices,
             namespaces: &namespaces,
             selected: &selected,
+            elsewhere: &BTreeSet::new(),
         };
         let spec = json!({"parentRefs": [{"name": "gw"}, {"kind": "Service", "group": "", "name": "web"}, "junk"]});
         let key = |kind, ns: &str| (kind, (ns.to_string(), "r".to_string()));

@@ -200,6 +200,7 @@ impl KubeSource {
             credential_keys: cfg.credential_keys.clone(),
             system_namespace: cfg.system_namespace.clone(),
             gateway_proxy_image: cfg.gateway_proxy_image.clone(),
+            services: context::ServiceDirectory::default(),
         };
         KubeSource { cfg, ctx }
     }

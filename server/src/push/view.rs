@@ -759,13 +759,7 @@ impl View {
                 }
                 let rebuild: Vec<String> = all().into_iter().filter(|n| stale(n)).collect();
                 let mut resources = generate(&rebuild);
-                resources.extend(
-                    prev.output
-                        .resources()
-                        .iter()
-                        .filter(|r| !stale(&r.name))
-                        .cloned(),
-                );
+                resources.extend(prev.output.iter().filter(|r| !stale(&r.name)).cloned());
                 Arc::new(Output::new(resources))
             })
             .await

@@ -108,7 +108,6 @@ impl DeltaStream {
             Vec::new()
         } else {
             let answered: std::collections::HashSet<&str> = output
-                .resources()
                 .iter()
                 .flat_map(|r| std::iter::once(&r.name).chain(&r.aliases))
                 .map(String::as_str)

@@ -239,7 +239,7 @@ impl Session {
             let scope = ProxyScope::compute(proxy, &snap.ctx);
             let names: Vec<String> = names.iter().cloned().collect();
             let own = crate::generate::generate(ty, proxy, &scope, snap, &names);
-            let shared = out.resources().iter().map(|r| r.as_ref());
+            let shared = out.iter().map(|r| r.as_ref());
             if let Some(mismatch) = compare(
                 "view output",
                 || {

@@ -84,11 +84,13 @@ impl SotwStream {
         }
         let total = output.len();
         let partial;
+        let all: Vec<Arc<Resource>>;
         let (to_send, entries): (&[Arc<Resource>], _) = if !force && ty == XdsType::Endpoint {
             partial = self.session.diff(ty, &names, &w.held, &output, snap);
             (&partial.changed, partial.gathered.sotw(&partial.changed))
         } else {
-            (output.resources(), output.sotw_entries())
+            all = output.iter().cloned().collect();
+            (&all, output.sotw_entries())
         };
         if ty == XdsType::Cluster {
             // The view's shared diff: every stream of the view sent the same clusters.

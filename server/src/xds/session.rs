@@ -370,21 +370,23 @@ impl Session {
     }
 
     /// Records a response about to be sent.
-    pub fn sent(
+    pub fn sent<'r>(
         &self,
         ty: XdsType,
         version: &str,
         nonce: &str,
-        resources: &[Arc<Resource>],
+        resources: impl IntoIterator<Item = &'r Arc<Resource>>,
         total: usize,
         observed_at_ms: Option<u64>,
     ) {
-        let bytes: usize = resources.iter().map(|r| r.any.value.len()).sum();
+        let (count, bytes) = resources
+            .into_iter()
+            .fold((0usize, 0usize), |(n, b), r| (n + 1, b + r.any.value.len()));
         self.update(ty, |s| {
             s.sent_version = version.to_string();
             s.sent_nonce = nonce.to_string();
             s.resources = total;
-            s.resources_sent += resources.len() as u64;
+            s.resources_sent += count as u64;
         });
         self.metrics.pushes.with_label_values(&[ty.short()]).inc();
         self.metrics
@@ -394,7 +396,7 @@ impl Session {
         self.metrics
             .resources_sent
             .with_label_values(&[ty.short()])
-            .inc_by(resources.len() as u64);
+            .inc_by(count as u64);
         if let Some(obs) = observed_at_ms {
             let lag_ms = shoal_common::envelope::now_ms().saturating_sub(obs);
             self.metrics
@@ -402,7 +404,7 @@ impl Session {
                 .with_label_values(&[ty.short()])
                 .observe(lag_ms as f64 / 1000.0);
         }
-        tracing::debug!(conn = %self.id, ty = ty.short(), %version, %nonce, resources = resources.len(), bytes, "push");
+        tracing::debug!(conn = %self.id, ty = ty.short(), %version, %nonce, resources = count, bytes, "push");
     }
 }
 

@@ -84,13 +84,16 @@ impl SotwStream {
         }
         let total = output.len();
         let partial;
-        let all: Vec<Arc<Resource>>;
-        let (to_send, entries): (&[Arc<Resource>], _) = if !force && ty == XdsType::Endpoint {
+        // The changed assignments only, or (`None`) the whole output.
+        let (changed, entries): (Option<&[Arc<Resource>]>, _) = if !force && ty == XdsType::Endpoint
+        {
             partial = self.session.diff(ty, &names, &w.held, &output, snap);
-            (&partial.changed, partial.gathered.sotw(&partial.changed))
+            (
+                Some(&partial.changed),
+                partial.gathered.sotw(&partial.changed),
+            )
         } else {
-            all = output.iter().cloned().collect();
-            (&all, output.sotw_entries())
+            (None, output.sotw_entries())
         };
         if ty == XdsType::Cluster {
             // The view's shared diff: every stream of the view sent the same clusters.
@@ -101,8 +104,14 @@ impl SotwStream {
         w.held = Held::Shared(output.clone());
         self.nonce += 1;
         let nonce = format!("{}-{}", snap.number, self.nonce);
-        self.session
-            .sent(ty, version, &nonce, to_send, total, observed_at_ms);
+        match changed {
+            Some(changed) => self
+                .session
+                .sent(ty, version, &nonce, changed, total, observed_at_ms),
+            None => self
+                .session
+                .sent(ty, version, &nonce, output.iter(), total, observed_at_ms),
+        }
         let head = DiscoveryResponse {
             version_info: version.to_string(),
             type_url: ty.type_url().to_string(),

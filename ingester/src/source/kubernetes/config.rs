@@ -514,7 +514,8 @@ impl ConfigSide {
             .flat_map(|k| k.values())
             .map(Box::as_ref)
             .collect();
-        let elsewhere = ctx.services.elsewhere(&self.cluster);
+        let elsewhere =
+            |ns: &str, name: &str| ctx.services.exists_elsewhere(&self.cluster, ns, name);
         let world = gateway_status::World {
             services: &cluster.services,
             slices: &cluster.slices,

@@ -110,13 +110,12 @@ impl ServiceDirectory {
         }
     }
 
-    /// Every Service of every cluster but `except`.
-    pub fn elsewhere(&self, except: &str) -> BTreeSet<ObjKey> {
+    /// Whether a cluster other than `except` has the Service `namespace`/`name`.
+    pub fn exists_elsewhere(&self, except: &str, namespace: &str, name: &str) -> bool {
+        let key = (namespace.to_string(), name.to_string());
         self.lock()
             .iter()
-            .filter(|(c, _)| c.as_str() != except)
-            .flat_map(|(_, s)| s.iter().cloned())
-            .collect()
+            .any(|(c, s)| c.as_str() != except && s.contains(&key))
     }
 
     /// Changes whenever a cluster's Services do.

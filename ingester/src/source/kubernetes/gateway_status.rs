@@ -116,9 +116,9 @@ pub struct World<'a> {
     pub namespaces: &'a KindStore<Labels>,
     /// The namespaces the discovery selectors select.
     pub selected: &'a BTreeSet<String>,
-    /// The Services of the other clusters this ingester watches (namespace, name): a
-    /// backend or parent there exists too, as the proxies route to it.
-    pub elsewhere: &'a BTreeSet<ObjKey>,
+    /// Whether another cluster this ingester watches has the Service (namespace, name):
+    /// a backend or parent there exists too, as the proxies route to it.
+    pub elsewhere: &'a dyn Fn(&str, &str) -> bool,
 }
 
 impl World<'_> {
@@ -130,10 +130,7 @@ impl World<'_> {
 
     /// Whether the Service exists in the config cluster or another watched cluster.
     fn service_exists(&self, namespace: &str, name: &str) -> bool {
-        self.service(namespace, name).is_some()
-            || self
-                .elsewhere
-                .contains(&(namespace.to_string(), name.to_string()))
+        self.service(namespace, name).is_some() || (self.elsewhere)(namespace, name)
     }
 
     /// Whether any endpoint of the Service is ready.
@@ -1076,7 +1073,7 @@ mod tests {
                     slices: &self.slices,
                     namespaces: &self.namespaces,
                     selected: &self.selected,
-                    elsewhere: &BTreeSet::new(),
+                    elsewhere: &|_, _| false,
                 },
                 &self.rejected,
             )
@@ -1431,7 +1428,7 @@ mod rejection_tests {
             slices: &slices,
             namespaces: &namespaces,
             selected: &selected,
-            elsewhere: &BTreeSet::new(),
+            elsewhere: &|_, _| false,
         };
         let spec = json!({"parentRefs": [{"name": "gw"}, {"kind": "Service", "group": "", "name": "web"}, "junk"]});
         let key = |kind, ns: &str| (kind, (ns.to_string(), "r".to_string()));

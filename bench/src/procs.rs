@@ -454,28 +454,30 @@ pub fn proc_cpu(pid: u32) -> anyhow::Result<Duration> {
     Ok(Duration::from_secs_f64(ticks as f64 / clock_ticks() as f64))
 }
 
-/// Resident set size of a process in KiB, from `/proc/<pid>/status` (`VmRSS`).
-pub fn proc_rss_kib(pid: u32) -> anyhow::Result<u64> {
+/// The value of `field` in `/proc/<pid>/status`, trimmed.
+fn proc_status_field(pid: u32, field: &str) -> anyhow::Result<String> {
     let path = format!("/proc/{pid}/status");
     let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .map(|v| v.trim().to_string())
+        .with_context(|| format!("no {field} in {path}"))
+}
+
+/// Resident set size of a process in KiB, from `/proc/<pid>/status` (`VmRSS`).
+pub fn proc_rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let rss = proc_status_field(pid, "VmRSS")?;
+    rss.split_whitespace()
+        .next()
         .and_then(|v| v.parse().ok())
-        .with_context(|| format!("no VmRSS in {path}"))
+        .with_context(|| format!("VmRSS of {pid} is not a number of kB: {rss:?}"))
 }
 
 /// The CPUs a process may run on (`Cpus_allowed_list` of `/proc/<pid>/status`, e.g.
 /// `4-6`): shows that a `taskset` pinning took.
 pub fn proc_allowed_cpus(pid: u32) -> anyhow::Result<String> {
-    let path = format!("/proc/{pid}/status");
-    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .map(|v| v.trim().to_string())
-        .with_context(|| format!("no Cpus_allowed_list in {path}"))
+    proc_status_field(pid, "Cpus_allowed_list")
 }
 
 /// The soft and hard limits on open files of this process, from `/proc/self/limits`.

@@ -266,37 +266,34 @@ pub fn node_name(node: &str) -> String {
 pub fn build(key: &AmbientKey) -> Resource {
     let name = key.name();
     match key {
-        AmbientKey::Workload(w) => {
-            let r = Resource::new(
-                XdsType::Address,
-                name,
-                &pb::Address {
-                    r#type: Some(pb::address::Type::Workload(workload(w))),
-                },
-            );
-            if w.aliases {
-                r.with_aliases(alias_names(&w.network, &w.addresses))
-            } else {
-                r
-            }
-        }
-        AmbientKey::Service(s) => {
-            let r = Resource::new(
-                XdsType::Address,
-                name,
-                &pb::Address {
-                    r#type: Some(pb::address::Type::Service(service(s))),
-                },
-            );
-            if s.aliases {
-                r.with_aliases(alias_names("", &s.addresses))
-            } else {
-                r
-            }
-        }
+        AmbientKey::Workload(w) => address(
+            name,
+            pb::address::Type::Workload(workload(w)),
+            w.aliases.then(|| alias_names(&w.network, &w.addresses)),
+        ),
+        AmbientKey::Service(s) => address(
+            name,
+            pb::address::Type::Service(service(s)),
+            s.aliases.then(|| alias_names("", &s.addresses)),
+        ),
         AmbientKey::Authorization(a) => {
             Resource::new(XdsType::Authorization, name, &authorization(a))
         }
+    }
+}
+
+/// An `Address` resource, with its on-demand aliases if any.
+fn address(name: String, address: pb::address::Type, aliases: Option<Vec<String>>) -> Resource {
+    let r = Resource::new(
+        XdsType::Address,
+        name,
+        &pb::Address {
+            r#type: Some(address),
+        },
+    );
+    match aliases {
+        Some(aliases) => r.with_aliases(aliases),
+        None => r,
     }
 }
 

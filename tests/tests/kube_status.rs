@@ -344,16 +344,13 @@ async fn gateway_api_gateways_are_deployed_by_the_leader() {
     let nats = NatsServer::start().await;
     let config = config_cluster().await;
     populate(&config, "shop", json!({}), "local");
-    for (kind, plural, scope) in [
-        ("GatewayClass", "gatewayclasses", "Cluster"),
-        ("Gateway", "gateways", "Namespaced"),
-    ] {
-        let mut crd = istio_crd(kind, plural);
-        crd["metadata"]["name"] = json!(format!("{plural}.gateway.networking.k8s.io"));
-        crd["spec"]["group"] = json!("gateway.networking.k8s.io");
-        crd["spec"]["scope"] = json!(scope);
-        config.create(crd).unwrap();
-    }
+    gateway_api_crds(
+        &config,
+        &[
+            ("GatewayClass", "gatewayclasses", "Cluster"),
+            ("Gateway", "gateways", "Namespaced"),
+        ],
+    );
     config.create(kube_gateway(80)).unwrap();
     // Another controller's class: not deployed.
     let mut other = kube_gateway(80);
@@ -525,6 +522,15 @@ async fn gateway_api_gateways_are_deployed_by_the_leader() {
     }
 }
 
+/// The GatewayClass `istio` of istiod's controller.
+fn istio_class() -> Value {
+    json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+        "metadata": {"name": "istio"},
+        "spec": {"controllerName": "istio.io/gateway-controller"},
+    })
+}
+
 /// The CRDs of the Gateway API kinds, with their scope and a `status` subresource.
 fn gateway_api_crds(config: &KubeApiServer, kinds: &[(&str, &str, &str)]) {
     for (kind, plural, scope) in kinds {
@@ -599,13 +605,7 @@ async fn gateway_api_status_is_written_by_the_leader() {
             ("ReferenceGrant", "referencegrants", "Namespaced"),
         ],
     );
-    config
-        .create(json!({
-            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-            "metadata": {"name": "istio"},
-            "spec": {"controllerName": "istio.io/gateway-controller"},
-        }))
-        .unwrap();
+    config.create(istio_class()).unwrap();
     let mut gateway = kube_gateway(80);
     gateway["spec"]["listeners"][0]["hostname"] = json!("*.example.com");
     config.create(gateway).unwrap();
@@ -907,11 +907,7 @@ async fn gateway_api_conformance_status_cases() {
             ("HTTPRoute", "httproutes", "Namespaced"),
         ],
     );
-    let class = json!({
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-        "metadata": {"name": "istio"},
-        "spec": {"controllerName": "istio.io/gateway-controller"},
-    });
+    let class = istio_class();
     config.create(class.clone()).unwrap();
     let infra_only = "namespaces: {from: Selector, selector: {matchLabels: {kubernetes.io/metadata.name: infra}}}";
     for gw in [

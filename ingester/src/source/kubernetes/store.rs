@@ -560,8 +560,8 @@ mod tests {
         Box::new(svc)
     }
 
-    #[test]
-    fn cluster_desired_state_follows_selection_and_scope() {
+    /// A store of cluster `c1` whose Namespaces are listed: `a`, labelled `mesh: on`.
+    fn store_with_namespace_a() -> ClusterStore {
         let mut store = ClusterStore::new("c1");
         store.namespaces.apply(Change::Init);
         let labels: Labels = [("mesh".to_string(), "on".to_string())].into();
@@ -569,6 +569,12 @@ mod tests {
             .namespaces
             .apply(Change::InitApply(key("", "a"), Ok(labels)));
         store.namespaces.apply(Change::InitDone);
+        store
+    }
+
+    #[test]
+    fn cluster_desired_state_follows_selection_and_scope() {
+        let mut store = store_with_namespace_a();
         store.services.apply(Change::Init);
         for ns in ["a", "b"] {
             store
@@ -667,13 +673,7 @@ mod tests {
     /// are not.
     #[test]
     fn pods_behind_no_service_are_published_alone() {
-        let mut store = ClusterStore::new("c1");
-        store.namespaces.apply(Change::Init);
-        let labels: Labels = [("mesh".to_string(), "on".to_string())].into();
-        store
-            .namespaces
-            .apply(Change::InitApply(key("", "a"), Ok(labels)));
-        store.namespaces.apply(Change::InitDone);
+        let mut store = store_with_namespace_a();
         let running = |ip: &str| {
             format!(
                 "{{phase: Running, podIP: {ip}, conditions: [{{type: Ready, status: 'True'}}]}}"

@@ -3,8 +3,10 @@
 //! identical objects give identical entries; [`crate::publish`] writes what differs.
 //!
 //! - [`credentials`]: the sealed gateway credentials among the desired entries.
+//! - [`scope`]: which namespaces a publish round recomputes.
 
 pub mod credentials;
+pub mod scope;
 
 use crate::admit::normalize::{self, Workloads};
 use crate::error::InvalidObject;

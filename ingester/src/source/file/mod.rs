@@ -17,6 +17,7 @@ pub mod manifest;
 mod samples;
 pub mod store;
 
+use crate::desired::scope::Dirty;
 use crate::error::IngestError;
 use crate::publish::metrics::PublishMetrics;
 use crate::publish::{PublishReport, Publisher};
@@ -132,8 +133,8 @@ pub struct FileSource {
     files: BTreeMap<PathBuf, FileState>,
     last_full_read: Option<Instant>,
     full_read_interval: Duration,
-    /// The store changed since the last publish.
-    stale: bool,
+    /// What changed since the last publish: the namespaces to recompute, or all.
+    dirty: Dirty,
     /// Changes that would drop objects, waiting for their file to settle: the content's
     /// hash (`None`: the file is gone) and when it was first seen.
     held: BTreeMap<PathBuf, (Option<[u8; 32]>, Instant)>,
@@ -176,7 +177,7 @@ impl FileSource {
             full_read_interval: FULL_READ_INTERVAL,
             // The first round publishes even for an empty directory, so keys left on the
             // bus by an earlier run are swept.
-            stale: true,
+            dirty: Dirty::everything(),
             held: BTreeMap::new(),
             drop_settle: DROP_SETTLE,
             selectors: mesh_config::select_all(),
@@ -188,7 +189,7 @@ impl FileSource {
     /// default: every namespace), following their changes.
     pub fn set_discovery_selectors(&mut self, selectors: SelectorsRx) {
         self.selectors = selectors;
-        self.stale = true;
+        self.dirty.add_all();
     }
 
     /// Counts publish results in these metrics.
@@ -227,17 +228,26 @@ impl FileSource {
         }
         self.held.retain(|path, _| holding.contains(path));
         if self.selectors.has_changed().unwrap_or(false) {
-            self.stale = true;
+            self.dirty.add_all();
         }
-        if !self.stale && !self.publisher.needs_retry() {
+        if self.publisher.needs_retry() {
+            self.dirty.add_all();
+        }
+        if self.dirty.is_empty() {
             return Ok(PublishReport::default());
         }
         let selectors = self.selectors.borrow_and_update().clone();
+        let dirty = std::mem::take(&mut self.dirty);
         let desired = self
             .store
-            .desired_state_selected(&self.cfg.cluster_id, &selectors);
-        self.stale = false;
-        let report = self.publisher.publish(&desired, observed_at_ms).await;
+            .desired_state_scoped(&self.cfg.cluster_id, &selectors, &dirty);
+        let report = if dirty.is_all() {
+            self.publisher.publish(&desired, observed_at_ms).await
+        } else {
+            self.publisher
+                .publish_scoped(&desired, observed_at_ms, &|k| dirty.contains_key(k))
+                .await
+        };
         if let Some(metrics) = &self.metrics {
             metrics.published(&report);
         }
@@ -289,9 +299,10 @@ impl FileSource {
                 parsed,
             } => {
                 debug!(file = %path.display(), "manifest file changed");
+                self.store.touch(&path, &mut self.dirty);
                 self.store.apply(&path, parsed);
+                self.store.touch(&path, &mut self.dirty);
                 self.files.insert(path, state);
-                self.stale = true;
             }
             Change::Touched { path, stamp } => {
                 if let Some(f) = self.files.get_mut(&path) {
@@ -312,8 +323,8 @@ impl FileSource {
             Change::Removed(path) => {
                 info!(file = %path.display(), "manifest file removed; dropping its objects");
                 self.files.remove(&path);
+                self.store.touch(&path, &mut self.dirty);
                 self.store.remove(&path);
-                self.stale = true;
             }
         }
     }
@@ -606,6 +617,14 @@ mod tests {
                 .await
                 .unwrap()?;
             Some(Envelope::<Service>::decode(&entry.value).unwrap().body)
+        }
+
+        async fn endpoints(&self, ns: &str) -> EndpointSet {
+            let key = format!("c1.{ns}.web.web-1");
+            let entry = self.bus.inner.get(Bucket::Endpoints, &key).await.unwrap();
+            Envelope::<EndpointSet>::decode(&entry.unwrap().value)
+                .unwrap()
+                .body
         }
 
         async fn dr_host(&self) -> Option<String> {
@@ -1021,5 +1040,74 @@ mod tests {
             f.keys(Bucket::Services).await,
             vec!["c1.bookinfo.reviews", "c1.other.x"]
         );
+    }
+
+    /// A change is published at the cost of its namespace: the round recomputes and
+    /// compares that namespace's keys only, and the bus ends as a full round would leave it.
+    #[tokio::test]
+    async fn changes_are_published_at_the_cost_of_their_namespace() {
+        let f = Fixture::new();
+        let ns = |name: &str, labels: &str| {
+            format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}, labels: {labels}}}\n"
+            )
+        };
+        let mesh = |ns: &str, ip: &str, version: &str| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: {ns}}}\nspec: {{ports: [{{name: http, port: 80}}]}}\n---\n\
+                 apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, namespace: {ns}, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nendpoints: [{{addresses: [{ip}], targetRef: {{kind: Pod, name: web-0}}}}]\n---\n\
+                 apiVersion: v1\nkind: Pod\nmetadata: {{name: web-0, namespace: {ns}, labels: {{version: {version}}}}}\nspec: {{containers: []}}\nstatus: {{podIP: {ip}}}\n---\n\
+                 apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {{name: web, namespace: {ns}}}\nspec: {{host: web}}\n"
+            )
+        };
+        f.write(
+            "ns.yaml",
+            &format!("{}---\n{}", ns("a", "{}"), ns("b", "{}")),
+        );
+        f.write("a.yaml", &mesh("a", "10.0.0.1", "v1"));
+        f.write("b.yaml", &mesh("b", "10.0.1.1", "v1"));
+        let mut src = f.source().await;
+        assert_eq!(src.sync_once().await.unwrap().writes, 8);
+
+        // A pod relabel in `a`: a's four keys compared, b's not looked at.
+        f.write("a.yaml", &mesh("a", "10.0.0.1", "v2"));
+        let r = src.sync_once().await.unwrap();
+        assert_eq!((r.writes, r.unchanged, r.deletes), (1, 3, 0));
+        assert_eq!(f.endpoints("a").await.endpoints[0].labels["version"], "v2");
+
+        // `b`'s objects move to namespace `c`: both recomputed (b's Namespace entry compared), b's keys swept.
+        f.write("b.yaml", &mesh("c", "10.0.1.1", "v1"));
+        let r = src.sync_once().await.unwrap();
+        assert_eq!((r.writes, r.unchanged, r.deletes), (3, 1, 3));
+
+        // The system namespace's network label reaches every namespace's endpoints.
+        f.write(
+            "ns.yaml",
+            &format!(
+                "{}---\n{}---\n{}",
+                ns("a", "{}"),
+                ns("b", "{}"),
+                ns("istio-system", "{topology.istio.io/network: net1}")
+            ),
+        );
+        let r = src.sync_once().await.unwrap();
+        assert_eq!((r.writes, r.deletes), (3, 0), "{r:?}");
+        assert_eq!(f.endpoints("a").await.network, "net1");
+        assert_eq!(f.endpoints("c").await.network, "net1");
+
+        // The bus is what a full round from scratch publishes.
+        let fresh = Fixture {
+            dir: tempfile::tempdir().unwrap(),
+            bus: CountingBus::default(),
+        };
+        for name in ["ns.yaml", "a.yaml", "b.yaml"] {
+            let text = std::fs::read_to_string(f.dir.path().join(name)).unwrap();
+            fresh.write(name, &text);
+        }
+        fresh.source().await.sync_once().await.unwrap();
+        for bucket in [Bucket::Config, Bucket::Services, Bucket::Endpoints] {
+            assert_eq!(f.keys(bucket).await, fresh.keys(bucket).await);
+        }
+        assert_eq!(f.endpoints("c").await.endpoints[0].labels["version"], "v1");
     }
 }

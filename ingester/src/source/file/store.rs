@@ -1,9 +1,11 @@
 //! The file source's objects: the last good objects of every manifest file, and the desired
-//! state computed from all of them whenever anything changes (so a Pod's new labels reach
-//! every endpoint set that references the Pod, without tracking who references whom).
+//! state computed from them for the namespaces a change touched (so a Pod's new labels
+//! reach every endpoint set of its namespace that references the Pod, without tracking who
+//! references whom; no object refers to another namespace's, see [`ManifestStore::touch`]).
 
 use super::manifest::{ManifestObject, ParsedFile, ParsedObject};
 use crate::admit::normalize::Workloads;
+use crate::desired::scope::Dirty;
 use crate::desired::{
     config_entry, credentials, endpoints_entry, lone_pod_entry, service_entry, DesiredState,
     StateObject,
@@ -248,11 +250,58 @@ impl ManifestStore {
         cluster: &str,
         selectors: &DiscoverySelectors,
     ) -> DesiredState {
-        let all = self
-            .files
-            .iter()
-            .flat_map(|(path, objs)| objs.iter().map(move |o| (path.as_path(), o)));
-        desired_state(all, cluster, selectors, self.credential_keys.as_deref())
+        self.desired_state_scoped(cluster, selectors, &Dirty::everything())
+    }
+
+    /// [`ManifestStore::desired_state_selected`] for the keys `dirty` scopes: the objects
+    /// of its namespaces, with every Namespace and Node (which say what is selected, the
+    /// network and localities). A scoped publish round with `dirty` as its scope then
+    /// makes the bus match the whole desired state, at the cost of those namespaces.
+    pub fn desired_state_scoped(
+        &self,
+        cluster: &str,
+        selectors: &DiscoverySelectors,
+        dirty: &Dirty,
+    ) -> DesiredState {
+        let in_scope = |o: &ParsedObject| match &o.object {
+            ManifestObject::Namespace(_) | ManifestObject::Node(_) => true,
+            _ if o.id.kind.is_namespaced() => dirty.contains_namespace(&o.id.namespace),
+            _ => dirty.is_all(),
+        };
+        let objects = self.files.iter().flat_map(|(path, objs)| {
+            objs.iter()
+                .filter(|o| in_scope(o))
+                .map(move |o| (path.as_path(), o))
+        });
+        let mut desired =
+            desired_state(objects, cluster, selectors, self.credential_keys.as_deref());
+        if !dirty.is_all() {
+            desired.retain(|key, _| dirty.contains_key(key));
+        }
+        desired
+    }
+
+    /// Adds to `dirty` what a change of this file's current objects makes to recompute:
+    /// each object's namespace (a Namespace's own), or everything for a Node (every
+    /// endpoint's locality), the system namespace (the cluster's network) and a
+    /// cluster-scoped config object. Call it before and after the file changes.
+    ///
+    /// Nothing else crosses namespaces: endpoints join pods of their own namespace, and a
+    /// Gateway's credentials are Secrets of its own namespace.
+    pub fn touch(&self, path: &Path, dirty: &mut Dirty) {
+        for o in self.files.get(path).into_iter().flatten() {
+            match &o.object {
+                ManifestObject::Node(_) => dirty.add_all(),
+                ManifestObject::Namespace(_)
+                    if o.id.name == shoal_common::defaults::SYSTEM_NAMESPACE =>
+                {
+                    dirty.add_all()
+                }
+                ManifestObject::Namespace(_) => dirty.add_namespace(&o.id.name),
+                _ if o.id.kind.is_namespaced() => dirty.add_namespace(&o.id.namespace),
+                _ => dirty.add_all(),
+            }
+        }
     }
 }
 

@@ -21,10 +21,11 @@ use super::metrics::WatchKind;
 use super::object_status::{self, Selection, StatusBook, StatusReporter, Verdict};
 use super::reduce::{self, CrdInfo};
 use super::store::{
-    key_config_kind, selected, Change, ClusterStore, ConfigStore, Dirty, KindStore, Touched,
+    key_config_kind, selected, Change, ClusterStore, ConfigStore, KindStore, Touched,
 };
 use super::watch::{self, Sink, Tagged, Update};
 use crate::admit::istio;
+use crate::desired::scope::Dirty;
 use crate::desired::{credentials, StateKey, StateObject};
 use crate::publish::{Ownership, Publisher};
 use crate::selector::{DiscoverySelectors, Labels};

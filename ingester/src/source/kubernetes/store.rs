@@ -7,6 +7,7 @@
 
 use super::reduce::{CrdInfo, ObjKey};
 use crate::admit::normalize::Workloads;
+use crate::desired::scope::Dirty;
 use crate::desired::{self, DesiredState, StateKey};
 use crate::error::InvalidObject;
 use crate::selector::{DiscoverySelectors, Labels};
@@ -177,32 +178,8 @@ impl<V: Clone + PartialEq> KindStore<V> {
     }
 }
 
-/// The namespaces whose state must be recomputed (or all of them).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Dirty {
-    all: bool,
-    namespaces: BTreeSet<String>,
-}
-
+/// What a change of this cluster's objects leaves to recompute.
 impl Dirty {
-    /// Nothing to recompute.
-    pub fn is_empty(&self) -> bool {
-        !self.all && self.namespaces.is_empty()
-    }
-
-    /// Everything must be recomputed.
-    pub fn add_all(&mut self) {
-        self.all = true;
-        self.namespaces.clear();
-    }
-
-    /// One namespace must be recomputed.
-    pub fn add_namespace(&mut self, namespace: &str) {
-        if !self.all {
-            self.namespaces.insert(namespace.to_string());
-        }
-    }
-
     /// Adds what a change touched: namespaced objects dirty their namespace, cluster-scoped
     /// ones (an empty namespace) everything.
     pub fn add_touched(&mut self, touched: &Touched) {
@@ -211,44 +188,6 @@ impl Dirty {
             Touched::Key((ns, _)) if !ns.is_empty() => self.add_namespace(ns),
             Touched::Key(_) | Touched::All => self.add_all(),
         }
-    }
-
-    /// Whether a namespace is to be recomputed.
-    pub fn contains_namespace(&self, namespace: &str) -> bool {
-        self.all || self.namespaces.contains(namespace)
-    }
-
-    /// Whether a bus key is in scope: its namespace is dirty. Unparseable keys are in
-    /// scope only of a full round.
-    pub fn contains_key(&self, key: &StateKey) -> bool {
-        self.all || key_namespace(key).is_some_and(|ns| self.namespaces.contains(&ns))
-    }
-
-    /// The namespaces to recompute: the dirty ones, or every namespace `present` returns.
-    pub(crate) fn select<'a>(
-        &'a self,
-        present: impl FnOnce() -> BTreeSet<&'a str>,
-    ) -> BTreeSet<&'a str> {
-        if self.all {
-            present()
-        } else {
-            self.namespaces.iter().map(String::as_str).collect()
-        }
-    }
-}
-
-/// The namespace of a bus key.
-pub fn key_namespace((bucket, key): &StateKey) -> Option<String> {
-    match bucket {
-        // A Namespace's labels entry belongs to the namespace it describes, so that a
-        // relabel (which dirties that namespace) recomputes it.
-        Bucket::Config => keys::parse_config_key(key).ok().map(|id| match id.kind {
-            shoal_common::model::ConfigKind::Namespace => id.name,
-            _ => id.namespace,
-        }),
-        Bucket::Services => keys::parse_service_key(key).ok().map(|id| id.namespace),
-        Bucket::Endpoints => keys::parse_endpoints_key(key).ok().map(|id| id.namespace),
-        Bucket::Meta => None,
     }
 }
 
@@ -584,10 +523,7 @@ mod tests {
         store.services.apply(Change::InitDone);
         assert!(!store.synced(), "slices, pods and nodes not listed yet");
 
-        let all = Dirty {
-            all: true,
-            ..Dirty::default()
-        };
+        let all = Dirty::everything();
         let keys_of = |d: DesiredState| d.into_keys().map(|(_, k)| k).collect::<Vec<_>>();
         let everything = DiscoverySelectors::all();
         assert_eq!(
@@ -642,10 +578,7 @@ mod tests {
             .slices
             .apply(Change::InitApply(key("a", "web-1"), Ok(Box::new(slice))));
         store.slices.apply(Change::InitDone);
-        let all = Dirty {
-            all: true,
-            ..Dirty::default()
-        };
+        let all = Dirty::everything();
         let networks: Vec<String> = store
             .desired("c1", &DiscoverySelectors::all(), &all, "mesh-system")
             .into_values()
@@ -714,10 +647,7 @@ mod tests {
             .slices
             .apply(Change::InitApply(key("a", "web-1"), Ok(Box::new(slice))));
         store.slices.apply(Change::InitDone);
-        let all = Dirty {
-            all: true,
-            ..Dirty::default()
-        };
+        let all = Dirty::everything();
         let selectors = crate::source::mesh_config::parse(
             std::path::Path::new("mesh"),
             "discoverySelectors: [{matchLabels: {mesh: 'on'}}]",

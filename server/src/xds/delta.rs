@@ -180,7 +180,7 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
 
     async fn on_request(
         &mut self,
-        req: DeltaDiscoveryRequest,
+        mut req: DeltaDiscoveryRequest,
         snap: &Arc<Snapshot>,
     ) -> Result<(), Status> {
         let Some(ty) = self
@@ -228,21 +228,36 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
                 tracing::debug!(conn = %self.session.id, ty = ty.short(), nonce = %req.response_nonce, "stale nonce");
             }
         }
+        // What an on-demand ztunnel asks for by this request (see `respond`), before the
+        // names are moved out of the request.
+        let addresses: Vec<String> = if ty == XdsType::Address {
+            req.resource_names_subscribe
+                .iter()
+                .filter(|n| n.as_str() != "*")
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut changed = false;
         let mut names: Option<NameSet> = None;
-        // What this request changes, so the new names' output is derived from the old.
+        // What this request changes, so the new names' output is derived from the old. A
+        // first set of names has nothing to be derived from: tracking it would keep a
+        // second copy of a thousand names per proxy while a fleet connects.
+        let derive = !sub.names.is_empty();
         let (mut added, mut removed) = (BTreeSet::new(), BTreeSet::new());
-        for name in &req.resource_names_subscribe {
+        // Moved, not cloned: the request's names become the subscription's.
+        for name in std::mem::take(&mut req.resource_names_subscribe) {
             if name == "*" {
                 changed |= !sub.wildcard;
                 sub.wildcard = true;
-            } else if (!sub.wildcard || !type_wildcard) && !sub.names.contains(name) {
-                let inserted = names
-                    .get_or_insert_with(|| (*sub.names).clone())
-                    .insert(name.clone());
-                if inserted {
-                    added.insert(name.clone());
-                }
+            } else if (!sub.wildcard || !type_wildcard) && !sub.names.contains(&name) {
+                let set = names.get_or_insert_with(|| (*sub.names).clone());
+                let inserted = if derive {
+                    set.insert(name.clone()) && added.insert(name)
+                } else {
+                    set.insert(name)
+                };
                 changed |= inserted;
             }
         }
@@ -276,12 +291,12 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             // Every change is answered at once (which takes the change); one still pending
             // would make this one relative to names with no output: build it afresh then.
             sub.change = match sub.change.take() {
-                None => Some(NamesChange {
+                None if derive => Some(NamesChange {
                     from,
                     added: added.into_iter().collect(),
                     removed: removed.into_iter().collect(),
                 }),
-                Some(_) => None,
+                _ => None,
             };
         }
         let resuming = first && !sub.held.is_empty();
@@ -289,15 +304,10 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
         // even when already subscribed, as istiod answers every request. ztunnel asks
         // again for an address it was told names nothing (a workload, then a service by
         // that address), and waits until it is answered.
-        let asked: Vec<String> = if ty == XdsType::Address && !sub.wildcard {
-            req.resource_names_subscribe
-                .iter()
-                .filter(|n| n.as_str() != "*")
-                .cloned()
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let asked = if sub.wildcard { Vec::new() } else { addresses };
+        // The request is not needed while its answer is generated (with a fleet
+        // connecting, many wait for generation at once).
+        drop(req);
         if first || changed || !asked.is_empty() {
             let force = first || !asked.is_empty();
             let unchanged = self.respond(ty, snap, force, None, &asked).await?;

@@ -129,11 +129,20 @@ impl DeltaStream {
             sub.held = Held::Shared(output);
             return Ok(diff.unchanged);
         }
-        if ty == XdsType::Cluster {
-            self.warming
-                .clusters_sent(diff.changed.iter().map(|r| r.name.as_str()));
-        }
         sub.held = Held::Shared(output.clone());
+        if ty == XdsType::Cluster {
+            // Only an assignment the proxy holds must be sent again for its cluster to
+            // warm; any other is sent when the proxy subscribes to it. (Recording every
+            // cluster of a first response kept a thousand names per proxy while a fleet
+            // connected.)
+            let endpoints = self.subs.get(&XdsType::Endpoint).map(|s| &s.held);
+            self.warming.clusters_sent(
+                diff.changed
+                    .iter()
+                    .map(|r| r.name.as_str())
+                    .filter(|name| endpoints.is_some_and(|held| held.contains(name))),
+            );
+        }
         self.nonce += 1;
         let nonce = format!("{}-{}", snap.number, self.nonce);
         let version = output.version().to_string();

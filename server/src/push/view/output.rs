@@ -350,6 +350,14 @@ impl Held {
         self.len() == 0
     }
 
+    /// Whether a resource of this name is held.
+    pub fn contains(&self, name: &str) -> bool {
+        match self {
+            Held::Shared(o) => o.contains(name),
+            Held::Own(m) => m.contains_key(name),
+        }
+    }
+
     /// The proxy dropped `name` (unsubscribed): if it subscribes again, it must be sent
     /// again.
     pub fn forget(&mut self, name: &str) {

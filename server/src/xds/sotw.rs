@@ -138,7 +138,7 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
 
     async fn on_request(
         &mut self,
-        req: DiscoveryRequest,
+        mut req: DiscoveryRequest,
         snap: &Arc<Snapshot>,
     ) -> Result<(), Status> {
         let Some(ty) = self
@@ -150,7 +150,10 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
         if req.resource_names.len() > MAX_NAMES_PER_SUBSCRIPTION {
             return Err(too_many_names(ty, req.resource_names.len()));
         }
-        let names: NameSet = req.resource_names.iter().cloned().collect();
+        // Moved, not cloned: the request's names become the subscription's.
+        let names: NameSet = std::mem::take(&mut req.resource_names)
+            .into_iter()
+            .collect();
         let w = self.subs.entry(ty).or_default();
         let (_, sent_nonce) = self.session.last_sent(ty);
         // A nonce from before this stream (the proxy reconnected, perhaps from another
@@ -174,6 +177,9 @@ impl StreamHandler<DiscoveryRequest> for SotwStream {
             w.names = self.session.intern(ty, names, snap);
             self.session.requested(ty, &w.names);
         }
+        // The request is not needed while its answer is generated (with a fleet
+        // connecting, many wait for generation at once).
+        drop(req);
         self.respond(ty, snap, true, None).await?;
         if ty == XdsType::Cluster {
             self.resend_warming(snap, None).await?;

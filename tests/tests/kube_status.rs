@@ -584,6 +584,20 @@ fn route_conditions(status: &Value) -> Vec<(String, String, String)> {
     }
 }
 
+/// Waits until the HTTPRoute `shop/<name>` has shoal's parent entry with exactly these
+/// conditions (`what` says what is awaited); returns its status.
+async fn shop_route_until(
+    cluster: &KubeApiServer,
+    name: &str,
+    what: &str,
+    expected: &[(String, String, String)],
+) -> Value {
+    object_status_until(cluster, HTTP_ROUTES, Some("shop"), name, what, |s| {
+        route_conditions(s) == expected
+    })
+    .await
+}
+
 /// Gateway API status, as users read it with kubectl: the leader writes the GatewayClass's
 /// `Accepted`, the Gateway's `Accepted`/`Programmed` with its address and listener status,
 /// each route's parent conditions with the spec's reasons (a route shoal refuses names the
@@ -754,10 +768,7 @@ async fn gateway_api_status_is_written_by_the_leader() {
             ],
         ),
     ] {
-        let status = object_status_until(&config, HTTP_ROUTES, Some("shop"), route, route, |s| {
-            route_conditions(s) == expected
-        })
-        .await;
+        let status = shop_route_until(&config, route, route, &expected).await;
         let parent = &status["parents"][0];
         assert_eq!(
             parent["parentRef"]["name"],
@@ -810,21 +821,11 @@ async fn gateway_api_status_is_written_by_the_leader() {
                      "to": [{"group": "", "kind": "Service"}]},
         }))
         .unwrap();
-    object_status_until(
-        &config,
-        HTTP_ROUTES,
-        Some("shop"),
-        "cross",
-        "the grant",
-        |s| {
-            route_conditions(s)
-                == [
-                    accepted.clone(),
-                    condition("ResolvedRefs", "True", "ResolvedRefs"),
-                ]
-        },
-    )
-    .await;
+    let resolved = [
+        accepted.clone(),
+        condition("ResolvedRefs", "True", "ResolvedRefs"),
+    ];
+    shop_route_until(&config, "cross", "the grant", &resolved).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(writes(&config), [1, 1, 7]);
 
@@ -1208,40 +1209,20 @@ async fn gateway_api_backends_in_remote_clusters_resolve() {
     ingester.wait_ready().await;
     ingester.wait_leader().await;
     let accepted = condition("Accepted", "True", "Accepted");
-    object_status_until(
-        &config,
-        HTTP_ROUTES,
-        Some("shop"),
-        "remote",
-        "BackendNotFound",
-        |s| {
-            route_conditions(s)
-                == [
-                    accepted.clone(),
-                    condition("ResolvedRefs", "False", "BackendNotFound"),
-                ]
-        },
-    )
-    .await;
+    let resolved = [
+        accepted.clone(),
+        condition("ResolvedRefs", "False", "BackendNotFound"),
+    ];
+    shop_route_until(&config, "remote", "BackendNotFound", &resolved).await;
     config
         .apply(remote_secret(
             "istio-remote-secret",
             &[("east", east.kubeconfig())],
         ))
         .unwrap();
-    object_status_until(
-        &config,
-        HTTP_ROUTES,
-        Some("shop"),
-        "remote",
-        "resolved in east",
-        |s| {
-            route_conditions(s)
-                == [
-                    accepted.clone(),
-                    condition("ResolvedRefs", "True", "ResolvedRefs"),
-                ]
-        },
-    )
-    .await;
+    let resolved = [
+        accepted.clone(),
+        condition("ResolvedRefs", "True", "ResolvedRefs"),
+    ];
+    shop_route_until(&config, "remote", "resolved in east", &resolved).await;
 }

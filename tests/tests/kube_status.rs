@@ -574,6 +574,18 @@ fn condition(kind: &str, status: &str, reason: &str) -> (String, String, String)
     (kind.into(), status.into(), reason.into())
 }
 
+/// One ingester of cluster `main` watching `config`, ready and leading.
+async fn leading_ingester(nats: &NatsServer, config: &KubeApiServer) -> Ingester {
+    let mut ingester = Ingester::start(
+        &nats.url(),
+        &config.kubeconfig(),
+        &["--cluster-id", "main", "--instance-id", "ingester-a"],
+    );
+    ingester.wait_ready().await;
+    ingester.wait_leader().await;
+    ingester
+}
+
 /// The conditions of a route's one parent entry (shoal's), once it has one.
 fn route_conditions(status: &Value) -> Vec<(String, String, String)> {
     match status["parents"].as_array().map(Vec::as_slice) {
@@ -985,13 +997,7 @@ async fn gateway_api_conformance_status_cases() {
         config.create(r).unwrap();
     }
 
-    let mut ingester = Ingester::start(
-        &nats.url(),
-        &config.kubeconfig(),
-        &["--cluster-id", "main", "--instance-id", "ingester-a"],
-    );
-    ingester.wait_ready().await;
-    ingester.wait_leader().await;
+    let _ingester = leading_ingester(&nats, &config).await;
 
     let listener_of = |gw: &str| {
         let gw = gw.to_string();
@@ -1201,13 +1207,7 @@ async fn gateway_api_backends_in_remote_clusters_resolve() {
             json!({"name": "db", "port": 5432}),
         ))
         .unwrap();
-    let mut ingester = Ingester::start(
-        &nats.url(),
-        &config.kubeconfig(),
-        &["--cluster-id", "main", "--instance-id", "ingester-a"],
-    );
-    ingester.wait_ready().await;
-    ingester.wait_leader().await;
+    let _ingester = leading_ingester(&nats, &config).await;
     let accepted = condition("Accepted", "True", "Accepted");
     let resolved = [
         accepted.clone(),

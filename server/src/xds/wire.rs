@@ -117,7 +117,7 @@ impl hyper::body::Body for ResponseBody {
         match self.rx.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(message))) => {
-                self.pending.extend(message.chunks);
+                coalesce(message.chunks, &mut self.pending);
                 match self.pending.pop_front() {
                     Some(chunk) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
                     None => {
@@ -137,6 +137,42 @@ impl hyper::body::Body for ResponseBody {
         }
     }
 }
+
+/// Runs of chunks are copied into one frame's worth (HTTP/2's default largest frame) when
+/// smaller: each body frame is one pass through hyper's and h2's send path (flow control,
+/// the stream's queue, a DATA frame), which costs more than copying a few KiB. A small
+/// push (an endpoint change: a head and one assignment) is then one frame; chunks of a
+/// frame's size or more are passed on as the shared bytes they are.
+fn coalesce(chunks: Vec<Bytes>, out: &mut VecDeque<Bytes>) {
+    let mut at = 0;
+    while at < chunks.len() {
+        // The run [at, end): chunks that fit one frame together.
+        let mut end = at;
+        let mut len = 0;
+        while end < chunks.len() && len + chunks[end].len() <= COALESCE {
+            len += chunks[end].len();
+            end += 1;
+        }
+        match end - at {
+            // A chunk of a frame's size or more, or a run of one: sent as it is.
+            0 | 1 => {
+                out.push_back(chunks[at].clone());
+                at += 1;
+            }
+            _ => {
+                let mut run = BytesMut::with_capacity(len);
+                for chunk in &chunks[at..end] {
+                    run.extend_from_slice(chunk);
+                }
+                out.push_back(run.freeze());
+                at = end;
+            }
+        }
+    }
+}
+
+/// What [`coalesce`] gathers into one body frame: HTTP/2's default largest frame.
+const COALESCE: usize = 16 << 10;
 
 /// The HTTP response of a stream whose messages arrive on `rx`.
 pub fn response(rx: mpsc::Receiver<Outgoing>) -> http::Response<tonic::body::Body> {
@@ -662,5 +698,37 @@ mod tests {
         // Streams sending the same list share the gathered chunks.
         let again = Encoded::new(&head, gathered.delta(&resources));
         assert_eq!(encoded.chunks[1].as_ptr(), again.chunks[1].as_ptr());
+    }
+
+    #[test]
+    fn small_chunks_are_sent_as_one_frame_and_big_ones_as_they_are() {
+        let big = Bytes::from(vec![2u8; COALESCE + 1]);
+        let chunks = vec![
+            Bytes::from_static(b"head"),
+            Bytes::from(vec![1u8; 100]),
+            big.clone(),
+            Bytes::from(vec![3u8; COALESCE - 10]),
+            Bytes::from(vec![4u8; 20]),
+            Bytes::from(vec![5u8; 5]),
+        ];
+        let whole: Vec<u8> = chunks.iter().flat_map(|c| c.to_vec()).collect();
+        let mut frames = VecDeque::new();
+        coalesce(chunks, &mut frames);
+        let lens: Vec<usize> = frames.iter().map(Bytes::len).collect();
+        assert_eq!(lens, [104, COALESCE + 1, COALESCE - 10, 25]);
+        assert_eq!(
+            frames[1].as_ptr(),
+            big.as_ptr(),
+            "a big chunk is not copied"
+        );
+        let sent: Vec<u8> = frames.iter().flat_map(|c| c.to_vec()).collect();
+        assert_eq!(sent, whole);
+        // An endpoint push: a head and one assignment, one frame.
+        let mut frames = VecDeque::new();
+        coalesce(
+            vec![Bytes::from_static(b"head"), Bytes::from(vec![1u8; 900])],
+            &mut frames,
+        );
+        assert_eq!(frames.len(), 1);
     }
 }

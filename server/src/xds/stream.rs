@@ -12,6 +12,7 @@ use futures::StreamExt;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use tokio::sync::{watch, Semaphore};
+use tokio_stream::wrappers::WatchStream;
 use tonic::Status;
 
 /// What a stream needs from outside itself.
@@ -65,7 +66,12 @@ where
     };
     let mut last = first.as_ref().map(|p| p.snapshot.number).unwrap_or(0);
     let mut current = first.map(|p| p.snapshot);
-    let mut close = close;
+    // The waits on new snapshots and on the connection's close live as long as the loop:
+    // re-creating them at every request and push registered and unregistered a waiter on
+    // the snapshot channel, which all streams share (5 % of a push's CPU).
+    let mut published_stream = WatchStream::from_changes(snapshots.clone());
+    let closed = connection_closed(close);
+    tokio::pin!(closed);
     let (reason, error) = loop {
         tokio::select! {
             req = requests.next() => match req {
@@ -86,12 +92,15 @@ where
                     }
                 }
             },
-            changed = snapshots.changed() => {
-                if changed.is_err() {
+            published = published_stream.next() => {
+                let Some(published) = published else {
                     break (CloseReason::ServerClosed, None);
-                }
-                let published = snapshots.borrow_and_update().clone();
-                let Some(mut p) = published else { continue };
+                };
+                // A snapshot this stream already took as the newer one while it waited
+                // for its turn (below).
+                let Some(mut p) = published.filter(|p| p.snapshot.number > last) else {
+                    continue;
+                };
                 current = Some(p.snapshot.clone());
                 let mut types = if handler.session().identified() {
                     handler.session().affected(&p, last)
@@ -109,15 +118,14 @@ where
                 // newest (its changes join these). The views have moved on to it, and
                 // generating a superseded snapshot for this stream alone would cost a
                 // whole output, however little changed.
-                if snapshots.has_changed().unwrap_or(false) {
-                    if let Some(newer) = snapshots.borrow_and_update().clone() {
-                        if handler.session().identified() {
-                            types.extend(handler.session().affected(&newer, last));
-                        }
-                        last = newer.snapshot.number;
-                        current = Some(newer.snapshot.clone());
-                        p = newer;
+                let newest = snapshots.borrow().clone();
+                if let Some(newer) = newest.filter(|n| n.snapshot.number > last) {
+                    if handler.session().identified() {
+                        types.extend(handler.session().affected(&newer, last));
                     }
+                    last = newer.snapshot.number;
+                    current = Some(newer.snapshot.clone());
+                    p = newer;
                 }
                 let mut failed = None;
                 for ty in handler.watched_types().into_iter().filter(|t| types.contains(t)) {
@@ -130,7 +138,7 @@ where
                     break (failure_reason(&status), Some(status));
                 }
             }
-            _ = connection_closed(&mut close) => {
+            () = &mut closed => {
                 tracing::debug!(conn = %handler.session().id, "connection closing; ending stream");
                 break (CloseReason::ServerClosed, None);
             }
@@ -159,9 +167,9 @@ fn failure_reason(status: &Status) -> CloseReason {
     }
 }
 
-async fn connection_closed(close: &mut Option<watch::Receiver<bool>>) {
+async fn connection_closed(close: Option<watch::Receiver<bool>>) {
     match close {
-        Some(rx) => {
+        Some(mut rx) => {
             if rx.wait_for(|c| *c).await.is_err() {
                 // The connection task is gone: nothing will signal; never fire.
                 std::future::pending::<()>().await;

@@ -360,6 +360,33 @@ impl PushContext {
         ctx
     }
 
+    /// Takes `prev`'s instance of every service view that is the same in this context, so
+    /// that consecutive contexts share what did not change. Generated resources' cache
+    /// keys hold service views (a route table's key holds every service it routes to):
+    /// without this, each context's keys kept a set of views of their own alive, a
+    /// thousand per VirtualService change in a 1 000-service mesh, for as long as a key
+    /// outlived its context (keys are freed after their entries, not with them). Shared
+    /// views also compare equal by address, so key lookups across contexts are cheaper.
+    pub fn share_unchanged(&mut self, prev: &PushContext) {
+        for (host, view) in &mut self.services {
+            if let Some(old) = prev.services.get(host) {
+                if old == view {
+                    *view = old.clone();
+                }
+            }
+        }
+        for (host, views) in &mut self.shadowed {
+            let Some(olds) = prev.shadowed.get(host) else {
+                continue;
+            };
+            for view in views.iter_mut() {
+                if let Some(old) = olds.iter().find(|o| *o == view) {
+                    *view = old.clone();
+                }
+            }
+        }
+    }
+
     /// Marks this context as having the same load-assignment inputs as `prev`, the context
     /// it replaces: the caller knows the changes between them touched none of them.
     pub fn keep_endpoint_inputs(&mut self, prev: &PushContext) {

@@ -780,6 +780,7 @@ impl Pipeline {
         if self.changes.needs_context() {
             let start = std::time::Instant::now();
             let mut ctx = PushContext::build(&self.state);
+            ctx.share_unchanged(&self.ctx);
             // A VirtualService, Gateway or policy change: load assignments whose endpoints
             // did not change are the same (views keep them instead of rebuilding each).
             if !self.changes.touches_assignments() {

@@ -293,6 +293,12 @@ async fn endpoint_changes_reuse_the_push_context() {
         "config change reused the context"
     );
     assert_eq!(s3.ctx.destination_rules.len(), 2);
+    // The new context shares the service views that did not change (cache keys hold them).
+    let reviews = "reviews.default.svc.cluster.local";
+    assert!(Arc::ptr_eq(
+        &s2.ctx.services[reviews],
+        &s3.ctx.services[reviews]
+    ));
 
     write(
         &*bus,
@@ -306,6 +312,24 @@ async fn endpoint_changes_reuse_the_push_context() {
         "service change reused the context"
     );
     assert_eq!(s4.ctx.services.len(), 2);
+    assert!(Arc::ptr_eq(
+        &s3.ctx.services[reviews],
+        &s4.ctx.services[reviews]
+    ));
+
+    // A changed service gets a view of its own.
+    write(
+        &*bus,
+        Bucket::Services,
+        service_put(&service("default", "reviews", &[("http", 9081)])),
+    )
+    .await;
+    let s5 = next(&mut rx).await.snapshot;
+    assert!(!Arc::ptr_eq(
+        &s4.ctx.services[reviews],
+        &s5.ctx.services[reviews]
+    ));
+    assert_eq!(s5.ctx.services[reviews].ports[0].port, 9081);
 }
 
 /// A cluster's network label changing (the ingester republishes the cluster's slices with

@@ -128,6 +128,11 @@ async fn seeded_bus() -> MemoryBus {
     bus
 }
 
+/// Publishes a service on the bus.
+async fn put_service(bus: &MemoryBus, svc: &shoal_common::model::Service) {
+    write(bus, Bucket::Services, service_put(svc)).await;
+}
+
 fn reviews_slice(addresses: &[&str]) -> shoal_common::model::EndpointSet {
     slice(
         "default",
@@ -295,40 +300,24 @@ async fn endpoint_changes_reuse_the_push_context() {
     assert_eq!(s3.ctx.destination_rules.len(), 2);
     // The new context shares the service views that did not change (cache keys hold them).
     let reviews = "reviews.default.svc.cluster.local";
-    assert!(Arc::ptr_eq(
-        &s2.ctx.services[reviews],
-        &s3.ctx.services[reviews]
-    ));
+    let same_view = |a: &crate::generate::Snapshot, b: &crate::generate::Snapshot| {
+        Arc::ptr_eq(&a.ctx.services[reviews], &b.ctx.services[reviews])
+    };
+    assert!(same_view(&s2, &s3));
 
-    write(
-        &*bus,
-        Bucket::Services,
-        service_put(&service("default", "ratings", &[("http", 9080)])),
-    )
-    .await;
+    put_service(&bus, &service("default", "ratings", &[("http", 9080)])).await;
     let s4 = next(&mut rx).await.snapshot;
     assert!(
         !Arc::ptr_eq(&s3.ctx, &s4.ctx),
         "service change reused the context"
     );
     assert_eq!(s4.ctx.services.len(), 2);
-    assert!(Arc::ptr_eq(
-        &s3.ctx.services[reviews],
-        &s4.ctx.services[reviews]
-    ));
+    assert!(same_view(&s3, &s4));
 
     // A changed service gets a view of its own.
-    write(
-        &*bus,
-        Bucket::Services,
-        service_put(&service("default", "reviews", &[("http", 9081)])),
-    )
-    .await;
+    put_service(&bus, &service("default", "reviews", &[("http", 9081)])).await;
     let s5 = next(&mut rx).await.snapshot;
-    assert!(!Arc::ptr_eq(
-        &s4.ctx.services[reviews],
-        &s5.ctx.services[reviews]
-    ));
+    assert!(!same_view(&s4, &s5));
     assert_eq!(s5.ctx.services[reviews].ports[0].port, 9081);
 }
 

@@ -118,8 +118,12 @@ where
                 // newest (its changes join these). The views have moved on to it, and
                 // generating a superseded snapshot for this stream alone would cost a
                 // whole output, however little changed.
-                let newest = snapshots.borrow().clone();
-                if let Some(newer) = newest.filter(|n| n.snapshot.number > last) {
+                let newer = snapshots
+                    .borrow()
+                    .as_ref()
+                    .filter(|n| n.snapshot.number > last)
+                    .cloned();
+                if let Some(newer) = newer {
                     if handler.session().identified() {
                         types.extend(handler.session().affected(&newer, last));
                     }

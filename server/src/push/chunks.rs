@@ -56,16 +56,22 @@ impl Chunks {
                 len += entries[end].len();
                 end += 1;
             }
-            let mut gather = BytesMut::with_capacity(len);
-            for entry in &entries[at..end] {
-                gather.extend_from_slice(entry);
-            }
             out.len += len;
-            out.chunks.push(gather.freeze());
+            out.chunks
+                .push(copied(entries[at..end].iter().copied(), len));
             at = end;
         }
         out
     }
+}
+
+/// `parts` (`len` bytes in all) copied into one buffer of exactly that size.
+pub fn copied<'a>(parts: impl IntoIterator<Item = &'a Bytes>, len: usize) -> Bytes {
+    let mut run = BytesMut::with_capacity(len);
+    for part in parts {
+        run.extend_from_slice(part);
+    }
+    run.freeze()
 }
 
 /// The response entries of a list of resources (a view's output, or a diff shared by the

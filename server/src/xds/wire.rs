@@ -13,7 +13,7 @@
 //! no buffer of its largest request either.
 
 use super::limits::{Breach, BufferBudget, Exhausted};
-use crate::push::chunks::Chunks;
+use crate::push::chunks::{self, Chunks};
 use bytes::{BufMut, Bytes, BytesMut};
 use hyper::body::Body as _;
 use hyper::body::Frame;
@@ -160,11 +160,7 @@ fn coalesce(chunks: Vec<Bytes>, out: &mut VecDeque<Bytes>) {
                 at += 1;
             }
             _ => {
-                let mut run = BytesMut::with_capacity(len);
-                for chunk in &chunks[at..end] {
-                    run.extend_from_slice(chunk);
-                }
-                out.push_back(run.freeze());
+                out.push_back(chunks::copied(&chunks[at..end], len));
                 at = end;
             }
         }

@@ -1,7 +1,11 @@
 //! The generator cache: encoded resources by generator key, in a size-bounded moka cache.
 //!
 //! Because a key holds everything its resource is built from, a hit can never be stale,
-//! and proxies with the same view share one encoding. `SHOAL_CACHE_ASSERT=1` rebuilds every
+//! and proxies with the same view share one encoding. The cache itself is keyed by the
+//! key's 64-bit fingerprint and each entry keeps its whole key, compared on every hit (a
+//! fingerprint collision is a miss): moka's table keeps a removed entry's key in a
+//! tombstone until it rehashes a segment, and a generator key can hold a few KiB of
+//! service views and endpoint sets, which would otherwise stay alive with it. `SHOAL_CACHE_ASSERT=1` rebuilds every
 //! hit and aborts the process if the bytes differ, proving in tests that no input is
 //! missing from a key.
 //!
@@ -31,7 +35,7 @@ const IDLE: Duration = Duration::from_secs(60);
 /// A cache of generated resources.
 #[derive(Clone)]
 pub struct GeneratorCache {
-    cache: moka::sync::Cache<Key, Arc<Resource>>,
+    cache: moka::sync::Cache<u64, Arc<Cached>>,
     assert: bool,
     metrics: CacheMetrics,
 }
@@ -42,12 +46,13 @@ impl GeneratorCache {
     pub fn new(max_bytes: u64, assert: bool, metrics: CacheMetrics) -> GeneratorCache {
         let cache = moka::sync::Cache::builder()
             .max_capacity(max_bytes)
-            .weigher(|_k: &Key, v: &Arc<Resource>| {
-                u32::try_from(v.any.value.len())
+            .weigher(|_fingerprint: &u64, v: &Arc<Cached>| {
+                u32::try_from(v.resource.any.value.len())
                     .unwrap_or(u32::MAX)
                     .saturating_add(ENTRY_OVERHEAD)
             })
-            // Keys hold Arcs into old snapshots too: idle entries go, so they don't pin them.
+            // Entries' keys hold Arcs into old snapshots too: idle entries go, so they
+            // don't pin them.
             .time_to_idle(IDLE)
             .build();
         GeneratorCache {
@@ -94,22 +99,38 @@ impl GeneratorCache {
     }
 
     fn get(&self, key: Key) -> Arc<Resource> {
-        let entry = self
-            .cache
-            .entry_by_ref(&key)
-            .or_insert_with(|| intern(build(&key)));
+        let fingerprint = fingerprint(&key);
+        let entry = self.cache.entry(fingerprint).or_insert_with(|| {
+            Arc::new(Cached {
+                resource: intern(build(&key)),
+                key: key.clone(),
+            })
+        });
         if entry.is_fresh() {
             self.metrics.cache_misses.inc();
-            return entry.into_value();
+            return entry.into_value().resource.clone();
+        }
+        let cached = entry.into_value();
+        if cached.key != key {
+            // Another key with the same fingerprint: build, and let the newer one stay.
+            self.metrics.cache_misses.inc();
+            let resource = intern(build(&key));
+            self.cache.insert(
+                fingerprint,
+                Arc::new(Cached {
+                    key,
+                    resource: resource.clone(),
+                }),
+            );
+            return resource;
         }
         self.metrics.cache_hits.inc();
-        let cached = entry.into_value();
         if self.assert {
-            if let Some(mismatch) = check_entry(&key, &cached) {
+            if let Some(mismatch) = check_entry(&key, &cached.resource) {
                 mismatch.abort();
             }
         }
-        cached
+        cached.resource.clone()
     }
 
     /// Whether hits are checked against a rebuild.
@@ -122,6 +143,20 @@ impl GeneratorCache {
         self.cache.run_pending_tasks();
         (self.cache.entry_count(), self.cache.weighted_size())
     }
+}
+
+/// A cache entry: the resource and the whole key it was built from.
+struct Cached {
+    key: Key,
+    resource: Arc<Resource>,
+}
+
+/// The cache's key for `key`.
+fn fingerprint(key: &Key) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut h = std::hash::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
 }
 
 /// Generated resources by content (see [`super::intern`]).
@@ -355,6 +390,27 @@ mod tests {
         assert_eq!(m.served, Digest::of([&wrong]));
         assert_eq!(m.fresh, Digest::of([&right]));
         assert_ne!(m.served.hash, m.fresh.hash);
+    }
+
+    #[test]
+    fn an_entry_of_another_key_with_the_same_fingerprint_is_a_miss() {
+        let metrics = CacheMetrics::register(&prometheus::Registry::new());
+        let cache = GeneratorCache::new(64 << 20, true, metrics.clone());
+        let snap = mesh().snapshot();
+        let proxy = sidecar_proxy("a", &[]);
+        let scope = ProxyScope::compute(&proxy, &snap.ctx);
+        let keys = crate::generate::keys(XdsType::Cluster, &proxy, &scope, &snap, &[]);
+        let (a, b) = (keys[0].clone(), keys.last().cloned().expect("two keys"));
+        assert_ne!(a, b);
+        // b's entry where a's would be: as if their fingerprints collided.
+        let resource = Arc::new(build(&b));
+        cache
+            .cache
+            .insert(fingerprint(&a), Arc::new(Cached { key: b, resource }));
+        assert_eq!(*cache.get(a.clone()), build(&a), "a is built, not b served");
+        assert_eq!(metrics.cache_misses.get(), 1);
+        assert_eq!(*cache.get(a.clone()), build(&a));
+        assert_eq!(metrics.cache_hits.get(), 1, "a's entry replaced b's");
     }
 
     #[test]

@@ -1518,7 +1518,8 @@ impl Bench<'_> {
         self.announce(None).await?;
         let Some((key, observed_at_ms)) = observed_at else {
             bail!(
-                "change {k}: the ingester did not publish it within {:?}",
+                "change {k}: no write of it was seen on the bus within {:?} ({observed} of \
+                 {affected_n} affected proxies received it)",
                 self.cfg.phase_timeout
             );
         };
@@ -1954,49 +1955,83 @@ async fn wait_published(
 }
 
 /// Forwards every write to `bucket` after its initial state, with the envelope's
-/// `observed_at_ms`. Reports on `ready` once the initial state has been delivered.
+/// `observed_at_ms`. Reports on `ready` once the initial state has been delivered. A watch
+/// that ends with an error once live (the bus ends watches across a reconnection) is
+/// replaced; the new watch's replay forwards the writes newer than the last one seen, so
+/// none made in between is lost to the change being timed.
 async fn watch_bucket(
     bus: Arc<NatsBus>,
     bucket: Bucket,
     writes: mpsc::UnboundedSender<BusWrite>,
     ready: mpsc::UnboundedSender<anyhow::Result<()>>,
 ) {
-    let mut stream = match bus.watch(bucket).await {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = ready.send(Err(
-                anyhow::Error::new(e).context(format!("watching {bucket}"))
-            ));
-            return;
-        }
-    };
-    let mut live = false;
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(WatchEvent::InitialDone) => {
-                live = true;
-                let _ = ready.send(Ok(()));
+    // The newest revision seen once live; `None` until the first initial state is done.
+    let mut seen: Option<u64> = None;
+    let mut initial_max = 0;
+    while !writes.is_closed() {
+        let mut stream = match bus.watch(bucket).await {
+            Ok(s) => s,
+            Err(e) if seen.is_some() => {
+                eprintln!("[shoal-bench] re-watching {bucket}: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
             }
-            Ok(WatchEvent::Entry(entry)) if live => {
-                // Only the envelope's header matters here; the body is skipped.
-                let Ok(env) = Envelope::<serde::de::IgnoredAny>::decode(&entry.value) else {
-                    continue;
-                };
-                let _ = writes.send(BusWrite {
-                    bucket,
-                    key: entry.key,
-                    observed_at_ms: env.observed_at_ms,
-                });
-            }
-            Ok(WatchEvent::Entry(_)) => {}
             Err(e) => {
-                if !live {
-                    let _ = ready.send(Err(
-                        anyhow::Error::new(e).context(format!("watching {bucket}"))
-                    ));
-                }
+                let _ = ready.send(Err(
+                    anyhow::Error::new(e).context(format!("watching {bucket}"))
+                ));
                 return;
             }
+        };
+        let mut live = false;
+        while let Some(item) = stream.next().await {
+            let entry = match item {
+                Ok(WatchEvent::InitialDone) => {
+                    live = true;
+                    if seen.is_none() {
+                        seen = Some(initial_max);
+                        let _ = ready.send(Ok(()));
+                    }
+                    continue;
+                }
+                Ok(WatchEvent::Entry(entry)) => entry,
+                Err(e) => {
+                    match seen {
+                        Some(_) => eprintln!("[shoal-bench] the watch of {bucket} ended: {e}"),
+                        None => {
+                            let _ = ready.send(Err(
+                                anyhow::Error::new(e).context(format!("watching {bucket}"))
+                            ));
+                            return;
+                        }
+                    }
+                    break;
+                }
+            };
+            let Some(last) = seen else {
+                initial_max = initial_max.max(entry.revision);
+                continue;
+            };
+            // A replayed write is forwarded only if it came after the last one seen.
+            if !live && entry.revision <= last {
+                continue;
+            }
+            seen = Some(last.max(entry.revision));
+            // Only the envelope's header matters here; the body is skipped.
+            let Ok(env) = Envelope::<serde::de::IgnoredAny>::decode(&entry.value) else {
+                continue;
+            };
+            let _ = writes.send(BusWrite {
+                bucket,
+                key: entry.key,
+                observed_at_ms: env.observed_at_ms,
+            });
+        }
+        if seen.is_none() {
+            let _ = ready.send(Err(anyhow::anyhow!(
+                "the watch of {bucket} ended before its initial state"
+            )));
+            return;
         }
     }
 }

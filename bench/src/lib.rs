@@ -1519,8 +1519,9 @@ impl Bench<'_> {
         let Some((key, observed_at_ms)) = observed_at else {
             bail!(
                 "change {k}: no write of it was seen on the bus within {:?} ({observed} of \
-                 {affected_n} affected proxies received it)",
-                self.cfg.phase_timeout
+                 {affected_n} affected proxies received it); the ingester's log:\n{}",
+                self.cfg.phase_timeout,
+                self.ingester.process().log_tail()
             );
         };
         self.settle(0).await?;

@@ -5,9 +5,9 @@
 //! key's 64-bit fingerprint and each entry keeps its whole key, compared on every hit (a
 //! fingerprint collision is a miss): moka's table keeps a removed entry's key in a
 //! tombstone until it rehashes a segment, and a generator key can hold a few KiB of
-//! service views and endpoint sets, which would otherwise stay alive with it. `SHOAL_CACHE_ASSERT=1` rebuilds every
-//! hit and aborts the process if the bytes differ, proving in tests that no input is
-//! missing from a key.
+//! service views and endpoint sets, which would otherwise stay alive with it.
+//! `SHOAL_CACHE_ASSERT=1` rebuilds every hit and aborts the process if the bytes differ,
+//! proving in tests that no input is missing from a key.
 //!
 //! Why abort and not panic: a panic unwinds only the stream task that hit the entry (the
 //! stream resets, the proxy reconnects, the test may still pass); an abort kills the
@@ -103,12 +103,10 @@ impl GeneratorCache {
 
     fn get(&self, key: Key) -> Arc<Resource> {
         let fingerprint = fingerprint(&key);
-        let entry = self.cache.entry(fingerprint).or_insert_with(|| {
-            Arc::new(Cached {
-                resource: intern(build(&key)),
-                key: key.clone(),
-            })
-        });
+        let entry = self
+            .cache
+            .entry(fingerprint)
+            .or_insert_with(|| Cached::build(key.clone()));
         if entry.is_fresh() {
             self.metrics.cache_misses.inc();
             return entry.into_value().resource.clone();
@@ -117,15 +115,9 @@ impl GeneratorCache {
         if cached.key != key {
             // Another key with the same fingerprint: build, and let the newer one stay.
             self.metrics.cache_misses.inc();
-            let resource = intern(build(&key));
-            self.cache.insert(
-                fingerprint,
-                Arc::new(Cached {
-                    key,
-                    resource: resource.clone(),
-                }),
-            );
-            return resource;
+            let fresh = Cached::build(key);
+            self.cache.insert(fingerprint, fresh.clone());
+            return fresh.resource.clone();
         }
         self.metrics.cache_hits.inc();
         if self.assert {
@@ -152,6 +144,16 @@ impl GeneratorCache {
 struct Cached {
     key: Key,
     resource: Arc<Resource>,
+}
+
+impl Cached {
+    /// The entry of `key`, its resource built (and interned).
+    fn build(key: Key) -> Arc<Cached> {
+        Arc::new(Cached {
+            resource: intern(build(&key)),
+            key,
+        })
+    }
 }
 
 /// The cache's key for `key`.

@@ -1966,58 +1966,43 @@ async fn watch_bucket(
     writes: mpsc::UnboundedSender<BusWrite>,
     ready: mpsc::UnboundedSender<anyhow::Result<()>>,
 ) {
-    // The newest revision seen once live; `None` until the first initial state is done.
-    let mut seen: Option<u64> = None;
-    let mut initial_max = 0;
+    let fail = |e: anyhow::Error| {
+        let _ = ready.send(Err(e.context(format!("watching {bucket}"))));
+    };
+    // The newest revision seen, initial state included; whether that state is delivered.
+    let (mut last, mut live) = (0, false);
     while !writes.is_closed() {
         let mut stream = match bus.watch(bucket).await {
             Ok(s) => s,
-            Err(e) if seen.is_some() => {
+            Err(e) if live => {
                 eprintln!("[shoal-bench] re-watching {bucket}: {e}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
-            Err(e) => {
-                let _ = ready.send(Err(
-                    anyhow::Error::new(e).context(format!("watching {bucket}"))
-                ));
-                return;
-            }
+            Err(e) => return fail(e.into()),
         };
-        let mut live = false;
         while let Some(item) = stream.next().await {
             let entry = match item {
                 Ok(WatchEvent::InitialDone) => {
-                    live = true;
-                    if seen.is_none() {
-                        seen = Some(initial_max);
+                    if !live {
+                        live = true;
                         let _ = ready.send(Ok(()));
                     }
                     continue;
                 }
                 Ok(WatchEvent::Entry(entry)) => entry,
-                Err(e) => {
-                    match seen {
-                        Some(_) => eprintln!("[shoal-bench] the watch of {bucket} ended: {e}"),
-                        None => {
-                            let _ = ready.send(Err(
-                                anyhow::Error::new(e).context(format!("watching {bucket}"))
-                            ));
-                            return;
-                        }
-                    }
+                Err(e) if live => {
+                    eprintln!("[shoal-bench] the watch of {bucket} ended: {e}");
                     break;
                 }
+                Err(e) => return fail(e.into()),
             };
-            let Some(last) = seen else {
-                initial_max = initial_max.max(entry.revision);
-                continue;
-            };
-            // A replayed write is forwarded only if it came after the last one seen.
-            if !live && entry.revision <= last {
+            // The first initial state is not forwarded; a re-watch's replay only past `last`.
+            let newer = entry.revision > last;
+            last = last.max(entry.revision);
+            if !live || !newer {
                 continue;
             }
-            seen = Some(last.max(entry.revision));
             // Only the envelope's header matters here; the body is skipped.
             let Ok(env) = Envelope::<serde::de::IgnoredAny>::decode(&entry.value) else {
                 continue;
@@ -2028,11 +2013,8 @@ async fn watch_bucket(
                 observed_at_ms: env.observed_at_ms,
             });
         }
-        if seen.is_none() {
-            let _ = ready.send(Err(anyhow::anyhow!(
-                "the watch of {bucket} ended before its initial state"
-            )));
-            return;
+        if !live {
+            return fail(anyhow::anyhow!("the watch ended before its initial state"));
         }
     }
 }

@@ -89,6 +89,11 @@ pub struct SidecarRouteKey {
     /// The catch-all virtual host of a captured sidecar: `allow_any` to
     /// `PassthroughCluster`, or `block_all` (502) under `REGISTRY_ONLY`.
     pub catch_all: Option<OutboundTrafficMode>,
+    /// A table for proxyless gRPC, which matches its target `host:port`: domains list
+    /// `host:port` beside each host and the port counts in host matching. Envoy sidecars
+    /// ignore the port and get the bare hosts, as istiod's `SidecarIgnorePort` (half the
+    /// domains).
+    pub proxyless: bool,
 }
 
 pub use super::http_route::DestinationPorts;
@@ -454,6 +459,7 @@ pub(crate) fn sidecar_key(
         virtual_services,
         destinations,
         catch_all: captured.then_some(scope.outbound_policy),
+        proxyless: any_protocol,
     }
 }
 
@@ -476,6 +482,7 @@ pub(crate) fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
         source,
         catch_all,
         hashes,
+        proxyless,
     } = key;
     let port = *port;
     // VirtualServices by resolved host.
@@ -520,7 +527,10 @@ pub(crate) fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
                 &svc.hostname,
             )));
         }
-        let domains = unique_domains(service_domains(svc, port, proxy_namespace), &mut seen);
+        let domains = unique_domains(
+            service_domains(svc, proxyless.then_some(port), proxy_namespace),
+            &mut seen,
+        );
         if domains.is_empty() {
             continue;
         }
@@ -542,6 +552,7 @@ pub(crate) fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
         max_direct_response_body_size_bytes: Some(UInt32Value {
             value: super::lds::MAX_DIRECT_RESPONSE_BODY_BYTES,
         }),
+        ignore_port_in_host_matching: !proxyless,
         ..Default::default()
     }
 }
@@ -591,8 +602,8 @@ fn catch_all_virtual_host(policy: OutboundTrafficMode) -> VirtualHost {
 
 /// The domains a sidecar reaches a service by, as Istio builds them: the FQDN, `name.ns`
 /// and `name.ns.svc` (Kubernetes), the short name (same namespace only), the VIPs — each
-/// also with `:port`.
-fn service_domains(svc: &ServiceView, port: u32, proxy_ns: &str) -> Vec<String> {
+/// also with `:port` when `port` is given.
+fn service_domains(svc: &ServiceView, port: Option<u32>, proxy_ns: &str) -> Vec<String> {
     let mut names = vec![svc.hostname.clone()];
     if svc.source == ServiceSource::Kubernetes {
         if svc.namespace == proxy_ns {
@@ -602,10 +613,13 @@ fn service_domains(svc: &ServiceView, port: u32, proxy_ns: &str) -> Vec<String> 
         names.push(format!("{}.{}.svc", svc.name, svc.namespace));
     }
     names.extend(svc.vips.iter().cloned());
-    names
-        .into_iter()
-        .flat_map(|n| [format!("{n}:{port}"), n])
-        .collect()
+    match port {
+        Some(port) => names
+            .into_iter()
+            .flat_map(|n| [format!("{n}:{port}"), n])
+            .collect(),
+        None => names,
+    }
 }
 
 /// Drops domains already used by an earlier virtual host: Envoy rejects a route table in

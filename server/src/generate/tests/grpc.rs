@@ -150,6 +150,10 @@ http:
     ] {
         assert!(vh.domains.iter().any(|x| x == d), "{d} in {:?}", vh.domains);
     }
+    assert!(
+        !rc.ignore_port_in_host_matching,
+        "gRPC matches its target host:port"
+    );
     assert_eq!(vh.routes.len(), 2);
     let header = &vh.routes[0];
     assert!(

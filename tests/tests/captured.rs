@@ -138,6 +138,21 @@ async fn http_through_both_sidecars(mesh: &CapturedMesh) {
             "{url}: {body}"
         );
     }
+    // Route tables ignore the port in host matching, as istiod's: a Host naming another
+    // port still selects reviews' virtual host, not the catch-all (PassthroughCluster to
+    // the VIP, which nothing answers).
+    let url = format!("http://{REVIEWS_VIP}:9080/host-port");
+    let (status, body) = mesh
+        .get("productpage", &url, &["host: reviews:1234"])
+        .await
+        .unwrap_or_else(|e| panic!("{url} as reviews:1234: {e}"));
+    assert_eq!(status, 200, "{url} as reviews:1234: {body}");
+    assert!(
+        body["backend"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("reviews-")),
+        "{url} as reviews:1234: {body}"
+    );
     let out_after = mesh
         .stat(
             "productpage",

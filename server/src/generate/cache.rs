@@ -45,7 +45,8 @@ pub struct GeneratorCache {
 
 impl GeneratorCache {
     /// A cache holding at most `max_bytes` of resources; `assert` rebuilds every hit and
-    /// aborts the process on a difference.
+    /// aborts the process on a difference (and turns the same check on for the shared
+    /// virtual hosts of route tables, [`super::vhosts`]).
     pub fn new(max_bytes: u64, assert: bool, metrics: CacheMetrics) -> GeneratorCache {
         let cache = moka::sync::Cache::builder()
             .max_capacity(max_bytes)
@@ -58,6 +59,9 @@ impl GeneratorCache {
             // don't pin them.
             .time_to_idle(IDLE)
             .build();
+        if assert {
+            super::vhosts::check_hits();
+        }
         GeneratorCache {
             cache,
             assert,

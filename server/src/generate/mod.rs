@@ -26,6 +26,7 @@ pub mod rds;
 pub mod sds;
 pub mod telemetry;
 pub mod traffic_policy;
+pub mod vhosts;
 
 #[cfg(test)]
 mod tests;
@@ -85,6 +86,16 @@ impl Resource {
     pub fn new<M: prost::Message>(ty: XdsType, name: String, msg: &M) -> Resource {
         let any = shoal_proto::pack(ty.type_url(), msg);
         let version = content_version(&any.value);
+        Resource::from_parts(name, version, any)
+    }
+
+    /// A resource of `ty` from its encoded message.
+    pub fn from_encoded(ty: XdsType, name: String, value: Vec<u8>) -> Resource {
+        let version = content_version(&value);
+        let any = Any {
+            type_url: ty.type_url().to_string(),
+            value,
+        };
         Resource::from_parts(name, version, any)
     }
 

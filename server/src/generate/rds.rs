@@ -3,10 +3,8 @@
 //! service that no VirtualService covers (sidecars).
 
 use super::gateway::{binds, bound_virtual_services};
-use super::http_route::{
-    catch_all_match, default_retry_policy, destination_hosts, uses_source, vs_routes, RouteEnv,
-    Source,
-};
+use super::http_route::{destination_hosts, uses_source, vs_routes, RouteEnv, Source};
+use super::vhosts::{self, service_domains, unique_domains};
 use super::{pb_duration, Resource};
 use crate::index::config::Config;
 use crate::index::hosts::{
@@ -16,7 +14,8 @@ use crate::index::hosts::{
 use crate::index::proxy::{Proxy, ProxyKind};
 use crate::index::push_context::PushContext;
 use crate::index::scope::{host_entry_matches, ProxyScope};
-use crate::index::service::{ServiceSource, ServiceView};
+use crate::index::service::ServiceView;
+use prost::Message as _;
 use shoal_common::model::{Gateway, OutboundTrafficMode, VirtualService};
 use shoal_proto::pb::envoy::config::route::v3::{
     route::Action, route_action::ClusterSpecifier, route_match::PathSpecifier,
@@ -24,8 +23,8 @@ use shoal_proto::pb::envoy::config::route::v3::{
     RouteMatch, VirtualHost,
 };
 use shoal_proto::pb::google::protobuf::{BoolValue, UInt32Value};
-use shoal_proto::{gateway_https_route_name, outbound_cluster_name, XdsType};
-use std::collections::{BTreeMap, BTreeSet};
+use shoal_proto::{gateway_https_route_name, XdsType};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 /// Everything one route table is built from: the VirtualServices that can shape it and the
@@ -137,11 +136,12 @@ pub fn keys(
 
 /// Builds one route table from its key alone.
 pub fn build(key: &RouteKey) -> Resource {
-    let (name, rc) = match key {
-        RouteKey::Gateway(k) => (&k.name, gateway_routes(k)),
-        RouteKey::Sidecar(k) => (&k.name, sidecar_routes(k)),
-    };
-    Resource::new(XdsType::Route, name.clone(), &rc)
+    match key {
+        RouteKey::Gateway(k) => Resource::new(XdsType::Route, k.name.clone(), &gateway_routes(k)),
+        RouteKey::Sidecar(k) => {
+            Resource::from_encoded(XdsType::Route, k.name.clone(), sidecar_routes_encoded(k))
+        }
+    }
 }
 
 /// The ports of every service the VirtualServices route to.
@@ -340,7 +340,7 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
             vhosts.entry(h).or_default().extend(routes.iter().cloned());
         }
     }
-    let mut seen = BTreeSet::new();
+    let mut seen = HashSet::new();
     let virtual_hosts = vhosts
         .into_iter()
         .filter_map(|(host, routes)| {
@@ -472,8 +472,71 @@ fn source_of(proxy: &Proxy) -> Source {
 
 /// Builds a sidecar route table from its key.
 pub(crate) fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
+    let virtual_hosts = sidecar_hosts(key, false)
+        .into_iter()
+        .map(|host| match host {
+            Host::Built(vh) => *vh,
+            // Not asked for; decoding our own encoding cannot fail.
+            Host::Shared(shared) => VirtualHost::decode(&shared.encoded[..]).unwrap_or_default(),
+        })
+        .collect();
+    RouteConfiguration {
+        name: key.name.clone(),
+        virtual_hosts,
+        ..sidecar_table_fields(key)
+    }
+}
+
+/// [`sidecar_routes`] encoded, with the services' default virtual hosts copied from their
+/// shared encodings ([`vhosts`]): the same bytes, without building the virtual hosts no
+/// VirtualService claims. Proxyless gRPC tables (`host:port` domains) build every one.
+fn sidecar_routes_encoded(key: &SidecarRouteKey) -> Vec<u8> {
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
+    const VIRTUAL_HOSTS: u32 = 2;
+    let hosts = sidecar_hosts(key, !key.proxyless);
+    // `name` (field 1) comes before the virtual hosts and every other field after them, as
+    // prost writes a message's fields.
+    let head = RouteConfiguration {
+        name: key.name.clone(),
+        ..Default::default()
+    };
+    let tail = sidecar_table_fields(key);
+    let bodies: Vec<std::borrow::Cow<'_, [u8]>> = hosts
+        .iter()
+        .map(|host| match host {
+            Host::Built(vh) => std::borrow::Cow::Owned(vh.encode_to_vec()),
+            Host::Shared(shared) => std::borrow::Cow::Borrowed(&shared.encoded[..]),
+        })
+        .collect();
+    let len = head.encoded_len()
+        + tail.encoded_len()
+        + bodies
+            .iter()
+            .map(|b| 1 + encoded_len_varint(b.len() as u64) + b.len())
+            .sum::<usize>();
+    let mut buf = Vec::with_capacity(len);
+    head.encode_raw(&mut buf);
+    for body in &bodies {
+        encode_key(VIRTUAL_HOSTS, WireType::LengthDelimited, &mut buf);
+        encode_varint(body.len() as u64, &mut buf);
+        buf.extend_from_slice(body);
+    }
+    tail.encode_raw(&mut buf);
+    buf
+}
+
+/// A virtual host of a sidecar table: built for this table, or a service's default one,
+/// shared.
+enum Host {
+    Built(Box<VirtualHost>),
+    Shared(Arc<vhosts::DefaultHost>),
+}
+
+/// The virtual hosts of a sidecar table, in order. With `share`, a service's default
+/// virtual host (no VirtualService route on the port) is its shared one, unless another
+/// virtual host of the table already took one of its domains.
+fn sidecar_hosts(key: &SidecarRouteKey, share: bool) -> Vec<Host> {
     let SidecarRouteKey {
-        name,
         port,
         proxy_namespace,
         services,
@@ -483,6 +546,7 @@ pub(crate) fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
         catch_all,
         hashes,
         proxyless,
+        ..
     } = key;
     let port = *port;
     // VirtualServices by resolved host.
@@ -495,13 +559,13 @@ pub(crate) fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
                 .push(vs);
         }
     }
-    let mut seen = BTreeSet::new();
-    let mut virtual_hosts = Vec::new();
+    let mut seen = HashSet::new();
+    let mut hosts = Vec::with_capacity(services.len() + 1);
     for svc in services {
         // A VirtualService for the host, else for the most specific wildcard covering it.
         // At sidecars the first VirtualService for a host (in precedence order) wins, as
         // in istiod: VirtualServices merge only on gateways.
-        let mut routes: Vec<Route> = most_specific(&by_host, &svc.hostname)
+        let routes: Vec<Route> = most_specific(&by_host, &svc.hostname)
             .into_iter()
             .flatten()
             .take(1)
@@ -520,12 +584,13 @@ pub(crate) fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
             .collect();
         // A VirtualService with no route on this port (all its matches are for other ports
         // or gateways) does not claim the service here, as in Istio: the default route stays.
-        if routes.is_empty() {
-            routes.push(default_route(&outbound_cluster_name(
-                port,
-                "",
-                &svc.hostname,
-            )));
+        if routes.is_empty() && share {
+            let shared = vhosts::default_host(svc, port, proxy_namespace);
+            if shared.domains.iter().all(|d| !seen.contains(d)) {
+                seen.extend(shared.domains.iter().cloned());
+                hosts.push(Host::Shared(shared));
+                continue;
+            }
         }
         let domains = unique_domains(
             service_domains(svc, proxyless.then_some(port), proxy_namespace),
@@ -534,25 +599,24 @@ pub(crate) fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
         if domains.is_empty() {
             continue;
         }
-        virtual_hosts.push(VirtualHost {
-            name: format!("{}:{port}", svc.hostname),
-            domains,
-            routes,
-            include_request_attempt_count: true,
-            ..Default::default()
-        });
+        hosts.push(Host::Built(Box::new(vhosts::virtual_host(
+            svc, port, domains, routes,
+        ))));
     }
     if let Some(policy) = catch_all {
-        virtual_hosts.push(catch_all_virtual_host(*policy));
+        hosts.push(Host::Built(Box::new(catch_all_virtual_host(*policy))));
     }
+    hosts
+}
+
+/// A sidecar table's fields other than its name and virtual hosts.
+fn sidecar_table_fields(key: &SidecarRouteKey) -> RouteConfiguration {
     RouteConfiguration {
-        name: name.to_string(),
-        virtual_hosts,
         validate_clusters: Some(BoolValue { value: false }),
         max_direct_response_body_size_bytes: Some(UInt32Value {
             value: super::lds::MAX_DIRECT_RESPONSE_BODY_BYTES,
         }),
-        ignore_port_in_host_matching: !proxyless,
+        ignore_port_in_host_matching: !key.proxyless,
         ..Default::default()
     }
 }
@@ -596,56 +660,6 @@ fn catch_all_virtual_host(policy: OutboundTrafficMode) -> VirtualHost {
             ..Default::default()
         }],
         include_request_attempt_count: true,
-        ..Default::default()
-    }
-}
-
-/// The domains a sidecar reaches a service by, as Istio builds them: the FQDN, `name.ns`
-/// and `name.ns.svc` (Kubernetes), the short name (same namespace only), the VIPs — each
-/// also with `:port` when `port` is given.
-fn service_domains(svc: &ServiceView, port: Option<u32>, proxy_ns: &str) -> Vec<String> {
-    let mut names = vec![svc.hostname.clone()];
-    if svc.source == ServiceSource::Kubernetes {
-        if svc.namespace == proxy_ns {
-            names.push(svc.name.clone());
-        }
-        names.push(format!("{}.{}", svc.name, svc.namespace));
-        names.push(format!("{}.{}.svc", svc.name, svc.namespace));
-    }
-    names.extend(svc.vips.iter().cloned());
-    match port {
-        Some(port) => names
-            .into_iter()
-            .flat_map(|n| [format!("{n}:{port}"), n])
-            .collect(),
-        None => names,
-    }
-}
-
-/// Drops domains already used by an earlier virtual host: Envoy rejects a route table in
-/// which two virtual hosts share a domain.
-fn unique_domains(domains: Vec<String>, seen: &mut BTreeSet<String>) -> Vec<String> {
-    let mut out: Vec<String> = domains
-        .into_iter()
-        .filter(|d| seen.insert(d.clone()))
-        .collect();
-    out.sort();
-    out
-}
-
-fn default_route(cluster: &str) -> Route {
-    Route {
-        name: "default".into(),
-        r#match: Some(catch_all_match()),
-        action: Some(Action::Route(RouteAction {
-            cluster_specifier: Some(ClusterSpecifier::Cluster(cluster.into())),
-            timeout: Some(pb_duration(std::time::Duration::ZERO)),
-            // istiod's `setTimeout`: `grpc-timeout` honoured, without a cap.
-            #[allow(deprecated)]
-            max_grpc_timeout: Some(pb_duration(std::time::Duration::ZERO)),
-            retry_policy: Some(default_retry_policy()),
-            ..Default::default()
-        })),
         ..Default::default()
     }
 }

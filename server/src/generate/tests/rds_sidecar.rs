@@ -375,3 +375,62 @@ fn only_http_ports_get_virtual_hosts() {
     assert!(!vhost_names(&rc).contains(&"db.default.svc.cluster.local:9080"));
     assert_eq!(rc.virtual_hosts.len(), 4);
 }
+
+/// Sidecar tables are encoded with every default virtual host copied from its shared
+/// encoding (`generate::vhosts`): the bytes must be those of the table built whole, for
+/// tables with VirtualService-claimed hosts, domain clashes (the shared host then is not
+/// used), sidecars of the services' own and other namespaces, built and from the cache.
+#[test]
+fn shared_virtual_hosts_encode_the_table_built_whole() {
+    use crate::generate::rds::{self, RouteKey};
+    use crate::index::scope::ProxyScope;
+    use prost::Message as _;
+    let mesh = sidecar_mesh()
+        .with_config(service_entry(
+            "default",
+            "alias",
+            r#"
+hosts: [reviews.default]
+addresses: [10.96.0.10]
+ports: [{number: 9080, name: http, protocol: HTTP}]
+resolution: DNS
+"#,
+        ))
+        .with_config(virtual_service(
+            "default",
+            "ratings",
+            r#"
+hosts: [ratings]
+http:
+- route: [{destination: {host: ratings}}]
+  timeout: 3s
+"#,
+        ));
+    let snap = mesh.snapshot();
+    for proxy in [
+        proxy(),
+        sidecar_proxy("other", &[("app", "x")]),
+        sidecar_proxy("default", &[("app", "y")]),
+    ] {
+        for _ in 0..2 {
+            let generated = gen(XdsType::Route, &proxy, &snap, &["9080", "8080", "80"]);
+            let scope = ProxyScope::compute(&proxy, &snap.ctx);
+            let names: Vec<String> = ["9080", "8080", "80"].map(String::from).to_vec();
+            let keys = rds::keys(&proxy, &scope, &snap.ctx, &names);
+            assert_eq!(generated.len(), keys.len());
+            for key in &keys {
+                let RouteKey::Sidecar(key) = key else {
+                    panic!("a sidecar key")
+                };
+                let resource = generated.iter().find(|r| r.name == key.name).unwrap();
+                assert_eq!(
+                    resource.any.value,
+                    rds::sidecar_routes(key).encode_to_vec(),
+                    "table {} for {}",
+                    key.name,
+                    proxy.namespace
+                );
+            }
+        }
+    }
+}

@@ -88,6 +88,7 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
         },
         "/debug/cachez" => {
             let (entries, bytes) = state.cache.stats();
+            let (hosts, host_bytes) = crate::generate::vhosts::stats();
             json_response(json!({
                 "entries": entries,
                 "bytes": bytes,
@@ -95,6 +96,7 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Body> {
                 "misses": state.metrics.cache.cache_misses.get(),
                 "assert": state.cache.asserting(),
                 "views": state.views.live(),
+                "shared_virtual_hosts": { "entries": hosts, "bytes": host_bytes },
             }))
         }
         "/metrics" => {

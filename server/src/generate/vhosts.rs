@@ -125,6 +125,12 @@ pub(crate) fn check_hits() {
     ASSERT.store(true, Ordering::Relaxed);
 }
 
+/// Entries and weighted size (bytes) of the shared virtual hosts, for `/debug/cachez`.
+pub fn stats() -> (u64, u64) {
+    HOSTS.run_pending_tasks();
+    (HOSTS.entry_count(), HOSTS.weighted_size())
+}
+
 /// `svc`'s default virtual host on `port` in a table of `proxy_namespace`'s sidecars
 /// (Envoy sidecars': bare-host domains), shared.
 pub(crate) fn default_host(

@@ -1,13 +1,11 @@
 //! The generator cache: encoded resources by generator key, in a size-bounded moka cache.
 //!
 //! Because a key holds everything its resource is built from, a hit can never be stale,
-//! and proxies with the same view share one encoding. The cache itself is keyed by the
-//! key's 64-bit fingerprint and each entry keeps its whole key, compared on every hit (a
-//! fingerprint collision is a miss): moka's table keeps a removed entry's key in a
-//! tombstone until it rehashes a segment, and a generator key can hold a few KiB of
-//! service views and endpoint sets, which would otherwise stay alive with it.
-//! `SHOAL_CACHE_ASSERT=1` rebuilds every hit and aborts the process if the bytes differ,
-//! proving in tests that no input is missing from a key.
+//! and proxies with the same view share one encoding. The cache is a [`Fingerprinted`]
+//! one: moka's key is the key's 64-bit fingerprint, and each entry keeps its whole key,
+//! compared on every hit. The shared virtual hosts of route tables ([`super::vhosts`])
+//! use the same type. `SHOAL_CACHE_ASSERT=1` rebuilds every hit and aborts the process if
+//! the bytes differ, proving in tests that no input is missing from a key.
 //!
 //! Why abort and not panic: a panic unwinds only the stream task that hit the entry (the
 //! stream resets, the proxy reconnects, the test may still pass); an abort kills the
@@ -20,11 +18,12 @@ use crate::generate::metrics::CacheMetrics;
 use crate::index::proxy::Proxy;
 use crate::index::scope::ProxyScope;
 use shoal_proto::{content_version, XdsType};
+use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Per-entry overhead counted on top of the resource bytes (key, bookkeeping).
-const ENTRY_OVERHEAD: u32 = 256;
+const ENTRY_OVERHEAD: usize = 256;
 
 /// How long an entry no generation asked for stays. The cache shares resources between
 /// the views and parts generating one snapshot, which ask within seconds; what the
@@ -38,7 +37,7 @@ const IDLE: Duration = Duration::from_secs(20);
 /// A cache of generated resources.
 #[derive(Clone)]
 pub struct GeneratorCache {
-    cache: moka::sync::Cache<u64, Arc<Cached>>,
+    cache: Fingerprinted<Key, Arc<Resource>>,
     assert: bool,
     metrics: CacheMetrics,
 }
@@ -48,17 +47,11 @@ impl GeneratorCache {
     /// aborts the process on a difference (and turns the same check on for the shared
     /// virtual hosts of route tables, [`super::vhosts`]).
     pub fn new(max_bytes: u64, assert: bool, metrics: CacheMetrics) -> GeneratorCache {
-        let cache = moka::sync::Cache::builder()
-            .max_capacity(max_bytes)
-            .weigher(|_fingerprint: &u64, v: &Arc<Cached>| {
-                u32::try_from(v.resource.any.value.len())
-                    .unwrap_or(u32::MAX)
-                    .saturating_add(ENTRY_OVERHEAD)
-            })
-            // Entries' keys hold Arcs into old snapshots too: idle entries go, so they
-            // don't pin them.
-            .time_to_idle(IDLE)
-            .build();
+        // Entries' keys hold Arcs into old snapshots too: idle entries go, so they don't
+        // pin them.
+        let cache = Fingerprinted::new(max_bytes, IDLE, |r: &Arc<Resource>| {
+            r.any.value.len().saturating_add(ENTRY_OVERHEAD)
+        });
         if assert {
             super::vhosts::check_hits();
         }
@@ -106,30 +99,20 @@ impl GeneratorCache {
     }
 
     fn get(&self, key: Key) -> Arc<Resource> {
-        let fingerprint = fingerprint(&key);
-        let entry = self
-            .cache
-            .entry(fingerprint)
-            .or_insert_with(|| Cached::build(key.clone()));
-        if entry.is_fresh() {
+        let (resource, hit) =
+            self.cache
+                .get(&key, |k| *k == key, || (key.clone(), intern(build(&key))));
+        if !hit {
             self.metrics.cache_misses.inc();
-            return entry.into_value().resource.clone();
-        }
-        let cached = entry.into_value();
-        if cached.key != key {
-            // Another key with the same fingerprint: build, and let the newer one stay.
-            self.metrics.cache_misses.inc();
-            let fresh = Cached::build(key);
-            self.cache.insert(fingerprint, fresh.clone());
-            return fresh.resource.clone();
+            return resource;
         }
         self.metrics.cache_hits.inc();
         if self.assert {
-            if let Some(mismatch) = check_entry(&key, &cached.resource) {
+            if let Some(mismatch) = check_entry(&key, &resource) {
                 mismatch.abort();
             }
         }
-        cached.resource.clone()
+        resource
     }
 
     /// Whether hits are checked against a rebuild.
@@ -139,30 +122,90 @@ impl GeneratorCache {
 
     /// Entries and weighted size (bytes), for `/debug/cachez` and metrics.
     pub fn stats(&self) -> (u64, u64) {
+        self.cache.stats()
+    }
+}
+
+/// A size-bounded moka cache of values by key, stored under the key's 64-bit fingerprint.
+/// Each entry keeps its whole key, compared on every hit: a fingerprint collision is a
+/// miss, built and stored in the other's place. The key is not moka's because moka keeps
+/// a removed entry's key in a tombstone until it rehashes a segment, and keys can be
+/// large (a generator key holds a few KiB of service views and endpoint sets, which would
+/// stay alive with it).
+pub(crate) struct Fingerprinted<K, V> {
+    cache: moka::sync::Cache<u64, Arc<Entry<K, V>>>,
+}
+
+/// An entry: the value and the whole key it was built from.
+struct Entry<K, V> {
+    key: K,
+    value: V,
+}
+
+impl<K, V> Clone for Fingerprinted<K, V> {
+    fn clone(&self) -> Self {
+        Fingerprinted {
+            cache: self.cache.clone(),
+        }
+    }
+}
+
+impl<K, V> Fingerprinted<K, V>
+where
+    K: Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    /// A cache of at most `max_bytes`, a value weighing `weight(value)` bytes; entries no
+    /// lookup asked for in `idle` go.
+    pub(crate) fn new(max_bytes: u64, idle: Duration, weight: fn(&V) -> usize) -> Self {
+        let cache = moka::sync::Cache::builder()
+            .max_capacity(max_bytes)
+            .weigher(move |_fingerprint: &u64, e: &Arc<Entry<K, V>>| {
+                u32::try_from(weight(&e.value)).unwrap_or(u32::MAX)
+            })
+            .time_to_idle(idle)
+            .build();
+        Fingerprinted { cache }
+    }
+
+    /// The value of the key that `lookup` hashes like and `is_key` recognizes, and whether
+    /// it was a hit; on a miss `build` gives the key to keep and its value. `lookup` may
+    /// be a borrowed form of the key: it must hash as the kept key does.
+    pub(crate) fn get<Q: Hash + ?Sized>(
+        &self,
+        lookup: &Q,
+        is_key: impl Fn(&K) -> bool,
+        build: impl Fn() -> (K, V),
+    ) -> (V, bool) {
+        let fingerprint = fingerprint(lookup);
+        let new_entry = || {
+            let (key, value) = build();
+            Arc::new(Entry { key, value })
+        };
+        let entry = self.cache.entry(fingerprint).or_insert_with(new_entry);
+        if entry.is_fresh() {
+            return (entry.into_value().value.clone(), false);
+        }
+        let entry = entry.into_value();
+        if !is_key(&entry.key) {
+            // Another key with the same fingerprint: build, and let the newer one stay.
+            let fresh = new_entry();
+            self.cache.insert(fingerprint, fresh.clone());
+            return (fresh.value.clone(), false);
+        }
+        (entry.value.clone(), true)
+    }
+
+    /// Entries and weighted size (bytes).
+    pub(crate) fn stats(&self) -> (u64, u64) {
         self.cache.run_pending_tasks();
         (self.cache.entry_count(), self.cache.weighted_size())
     }
 }
 
-/// A cache entry: the resource and the whole key it was built from.
-struct Cached {
-    key: Key,
-    resource: Arc<Resource>,
-}
-
-impl Cached {
-    /// The entry of `key`, its resource built (and interned).
-    fn build(key: Key) -> Arc<Cached> {
-        Arc::new(Cached {
-            resource: intern(build(&key)),
-            key,
-        })
-    }
-}
-
 /// The cache's key for `key`.
-fn fingerprint(key: &Key) -> u64 {
-    use std::hash::{Hash as _, Hasher as _};
+fn fingerprint<Q: Hash + ?Sized>(key: &Q) -> u64 {
+    use std::hash::Hasher as _;
     let mut h = std::hash::DefaultHasher::new();
     key.hash(&mut h);
     h.finish()
@@ -412,10 +455,11 @@ mod tests {
         let (a, b) = (keys[0].clone(), keys.last().cloned().expect("two keys"));
         assert_ne!(a, b);
         // b's entry where a's would be: as if their fingerprints collided.
-        let resource = Arc::new(build(&b));
+        let value = Arc::new(build(&b));
         cache
             .cache
-            .insert(fingerprint(&a), Arc::new(Cached { key: b, resource }));
+            .cache
+            .insert(fingerprint(&a), Arc::new(Entry { key: b, value }));
         assert_eq!(*cache.get(a.clone()), build(&a), "a is built, not b served");
         assert_eq!(metrics.cache_misses.get(), 1);
         assert_eq!(*cache.get(a.clone()), build(&a));

@@ -25,6 +25,7 @@ use shoal_proto::pb::envoy::config::route::v3::{
 use shoal_proto::pb::google::protobuf::{BoolValue, UInt32Value};
 use shoal_proto::{gateway_https_route_name, XdsType};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::convert::Infallible;
 use std::sync::Arc;
 
 /// Everything one route table is built from: the VirtualServices that can shape it and the
@@ -472,12 +473,11 @@ fn source_of(proxy: &Proxy) -> Source {
 
 /// Builds a sidecar route table from its key.
 pub(crate) fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
-    let virtual_hosts = sidecar_hosts(key, false)
+    let virtual_hosts = sidecar_hosts::<Infallible>(key, |_| None)
         .into_iter()
         .map(|host| match host {
             Host::Built(vh) => *vh,
-            // Not asked for; decoding our own encoding cannot fail.
-            Host::Shared(shared) => VirtualHost::decode(&shared.encoded[..]).unwrap_or_default(),
+            Host::Shared(never) => match never {},
         })
         .collect();
     RouteConfiguration {
@@ -493,7 +493,9 @@ pub(crate) fn sidecar_routes(key: &SidecarRouteKey) -> RouteConfiguration {
 fn sidecar_routes_encoded(key: &SidecarRouteKey) -> Vec<u8> {
     use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
     const VIRTUAL_HOSTS: u32 = 2;
-    let hosts = sidecar_hosts(key, !key.proxyless);
+    let hosts = sidecar_hosts(key, |svc| {
+        (!key.proxyless).then(|| vhosts::default_host(svc, key.port, &key.proxy_namespace))
+    });
     // `name` (field 1) comes before the virtual hosts and every other field after them, as
     // prost writes a message's fields.
     let head = RouteConfiguration {
@@ -526,16 +528,36 @@ fn sidecar_routes_encoded(key: &SidecarRouteKey) -> Vec<u8> {
 }
 
 /// A virtual host of a sidecar table: built for this table, or a service's default one,
-/// shared.
-enum Host {
+/// shared (`S`: [`vhosts::DefaultHost`], or `Infallible` for a table built whole).
+enum Host<S> {
     Built(Box<VirtualHost>),
-    Shared(Arc<vhosts::DefaultHost>),
+    Shared(S),
 }
 
-/// The virtual hosts of a sidecar table, in order. With `share`, a service's default
-/// virtual host (no VirtualService route on the port) is its shared one, unless another
-/// virtual host of the table already took one of its domains.
-fn sidecar_hosts(key: &SidecarRouteKey, share: bool) -> Vec<Host> {
+/// A service's shared default virtual host, as a table takes it: whole, with its domains.
+trait SharedHost {
+    fn domains(&self) -> &[String];
+}
+
+impl SharedHost for Arc<vhosts::DefaultHost> {
+    fn domains(&self) -> &[String] {
+        &self.domains
+    }
+}
+
+impl SharedHost for Infallible {
+    fn domains(&self) -> &[String] {
+        match *self {}
+    }
+}
+
+/// The virtual hosts of a sidecar table, in order. A service's default virtual host (no
+/// VirtualService route on the port) is `shared`'s, where it gives one and no earlier
+/// virtual host of the table took one of its domains.
+fn sidecar_hosts<S: SharedHost>(
+    key: &SidecarRouteKey,
+    shared: impl Fn(&ServiceView) -> Option<S>,
+) -> Vec<Host<S>> {
     let SidecarRouteKey {
         port,
         proxy_namespace,
@@ -584,10 +606,9 @@ fn sidecar_hosts(key: &SidecarRouteKey, share: bool) -> Vec<Host> {
             .collect();
         // A VirtualService with no route on this port (all its matches are for other ports
         // or gateways) does not claim the service here, as in Istio: the default route stays.
-        if routes.is_empty() && share {
-            let shared = vhosts::default_host(svc, port, proxy_namespace);
-            if shared.domains.iter().all(|d| !seen.contains(d)) {
-                seen.extend(shared.domains.iter().cloned());
+        if let Some(shared) = routes.is_empty().then(|| shared(svc)).flatten() {
+            if shared.domains().iter().all(|d| !seen.contains(d)) {
+                seen.extend(shared.domains().iter().cloned());
                 hosts.push(Host::Shared(shared));
                 continue;
             }

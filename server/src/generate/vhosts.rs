@@ -9,13 +9,12 @@
 //! that lists it ([`super::rds`]). A VirtualService change rebuilds the tables of its port,
 //! but builds only the virtual hosts the VirtualService claims, not the thousand others.
 //!
-//! Like the generator cache, entries are keyed by a fingerprint of their inputs and keep
-//! the inputs, compared on every hit (a collision is a miss). The cache is the process's
-//! (route tables are built from their keys alone); a generator cache made with its
-//! assert mode on (`--cache-assert`) turns on the same check here: every hit is rebuilt
-//! and the process aborts if the bytes differ.
+//! Entries are kept in a [`Fingerprinted`] cache, like the generator cache's, keyed by
+//! their inputs. The cache is the process's (route tables are built from their keys
+//! alone); a generator cache made with its assert mode on (`--cache-assert`) turns on the
+//! same check here: every hit is rebuilt and the process aborts if the bytes differ.
 
-use super::cache::{Digest, Mismatch};
+use super::cache::{Digest, Fingerprinted, Mismatch};
 use super::http_route::{catch_all_match, default_retry_policy};
 use super::pb_duration;
 use crate::index::service::{ServiceSource, ServiceView};
@@ -24,8 +23,8 @@ use shoal_proto::outbound_cluster_name;
 use shoal_proto::pb::envoy::config::route::v3::{
     route::Action, route_action::ClusterSpecifier, Route, RouteAction, VirtualHost,
 };
+use std::borrow::Cow;
 use std::collections::HashSet;
-use std::hash::{Hash as _, Hasher as _};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -40,80 +39,60 @@ const IDLE: Duration = Duration::from_secs(600);
 const MAX_BYTES: u64 = 64 << 20;
 
 /// Per-entry overhead counted on top of the encoded bytes (inputs, domains, bookkeeping).
-const ENTRY_OVERHEAD: u32 = 512;
+const ENTRY_OVERHEAD: usize = 512;
 
 /// A service's default virtual host on one port, for the tables of one side of its
 /// namespace.
 pub(crate) struct DefaultHost {
-    inputs: Inputs,
     /// Its domains, sorted, as the virtual host lists them.
     pub domains: Vec<String>,
     /// The encoded `VirtualHost`.
     pub encoded: Vec<u8>,
 }
 
-/// What a default virtual host is built from.
-#[derive(PartialEq, Eq)]
-struct Inputs {
-    hostname: String,
-    name: String,
-    namespace: String,
+/// What a default virtual host is built from: borrowed from the service to look it up,
+/// owned in the cache.
+#[derive(Hash, PartialEq, Eq)]
+struct Inputs<'a> {
+    hostname: Cow<'a, str>,
+    name: Cow<'a, str>,
+    namespace: Cow<'a, str>,
     kubernetes: bool,
-    vips: Vec<String>,
+    vips: Cow<'a, [String]>,
     port: u32,
     same_namespace: bool,
 }
 
-impl Inputs {
-    fn of(svc: &ServiceView, port: u32, proxy_namespace: &str) -> Inputs {
+impl<'a> Inputs<'a> {
+    fn of(svc: &'a ServiceView, port: u32, proxy_namespace: &str) -> Inputs<'a> {
         Inputs {
-            hostname: svc.hostname.clone(),
-            name: svc.name.clone(),
-            namespace: svc.namespace.clone(),
+            hostname: Cow::Borrowed(&svc.hostname),
+            name: Cow::Borrowed(&svc.name),
+            namespace: Cow::Borrowed(&svc.namespace),
             kubernetes: svc.source == ServiceSource::Kubernetes,
-            vips: svc.vips.clone(),
+            vips: Cow::Borrowed(&svc.vips),
             port,
             same_namespace: svc.namespace == proxy_namespace,
         }
     }
 
-    /// Whether these are the inputs of `svc`'s host on `port` in a table of
-    /// `proxy_namespace`, compared without copying anything.
-    fn matches(&self, svc: &ServiceView, port: u32, proxy_namespace: &str) -> bool {
-        self.port == port
-            && self.same_namespace == (svc.namespace == proxy_namespace)
-            && self.hostname == svc.hostname
-            && self.name == svc.name
-            && self.namespace == svc.namespace
-            && self.kubernetes == (svc.source == ServiceSource::Kubernetes)
-            && self.vips == svc.vips
+    fn into_owned(self) -> Inputs<'static> {
+        Inputs {
+            hostname: Cow::Owned(self.hostname.into_owned()),
+            name: Cow::Owned(self.name.into_owned()),
+            namespace: Cow::Owned(self.namespace.into_owned()),
+            kubernetes: self.kubernetes,
+            vips: Cow::Owned(self.vips.into_owned()),
+            port: self.port,
+            same_namespace: self.same_namespace,
+        }
     }
 }
 
-/// The fingerprint of [`Inputs::of`]`(svc, port, proxy_namespace)`, computed without
-/// copying anything.
-fn fingerprint(svc: &ServiceView, port: u32, proxy_namespace: &str) -> u64 {
-    let mut h = std::hash::DefaultHasher::new();
-    svc.hostname.hash(&mut h);
-    svc.name.hash(&mut h);
-    svc.namespace.hash(&mut h);
-    (svc.source == ServiceSource::Kubernetes).hash(&mut h);
-    svc.vips.hash(&mut h);
-    port.hash(&mut h);
-    (svc.namespace == proxy_namespace).hash(&mut h);
-    h.finish()
-}
-
-static HOSTS: LazyLock<moka::sync::Cache<u64, Arc<DefaultHost>>> = LazyLock::new(|| {
-    moka::sync::Cache::builder()
-        .max_capacity(MAX_BYTES)
-        .weigher(|_: &u64, h: &Arc<DefaultHost>| {
-            u32::try_from(h.encoded.len())
-                .unwrap_or(u32::MAX)
-                .saturating_add(ENTRY_OVERHEAD)
-        })
-        .time_to_idle(IDLE)
-        .build()
+static HOSTS: LazyLock<Fingerprinted<Inputs<'static>, Arc<DefaultHost>>> = LazyLock::new(|| {
+    Fingerprinted::new(MAX_BYTES, IDLE, |h: &Arc<DefaultHost>| {
+        h.encoded.len().saturating_add(ENTRY_OVERHEAD)
+    })
 });
 
 /// Whether hits are checked against a rebuild (see [`check_hits`]).
@@ -127,8 +106,7 @@ pub(crate) fn check_hits() {
 
 /// Entries and weighted size (bytes) of the shared virtual hosts, for `/debug/cachez`.
 pub fn stats() -> (u64, u64) {
-    HOSTS.run_pending_tasks();
-    (HOSTS.entry_count(), HOSTS.weighted_size())
+    HOSTS.stats()
 }
 
 /// `svc`'s default virtual host on `port` in a table of `proxy_namespace`'s sidecars
@@ -138,21 +116,13 @@ pub(crate) fn default_host(
     port: u32,
     proxy_namespace: &str,
 ) -> Arc<DefaultHost> {
-    let fingerprint = fingerprint(svc, port, proxy_namespace);
-    let entry = HOSTS
-        .entry(fingerprint)
-        .or_insert_with(|| build(svc, port, proxy_namespace));
-    if entry.is_fresh() {
-        return entry.into_value();
-    }
-    let host = entry.into_value();
-    if !host.inputs.matches(svc, port, proxy_namespace) {
-        // Another host with the same fingerprint: build, and let the newer one stay.
-        let fresh = build(svc, port, proxy_namespace);
-        HOSTS.insert(fingerprint, fresh.clone());
-        return fresh;
-    }
-    if ASSERT.load(Ordering::Relaxed) {
+    let inputs = Inputs::of(svc, port, proxy_namespace);
+    let entry = || {
+        let host = build(svc, port, proxy_namespace);
+        (Inputs::of(svc, port, proxy_namespace).into_owned(), host)
+    };
+    let (host, hit) = HOSTS.get(&inputs, |kept| *kept == inputs, entry);
+    if hit && ASSERT.load(Ordering::Relaxed) {
         let fresh = build(svc, port, proxy_namespace);
         if fresh.encoded != host.encoded || fresh.domains != host.domains {
             let digest = |h: &DefaultHost| Digest {
@@ -179,7 +149,6 @@ fn build(svc: &ServiceView, port: u32, proxy_namespace: &str) -> Arc<DefaultHost
     );
     let vh = virtual_host(svc, port, domains, Vec::new());
     Arc::new(DefaultHost {
-        inputs: Inputs::of(svc, port, proxy_namespace),
         encoded: vh.encode_to_vec(),
         domains: vh.domains,
     })

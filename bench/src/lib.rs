@@ -557,15 +557,19 @@ impl Bench<'_> {
             Some(duration) => {
                 let sk = self.soak(duration).await?;
                 self.progress(format!(
-                    "soak: {:.0} s, {} endpoint changes (p99 {:.0} ms), {} VS changes (p99 {:.0} ms); RSS {:.1} → {:.1} MiB ({:+.1} %); NACKs {}, stream errors {}, streams ended by the server {}, bad responses {}, missed {}",
+                    "soak: {:.0} s, {} endpoint changes (p99 {:.0} ms), {} VS changes (p99 {:.0} ms); RSS growth {:+.1} % (trend of {} samples {:.1} – {:.1} MiB; start → end {:.1} → {:.1} MiB, {:+.1} %); NACKs {}, stream errors {}, streams ended by the server {}, bad responses {}, missed {}",
                     sk.duration_s,
                     sk.endpoint_change.samples.len(),
                     sk.endpoint_change.latency_ms.p99,
                     sk.vs_change.samples.len(),
                     sk.vs_change.latency_ms.p99,
+                    sk.rss_growth_pct,
+                    sk.rss_kib_every_10s.len(),
+                    sk.rss_kib_every_10s.iter().min().copied().unwrap_or(0) as f64 / 1024.0,
+                    sk.rss_kib_every_10s.iter().max().copied().unwrap_or(0) as f64 / 1024.0,
                     sk.rss_start_kib as f64 / 1024.0,
                     sk.rss_end_kib as f64 / 1024.0,
-                    sk.rss_growth_pct,
+                    sk.rss_start_end_pct,
                     sk.nacks,
                     sk.stream_errors,
                     sk.streams_ended,
@@ -1325,14 +1329,14 @@ impl Bench<'_> {
     }
 
     /// An endpoint change every second and a VirtualService change every 30 s, for
-    /// `duration`, each measured like the others; server RSS at the start, once a minute
-    /// and at the end.
+    /// `duration`, each measured like the others; server RSS at the start, every 10 s and
+    /// at the end.
     async fn soak(&mut self, duration: Duration) -> anyhow::Result<Soak> {
         self.drain_events();
         let (nacks0, errors0, bad0) = (self.nacks, self.stream_errors, self.bad_responses);
         let ended0 = self.streams_ended;
         let rss_start_kib = self.servers[0].rss_kib()?;
-        let mut rss_kib_per_minute = vec![rss_start_kib];
+        let mut rss_samples = Vec::new();
         let start = Instant::now();
         let mut endpoint = (Vec::new(), Vec::new());
         let mut vs = (Vec::new(), Vec::new());
@@ -1355,14 +1359,18 @@ impl Bench<'_> {
                 vs.0.push(sample);
                 vs.1.extend(lat);
             }
+            // Three samples a 30 s cycle, each at the same point of every cycle: a trend
+            // over them is the server's growth, not where in the cycle it was read.
+            if tick % 10 == 9 {
+                rss_samples.push((start.elapsed().as_secs_f64(), self.servers[0].rss_kib()?));
+            }
             if tick % 60 == 59 {
-                rss_kib_per_minute.push(self.servers[0].rss_kib()?);
                 self.progress(format!(
                     "soak: {:.0} s, {} endpoint and {} VS changes, server RSS {:.1} MiB",
                     start.elapsed().as_secs_f64(),
                     endpoint.0.len(),
                     vs.0.len(),
-                    *rss_kib_per_minute.last().unwrap_or(&0) as f64 / 1024.0
+                    rss_samples.last().map_or(0, |s| s.1) as f64 / 1024.0
                 ));
             }
             tokio::time::sleep_until(next.max(Instant::now())).await;
@@ -1374,9 +1382,10 @@ impl Bench<'_> {
             duration_s: start.elapsed().as_secs_f64(),
             rss_start_kib,
             rss_end_kib,
-            rss_growth_pct: (rss_end_kib as f64 - rss_start_kib as f64) * 100.0
+            rss_start_end_pct: (rss_end_kib as f64 - rss_start_kib as f64) * 100.0
                 / rss_start_kib.max(1) as f64,
-            rss_kib_per_minute,
+            rss_growth_pct: trend_growth_pct(&rss_samples),
+            rss_kib_every_10s: rss_samples.iter().map(|s| s.1).collect(),
             endpoint_change: ChangeReport::summarize(endpoint.0, &endpoint.1),
             vs_change: ChangeReport::summarize(vs.0, &vs.1),
             nacks: self.nacks - nacks0,
@@ -2033,5 +2042,57 @@ fn replica_cpus(cfg: &BenchConfig, r: usize) -> Option<String> {
         Some(each[r].to_string())
     } else {
         Some(list.to_string())
+    }
+}
+
+/// Growth over a series of `(seconds, KiB)` samples, percent: the least-squares line's rise
+/// from the first sample's time to the last's, over its value at the first. A line, not
+/// last over first, so that one high or low sample does not decide it. 0 with fewer than
+/// two samples.
+fn trend_growth_pct(samples: &[(f64, u64)]) -> f64 {
+    let n = samples.len() as f64;
+    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+        return 0.0;
+    };
+    if samples.len() < 2 || last.0 <= first.0 {
+        return 0.0;
+    }
+    let mean_t = samples.iter().map(|s| s.0).sum::<f64>() / n;
+    let mean_y = samples.iter().map(|s| s.1 as f64).sum::<f64>() / n;
+    let (mut sty, mut stt) = (0.0, 0.0);
+    for &(t, y) in samples {
+        sty += (t - mean_t) * (y as f64 - mean_y);
+        stt += (t - mean_t) * (t - mean_t);
+    }
+    let slope = sty / stt;
+    let at_first = mean_y + slope * (first.0 - mean_t);
+    slope * (last.0 - first.0) * 100.0 / at_first.max(1.0)
+}
+
+#[cfg(test)]
+mod trend_tests {
+    #[test]
+    fn trend_growth_is_the_fitted_lines_rise() {
+        // Flat with one high sample at the end: last over first would say +10 %.
+        let flat = [
+            (0.0, 100),
+            (10.0, 102),
+            (20.0, 98),
+            (30.0, 100),
+            (40.0, 110),
+        ];
+        let g = super::trend_growth_pct(&flat);
+        assert!((0.0..8.0).contains(&g), "{g}");
+        // A straight rise from 100 to 120: +20 %.
+        let rise = [
+            (0.0, 100),
+            (10.0, 105),
+            (20.0, 110),
+            (30.0, 115),
+            (40.0, 120),
+        ];
+        assert!((super::trend_growth_pct(&rise) - 20.0).abs() < 1e-9);
+        assert_eq!(super::trend_growth_pct(&[(0.0, 100)]), 0.0);
+        assert_eq!(super::trend_growth_pct(&[]), 0.0);
     }
 }

@@ -100,16 +100,19 @@ fn split<const N: usize>(key: &str) -> Result<[String; N], KeyError> {
 /// credentials have keys of their own ([`credential_key`]).
 /// A cluster-scoped kind (GatewayClass) has the namespace token [`CLUSTER_SCOPED`].
 pub fn config_key(kind: ConfigKind, namespace: &str, name: &str) -> String {
-    let namespace = if namespace.is_empty() {
-        CLUSTER_SCOPED
-    } else {
-        namespace
+    let namespace = match namespace {
+        "" => CLUSTER_SCOPED.to_string(),
+        // Not a Kubernetes namespace, but a file may say it: written escaped, so that it
+        // is not read back as cluster-scoped.
+        CLUSTER_SCOPED => format!("={:02X}", b'-'),
+        namespace => escape(namespace),
     };
-    join(&[kind.as_str(), namespace, name])
+    [escape(kind.as_str()), namespace, escape(name)].join(".")
 }
 
 /// The namespace token of cluster-scoped objects: a NATS key token cannot be empty, and no
-/// namespace is named `-` (a DNS label starts with a letter or digit).
+/// Kubernetes namespace is named `-` (a DNS label starts with a letter or digit); one so
+/// named elsewhere is written `=2D`.
 pub const CLUSTER_SCOPED: &str = "-";
 
 /// Key of a gateway credential in `shoal-config`: `Credential.<cluster>.<namespace>.<name>`.
@@ -173,7 +176,8 @@ pub fn parse_config_key(key: &str) -> Result<ConfigId, KeyError> {
         });
     }
     let [_, mut namespace, name] = split::<3>(key)?;
-    if namespace == CLUSTER_SCOPED {
+    // The token as written: `=2D` is a namespace named `-`.
+    if key.split('.').nth(1) == Some(CLUSTER_SCOPED) {
         namespace.clear();
     }
     Ok(ConfigId {
@@ -436,6 +440,25 @@ mod tests {
             ("c1", "ns", "svc")
         );
         assert_eq!((id.slice.as_str(), id.key()), ("svc-abc.1", k));
+    }
+
+    #[test]
+    fn a_namespace_named_dash_is_not_cluster_scoped() {
+        // Found by `prop_built_keys_parse_back`.
+        let id = ConfigId {
+            kind: ConfigKind::Gateway,
+            cluster: None,
+            namespace: "-".into(),
+            name: String::new(),
+        };
+        assert_eq!(id.key(), "Gateway.=2D.");
+        assert_eq!(parse_config_key(&id.key()).expect("parses"), id);
+        let cluster_scoped = config_key(ConfigKind::Gateway, "", "x");
+        assert_eq!(cluster_scoped, "Gateway.-.x");
+        assert_eq!(
+            parse_config_key(&cluster_scoped).expect("parses").namespace,
+            ""
+        );
     }
 
     #[test]

@@ -556,26 +556,7 @@ impl Bench<'_> {
         let soak = match self.cfg.soak {
             Some(duration) => {
                 let sk = self.soak(duration).await?;
-                self.progress(format!(
-                    "soak: {:.0} s, {} endpoint changes (p99 {:.0} ms), {} VS changes (p99 {:.0} ms); RSS growth {:+.1} % (trend of {} samples {:.1} – {:.1} MiB; start → end {:.1} → {:.1} MiB, {:+.1} %); NACKs {}, stream errors {}, streams ended by the server {}, bad responses {}, missed {}",
-                    sk.duration_s,
-                    sk.endpoint_change.samples.len(),
-                    sk.endpoint_change.latency_ms.p99,
-                    sk.vs_change.samples.len(),
-                    sk.vs_change.latency_ms.p99,
-                    sk.rss_growth_pct,
-                    sk.rss_kib_every_10s.len(),
-                    sk.rss_kib_every_10s.iter().min().copied().unwrap_or(0) as f64 / 1024.0,
-                    sk.rss_kib_every_10s.iter().max().copied().unwrap_or(0) as f64 / 1024.0,
-                    sk.rss_start_kib as f64 / 1024.0,
-                    sk.rss_end_kib as f64 / 1024.0,
-                    sk.rss_start_end_pct,
-                    sk.nacks,
-                    sk.stream_errors,
-                    sk.streams_ended,
-                    sk.bad_responses,
-                    sk.endpoint_change.missing + sk.vs_change.missing
-                ));
+                self.progress(format!("soak: {}", sk.summary()));
                 Some(sk)
             }
             None => None,
@@ -2054,7 +2035,7 @@ fn trend_growth_pct(samples: &[(f64, u64)]) -> f64 {
     let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
         return 0.0;
     };
-    if samples.len() < 2 || last.0 <= first.0 {
+    if last.0 <= first.0 {
         return 0.0;
     }
     let mean_t = samples.iter().map(|s| s.0).sum::<f64>() / n;

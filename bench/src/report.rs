@@ -576,6 +576,36 @@ impl Targets {
     pub const RSS_PER_PROXY_KIB: f64 = 150_000.0 / 1024.0;
 }
 
+impl Soak {
+    /// One line: the changes, the RSS growth against its target, and what went wrong (the
+    /// report's line and the benchmark's progress line).
+    pub fn summary(&self) -> String {
+        let samples = &self.rss_kib_every_10s;
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        format!(
+            "{:.0} s: {} endpoint changes (p99 {}), {} VS changes (p99 {}); RSS growth {:+.1} % (≤ 5 %: {}; trend of {} samples {:.1} – {:.1} MiB; start → end {:.1} → {:.1} MiB = {:+.1} %); NACKs {}, stream errors {}, streams ended by the server {}, bad responses {}, missed {}",
+            self.duration_s,
+            self.endpoint_change.samples.len(),
+            ms(self.endpoint_change.latency_ms.p99),
+            self.vs_change.samples.len(),
+            ms(self.vs_change.latency_ms.p99),
+            self.rss_growth_pct,
+            verdict(self.rss_growth_pct <= 5.0),
+            samples.len(),
+            mib(samples.iter().min().copied().unwrap_or(0)),
+            mib(samples.iter().max().copied().unwrap_or(0)),
+            mib(self.rss_start_kib),
+            mib(self.rss_end_kib),
+            self.rss_start_end_pct,
+            self.nacks,
+            self.stream_errors,
+            self.streams_ended,
+            self.bad_responses,
+            self.endpoint_change.missing + self.vs_change.missing
+        )
+    }
+}
+
 fn verdict(ok: bool) -> &'static str {
     if ok {
         "met"
@@ -806,27 +836,7 @@ impl Report {
             );
         }
         if let Some(sk) = &self.soak {
-            let _ = writeln!(
-                o,
-                "{:<50} {:.0} s: {} endpoint changes (p99 {}), {} VS changes (p99 {}); RSS growth {:+.1} % (≤ 5 %: {}; trend of {} samples, start → end {:.1} → {:.1} MiB = {:+.1} %); NACKs {}, stream errors {}, streams ended by the server {}, bad responses {}, missed {}",
-                "soak",
-                sk.duration_s,
-                sk.endpoint_change.samples.len(),
-                ms(sk.endpoint_change.latency_ms.p99),
-                sk.vs_change.samples.len(),
-                ms(sk.vs_change.latency_ms.p99),
-                sk.rss_growth_pct,
-                verdict(sk.rss_growth_pct <= 5.0),
-                sk.rss_kib_every_10s.len(),
-                sk.rss_start_kib as f64 / 1024.0,
-                sk.rss_end_kib as f64 / 1024.0,
-                sk.rss_start_end_pct,
-                sk.nacks,
-                sk.stream_errors,
-                sk.streams_ended,
-                sk.bad_responses,
-                sk.endpoint_change.missing + sk.vs_change.missing
-            );
+            let _ = writeln!(o, "{:<50} {}", "soak", sk.summary());
         }
         for r in &i.replicas {
             let _ = writeln!(

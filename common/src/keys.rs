@@ -42,10 +42,16 @@ pub fn escape(token: &str) -> String {
         match b {
             b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' => out.push(b as char),
             b'.' => out.push('_'),
-            _ => out.push_str(&format!("={b:02X}")),
+            _ => push_escaped(&mut out, b),
         }
     }
     out
+}
+
+/// Writes `b` as `=XX`, the escape of a byte outside the key alphabet.
+fn push_escaped(out: &mut String, b: u8) {
+    use std::fmt::Write as _;
+    let _ = write!(out, "={b:02X}"); // writing to a String cannot fail
 }
 
 /// Reverses [`escape`].
@@ -81,6 +87,11 @@ fn join(tokens: &[&str]) -> String {
 }
 
 fn split<const N: usize>(key: &str) -> Result<[String; N], KeyError> {
+    Ok(split_raw::<N>(key)?.map(|(value, _)| value))
+}
+
+/// [`split`], each token also as written.
+fn split_raw<const N: usize>(key: &str) -> Result<[(String, &str); N], KeyError> {
     let parts: Vec<&str> = key.split('.').collect();
     if parts.len() != N {
         return Err(KeyError::TokenCount {
@@ -89,9 +100,9 @@ fn split<const N: usize>(key: &str) -> Result<[String; N], KeyError> {
             expected: N,
         });
     }
-    let mut out: [String; N] = std::array::from_fn(|_| String::new());
+    let mut out: [(String, &str); N] = std::array::from_fn(|_| (String::new(), ""));
     for (slot, part) in out.iter_mut().zip(parts) {
-        *slot = unescape(part)?;
+        *slot = (unescape(part)?, part);
     }
     Ok(out)
 }
@@ -104,7 +115,11 @@ pub fn config_key(kind: ConfigKind, namespace: &str, name: &str) -> String {
         "" => CLUSTER_SCOPED.to_string(),
         // Not a Kubernetes namespace, but a file may say it: written escaped, so that it
         // is not read back as cluster-scoped.
-        CLUSTER_SCOPED => format!("={:02X}", b'-'),
+        CLUSTER_SCOPED => {
+            let mut token = String::new();
+            push_escaped(&mut token, b'-');
+            token
+        }
         namespace => escape(namespace),
     };
     [escape(kind.as_str()), namespace, escape(name)].join(".")
@@ -175,9 +190,9 @@ pub fn parse_config_key(key: &str) -> Result<ConfigId, KeyError> {
             name,
         });
     }
-    let [_, mut namespace, name] = split::<3>(key)?;
+    let [_, (mut namespace, written), (name, _)] = split_raw::<3>(key)?;
     // The token as written: `=2D` is a namespace named `-`.
-    if key.split('.').nth(1) == Some(CLUSTER_SCOPED) {
+    if written == CLUSTER_SCOPED {
         namespace.clear();
     }
     Ok(ConfigId {

@@ -52,7 +52,7 @@ pub(crate) struct DefaultHost {
 
 /// What a default virtual host is built from: borrowed from the service to look it up,
 /// owned in the cache.
-#[derive(Hash, PartialEq, Eq)]
+#[derive(Clone, Hash, PartialEq, Eq)]
 struct Inputs<'a> {
     hostname: Cow<'a, str>,
     name: Cow<'a, str>,
@@ -118,8 +118,10 @@ pub(crate) fn default_host(
 ) -> Arc<DefaultHost> {
     let inputs = Inputs::of(svc, port, proxy_namespace);
     let entry = || {
-        let host = build(svc, port, proxy_namespace);
-        (Inputs::of(svc, port, proxy_namespace).into_owned(), host)
+        (
+            inputs.clone().into_owned(),
+            build(svc, port, proxy_namespace),
+        )
     };
     let (host, hit) = HOSTS.get(&inputs, |kept| *kept == inputs, entry);
     if hit && ASSERT.load(Ordering::Relaxed) {

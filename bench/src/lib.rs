@@ -493,7 +493,7 @@ impl Bench<'_> {
                 r.per_proxy_kib
             ));
         }
-        let baseline = match self.cfg.baseline {
+        let mut baseline = match self.cfg.baseline {
             Baseline::None => None,
             Baseline::Replay => {
                 let b = self
@@ -580,14 +580,31 @@ impl Bench<'_> {
                 self.error_examples.push(format!("{e:#}"));
             }
         }
+        let endpoint_change = ChangeReport::summarize(endpoint.0, &endpoint.1);
+        let vs_change = ChangeReport::summarize(vs.0, &vs.1);
+        if let Some(b) = &mut baseline {
+            if let Some(push) = &b.endpoint_push {
+                b.ratios.endpoint_change_cpu =
+                    ratio(endpoint_change.server_cpu_s, push.server_cpu_s);
+                b.ratios.endpoint_change_all_p99 = ratio(
+                    endpoint_change.all_converged_ms.p99,
+                    push.all_converged_ms.p99,
+                );
+            }
+            if let Some(push) = &b.vs_push {
+                b.ratios.vs_change_cpu = ratio(vs_change.server_cpu_s, push.server_cpu_s);
+                b.ratios.vs_change_all_p99 =
+                    ratio(vs_change.all_converged_ms.p99, push.all_converged_ms.p99);
+            }
+        }
         Ok(Report {
             scenario,
             machine,
             ingest_s,
             initial,
             memory,
-            endpoint_change: ChangeReport::summarize(endpoint.0, &endpoint.1),
-            vs_change: ChangeReport::summarize(vs.0, &vs.1),
+            endpoint_change,
+            vs_change,
             replica_move,
             baseline,
             storm,
@@ -1089,6 +1106,12 @@ impl Bench<'_> {
         let m1 = server.metrics().await?;
         let server_cpu_s = (server.cpu()? - cpu0).as_secs_f64();
         let connected = m1.get(CONNECTIONS) as usize;
+        let (endpoint_push, vs_push) = if self.cfg.mode == Mode::Delta && self.cfg.changes > 0 {
+            let (endpoint, route) = self.replay_pushes(&mut side, &mut server).await?;
+            (Some(endpoint), route)
+        } else {
+            (None, None)
+        };
         side.stop().await;
         server.kill().await;
         drop(dir);
@@ -1156,10 +1179,151 @@ impl Bench<'_> {
                     replay_memory.loaded_rss_kib as f64,
                 ),
                 server_bytes: ratio(initial.server_bytes, server_bytes),
+                // Filled in after shoal's endpoint changes.
+                ..Ratios::default()
             },
             memory: replay_memory,
+            endpoint_push,
+            vs_push,
             error_examples: tally.error_examples,
         })
+    }
+
+    /// The replay's floor of the changes: `--changes` times, `shoal-replay` pushes the
+    /// assignments of endpoint change k's service (as recorded, plus change k's address;
+    /// every port, as shoal sends them), then (with `--vs-change mesh`) the route table
+    /// every proxy holds with change k's marker, to every delta stream that holds them,
+    /// each distinct resource encoded once. Returns the endpoint and the route pushes.
+    async fn replay_pushes(
+        &mut self,
+        side: &mut SideFleet,
+        server: &mut Server,
+    ) -> anyhow::Result<(ChangeReport, Option<ChangeReport>)> {
+        let mut endpoint = (Vec::new(), Vec::new());
+        let mut route = (Vec::new(), Vec::new());
+        for k in 0..self.cfg.changes {
+            let (ns, index) = self.mesh.endpoint_change_target(k);
+            let host = manifests::service_host(ns, index);
+            let ip = manifests::added_endpoint_ip(k);
+            let affected = self.affected_in_namespace(self.cfg.scenario.isolated().then_some(ns));
+            let (sample, lat) = self
+                .replay_push(
+                    side,
+                    server,
+                    (k, XdsType::Endpoint, manifests::cluster_name(&host)),
+                    &ip,
+                    affected,
+                    &format!("/push/endpoint?host={host}&ip={ip}"),
+                )
+                .await?;
+            endpoint.0.push(sample);
+            endpoint.1.extend(lat);
+            if self.cfg.vs_change == VsChange::Mesh {
+                let marker = manifests::vs_marker(k);
+                let name = manifests::ROUTE_NAME;
+                let (sample, lat) = self
+                    .replay_push(
+                        side,
+                        server,
+                        (k, XdsType::Route, name.to_string()),
+                        &marker,
+                        self.affected_in_namespace(None),
+                        &format!("/push/route?name={name}&marker={marker}"),
+                    )
+                    .await?;
+                route.0.push(sample);
+                route.1.extend(lat);
+            }
+        }
+        let endpoint = ChangeReport::summarize(endpoint.0, &endpoint.1);
+        let route = (!route.0.is_empty()).then(|| ChangeReport::summarize(route.0, &route.1));
+        for (what, r) in [("endpoint", Some(&endpoint)), ("route table", route.as_ref())] {
+            let Some(r) = r else { continue };
+            self.progress(format!(
+                "replay baseline: {} {what} pushes to {} proxies each, until the last had it p50 {:.0} ms, max {:.0} ms; replay CPU {:.3} s per push, {}",
+                r.samples.len(),
+                r.samples.first().map_or(0, |s| s.affected),
+                r.all_converged_ms.p50,
+                r.all_converged_ms.max,
+                r.server_cpu_s,
+                report::bytes(r.server_bytes)
+            ));
+        }
+        Ok((endpoint, route))
+    }
+
+    /// One push of [`Self::replay_pushes`]: `(k, type, resource)` with `marker`, requested
+    /// at the replay's `path`, measured from the request to each affected proxy's receipt,
+    /// and in replay CPU and bytes until it is quiet again.
+    async fn replay_push(
+        &mut self,
+        side: &mut SideFleet,
+        server: &mut Server,
+        (k, ty, resource): (usize, XdsType, String),
+        marker: &str,
+        affected: Vec<bool>,
+        path: &str,
+    ) -> anyhow::Result<(ChangeSample, Vec<f64>)> {
+        let affected_n = affected.iter().filter(|a| **a).count();
+        let id = self.next_change;
+        self.next_change += 1;
+        while side.events.try_recv().is_ok() {}
+        let cpu0 = server.cpu()?;
+        let m0 = server.metrics().await?;
+        self.announce(Some(ActiveChange {
+            id,
+            ty,
+            resource: resource.clone(),
+            marker: memchr::memmem::Finder::new(marker.as_bytes()).into_owned(),
+        }))
+        .await?;
+        let push_ms = now_ms();
+        let r = shoal_tests::http::get(server.admin_addr(), path)
+            .await
+            .context("asking shoal-replay to push")?;
+        if r.status != 200 {
+            bail!("shoal-replay refused push {k} ({path}): {}", r.text().trim());
+        }
+        let deadline = Instant::now() + self.cfg.phase_timeout;
+        let mut receipts: HashMap<usize, u64> = HashMap::new();
+        let (mut observed, mut unexpected) = (0, 0);
+        while observed < affected_n {
+            let Some(event) = self.side_event(side, deadline, Some(server)).await? else {
+                break;
+            };
+            if let Event::Observed { proxy, change, at_us } = event {
+                if change == id && receipts.insert(proxy, at_us).is_none() {
+                    if affected[proxy] {
+                        observed += 1
+                    } else {
+                        unexpected += 1
+                    }
+                }
+            }
+        }
+        self.announce(None).await?;
+        settle_server(server, self.cfg.phase_timeout).await?;
+        let m1 = server.metrics().await?;
+        let latencies: Vec<f64> = receipts
+            .iter()
+            .filter(|(p, _)| affected[**p])
+            .map(|(_, at_us)| *at_us as f64 / 1000.0 - push_ms as f64)
+            .collect();
+        let sample = ChangeSample {
+            k,
+            key: resource,
+            ingest_ms: 0.0,
+            affected: affected_n,
+            observed,
+            unexpected,
+            latency_ms: Dist::of(&latencies),
+            from_write_ms: Dist::of(&latencies),
+            server_cpu_s: (server.cpu()? - cpu0).as_secs_f64(),
+            server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
+            server_pushes: m1.get(PUSHES) - m0.get(PUSHES),
+            cache: CacheUse::default(),
+        };
+        Ok((sample, latencies))
     }
 
     /// The connection storm: a mesh-wide VirtualService change (marker `k`) and, at the

@@ -15,7 +15,12 @@
 //! - EDS and RDS: delta, every subscribe gets the named resources that are recorded (and
 //!   not already held); SotW, a request whose names differ from the last answered ones
 //!   gets all the named resources that are recorded;
-//! - ACKs and NACKs get nothing, and nothing is ever pushed.
+//! - ACKs and NACKs get nothing;
+//! - on the admin address, `/push/endpoint?host=H&ip=A` pushes the assignments of service
+//!   `H` (every port) with one more endpoint, `A`, and `/push/route?name=N&marker=M` the
+//!   route tables named `N` with a request header of value `M`, to every delta stream
+//!   that holds them, each distinct resource encoded once: the floor of what shoal's
+//!   endpoint and VirtualService changes cost ([`Replay::push`]).
 //!
 //! The recording ([`Recording`], a protobuf file) holds each distinct resource once
 //! (type, name, version, bytes) and, per class, the indices of the resources it holds.
@@ -24,9 +29,13 @@ use super::client::{ProxyClass, RecordedItem};
 use anyhow::{bail, Context};
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
-use shoal_proto::pb::envoy::config::core::v3::Node;
+use shoal_proto::pb::envoy::config::core::v3::{
+    address, HeaderValue, HeaderValueOption, Node,
+};
+use shoal_proto::pb::envoy::config::endpoint::v3::{lb_endpoint, ClusterLoadAssignment};
+use shoal_proto::pb::envoy::config::route::v3::RouteConfiguration;
 use shoal_proto::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DiscoveryRequest, Resource,
+    DeltaDiscoveryRequest, DiscoveryRequest, DiscoveryResponse, Resource,
 };
 use shoal_proto::pb::google::protobuf::value::Kind;
 use shoal_proto::{Any, XdsType};
@@ -39,7 +48,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Status, Streaming};
@@ -176,6 +185,111 @@ struct Encoded {
     value_len: u64,
 }
 
+impl Encoded {
+    /// `any`, named `name` at `version`, encoded for both protocols.
+    fn new(name: String, version: String, any: Any) -> Encoded {
+        let value_len = any.value.len() as u64;
+        let mut sotw = BytesMut::new();
+        prost::encoding::message::encode(2, &any, &mut sotw);
+        let resource = Resource {
+            name: name.clone(),
+            version: version.clone(),
+            resource: Some(any),
+            ..Default::default()
+        };
+        let mut delta = BytesMut::new();
+        prost::encoding::message::encode(2, &resource, &mut delta);
+        Encoded {
+            name,
+            version,
+            delta: delta.freeze(),
+            sotw: sotw.freeze(),
+            value_len,
+        }
+    }
+}
+
+/// Resources pushed to every stream that holds them ([`Replay::push`]): each new
+/// resource under the name and recorded version it replaces, so that a stream takes the
+/// one its class holds (route tables differ by namespace).
+struct Pushed {
+    ty: XdsType,
+    replaced: HashMap<(String, String), Arc<Encoded>>,
+}
+
+/// What a push changes in the recorded resources.
+#[derive(Debug, Clone)]
+pub enum PushEdit {
+    /// The assignments of a service (`outbound|<port>||<host>`, every port) get one more
+    /// endpoint at `ip`: a copy of each one's first, on its port.
+    Endpoint { host: String, ip: String },
+    /// The route tables named `name` get a request header `x-bench-change: <marker>`.
+    Route { name: String, marker: String },
+}
+
+impl PushEdit {
+    fn ty(&self) -> XdsType {
+        match self {
+            PushEdit::Endpoint { .. } => XdsType::Endpoint,
+            PushEdit::Route { .. } => XdsType::Route,
+        }
+    }
+
+    fn applies_to(&self, name: &str) -> bool {
+        match self {
+            PushEdit::Endpoint { host, .. } => {
+                name.starts_with("outbound|") && name.strip_suffix(host.as_str()).is_some_and(|n| n.ends_with("||"))
+            }
+            PushEdit::Route { name: n, .. } => name == n,
+        }
+    }
+
+    /// The resource `name`'s recorded `value`, edited.
+    fn apply(&self, name: &str, value: &[u8]) -> Result<Vec<u8>, String> {
+        let undecodable = |e: prost::DecodeError| format!("the recorded {name:?} does not decode: {e}");
+        match self {
+            PushEdit::Endpoint { ip, .. } => {
+                let mut cla = ClusterLoadAssignment::decode(value).map_err(undecodable)?;
+                let endpoints = &mut cla
+                    .endpoints
+                    .first_mut()
+                    .ok_or_else(|| format!("the recorded assignment {name:?} has no locality"))?
+                    .lb_endpoints;
+                let mut added = endpoints
+                    .first()
+                    .cloned()
+                    .ok_or_else(|| format!("the recorded assignment {name:?} has no endpoint"))?;
+                let socket = match &mut added.host_identifier {
+                    Some(lb_endpoint::HostIdentifier::Endpoint(e)) => {
+                        match e.address.as_mut().and_then(|a| a.address.as_mut()) {
+                            Some(address::Address::SocketAddress(socket)) => Some(socket),
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                socket
+                    .ok_or_else(|| format!("the first endpoint of {name:?} has no socket address"))?
+                    .address = ip.clone();
+                endpoints.push(added);
+                Ok(cla.encode_to_vec())
+            }
+            PushEdit::Route { marker, .. } => {
+                let mut rc = RouteConfiguration::decode(value).map_err(undecodable)?;
+                rc.request_headers_to_add.push(HeaderValueOption {
+                    header: Some(HeaderValue {
+                        key: "x-bench-change".into(),
+                        value: marker.clone(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                });
+                Ok(rc.encode_to_vec())
+            }
+        }
+    }
+}
+
 /// One class's resources of one type.
 #[derive(Default)]
 struct TypeSet {
@@ -226,6 +340,12 @@ pub struct Replay {
     classes: HashMap<ProxyClass, Arc<ClassSet>>,
     resources: usize,
     stats: Stats,
+    /// Every distinct recorded resource (what [`Replay::push`] edits).
+    recorded: Vec<(XdsType, Arc<Encoded>)>,
+    /// Pushes, to every stream.
+    pushes: broadcast::Sender<Arc<Pushed>>,
+    /// Pushes made (their versions).
+    pushed: AtomicU64,
 }
 
 impl Replay {
@@ -240,31 +360,11 @@ impl Replay {
                     r.type_url
                 );
             };
-            let value_len = r.value.len() as u64;
             let any = Any {
                 type_url: r.type_url,
                 value: r.value,
             };
-            let mut sotw = BytesMut::new();
-            prost::encoding::message::encode(2, &any, &mut sotw);
-            let resource = Resource {
-                name: r.name.clone(),
-                version: r.version.clone(),
-                resource: Some(any),
-                ..Default::default()
-            };
-            let mut delta = BytesMut::new();
-            prost::encoding::message::encode(2, &resource, &mut delta);
-            encoded.push((
-                ty,
-                Arc::new(Encoded {
-                    name: r.name,
-                    version: r.version,
-                    delta: delta.freeze(),
-                    sotw: sotw.freeze(),
-                    value_len,
-                }),
-            ));
+            encoded.push((ty, Arc::new(Encoded::new(r.name, r.version, any))));
         }
         let mut classes = HashMap::new();
         for c in recording.classes {
@@ -292,7 +392,44 @@ impl Replay {
             classes,
             resources: encoded.len(),
             stats: Stats::default(),
+            recorded: encoded,
+            pushes: broadcast::channel(16).0,
+            pushed: AtomicU64::new(0),
         })
+    }
+
+    /// Pushes the recorded resources `edit` applies to, edited, as a new version, in one
+    /// response to every delta stream that holds them: the work of a change without any of
+    /// the generation. Each distinct recorded resource is edited and encoded once. Returns
+    /// the version pushed.
+    pub fn push(&self, edit: &PushEdit) -> Result<String, String> {
+        let ty = edit.ty();
+        let n = self.pushed.fetch_add(1, Ordering::Relaxed) + 1;
+        let version = format!("replay-push-{n}");
+        let mut replaced = HashMap::new();
+        for (_, old) in self
+            .recorded
+            .iter()
+            .filter(|(t, e)| *t == ty && edit.applies_to(&e.name))
+        {
+            // The recorded `Any`, back from its encoding as field 2 of a SotW response.
+            let any = DiscoveryResponse::decode(old.sotw.clone())
+                .ok()
+                .and_then(|r| r.resources.into_iter().next())
+                .ok_or_else(|| format!("the recorded {:?} does not decode", old.name))?;
+            let any = Any {
+                value: edit.apply(&old.name, &any.value)?,
+                ..any
+            };
+            let new = Encoded::new(old.name.clone(), version.clone(), any);
+            replaced.insert((old.name.clone(), old.version.clone()), Arc::new(new));
+        }
+        if replaced.is_empty() {
+            return Err(format!("no recorded resource matches {edit:?}"));
+        }
+        // No stream subscribed (no receiver) is no error: nobody holds them.
+        let _ = self.pushes.send(Arc::new(Pushed { ty, replaced }));
+        Ok(version)
     }
 
     /// Classes recorded.
@@ -555,16 +692,67 @@ async fn sotw_stream(
     }
 }
 
+/// What a delta stream handles next: a request, or a push ([`Replay::push`]).
+enum Next<R> {
+    Request(R),
+    Push(Arc<Pushed>),
+}
+
+/// The stream's next request or push; `None` when the stream has ended.
+async fn next<R: Message + Default + 'static>(
+    requests: &mut Streaming<R>,
+    pushes: &mut broadcast::Receiver<Arc<Pushed>>,
+) -> Option<Next<R>> {
+    loop {
+        tokio::select! {
+            req = requests.message() => return req.ok().flatten().map(Next::Request),
+            pushed = pushes.recv() => match pushed {
+                Ok(p) => return Some(Next::Push(p)),
+                // A stream too slow for 16 pushes misses some; the benchmark's count of
+                // receipts shows it.
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            },
+        }
+    }
+}
+
 async fn delta_stream(
     replay: Arc<Replay>,
     mut requests: Streaming<DeltaDiscoveryRequest>,
     tx: Responses,
 ) {
     let _guard = replay.stream_started();
+    let mut pushes = replay.pushes.subscribe();
     let mut class: Option<Arc<ClassSet>> = None;
     let mut nonce = 0u64;
     let mut started: HashSet<XdsType> = HashSet::new();
-    while let Ok(Some(req)) = requests.message().await {
+    // Per type, the names this stream subscribed to that were recorded: what a push reaches.
+    let mut held: [HashSet<String>; 7] = Default::default();
+    while let Some(next) = next(&mut requests, &mut pushes).await {
+        let req = match next {
+            Next::Request(req) => req,
+            Next::Push(p) => {
+                let Some(set) = &class else { continue };
+                let types = &set.types[type_index(p.ty)];
+                let mut names: Vec<&String> = held[type_index(p.ty)].iter().collect();
+                names.sort();
+                // Each held name replaced in the version this stream's class holds.
+                let items: Vec<&Arc<Encoded>> = names
+                    .into_iter()
+                    .filter_map(|n| types.by_name.get(n))
+                    .filter_map(|old| p.replaced.get(&(old.name.clone(), old.version.clone())))
+                    .collect();
+                if !items.is_empty() {
+                    nonce += 1;
+                    let frame = replay.frame(p.ty, nonce, false, &items);
+                    if tx.send(Ok(frame)).await.is_err() {
+                        return;
+                    }
+                }
+                continue;
+            }
+        };
         let Some(set) = stream_class(&replay, &mut class, req.node.as_ref(), &tx).await else {
             return;
         };
@@ -572,6 +760,18 @@ async fn delta_stream(
             continue;
         };
         let types = &set.types[type_index(ty)];
+        if !matches!(ty, XdsType::Cluster | XdsType::Listener) {
+            let held = &mut held[type_index(ty)];
+            for name in &req.resource_names_unsubscribe {
+                held.remove(name);
+            }
+            held.extend(
+                req.resource_names_subscribe
+                    .iter()
+                    .filter(|n| types.by_name.contains_key(*n))
+                    .cloned(),
+            );
+        }
         let held = &req.initial_resource_versions;
         let fresh = |e: &&Arc<Encoded>| held.get(&e.name) != Some(&e.version);
         let first = started.insert(ty);
@@ -693,10 +893,37 @@ async fn admin_request(replay: &Replay, mut stream: TcpStream) -> std::io::Resul
         buf.extend_from_slice(&chunk[..n]);
     }
     let request = String::from_utf8_lossy(&buf);
-    let path = request.split_whitespace().nth(1).unwrap_or("");
+    let target = request.split_whitespace().nth(1).unwrap_or("");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let (status, body) = match path {
         "/ready" => ("200 OK", "ready\n".to_string()),
         "/metrics" => ("200 OK", replay.metrics_text()),
+        "/push/endpoint" | "/push/route" => {
+            let param = |key: &str| {
+                query
+                    .split('&')
+                    .filter_map(|kv| kv.split_once('='))
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, v)| v.to_string())
+            };
+            let edit = match path {
+                "/push/endpoint" => param("host")
+                    .zip(param("ip"))
+                    .map(|(host, ip)| PushEdit::Endpoint { host, ip }),
+                _ => param("name")
+                    .zip(param("marker"))
+                    .map(|(name, marker)| PushEdit::Route { name, marker }),
+            };
+            match edit.map(|e| replay.push(&e)) {
+                Some(Ok(version)) => ("200 OK", format!("{version}\n")),
+                Some(Err(e)) => ("404 Not Found", format!("{e}\n")),
+                None => (
+                    "400 Bad Request",
+                    "/push/endpoint needs host and ip, /push/route name and marker\n"
+                        .to_string(),
+                ),
+            }
+        }
         _ => ("404 Not Found", "not found\n".to_string()),
     };
     let response = format!(
@@ -777,5 +1004,78 @@ mod tests {
         assert!(replay
             .metrics_text()
             .contains("shoal_xds_push_bytes_total 44\n"));
+    }
+
+    #[test]
+    fn a_push_adds_one_endpoint_to_the_recorded_assignment() {
+        use shoal_proto::pb::envoy::config::core::v3::{socket_address, Address, SocketAddress};
+        use shoal_proto::pb::envoy::config::endpoint::v3::{
+            Endpoint, LbEndpoint, LocalityLbEndpoints,
+        };
+        let endpoint = |ip: &str| LbEndpoint {
+            host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                address: Some(Address {
+                    address: Some(address::Address::SocketAddress(SocketAddress {
+                        address: ip.into(),
+                        port_specifier: Some(socket_address::PortSpecifier::PortValue(8080)),
+                        ..Default::default()
+                    })),
+                }),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let name = "outbound|8080||svc-0.ns-0.svc.cluster.local";
+        let cla = ClusterLoadAssignment {
+            cluster_name: name.into(),
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints: vec![endpoint("10.16.0.1")],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let class = ProxyClass {
+            namespace: "ns-0".into(),
+            app: "svc-0".into(),
+            interception: None,
+        };
+        let mut builder = RecordingBuilder::default();
+        builder.add_class(
+            &class,
+            vec![RecordedItem {
+                ty: XdsType::Endpoint,
+                name: name.into(),
+                version: "v1".into(),
+                value: cla.encode_to_vec(),
+            }],
+        );
+        let replay = Replay::new(builder.finish()).unwrap();
+        let mut pushes = replay.pushes.subscribe();
+        let edit = |host: &str| PushEdit::Endpoint {
+            host: host.into(),
+            ip: "10.250.100.100".into(),
+        };
+        assert_eq!(
+            replay.push(&edit("svc-0.ns-0.svc.cluster.local")).unwrap(),
+            "replay-push-1"
+        );
+        let pushed = pushes.try_recv().unwrap();
+        assert_eq!(pushed.ty, XdsType::Endpoint);
+        let keys: Vec<&(String, String)> = pushed.replaced.keys().collect();
+        assert_eq!(keys, [&(name.to_string(), "v1".to_string())]);
+        let entry = &pushed.replaced[keys[0]];
+        // The entry is field 2 of a response: decoded alone, it is a response of one.
+        let response = DeltaDiscoveryResponse::decode(entry.delta.clone()).unwrap();
+        let resource = response.resources.into_iter().next().unwrap();
+        assert_eq!(resource.version, "replay-push-1");
+        let sent = ClusterLoadAssignment::decode(resource.resource.unwrap().value.as_slice()).unwrap();
+        let mut expected = cla.clone();
+        expected.endpoints[0]
+            .lb_endpoints
+            .push(endpoint("10.250.100.100"));
+        assert_eq!(sent, expected);
+        // Another service's name ending in this one's is not this one.
+        let err = replay.push(&edit("c-0.ns-0.svc.cluster.local")).unwrap_err();
+        assert!(err.contains("no recorded resource"), "{err}");
     }
 }

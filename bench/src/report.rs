@@ -252,6 +252,15 @@ pub struct Ratios {
     pub loaded_rss: Option<f64>,
     /// Resource bytes sent.
     pub server_bytes: Option<f64>,
+    /// Server CPU per endpoint change, against the replay's push of the same assignment.
+    pub endpoint_change_cpu: Option<f64>,
+    /// Per endpoint change, the time until the last affected proxy had it, p99 (shoal's
+    /// from the observation, the replay's from the push request).
+    pub endpoint_change_all_p99: Option<f64>,
+    /// Server CPU per VirtualService change, against the replay's push of the route table.
+    pub vs_change_cpu: Option<f64>,
+    /// Per VirtualService change, the time until the last proxy had it, p99.
+    pub vs_change_all_p99: Option<f64>,
 }
 
 /// The replay baseline (`--baseline replay`): the initial phase again, with the same
@@ -293,6 +302,13 @@ pub struct ReplayBaseline {
     pub mismatch_example: Option<String>,
     /// shoal / replay for the initial phase's figures.
     pub ratios: Ratios,
+    /// The replay pushing each endpoint change's assignments to the streams that hold them
+    /// (delta, with `--changes`): the floor of shoal's endpoint change. Latencies are from
+    /// the push request (shoal's: from the ingester's observation).
+    pub endpoint_push: Option<ChangeReport>,
+    /// The replay pushing the route table every proxy holds, with each VirtualService
+    /// change's marker, to the streams that hold it (delta, `--vs-change mesh`).
+    pub vs_push: Option<ChangeReport>,
     /// Examples of the proxies' errors.
     pub error_examples: Vec<String>,
 }
@@ -614,7 +630,7 @@ fn verdict(ok: bool) -> &'static str {
     }
 }
 
-fn bytes(b: f64) -> String {
+pub(crate) fn bytes(b: f64) -> String {
     if b >= 1e9 {
         format!("{:.2} GB", b / 1e9)
     } else if b >= 1e6 {
@@ -1014,6 +1030,55 @@ impl Report {
         ];
         for (label, shoal, replay, ratio) in rows {
             let _ = writeln!(o, "{label:<50} {shoal:>12} {replay:>12} {:>10}", x(ratio));
+        }
+        let pushes = [
+            ("endpoint", &b.endpoint_push, &self.endpoint_change, r.endpoint_change_cpu, r.endpoint_change_all_p99),
+            ("VirtualService", &b.vs_push, &self.vs_change, r.vs_change_cpu, r.vs_change_all_p99),
+        ];
+        for (what, push, e, cpu_ratio, p99_ratio) in pushes {
+            let Some(p) = push else { continue };
+            let _ = writeln!(
+                o,
+                "{what} change vs the replay pushing what it changes ({} x {} proxies; shoal from the observation, the replay from the push request)",
+                p.samples.len(),
+                p.samples.first().map_or(0, |s| s.affected)
+            );
+            let rows: [(&str, String, String, Option<f64>); 4] = [
+                (
+                    "  server CPU per change",
+                    format!("{:.3} s", e.server_cpu_s),
+                    format!("{:.3} s", p.server_cpu_s),
+                    cpu_ratio,
+                ),
+                (
+                    "  until all affected had it, p50",
+                    ms(e.all_converged_ms.p50),
+                    ms(p.all_converged_ms.p50),
+                    ratio(e.all_converged_ms.p50, p.all_converged_ms.p50),
+                ),
+                (
+                    "  until all affected had it, p99",
+                    ms(e.all_converged_ms.p99),
+                    ms(p.all_converged_ms.p99),
+                    p99_ratio,
+                ),
+                (
+                    "  bytes sent per change",
+                    bytes(e.server_bytes),
+                    bytes(p.server_bytes),
+                    ratio(e.server_bytes, p.server_bytes),
+                ),
+            ];
+            for (label, shoal, replay, ratio) in rows {
+                let _ = writeln!(o, "{label:<50} {shoal:>12} {replay:>12} {:>10}", x(ratio));
+            }
+            if p.missing > 0 {
+                let _ = writeln!(
+                    o,
+                    "{:<50} {} affected proxies never received it",
+                    "  replay pushes missed", p.missing
+                );
+            }
         }
         let _ = writeln!(
             o,

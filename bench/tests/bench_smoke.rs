@@ -129,6 +129,32 @@ fn assert_functional(r: &Report, cfg: &BenchConfig) {
         );
         assert_eq!(b.versions_mismatched, 0, "same versions too\n{}", ctx());
         assert!(b.server_bytes > 0.0, "{}", ctx());
+        // Delta: the replay pushes what each change changes to the same proxies (the
+        // route table only for a mesh-wide VirtualService change).
+        let vs_pushed = cfg.vs_change == VsChange::Mesh;
+        let pushes = [
+            (&b.endpoint_push, &r.endpoint_change, true),
+            (&b.vs_push, &r.vs_change, vs_pushed),
+        ];
+        for (push, change, expected) in pushes {
+            match (cfg.mode, push) {
+                (Mode::Delta, Some(push)) if expected => {
+                    assert_eq!(push.samples.len(), cfg.changes, "{}", ctx());
+                    assert_eq!(push.missing, 0, "every push arrived\n{}", ctx());
+                    for (p, c) in push.samples.iter().zip(&change.samples) {
+                        assert_eq!(p.affected, c.affected, "{}", ctx());
+                        assert_eq!(p.unexpected, 0, "{}", ctx());
+                    }
+                }
+                (Mode::Delta, None) if !expected => {}
+                (Mode::Sotw, None) => {}
+                (mode, push) => panic!(
+                    "{mode:?}: replay pushes {} (expected: {expected})\n{}",
+                    push.is_some(),
+                    ctx()
+                ),
+            }
+        }
     }
     if cfg.storm {
         let st = r.storm.as_ref().expect("--storm: the storm ran");

@@ -400,8 +400,8 @@ impl Replay {
 
     /// Pushes the recorded resources `edit` applies to, edited, as a new version, in one
     /// response to every delta stream that holds them: the work of a change without any of
-    /// the generation. Each distinct recorded resource is edited and encoded once. Returns
-    /// the version pushed.
+    /// the generation. Each distinct recorded resource is edited and encoded once, its
+    /// version the recorded one with `+replay-push-<n>` appended. Returns `replay-push-<n>`.
     pub fn push(&self, edit: &PushEdit) -> Result<String, String> {
         let ty = edit.ty();
         let n = self.pushed.fetch_add(1, Ordering::Relaxed) + 1;
@@ -421,7 +421,8 @@ impl Replay {
                 value: edit.apply(&old.name, &any.value)?,
                 ..any
             };
-            let new = Encoded::new(old.name.clone(), version.clone(), any);
+            // Distinct contents, distinct versions (route tables differ by namespace).
+            let new = Encoded::new(old.name.clone(), format!("{}+{version}", old.version), any);
             replaced.insert((old.name.clone(), old.version.clone()), Arc::new(new));
         }
         if replaced.is_empty() {
@@ -735,14 +736,18 @@ async fn delta_stream(
             Next::Push(p) => {
                 let Some(set) = &class else { continue };
                 let types = &set.types[type_index(p.ty)];
-                let mut names: Vec<&String> = held[type_index(p.ty)].iter().collect();
-                names.sort();
-                // Each held name replaced in the version this stream's class holds.
-                let items: Vec<&Arc<Encoded>> = names
-                    .into_iter()
-                    .filter_map(|n| types.by_name.get(n))
-                    .filter_map(|old| p.replaced.get(&(old.name.clone(), old.version.clone())))
+                let held = &held[type_index(p.ty)];
+                // The pushed resources this stream holds, in the version its class holds.
+                let mut items: Vec<&Arc<Encoded>> = p
+                    .replaced
+                    .iter()
+                    .filter(|((name, version), _)| {
+                        held.contains(name)
+                            && types.by_name.get(name).is_some_and(|e| e.version == *version)
+                    })
+                    .map(|(_, new)| new)
                     .collect();
+                items.sort_by(|a, b| a.name.cmp(&b.name));
                 if !items.is_empty() {
                     nonce += 1;
                     let frame = replay.frame(p.ty, nonce, false, &items);
@@ -1067,7 +1072,7 @@ mod tests {
         // The entry is field 2 of a response: decoded alone, it is a response of one.
         let response = DeltaDiscoveryResponse::decode(entry.delta.clone()).unwrap();
         let resource = response.resources.into_iter().next().unwrap();
-        assert_eq!(resource.version, "replay-push-1");
+        assert_eq!(resource.version, "v1+replay-push-1");
         let sent = ClusterLoadAssignment::decode(resource.resource.unwrap().value.as_slice()).unwrap();
         let mut expected = cla.clone();
         expected.endpoints[0]

@@ -1237,7 +1237,10 @@ impl Bench<'_> {
         }
         let endpoint = ChangeReport::summarize(endpoint.0, &endpoint.1);
         let route = (!route.0.is_empty()).then(|| ChangeReport::summarize(route.0, &route.1));
-        for (what, r) in [("endpoint", Some(&endpoint)), ("route table", route.as_ref())] {
+        for (what, r) in [
+            ("endpoint", Some(&endpoint)),
+            ("route table", route.as_ref()),
+        ] {
             let Some(r) = r else { continue };
             self.progress(format!(
                 "replay baseline: {} {what} pushes to {} proxies each, until the last had it p50 {:.0} ms, max {:.0} ms; replay CPU {:.3} s per push, {}",
@@ -1282,7 +1285,10 @@ impl Bench<'_> {
             .await
             .context("asking shoal-replay to push")?;
         if r.status != 200 {
-            bail!("shoal-replay refused push {k} ({path}): {}", r.text().trim());
+            bail!(
+                "shoal-replay refused push {k} ({path}): {}",
+                r.text().trim()
+            );
         }
         let deadline = Instant::now() + self.cfg.phase_timeout;
         let mut receipts: HashMap<usize, u64> = HashMap::new();
@@ -1291,7 +1297,12 @@ impl Bench<'_> {
             let Some(event) = self.side_event(side, deadline, Some(server)).await? else {
                 break;
             };
-            if let Event::Observed { proxy, change, at_us } = event {
+            if let Event::Observed {
+                proxy,
+                change,
+                at_us,
+            } = event
+            {
                 if change == id && receipts.insert(proxy, at_us).is_none() {
                     if affected[proxy] {
                         observed += 1

@@ -29,9 +29,7 @@ use super::client::{ProxyClass, RecordedItem};
 use anyhow::{bail, Context};
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
-use shoal_proto::pb::envoy::config::core::v3::{
-    address, HeaderValue, HeaderValueOption, Node,
-};
+use shoal_proto::pb::envoy::config::core::v3::{address, HeaderValue, HeaderValueOption, Node};
 use shoal_proto::pb::envoy::config::endpoint::v3::{lb_endpoint, ClusterLoadAssignment};
 use shoal_proto::pb::envoy::config::route::v3::RouteConfiguration;
 use shoal_proto::pb::envoy::service::discovery::v3::{
@@ -238,7 +236,10 @@ impl PushEdit {
     fn applies_to(&self, name: &str) -> bool {
         match self {
             PushEdit::Endpoint { host, .. } => {
-                name.starts_with("outbound|") && name.strip_suffix(host.as_str()).is_some_and(|n| n.ends_with("||"))
+                name.starts_with("outbound|")
+                    && name
+                        .strip_suffix(host.as_str())
+                        .is_some_and(|n| n.ends_with("||"))
             }
             PushEdit::Route { name: n, .. } => name == n,
         }
@@ -246,7 +247,8 @@ impl PushEdit {
 
     /// The resource `name`'s recorded `value`, edited.
     fn apply(&self, name: &str, value: &[u8]) -> Result<Vec<u8>, String> {
-        let undecodable = |e: prost::DecodeError| format!("the recorded {name:?} does not decode: {e}");
+        let undecodable =
+            |e: prost::DecodeError| format!("the recorded {name:?} does not decode: {e}");
         match self {
             PushEdit::Endpoint { ip, .. } => {
                 let mut cla = ClusterLoadAssignment::decode(value).map_err(undecodable)?;
@@ -743,7 +745,10 @@ async fn delta_stream(
                     .iter()
                     .filter(|((name, version), _)| {
                         held.contains(name)
-                            && types.by_name.get(name).is_some_and(|e| e.version == *version)
+                            && types
+                                .by_name
+                                .get(name)
+                                .is_some_and(|e| e.version == *version)
                     })
                     .map(|(_, new)| new)
                     .collect();
@@ -924,8 +929,7 @@ async fn admin_request(replay: &Replay, mut stream: TcpStream) -> std::io::Resul
                 Some(Err(e)) => ("404 Not Found", format!("{e}\n")),
                 None => (
                     "400 Bad Request",
-                    "/push/endpoint needs host and ip, /push/route name and marker\n"
-                        .to_string(),
+                    "/push/endpoint needs host and ip, /push/route name and marker\n".to_string(),
                 ),
             }
         }
@@ -1073,14 +1077,17 @@ mod tests {
         let response = DeltaDiscoveryResponse::decode(entry.delta.clone()).unwrap();
         let resource = response.resources.into_iter().next().unwrap();
         assert_eq!(resource.version, "v1+replay-push-1");
-        let sent = ClusterLoadAssignment::decode(resource.resource.unwrap().value.as_slice()).unwrap();
+        let sent =
+            ClusterLoadAssignment::decode(resource.resource.unwrap().value.as_slice()).unwrap();
         let mut expected = cla.clone();
         expected.endpoints[0]
             .lb_endpoints
             .push(endpoint("10.250.100.100"));
         assert_eq!(sent, expected);
         // Another service's name ending in this one's is not this one.
-        let err = replay.push(&edit("c-0.ns-0.svc.cluster.local")).unwrap_err();
+        let err = replay
+            .push(&edit("c-0.ns-0.svc.cluster.local"))
+            .unwrap_err();
         assert!(err.contains("no recorded resource"), "{err}");
     }
 }

@@ -1032,8 +1032,20 @@ impl Report {
             let _ = writeln!(o, "{label:<50} {shoal:>12} {replay:>12} {:>10}", x(ratio));
         }
         let pushes = [
-            ("endpoint", &b.endpoint_push, &self.endpoint_change, r.endpoint_change_cpu, r.endpoint_change_all_p99),
-            ("VirtualService", &b.vs_push, &self.vs_change, r.vs_change_cpu, r.vs_change_all_p99),
+            (
+                "endpoint",
+                &b.endpoint_push,
+                &self.endpoint_change,
+                r.endpoint_change_cpu,
+                r.endpoint_change_all_p99,
+            ),
+            (
+                "VirtualService",
+                &b.vs_push,
+                &self.vs_change,
+                r.vs_change_cpu,
+                r.vs_change_all_p99,
+            ),
         ];
         for (what, push, e, cpu_ratio, p99_ratio) in pushes {
             let Some(p) = push else { continue };

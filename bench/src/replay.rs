@@ -731,20 +731,20 @@ async fn delta_stream(
     let mut nonce = 0u64;
     let mut started: HashSet<XdsType> = HashSet::new();
     // Per type, the names this stream subscribed to that were recorded: what a push reaches.
-    let mut held: [HashSet<String>; 7] = Default::default();
+    let mut subscribed: [HashSet<String>; 7] = Default::default();
     while let Some(next) = next(&mut requests, &mut pushes).await {
         let req = match next {
             Next::Request(req) => req,
             Next::Push(p) => {
                 let Some(set) = &class else { continue };
                 let types = &set.types[type_index(p.ty)];
-                let held = &held[type_index(p.ty)];
+                let subscribed = &subscribed[type_index(p.ty)];
                 // The pushed resources this stream holds, in the version its class holds.
                 let mut items: Vec<&Arc<Encoded>> = p
                     .replaced
                     .iter()
                     .filter(|((name, version), _)| {
-                        held.contains(name)
+                        subscribed.contains(name)
                             && types
                                 .by_name
                                 .get(name)
@@ -771,11 +771,11 @@ async fn delta_stream(
         };
         let types = &set.types[type_index(ty)];
         if !matches!(ty, XdsType::Cluster | XdsType::Listener) {
-            let held = &mut held[type_index(ty)];
+            let subscribed = &mut subscribed[type_index(ty)];
             for name in &req.resource_names_unsubscribe {
-                held.remove(name);
+                subscribed.remove(name);
             }
-            held.extend(
+            subscribed.extend(
                 req.resource_names_subscribe
                     .iter()
                     .filter(|n| types.by_name.contains_key(*n))

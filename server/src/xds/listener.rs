@@ -21,6 +21,7 @@
 //! tonic's built-in `max_connection_age` has no per-connection jitter and cannot end a
 //! long-lived ADS stream before its grace period, hence this module.
 
+use super::gather::{drained, Gathered};
 use super::limits::{Breach, BufferBudget, WarnLimiter};
 use crate::security::auth::TlsPeer;
 use crate::security::tls::TlsServer;
@@ -312,7 +313,9 @@ impl Conn {
                 .max_concurrent_streams(max_streams);
             b
         };
-        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), svc);
+        // h2 writes each frame by itself; its writes leave gathered when a poll ends.
+        let io = Gathered::new(io);
+        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io.clone()), svc);
         tokio::pin!(conn);
 
         let age_deadline = policy.max_age.map(|a| Instant::now() + jittered(a, seq));
@@ -324,7 +327,7 @@ impl Conn {
                 .flatten()
                 .min();
             tokio::select! {
-                result = conn.as_mut() => {
+                result = drained(conn.as_mut(), &io) => {
                     if let Err(error) = result {
                         tracing::debug!(%peer, %error, "xDS connection ended with an error");
                     }
@@ -365,7 +368,10 @@ impl Conn {
         } else {
             policy.grace
         };
-        if tokio::time::timeout(grace, conn.as_mut()).await.is_err() {
+        if tokio::time::timeout(grace, drained(conn.as_mut(), &io))
+            .await
+            .is_err()
+        {
             tracing::debug!(%peer, "xDS connection did not close within the grace period; dropping it");
         }
     }

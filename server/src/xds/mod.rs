@@ -5,6 +5,7 @@ pub mod ads;
 mod delta;
 #[cfg(test)]
 mod fuzz_tests;
+mod gather;
 pub mod limits;
 pub mod listener;
 pub mod metrics;

@@ -1291,9 +1291,8 @@ impl Bench<'_> {
             );
         }
         let deadline = Instant::now() + self.cfg.phase_timeout;
-        let mut receipts: HashMap<usize, u64> = HashMap::new();
-        let (mut observed, mut unexpected) = (0, 0);
-        while observed < affected_n {
+        let mut receipts = Receipts::new(&affected);
+        while receipts.observed < affected_n {
             let Some(event) = self.side_event(side, deadline, Some(server)).await? else {
                 break;
             };
@@ -1303,30 +1302,22 @@ impl Bench<'_> {
                 at_us,
             } = event
             {
-                if change == id && receipts.insert(proxy, at_us).is_none() {
-                    if affected[proxy] {
-                        observed += 1
-                    } else {
-                        unexpected += 1
-                    }
+                if change == id {
+                    receipts.record(proxy, at_us);
                 }
             }
         }
         self.announce(None).await?;
         settle_server(server, self.cfg.phase_timeout).await?;
         let m1 = server.metrics().await?;
-        let latencies: Vec<f64> = receipts
-            .iter()
-            .filter(|(p, _)| affected[**p])
-            .map(|(_, at_us)| *at_us as f64 / 1000.0 - push_ms as f64)
-            .collect();
+        let latencies = receipts.since_ms(push_ms);
         let sample = ChangeSample {
             k,
             key: resource,
             ingest_ms: 0.0,
             affected: affected_n,
-            observed,
-            unexpected,
+            observed: receipts.observed,
+            unexpected: receipts.unexpected,
             latency_ms: Dist::of(&latencies),
             from_write_ms: Dist::of(&latencies),
             server_cpu_s: (server.cpu()? - cpu0).as_secs_f64(),
@@ -1652,10 +1643,8 @@ impl Bench<'_> {
         edit(&mut self.mesh)?;
         let deadline = Instant::now() + self.cfg.phase_timeout;
         let mut observed_at: Option<(String, u64)> = None;
-        let mut receipts: HashMap<usize, u64> = HashMap::new();
-        let mut unexpected = 0;
-        let mut observed = 0;
-        while observed_at.is_none() || observed < affected_n {
+        let mut receipts = Receipts::new(&affected);
+        while observed_at.is_none() || receipts.observed < affected_n {
             let tick = (Instant::now() + Duration::from_secs(1)).min(deadline);
             tokio::select! {
                 w = self.bus_writes.recv() => {
@@ -1666,9 +1655,7 @@ impl Bench<'_> {
                 }
                 e = self.events.recv() => match e {
                     Some(Event::Observed { proxy, change, at_us }) if change == id => {
-                        if receipts.insert(proxy, at_us).is_none() {
-                            if affected[proxy] { observed += 1 } else { unexpected += 1 }
-                        }
+                        receipts.record(proxy, at_us);
                     }
                     Some(Event::Observed { .. }) | Some(Event::Configured { .. }) => {}
                     Some(other) => self.note(other),
@@ -1683,34 +1670,26 @@ impl Bench<'_> {
         self.announce(None).await?;
         let Some((key, observed_at_ms)) = observed_at else {
             bail!(
-                "change {k}: no write of it was seen on the bus within {:?} ({observed} of \
+                "change {k}: no write of it was seen on the bus within {:?} ({} of \
                  {affected_n} affected proxies received it); the ingester's log:\n{}",
                 self.cfg.phase_timeout,
+                receipts.observed,
                 self.ingester.process().log_tail()
             );
         };
         self.settle(0).await?;
         let server = &self.servers[0];
         let m1 = server.metrics().await?;
-        let latencies: Vec<f64> = receipts
-            .iter()
-            .filter(|(p, _)| affected[**p])
-            .map(|(_, at_us)| *at_us as f64 / 1000.0 - observed_at_ms as f64)
-            .collect();
-        let from_write: Vec<f64> = receipts
-            .iter()
-            .filter(|(p, _)| affected[**p])
-            .map(|(_, at_us)| *at_us as f64 / 1000.0 - write_ms as f64)
-            .collect();
+        let latencies = receipts.since_ms(observed_at_ms);
         let sample = ChangeSample {
             k,
             key,
             ingest_ms: observed_at_ms.saturating_sub(write_ms) as f64,
             affected: affected_n,
-            observed,
-            unexpected,
+            observed: receipts.observed,
+            unexpected: receipts.unexpected,
             latency_ms: Dist::of(&latencies),
-            from_write_ms: Dist::of(&from_write),
+            from_write_ms: Dist::of(&receipts.since_ms(write_ms)),
             server_cpu_s: (server.cpu()? - cpu0).as_secs_f64(),
             server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
             server_pushes: m1.get(PUSHES) - m0.get(PUSHES),
@@ -2198,6 +2177,47 @@ fn replica_cpus(cfg: &BenchConfig, r: usize) -> Option<String> {
         Some(each[r].to_string())
     } else {
         Some(list.to_string())
+    }
+}
+
+/// Each proxy's first receipt of a change, counted against the proxies it affects.
+struct Receipts<'a> {
+    affected: &'a [bool],
+    at_us: HashMap<usize, u64>,
+    /// Affected proxies that received it.
+    observed: usize,
+    /// Proxies that received it though it does not affect them.
+    unexpected: usize,
+}
+
+impl<'a> Receipts<'a> {
+    fn new(affected: &'a [bool]) -> Self {
+        Receipts {
+            affected,
+            at_us: HashMap::new(),
+            observed: 0,
+            unexpected: 0,
+        }
+    }
+
+    /// Proxy `proxy` received it at `at_us` (later receipts of a proxy do not count).
+    fn record(&mut self, proxy: usize, at_us: u64) {
+        if self.at_us.insert(proxy, at_us).is_none() {
+            if self.affected[proxy] {
+                self.observed += 1
+            } else {
+                self.unexpected += 1
+            }
+        }
+    }
+
+    /// The affected proxies' receipts, in ms after `from_ms`.
+    fn since_ms(&self, from_ms: u64) -> Vec<f64> {
+        self.at_us
+            .iter()
+            .filter(|(p, _)| self.affected[**p])
+            .map(|(_, at_us)| *at_us as f64 / 1000.0 - from_ms as f64)
+            .collect()
     }
 }
 

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod app;
 pub mod debug;
 pub mod generate;
+pub mod hashing;
 pub mod index;
 pub mod metrics;
 pub mod push;

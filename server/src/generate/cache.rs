@@ -178,6 +178,13 @@ where
         build: impl Fn() -> (K, V),
     ) -> (V, bool) {
         let fingerprint = fingerprint(lookup);
+        // A hit reads the entry; `entry` (which builds a missing value once for all its
+        // concurrent callers) costs twice a read, and most lookups hit.
+        if let Some(entry) = self.cache.get(&fingerprint) {
+            if is_key(&entry.key) {
+                return (entry.value.clone(), true);
+            }
+        }
         let new_entry = || {
             let (key, value) = build();
             Arc::new(Entry { key, value })
@@ -205,10 +212,7 @@ where
 
 /// The cache's key for `key`.
 fn fingerprint<Q: Hash + ?Sized>(key: &Q) -> u64 {
-    use std::hash::Hasher as _;
-    let mut h = std::hash::DefaultHasher::new();
-    key.hash(&mut h);
-    h.finish()
+    crate::hashing::fingerprint(key)
 }
 
 /// Generated resources by content (see [`super::intern`]).
@@ -218,11 +222,8 @@ static RESOURCES: std::sync::LazyLock<Interner<Resource>> =
 /// The live resource equal to `r` (built for another key: e.g. the same route table for
 /// the outbound parts of two namespaces), else `r`.
 fn intern(r: Resource) -> Arc<Resource> {
-    use std::hash::{Hash as _, Hasher as _};
-    let mut h = std::hash::DefaultHasher::new();
-    r.name.hash(&mut h);
-    r.version.hash(&mut h);
-    RESOURCES.intern(h.finish(), r, |a, b| a == b)
+    let h = crate::hashing::fingerprint(&(&r.name, &r.version));
+    RESOURCES.intern(h, r, |a, b| a == b)
 }
 
 /// The size and content hash of a list of resources, for the assert mode's report.

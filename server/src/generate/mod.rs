@@ -35,15 +35,13 @@ use crate::index::endpoints::EndpointIndex;
 use crate::index::proxy::Proxy;
 use crate::index::push_context::PushContext;
 use crate::index::scope::ProxyScope;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use prost::Message as _;
 use shoal_proto::pb::envoy::config::core::v3::{
     address, config_source::ConfigSourceSpecifier, socket_address::PortSpecifier, Address,
     AggregatedConfigSource, ApiVersion, ConfigSource, SocketAddress,
 };
-use shoal_proto::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryResponse, DiscoveryResponse, Resource as PbResource,
-};
+use shoal_proto::pb::envoy::service::discovery::v3::Resource as PbResource;
 use shoal_proto::pb::google::protobuf::{value, Duration as PbDuration, Struct, Value};
 use shoal_proto::{content_version, Any, XdsType};
 use std::sync::{Arc, OnceLock};
@@ -135,17 +133,27 @@ impl Resource {
     /// tag and length), encoded on first use: every stream sending it writes these bytes.
     pub fn delta_entry(&self) -> &Bytes {
         self.delta_entry.get_or_init(|| {
-            let one = DeltaDiscoveryResponse {
-                resources: vec![PbResource {
-                    name: self.name.clone(),
-                    version: self.version.clone(),
-                    resource: Some(self.any.clone()),
-                    aliases: self.aliases.clone(),
-                    ..Default::default()
-                }],
+            // prost writes a message's fields in tag order: `version` (1), `resource` (2),
+            // then `name` (3) and `aliases` (4). The same bytes, with `resource` written
+            // from `self.any` rather than from a copy of it.
+            let before = PbResource {
+                version: self.version.clone(),
                 ..Default::default()
             };
-            Bytes::from(one.encode_to_vec())
+            let after = PbResource {
+                name: self.name.clone(),
+                aliases: self.aliases.clone(),
+                ..Default::default()
+            };
+            let any_len = self.any.encoded_len();
+            let len = before.encoded_len() + field_len(any_len) + after.encoded_len();
+            let mut buf = BytesMut::with_capacity(field_len(len));
+            encode_field_head(RESOURCES_FIELD, len, &mut buf);
+            before.encode_raw(&mut buf);
+            encode_field_head(RESOURCE_FIELD, any_len, &mut buf);
+            self.any.encode_raw(&mut buf);
+            after.encode_raw(&mut buf);
+            buf.freeze()
         })
     }
 
@@ -153,13 +161,30 @@ impl Resource {
     /// first use.
     pub fn sotw_entry(&self) -> &Bytes {
         self.sotw_entry.get_or_init(|| {
-            let one = DiscoveryResponse {
-                resources: vec![self.any.clone()],
-                ..Default::default()
-            };
-            Bytes::from(one.encode_to_vec())
+            let any_len = self.any.encoded_len();
+            let mut buf = BytesMut::with_capacity(field_len(any_len));
+            encode_field_head(RESOURCES_FIELD, any_len, &mut buf);
+            self.any.encode_raw(&mut buf);
+            buf.freeze()
         })
     }
+}
+
+/// `resources` of `DiscoveryResponse` and `DeltaDiscoveryResponse`.
+const RESOURCES_FIELD: u32 = 2;
+/// `resource` of a delta `Resource`.
+const RESOURCE_FIELD: u32 = 2;
+
+/// The encoded length of a length-delimited field (tag below 16) of `len` bytes.
+fn field_len(len: usize) -> usize {
+    1 + prost::encoding::encoded_len_varint(len as u64) + len
+}
+
+/// A length-delimited field's tag and length.
+fn encode_field_head(field: u32, len: usize, buf: &mut BytesMut) {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    encode_key(field, WireType::LengthDelimited, buf);
+    encode_varint(len as u64, buf);
 }
 
 /// Everything the generators read for one push.

@@ -6,6 +6,7 @@ use super::gateway::{binds, bound_virtual_services};
 use super::http_route::{destination_hosts, uses_source, vs_routes, RouteEnv, Source};
 use super::vhosts::{self, service_domains, unique_domains};
 use super::{pb_duration, Resource};
+use crate::hashing::FastSet;
 use crate::index::config::Config;
 use crate::index::hosts::{
     exported_to, most_specific, namespace_admits, resolve_host, split_namespaced_host,
@@ -24,7 +25,7 @@ use shoal_proto::pb::envoy::config::route::v3::{
 };
 use shoal_proto::pb::google::protobuf::{BoolValue, UInt32Value};
 use shoal_proto::{gateway_https_route_name, XdsType};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -341,7 +342,7 @@ fn gateway_routes(key: &GatewayRouteKey) -> RouteConfiguration {
             vhosts.entry(h).or_default().extend(routes.iter().cloned());
         }
     }
-    let mut seen = HashSet::new();
+    let mut seen = FastSet::default();
     let virtual_hosts = vhosts
         .into_iter()
         .filter_map(|(host, routes)| {
@@ -581,7 +582,8 @@ fn sidecar_hosts<S: SharedHost>(
                 .push(vs);
         }
     }
-    let mut seen = HashSet::new();
+    // A service has a handful of domains (name, FQDN, short forms, VIPs).
+    let mut seen = FastSet::with_capacity_and_hasher(services.len() * 4, Default::default());
     let mut hosts = Vec::with_capacity(services.len() + 1);
     for svc in services {
         // A VirtualService for the host, else for the most specific wildcard covering it.

@@ -17,6 +17,7 @@
 use super::cache::{Digest, Fingerprinted, Mismatch};
 use super::http_route::{catch_all_match, default_retry_policy};
 use super::pb_duration;
+use crate::hashing::FastSet;
 use crate::index::service::{ServiceSource, ServiceView};
 use prost::Message as _;
 use shoal_proto::outbound_cluster_name;
@@ -24,7 +25,6 @@ use shoal_proto::pb::envoy::config::route::v3::{
     route::Action, route_action::ClusterSpecifier, Route, RouteAction, VirtualHost,
 };
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -147,7 +147,7 @@ pub(crate) fn default_host(
 fn build(svc: &ServiceView, port: u32, proxy_namespace: &str) -> Arc<DefaultHost> {
     let domains = unique_domains(
         service_domains(svc, None, proxy_namespace),
-        &mut HashSet::new(),
+        &mut FastSet::default(),
     );
     let vh = virtual_host(svc, port, domains, Vec::new());
     Arc::new(DefaultHost {
@@ -204,7 +204,7 @@ pub(crate) fn service_domains(svc: &ServiceView, port: Option<u32>, proxy_ns: &s
 
 /// Drops domains already used by an earlier virtual host (recorded in `seen`), sorted:
 /// Envoy rejects a route table in which two virtual hosts share a domain.
-pub(crate) fn unique_domains(domains: Vec<String>, seen: &mut HashSet<String>) -> Vec<String> {
+pub(crate) fn unique_domains(domains: Vec<String>, seen: &mut FastSet<String>) -> Vec<String> {
     let mut out: Vec<String> = domains
         .into_iter()
         .filter(|d| seen.insert(d.clone()))

@@ -10,6 +10,7 @@ mod delegate;
 mod destination_rule;
 mod determinism;
 mod eds;
+mod entries;
 mod gateway_credentials;
 mod gateway_semantics;
 mod golden;

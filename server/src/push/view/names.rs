@@ -6,7 +6,6 @@
 //! request: the names are kept in sorted runs shared by `Arc`, and a change copies the run
 //! it is in. Interning compares a set's length and fingerprint before its names.
 
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 /// Names per run (a run holds 1 to `2 * RUN`).
@@ -24,10 +23,7 @@ pub struct NameSet {
 }
 
 fn hash(name: &str) -> u64 {
-    // Fixed keys: the same on every run (it never leaves the process anyway).
-    let mut h = std::hash::DefaultHasher::new();
-    name.hash(&mut h);
-    h.finish()
+    crate::hashing::fingerprint(name)
 }
 
 impl NameSet {

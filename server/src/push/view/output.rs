@@ -28,12 +28,10 @@ struct Run {
 
 /// Whether a run ends after the resource named `name`. It depends on the name alone, so a
 /// sequence of resources is cut the same way whatever comes before it in an output, and a
-/// new version of a resource does not move a cut. (SipHash with fixed keys: the same on
-/// every replica.)
+/// new version of a resource does not move a cut. (A fixed seed: the same on every
+/// replica.)
 fn ends_run(name: &str) -> bool {
-    let mut h = std::hash::DefaultHasher::new();
-    name.hash(&mut h);
-    h.finish().is_multiple_of(RUN as u64)
+    crate::hashing::stable_fingerprint(name).is_multiple_of(RUN as u64)
 }
 
 /// The live runs (see [`crate::generate::intern`]).
@@ -42,16 +40,17 @@ static RUNS: LazyLock<Interner<Run>> = LazyLock::new(Interner::default);
 impl Run {
     /// The run of these resources: the live one with the same resources, else a new one.
     fn of(resources: &[Arc<Resource>]) -> Arc<Run> {
-        let mut h = std::hash::DefaultHasher::new();
+        let mut h = crate::hashing::hasher();
         for r in resources {
             r.name.hash(&mut h);
             r.version.hash(&mut h);
         }
+        let h = h.finish();
         let run = Run {
             resources: resources.to_vec(),
             gathered: Gathered::default(),
         };
-        RUNS.intern(h.finish(), run, |a, b| {
+        RUNS.intern(h, run, |a, b| {
             a.resources.len() == b.resources.len()
                 && a.resources
                     .iter()

@@ -324,7 +324,19 @@ impl Bench<'_> {
             kube.clone(),
         )?;
         let bench_cpu0 = procs::proc_cpu(std::process::id())?;
-        let machine = Machine::detect();
+        let mut machine = Machine::detect();
+        let servers: Vec<Vec<u32>> = (0..cfg.replicas)
+            .filter_map(|r| replica_cpus(cfg, r))
+            .filter_map(|list| fleetproc::parse_cpu_list(&list).ok())
+            .collect();
+        let mut others = procs::proc_allowed_cpus(std::process::id())
+            .ok()
+            .and_then(|list| fleetproc::parse_cpu_list(&list).ok())
+            .unwrap_or_default();
+        if let Some(list) = &cfg.fleet_cpus {
+            others.extend(fleetproc::parse_cpu_list(list)?);
+        }
+        machine.note_shared_cores(&servers, &others);
 
         let mut nats = Nats::start().await?;
         let ingest_start = Instant::now();

@@ -170,7 +170,8 @@ struct Args {
     #[arg(long = "fleet-child", hide = true)]
     fleet_child: bool,
 
-    /// Print the results as JSON on stdout (progress still goes to stderr).
+    /// Print the results as JSON on stdout (progress, and then the table unless --quiet,
+    /// still go to stderr).
     #[arg(long)]
     json: bool,
 
@@ -235,6 +236,9 @@ fn main() -> ExitCode {
     match result {
         Ok(report) => {
             if args.json {
+                if !args.quiet {
+                    eprint!("{}", report.table());
+                }
                 match serde_json::to_string_pretty(&report) {
                     Ok(json) => println!("{json}"),
                     Err(e) => {

@@ -57,6 +57,11 @@ pub struct Machine {
     /// 1-minute load average when the benchmark started (other work on a shared machine
     /// skews the results).
     pub load_at_start: f64,
+    /// The server CPUs that share a physical core (SMT siblings) with a CPU the
+    /// benchmark, its fleet processes or another replica may use: such a server gets
+    /// part of a core, and comparisons between placements measure that too.
+    /// None: not known (servers not pinned, or no topology in /sys).
+    pub shared_cores: Option<Vec<String>>,
 }
 
 impl Machine {
@@ -85,8 +90,65 @@ impl Machine {
             cpu_model,
             memory_gib,
             load_at_start: load_average(),
+            shared_cores: None,
         }
     }
+
+    /// Records which of `servers` (one CPU list per replica) share a physical core with
+    /// any of `others` or with another replica's CPU, as
+    /// `/sys/devices/system/cpu/cpuN/topology/thread_siblings_list` says.
+    pub fn note_shared_cores(&mut self, servers: &[Vec<u32>], others: &[u32]) {
+        let siblings = |cpu: u32| {
+            let path = format!("/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list");
+            let list = std::fs::read_to_string(path).ok()?;
+            crate::fleetproc::parse_cpu_list(list.trim()).ok()
+        };
+        let known = servers.iter().flatten().all(|&cpu| siblings(cpu).is_some());
+        self.shared_cores =
+            (!servers.is_empty() && known).then(|| shared_cores(servers, others, siblings));
+    }
+
+    /// What the report says about core sharing.
+    fn cores_line(&self) -> String {
+        match &self.shared_cores {
+            None => "server cores: not known".into(),
+            Some(shared) if shared.is_empty() => "server cores: not shared".into(),
+            Some(shared) => format!("SERVER CORES SHARED: {}", shared.join("; ")),
+        }
+    }
+}
+
+/// Each server CPU that shares its core: with which CPUs, and whose they are.
+fn shared_cores(
+    servers: &[Vec<u32>],
+    others: &[u32],
+    siblings: impl Fn(u32) -> Option<Vec<u32>>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (replica, cpus) in servers.iter().enumerate() {
+        for &cpu in cpus {
+            let busy: Vec<String> = siblings(cpu)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|&s| s != cpu)
+                .filter_map(|s| {
+                    if others.contains(&s) {
+                        Some(format!("{s} (benchmark)"))
+                    } else {
+                        servers
+                            .iter()
+                            .position(|c| c.contains(&s))
+                            .filter(|&r| r != replica)
+                            .map(|r| format!("{s} (replica {r})"))
+                    }
+                })
+                .collect();
+            if !busy.is_empty() {
+                out.push(format!("CPU {cpu} with CPU {}", busy.join(", ")));
+            }
+        }
+    }
+    out
 }
 
 /// The 1-minute load average (0 when unknown).
@@ -672,11 +734,12 @@ impl Report {
         );
         let _ = writeln!(
             o,
-            "machine: {} CPUs, {}, {:.0} GiB, load {:.2} at start; binaries: {}{}",
+            "machine: {} CPUs, {}, {:.0} GiB, load {:.2} at start; {}; binaries: {}{}",
             self.machine.cpus,
             self.machine.cpu_model,
             self.machine.memory_gib,
             self.machine.load_at_start,
+            self.machine.cores_line(),
             s.binaries,
             if s.debug_build {
                 " (DEBUG BUILD: not representative)"
@@ -1128,5 +1191,31 @@ mod tests {
         let d = Dist::of(&[3.0]);
         assert_eq!((d.p50, d.p99), (3.0, 3.0));
         assert_eq!(Dist::of(&[]).n, 0);
+    }
+
+    #[test]
+    fn server_cpus_sharing_a_core_are_named() {
+        // Two threads per core, siblings n and n + 8.
+        let siblings = |cpu: u32| Some(vec![cpu % 8, cpu % 8 + 8]);
+        // Replicas on 1 and 2; the benchmark on 9 - 12: 1 shares with 9, 2 with 10.
+        let shared = shared_cores(&[vec![1], vec![2]], &[9, 10, 11, 12], siblings);
+        assert_eq!(
+            shared,
+            vec![
+                "CPU 1 with CPU 9 (benchmark)",
+                "CPU 2 with CPU 10 (benchmark)"
+            ]
+        );
+        // Two replicas on one core's two threads.
+        let shared = shared_cores(&[vec![1], vec![9]], &[0], siblings);
+        assert_eq!(
+            shared,
+            vec![
+                "CPU 1 with CPU 9 (replica 1)",
+                "CPU 9 with CPU 1 (replica 0)"
+            ]
+        );
+        // Nothing on the siblings: not shared.
+        assert!(shared_cores(&[vec![1]], &[2, 3], siblings).is_empty());
     }
 }

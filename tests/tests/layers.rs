@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 /// The server's layers, bottom first. A top-level module not listed is refused, so a new
 /// one must be given its place here.
 const SERVER_LAYERS: &[&[&str]] = &[
+    &["hashing"],
     &["index"],
     &["generate"],
     &["push"],

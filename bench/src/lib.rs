@@ -231,6 +231,8 @@ struct BusWrite {
     bucket: Bucket,
     key: String,
     observed_at_ms: u64,
+    /// When the benchmark's watch had it.
+    seen_at_ms: u64,
 }
 
 /// A running benchmark.
@@ -1331,6 +1333,8 @@ impl Bench<'_> {
             observed: receipts.observed,
             unexpected: receipts.unexpected,
             latency_ms: Dist::of(&latencies),
+            bus_ms: 0.0,
+            first_ms: first(&latencies),
             from_write_ms: Dist::of(&latencies),
             server_cpu_s: (server.cpu()? - cpu0).as_secs_f64(),
             server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
@@ -1381,7 +1385,7 @@ impl Bench<'_> {
         let deadline = start + self.cfg.phase_timeout;
         let mut tally = Tally::new(n, start);
         let captured = self.cfg.scenario.captured();
-        let mut observed_at: Option<(String, u64)> = None;
+        let mut observed_at: Option<BusWrite> = None;
         let mut receipts: HashMap<usize, u64> = HashMap::new();
         let key_matches = |w: &BusWrite| {
             w.bucket == Bucket::Config
@@ -1397,7 +1401,7 @@ impl Bench<'_> {
                 w = self.bus_writes.recv() => {
                     let Some(w) = w else { bail!("the bus watch stopped") };
                     if observed_at.is_none() && key_matches(&w) {
-                        observed_at = Some((w.key.clone(), w.observed_at_ms));
+                        observed_at = Some(w);
                     }
                 }
                 e = self.events.recv() => match e {
@@ -1420,7 +1424,13 @@ impl Bench<'_> {
         }
         self.announce(None).await?;
         let all_configured_s = (tally.last - start).as_secs_f64();
-        let Some((key, observed_at_ms)) = observed_at else {
+        let Some(BusWrite {
+            key,
+            observed_at_ms,
+            seen_at_ms,
+            ..
+        }) = observed_at
+        else {
             bail!(
                 "storm: the ingester did not publish the VirtualService change within {:?}",
                 self.cfg.phase_timeout
@@ -1465,6 +1475,8 @@ impl Bench<'_> {
                 observed: receipts.len(),
                 unexpected: 0,
                 latency_ms: Dist::of(&latencies),
+                bus_ms: seen_at_ms.saturating_sub(observed_at_ms) as f64,
+                first_ms: first(&latencies),
                 from_write_ms: Dist::default(),
                 server_cpu_s,
                 server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
@@ -1654,7 +1666,7 @@ impl Bench<'_> {
         let write_ms = now_ms();
         edit(&mut self.mesh)?;
         let deadline = Instant::now() + self.cfg.phase_timeout;
-        let mut observed_at: Option<(String, u64)> = None;
+        let mut observed_at: Option<BusWrite> = None;
         let mut receipts = Receipts::new(&affected);
         while observed_at.is_none() || receipts.observed < affected_n {
             let tick = (Instant::now() + Duration::from_secs(1)).min(deadline);
@@ -1662,7 +1674,7 @@ impl Bench<'_> {
                 w = self.bus_writes.recv() => {
                     let Some(w) = w else { bail!("the bus watch stopped") };
                     if observed_at.is_none() && key_matches(&w) {
-                        observed_at = Some((w.key.clone(), w.observed_at_ms));
+                        observed_at = Some(w);
                     }
                 }
                 e = self.events.recv() => match e {
@@ -1680,7 +1692,13 @@ impl Bench<'_> {
             }
         }
         self.announce(None).await?;
-        let Some((key, observed_at_ms)) = observed_at else {
+        let Some(BusWrite {
+            key,
+            observed_at_ms,
+            seen_at_ms,
+            ..
+        }) = observed_at
+        else {
             bail!(
                 "change {k}: no write of it was seen on the bus within {:?} ({} of \
                  {affected_n} affected proxies received it); the ingester's log:\n{}",
@@ -1701,6 +1719,8 @@ impl Bench<'_> {
             observed: receipts.observed,
             unexpected: receipts.unexpected,
             latency_ms: Dist::of(&latencies),
+            bus_ms: seen_at_ms.saturating_sub(observed_at_ms) as f64,
+            first_ms: first(&latencies),
             from_write_ms: Dist::of(&receipts.since_ms(write_ms)),
             server_cpu_s: (server.cpu()? - cpu0).as_secs_f64(),
             server_bytes: m1.get(PUSH_BYTES) - m0.get(PUSH_BYTES),
@@ -2167,12 +2187,18 @@ async fn watch_bucket(
                 bucket,
                 key: entry.key,
                 observed_at_ms: env.observed_at_ms,
+                seen_at_ms: now_ms(),
             });
         }
         if !live {
             return fail(anyhow::anyhow!("the watch ended before its initial state"));
         }
     }
+}
+
+/// The smallest latency (the first receipt), 0 when there is none.
+fn first(latencies: &[f64]) -> f64 {
+    latencies.iter().copied().reduce(f64::min).unwrap_or(0.0)
 }
 
 /// The name letter of replica `r`: a, b, c, …

@@ -473,6 +473,12 @@ pub struct ChangeSample {
     pub unexpected: usize,
     /// From `observed_at_ms` to receipt, per affected proxy, ms.
     pub latency_ms: Dist,
+    /// From `observed_at_ms` until the benchmark's bus watch had the write: the ingester
+    /// (and NATS) part of `latency_ms`, ms (0 for the replay's pushes).
+    pub bus_ms: f64,
+    /// From `observed_at_ms` to the first affected proxy's receipt, ms: the bus, the
+    /// server's debounce and snapshot, and one push.
+    pub first_ms: f64,
     /// From the write (the file's rename, or the API server's write with `--source kube`)
     /// to receipt, per affected proxy, ms: what a user feels.
     pub from_write_ms: Dist,
@@ -495,6 +501,10 @@ pub struct ChangeReport {
     pub latency_ms: Dist,
     /// Per change, the time until its last affected proxy had it, ms.
     pub all_converged_ms: Dist,
+    /// Per change, until the write was on the bus, ms.
+    pub bus_ms: Dist,
+    /// Per change, until its first affected proxy had it, ms.
+    pub first_ms: Dist,
     /// Per change, from the write (file rename or API server write) until its last
     /// affected proxy had it, ms.
     pub from_write_all_ms: Dist,
@@ -526,6 +536,14 @@ impl ChangeReport {
                     .iter()
                     .filter(|s| s.observed > 0)
                     .map(|s| s.from_write_ms.max)
+                    .collect::<Vec<_>>(),
+            ),
+            bus_ms: Dist::of(&samples.iter().map(|s| s.bus_ms).collect::<Vec<_>>()),
+            first_ms: Dist::of(
+                &samples
+                    .iter()
+                    .filter(|s| s.observed > 0)
+                    .map(|s| s.first_ms)
                     .collect::<Vec<_>>(),
             ),
             missing: samples.iter().map(|s| s.affected - s.observed).sum(),
@@ -806,6 +824,21 @@ impl Report {
                 ms(c.all_converged_ms.p99),
                 ms(c.all_converged_ms.max)
             );
+            for (label, d) in [
+                ("  per change, observed_at→on the bus", &c.bus_ms),
+                (
+                    "  per change, observed_at→first affected had it",
+                    &c.first_ms,
+                ),
+            ] {
+                let _ = writeln!(
+                    o,
+                    "{label:<50} {:>10} {:>10} {:>10}",
+                    ms(d.p50),
+                    ms(d.p99),
+                    ms(d.max)
+                );
+            }
             let _ = writeln!(
                 o,
                 "{:<50} {:>10} {:>10} {:>10}",

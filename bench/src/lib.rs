@@ -235,6 +235,13 @@ struct BusWrite {
     seen_at_ms: u64,
 }
 
+impl BusWrite {
+    /// From the ingester's observation until the benchmark's watch had it, ms.
+    fn bus_ms(&self) -> f64 {
+        self.seen_at_ms.saturating_sub(self.observed_at_ms) as f64
+    }
+}
+
 /// A running benchmark.
 struct Bench<'a> {
     cfg: &'a BenchConfig,
@@ -1424,13 +1431,7 @@ impl Bench<'_> {
         }
         self.announce(None).await?;
         let all_configured_s = (tally.last - start).as_secs_f64();
-        let Some(BusWrite {
-            key,
-            observed_at_ms,
-            seen_at_ms,
-            ..
-        }) = observed_at
-        else {
+        let Some(on_bus) = observed_at else {
             bail!(
                 "storm: the ingester did not publish the VirtualService change within {:?}",
                 self.cfg.phase_timeout
@@ -1449,7 +1450,7 @@ impl Bench<'_> {
         side.stop().await;
         let latencies: Vec<f64> = receipts
             .values()
-            .map(|at_us| *at_us as f64 / 1000.0 - observed_at_ms as f64)
+            .map(|at_us| *at_us as f64 / 1000.0 - on_bus.observed_at_ms as f64)
             .collect();
         let failed = (0..n)
             .filter(|i| {
@@ -1469,13 +1470,13 @@ impl Bench<'_> {
             mismatched: fresh.mismatched,
             vs_change: ChangeSample {
                 k,
-                key,
-                ingest_ms: observed_at_ms.saturating_sub(write_ms) as f64,
+                key: on_bus.key.clone(),
+                ingest_ms: on_bus.observed_at_ms.saturating_sub(write_ms) as f64,
                 affected: n,
                 observed: receipts.len(),
                 unexpected: 0,
                 latency_ms: Dist::of(&latencies),
-                bus_ms: seen_at_ms.saturating_sub(observed_at_ms) as f64,
+                bus_ms: on_bus.bus_ms(),
                 first_ms: first(&latencies),
                 from_write_ms: Dist::default(),
                 server_cpu_s,
@@ -1692,13 +1693,7 @@ impl Bench<'_> {
             }
         }
         self.announce(None).await?;
-        let Some(BusWrite {
-            key,
-            observed_at_ms,
-            seen_at_ms,
-            ..
-        }) = observed_at
-        else {
+        let Some(on_bus) = observed_at else {
             bail!(
                 "change {k}: no write of it was seen on the bus within {:?} ({} of \
                  {affected_n} affected proxies received it); the ingester's log:\n{}",
@@ -1710,16 +1705,16 @@ impl Bench<'_> {
         self.settle(0).await?;
         let server = &self.servers[0];
         let m1 = server.metrics().await?;
-        let latencies = receipts.since_ms(observed_at_ms);
+        let latencies = receipts.since_ms(on_bus.observed_at_ms);
         let sample = ChangeSample {
             k,
-            key,
-            ingest_ms: observed_at_ms.saturating_sub(write_ms) as f64,
+            key: on_bus.key.clone(),
+            ingest_ms: on_bus.observed_at_ms.saturating_sub(write_ms) as f64,
             affected: affected_n,
             observed: receipts.observed,
             unexpected: receipts.unexpected,
             latency_ms: Dist::of(&latencies),
-            bus_ms: seen_at_ms.saturating_sub(observed_at_ms) as f64,
+            bus_ms: on_bus.bus_ms(),
             first_ms: first(&latencies),
             from_write_ms: Dist::of(&receipts.since_ms(write_ms)),
             server_cpu_s: (server.cpu()? - cpu0).as_secs_f64(),

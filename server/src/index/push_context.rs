@@ -88,6 +88,28 @@ pub struct PushContext {
     /// This context's identity, unique in the process: what outputs built from it record
     /// instead of holding the context (see `push::view`).
     pub id: ContextId,
+    /// What proxy scopes read from the context ([`ProxyScope::compute`]: the services, the
+    /// Sidecars, the mesh's root namespace and outbound traffic policy), as an epoch: two
+    /// contexts with the same value have the same of those, so a view keeps its scope
+    /// across them. Unique per context unless [`PushContext::share_unchanged`] finds all
+    /// of them the same as in the context before.
+    ///
+    /// [`ProxyScope::compute`]: crate::index::scope::ProxyScope::compute
+    pub scope_inputs: ScopeInputs,
+}
+
+/// An epoch of [`PushContext::scope_inputs`]: fresh for every context made, carried over
+/// only by [`PushContext::share_unchanged`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScopeInputs(u64);
+
+/// Source of fresh [`ScopeInputs`].
+static SCOPE_INPUTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl Default for ScopeInputs {
+    fn default() -> Self {
+        ScopeInputs(SCOPE_INPUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 /// A PushContext's identity: unique per context made (built or defaulted), so that what
@@ -367,23 +389,37 @@ impl PushContext {
     /// thousand per VirtualService change in a 1 000-service mesh, for as long as a key
     /// outlived its context (keys are freed after their entries, not with them). Shared
     /// views also compare equal by address, so key lookups across contexts are cheaper.
+    ///
+    /// When every service view is the same, in the same order, and so are the Sidecars and
+    /// the mesh settings scopes read, this context takes `prev`'s
+    /// [`PushContext::scope_inputs`]: proxies keep their scopes.
     pub fn share_unchanged(&mut self, prev: &PushContext) {
+        let mut same = self.services.len() == prev.services.len()
+            && self.shadowed.len() == prev.shadowed.len();
         for (host, view) in &mut self.services {
-            if let Some(old) = prev.services.get(host) {
-                if old == view {
-                    *view = old.clone();
-                }
+            match prev.services.get(host) {
+                Some(old) if old == view => *view = old.clone(),
+                _ => same = false,
             }
         }
         for (host, views) in &mut self.shadowed {
             let Some(olds) = prev.shadowed.get(host) else {
+                same = false;
                 continue;
             };
+            same &= olds == views;
             for view in views.iter_mut() {
                 if let Some(old) = olds.iter().find(|o| *o == view) {
                     *view = old.clone();
                 }
             }
+        }
+        if same
+            && self.sidecars == prev.sidecars
+            && self.mesh.root_namespace == prev.mesh.root_namespace
+            && self.mesh.outbound_traffic_policy == prev.mesh.outbound_traffic_policy
+        {
+            self.scope_inputs = prev.scope_inputs;
         }
     }
 

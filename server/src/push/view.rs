@@ -36,7 +36,7 @@ use crate::generate::cache::GeneratorCache;
 use crate::generate::{Resource, Side, Snapshot};
 use crate::index::endpoints::EndpointIndex;
 use crate::index::proxy::{Interception, IstioVersion, Proxy, ProxyKind, VerifiedIdentity};
-use crate::index::push_context::{ContextId, PushContext};
+use crate::index::push_context::{ContextId, PushContext, ScopeInputs};
 use crate::index::scope::ProxyScope;
 pub use names::NameSet;
 pub use output::{Diff, Held, Output};
@@ -286,7 +286,7 @@ pub struct View {
 
 #[derive(Default)]
 struct Inner {
-    scope: Option<(ContextId, Arc<ProxyScope>)>,
+    scope: Option<(ScopeInputs, Arc<ProxyScope>)>,
     /// The outbound part for a PushContext (see [`View::for_type`]); `None`: the view is
     /// its own part (not kept as an `Arc` in itself: that cycle would never drop).
     part: Option<(ContextId, Option<Arc<View>>)>,
@@ -463,14 +463,16 @@ impl View {
         other.unwrap_or_else(|| self.clone())
     }
 
-    /// The proxy scope for a PushContext, computed once per context.
+    /// The proxy scope for a PushContext, computed once per context, and kept across
+    /// contexts with the same scope inputs (a VirtualService or policy change recomputes
+    /// no scope; see [`PushContext::scope_inputs`]).
     pub fn scope(&self, ctx: &Arc<PushContext>) -> Arc<ProxyScope> {
         let mut inner = lock(&self.inner);
         match &inner.scope {
-            Some((c, s)) if *c == ctx.id => s.clone(),
+            Some((inputs, s)) if *inputs == ctx.scope_inputs => s.clone(),
             _ => {
                 let scope = Arc::new(ProxyScope::compute(&self.proxy, ctx));
-                inner.scope = Some((ctx.id, scope.clone()));
+                inner.scope = Some((ctx.scope_inputs, scope.clone()));
                 scope
             }
         }
@@ -1112,6 +1114,73 @@ mod tests {
             .output(XdsType::Listener, &Names::default(), &snap)
             .await;
         assert_eq!(lds.runs_apart_from(&lds_api), 1, "virtualInbound");
+    }
+
+    /// A view keeps its proxy scope across contexts whose scope inputs are the same (a
+    /// VirtualService change), and computes it again when a Sidecar, a service or the
+    /// mesh's outbound policy changed.
+    #[test]
+    fn scopes_survive_a_context_with_the_same_scope_inputs() {
+        use crate::testutil::{sidecar, virtual_service};
+        let cache = GeneratorCache::new(
+            64 << 20,
+            true,
+            CacheMetrics::register(&prometheus::Registry::new()),
+        );
+        let views = Views::new(Generation::new(cache, 1));
+        let proxy = sidecar_proxy("a", &[("app", "client")]);
+        let view = views.view_for(&proxy);
+        let mut m = mesh();
+        let mut prev = Arc::new(PushContext::build(&m.state));
+        let first = view.scope(&prev);
+        // Each step: a change, and whether the scope may be kept.
+        type Change = fn(&mut Mesh);
+        let steps: [(&str, Change, bool); 4] = [
+            (
+                "a VirtualService",
+                |m: &mut Mesh| {
+                    m.add_config(virtual_service(
+                        "a",
+                        "web",
+                        "hosts: [web.a.svc.cluster.local]\nhttp: [{route: [{destination: {host: web.a.svc.cluster.local}}]}]\n",
+                    ))
+                },
+                true,
+            ),
+            (
+                "a Sidecar",
+                |m: &mut Mesh| {
+                    m.add_config(sidecar("a", "default", "egress: [{hosts: [\"./*\"]}]\n"))
+                },
+                false,
+            ),
+            (
+                "a service",
+                |m: &mut Mesh| m.add_service(service("b", "db", &[("tcp", 5432)])),
+                false,
+            ),
+            (
+                "the outbound policy",
+                |m: &mut Mesh| {
+                    let mut mesh = (*m.state.mesh).clone();
+                    mesh.outbound_traffic_policy =
+                        shoal_common::model::OutboundTrafficMode::RegistryOnly;
+                    m.state.mesh = Arc::new(mesh);
+                },
+                false,
+            ),
+        ];
+        let mut last = first;
+        for (what, change, kept) in steps {
+            change(&mut m);
+            let mut ctx = PushContext::build(&m.state);
+            ctx.share_unchanged(&prev);
+            let ctx = Arc::new(ctx);
+            let scope = view.scope(&ctx);
+            assert_eq!(Arc::ptr_eq(&scope, &last), kept, "after {what}");
+            assert_eq!(*scope, ProxyScope::compute(&proxy, &ctx), "after {what}");
+            (prev, last) = (ctx, scope);
+        }
     }
 
     /// After a change that touched no load-assignment input (a VirtualService), the

@@ -6,7 +6,7 @@
 //! credentials go by it); never its id, IP or pod name. Every stream whose proxy has the same
 //! key shares one [`View`], which computes once per snapshot and subscription:
 //!
-//! - the proxy scope (per PushContext);
+//! - the proxy scope (per PushContext, kept across contexts with the same scope inputs);
 //! - each type's resources, encoded and shared by `Arc` (an [`Output`]): clusters,
 //!   listeners and routes per PushContext (endpoint-only snapshots reuse them, but for
 //!   clusters only while the workload identities behind the hosts stay the same), load

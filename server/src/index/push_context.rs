@@ -89,27 +89,13 @@ pub struct PushContext {
     /// instead of holding the context (see `push::view`).
     pub id: ContextId,
     /// What proxy scopes read from the context ([`ProxyScope::compute`]: the services, the
-    /// Sidecars, the mesh's root namespace and outbound traffic policy), as an epoch: two
-    /// contexts with the same value have the same of those, so a view keeps its scope
-    /// across them. Unique per context unless [`PushContext::share_unchanged`] finds all
-    /// of them the same as in the context before.
+    /// Sidecars, the mesh's root namespace and outbound traffic policy), as an identity:
+    /// two contexts with the same value have the same of those, so a view keeps its scope
+    /// across them. Fresh for every context made, unless [`PushContext::share_unchanged`]
+    /// finds all of them the same as in the context before and takes over its value.
     ///
     /// [`ProxyScope::compute`]: crate::index::scope::ProxyScope::compute
-    pub scope_inputs: ScopeInputs,
-}
-
-/// An epoch of [`PushContext::scope_inputs`]: fresh for every context made, carried over
-/// only by [`PushContext::share_unchanged`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ScopeInputs(u64);
-
-/// Source of fresh [`ScopeInputs`].
-static SCOPE_INPUTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
-impl Default for ScopeInputs {
-    fn default() -> Self {
-        ScopeInputs(SCOPE_INPUTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
-    }
+    pub scope_inputs: ContextId,
 }
 
 /// A PushContext's identity: unique per context made (built or defaulted), so that what

@@ -36,7 +36,7 @@ use crate::generate::cache::GeneratorCache;
 use crate::generate::{Resource, Side, Snapshot};
 use crate::index::endpoints::EndpointIndex;
 use crate::index::proxy::{Interception, IstioVersion, Proxy, ProxyKind, VerifiedIdentity};
-use crate::index::push_context::{ContextId, PushContext, ScopeInputs};
+use crate::index::push_context::{ContextId, PushContext};
 use crate::index::scope::ProxyScope;
 pub use names::NameSet;
 pub use output::{Diff, Held, Output};
@@ -286,7 +286,7 @@ pub struct View {
 
 #[derive(Default)]
 struct Inner {
-    scope: Option<(ScopeInputs, Arc<ProxyScope>)>,
+    scope: Option<(ContextId, Arc<ProxyScope>)>,
     /// The outbound part for a PushContext (see [`View::for_type`]); `None`: the view is
     /// its own part (not kept as an `Arc` in itself: that cycle would never drop).
     part: Option<(ContextId, Option<Arc<View>>)>,

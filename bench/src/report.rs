@@ -103,9 +103,15 @@ impl Machine {
             let list = std::fs::read_to_string(path).ok()?;
             crate::fleetproc::parse_cpu_list(list.trim()).ok()
         };
-        let known = servers.iter().flatten().all(|&cpu| siblings(cpu).is_some());
-        self.shared_cores =
-            (!servers.is_empty() && known).then(|| shared_cores(servers, others, siblings));
+        // Each server CPU's siblings, read once; none at all if one cannot be read.
+        let known: Option<std::collections::BTreeMap<u32, Vec<u32>>> = servers
+            .iter()
+            .flatten()
+            .map(|&cpu| siblings(cpu).map(|s| (cpu, s)))
+            .collect();
+        self.shared_cores = known
+            .filter(|_| !servers.is_empty())
+            .map(|known| shared_cores(servers, others, |cpu| known.get(&cpu).cloned()));
     }
 
     /// What the report says about core sharing.

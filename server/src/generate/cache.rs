@@ -15,6 +15,7 @@
 use super::intern::Interner;
 use super::{build, finish, side_keys, Key, Resource, Side, Snapshot};
 use crate::generate::metrics::CacheMetrics;
+use crate::hashing::fingerprint;
 use crate::index::proxy::Proxy;
 use crate::index::scope::ProxyScope;
 use shoal_proto::{content_version, XdsType};
@@ -210,11 +211,6 @@ where
     }
 }
 
-/// The cache's key for `key`.
-fn fingerprint<Q: Hash + ?Sized>(key: &Q) -> u64 {
-    crate::hashing::fingerprint(key)
-}
-
 /// Generated resources by content (see [`super::intern`]).
 static RESOURCES: std::sync::LazyLock<Interner<Resource>> =
     std::sync::LazyLock::new(Interner::default);
@@ -222,7 +218,7 @@ static RESOURCES: std::sync::LazyLock<Interner<Resource>> =
 /// The live resource equal to `r` (built for another key: e.g. the same route table for
 /// the outbound parts of two namespaces), else `r`.
 fn intern(r: Resource) -> Arc<Resource> {
-    let h = crate::hashing::fingerprint(&(&r.name, &r.version));
+    let h = fingerprint(&(&r.name, &r.version));
     RESOURCES.intern(h, r, |a, b| a == b)
 }
 

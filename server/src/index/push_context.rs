@@ -393,7 +393,11 @@ impl PushContext {
                 same = false;
                 continue;
             };
-            same &= olds == views;
+            if olds == views {
+                views.clone_from(olds);
+                continue;
+            }
+            same = false;
             for view in views.iter_mut() {
                 if let Some(old) = olds.iter().find(|o| *o == view) {
                     *view = old.clone();

@@ -6,6 +6,7 @@
 //! request: the names are kept in sorted runs shared by `Arc`, and a change copies the run
 //! it is in. Interning compares a set's length and fingerprint before its names.
 
+use crate::hashing::fingerprint;
 use std::sync::Arc;
 
 /// Names per run (a run holds 1 to `2 * RUN`).
@@ -20,10 +21,6 @@ pub struct NameSet {
     /// The wrapping sum of the names' hashes: equal sets have equal fingerprints, so sets
     /// are compared name by name only when length and fingerprint agree.
     fingerprint: u64,
-}
-
-fn hash(name: &str) -> u64 {
-    crate::hashing::fingerprint(name)
 }
 
 impl NameSet {
@@ -65,7 +62,7 @@ impl NameSet {
         let Err(at) = self.runs[i].binary_search(&name) else {
             return false;
         };
-        self.fingerprint = self.fingerprint.wrapping_add(hash(&name));
+        self.fingerprint = self.fingerprint.wrapping_add(fingerprint(&name));
         self.len += 1;
         let run = Arc::make_mut(&mut self.runs[i]);
         run.insert(at, name);
@@ -86,7 +83,7 @@ impl NameSet {
         else {
             return false;
         };
-        self.fingerprint = self.fingerprint.wrapping_sub(hash(name));
+        self.fingerprint = self.fingerprint.wrapping_sub(fingerprint(name));
         self.len -= 1;
         let run = Arc::make_mut(&mut self.runs[i]);
         run.remove(at);
@@ -102,7 +99,9 @@ impl FromIterator<String> for NameSet {
         let mut names: Vec<String> = iter.into_iter().collect();
         names.sort();
         names.dedup();
-        let fingerprint = names.iter().fold(0u64, |sum, n| sum.wrapping_add(hash(n)));
+        let fingerprint = names
+            .iter()
+            .fold(0u64, |sum, n| sum.wrapping_add(fingerprint(n)));
         NameSet {
             len: names.len(),
             runs: names.chunks(RUN).map(|c| Arc::new(c.to_vec())).collect(),

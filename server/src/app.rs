@@ -727,12 +727,10 @@ async fn standalone_bus(
     use shoal_ingester::{FileSource, FileSourceConfig};
     let bus: Arc<dyn StateBus> = Arc::new(shoal_common::MemoryBus::new());
     let cfg = FileSourceConfig {
-        dir: dir.to_path_buf(),
         cluster_id: cluster_id.to_string(),
         fleet: "standalone".to_string(),
         credential_keys,
-        poll_interval: std::time::Duration::from_millis(250),
-        max_file_bytes: shoal_ingester::source::file::DEFAULT_MAX_FILE_BYTES,
+        ..FileSourceConfig::new(dir)
     };
     let mut source = FileSource::new(cfg, bus.clone())
         .await

@@ -1,0 +1,116 @@
+//! Change events for the manifest directory: what wakes the file source before its poll.
+//!
+//! The poll alone puts its interval (250 ms) between a write and its observation, and
+//! walks the whole directory four times a second while nothing changes. With a watch
+//! (inotify on Linux, through `notify`), a write is seen within milliseconds and the poll
+//! is only a safety net for what events miss: network filesystems, where changes made on
+//! another machine raise none, and an overflowed event queue. An event only wakes a scan;
+//! the scan, not the event, says what changed, so a missed or spurious event costs a
+//! delay or a scan, never a wrong state.
+
+use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use std::path::Path;
+use std::sync::Arc;
+use tokio::sync::Notify;
+use tracing::debug;
+
+/// A recursive watch of a directory; [`DirWatch::changed`] returns after an event that
+/// may concern a manifest.
+pub struct DirWatch {
+    // Dropping the watcher ends the watch.
+    _watcher: RecommendedWatcher,
+    wake: Arc<Notify>,
+}
+
+impl DirWatch {
+    /// Watches `dir` and everything under it, following symlinks (ConfigMap volumes).
+    pub fn start(dir: &Path) -> notify::Result<DirWatch> {
+        let wake = Arc::new(Notify::new());
+        let waker = wake.clone();
+        let mut watcher = notify::recommended_watcher(move |event: notify::Result<Event>| {
+            match event {
+                Ok(event) if !concerns_manifests(&event) => {}
+                Ok(_) => waker.notify_one(),
+                // An overflowed queue or a failed sub-watch: a scan finds what was missed.
+                Err(error) => {
+                    debug!(%error, "manifest directory watch error; scanning");
+                    waker.notify_one();
+                }
+            }
+        })?;
+        watcher.watch(dir, RecursiveMode::Recursive)?;
+        Ok(DirWatch {
+            _watcher: watcher,
+            wake,
+        })
+    }
+
+    /// Returns once an event came since the last call (at once if one already has).
+    pub async fn changed(&self) {
+        self.wake.notified().await;
+    }
+}
+
+/// Whether an event can change what a scan finds. Reads (the scan's own opens among them)
+/// cannot; nor can writes to files the scan skips: dot files other than a ConfigMap
+/// volume's `..data` swaps, and files with another extension (`.swp`, `~` backups, logs).
+/// Extensionless names may be directories, so they count.
+fn concerns_manifests(event: &Event) -> bool {
+    if matches!(event.kind, EventKind::Access(_)) {
+        return false;
+    }
+    // An event without paths (a rescan request) concerns everything.
+    event.paths.is_empty() || event.paths.iter().any(|p| may_hold_manifests(p))
+}
+
+fn may_hold_manifests(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return true;
+    };
+    if name.starts_with("..") {
+        return true;
+    }
+    if name.starts_with('.') || name.ends_with('~') {
+        return false;
+    }
+    path.extension().is_none() || super::manifest::is_manifest_path(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{AccessKind, CreateKind, ModifyKind};
+    use std::path::PathBuf;
+
+    fn event(kind: EventKind, path: &str) -> Event {
+        Event::new(kind).add_path(PathBuf::from(path))
+    }
+
+    #[test]
+    fn only_events_that_can_change_a_scan_wake_it() {
+        let write = EventKind::Modify(ModifyKind::Any);
+        for path in [
+            "/m/svc.yaml",
+            "/m/a/b.yml",
+            "/m/x.json",
+            "/m/..data",
+            "/m/..2026_11_28",
+            "/m/newdir",
+        ] {
+            assert!(concerns_manifests(&event(write, path)), "{path}");
+        }
+        for path in [
+            "/m/.svc.yaml.swp",
+            "/m/svc.yaml~",
+            "/m/notes.txt",
+            "/m/app.log",
+        ] {
+            assert!(!concerns_manifests(&event(write, path)), "{path}");
+        }
+        let open = EventKind::Access(AccessKind::Open(notify::event::AccessMode::Any));
+        assert!(!concerns_manifests(&event(open, "/m/svc.yaml")));
+        assert!(concerns_manifests(&Event::new(EventKind::Create(
+            CreateKind::Any
+        ))));
+    }
+}

@@ -51,13 +51,13 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-/// Changes are published this long after the first one, so a burst is one round.
-const DEBOUNCE: Duration = Duration::from_millis(100);
-
-/// Endpoint changes (EndpointSlices, Pods) are published this long after the first one:
-/// they are what proxies wait for when pods come and go, and the server batches them
-/// again before pushing. Still a bound, so a churn storm is rounds, not a write per event.
-const ENDPOINTS_DEBOUNCE: Duration = Duration::from_millis(10);
+/// Changes are published this long after the first one, so the events of one write (a
+/// `kubectl apply`, a Pod and its EndpointSlice) are one round, and a churn storm is
+/// rounds, not a write per event. Short, because it sits in series with the servers'
+/// debounce, which is what batches pushes as istiod's `PILOT_DEBOUNCE_AFTER` does: at
+/// 100 ms here too, a VirtualService waited 200 ms of debounce before any proxy had it,
+/// against istiod's 100 ms.
+const DEBOUNCE: Duration = Duration::from_millis(10);
 
 /// A round with bus failures is retried after this long.
 const RETRY: Duration = Duration::from_secs(1);
@@ -454,7 +454,7 @@ impl ClusterTask {
                     Affects::All => self.dirty.add_all(),
                 }
                 if endpoints_only {
-                    self.schedule_within(ENDPOINTS_DEBOUNCE);
+                    self.schedule_within(DEBOUNCE);
                 } else {
                     self.schedule();
                 }

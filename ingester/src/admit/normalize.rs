@@ -228,8 +228,11 @@ pub fn check_endpoint_slice(slice: &EndpointSlice) -> Result<(), InvalidObject> 
     Ok(())
 }
 
+/// Looks up a pod by (namespace, name).
+pub type PodLookup<'a> = &'a dyn Fn(&str, &str) -> Option<&'a Pod>;
+
 /// The pods and nodes EndpointSlices are joined with, indexed for lookup.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Workloads<'a> {
     /// Pods by (namespace, name).
     pods: BTreeMap<(&'a str, &'a str), &'a Pod>,
@@ -237,6 +240,19 @@ pub struct Workloads<'a> {
     pods_by_ip: BTreeMap<(&'a str, &'a str), &'a Pod>,
     /// Nodes by name.
     nodes: BTreeMap<&'a str, &'a Node>,
+    /// Pods outside `pods`, looked up by name (see [`Workloads::with_pod_lookup`]).
+    more_pods: Option<PodLookup<'a>>,
+}
+
+impl std::fmt::Debug for Workloads<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workloads")
+            .field("pods", &self.pods.len())
+            .field("pods_by_ip", &self.pods_by_ip.len())
+            .field("nodes", &self.nodes.len())
+            .field("more_pods", &self.more_pods.is_some())
+            .finish()
+    }
 }
 
 impl<'a> Workloads<'a> {
@@ -281,6 +297,15 @@ impl<'a> Workloads<'a> {
         w
     }
 
+    /// Looks up a `targetRef`'s pod with `lookup` when it is not among the indexed pods.
+    /// A round that recomputes some namespaces indexes only their pods (an endpoint's pod
+    /// by IP is always in the slice's namespace), and still finds a pod a `targetRef`
+    /// names in another namespace.
+    pub fn with_pod_lookup(mut self, lookup: PodLookup<'a>) -> Self {
+        self.more_pods = Some(lookup);
+        self
+    }
+
     /// The pod behind one address of an endpoint: its `targetRef` when that names a known
     /// pod, else the pod with that IP in the slice's namespace.
     fn pod(&self, namespace: &str, ep: &KubeEndpoint, address: &str) -> Option<&'a Pod> {
@@ -289,7 +314,9 @@ impl<'a> Workloads<'a> {
                 return None;
             }
             let ns = r.namespace.as_deref().unwrap_or(namespace);
-            self.pods.get(&(ns, r.name.as_deref()?)).copied()
+            let name = r.name.as_deref()?;
+            let indexed = self.pods.get(&(ns, name)).copied();
+            indexed.or_else(|| self.more_pods.and_then(|lookup| lookup(ns, name)))
         });
         by_ref.or_else(|| self.pods_by_ip.get(&(namespace, address)).copied())
     }
@@ -703,6 +730,32 @@ metadata: {name: node-b, labels: {topology.kubernetes.io/region: r2, topology.ku
                 subzone: "s1".into()
             }
         );
+    }
+
+    /// A round indexes only the pods of the namespaces it recomputes; a `targetRef`'s pod
+    /// elsewhere is looked up, and joins as it would from a whole index.
+    #[test]
+    fn a_target_ref_outside_the_index_is_looked_up() {
+        let slice: EndpointSlice = yaml(SLICE);
+        let pods: Vec<Pod> = vec![yaml(POD_V2), yaml(POD_V1)];
+        let whole = Workloads::new(&pods, []);
+        let want = endpoint_slice(&slice, "c1", &whole).unwrap().unwrap();
+        let lookups = std::cell::Cell::new(0);
+        let lookup = |ns: &str, name: &str| {
+            lookups.set(lookups.get() + 1);
+            pods.iter().find(|p| {
+                p.metadata.namespace.as_deref() == Some(ns)
+                    && p.metadata.name.as_deref() == Some(name)
+            })
+        };
+        // reviews-v2 is joined by targetRef only; reviews-v1 by IP, from the index.
+        let scoped = Workloads::new(&pods[1..], []).with_pod_lookup(&lookup);
+        assert_eq!(
+            endpoint_slice(&slice, "c1", &scoped).unwrap().unwrap(),
+            want
+        );
+        assert_eq!(lookups.get(), 1);
+        assert_eq!(want.endpoints[2].pod, "reviews-v2");
     }
 
     #[test]

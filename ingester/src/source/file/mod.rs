@@ -362,38 +362,40 @@ impl FileSource {
     /// Scan errors are logged and retried; they never remove published state.
     pub async fn run(mut self) -> Result<(), IngestError> {
         let dir = self.cfg.dir.clone();
-        let watch = self.cfg.watch.and_then(|poll| match DirWatch::start(&dir) {
-            Ok(watch) => {
-                info!(
-                    dir = %dir.display(),
-                    poll_ms = poll.as_millis() as u64,
-                    "watching the manifest directory for changes",
-                );
-                Some((watch, poll))
-            }
-            Err(error) => {
-                warn!(
-                    dir = %dir.display(),
-                    %error,
-                    poll_ms = self.cfg.poll_interval.as_millis() as u64,
-                    "cannot watch the manifest directory; polling it instead",
-                );
-                None
-            }
-        });
-        // A zero period would scan without pause.
-        let period = watch
-            .as_ref()
-            .map_or(self.cfg.poll_interval, |(_, poll)| *poll)
-            .max(Duration::from_millis(1));
+        let mut watch: Option<DirWatch> = None;
+        // Warn when watching fails, once until it works again.
+        let mut unwatched_warned = false;
         let mut next_poll = Instant::now();
         let mut last_scan = Instant::now();
         // Warn when scanning starts failing and when it recovers, not on every poll.
         let mut failing = false;
         loop {
+            if let (Some(poll), None) = (self.cfg.watch, &watch) {
+                match DirWatch::start(&dir) {
+                    Ok(started) => {
+                        info!(
+                            dir = %dir.display(),
+                            poll_ms = poll.as_millis() as u64,
+                            "watching the manifest directory for changes",
+                        );
+                        watch = Some(started);
+                        unwatched_warned = false;
+                    }
+                    Err(error) if !unwatched_warned => {
+                        warn!(
+                            dir = %dir.display(),
+                            %error,
+                            poll_ms = self.cfg.poll_interval.as_millis() as u64,
+                            "cannot watch the manifest directory; polling it instead",
+                        );
+                        unwatched_warned = true;
+                    }
+                    Err(error) => debug!(%error, "manifest directory still not watchable"),
+                }
+            }
             let due = self.settles_at().map_or(next_poll, |at| at.min(next_poll));
             match &watch {
-                Some((watch, _)) => tokio::select! {
+                Some(watch) => tokio::select! {
                     () = tokio::time::sleep_until(due) => {}
                     () = watch.changed() => {
                         let gathered = Instant::now() + WATCH_GATHER;
@@ -404,7 +406,17 @@ impl FileSource {
             }
             let result = self.sync_once().await;
             last_scan = Instant::now();
-            next_poll = last_scan + period;
+            if watch.as_ref().is_some_and(DirWatch::lost) {
+                info!(dir = %dir.display(), "the manifest directory was moved or removed; watching its path again");
+                watch = None;
+            }
+            // Unwatched (or until the watch starts again), the short poll; a zero period
+            // would scan without pause.
+            let period = match (&watch, self.cfg.watch) {
+                (Some(_), Some(poll)) => poll,
+                _ => self.cfg.poll_interval,
+            };
+            next_poll = last_scan + period.max(Duration::from_millis(1));
             match result {
                 Ok(_) if failing => {
                     info!(dir = %dir.display(), "manifest scan works again");
@@ -1075,7 +1087,8 @@ mod tests {
 
     /// With a watch, changes are published at once although the poll would wait an hour:
     /// edits, files in directories made after the watch started, a ConfigMap volume's
-    /// `..data` swap, and a removal held until its file settled.
+    /// `..data` swap, the whole directory swapped for another, and a removal held until
+    /// its file settled.
     #[cfg(unix)]
     #[tokio::test]
     async fn run_publishes_a_watched_directory_s_changes_without_its_poll() {
@@ -1116,10 +1129,22 @@ mod tests {
         std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
         wait_for_port(&f, Some(9004), soon, "a ConfigMap volume's swap").await;
 
+        // The whole directory swapped for another: the watch follows the path, not the
+        // moved directory (the short poll finds the new one until it is watched).
+        let moved = root.with_extension("old");
+        std::fs::rename(root, &moved).unwrap();
+        std::fs::create_dir(root).unwrap();
+        std::fs::write(root.join("svc.yaml"), SVC.replace("9080", "9005")).unwrap();
+        wait_for_port(&f, Some(9005), soon, "a swapped directory").await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        f.write("svc.yaml", &SVC.replace("9080", "9006"));
+        wait_for_port(&f, Some(9006), soon, "an edit in the swapped directory").await;
+        std::fs::remove_dir_all(&moved).unwrap();
+
         // The removal is held for the settle time, then applied without a poll.
         std::fs::remove_file(root.join("svc.yaml")).unwrap();
         tokio::time::sleep(Duration::from_millis(150)).await;
-        assert_eq!(f.service().await.map(|s| s.ports[0].port), Some(9004));
+        assert_eq!(f.service().await.map(|s| s.ports[0].port), Some(9006));
         wait_for_port(&f, None, soon, "a settled removal").await;
         task.abort();
     }

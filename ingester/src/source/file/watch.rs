@@ -8,8 +8,10 @@
 //! the scan, not the event, says what changed, so a missed or spurious event costs a
 //! delay or a scan, never a wrong state.
 
+use notify::event::ModifyKind;
 use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::Notify;
 use tracing::debug;
@@ -20,15 +22,25 @@ pub struct DirWatch {
     // Dropping the watcher ends the watch.
     _watcher: RecommendedWatcher,
     wake: Arc<Notify>,
+    /// The directory itself was moved or removed: the watch follows what was there, not
+    /// what is at its path now (a deployment that swaps the whole directory).
+    lost: Arc<AtomicBool>,
 }
 
 impl DirWatch {
     /// Watches `dir` and everything under it, following symlinks (ConfigMap volumes).
     pub fn start(dir: &Path) -> notify::Result<DirWatch> {
+        let root = std::path::absolute(dir).map_err(notify::Error::io)?;
         let wake = Arc::new(Notify::new());
-        let waker = wake.clone();
+        let lost = Arc::new(AtomicBool::new(false));
+        let (waker, root_lost) = (wake.clone(), lost.clone());
+        let watched = root.clone();
         let mut watcher = notify::recommended_watcher(move |event: notify::Result<Event>| {
             match event {
+                Ok(event) if is_gone(&event, &watched) => {
+                    root_lost.store(true, Ordering::Relaxed);
+                    waker.notify_one();
+                }
                 Ok(event) if !concerns_manifests(&event) => {}
                 Ok(_) => waker.notify_one(),
                 // An overflowed queue or a failed sub-watch: a scan finds what was missed.
@@ -38,17 +50,32 @@ impl DirWatch {
                 }
             }
         })?;
-        watcher.watch(dir, RecursiveMode::Recursive)?;
+        watcher.watch(&root, RecursiveMode::Recursive)?;
         Ok(DirWatch {
             _watcher: watcher,
             wake,
+            lost,
         })
+    }
+
+    /// Whether the watched directory was moved or removed since the watch started: a new
+    /// watch of the path is needed.
+    pub fn lost(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
     }
 
     /// Returns once an event came since the last call (at once if one already has).
     pub async fn changed(&self) {
         self.wake.notified().await;
     }
+}
+
+/// Whether an event says that the watched directory itself was moved or removed.
+fn is_gone(event: &Event, root: &Path) -> bool {
+    matches!(
+        event.kind,
+        EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_))
+    ) && event.paths.iter().any(|p| p == root)
 }
 
 /// Whether an event can change what a scan finds. Reads (the scan's own opens among them)

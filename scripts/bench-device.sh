@@ -39,24 +39,26 @@ run() {
     ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
     { nproc; lscpu -e 2>/dev/null || true; grep . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null || true; } >"$out/topology.txt"
     local B=("$DIR/shoal-bench" --bin-dir "$DIR" --namespaces 20 --services 1000 --endpoints 10 --phase-timeout 240)
-    # name, usual seconds on the 16-core machine, CPUs of the benchmark, its arguments
+    # name, usual seconds on the 16-core machine, CPUs of the benchmark, the environment
+    # of its processes (the server's settings), its arguments
     local runs=(
-        "captured-2000|150|5-15|--server-cpus 1 --proxies 2000 --scenario captured --changes 5 --baseline replay"
-        "flat-2000|90|5-15|--server-cpus 1 --proxies 2000 --scenario flat --changes 5 --baseline none"
-        "scaleout-3x4500|120|0,13-15|--scale-out --replicas 3 --proxies 13500 --scenario captured --changes 1 --baseline none --server-cpus 1,2,3 --fleet-processes --fleet-cpus 4-12"
-        "lone-4500|90|0,13-15|--scale-out --replicas 1 --proxies 4500 --scenario captured --changes 1 --baseline none --server-cpus 1 --fleet-processes --fleet-cpus 4-6"
-        "captured-8000|180|5-15|--server-cpus 1 --proxies 8000 --scenario captured --changes 1 --baseline replay"
-        "isolated-2000|60|5-15|--server-cpus 1 --proxies 2000 --scenario isolated --changes 5 --baseline none"
+        "captured-2000|150|5-15||--server-cpus 1 --proxies 2000 --scenario captured --changes 5 --baseline replay"
+        "captured-2000-nogather|100|5-15|SHOAL_XDS_WRITE_GATHER=0|--server-cpus 1 --proxies 2000 --scenario captured --changes 5 --baseline none"
+        "flat-2000|90|5-15||--server-cpus 1 --proxies 2000 --scenario flat --changes 5 --baseline none"
+        "scaleout-3x4500|120|0,13-15||--scale-out --replicas 3 --proxies 13500 --scenario captured --changes 1 --baseline none --server-cpus 1,2,3 --fleet-processes --fleet-cpus 4-12"
+        "lone-4500|90|0,13-15||--scale-out --replicas 1 --proxies 4500 --scenario captured --changes 1 --baseline none --server-cpus 1 --fleet-processes --fleet-cpus 4-6"
+        "captured-8000|180|5-15||--server-cpus 1 --proxies 8000 --scenario captured --changes 1 --baseline replay"
+        "isolated-2000|60|5-15||--server-cpus 1 --proxies 2000 --scenario isolated --changes 5 --baseline none"
     )
     for r in "${runs[@]}"; do
-        IFS='|' read -r name secs cpus args <<<"$r"
+        IFS='|' read -r name secs cpus envs args <<<"$r"
         local left=$((budget - (SECONDS - start)))
         if ((left < secs)); then
             echo "$name: skipped, ${left}s left of ${budget}s" | tee -a "$out/summary.txt"
             continue
         fi
         # shellcheck disable=SC2086 # the arguments are words
-        if timeout "$left" taskset -c "$cpus" "${B[@]}" $args --json >"$out/$name.json" 2>"$out/$name.log"; then
+        if env $envs timeout "$left" taskset -c "$cpus" "${B[@]}" $args --json >"$out/$name.json" 2>"$out/$name.log"; then
             echo "$name: done in $((SECONDS - start))s" | tee -a "$out/summary.txt"
         else
             echo "$name: failed (rc $?), see $name.log" | tee -a "$out/summary.txt"

@@ -284,6 +284,19 @@ pub struct ServerArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub xds_max_connections: Option<u32>,
 
+    /// Bytes of an xDS connection's writes gathered into one system call per poll of the
+    /// connection (0: each HTTP/2 frame is written as it is made). Gathering copies the
+    /// responses once more for fewer system calls (a 425 KB route table is 26 frames of
+    /// Envoy's 16 KiB); which costs less depends on the machine (docs/benchmarks.md).
+    #[arg(
+        long,
+        env = "SHOAL_XDS_WRITE_GATHER",
+        default_value_t = crate::xds::GATHER_LIMIT as u32,
+        value_name = "BYTES",
+        value_parser = clap::value_parser!(u32).range(0..=16 << 20)
+    )]
+    pub xds_write_gather: u32,
+
     /// Most concurrent streams per xDS connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
     #[arg(
         long,
@@ -685,6 +698,7 @@ fn connection_limits(
         idle_timeout: (!idle.is_zero()).then_some(idle),
         slots: Arc::new(tokio::sync::Semaphore::new(max_connections)),
         metrics: metrics.clone(),
+        write_gather: args.xds_write_gather as usize,
     };
     let plaintext = ConnectionLimits {
         connection_buffer: mib(args.xds_unauthenticated_buffer),

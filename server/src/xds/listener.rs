@@ -75,6 +75,8 @@ pub struct ConnectionLimits {
     pub slots: Arc<Semaphore>,
     /// `shoal_xds_limits_exceeded_total` and `shoal_xds_open_connections`.
     pub metrics: XdsMetrics,
+    /// Bytes of a connection's writes gathered per poll (0: none; see [`Gathered`]).
+    pub write_gather: usize,
 }
 
 /// Shortest and longest wait after a failed accept.
@@ -187,6 +189,7 @@ pub async fn serve(
                     ),
                     max_streams: limits.max_streams,
                     idle_timeout: limits.idle_timeout,
+                    write_gather: limits.write_gather,
                     metrics: limits.metrics.clone(),
                     _slot: Slot::new(permit, limits.metrics.open_connections.clone()),
                 };
@@ -228,6 +231,7 @@ struct Conn {
     budget: Arc<BufferBudget>,
     max_streams: u32,
     idle_timeout: Option<Duration>,
+    write_gather: usize,
     metrics: XdsMetrics,
     /// Held for the connection's life.
     _slot: Slot,
@@ -271,6 +275,7 @@ impl Conn {
             budget,
             max_streams,
             idle_timeout,
+            write_gather,
             metrics,
             _slot,
         } = self;
@@ -314,7 +319,7 @@ impl Conn {
             b
         };
         // h2 writes each frame by itself; its writes leave gathered when a poll ends.
-        let io = Gathered::new(io);
+        let io = Gathered::new(io, write_gather);
         let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io.clone()), svc);
         tokio::pin!(conn);
 

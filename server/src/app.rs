@@ -285,13 +285,14 @@ pub struct ServerArgs {
     pub xds_max_connections: Option<u32>,
 
     /// Bytes of an xDS connection's writes gathered into one system call per poll of the
-    /// connection (0: each HTTP/2 frame is written as it is made). Gathering copies the
-    /// responses once more for fewer system calls (a 425 KB route table is 26 frames of
-    /// Envoy's 16 KiB); which costs less depends on the machine (docs/benchmarks.md).
+    /// connection (0: each HTTP/2 frame is written as it is made). Gathering (65536, say)
+    /// copies the responses once more for a fifth of the system calls (a 425 KB route
+    /// table is 26 frames of Envoy's 16 KiB): worth it only where system calls are dear,
+    /// such as sandboxed runtimes (docs/benchmarks.md).
     #[arg(
         long,
         env = "SHOAL_XDS_WRITE_GATHER",
-        default_value_t = crate::xds::GATHER_LIMIT as u32,
+        default_value_t = crate::xds::DEFAULT_WRITE_GATHER as u32,
         value_name = "BYTES",
         value_parser = clap::value_parser!(u32).range(0..=16 << 20)
     )]

@@ -9,14 +9,17 @@
 //! writer, flushed when the writer has nothing more to send. Nothing waits on a timer: a
 //! poll's writes leave when the poll ends.
 //!
-//! At most [`GATHER_LIMIT`] bytes are gathered (`--xds-write-gather`); a write beyond it
-//! first writes the buffer out. The buffer is released once written, so an idle connection
-//! holds none. A limit of 0 gathers nothing: each write goes to the socket as h2 makes it.
+//! At most `--xds-write-gather` bytes are gathered; a write beyond it first writes the
+//! buffer out. The buffer is released once written, so an idle connection holds none. The
+//! default, 0, gathers nothing: each write goes to the socket as h2 makes it.
 //!
 //! The trade: a large response is copied once more (into the buffer) for a fifth of the
 //! system calls. At 2 000 proxies a VirtualService change copies 850 MB this way, a third
 //! of the server's CPU for it; without gathering it makes 52 000 `writev` calls instead of
-//! 18 000. Which costs less depends on the machine, hence the setting.
+//! 18 000. On the machines measured (docs/benchmarks.md) the copy cost more than the
+//! calls it saved, so gathering is off unless configured (it was measured with 64 KiB,
+//! four of Envoy's largest frames), for machines where system calls cost more (sandboxed
+//! runtimes).
 
 use std::io;
 use std::pin::Pin;
@@ -24,8 +27,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Most bytes gathered before they are written out, unless configured otherwise.
-pub const GATHER_LIMIT: usize = 64 << 10;
+/// Bytes gathered unless configured otherwise: none (see the module).
+pub const DEFAULT_WRITE_GATHER: usize = 0;
 
 /// A buffer that is to hold more than this is given the whole limit at once, so that a
 /// poll's large writes are copied into it once, not again at every doubling.
@@ -247,6 +250,9 @@ pub async fn drained<F: std::future::Future, T: AsyncWrite + Unpin>(
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The limit measured in docs/benchmarks.md.
+    const GATHER_LIMIT: usize = 64 << 10;
 
     #[tokio::test]
     async fn writes_leave_when_drained_and_in_order() {

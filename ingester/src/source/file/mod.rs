@@ -58,6 +58,10 @@ const WATCH_GATHER: Duration = Duration::from_millis(5);
 /// wakes: a file rewritten without pause costs at most a scan per this interval.
 const WATCH_MIN_GAP: Duration = Duration::from_millis(50);
 
+/// How long after a failed attempt to watch the directory the next one is made (polling
+/// meanwhile). A directory that was moved away is watched again at once.
+const WATCH_RETRY: Duration = Duration::from_secs(10);
+
 /// Every file is re-read this often, whatever its mtime says: a safety net for changes
 /// that keep size and mtime (coarse timestamps, tools that restore mtimes).
 const FULL_READ_INTERVAL: Duration = Duration::from_secs(10);
@@ -363,14 +367,17 @@ impl FileSource {
     pub async fn run(mut self) -> Result<(), IngestError> {
         let dir = self.cfg.dir.clone();
         let mut watch: Option<DirWatch> = None;
-        // Warn when watching fails, once until it works again.
+        // When to try to watch again (a watch costs a thread and a walk of the tree), and
+        // a warning once until it works again.
+        let mut watch_at = Instant::now();
         let mut unwatched_warned = false;
         let mut next_poll = Instant::now();
         let mut last_scan = Instant::now();
         // Warn when scanning starts failing and when it recovers, not on every poll.
         let mut failing = false;
         loop {
-            if let (Some(poll), None) = (self.cfg.watch, &watch) {
+            if let (Some(poll), None, true) = (self.cfg.watch, &watch, Instant::now() >= watch_at) {
+                watch_at = Instant::now() + WATCH_RETRY;
                 match DirWatch::start(&dir) {
                     Ok(started) => {
                         info!(
@@ -409,6 +416,7 @@ impl FileSource {
             if watch.as_ref().is_some_and(DirWatch::lost) {
                 info!(dir = %dir.display(), "the manifest directory was moved or removed; watching its path again");
                 watch = None;
+                watch_at = Instant::now();
             }
             // Unwatched (or until the watch starts again), the short poll; a zero period
             // would scan without pause.

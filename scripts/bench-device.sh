@@ -43,7 +43,7 @@ run() {
     # of its processes (the server's settings), its arguments
     local runs=(
         "captured-2000|150|5-15||--server-cpus 1 --proxies 2000 --scenario captured --changes 5 --baseline replay"
-        "captured-2000-gather|100|5-15|SHOAL_XDS_WRITE_GATHER=65536|--server-cpus 1 --proxies 2000 --scenario captured --changes 5 --baseline none"
+        "captured-2000-uncorked|100|5-15|SHOAL_XDS_WRITE_CORK=false|--server-cpus 1 --proxies 2000 --scenario captured --changes 5 --baseline none"
         "flat-2000|90|5-15||--server-cpus 1 --proxies 2000 --scenario flat --changes 5 --baseline none"
         "scaleout-3x4500|120|0,13-15||--scale-out --replicas 3 --proxies 13500 --scenario captured --changes 1 --baseline none --server-cpus 1,2,3 --fleet-processes --fleet-cpus 4-12"
         "lone-4500|90|0,13-15||--scale-out --replicas 1 --proxies 4500 --scenario captured --changes 1 --baseline none --server-cpus 1 --fleet-processes --fleet-cpus 4-6"

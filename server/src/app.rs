@@ -298,6 +298,18 @@ pub struct ServerArgs {
     )]
     pub xds_write_gather: u32,
 
+    /// Cork an xDS connection's socket (TCP_CORK) while one poll of the connection writes
+    /// more than one HTTP/2 frame, so that a large response leaves in full TCP segments,
+    /// not one per 16 KiB frame; uncorked when the poll ends (docs/benchmarks.md).
+    #[arg(
+        long,
+        env = "SHOAL_XDS_WRITE_CORK",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub xds_write_cork: bool,
+
     /// Most concurrent streams per xDS connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
     #[arg(
         long,
@@ -700,6 +712,7 @@ fn connection_limits(
         slots: Arc::new(tokio::sync::Semaphore::new(max_connections)),
         metrics: metrics.clone(),
         write_gather: args.xds_write_gather as usize,
+        write_cork: args.xds_write_cork,
     };
     let plaintext = ConnectionLimits {
         connection_buffer: mib(args.xds_unauthenticated_buffer),

@@ -21,7 +21,7 @@
 //! tonic's built-in `max_connection_age` has no per-connection jitter and cannot end a
 //! long-lived ADS stream before its grace period, hence this module.
 
-use super::gather::{drained, Gathered};
+use super::gather::{drained, Corkable, Gathered};
 use super::limits::{Breach, BufferBudget, WarnLimiter};
 use crate::security::auth::TlsPeer;
 use crate::security::tls::TlsServer;
@@ -77,6 +77,8 @@ pub struct ConnectionLimits {
     pub metrics: XdsMetrics,
     /// Bytes of a connection's writes gathered per poll (0: none; see [`Gathered`]).
     pub write_gather: usize,
+    /// Whether a poll that writes more than once corks the socket (see [`Gathered`]).
+    pub write_cork: bool,
 }
 
 /// Shortest and longest wait after a failed accept.
@@ -190,6 +192,7 @@ pub async fn serve(
                     max_streams: limits.max_streams,
                     idle_timeout: limits.idle_timeout,
                     write_gather: limits.write_gather,
+                    write_cork: limits.write_cork,
                     metrics: limits.metrics.clone(),
                     _slot: Slot::new(permit, limits.metrics.open_connections.clone()),
                 };
@@ -232,6 +235,7 @@ struct Conn {
     max_streams: u32,
     idle_timeout: Option<Duration>,
     write_gather: usize,
+    write_cork: bool,
     metrics: XdsMetrics,
     /// Held for the connection's life.
     _slot: Slot,
@@ -263,7 +267,7 @@ impl Conn {
     /// Serves HTTP/2 on `io` until the connection ends, ages out or is drained.
     async fn serve<IO>(self, io: IO, tls: Option<TlsPeer>)
     where
-        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Corkable + Unpin + Send + 'static,
     {
         let Conn {
             peer,
@@ -276,6 +280,7 @@ impl Conn {
             max_streams,
             idle_timeout,
             write_gather,
+            write_cork,
             metrics,
             _slot,
         } = self;
@@ -319,7 +324,7 @@ impl Conn {
             b
         };
         // h2 writes each frame by itself; its writes leave gathered when a poll ends.
-        let io = Gathered::new(io, write_gather);
+        let io = Gathered::new(io, write_gather, write_cork);
         let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io.clone()), svc);
         tokio::pin!(conn);
 

@@ -39,7 +39,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use store::ManifestStore;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
-use watch::DirWatch;
+use watch::Schedule;
 
 /// How often the directory is polled when it cannot be watched, unless configured
 /// otherwise.
@@ -49,18 +49,6 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// for changes that raise no event, such as those made on another machine of a network
 /// mount. It keeps the documented promise that edits reach the bus within a second.
 pub const DEFAULT_WATCHED_POLL_INTERVAL: Duration = Duration::from_secs(1);
-
-/// How long the events of one write (truncate, write, close; a rename's pair) are
-/// gathered before the scan they wake.
-const WATCH_GATHER: Duration = Duration::from_millis(5);
-
-/// The least time between the end of one scan and the start of the next that an event
-/// wakes: a file rewritten without pause costs at most a scan per this interval.
-const WATCH_MIN_GAP: Duration = Duration::from_millis(50);
-
-/// How long after a failed attempt to watch the directory the next one is made (polling
-/// meanwhile). A directory that was moved away is watched again at once.
-const WATCH_RETRY: Duration = Duration::from_secs(10);
 
 /// Every file is re-read this often, whatever its mtime says: a safety net for changes
 /// that keep size and mtime (coarse timestamps, tools that restore mtimes).
@@ -365,69 +353,16 @@ impl FileSource {
     /// event, when a held change's file has had time to settle, and every poll interval.
     /// Scan errors are logged and retried; they never remove published state.
     pub async fn run(mut self) -> Result<(), IngestError> {
-        let dir = self.cfg.dir.clone();
-        let mut watch: Option<DirWatch> = None;
-        // When to try to watch again (a watch costs a thread and a walk of the tree), and
-        // a warning once until it works again.
-        let mut watch_at = Instant::now();
-        let mut unwatched_warned = false;
-        let mut next_poll = Instant::now();
-        let mut last_scan = Instant::now();
+        let mut schedule = Schedule::new(&self.cfg.dir, self.cfg.watch, self.cfg.poll_interval);
         // Warn when scanning starts failing and when it recovers, not on every poll.
         let mut failing = false;
         loop {
-            if let (Some(poll), None, true) = (self.cfg.watch, &watch, Instant::now() >= watch_at) {
-                watch_at = Instant::now() + WATCH_RETRY;
-                match DirWatch::start(&dir) {
-                    Ok(started) => {
-                        info!(
-                            dir = %dir.display(),
-                            poll_ms = poll.as_millis() as u64,
-                            "watching the manifest directory for changes",
-                        );
-                        watch = Some(started);
-                        unwatched_warned = false;
-                    }
-                    Err(error) if !unwatched_warned => {
-                        warn!(
-                            dir = %dir.display(),
-                            %error,
-                            poll_ms = self.cfg.poll_interval.as_millis() as u64,
-                            "cannot watch the manifest directory; polling it instead",
-                        );
-                        unwatched_warned = true;
-                    }
-                    Err(error) => debug!(%error, "manifest directory still not watchable"),
-                }
-            }
-            let due = self.settles_at().map_or(next_poll, |at| at.min(next_poll));
-            match &watch {
-                Some(watch) => tokio::select! {
-                    () = tokio::time::sleep_until(due) => {}
-                    () = watch.changed() => {
-                        let gathered = Instant::now() + WATCH_GATHER;
-                        tokio::time::sleep_until(gathered.max(last_scan + WATCH_MIN_GAP)).await;
-                    }
-                },
-                None => tokio::time::sleep_until(due).await,
-            }
+            schedule.wait(self.settles_at()).await;
             let result = self.sync_once().await;
-            last_scan = Instant::now();
-            if watch.as_ref().is_some_and(DirWatch::lost) {
-                info!(dir = %dir.display(), "the manifest directory was moved or removed; watching its path again");
-                watch = None;
-                watch_at = Instant::now();
-            }
-            // Unwatched (or until the watch starts again), the short poll; a zero period
-            // would scan without pause.
-            let period = match (&watch, self.cfg.watch) {
-                (Some(_), Some(poll)) => poll,
-                _ => self.cfg.poll_interval,
-            };
-            next_poll = last_scan + period.max(Duration::from_millis(1));
+            schedule.scanned();
             match result {
                 Ok(_) if failing => {
-                    info!(dir = %dir.display(), "manifest scan works again");
+                    info!(dir = %self.cfg.dir.display(), "manifest scan works again");
                     failing = false;
                 }
                 Ok(_) => {}

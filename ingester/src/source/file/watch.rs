@@ -10,11 +10,127 @@
 
 use notify::event::ModifyKind;
 use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::Notify;
-use tracing::debug;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+/// How long the events of one write (truncate, write, close; a rename's pair) are
+/// gathered before the scan they wake.
+const GATHER: Duration = Duration::from_millis(5);
+
+/// The least time between the end of one scan and the start of the next that an event
+/// wakes: a file rewritten without pause costs at most a scan per this interval.
+const MIN_GAP: Duration = Duration::from_millis(50);
+
+/// How long after a failed attempt to watch the directory the next one is made (polling
+/// meanwhile). A directory that was moved away is watched again at once.
+const RETRY: Duration = Duration::from_secs(10);
+
+/// When the file source scans its directory: soon after a watch event, when a held
+/// change is due, and every poll interval (the watched one, or the short one while the
+/// directory cannot be watched). It keeps the directory watched: a watch that cannot
+/// start is tried again every [`RETRY`], one whose directory was moved away at once.
+pub struct Schedule {
+    dir: PathBuf,
+    /// The poll while watched (`None`: never watched).
+    watched_poll: Option<Duration>,
+    /// The poll while not watched.
+    unwatched_poll: Duration,
+    watch: Option<DirWatch>,
+    /// When to try to watch again (a watch costs a thread and a walk of the tree).
+    watch_at: Instant,
+    /// Warned that the directory cannot be watched, once until it can.
+    unwatched_warned: bool,
+    next_poll: Instant,
+    last_scan: Instant,
+}
+
+impl Schedule {
+    /// A schedule for `dir`: watched with a poll every `watched_poll` if given (and the
+    /// watch starts), polled every `unwatched_poll` otherwise. The first scan is due now.
+    pub fn new(dir: &Path, watched_poll: Option<Duration>, unwatched_poll: Duration) -> Self {
+        let now = Instant::now();
+        Schedule {
+            dir: dir.to_path_buf(),
+            watched_poll,
+            unwatched_poll,
+            watch: None,
+            watch_at: now,
+            unwatched_warned: false,
+            next_poll: now,
+            last_scan: now,
+        }
+    }
+
+    /// Returns when the next scan is due: an event (after [`GATHER`], and at least
+    /// [`MIN_GAP`] after the last scan), the poll, or `held`, when a held change settles.
+    pub async fn wait(&mut self, held: Option<Instant>) {
+        self.keep_watched();
+        let due = held.map_or(self.next_poll, |at| at.min(self.next_poll));
+        match &self.watch {
+            Some(watch) => tokio::select! {
+                () = tokio::time::sleep_until(due) => {}
+                () = watch.changed() => {
+                    let gathered = Instant::now() + GATHER;
+                    tokio::time::sleep_until(gathered.max(self.last_scan + MIN_GAP)).await;
+                }
+            },
+            None => tokio::time::sleep_until(due).await,
+        }
+    }
+
+    /// Records that a scan just ended: the next poll is one period from now.
+    pub fn scanned(&mut self) {
+        self.last_scan = Instant::now();
+        if self.watch.as_ref().is_some_and(DirWatch::lost) {
+            info!(dir = %self.dir.display(), "the manifest directory was moved or removed; watching its path again");
+            self.watch = None;
+            self.watch_at = self.last_scan;
+        }
+        // A zero period would scan without pause.
+        let period = match (&self.watch, self.watched_poll) {
+            (Some(_), Some(poll)) => poll,
+            _ => self.unwatched_poll,
+        };
+        self.next_poll = self.last_scan + period.max(Duration::from_millis(1));
+    }
+
+    /// Starts the watch if one is wanted, none runs and a try is due.
+    fn keep_watched(&mut self) {
+        let Some(poll) = self.watched_poll else {
+            return;
+        };
+        if self.watch.is_some() || Instant::now() < self.watch_at {
+            return;
+        }
+        self.watch_at = Instant::now() + RETRY;
+        match DirWatch::start(&self.dir) {
+            Ok(started) => {
+                info!(
+                    dir = %self.dir.display(),
+                    poll_ms = poll.as_millis() as u64,
+                    "watching the manifest directory for changes",
+                );
+                self.watch = Some(started);
+                self.unwatched_warned = false;
+            }
+            Err(error) if !self.unwatched_warned => {
+                warn!(
+                    dir = %self.dir.display(),
+                    %error,
+                    poll_ms = self.unwatched_poll.as_millis() as u64,
+                    "cannot watch the manifest directory; polling it instead",
+                );
+                self.unwatched_warned = true;
+            }
+            Err(error) => debug!(%error, "manifest directory still not watchable"),
+        }
+    }
+}
 
 /// A recursive watch of a directory; [`DirWatch::changed`] returns after an event that
 /// may concern a manifest.

@@ -57,6 +57,7 @@ impl Corkable for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
     }
 }
 
+#[cfg(test)]
 impl Corkable for tokio::io::DuplexStream {
     fn tcp(&self) -> Option<&tokio::net::TcpStream> {
         None
@@ -155,7 +156,7 @@ impl<T: AsyncWrite + Corkable + Unpin> Shared<T> {
     /// Before a write to the socket: the second write of a poll corks it, so that what
     /// the poll writes after its first leaves in full segments when the poll ends.
     fn before_write(&mut self) {
-        self.writes += 1;
+        self.writes = self.writes.saturating_add(1);
         if self.cork && !self.corked && self.writes > 1 {
             let Some(tcp) = self.io.tcp() else {
                 self.cork = false;

@@ -711,8 +711,10 @@ fn connection_limits(
         idle_timeout: (!idle.is_zero()).then_some(idle),
         slots: Arc::new(tokio::sync::Semaphore::new(max_connections)),
         metrics: metrics.clone(),
-        write_gather: args.xds_write_gather as usize,
-        write_cork: args.xds_write_cork,
+        writes: crate::xds::WriteShape {
+            gather: args.xds_write_gather as usize,
+            cork: args.xds_write_cork,
+        },
     };
     let plaintext = ConnectionLimits {
         connection_buffer: mib(args.xds_unauthenticated_buffer),

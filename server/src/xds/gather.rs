@@ -76,6 +76,15 @@ fn set_cork(tcp: &tokio::net::TcpStream, on: bool) -> io::Result<()> {
     ));
 }
 
+/// How a connection's writes leave: `--xds-write-gather` and `--xds-write-cork`.
+#[derive(Clone, Copy, Debug)]
+pub struct WriteShape {
+    /// Most bytes gathered per poll (0: none).
+    pub gather: usize,
+    /// Whether a poll that writes more than once corks the socket (see [`Corkable`]).
+    pub cork: bool,
+}
+
 /// Bytes gathered unless configured otherwise: none (see the module).
 pub const DEFAULT_WRITE_GATHER: usize = 0;
 
@@ -113,16 +122,15 @@ impl<T> Clone for Gathered<T> {
 }
 
 impl<T: AsyncWrite + Corkable + Unpin> Gathered<T> {
-    /// `io`, with up to `limit` bytes of its writes gathered (0: written as they come),
-    /// and corked while a poll writes more than once if `cork`.
-    pub fn new(io: T, limit: usize, cork: bool) -> Gathered<T> {
+    /// `io`, with its writes gathered and its socket corked as `shape` says.
+    pub fn new(io: T, shape: WriteShape) -> Gathered<T> {
         Gathered {
             shared: Arc::new(Mutex::new(Shared {
                 io,
                 buf: Vec::new(),
-                limit,
+                limit: shape.gather,
                 failed: None,
-                cork,
+                cork: shape.cork,
                 writes: 0,
                 corked: false,
             })),
@@ -351,7 +359,13 @@ mod tests {
     #[tokio::test]
     async fn writes_leave_when_drained_and_in_order() {
         let (a, mut b) = tokio::io::duplex(1 << 20);
-        let gathered = Gathered::new(a, GATHER_LIMIT, true);
+        let gathered = Gathered::new(
+            a,
+            WriteShape {
+                gather: GATHER_LIMIT,
+                cork: true,
+            },
+        );
         let mut writer = gathered.clone();
         writer.write_all(b"frame one ").await.unwrap();
         writer.write_all(b"frame two").await.unwrap();
@@ -372,7 +386,13 @@ mod tests {
     #[tokio::test]
     async fn large_writes_get_the_whole_limit_at_once_and_no_limit_gathers_nothing() {
         let (a, mut b) = tokio::io::duplex(1 << 20);
-        let gathered = Gathered::new(a, GATHER_LIMIT, true);
+        let gathered = Gathered::new(
+            a,
+            WriteShape {
+                gather: GATHER_LIMIT,
+                cork: true,
+            },
+        );
         let mut writer = gathered.clone();
         writer.write_all(&[1u8; 100]).await.unwrap();
         assert!(
@@ -389,7 +409,13 @@ mod tests {
         );
 
         let (a, mut direct) = tokio::io::duplex(1 << 20);
-        let ungathered = Gathered::new(a, 0, true);
+        let ungathered = Gathered::new(
+            a,
+            WriteShape {
+                gather: 0,
+                cork: true,
+            },
+        );
         let mut writer = ungathered.clone();
         writer.write_all(b"as it comes").await.unwrap();
         let mut got = [0u8; 16];
@@ -405,7 +431,13 @@ mod tests {
     #[tokio::test]
     async fn a_full_buffer_is_written_before_more_is_taken() {
         let (a, mut b) = tokio::io::duplex(1 << 20);
-        let gathered = Gathered::new(a, GATHER_LIMIT, true);
+        let gathered = Gathered::new(
+            a,
+            WriteShape {
+                gather: GATHER_LIMIT,
+                cork: true,
+            },
+        );
         let mut writer = gathered.clone();
         let big = vec![7u8; GATHER_LIMIT - 10];
         writer.write_all(&big).await.unwrap();
@@ -420,7 +452,13 @@ mod tests {
     async fn a_socket_that_takes_no_more_holds_the_writer_back() {
         // The peer reads nothing: 4 KiB of room.
         let (a, mut b) = tokio::io::duplex(4 << 10);
-        let gathered = Gathered::new(a, GATHER_LIMIT, true);
+        let gathered = Gathered::new(
+            a,
+            WriteShape {
+                gather: GATHER_LIMIT,
+                cork: true,
+            },
+        );
         let mut writer = gathered.clone();
         writer.write_all(&vec![1u8; GATHER_LIMIT]).await.unwrap();
         let pending = std::future::poll_fn(|cx| gathered.drain(cx));
@@ -462,7 +500,13 @@ mod tests {
             .await
             .unwrap();
         let (server, _) = listener.accept().await.unwrap();
-        let gathered = Gathered::new(server, 0, true);
+        let gathered = Gathered::new(
+            server,
+            WriteShape {
+                gather: 0,
+                cork: true,
+            },
+        );
         let corked = || {
             let shared = gathered.lock();
             rustix::net::sockopt::tcp_cork(shared.io.tcp().unwrap()).unwrap()
@@ -482,7 +526,13 @@ mod tests {
         let connect = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
         let (accepted, _client) = tokio::join!(listener.accept(), connect);
         let server = accepted.unwrap().0;
-        let plain = Gathered::new(server, 0, false);
+        let plain = Gathered::new(
+            server,
+            WriteShape {
+                gather: 0,
+                cork: false,
+            },
+        );
         let mut writer = plain.clone();
         writer.write_all(b"one ").await.unwrap();
         writer.write_all(b"two").await.unwrap();
@@ -494,7 +544,13 @@ mod tests {
     async fn a_failed_write_out_is_reported_by_the_next_write() {
         let (a, b) = tokio::io::duplex(1 << 10);
         drop(b);
-        let gathered = Gathered::new(a, GATHER_LIMIT, true);
+        let gathered = Gathered::new(
+            a,
+            WriteShape {
+                gather: GATHER_LIMIT,
+                cork: true,
+            },
+        );
         let mut writer = gathered.clone();
         writer.write_all(b"lost").await.unwrap();
         std::future::poll_fn(|cx| gathered.drain(cx)).await;

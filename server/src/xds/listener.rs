@@ -21,7 +21,7 @@
 //! tonic's built-in `max_connection_age` has no per-connection jitter and cannot end a
 //! long-lived ADS stream before its grace period, hence this module.
 
-use super::gather::{drained, Corkable, Gathered};
+use super::gather::{drained, Corkable, Gathered, WriteShape};
 use super::limits::{Breach, BufferBudget, WarnLimiter};
 use crate::security::auth::TlsPeer;
 use crate::security::tls::TlsServer;
@@ -75,10 +75,8 @@ pub struct ConnectionLimits {
     pub slots: Arc<Semaphore>,
     /// `shoal_xds_limits_exceeded_total` and `shoal_xds_open_connections`.
     pub metrics: XdsMetrics,
-    /// Bytes of a connection's writes gathered per poll (0: none; see [`Gathered`]).
-    pub write_gather: usize,
-    /// Whether a poll that writes more than once corks the socket (see [`Gathered`]).
-    pub write_cork: bool,
+    /// How a connection's writes leave: gathered, corked (see [`Gathered`]).
+    pub writes: WriteShape,
 }
 
 /// Shortest and longest wait after a failed accept.
@@ -191,8 +189,7 @@ pub async fn serve(
                     ),
                     max_streams: limits.max_streams,
                     idle_timeout: limits.idle_timeout,
-                    write_gather: limits.write_gather,
-                    write_cork: limits.write_cork,
+                    writes: limits.writes,
                     metrics: limits.metrics.clone(),
                     _slot: Slot::new(permit, limits.metrics.open_connections.clone()),
                 };
@@ -234,8 +231,7 @@ struct Conn {
     budget: Arc<BufferBudget>,
     max_streams: u32,
     idle_timeout: Option<Duration>,
-    write_gather: usize,
-    write_cork: bool,
+    writes: WriteShape,
     metrics: XdsMetrics,
     /// Held for the connection's life.
     _slot: Slot,
@@ -279,8 +275,7 @@ impl Conn {
             budget,
             max_streams,
             idle_timeout,
-            write_gather,
-            write_cork,
+            writes,
             metrics,
             _slot,
         } = self;
@@ -323,8 +318,9 @@ impl Conn {
                 .max_concurrent_streams(max_streams);
             b
         };
-        // h2 writes each frame by itself; its writes leave gathered when a poll ends.
-        let io = Gathered::new(io, write_gather, write_cork);
+        // h2 writes each frame by itself; a poll's writes are gathered or corked until it
+        // ends, as `writes` says.
+        let io = Gathered::new(io, writes);
         let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io.clone()), svc);
         tokio::pin!(conn);
 

@@ -21,6 +21,6 @@ mod tests;
 pub mod wire;
 
 pub use ads::{AdsServer, AdsService};
-pub use gather::DEFAULT_WRITE_GATHER;
+pub use gather::{WriteShape, DEFAULT_WRITE_GATHER};
 pub use registry::{Connection, ConnectionStatus, Registry, TypeStatus};
 pub use session::Mode;

@@ -104,10 +104,11 @@ impl Schedule {
         let Some(poll) = self.watched_poll else {
             return;
         };
-        if self.watch.is_some() || Instant::now() < self.watch_at {
+        let now = Instant::now();
+        if self.watch.is_some() || now < self.watch_at {
             return;
         }
-        self.watch_at = Instant::now() + RETRY;
+        self.watch_at = now + RETRY;
         match DirWatch::start(&self.dir) {
             Ok(started) => {
                 info!(

@@ -39,6 +39,17 @@ impl NameSet {
         self.runs.iter().flat_map(|r| r.iter())
     }
 
+    /// The name at `position` in order (the position in [`NameSet::iter`]: equal sets agree).
+    pub fn get(&self, mut position: usize) -> Option<&String> {
+        for run in &self.runs {
+            if position < run.len() {
+                return run.get(position);
+            }
+            position -= run.len();
+        }
+        None
+    }
+
     /// The run `name` is in or belongs in.
     fn run_of(&self, name: &str) -> usize {
         self.runs

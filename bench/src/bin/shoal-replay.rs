@@ -12,6 +12,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 
+/// mimalloc, as shoal-server: the baseline compares the work done, not the allocators.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Replays recorded xDS resources to proxies, per proxy class (namespace, label `app`,
 /// interception mode); serves `/ready` and `/metrics` on the admin address.
 #[derive(Debug, Parser)]

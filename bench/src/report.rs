@@ -670,8 +670,9 @@ pub struct Targets;
 impl Targets {
     /// Every proxy configured within this, seconds.
     pub const ALL_CONFIGURED_S: f64 = 10.0;
-    /// Endpoint change p99, ms.
-    pub const ENDPOINT_P99_MS: f64 = 200.0;
+    /// Endpoint change p99, ms (issue 19's, for 2 000 proxies; the earlier runs in
+    /// docs/benchmarks.md were judged against 200 ms).
+    pub const ENDPOINT_P99_MS: f64 = 100.0;
     /// VirtualService change p99, ms.
     pub const VS_P99_MS: f64 = 1000.0;
     /// Server RSS per proxy above idle, KiB (150 KB).

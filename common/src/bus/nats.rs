@@ -263,6 +263,42 @@ const BUCKET_POLL: Duration = Duration::from_millis(250);
 /// How often a reader still waiting for a bucket says so again.
 const BUCKET_WAIT_LOG: Duration = Duration::from_secs(30);
 
+/// Opens a bucket as `role` does: a writer creates it when missing; a reader gets `None`
+/// then (it opens the bucket when it appears, see `store_when_created`).
+async fn open_as(
+    js: &jetstream::Context,
+    bucket: Bucket,
+    role: Role,
+    replicas: usize,
+) -> Result<Option<kv::Store>, BusError> {
+    match (open_bucket(js, bucket).await, role) {
+        (Ok(Some(store)), _) => Ok(Some(store)),
+        (_, Role::Writer) => create_bucket(js, bucket, replicas).await.map(Some),
+        (Ok(None), Role::Reader) => Ok(None),
+        (Err(error), Role::Reader) => Err(error),
+    }
+}
+
+/// Whether a JetStream request failed in a way that passes: no answer in time, or no
+/// JetStream responder yet. Both happen while a cluster elects its meta or stream leaders
+/// (a stream another process is creating has no leader to answer for a moment).
+fn transient(error: &(dyn std::error::Error + 'static)) -> bool {
+    use jetstream::context::{RequestError, RequestErrorKind};
+    let mut source = Some(error);
+    while let Some(err) = source {
+        if let Some(e) = err.downcast_ref::<RequestError>() {
+            if matches!(
+                e.kind(),
+                RequestErrorKind::TimedOut | RequestErrorKind::NoResponders
+            ) {
+                return true;
+            }
+        }
+        source = err.source();
+    }
+    false
+}
+
 /// Opens a bucket; `None` when its stream does not exist.
 async fn open_bucket(
     js: &jetstream::Context,
@@ -284,7 +320,8 @@ async fn open_bucket(
 impl NatsBus {
     /// Connects and opens (creating when missing) every bucket: the handle of a writer.
     ///
-    /// An unreachable server is retried for 30 s; a rejected authentication or a failed
+    /// An unreachable server is retried for 30 s, and so is a JetStream that does not
+    /// answer yet (a cluster electing its leaders); a rejected authentication or a failed
     /// TLS handshake is an error at once (retrying cannot fix it).
     pub async fn connect(opts: &NatsOptions) -> Result<NatsBus, BusError> {
         NatsBus::connect_as(opts, Role::Writer).await
@@ -357,13 +394,18 @@ impl NatsBus {
         let js = jetstream::new(client);
         let mut stores = HashMap::new();
         let mut known = HashMap::new();
+        // A JetStream cluster that is still electing its leaders leaves requests
+        // unanswered for a while; the buckets get the same grace as the connection.
+        let deadline = tokio::time::Instant::now() + FIRST_CONNECT;
         for bucket in Bucket::ALL {
-            let store = match (open_bucket(&js, bucket).await, role) {
-                (Ok(Some(store)), _) => Some(store),
-                (_, Role::Writer) => Some(create_bucket(&js, bucket, opts.replicas).await?),
-                // Opened when it appears (see `store_when_created`).
-                (Ok(None), Role::Reader) => None,
-                (Err(error), Role::Reader) => return Err(error),
+            let store = loop {
+                match open_as(&js, bucket, role, opts.replicas).await {
+                    Err(error) if transient(&error) && tokio::time::Instant::now() < deadline => {
+                        tracing::info!(%bucket, %error, "JetStream not answering yet; retrying");
+                        tokio::time::sleep(BUCKET_POLL).await;
+                    }
+                    result => break result?,
+                }
             };
             let info = store.as_ref().map(|s| s.stream.cached_info());
             let created = info.and_then(created_of);
@@ -903,8 +945,26 @@ async fn watch_for_loss(
 
 #[cfg(test)]
 mod tests {
-    use super::{reconnect_delay, recreated, Created};
+    use super::{reconnect_delay, recreated, transient, BusError, Created};
+    use crate::bus::Bucket;
+    use async_nats::jetstream::context::{RequestError, RequestErrorKind};
     use std::time::Duration;
+
+    #[test]
+    fn unanswered_jetstream_requests_are_retried_and_others_are_not() {
+        let bucket_err = |kind| BusError::Bucket {
+            bucket: Bucket::Config,
+            source: Box::new(RequestError::new(kind)),
+        };
+        assert!(transient(&bucket_err(RequestErrorKind::TimedOut)));
+        assert!(transient(&bucket_err(RequestErrorKind::NoResponders)));
+        assert!(!transient(&bucket_err(RequestErrorKind::Other)));
+        let denied = BusError::Bucket {
+            bucket: Bucket::Config,
+            source: "permissions violation".into(),
+        };
+        assert!(!transient(&denied));
+    }
 
     #[test]
     fn only_two_known_creation_times_far_apart_are_a_re_creation() {

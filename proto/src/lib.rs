@@ -62,6 +62,11 @@ impl XdsType {
         XdsType::Authorization,
     ];
 
+    /// The type's position in [`XdsType::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The type URL.
     pub fn type_url(self) -> &'static str {
         match self {
@@ -179,6 +184,13 @@ pub fn sidecar_route_name(port: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_type_sits_at_its_index() {
+        for (i, ty) in XdsType::ALL.into_iter().enumerate() {
+            assert_eq!(ty.index(), i, "{ty:?}");
+        }
+    }
 
     #[test]
     fn cluster_names_round_trip() {

@@ -119,11 +119,7 @@ impl DeltaStream {
                 .collect()
         };
         if diff.is_empty() && !force && unresolved.is_empty() {
-            self.session
-                .metrics
-                .pushes_unchanged
-                .with_label_values(&[ty.short()])
-                .inc();
+            self.session.metrics.of(ty).pushes_unchanged.inc();
             // The proxy holds exactly this output: share it, so the next diff is against
             // the view's output (skipping what both share), not a pass over an own copy.
             sub.held = Held::Shared(output);
@@ -323,8 +319,8 @@ impl StreamHandler<DeltaDiscoveryRequest> for DeltaStream {
             if resuming {
                 self.session
                     .metrics
+                    .of(ty)
                     .resources_resumed
-                    .with_label_values(&[ty.short()])
                     .inc_by(unchanged as u64);
                 self.session.resumed(ty, unchanged);
             }

@@ -9,9 +9,11 @@ use crate::security::ca::CaResult;
 use crate::xds::limits::Breach;
 use prometheus::core::Collector;
 use prometheus::{
-    histogram_opts, opts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry,
+    histogram_opts, opts, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Registry,
 };
 use shoal_proto::XdsType;
+use std::sync::Arc;
 
 /// Why an xDS stream ended: the `reason` label of `shoal_xds_streams_closed_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,12 +94,35 @@ pub struct XdsMetrics {
     pub open_connections: IntGauge,
     /// Bytes of xDS request messages being received (not yet complete).
     pub request_buffer_bytes: IntGauge,
+    /// The per-type series above, resolved once: a push touches four of them, and
+    /// looking a series up by its label hashes the label under a lock each time.
+    per_type: Arc<[TypeMetrics]>,
+}
+
+/// One xDS type's series of the per-type metrics.
+pub struct TypeMetrics {
+    /// `shoal_xds_pushes_total`.
+    pub pushes: IntCounter,
+    /// `shoal_xds_push_bytes_total`.
+    pub push_bytes: IntCounter,
+    /// `shoal_xds_pushes_unchanged_total`.
+    pub pushes_unchanged: IntCounter,
+    /// `shoal_xds_resources_sent_total`.
+    pub resources_sent: IntCounter,
+    /// `shoal_xds_resources_resumed_total`.
+    pub resources_resumed: IntCounter,
+    /// `shoal_xds_rejects_total`.
+    pub nacks: IntCounter,
+    /// `shoal_convergence_seconds`.
+    pub convergence_seconds: Histogram,
 }
 
 impl XdsMetrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &Registry) -> XdsMetrics {
-        let m = XdsMetrics {
+        let mut m = XdsMetrics {
+            // Resolved below, once the vectors exist.
+            per_type: Arc::new([]),
             connections: IntGaugeVec::new(
                 opts!("shoal_xds_connections", "Connected proxies by proxy type."),
                 &["proxy_type"],
@@ -254,19 +279,18 @@ impl XdsMetrics {
         shoal_common::metrics::register_all(registry, collectors);
         // Every known label value at 0 from the first scrape: dashboards and alerts need no
         // "absent" special case.
-        for ty in XdsType::ALL {
-            for v in [
-                &m.pushes,
-                &m.push_bytes,
-                &m.pushes_unchanged,
-                &m.resources_sent,
-                &m.resources_resumed,
-                &m.nacks,
-            ] {
-                v.with_label_values(&[ty.short()]);
+        m.per_type = Arc::new(XdsType::ALL.map(|ty| {
+            let label = [ty.short()];
+            TypeMetrics {
+                pushes: m.pushes.with_label_values(&label),
+                push_bytes: m.push_bytes.with_label_values(&label),
+                pushes_unchanged: m.pushes_unchanged.with_label_values(&label),
+                resources_sent: m.resources_sent.with_label_values(&label),
+                resources_resumed: m.resources_resumed.with_label_values(&label),
+                nacks: m.nacks.with_label_values(&label),
+                convergence_seconds: m.convergence_seconds.with_label_values(&label),
             }
-            m.convergence_seconds.with_label_values(&[ty.short()]);
-        }
+        }));
         for kind in [
             ProxyKind::Sidecar,
             ProxyKind::Router,
@@ -294,5 +318,10 @@ impl XdsMetrics {
             m.ca_requests.with_label_values(&[result.as_str()]);
         }
         m
+    }
+
+    /// The per-type series of `ty`.
+    pub fn of(&self, ty: XdsType) -> &TypeMetrics {
+        &self.per_type[ty.index()]
     }
 }

@@ -313,7 +313,7 @@ impl Session {
     /// Records a NACK: counted always, logged rate-limited, its message kept truncated to
     /// [`limits::MAX_NACK_DETAIL_BYTES`].
     pub fn nack(&mut self, ty: XdsType, nonce: &str, version: &str, message: &str) {
-        self.metrics.nacks.with_label_values(&[ty.short()]).inc();
+        self.metrics.of(ty).nacks.inc();
         let version = limits::truncate(version, limits::MAX_VERSION_BYTES);
         let message = limits::truncate(message, limits::MAX_NACK_DETAIL_BYTES);
         if let Some(suppressed) = self.warn_nack.check() {
@@ -388,21 +388,13 @@ impl Session {
             s.resources = total;
             s.resources_sent += count as u64;
         });
-        self.metrics.pushes.with_label_values(&[ty.short()]).inc();
-        self.metrics
-            .push_bytes
-            .with_label_values(&[ty.short()])
-            .inc_by(bytes as u64);
-        self.metrics
-            .resources_sent
-            .with_label_values(&[ty.short()])
-            .inc_by(count as u64);
+        let m = self.metrics.of(ty);
+        m.pushes.inc();
+        m.push_bytes.inc_by(bytes as u64);
+        m.resources_sent.inc_by(count as u64);
         if let Some(obs) = observed_at_ms {
             let lag_ms = shoal_common::envelope::now_ms().saturating_sub(obs);
-            self.metrics
-                .convergence_seconds
-                .with_label_values(&[ty.short()])
-                .observe(lag_ms as f64 / 1000.0);
+            m.convergence_seconds.observe(lag_ms as f64 / 1000.0);
         }
         tracing::debug!(conn = %self.id, ty = ty.short(), %version, %nonce, resources = count, bytes, "push");
     }

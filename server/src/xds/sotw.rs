@@ -75,11 +75,7 @@ impl SotwStream {
             self.warming.apply(&mut w.held);
         }
         if !force && !owed && self.session.last_sent(ty).0 == version {
-            self.session
-                .metrics
-                .pushes_unchanged
-                .with_label_values(&[ty.short()])
-                .inc();
+            self.session.metrics.of(ty).pushes_unchanged.inc();
             return Ok(());
         }
         let total = output.len();

@@ -284,19 +284,26 @@ async fn open_as(
 /// (a stream another process is creating has no leader to answer for a moment).
 fn transient(error: &(dyn std::error::Error + 'static)) -> bool {
     use jetstream::context::{RequestError, RequestErrorKind};
+    cause::<RequestError>(error).is_some_and(|e| {
+        matches!(
+            e.kind(),
+            RequestErrorKind::TimedOut | RequestErrorKind::NoResponders
+        )
+    })
+}
+
+/// The first error of type `E` in `error`'s chain of sources, `error` included.
+fn cause<'a, E: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
     let mut source = Some(error);
     while let Some(err) = source {
-        if let Some(e) = err.downcast_ref::<RequestError>() {
-            if matches!(
-                e.kind(),
-                RequestErrorKind::TimedOut | RequestErrorKind::NoResponders
-            ) {
-                return true;
-            }
+        if let Some(e) = err.downcast_ref::<E>() {
+            return Some(e);
         }
         source = err.source();
     }
-    false
+    None
 }
 
 /// Opens a bucket; `None` when its stream does not exist.
@@ -656,6 +663,10 @@ async fn connect_options(
 /// mismatched server certificate, a rejected client certificate).
 fn fatal(e: &async_nats::ConnectError) -> Option<&'static str> {
     use async_nats::ConnectErrorKind as Kind;
+    // rustls reports handshake failures (untrusted certificate, alerts) as I/O errors of
+    // kind InvalidData.
+    let invalid_data =
+        cause::<std::io::Error>(e).is_some_and(|io| io.kind() == std::io::ErrorKind::InvalidData);
     match e.kind() {
         Kind::AuthorizationViolation => Some(
             "the NATS server rejected shoal's credentials (check the user and password, \
@@ -665,26 +676,13 @@ fn fatal(e: &async_nats::ConnectError) -> Option<&'static str> {
             Some("authenticating to NATS failed (is the nkey seed or creds file valid?)")
         }
         Kind::Tls => Some("TLS to NATS failed"),
-        // rustls reports handshake failures (untrusted certificate, alerts) as I/O errors
-        // of kind InvalidData.
-        Kind::Io if io_kind(e) == Some(std::io::ErrorKind::InvalidData) => Some(
+        Kind::Io if invalid_data => Some(
             "the TLS handshake with NATS failed (is the server certificate signed by the \
              CA given and valid for the host in the URL, does the server have TLS enabled, \
              does it require a client certificate?)",
         ),
         _ => None,
     }
-}
-
-fn io_kind(e: &async_nats::ConnectError) -> Option<std::io::ErrorKind> {
-    let mut source = std::error::Error::source(e);
-    while let Some(err) = source {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            return Some(io.kind());
-        }
-        source = err.source();
-    }
-    None
 }
 
 /// Creates a bucket's backing stream with the configuration JetStream KV uses, then opens it.
